@@ -1,0 +1,3 @@
+from zcnet.cli import main
+
+raise SystemExit(main())

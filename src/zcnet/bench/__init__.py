@@ -1,0 +1,1 @@
+"""Benchmark coordinator, workers, placement and stats collectors."""

@@ -1,0 +1,68 @@
+"""Metadata every result carries, and the JSON envelope all commands share.
+
+Envelope: ``{"tool": "zcnet", "version", "kind", "env": {...}, "results": [...]}``. ``env`` holds
+what makes two runs comparable (kernel, CPU, Python, lab or not, NIC settings when known).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from zcnet import __version__
+
+ENVELOPE_VERSION = 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect_env(*, lab: bool, **extra: Any) -> dict[str, Any]:
+    """What the results were measured on. ``extra`` adds e.g. ``nic`` or ``placement`` notes."""
+    env: dict[str, Any] = {
+        "kernel": platform.release(),
+        "cpus": os.cpu_count() or 1,
+        "cpu_model": cpu_model(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "lab": lab,
+        "hostname": platform.node(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    env.update(extra)
+    return env
+
+
+def envelope(kind: str, env: dict[str, Any], results: list[dict[str, Any]],
+             **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "tool": "zcnet",
+        "version": __version__,
+        "format": ENVELOPE_VERSION,
+        "kind": kind,
+        "argv": sys.argv[1:],
+        "env": env,
+        "results": results,
+    }
+    doc.update(extra)
+    return doc
+
+
+def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """Write atomically, so an interrupted run never leaves half a file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, target)

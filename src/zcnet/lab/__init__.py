@@ -1,0 +1,1 @@
+"""Network-namespace topologies the tool creates, uses and always tears down."""

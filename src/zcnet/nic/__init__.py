@@ -1,0 +1,1 @@
+"""NIC control plane: generic netlink, ethtool, netdev and ntuple."""

@@ -1,0 +1,1 @@
+"""Tables, JSON/CSV, plots and statistics. Knows nothing of the kernel."""

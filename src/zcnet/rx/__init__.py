@@ -1,0 +1,1 @@
+"""Receive data paths: engines and zero-copy providers with their buffer lifetimes."""

@@ -1,0 +1,1 @@
+"""Send data paths: copy, zero-copy and batched senders."""

@@ -1,0 +1,1 @@
+"""io_uring from Python: ring setup, mmap, prep helpers, batched submit, vectorized reap."""

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from leaks import Snapshot
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="needs root for network namespaces")
+        for item in items:
+            if "root" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves namespaces, veths, children, fds or io_uring mappings behind."""
+    before = Snapshot.take()
+    yield
+    # Children and fds may take a moment to be reaped after a worker exits.
+    deadline = time.monotonic() + 5
+    while True:
+        problems = Snapshot.take().leaked_since(before)
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not problems, "; ".join(problems)
