@@ -1,0 +1,276 @@
+"""linux/io_uring.h (and linux/io_uring/*.h): constants and struct layouts, names as in the header.
+
+Structs are ctypes definitions so their sizes and offsets can be checked against the running
+kernel's BTF (tests/test_uapi_btf.py). Unions in the header are flattened to their first member;
+``SQE_ALIASES`` names the other members that share an offset, so the checker covers them too.
+The hot path does not use these classes: it writes numpy views at the offsets they define.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+u8, u16, u32, u64, s32 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, \
+    ctypes.c_int32
+
+# --- syscalls (x86_64 / arm64 share the io_uring numbers) -------------------------------------
+__NR_io_uring_setup = 425
+__NR_io_uring_enter = 426
+__NR_io_uring_register = 427
+
+# --- io_uring_setup flags --------------------------------------------------------------------
+IORING_SETUP_IOPOLL = 1 << 0
+IORING_SETUP_SQPOLL = 1 << 1
+IORING_SETUP_SQ_AFF = 1 << 2
+IORING_SETUP_CQSIZE = 1 << 3
+IORING_SETUP_CLAMP = 1 << 4
+IORING_SETUP_ATTACH_WQ = 1 << 5
+IORING_SETUP_R_DISABLED = 1 << 6
+IORING_SETUP_SUBMIT_ALL = 1 << 7
+IORING_SETUP_COOP_TASKRUN = 1 << 8
+IORING_SETUP_TASKRUN_FLAG = 1 << 9
+IORING_SETUP_SQE128 = 1 << 10
+IORING_SETUP_CQE32 = 1 << 11
+IORING_SETUP_SINGLE_ISSUER = 1 << 12
+IORING_SETUP_DEFER_TASKRUN = 1 << 13
+IORING_SETUP_NO_MMAP = 1 << 14
+IORING_SETUP_REGISTERED_FD_ONLY = 1 << 15
+IORING_SETUP_NO_SQARRAY = 1 << 16
+
+# --- opcodes (enum io_uring_op) --------------------------------------------------------------
+IORING_OP_NOP = 0
+IORING_OP_READV = 1
+IORING_OP_WRITEV = 2
+IORING_OP_READ_FIXED = 4
+IORING_OP_WRITE_FIXED = 5
+IORING_OP_POLL_ADD = 6
+IORING_OP_SENDMSG = 9
+IORING_OP_RECVMSG = 10
+IORING_OP_TIMEOUT = 11
+IORING_OP_ACCEPT = 13
+IORING_OP_ASYNC_CANCEL = 14
+IORING_OP_CONNECT = 16
+IORING_OP_CLOSE = 19
+IORING_OP_READ = 22
+IORING_OP_WRITE = 23
+IORING_OP_SEND = 26
+IORING_OP_RECV = 27
+IORING_OP_PROVIDE_BUFFERS = 31
+IORING_OP_SHUTDOWN = 34
+IORING_OP_SEND_ZC = 47
+IORING_OP_SENDMSG_ZC = 48
+IORING_OP_READ_MULTISHOT = 49
+IORING_OP_RECV_ZC = 58
+IORING_OP_EPOLL_WAIT = 59
+IORING_OP_PIPE = 62
+IORING_OP_LAST = 63
+
+# --- sqe->flags --------------------------------------------------------------------------------
+IOSQE_FIXED_FILE = 1 << 0
+IOSQE_IO_DRAIN = 1 << 1
+IOSQE_IO_LINK = 1 << 2
+IOSQE_IO_HARDLINK = 1 << 3
+IOSQE_ASYNC = 1 << 4
+IOSQE_BUFFER_SELECT = 1 << 5
+IOSQE_CQE_SKIP_SUCCESS = 1 << 6
+
+# --- send/recv flags, carried in sqe->ioprio ---------------------------------------------------
+IORING_RECVSEND_POLL_FIRST = 1 << 0
+IORING_RECV_MULTISHOT = 1 << 1
+IORING_RECVSEND_FIXED_BUF = 1 << 2
+IORING_SEND_ZC_REPORT_USAGE = 1 << 3
+IORING_RECVSEND_BUNDLE = 1 << 4
+
+# cqe->res of a SEND_ZC notification when IORING_SEND_ZC_REPORT_USAGE was set
+IORING_NOTIF_USAGE_ZC_COPIED = 1 << 31
+
+# --- cqe->flags ----------------------------------------------------------------------------------
+IORING_CQE_F_BUFFER = 1 << 0
+IORING_CQE_F_MORE = 1 << 1
+IORING_CQE_F_SOCK_NONEMPTY = 1 << 2
+IORING_CQE_F_NOTIF = 1 << 3
+IORING_CQE_F_BUF_MORE = 1 << 4
+IORING_CQE_BUFFER_SHIFT = 16
+
+# --- io_uring_enter flags --------------------------------------------------------------------
+IORING_ENTER_GETEVENTS = 1 << 0
+IORING_ENTER_SQ_WAKEUP = 1 << 1
+IORING_ENTER_SQ_WAIT = 1 << 2
+IORING_ENTER_EXT_ARG = 1 << 3
+IORING_ENTER_REGISTERED_RING = 1 << 4
+
+# --- sq_ring->flags / cq_ring->flags ----------------------------------------------------------
+IORING_SQ_NEED_WAKEUP = 1 << 0
+IORING_SQ_CQ_OVERFLOW = 1 << 1
+IORING_SQ_TASKRUN = 1 << 2
+
+# --- features ------------------------------------------------------------------------------------
+IORING_FEAT_SINGLE_MMAP = 1 << 0
+IORING_FEAT_NODROP = 1 << 1
+IORING_FEAT_SUBMIT_STABLE = 1 << 2
+IORING_FEAT_FAST_POLL = 1 << 5
+IORING_FEAT_EXT_ARG = 1 << 8
+IORING_FEAT_NATIVE_WORKERS = 1 << 9
+IORING_FEAT_CQE_SKIP = 1 << 11
+IORING_FEAT_REG_REG_RING = 1 << 13
+IORING_FEAT_RECVSEND_BUNDLE = 1 << 14
+
+# --- mmap offsets ------------------------------------------------------------------------------
+IORING_OFF_SQ_RING = 0
+IORING_OFF_CQ_RING = 0x8000000
+IORING_OFF_SQES = 0x10000000
+IORING_OFF_PBUF_RING = 0x80000000
+IORING_OFF_PBUF_SHIFT = 16
+
+# --- io_uring_register opcodes (enum io_uring_register_op) ----------------------------------
+IORING_REGISTER_BUFFERS = 0
+IORING_UNREGISTER_BUFFERS = 1
+IORING_REGISTER_FILES = 2
+IORING_UNREGISTER_FILES = 3
+IORING_REGISTER_PROBE = 8
+IORING_REGISTER_ENABLE_RINGS = 12
+IORING_REGISTER_RING_FDS = 20
+IORING_UNREGISTER_RING_FDS = 21
+IORING_REGISTER_PBUF_RING = 22
+IORING_UNREGISTER_PBUF_RING = 23
+IORING_REGISTER_PBUF_STATUS = 26
+IORING_REGISTER_NAPI = 27
+IORING_UNREGISTER_NAPI = 28
+IORING_REGISTER_ZCRX_IFQ = 32
+IORING_REGISTER_RESIZE_RINGS = 33
+IORING_REGISTER_MEM_REGION = 34
+
+IO_URING_OP_SUPPORTED = 1 << 0
+
+# provided buffer ring registration flags
+IOU_PBUF_RING_MMAP = 1
+IOU_PBUF_RING_INC = 2
+
+# --- memory regions and zcrx -------------------------------------------------------------------
+IORING_MEM_REGION_TYPE_USER = 1
+IORING_ZCRX_AREA_DMABUF = 1
+IORING_ZCRX_AREA_SHIFT = 48
+IORING_ZCRX_AREA_MASK = ~((1 << IORING_ZCRX_AREA_SHIFT) - 1) & (2**64 - 1)
+
+
+# --- structs -------------------------------------------------------------------------------------
+class io_sqring_offsets(ctypes.Structure):
+    _fields_ = (
+        ("head", u32), ("tail", u32), ("ring_mask", u32), ("ring_entries", u32),
+        ("flags", u32), ("dropped", u32), ("array", u32), ("resv1", u32), ("user_addr", u64),
+    )
+
+
+class io_cqring_offsets(ctypes.Structure):
+    _fields_ = (
+        ("head", u32), ("tail", u32), ("ring_mask", u32), ("ring_entries", u32),
+        ("overflow", u32), ("cqes", u32), ("flags", u32), ("resv1", u32), ("user_addr", u64),
+    )
+
+
+class io_uring_params(ctypes.Structure):
+    _fields_ = (
+        ("sq_entries", u32), ("cq_entries", u32), ("flags", u32), ("sq_thread_cpu", u32),
+        ("sq_thread_idle", u32), ("features", u32), ("wq_fd", u32), ("resv", u32 * 3),
+        ("sq_off", io_sqring_offsets), ("cq_off", io_cqring_offsets),
+    )
+
+
+class io_uring_sqe(ctypes.Structure):
+    _fields_ = (
+        ("opcode", u8), ("flags", u8), ("ioprio", u16), ("fd", s32),
+        ("off", u64),            # union: addr2, cmd_op
+        ("addr", u64),           # union: splice_off_in, level/optname
+        ("len", u32),
+        ("rw_flags", u32),       # union: msg_flags, nop_flags, ...
+        ("user_data", u64),
+        ("buf_index", u16),      # union: buf_group
+        ("personality", u16),
+        ("splice_fd_in", s32),   # union: file_index, zcrx_ifq_idx, optlen, addr_len
+        ("addr3", u64),          # union: attr_ptr, optval
+        ("__pad2", u64 * 1),
+    )
+
+
+# Other members of the header's unions: (name, offset, size).
+SQE_ALIASES: tuple[tuple[str, int, int], ...] = (
+    ("addr2", 8, 8), ("msg_flags", 28, 4), ("nop_flags", 28, 4), ("buf_group", 40, 2),
+    ("file_index", 44, 4), ("zcrx_ifq_idx", 44, 4), ("addr_len", 44, 2),
+)
+
+
+class io_uring_cqe(ctypes.Structure):
+    _fields_ = (("user_data", u64), ("res", s32), ("flags", u32))
+
+
+class io_uring_probe_op(ctypes.Structure):
+    _fields_ = (("op", u8), ("resv", u8), ("flags", u16), ("resv2", u32))
+
+
+class io_uring_probe(ctypes.Structure):
+    _fields_ = (("last_op", u8), ("ops_len", u8), ("resv", u16), ("resv2", u32 * 3))
+
+
+class io_uring_buf(ctypes.Structure):
+    # In a buf_ring the u16 `resv` of entry 0 is the ring's tail.
+    _fields_ = (("addr", u64), ("len", u32), ("bid", u16), ("resv", u16))
+
+
+class io_uring_buf_reg(ctypes.Structure):
+    _fields_ = (
+        ("ring_addr", u64), ("ring_entries", u32), ("bgid", u16), ("flags", u16),
+        ("min_left", u32), ("resv", u32 * 5),
+    )
+
+
+class io_uring_getevents_arg(ctypes.Structure):
+    _fields_ = (("sigmask", u64), ("sigmask_sz", u32), ("min_wait_usec", u32), ("ts", u64))
+
+
+class io_uring_region_desc(ctypes.Structure):
+    _fields_ = (
+        ("user_addr", u64), ("size", u64), ("flags", u32), ("id", u32), ("mmap_offset", u64),
+        ("__resv", u64 * 4),
+    )
+
+
+class io_uring_zcrx_rqe(ctypes.Structure):
+    _fields_ = (("off", u64), ("len", u32), ("__pad", u32))
+
+
+class io_uring_zcrx_cqe(ctypes.Structure):
+    _fields_ = (("off", u64), ("__pad", u64))
+
+
+class io_uring_zcrx_offsets(ctypes.Structure):
+    _fields_ = (("head", u32), ("tail", u32), ("rqes", u32), ("__resv2", u32), ("__resv", u64 * 2))
+
+
+class io_uring_zcrx_area_reg(ctypes.Structure):
+    _fields_ = (
+        ("addr", u64), ("len", u64), ("rq_area_token", u64), ("flags", u32), ("dmabuf_fd", u32),
+        ("__resv2", u64 * 2),
+    )
+
+
+class io_uring_zcrx_ifq_reg(ctypes.Structure):
+    _fields_ = (
+        ("if_idx", u32), ("if_rxq", u32), ("rq_entries", u32), ("flags", u32),
+        ("area_ptr", u64), ("region_ptr", u64), ("offsets", io_uring_zcrx_offsets),
+        ("zcrx_id", u32), ("__resv2", u32), ("__resv", u64 * 3),
+    )
+
+
+# Every struct above, for the BTF checker.
+STRUCTS: tuple[type[ctypes.Structure], ...] = (
+    io_sqring_offsets, io_cqring_offsets, io_uring_params, io_uring_sqe, io_uring_cqe,
+    io_uring_probe_op, io_uring_probe, io_uring_buf, io_uring_buf_reg, io_uring_getevents_arg,
+    io_uring_region_desc, io_uring_zcrx_rqe, io_uring_zcrx_cqe, io_uring_zcrx_offsets,
+    io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg,
+)
+
+# Opcode names for messages ("RECV_ZC not supported by this kernel").
+OP_NAMES: dict[int, str] = {
+    v: k.removeprefix("IORING_OP_") for k, v in dict(globals()).items()
+    if k.startswith("IORING_OP_") and k != "IORING_OP_LAST"
+}
