@@ -1,0 +1,119 @@
+"""Cells: what identifies one measured combination, and the metrics it carries.
+
+A result row in any envelope (bench, txbench, experiment) is one cell measured once. Repeats of a
+cell share its key and differ in ``repeat``. The key is made of whichever identifying fields the row
+has, so bench rows (engine, mtu, placement) and txbench rows (mode, payload, burst) share code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from zcnet.report.stats import Summary, summarize
+
+# Fields that say *what* was measured; anything else in a row is a measurement or a note.
+KEY_FIELDS = ("experiment", "variant", "engine", "mode", "tx", "consumer", "placement", "mtu",
+              "payload", "burst", "peer")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    digits: int = 2
+
+
+# Metrics a report knows how to show; rows may carry any subset.
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("gbps", "throughput", "Gbit/s", True),
+    Metric("mbps", "throughput", "MB/s", True, 0),
+    Metric("mpps", "packet rate", "Mpps", True),
+    Metric("ns_per_pkt", "CPU per packet", "ns", False, 1),
+    Metric("instructions_per_pkt", "instructions per packet", "", False, 0),
+    Metric("cycles_per_pkt", "cycles per packet", "", False, 0),
+    Metric("rx_busy", "receiver CPU busy", "%", False, 1),
+)}
+
+CellKey = tuple[tuple[str, Any], ...]
+
+
+def cell_key(row: dict[str, Any]) -> CellKey:
+    return tuple((f, row[f]) for f in KEY_FIELDS if row.get(f) is not None)
+
+
+def key_text(key: CellKey) -> str:
+    return " ".join(f"{f}={v}" for f, v in key)
+
+
+def metric_value(row: dict[str, Any], name: str) -> float | None:
+    """A metric of an ``ok`` row, derived where the row holds its ingredients."""
+    if row.get("status", "ok") != "ok":
+        return None
+    if name in row and isinstance(row[name], (int, float)) and not isinstance(row[name], bool):
+        return float(row[name])
+    derive = _DERIVED.get(name)
+    return derive(row) if derive else None
+
+
+def _mbps(row: dict[str, Any]) -> float | None:
+    if isinstance(row.get("gbps"), (int, float)):
+        return float(row["gbps"]) * 1000 / 8
+    return None
+
+
+def _rx_busy(row: dict[str, Any]) -> float | None:
+    rx = (row.get("cpu") or {}).get("rx") or {}
+    if "busy" in rx:
+        return float(rx["busy"])
+    if "idle" in rx:
+        return 100.0 - float(rx["idle"]) - float(rx.get("iowait", 0.0))
+    return None
+
+
+_DERIVED = {"mbps": _mbps, "rx_busy": _rx_busy}
+
+
+@dataclass
+class Cell:
+    """All repeats of one key."""
+
+    key: CellKey
+    rows: list[dict[str, Any]]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return dict(self.key)
+
+    @property
+    def status(self) -> str:
+        statuses = {r.get("status", "ok") for r in self.rows}
+        return "ok" if "ok" in statuses else sorted(statuses)[0]
+
+    @property
+    def reason(self) -> str:
+        return next((str(r["reason"]) for r in self.rows if r.get("reason")), "")
+
+    def values(self, metric: str) -> list[float]:
+        return [v for r in self.rows if (v := metric_value(r, metric)) is not None]
+
+    def summary(self, metric: str) -> Summary | None:
+        vals = self.values(metric)
+        return summarize(vals) if vals else None
+
+
+def group(rows: Iterable[dict[str, Any]]) -> dict[CellKey, Cell]:
+    """Rows grouped by key, in first-seen order."""
+    cells: dict[CellKey, Cell] = {}
+    for row in rows:
+        key = cell_key(row)
+        cells.setdefault(key, Cell(key, [])).rows.append(row)
+    return cells
+
+
+def metrics_present(cells: Iterable[Cell]) -> list[str]:
+    cells = list(cells)
+    return [m for m in METRICS if any(c.values(m) for c in cells)]

@@ -1,0 +1,326 @@
+"""Experiment specs: TOML files that say what to measure and how to show it.
+
+Users copy a built-in spec (``zcnet reproduce NAME --show``), edit it and run it with
+``zcnet run FILE``, so a mistake must be easy to find: every error names the key and the line.
+tomllib keeps no positions, so the line is found again by scanning the text for the key inside its
+table (see ``_line_of``); TOML syntax errors already carry tomllib's own line and column.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from zcnet.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+TOOLS = ("bench", "txbench")
+ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem")
+TX_MODES = ("single", "mmsg", "uring", "gso")
+TABLES = ("grid", "ab", "mpstat")
+PLOTS = ("throughput-vs-mtu", "cpu-breakdown", "pps-per-mode")
+
+# The values a matrix axis may take, and the table each one's values are checked against.
+AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "mtu": (int, None),
+    "engine": (str, ENGINES),
+    "placement": (str, ("same", "split")),
+    "consumer": (str, ("same", "thread")),
+    "mode": (str, TX_MODES),
+    "payload": (int, None),
+    "burst": (int, None),
+    "tx": (str, ("copy", "sendzc", "msgzc")),
+}
+
+
+class SpecError(UsageError):
+    """A spec that cannot run; the message names file, line and key."""
+
+
+@dataclass(frozen=True)
+class Substitution:
+    """In the lab, ``axis=value`` runs as ``axis=lab`` unless the option ``unless`` was given."""
+
+    axis: str
+    value: Any
+    lab: Any
+    why: str
+    unless: str = "ifname"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    title: str
+    tool: str
+    matrix: dict[str, list[Any]]
+    duration: float = 2.0
+    repeat: int = 1
+    peers: tuple[str, ...] = ()
+    seed: str = ""
+    about: str = ""
+    substitutes: tuple[Substitution, ...] = ()
+    private_flag: str = ""
+    table: str = "grid"
+    rows: str = ""
+    columns: str = ""
+    metric: str = "gbps"
+    extra: tuple[str, ...] = ()
+    baseline: dict[str, Any] = field(default_factory=dict)
+    per_cpu: bool = False
+    plots: tuple[str, ...] = ()
+    source: str = ""
+
+
+# --- finding a key's line ------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-\"'.]+)\s*=")
+
+
+def _line_of(text: str, path: tuple[str | int, ...]) -> int:
+    """1-based line of ``path`` (table names, array-of-table indexes, key); 0 if not found.
+
+    Falls back to the line of the nearest enclosing table when the key itself is absent (a missing
+    required key is reported at its table's header).
+    """
+    table: tuple[str | int, ...] = ()
+    counts: dict[tuple[str | int, ...], int] = {}
+    best = 0
+    in_string = False  # inside a multi-line string, nothing is a key or a header
+    for no, line in enumerate(text.splitlines(), 1):
+        quotes = line.count('"""') + line.count("'''")
+        if in_string or line.lstrip().startswith("#"):
+            in_string ^= quotes % 2 == 1
+            continue
+        in_string = quotes % 2 == 1
+        if m := _HEADER.match(line):
+            names: tuple[str | int, ...] = tuple(p.strip().strip("\"'")
+                                                 for p in m.group(2).split("."))
+            if m.group(1) == "[[":
+                counts[names] = idx = counts.get(names, -1) + 1
+                names = (*names, idx)
+            table = names
+            if path[: len(table)] == table:
+                best = no
+        elif m := _KEY.match(line):
+            full = (*table, *(k.strip("\"'") for k in m.group(1).split(".")))
+            if full == path:
+                return no
+            if path[: len(full)] == full:
+                best = no
+    return best
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, text: str, source: str) -> None:
+        self.text = text
+        self.source = source
+
+    def fail(self, path: tuple[str | int, ...], problem: str, hint: str | None = None) -> SpecError:
+        line = _line_of(self.text, path)
+        where = f"{self.source}:{line}" if line else self.source
+        dotted = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path)
+        dotted = dotted.replace(".[", "[")
+        return SpecError(f"{where}: key '{dotted}': {problem}", hint)
+
+    def table(self, doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
+        val = doc.get(name)
+        if val is None:
+            if required:
+                raise self.fail((name,), f"missing table [{name}]")
+            return {}
+        if not isinstance(val, dict):
+            raise self.fail((name,), "must be a table")
+        return val
+
+    def unknown(self, tbl: dict[str, Any], path: tuple[str | int, ...], allowed: set[str]) -> None:
+        for key in tbl:
+            if key not in allowed:
+                raise self.fail((*path, key), "unknown key",
+                                "allowed here: " + ", ".join(sorted(allowed)))
+
+    def get(self, tbl: dict[str, Any], path: tuple[str | int, ...], kind: type | tuple[type, ...],
+            default: Any = None, *, required: bool = False,
+            check: Callable[[Any], str | None] | None = None) -> Any:
+        key = path[-1]
+        if key not in tbl:
+            if required:
+                raise self.fail(path, "missing")
+            return default
+        val = tbl[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(val, kinds) and not (isinstance(val, bool) and bool not in kinds)
+        if not ok:
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.fail(path, f"expected {names}, got {type(val).__name__} {val!r}")
+        if check and (problem := check(val)):
+            raise self.fail(path, problem)
+        return val
+
+    def str_list(self, tbl: dict[str, Any], path: tuple[str | int, ...],
+                 choices: tuple[str, ...]) -> tuple[str, ...]:
+        vals = self.get(tbl, path, list, [])
+        for v in vals:
+            if not isinstance(v, str) or v not in choices:
+                raise self.fail(path, f"{v!r} is not one of: {', '.join(choices)}")
+        return tuple(vals)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"{v!r} is not one of: {', '.join(choices)}"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else f"must be positive, got {v!r}"
+
+
+def _axis_values(ck: _Checker, axis: str, vals: Any) -> list[Any]:
+    path = ("matrix", axis)
+    if axis not in AXES:
+        raise ck.fail(path, "unknown matrix axis", "axes: " + ", ".join(AXES))
+    if not isinstance(vals, list) or not vals:
+        raise ck.fail(path, "expected a non-empty list")
+    kind, choices = AXES[axis]
+    for v in vals:
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ck.fail(path, f"expected a list of {kind.__name__}, found {v!r}")
+        if choices is not None and v not in choices:
+            raise ck.fail(path, f"{v!r} is not one of: {', '.join(map(str, choices))}")
+        if kind is int and v <= 0:
+            raise ck.fail(path, f"must be positive, got {v!r}")
+    if axis == "mtu" and any(not 68 <= v <= 65535 for v in vals):
+        raise ck.fail(path, "MTU must be within 68..65535")
+    if len(set(vals)) != len(vals):
+        raise ck.fail(path, "values repeat")
+    return list(vals)
+
+
+def parse_spec(text: str, source: str = "<spec>") -> Spec:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{source}: not valid TOML: {exc}", "fix the syntax at that line") from None
+    ck = _Checker(text, source)
+    ck.unknown(doc, (), {"experiment", "matrix", "run", "substitute", "nic", "report"})
+
+    exp = ck.table(doc, "experiment", required=True)
+    ck.unknown(exp, ("experiment",), {"name", "title", "tool", "seed", "about"})
+    name = ck.get(exp, ("experiment", "name"), str, required=True,
+                  check=lambda v: None if re.fullmatch(r"[a-z0-9][a-z0-9\-]*", v)
+                  else "use lowercase letters, digits and '-'")
+    title = ck.get(exp, ("experiment", "title"), str, required=True)
+    tool = ck.get(exp, ("experiment", "tool"), str, required=True, check=_one_of(TOOLS))
+
+    mat = ck.table(doc, "matrix", required=True)
+    matrix = {axis: _axis_values(ck, axis, vals) for axis, vals in mat.items()}
+    if not matrix:
+        raise ck.fail(("matrix",), "needs at least one axis")
+    needed = ("engine",) if tool == "bench" else ("mode",)
+    for axis in needed:
+        if axis not in matrix:
+            raise ck.fail(("matrix", axis), f"missing (a {tool} experiment needs it)")
+
+    run = ck.table(doc, "run", required=False)
+    ck.unknown(run, ("run",), {"duration", "repeat", "peers"})
+    duration = float(ck.get(run, ("run", "duration"), (int, float), 2.0, check=_positive))
+    repeat = ck.get(run, ("run", "repeat"), int, 1, check=_positive)
+    peers = ck.str_list(run, ("run", "peers"), ("iperf3", "sockperf"))
+
+    subs = []
+    raw_subs = doc.get("substitute", [])
+    if not isinstance(raw_subs, list):
+        raise ck.fail(("substitute",), "must be an array of tables: [[substitute]]")
+    for i, s in enumerate(raw_subs):
+        p: tuple[str | int, ...] = ("substitute", i)
+        ck.unknown(s, p, {"axis", "value", "lab", "why", "unless"})
+        axis = ck.get(s, (*p, "axis"), str, required=True,
+                      check=lambda v: None if v in matrix else "not an axis of [matrix]")
+        kind, choices = AXES[axis]
+        value = ck.get(s, (*p, "value"), kind, required=True)
+        lab = ck.get(s, (*p, "lab"), kind, required=True,
+                     check=_one_of(choices) if choices else None)
+        why = ck.get(s, (*p, "why"), str, required=True)
+        unless = ck.get(s, (*p, "unless"), str, "ifname", check=_one_of(("ifname", "remote")))
+        subs.append(Substitution(axis, value, lab, why, unless))
+
+    nic = ck.table(doc, "nic", required=False)
+    ck.unknown(nic, ("nic",), {"private_flag"})
+    private_flag = ck.get(nic, ("nic", "private_flag"), str, "")
+
+    rep = ck.table(doc, "report", required=False)
+    ck.unknown(rep, ("report",), {"table", "rows", "columns", "metric", "extra", "baseline",
+                                  "per_cpu", "plots"})
+    from zcnet.report.cells import METRICS  # the metric names a table can show
+
+    metric_names = tuple(METRICS)
+    table = ck.get(rep, ("report", "table"), str, "grid", check=_one_of(TABLES))
+    axis_names = tuple(matrix)
+    rows = ck.get(rep, ("report", "rows"), str, "", check=_one_of(axis_names))
+    columns = ck.get(rep, ("report", "columns"), str, "", check=_one_of(axis_names))
+    if table == "grid" and not (rows and columns):
+        raise ck.fail(("report", "rows" if not rows else "columns"),
+                      "a grid table needs both rows and columns")
+    metric = ck.get(rep, ("report", "metric"), str, "gbps", check=_one_of(metric_names))
+    extra = ck.str_list(rep, ("report", "extra"), metric_names)
+    baseline = ck.get(rep, ("report", "baseline"), dict, {})
+    for axis, val in baseline.items():
+        if axis not in matrix or val not in matrix[axis]:
+            raise ck.fail(("report", "baseline"), f"{axis}={val!r} is not in [matrix]")
+    if table == "ab" and not baseline:
+        raise ck.fail(("report", "baseline"), "an ab table needs a baseline")
+    per_cpu = ck.get(rep, ("report", "per_cpu"), bool, False)
+    plots = ck.str_list(rep, ("report", "plots"), PLOTS)
+
+    return Spec(name=name, title=title, tool=tool, matrix=matrix, duration=duration,
+                repeat=repeat, peers=peers, seed=ck.get(exp, ("experiment", "seed"), str, ""),
+                about=ck.get(exp, ("experiment", "about"), str, ""), substitutes=tuple(subs),
+                private_flag=private_flag, table=table, rows=rows, columns=columns,
+                metric=metric, extra=extra, baseline=dict(baseline), per_cpu=per_cpu,
+                plots=plots, source=source)
+
+
+def load_spec(path: str | Path) -> Spec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read spec {p}: {exc.strerror}",
+                        "give the path of a .toml spec, or a name from `zcnet reproduce`") from None
+    return parse_spec(text, str(p))
+
+
+# --- built-in specs ------------------------------------------------------------------------------
+
+
+def _builtin_dir() -> Any:
+    return resources.files("zcnet") / "experiments"
+
+
+def builtin_names() -> list[str]:
+    return sorted(e.name[: -len(".toml")] for e in _builtin_dir().iterdir()
+                  if e.name.endswith(".toml"))
+
+
+def builtin_text(name: str) -> str:
+    entry = _builtin_dir() / f"{name}.toml"
+    if not entry.is_file():
+        raise UsageError(f"no built-in experiment {name!r}",
+                         "choose one of: " + ", ".join(builtin_names()))
+    return entry.read_text()
+
+
+def builtin_spec(name: str) -> Spec:
+    return parse_spec(builtin_text(name), f"{name}.toml")
