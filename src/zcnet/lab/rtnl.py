@@ -1,0 +1,76 @@
+"""rtnetlink inside a named namespace, with kernel errors turned into errors a user can act on."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from zcnet.errors import ZcnetError
+from zcnet.lab.netns import in_netns
+
+NEED_ROOT = ZcnetError(
+    "network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
+    "run as root or use --no-lab",
+)
+
+# errno -> the fix to suggest; the kernel's own message is kept in the error text.
+_HINTS = {
+    errno.EPERM: "run as root or use --no-lab",
+    errno.EACCES: "run as root or use --no-lab",
+    errno.EOPNOTSUPP: "the kernel lacks veth or network namespaces (modprobe veth)",
+    errno.ENOENT: "a lab namespace vanished; `zcnet lab status` shows what is left",
+    errno.EINVAL: "the kernel rejected the value; check MTU and names",
+    errno.EEXIST: "a leftover lab collides; `zcnet lab down` sweeps stale labs",
+}
+
+# capability bits (linux/capability.h): veth and addresses need NET_ADMIN, the netns bind mount
+# under /run/netns needs SYS_ADMIN.
+CAP_NET_ADMIN = 12
+CAP_SYS_ADMIN = 21
+
+
+def has_caps() -> bool:
+    """True if this process may create namespaces and veths."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            eff = int(line.split()[1], 16)
+            need = (1 << CAP_NET_ADMIN) | (1 << CAP_SYS_ADMIN)
+            return eff & need == need
+    return os.geteuid() == 0
+
+
+def translate(exc: OSError | NetlinkError, what: str) -> ZcnetError:
+    """One ZcnetError for a failed lab step, keeping errno and the kernel's message."""
+    code = exc.code if isinstance(exc, NetlinkError) else exc.errno
+    if code in (errno.EPERM, errno.EACCES) and not has_caps():
+        return NEED_ROOT
+    text = os.strerror(code) if code else str(exc)
+    detail = getattr(exc, "msg", None) if isinstance(exc, NetlinkError) else None
+    if detail and detail != text:
+        text = f"{text}: {detail}"
+    return ZcnetError(f"{what} failed: {text}", _HINTS.get(code or 0))
+
+
+@contextmanager
+def rtnl(ns: str) -> Iterator[IPRoute]:
+    """An IPRoute whose netlink socket was opened inside namespace NS (no helper process)."""
+    with in_netns(ns):
+        ipr = IPRoute()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def ifindex(ipr: IPRoute, ifname: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise ZcnetError(f"interface {ifname} is missing",
+                         "`zcnet lab status` shows what is left")
+    return int(found[0])

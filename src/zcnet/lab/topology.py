@@ -1,0 +1,309 @@
+"""Two network namespaces joined by a veth pair: the lab every benchmark can run in.
+
+Some facts about veth pairs in namespaces:
+
+- The veth is created inside namespace a with its peer placed straight into namespace b, so no
+  interface ever appears in the root namespace, not even for an instant.
+- Deleting either end deletes both, and a namespace going away deletes the interfaces in it. The
+  teardown still deletes the veth explicitly: a namespace outlives its /run/netns mount while any
+  process or socket holds it, and its veth would linger unseen.
+- The kernel strips every IPv6 address from a device whose MTU drops below 1280, and does not put
+  them back when it rises again; ``set_mtu`` re-adds them.
+- A new veth's transmit queue is only attached once the link-watch work has seen carrier; traffic
+  sent before that is dropped. ``up`` waits for operstate UP on both ends so the first SYN lands.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pyroute2 import netns as pr_netns
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab import names, registry
+from zcnet.lab.netns import in_netns, netns_exists, netns_popen
+from zcnet.lab.rtnl import NEED_ROOT, has_caps, ifindex, rtnl, translate
+
+log = logging.getLogger(__name__)
+
+ADDR_A, ADDR_B, PREFIX4 = "198.18.0.1", "198.18.0.2", 30
+ADDR6_A, ADDR6_B, PREFIX6 = "2001:db8::1", "2001:db8::2", 64
+MTU_MIN, MTU_MAX = 68, 65535  # veth's min_mtu and max_mtu
+IPV6_MIN_MTU = 1280
+UP_TIMEOUT = 5.0
+
+_counter = itertools.count(1)
+_counter_lock = threading.Lock()
+
+
+def check_mtu(mtu: int) -> int:
+    if not isinstance(mtu, int) or not MTU_MIN <= mtu <= MTU_MAX:
+        raise UsageError(f"MTU {mtu!r} is out of range for veth",
+                         f"choose {MTU_MIN}..{MTU_MAX}")
+    return mtu
+
+
+def remove_netns(ns: str) -> bool:
+    """Unmount and unlink /run/netns/NS; False if it was already gone."""
+    try:
+        pr_netns.remove(ns)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def delete_veth(ns: str, ifname: str) -> None:
+    """Delete the veth end IFNAME in NS (and so its peer); quiet if either is already gone."""
+    if not netns_exists(ns):
+        return
+    with rtnl(ns) as ipr:
+        found = ipr.link_lookup(ifname=ifname)
+        if found:
+            try:
+                ipr.link("del", index=found[0])
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:
+                    raise
+
+
+class Lab:
+    """Namespaces ``ns_a``/``ns_b`` with veth ``if_a``/``if_b``, addressed and up.
+
+    Use as a context manager; the lab is gone after the block however it ends. Labs still up at
+    interpreter exit or on SIGTERM/SIGHUP are removed too (see ``zcnet.lab.registry``).
+    ``persistent=True`` (for ``zcnet lab up``) makes a lab that outlives this process.
+    """
+
+    def __init__(self, mtu: int = 1500, *, ipv6: bool = True, persistent: bool = False) -> None:
+        self.mtu = check_mtu(mtu)
+        self.persistent = persistent
+        self.owner_pid = os.getpid()
+        self.name = ""
+        self.ns_a = self.ns_b = ""
+        self.if_a = self.if_b = ""
+        self.addr_a, self.addr_b, self.prefixlen = ADDR_A, ADDR_B, PREFIX4
+        self.prefixlen6 = PREFIX6
+        self._want_ipv6 = ipv6
+        self._ipv6 = False
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._lock = threading.RLock()
+
+    # -- public view ---------------------------------------------------------------------------
+
+    @property
+    def ipv6(self) -> bool:
+        return self._ipv6
+
+    @property
+    def addr6_a(self) -> str | None:
+        return ADDR6_A if self._ipv6 else None
+
+    @property
+    def addr6_b(self) -> str | None:
+        return ADDR6_B if self._ipv6 else None
+
+    @property
+    def is_up(self) -> bool:
+        return bool(self.name)
+
+    def env(self) -> dict[str, Any]:
+        """Metadata for the JSON envelope."""
+        return {"lab": True, "mtu": self.mtu, "veth": [self.if_a, self.if_b], "ipv6": self._ipv6}
+
+    def __repr__(self) -> str:
+        return f"Lab({self.name or 'down'}, mtu={self.mtu}, ipv6={self._ipv6})"
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Lab:
+        return self.up()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.down()
+
+    def up(self) -> Lab:
+        with self._lock:
+            if self.name:
+                return self
+            if not has_caps():
+                raise NEED_ROOT
+            if not self.persistent:
+                registry.register(self)
+            try:
+                self._create_namespaces()
+                self._wire()
+            except BaseException:
+                # Also on Ctrl-C mid-setup: whatever was made goes again.
+                self.down()
+                raise
+            log.info("lab %s up: %s/%s mtu %d ipv6 %s", self.name, self.ns_a, self.ns_b,
+                     self.mtu, self._ipv6)
+            return self
+
+    def down(self) -> None:
+        """Remove everything the lab made. Idempotent, and safe on a half-built lab."""
+        with self._lock:
+            if os.getpid() != self.owner_pid:
+                return  # a forked child never tears down its parent's lab
+            self._stop_procs()
+            if self.name:
+                try:
+                    delete_veth(self.ns_a, self.if_a)
+                except (OSError, NetlinkError, ZcnetError) as exc:
+                    # Removing the namespaces below still deletes the veth once unreferenced.
+                    log.warning("deleting veth %s: %s", self.if_a, exc)
+                for ns in (self.ns_a, self.ns_b):
+                    remove_netns(ns)
+                log.info("lab %s down", self.name)
+            self.name = self.ns_a = self.ns_b = self.if_a = self.if_b = ""
+            self._ipv6 = False
+            registry.unregister(self)
+
+    def _next_name(self, attempt: int) -> names.LabName:
+        if self.persistent:
+            return names.persistent(attempt)
+        with _counter_lock:
+            return names.owned(self.owner_pid, next(_counter))
+
+    def _create_namespaces(self) -> None:
+        # Names may collide with a stale lab of a dead process whose pid we reuse, or with a
+        # concurrent `lab up`: O_EXCL on the mount point tells, and we move on to the next name.
+        for attempt in range(1000):
+            lab = self._next_name(attempt)
+            if not names.fits(lab):
+                raise ZcnetError(f"lab name {lab.name} is too long for an interface name")
+            try:
+                pr_netns.create(lab.ns_a)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise translate(exc, f"creating namespace {lab.ns_a}") from exc
+            self.name, self.ns_a, self.if_a = lab.name, lab.ns_a, lab.ns_a
+            try:
+                pr_netns.create(lab.ns_b)
+            except FileExistsError:
+                remove_netns(lab.ns_a)
+                self.name = self.ns_a = self.if_a = ""
+                continue
+            except OSError as exc:
+                raise translate(exc, f"creating namespace {lab.ns_b}") from exc
+            self.ns_b = self.if_b = lab.ns_b
+            return
+        raise ZcnetError("no free lab name", "`zcnet lab down` sweeps stale labs")
+
+    def _wire(self) -> None:
+        try:
+            with rtnl(self.ns_a) as ipr:
+                ipr.link("add", ifname=self.if_a, kind="veth",
+                         peer={"ifname": self.if_b, "net_ns_fd": self.ns_b})
+        except NetlinkError as exc:
+            raise translate(exc, "creating veth pair") from exc
+        for ns, ifname, addr in ((self.ns_a, self.if_a, ADDR_A), (self.ns_b, self.if_b, ADDR_B)):
+            self._configure_side(ns, ifname, addr)
+        self._ipv6 = self._want_ipv6 and self.mtu >= IPV6_MIN_MTU and self._add_ipv6()
+        self._wait_up()
+
+    def _configure_side(self, ns: str, ifname: str, addr: str) -> None:
+        _disable_dad(ns, ifname)
+        try:
+            with rtnl(ns) as ipr:
+                ipr.link("set", index=ifindex(ipr, "lo"), state="up")
+                idx = ifindex(ipr, ifname)
+                ipr.link("set", index=idx, mtu=self.mtu)
+                ipr.addr("add", index=idx, address=addr, prefixlen=PREFIX4)
+                ipr.link("set", index=idx, state="up")
+        except NetlinkError as exc:
+            raise translate(exc, f"configuring {ifname} in {ns}") from exc
+
+    def _add_ipv6(self) -> bool:
+        """Add the IPv6 addresses, usable at once (no DAD); False where IPv6 is off."""
+        pairs = ((self.ns_a, self.if_a, ADDR6_A), (self.ns_b, self.if_b, ADDR6_B))
+        try:
+            for ns, ifname, addr in pairs:
+                with rtnl(ns) as ipr:
+                    ipr.addr("add", index=ifindex(ipr, ifname), address=addr,
+                             prefixlen=PREFIX6, flags=IFA_F_NODAD)
+        except NetlinkError as exc:
+            if exc.code == errno.EEXIST:
+                return True
+            # EACCES: disable_ipv6 set; EAFNOSUPPORT: ipv6.disable=1. The lab runs IPv4 only.
+            log.info("lab without IPv6: %s", os.strerror(exc.code))
+            return False
+        return True
+
+    def _wait_up(self) -> None:
+        deadline = time.monotonic() + UP_TIMEOUT
+        for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
+            with rtnl(ns) as ipr:
+                idx = ifindex(ipr, ifname)
+                while ipr.link("get", index=idx)[0].get("IFLA_OPERSTATE") != "UP":
+                    if time.monotonic() > deadline:
+                        raise ZcnetError(f"veth {ifname} did not come up within {UP_TIMEOUT} s")
+                    time.sleep(0.005)
+
+    # -- changes while up ----------------------------------------------------------------------
+
+    def set_mtu(self, mtu: int) -> None:
+        """Set the MTU on both veth ends (IPv6 addresses follow: dropped below 1280, re-added)."""
+        check_mtu(mtu)
+        with self._lock:
+            self._require_up()
+            for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
+                try:
+                    with rtnl(ns) as ipr:
+                        ipr.link("set", index=ifindex(ipr, ifname), mtu=mtu)
+                except NetlinkError as exc:
+                    raise translate(exc, f"setting MTU {mtu} on {ifname}") from exc
+            self.mtu = mtu
+            self._ipv6 = self._want_ipv6 and mtu >= IPV6_MIN_MTU and self._add_ipv6()
+
+    def ns_exec(self, ns: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ARGV inside NS (``lab.ns_a`` or ``lab.ns_b``). Still running at ``down()``, it
+        gets SIGTERM, then SIGKILL after 2 s, and is reaped."""
+        with self._lock:
+            self._require_up()
+            if ns not in (self.ns_a, self.ns_b):
+                raise UsageError(f"{ns!r} is not a namespace of lab {self.name}",
+                                 f"use {self.ns_a} or {self.ns_b}")
+            proc = netns_popen(ns, argv, **popen_kwargs)
+            self._procs.append(proc)
+            return proc
+
+    def _require_up(self) -> None:
+        if not self.name:
+            raise UsageError("the lab is not up", "use it inside `with Lab() as lab:`")
+
+    def _stop_procs(self) -> None:
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _disable_dad(ns: str, ifname: str) -> None:
+    """accept_dad=0 so the link-local address is usable at once too. /proc/sys/net shows the
+    namespace of the thread that opens it, hence in_netns."""
+    with in_netns(ns):
+        try:
+            Path(f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad").write_text("0\n")
+        except OSError as exc:
+            log.debug("accept_dad on %s: %s", ifname, exc)
