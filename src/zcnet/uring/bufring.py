@@ -1,0 +1,145 @@
+"""Provided buffer rings (IORING_REGISTER_PBUF_RING), registered buffers, and the opcode probe.
+
+Some facts about provided buffer rings: the ring is an array of ``io_uring_buf`` {addr, len, bid}
+whose entry 0 also carries the u16 tail in its ``resv`` field. We publish buffers by writing
+entries at ``tail & mask`` and then storing the tail; the kernel consumes entries in ring order
+from its private head. So the buffers a CQE consumed are always the next ones in ring order:
+with bundles one CQE may consume several, and we find their ids from a shadow copy of the bids we
+published, indexed by our own copy of the head. Recycling is one vectorized write per batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from zcnet.uapi import io_uring as u
+from zcnet.uring.mem import Mapping
+from zcnet.uring.ring import Ring
+
+_TAIL_U16 = u.io_uring_buf.resv.offset // 2  # tail lives in entry 0's resv
+
+
+class BufRing:
+    """``entries`` buffers of ``buf_size`` bytes in one area, published to buffer group ``bgid``."""
+
+    def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, *,
+                 area: Mapping | None = None, area_offset: int = 0) -> None:
+        if entries <= 0 or entries & (entries - 1) or entries > 32768:
+            raise ValueError("buffer ring entries must be a power of two <= 32768")
+        self.ring, self.bgid, self.entries, self.buf_size = ring, bgid, entries, buf_size
+        self.mask = entries - 1
+        self._own_area = area is None
+        self.area = area or Mapping.anonymous(entries * buf_size)
+        self.area_offset = area_offset
+        self.base = self.area.addr + area_offset
+        self._mem = Mapping.anonymous(entries * ctypes.sizeof(u.io_uring_buf))
+        try:
+            reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid)
+            ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
+        except BaseException:
+            self._release_memory()
+            raise
+        self._registered = True
+        self._addr = self._mem.view(np.uint64, 0, entries * 2).reshape(entries, 2)[:, 0]
+        self._len = self._mem.view(np.uint32, 0, entries * 4).reshape(entries, 4)[:, 2]
+        self._bid = self._mem.view(np.uint16, 0, entries * 8).reshape(entries, 8)[:, 6]
+        self._ktail = self._mem.view(np.uint16, 0, 8)
+        self._tail = 0
+        self._head = 0  # our copy of the kernel's consumption point
+        self._shadow = np.zeros(entries, dtype=np.uint16)
+        self.in_ring = 0
+        self.provide(np.arange(entries, dtype=np.uint16))
+
+    def buffer(self, bid: int, length: int | None = None) -> np.ndarray:
+        """The bytes of buffer ``bid`` as a uint8 view into the area."""
+        return self.area.view(np.uint8, self.area_offset + bid * self.buf_size,
+                               self.buf_size if length is None else length)
+
+    def provide(self, bids: np.ndarray) -> None:
+        """Give buffers (back) to the kernel: one vectorized write, then one tail store."""
+        n = len(bids)
+        if n == 0:
+            return
+        if self.in_ring + n > self.entries:
+            raise ValueError("more buffers provided than the ring holds (double release?)")
+        slots = (self._tail + np.arange(n)) & self.mask
+        b = bids.astype(np.uint64)
+        self._addr[slots] = self.base + b * self.buf_size
+        self._len[slots] = self.buf_size
+        self._bid[slots] = bids
+        self._shadow[slots] = bids
+        self._tail = (self._tail + n) & 0xFFFF
+        self.in_ring += n
+        self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
+
+    def consumed(self, nbytes: int, first_bid: int) -> np.ndarray:
+        """Buffer ids a completion of ``nbytes`` consumed starting at ``first_bid`` (bundles)."""
+        count = max(1, -(-nbytes // self.buf_size))
+        slots = (self._head + np.arange(count)) & self.mask
+        bids = self._shadow[slots]
+        if int(bids[0]) != first_bid:
+            raise RuntimeError(f"buffer ring out of step: expected bid {bids[0]}, got {first_bid}")
+        self._head = (self._head + count) & 0xFFFF
+        self.in_ring -= count
+        return bids
+
+    def _release_memory(self) -> None:
+        self._mem.close()
+        if self._own_area:
+            self.area.close()
+
+    def close(self) -> None:
+        if getattr(self, "_registered", False) and self.ring.fd >= 0:
+            reg = u.io_uring_buf_reg(bgid=self.bgid)
+            self.ring.register(u.IORING_UNREGISTER_PBUF_RING, reg, 1)
+        self._registered = False
+        self._release_memory()
+
+    def __enter__(self) -> BufRing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _iovec(ctypes.Structure):
+    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
+
+
+def register_buffers(ring: Ring, buffers: list[tuple[int, int]]) -> None:
+    """Register (address, length) pairs as fixed buffers 0..n-1."""
+    iovs = (_iovec * len(buffers))(*(_iovec(a, n) for a, n in buffers))
+    ring.register(u.IORING_REGISTER_BUFFERS, iovs, len(buffers))
+
+
+def unregister_buffers(ring: Ring) -> None:
+    ring.register(u.IORING_UNREGISTER_BUFFERS, None, 0)
+
+
+def probe(ring: Ring | None = None) -> frozenset[int]:
+    """Opcodes this kernel supports (IORING_REGISTER_PROBE)."""
+    own = ring is None
+    r = ring or Ring(2)
+    try:
+        nops = u.IORING_OP_LAST + 64
+        buf = (ctypes.c_uint8 * (ctypes.sizeof(u.io_uring_probe)
+                                 + nops * ctypes.sizeof(u.io_uring_probe_op)))()
+        r.register(u.IORING_REGISTER_PROBE, buf, nops)
+        head = u.io_uring_probe.from_buffer(buf)
+        ops = (u.io_uring_probe_op * head.ops_len).from_buffer(buf, ctypes.sizeof(head))
+        return frozenset(o.op for o in ops if o.flags & u.IO_URING_OP_SUPPORTED)
+    finally:
+        if own:
+            r.close()
+
+
+def unsupported(*ops: int) -> str | None:
+    """Why io_uring (or one of ``ops``) cannot be used here, or None when all are available."""
+    try:
+        have = probe()
+    except OSError as e:
+        return f"io_uring unavailable: {e.strerror} (kernel.io_uring_disabled or seccomp?)"
+    missing = [u.OP_NAMES.get(op, str(op)) for op in ops if op not in have]
+    return f"kernel lacks io_uring op(s) {', '.join(missing)}" if missing else None

@@ -1,0 +1,83 @@
+"""Memory mappings with a known address: ring memory, buffer areas, hugetlb pages.
+
+Some facts about Python's ``mmap`` module: it hides the address, and refuses to close while a
+numpy view exists, so an error path can leak the mapping. We call libc mmap/munmap ourselves and
+hand out numpy views over the address; ``close()`` unmaps unconditionally, so views must not be
+used after it (owners drop their views first). Tests count io_uring mappings to prove release.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+
+import numpy as np
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.munmap.restype = ctypes.c_int
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+MAP_FAILED = ctypes.c_void_p(-1).value
+MAP_HUGETLB = 0x40000
+MAP_HUGE_2MB = 21 << 26
+MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
+PAGE_SIZE = mmap.PAGESIZE
+
+
+def page_align(n: int, page: int = PAGE_SIZE) -> int:
+    return (n + page - 1) // page * page
+
+
+class Mapping:
+    """One mmap'd range; ``close()`` is idempotent."""
+
+    def __init__(self, size: int, *, fd: int = -1, offset: int = 0, flags: int = 0,
+                 prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> None:
+        if size <= 0:
+            raise ValueError("mapping size must be positive")
+        base = mmap.MAP_SHARED if fd >= 0 else mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        addr = _libc.mmap(None, size, prot, base | flags, fd, offset)
+        if addr in (None, MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {size} bytes: {os.strerror(err)}")
+        self.addr: int = addr
+        self.size = size
+
+    @classmethod
+    def anonymous(cls, size: int, *, hugetlb: bool = False, populate: bool = True) -> Mapping:
+        flags = (MAP_POPULATE if populate else 0) | (MAP_HUGETLB | MAP_HUGE_2MB if hugetlb else 0)
+        return cls(page_align(size, 2 << 20 if hugetlb else PAGE_SIZE), flags=flags)
+
+    def view(self, dtype: np.typing.DTypeLike = np.uint8, offset: int = 0,
+             count: int | None = None) -> np.ndarray:
+        """A numpy view of ``count`` items of ``dtype`` starting ``offset`` bytes in."""
+        if self.addr == 0:
+            raise ValueError("mapping is closed")
+        dt = np.dtype(dtype)
+        if count is None:
+            count = (self.size - offset) // dt.itemsize
+        if offset < 0 or offset + count * dt.itemsize > self.size:
+            raise ValueError("view outside the mapping")
+        raw = (ctypes.c_char * (count * dt.itemsize)).from_address(self.addr + offset)
+        return np.frombuffer(raw, dtype=dt, count=count)
+
+    @property
+    def closed(self) -> bool:
+        return self.addr == 0
+
+    def close(self) -> None:
+        if self.addr:
+            _libc.munmap(self.addr, self.size)
+            self.addr = 0
+
+    def __enter__(self) -> Mapping:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

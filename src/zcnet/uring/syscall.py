@@ -1,0 +1,58 @@
+"""The three io_uring syscalls through ctypes; the one place a negative result becomes OSError."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+
+from zcnet.uapi import io_uring as u
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def cqe_error(res: int, what: str = "") -> OSError:
+    """The OSError for a negative CQE ``res`` (or syscall result), errno intact."""
+    err = -res
+    msg = os.strerror(err)
+    return OSError(err, f"{what}: {msg}" if what else msg)
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def io_uring_setup(entries: int, params: u.io_uring_params) -> int:
+    ret = _syscall(u.__NR_io_uring_setup, ctypes.c_uint(entries), ctypes.byref(params))
+    return _check(ret, "io_uring_setup")
+
+
+def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int) -> int:
+    """One io_uring_enter; retries EINTR so a signal never loses a submission count."""
+    while True:
+        ret = _syscall(u.__NR_io_uring_enter, ctypes.c_int(fd), ctypes.c_uint(to_submit),
+                       ctypes.c_uint(min_complete), ctypes.c_uint(flags), None, ctypes.c_size_t(0))
+        if ret >= 0:
+            return ret
+        err = ctypes.get_errno()
+        if err != errno.EINTR:
+            raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
+
+
+def io_uring_register(fd: int, opcode: int, arg: object, nr_args: int) -> int:
+    """``arg`` is a ctypes object passed by reference, an address (int), or None."""
+    if arg is None:
+        parg: object = None
+    elif isinstance(arg, int):
+        parg = ctypes.c_void_p(arg)
+    else:
+        parg = ctypes.byref(arg)  # type: ignore[arg-type]
+    ret = _syscall(u.__NR_io_uring_register, ctypes.c_int(fd), ctypes.c_uint(opcode), parg,
+                   ctypes.c_uint(nr_args))
+    return _check(ret, f"io_uring_register({opcode})")

@@ -1,0 +1,156 @@
+"""Ring mechanics against the real kernel: wraparound, overflow, multishot, buffer rings, probe."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import numpy as np
+import pytest
+
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing, probe, register_buffers, unregister_buffers, unsupported
+from zcnet.uring.mem import Mapping
+from zcnet.uring.prep import prep_nop, prep_read_fixed, prep_recv, prep_recv_multishot
+from zcnet.uring.ring import Ring
+
+FAST = u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+
+
+@pytest.fixture
+def tcp_pair():
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen()
+    c = socket.create_connection(ls.getsockname())
+    s, _ = ls.accept()
+    ls.close()
+    yield c, s
+    c.close()
+    s.close()
+
+
+def test_nop_round_trip_and_close_releases(no_leaks) -> None:
+    with Ring(8) as r:
+        prep_nop(r, 1234)
+        assert r.submit(1) == 1
+        c = r.reap()
+        assert c.user_data.tolist() == [1234] and c.res.tolist() == [0]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7, 8])
+def test_sq_and_cq_wrap_around_many_times(no_leaks, batch: int) -> None:
+    """Tails pass the ring end (and batches straddle it) many times; order and count hold."""
+    with Ring(8, flags=FAST) as r:
+        seen: list[int] = []
+        nxt = 0
+        for _ in range(200):
+            ud = np.arange(nxt, nxt + batch, dtype=np.uint64)
+            r.prep_batch(u.IORING_OP_NOP, ud)
+            nxt += batch
+            r.submit(batch)
+            seen += r.reap().user_data.tolist()
+        assert seen == list(range(nxt))
+
+
+def test_cq_overflow_loses_nothing(no_leaks) -> None:
+    """Submit 4x the CQ size without reaping: the kernel holds the overflow (FEAT_NODROP)."""
+    with Ring(16, cq_entries=16) as r:
+        assert r.features & u.IORING_FEAT_NODROP
+        total = 64
+        for i in range(0, total, 16):
+            r.prep_batch(u.IORING_OP_NOP, np.arange(i, i + 16, dtype=np.uint64))
+            r.submit()
+        assert r.cq_overflow
+        got: list[int] = []
+        while len(got) < total:
+            got += r.reap().user_data.tolist()
+            if len(got) < total:
+                r.get_events()  # flushes overflowed CQEs into the CQ
+        assert sorted(got) == list(range(total))
+        assert not r.cq_overflow
+
+
+def test_negative_res_becomes_oserror_with_errno(no_leaks) -> None:
+    with Ring(4) as r:
+        prep_recv(r, 1_000_000, 0, 16, user_data=9)  # no such fd
+        r.submit(1)
+        c = r.reap()
+        with pytest.raises(OSError) as ei:
+            c.raise_for_errors("recv")
+        assert ei.value.errno == errno.EBADF
+
+
+def test_multishot_recv_terminates_on_eof_and_rearms(no_leaks, tcp_pair) -> None:
+    c, s = tcp_pair
+    with Ring(16, flags=FAST) as r, BufRing(r, 3, 8, 4096) as br:
+        prep_recv_multishot(r, s.fileno(), 3, 1)
+        c.sendall(b"a" * 5000)
+        r.submit(1)
+        got = bytearray()
+        while len(got) < 5000:
+            cs = r.reap()
+            for res, fl in zip(cs.res.tolist(), cs.flags.tolist(), strict=True):
+                assert res > 0 and fl & u.IORING_CQE_F_MORE and fl & u.IORING_CQE_F_BUFFER
+                bid = fl >> u.IORING_CQE_BUFFER_SHIFT
+                got += bytes(br.buffer(bid, res))
+                br.provide(br.consumed(res, bid))
+            if len(got) < 5000:
+                r.wait(1)
+        assert bytes(got) == b"a" * 5000
+        c.shutdown(socket.SHUT_WR)
+        r.wait(1)
+        cs = r.reap()
+        assert cs.res.tolist()[-1] == 0 and not cs.flags[-1] & u.IORING_CQE_F_MORE
+
+
+def test_buffer_ring_exhaustion_gives_enobufs_then_recovers(no_leaks, tcp_pair) -> None:
+    c, s = tcp_pair
+    with Ring(16, flags=FAST) as r, BufRing(r, 5, 2, 4096) as br:
+        prep_recv_multishot(r, s.fileno(), 5, 7)
+        c.sendall(b"b" * 20000)  # more than 2 x 4 KiB of buffers
+        r.submit(1)
+        held: list[int] = []
+        final = None
+        while final is None:
+            cs = r.reap()
+            if not len(cs):
+                r.wait(1)
+                continue
+            for res, fl in zip(cs.res.tolist(), cs.flags.tolist(), strict=True):
+                if res > 0:
+                    held += br.consumed(res, fl >> u.IORING_CQE_BUFFER_SHIFT).tolist()
+                if not fl & u.IORING_CQE_F_MORE:
+                    final = res
+        assert final == -errno.ENOBUFS
+        assert br.in_ring == 0 and sorted(held) == [0, 1]
+        # Recover: give the buffers back and re-arm; the rest of the data arrives.
+        br.provide(np.array(held, dtype=np.uint16))
+        prep_recv_multishot(r, s.fileno(), 5, 8)
+        r.submit(1)
+        assert r.reap().res[0] > 0
+
+
+def test_double_provide_is_refused(no_leaks) -> None:
+    with Ring(4) as r, BufRing(r, 1, 4, 4096) as br, pytest.raises(ValueError):
+        br.provide(np.array([0], dtype=np.uint16))
+
+
+def test_read_fixed_from_registered_buffer(no_leaks, tcp_pair) -> None:
+    c, s = tcp_pair
+    with Ring(4) as r, Mapping.anonymous(8192) as m:
+        register_buffers(r, [(m.addr, m.size)])
+        c.sendall(b"fixed!")
+        prep_read_fixed(r, s.fileno(), m.addr, m.size, 0, user_data=3)
+        r.submit(1)
+        res = r.reap()
+        res.raise_for_errors()
+        assert bytes(m.view(np.uint8, 0, int(res.res[0]))) == b"fixed!"
+        unregister_buffers(r)
+
+
+def test_probe_reports_known_ops() -> None:
+    ops = probe()
+    assert {u.IORING_OP_NOP, u.IORING_OP_RECV, u.IORING_OP_SEND} <= ops
+    assert unsupported(u.IORING_OP_NOP) is None
+    assert "lacks" in (unsupported(u.IORING_OP_LAST + 5) or "")
