@@ -35,6 +35,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ns_per_pkt", "CPU per packet", "ns", False, 1),
     Metric("instructions_per_pkt", "instructions per packet", "", False, 0),
     Metric("cycles_per_pkt", "cycles per packet", "", False, 0),
+    Metric("latency_us", "latency", "us", False, 1),
     Metric("rx_busy", "receiver CPU busy", "%", False, 1),
 )}
 

@@ -1,0 +1,78 @@
+"""Render ``Table``s: rich for the terminal, Markdown and CSV for files.
+
+Library code returns strings or writes files; only the CLI hands a console in.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from zcnet.report.tables import Table, flat_rows
+
+
+def to_rich(table: Table) -> RichTable:
+    rt = RichTable(title=table.title, title_justify="left")
+    for i, h in enumerate(table.headers):
+        rt.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in table.rows:
+        rt.add_row(*row)
+    return rt
+
+
+def print_tables(console: Console, tables: Iterable[Table]) -> None:
+    for t in tables:
+        console.print(to_rich(t))
+        for note in t.notes:
+            style = "yellow" if note.startswith(("warning", "substituted")) else "dim"
+            console.print(f"  {note}", style=style, highlight=False)
+
+
+def to_text(tables: Iterable[Table], width: int = 120) -> str:
+    """The terminal rendering without colour, e.g. for a report file or a test."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False,
+                      legacy_windows=False)
+    print_tables(console, tables)
+    return buf.getvalue()
+
+
+def _md_escape(cell: str) -> str:
+    return cell.replace("|", "\\|")
+
+
+def to_markdown(tables: Iterable[Table]) -> str:
+    parts = []
+    for t in tables:
+        lines = [f"### {t.title}", "", "| " + " | ".join(map(_md_escape, t.headers)) + " |",
+                 "|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.headers))) + "|"]
+        lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in t.rows]
+        if t.notes:
+            lines.append("")
+            lines += [f"- {n}" for n in t.notes]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def to_csv(results: list[dict[str, Any]]) -> str:
+    headers, rows = flat_rows(results)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(headers)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Atomic like meta.write_json: a reader never sees half a report."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)

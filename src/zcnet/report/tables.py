@@ -1,0 +1,230 @@
+"""Experiment tables as plain data: a title, headers, string rows and notes.
+
+Every output (rich in the terminal, Markdown, CSV) renders the same ``Table``, so what the terminal
+shows and what a report file holds never disagree. The shapes follow the seeds: a grid (rows MTU,
+columns engine), an A/B list against a baseline (Mpps ± stdev, per-packet costs), and an
+mpstat-style per-CPU table.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zcnet.report.cells import METRICS, Cell, group, key_text
+from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
+
+MPSTAT_COLUMNS = (("usr", "%usr"), ("sys", "%sys"), ("iowait", "%iowait"), ("irq", "%irq"),
+                  ("soft", "%soft"), ("idle", "%idle"))
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def fmt_summary(s: Summary | None, metric: str) -> str:
+    if s is None:
+        return "n/a"
+    m = METRICS[metric]
+    text = s.format(m.digits)
+    return f"{text} {m.unit}".rstrip() if m.unit and m.unit != "%" else text + m.unit
+
+
+def unstable_notes(cells: Iterable[Cell], metrics: Iterable[str]) -> list[str]:
+    notes = []
+    for cell in cells:
+        for metric in metrics:
+            s = cell.summary(metric)
+            if s is not None and s.unstable:
+                share = 100 * s.stdev / abs(s.mean)
+                notes.append(f"warning: {key_text(cell.key)}: {metric} unstable (stdev {share:.0f}%"
+                             f" of mean, limit {100 * UNSTABLE_SHARE:.0f}%); rerun with more"
+                             " --repeat or on a quieter machine")
+    return notes
+
+
+def na_notes(cells: Iterable[Cell]) -> list[str]:
+    return [f"n/a: {key_text(c.key)}: {c.status}" + (f": {c.reason}" if c.reason else "")
+            for c in cells if c.status != "ok"]
+
+
+def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
+    if cell is None:
+        return "-"
+    if cell.status != "ok":
+        return "n/a"
+    parts = [fmt_summary(cell.summary(metric), metric)]
+    for name in extra:
+        s = cell.summary(name)
+        if s is not None:
+            parts.append(f"{METRICS[name].label} {fmt_summary(s, name)}")
+    return ", ".join(parts)
+
+
+def _blocks(cells: dict[Any, Cell], fixed: Iterable[str]) -> dict[tuple[tuple[str, Any], ...],
+                                                                   list[Cell]]:
+    """Cells split by the values of the axes that are neither rows nor columns."""
+    fixed = set(fixed)
+    out: dict[tuple[tuple[str, Any], ...], list[Cell]] = {}
+    for cell in cells.values():
+        rest = tuple((f, v) for f, v in cell.key if f not in fixed and f != "experiment")
+        out.setdefault(rest, []).append(cell)
+    return out
+
+
+def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, metric: str,
+         extra: Iterable[str] = ()) -> list[Table]:
+    """One table per combination of the other axes: rows x columns, cell = metric (+ extras)."""
+    extra = list(extra)
+    cells = group(results)
+    tables = []
+    for rest, block in _blocks(cells, (rows, columns)).items():
+        row_vals = list(dict.fromkeys(c.fields.get(rows) for c in block))
+        col_vals = list(dict.fromkeys(c.fields.get(columns) for c in block))
+        lookup = {(c.fields.get(rows), c.fields.get(columns)): c for c in block}
+        suffix = ", ".join(f"{f} {v}" for f, v in rest)
+        t = Table(f"{title} ({suffix})" if suffix else title,
+                  [rows.upper() if rows == "mtu" else rows, *map(str, col_vals)], [])
+        for r in row_vals:
+            t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
+                                     for c in col_vals)])
+        t.notes = na_notes(block) + unstable_notes(block, [metric, *extra])
+        tables.append(t)
+    return tables
+
+
+def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], metric: str,
+       extra: Iterable[str] = ()) -> Table:
+    """Each cell against the baseline cell: metric ± stdev, extras, ratio and verdict."""
+    extra = list(extra)
+    cells = list(group(results).values())
+    base = next((c for c in cells if all(c.fields.get(k) == v for k, v in baseline.items())),
+                None)
+    shown_extra = [e for e in extra if any(c.values(e) for c in cells)]
+    label_axes = [f for f in dict.fromkeys(f for c in cells for f, _ in c.key)
+                  if f != "experiment" and len({c.fields.get(f) for c in cells}) > 1]
+    headers = ["/".join(label_axes) or "cell", METRICS[metric].label,
+               *(METRICS[e].label for e in shown_extra), "vs baseline"]
+    t = Table(title, headers, [])
+    missing = [e for e in extra if e not in shown_extra]
+    for cell in cells:
+        label = "/".join(str(cell.fields.get(f)) for f in label_axes) or key_text(cell.key)
+        if cell.status != "ok":
+            t.rows.append([label, "n/a", *("n/a" for _ in shown_extra), cell.status])
+            continue
+        row = [label, fmt_summary(cell.summary(metric), metric),
+               *(fmt_summary(cell.summary(e), e) for e in shown_extra)]
+        if cell is base:
+            row.append("baseline")
+        elif base is None or not base.values(metric):
+            row.append("no baseline")
+        else:
+            v = welch(base.values(metric), cell.values(metric),
+                      higher_is_better=METRICS[metric].higher_is_better)
+            row.append(f"{v.ratio:.2f}x: {v.text()}")
+        t.rows.append(row)
+    if missing:
+        reason = next((str(r[f"{m}_reason"]) for r in results for m in missing
+                       if r.get(f"{m}_reason")), "not measured")
+        t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
+    t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
+    return t
+
+
+def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
+    """Mean per-CPU shares over the cell's repeats (CPU ids as strings, as JSON keeps them)."""
+    acc: dict[str, list[dict[str, float]]] = {}
+    for row in cell.rows:
+        for cpu, shares in (row.get("cpus") or {}).items():
+            acc.setdefault(str(cpu), []).append(shares)
+    return {cpu: {k: sum(s.get(k, 0.0) for s in lst) / len(lst) for k, _ in MPSTAT_COLUMNS}
+            for cpu, lst in sorted(acc.items(), key=lambda kv: int(kv[0]))}
+
+
+def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
+    """The seed's per-CPU table for one cell, headed by its throughput."""
+    s = cell.summary(metric)
+    head = f"{title}: {key_text(cell.key)}: {METRICS[metric].unit}={fmt_summary(s, metric)}"
+    t = Table(head, ["CPU", *(h for _, h in MPSTAT_COLUMNS)], [])
+    for cpu, shares in per_cpu_shares(cell).items():
+        t.rows.append([cpu, *(f"{shares[k]:.2f}" for k, _ in MPSTAT_COLUMNS)])
+    if not t.rows:
+        t.notes.append("no per-CPU accounting recorded for this cell")
+    return t
+
+
+def experiment_tables(doc: dict[str, Any]) -> list[Table]:
+    """All tables of an experiment envelope, as its ``report`` section asks."""
+    rep = doc.get("report") or {}
+    exp = doc.get("experiment") or {}
+    results = [r for r in doc.get("results", []) if not r.get("peer")]
+    title = exp.get("title") or exp.get("name") or doc.get("kind", "results")
+    metric = rep.get("metric", "gbps")
+    extra = rep.get("extra", [])
+    kind = rep.get("table", "grid")
+    if kind == "ab":
+        tables = [ab(title, results, baseline=rep.get("baseline", {}), metric=metric,
+                     extra=extra)]
+    elif kind == "grid":
+        tables = grid(title, results, rows=rep["rows"], columns=rep["columns"], metric=metric,
+                      extra=extra)
+    else:
+        tables = []
+    if rep.get("per_cpu") or kind == "mpstat":
+        tables += [mpstat(exp.get("name", title), c, metric) for c in group(results).values()
+                   if c.status == "ok"]
+    peers = [r for r in doc.get("results", []) if r.get("peer")]
+    if peers:
+        tables.append(peer_table(results, peers, metric))
+    subs = [f"substituted: {s['text']}" for s in exp.get("substitutions", [])]
+    if tables and subs:
+        tables[0].notes = subs + tables[0].notes
+    return tables
+
+
+def peer_table(results: list[dict[str, Any]], peers: list[dict[str, Any]], metric: str) -> Table:
+    """Each peer tool's result and the best zcnet cell's ratio to it, matched on MTU/placement."""
+    t = Table("peers in the same lab, placement and duration",
+              ["peer", "mtu", "placement", METRICS[metric].label, "best zcnet", "zcnet / peer"],
+              [])
+    zc = group(results).values()
+    for p in peers:
+        cell = Cell((), [p])
+        if p.get("status") != "ok":
+            t.rows.append([p["peer"], str(p.get("mtu", "")), str(p.get("placement", "")),
+                           p.get("reason") or p.get("status", "n/a"), "", ""])
+            continue
+        ps = cell.summary(metric)
+        same = [c for c in zc if c.fields.get("mtu", p.get("mtu")) == p.get("mtu")
+                and c.fields.get("placement", p.get("placement")) == p.get("placement")]
+        best = max((s for c in same if (s := c.summary(metric))), key=lambda s: s.mean,
+                   default=None)
+        ratio = f"{best.mean / ps.mean:.2f}x" if best and ps and ps.mean else "n/a"
+        t.rows.append([p["peer"], str(p.get("mtu", "")), str(p.get("placement", "")),
+                       fmt_summary(ps, metric), fmt_summary(best, metric), ratio])
+    return t
+
+
+def flat_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Cells as flat records (for CSV): key fields, status, then mean/stdev/min/max/n per metric."""
+    cells = list(group(results).values())
+    keys = list(dict.fromkeys(f for c in cells for f, _ in c.key))
+    metrics = [m for m in METRICS if any(c.values(m) for c in cells)]
+    headers = [*keys, "status", "reason",
+               *itertools.chain.from_iterable(
+                   (f"{m}_mean", f"{m}_stdev", f"{m}_min", f"{m}_max", f"{m}_n")
+                   for m in metrics)]
+    out = []
+    for c in cells:
+        rec: list[Any] = [c.fields.get(k, "") for k in keys] + [c.status, c.reason]
+        for m in metrics:
+            s = c.summary(m)
+            rec += [round(s.mean, 6), round(s.stdev, 6), s.min, s.max, s.n] if s else [""] * 5
+        out.append(rec)
+    return headers, out
