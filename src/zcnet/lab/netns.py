@@ -29,17 +29,26 @@ NETNS_RUN_DIR = Path("/run/netns")
 # linux/sched.h. Kept here until a uapi.sched module exists.
 CLONE_NEWNET = 0x40000000
 
+class NeedRoot(ZcnetError):
+    """The process lacks the capabilities namespaces and veths need."""
+
+    def __init__(self) -> None:
+        super().__init__("network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
+                         "run as root or use --no-lab")
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _setns(fd: int) -> None:
     setns = getattr(os, "setns", None)
-    if setns is not None:
-        setns(fd, CLONE_NEWNET)
-        return
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    try:
+        if setns is not None:
+            setns(fd, CLONE_NEWNET)
+        elif _libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    except PermissionError:
+        raise NeedRoot from None
 
 
 def netns_path(name: str) -> Path:

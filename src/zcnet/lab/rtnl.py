@@ -12,12 +12,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import in_netns
-
-NEED_ROOT = ZcnetError(
-    "network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
-    "run as root or use --no-lab",
-)
+from zcnet.lab.netns import NeedRoot, in_netns
 
 # errno -> the fix to suggest; the kernel's own message is kept in the error text.
 _HINTS = {
@@ -49,7 +44,7 @@ def translate(exc: OSError | NetlinkError, what: str) -> ZcnetError:
     """One ZcnetError for a failed lab step, keeping errno and the kernel's message."""
     code = exc.code if isinstance(exc, NetlinkError) else exc.errno
     if code in (errno.EPERM, errno.EACCES) and not has_caps():
-        return NEED_ROOT
+        return NeedRoot()
     text = os.strerror(code) if code else str(exc)
     detail = getattr(exc, "msg", None) if isinstance(exc, NetlinkError) else None
     if detail and detail != text:

@@ -33,8 +33,8 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names, registry
-from zcnet.lab.netns import in_netns, netns_exists, netns_popen
-from zcnet.lab.rtnl import NEED_ROOT, has_caps, ifindex, rtnl, translate
+from zcnet.lab.netns import NeedRoot, in_netns, netns_exists, netns_popen
+from zcnet.lab.rtnl import has_caps, ifindex, rtnl, translate
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Lab:
             if self.name:
                 return self
             if not has_caps():
-                raise NEED_ROOT
+                raise NeedRoot
             if not self.persistent:
                 registry.register(self)
             try:
