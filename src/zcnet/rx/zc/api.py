@@ -1,0 +1,422 @@
+"""Public zero-copy receive API: a Receiver over a connected TCP socket yields Chunks.
+
+    from zcnet.rx.zc import open_receiver
+
+    with open_receiver(sock, provider="auto") as rx:
+        for chunk in rx:                  # chunk.data: memoryview, chunk.array: numpy, no copy
+            consume(chunk.data)
+            chunk.release()               # or `with chunk:`, or rx.release_many(chunks)
+
+A chunk is a view into the registered area. Until it is released the kernel will not write
+there; after release the memory may be reused at once. Release from any thread: releases from
+other threads are queued and the thread that opened the receiver (the ring's owner) gives them
+back in batches. Everything else (iteration, recv, close) belongs to the owner thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import numpy as np
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
+from zcnet.rx.zc.provider import Provider
+
+log = logging.getLogger(__name__)
+
+# Poison written over a released chunk in debug mode, so a stale numpy array reads garbage that
+# is easy to recognise instead of plausible new data.
+POISON = 0xDB
+
+
+class Chunk:
+    """Received bytes at ``offset`` in the area, ``length`` long; ``stream_offset`` is their
+    position in the TCP byte stream. One chunk may span several kernel buffers (coalesced)."""
+
+    __slots__ = ("_lens", "_rx", "_tok", "_views", "length", "offset", "parts", "stream_offset")
+
+    def __init__(self, rx: Receiver, offset: int, length: int, token: int,
+                 stream_offset: int) -> None:
+        self._rx: Receiver | None = rx
+        self.offset = offset
+        self.length = length
+        self.stream_offset = stream_offset
+        self._tok: int | list[int] = token
+        self._lens: list[int] | None = None
+        self._views: list[memoryview] | None = None
+        self.parts = 1
+
+    def _owner(self) -> Receiver:
+        rx = self._rx
+        if rx is None:
+            raise ValueError(f"chunk at area offset {self.offset} used after release")
+        return rx
+
+    @property
+    def data(self) -> memoryview:
+        """Zero-copy read-write view of the bytes."""
+        rx = self._owner()
+        mv = rx._view[self.offset:self.offset + self.length]
+        if rx.debug:
+            # Kept so release() can revoke it: later access raises instead of reading reused memory.
+            if self._views is None:
+                self._views = []
+            self._views.append(mv)
+        return mv
+
+    @property
+    def array(self) -> np.ndarray:
+        """Zero-copy numpy uint8 array over the bytes."""
+        return np.frombuffer(self.data, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.data)
+
+    def release(self) -> None:
+        """Hand the memory back; safe from any thread. Releasing twice raises ValueError."""
+        rx = self._rx
+        if rx is None:
+            raise ValueError(f"chunk at area offset {self.offset} released twice")
+        self._rx = None
+        if rx.debug:
+            rx._revoke(self)
+        rx._releases.put(self)
+        if rx._closed:
+            rx._release_after_close()
+
+    def __enter__(self) -> Chunk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rx is not None:
+            self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._rx is None else "held"
+        return (f"<Chunk offset={self.offset} length={self.length} "
+                f"stream_offset={self.stream_offset} parts={self.parts} {state}>")
+
+
+class Receiver:
+    """Zero-copy receiver bound to one socket and one provider; see the module docstring.
+
+    ``max_held`` is the share of the area the application may hold before the receiver stops
+    entering the kernel (back-pressure: TCP's window closes, nothing is dropped); ``debug``
+    revokes views on release and poisons released memory.
+    """
+
+    def __init__(self, sock: socket.socket | int, provider: Provider, *,
+                 max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
+                 why: str = "") -> None:
+        if not 0.0 < max_held <= 1.0:
+            raise UsageError(f"max_held must be in (0, 1], got {max_held}")
+        self.fd = sock if isinstance(sock, int) else sock.fileno()
+        self.provider = provider
+        self.name = provider.name
+        self.why = why
+        self.area: Area = provider.area
+        self._view = self.area.view
+        self.debug = debug
+        self.coalesce = coalesce
+        self.stats = Stats()
+        self._limit = int(self.area.size * max_held)
+        self._releases = ReleaseQueue()
+        self._owner_tid = threading.get_ident()
+        self._stream_off = 0
+        self._end: int | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._armed_once = False
+        self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
+
+    # --- owner-thread operations ----------------------------------------------------------------
+    def _check_owner(self) -> None:
+        if threading.get_ident() != self._owner_tid:
+            raise ZcnetError("receive called from a thread that did not open the receiver",
+                             "iterate in the opening thread; other threads may only release")
+        if self._closed:
+            raise ValueError("receiver is closed")
+
+    def _flush_releases(self) -> None:
+        """Give everything released so far back to the kernel in one batch."""
+        done = self._releases.drain()
+        if not done:
+            if self.provider.held_back():
+                self.provider.recycle([], [])
+            return
+        toks: list[int] = []
+        lens: list[int] = []
+        parts = nbytes = 0
+        for c in done:
+            if c._lens is None:
+                toks.append(c._tok)  # type: ignore[arg-type]
+                lens.append(c.length)
+            else:
+                toks.extend(c._tok)  # type: ignore[arg-type]
+                lens.extend(c._lens)
+            parts += c.parts
+            nbytes += c.length
+        self.stats.note_released(parts, nbytes)
+        self.provider.recycle(toks, lens)
+
+    def recv(self, timeout: float | None = None) -> list[Chunk]:
+        """Chunks received so far, waiting up to ``timeout`` seconds for at least one.
+
+        Returns [] at EOF (then ``eof`` is True) or when nothing arrived in time; while the
+        application holds too much (``stalled == "backpressure"``) or the provider ran out of
+        buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
+        Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
+        """
+        self._check_owner()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        warned = False
+        while True:
+            self._flush_releases()
+            if self._end is not None:
+                return self._finish()
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stall = self._stall_reason()
+            if stall is not None:
+                if self.stalled != stall:
+                    self.stalled = stall
+                    if stall == "backpressure":
+                        self.stats.backpressure += 1
+                    else:
+                        self.stats.exhausted += 1
+                    log.info("%s receiver paused: %s (%d of %d bytes held)", self.name, stall,
+                             self.stats.in_flight_bytes, self.area.size)
+                step = 1.0 if remaining is None else min(remaining, 1.0)
+                if not self._releases.wait(step):
+                    if remaining is not None and remaining <= step:
+                        return []
+                    if not warned:
+                        warned = True
+                        log.warning("%s receiver stalled (%s): the application holds %d of %d "
+                                    "area bytes; release chunks to resume", self.name, stall,
+                                    self.stats.in_flight_bytes, self.area.size)
+                continue
+            self.stalled = None
+            if not self.provider.armed:
+                if self._armed_once:
+                    self.stats.rearms += 1
+                self.provider.arm()
+                self._armed_once = True
+            got = self.provider.reap(remaining)
+            chunks = self._deliver(got.offsets, got.lengths, got.tokens)
+            if got.end is not None:
+                self._end = got.end
+            if chunks:
+                return chunks
+            if got.end is not None:
+                return self._finish()
+            if remaining is not None and time.monotonic() >= deadline:  # type: ignore[operator]
+                return []
+
+    def _stall_reason(self) -> str | None:
+        if self.stats.in_flight_bytes > self._limit:
+            return "backpressure"
+        if not self.provider.armed and not self.provider.can_arm():
+            return "exhausted"
+        return None
+
+    def _finish(self) -> list[Chunk]:
+        end = self._end
+        if end is not None and end < 0:
+            self._end = 0  # report the error once; afterwards behave like EOF
+            raise OSError(-end, f"{os.strerror(-end)} (zero-copy receive on fd {self.fd})")
+        return []
+
+    @property
+    def eof(self) -> bool:
+        return self._end is not None
+
+    def _deliver(self, offsets: list[int], lengths: list[int], tokens: list[int]) -> list[Chunk]:
+        n = len(offsets)
+        if not n:
+            return []
+        s = self._stream_off
+        out: list[Chunk] = []
+        if self.coalesce and n > 1:
+            for a, b in contiguous_runs(offsets, lengths):
+                size = sum(lengths[a:b])
+                c = Chunk(self, offsets[a], size, tokens[a], s)
+                if b - a > 1:
+                    c._tok = tokens[a:b]
+                    c._lens = lengths[a:b]
+                    c.parts = b - a
+                    self.stats.coalesced += b - a - 1
+                out.append(c)
+                s += size
+        else:
+            for off, ln, tok in zip(offsets, lengths, tokens, strict=True):
+                out.append(Chunk(self, off, ln, tok, s))
+                s += ln
+        self.stats.note_delivered(n, s - self._stream_off)
+        self._stream_off = s
+        return out
+
+    def __iter__(self) -> Iterator[Chunk]:
+        """Chunks until EOF; raises the stream's error after the data before it."""
+        while True:
+            got = self.recv()
+            if not got:
+                if self.eof:
+                    return
+                continue
+            yield from got
+
+    # --- any-thread operations ------------------------------------------------------------------
+    def release(self, chunk: Chunk) -> None:
+        if chunk._rx is not self:
+            if chunk._rx is None:
+                raise ValueError(f"chunk at area offset {chunk.offset} released twice")
+            raise ValueError("chunk belongs to another receiver")
+        chunk.release()
+
+    def release_many(self, chunks: Iterable[Chunk]) -> None:
+        """Release several chunks with one queue operation; all are checked before any is
+        released, so a bad one leaves the rest untouched."""
+        batch = list(chunks)
+        for c in batch:
+            if c._rx is not self:
+                raise ValueError("chunk released twice" if c._rx is None
+                                 else "chunk belongs to another receiver")
+        if len({id(c) for c in batch}) != len(batch):
+            raise ValueError("the same chunk appears twice in one release_many")
+        for c in batch:
+            c._rx = None
+            if self.debug:
+                self._revoke(c)
+        self._releases.put_many(batch)
+        if self._closed:
+            self._release_after_close()
+
+    def _revoke(self, chunk: Chunk) -> None:
+        """Debug mode: invalidate views handed out for ``chunk`` and poison its bytes."""
+        alive = 0
+        for mv in chunk._views or ():
+            try:
+                mv.release()
+            except BufferError:
+                alive += 1  # a numpy array or slice still refers to it
+        chunk._views = None
+        self.area.array[chunk.offset:chunk.offset + chunk.length] = POISON
+        if alive:
+            warnings.warn(f"chunk at area offset {chunk.offset} released while {alive} "
+                          "array(s)/view(s) over it are alive; they now read poison bytes "
+                          f"({POISON:#x}) and later reused data", ResourceWarning, stacklevel=3)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def stats_dict(self) -> dict[str, Any]:
+        """Counters for reports (only consistent when read from the owner thread)."""
+        d: dict[str, Any] = self.stats.as_dict()
+        d.update(self.provider.extra_stats())
+        d["provider"] = self.name
+        return d
+
+    def close(self) -> None:
+        """Stop receiving and free the kernel side. Chunks still held stay valid; the area is
+        unmapped when the last one is released."""
+        if self._closed:
+            return
+        if threading.get_ident() != self._owner_tid:
+            raise ZcnetError("close called from a thread that did not open the receiver")
+        with self._close_lock:
+            self._closed = True
+            self.provider.close()
+            self._account_closed()
+
+    def _release_after_close(self) -> None:
+        # The owner no longer drains; whoever releases last does the accounting.
+        with self._close_lock:
+            self._account_closed()
+
+    def _account_closed(self) -> None:
+        done = self._releases.drain()
+        self.stats.note_released(sum(c.parts for c in done), sum(c.length for c in done))
+        if self.stats.in_flight == 0 and not self.area.closed:
+            self.area.close()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<Receiver {self.name} fd={self.fd} area={self.area.kind}:{self.area.size} "
+                f"in_flight={self.stats.in_flight}>")
+
+
+# --- opening -------------------------------------------------------------------------------------
+
+PROVIDERS = ("zcrx", "devmem", "soft")
+
+
+def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
+                  area_size: int = 64 << 20, buf_size: int = 64 << 10,
+                  hugetlb: bool = False, dmabuf_fd: int | None = None,
+                  ifname: str | None = None, queue: int | None = None,
+                  max_held: float = 0.75, coalesce: bool = False,
+                  debug: bool = False) -> Receiver:
+    """Open a zero-copy receiver on a connected TCP socket.
+
+    provider: "zcrx" (io_uring zero-copy receive; NIC with header split and queue API),
+    "devmem" (devmem TCP into a dma-buf), "soft" (provided buffer ring; any recent kernel) or
+    "auto": the best the socket's device supports, else soft; ``Receiver.why`` says which and why.
+    area_size: bytes of the registered area; buf_size: soft provider's buffer size.
+    hugetlb: back the area with 2 MiB pages (warning and normal pages when none are free).
+    dmabuf_fd: use this dma-buf as the area (zcrx, devmem).
+    ifname/queue: the NIC and receive queue that carry this flow (zcrx, devmem); found from
+    the socket when omitted and the control plane can tell.
+    """
+    fd = sock if isinstance(sock, int) else sock.fileno()
+    opts: dict[str, Any] = {"max_held": max_held, "debug": debug, "coalesce": coalesce}
+    mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
+    nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
+    if provider == "soft":
+        return Receiver(sock, _open("soft", fd, area_size, buf_size=buf_size, hugetlb=hugetlb),
+                        **opts, why="soft provider requested")
+    if provider in ("zcrx", "devmem"):
+        return Receiver(sock, _open(provider, fd, area_size, **mem, **nic), **opts,
+                        why=f"{provider} requested")
+    if provider != "auto":
+        raise UsageError(f"unknown zero-copy provider {provider!r}",
+                         f"choose one of {', '.join((*PROVIDERS, 'auto'))}")
+    reasons = []
+    try:
+        p = _open("zcrx", fd, area_size, **mem, **nic)
+        return Receiver(sock, p, **opts, why="zcrx: the socket's device supports it")
+    except ZcnetError as e:
+        reasons.append(f"zcrx: {e.message}")
+    why = "soft, because " + "; ".join(reasons)
+    log.info("zero-copy provider for fd %d: %s", fd, why)
+    return Receiver(sock, _open("soft", fd, area_size, buf_size=buf_size, hugetlb=hugetlb),
+                    **opts, why=why)
+
+
+# name -> (module, opener); imported on use so a provider's dependencies load only when chosen.
+_OPENERS = {
+    "soft": ("zcnet.rx.zc.soft", "open_soft"),
+    "zcrx": ("zcnet.rx.zc.zcrx", "open_zcrx"),
+    "devmem": ("zcnet.rx.zc.devmem", "open_devmem"),
+}
+
+
+def _open(name: str, fd: int, area_size: int, **kw: Any) -> Provider:
+    module, func = _OPENERS[name]
+    opener = getattr(importlib.import_module(module), func)
+    return cast(Provider, opener(fd, area_size, **kw))

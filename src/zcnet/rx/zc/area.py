@@ -1,0 +1,181 @@
+"""The registered area: the one block of memory received payload lands in.
+
+Some facts about the memory kinds:
+
+- anonymous: private, page-aligned mmap; what the kernel pins for zcrx and what the soft provider
+  carves into buffers. Default.
+- hugetlb: 2 MiB pages (MAP_HUGETLB | MAP_HUGE_2MB) cut IOTLB/TLB pressure for large areas. The
+  pool is finite (/proc/sys/vm/nr_hugepages); when it is empty the mmap fails with ENOMEM and we
+  fall back to anonymous memory with a warning rather than failing the receiver.
+- dma-buf: memory exported by a driver (or udmabuf from a memfd). zcrx takes it with
+  IORING_ZCRX_AREA_DMABUF, devmem binds it to a queue. The CPU view is an mmap of the dma-buf fd,
+  bracketed by DMA_BUF_IOCTL_SYNC so caches are coherent with the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import warnings
+
+import numpy as np
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.uapi import dmabuf as udmabuf_sync
+from zcnet.uapi import udmabuf
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = mmap.PAGESIZE
+HUGE_2MB = 2 << 20
+# mman-common.h / mman.h: not exported by Python's mmap module.
+MAP_HUGETLB = 0x40000
+MAP_HUGE_SHIFT = 26
+MAP_HUGE_2MB = 21 << MAP_HUGE_SHIFT
+
+UDMABUF_DEV = "/dev/udmabuf"
+
+
+def align_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def buffer_address(buf: mmap.mmap) -> int:
+    """Address of an mmap's first byte; the temporary export is dropped at once so the mmap can
+    still be closed later."""
+    c = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c
+
+
+class Area:
+    """Page-aligned memory the receive path writes into; ``view`` is a writable memoryview."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        hugetlb: bool = False,
+        dmabuf_fd: int | None = None,
+    ) -> None:
+        if size <= 0:
+            raise UsageError(f"area size must be positive, got {size}")
+        self.dmabuf_fd: int | None = None
+        self._owns_fd = False
+        if dmabuf_fd is not None:
+            self.kind = "dmabuf"
+            self.size = os.lseek(dmabuf_fd, 0, os.SEEK_END)
+            if self.size < size:
+                raise UsageError(
+                    f"dma-buf fd {dmabuf_fd} holds {self.size} bytes, area needs {size}",
+                    "export a larger dma-buf or ask for a smaller area",
+                )
+            self._mm = mmap.mmap(dmabuf_fd, self.size, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self.dmabuf_fd = dmabuf_fd
+        elif hugetlb:
+            self.size = align_up(size, HUGE_2MB)
+            try:
+                self._mm = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                                     | MAP_HUGETLB | MAP_HUGE_2MB)
+                self.kind = "hugetlb"
+            except OSError as e:
+                warnings.warn(
+                    f"no 2 MiB hugetlb pages for a {self.size >> 20} MiB area ({e.strerror}); "
+                    "using normal pages (raise /proc/sys/vm/nr_hugepages to get them)",
+                    RuntimeWarning, stacklevel=2)
+                self.size = align_up(size, PAGE_SIZE)
+                self._mm = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                self.kind = "anon"
+        else:
+            self.size = align_up(size, PAGE_SIZE)
+            self._mm = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.kind = "anon"
+        self.addr = buffer_address(self._mm)
+        self.view = memoryview(self._mm)
+        self.array = np.frombuffer(self._mm, dtype=np.uint8)
+
+    @classmethod
+    def udmabuf(cls, size: int) -> Area:
+        """An area backed by a memfd turned into a dma-buf through /dev/udmabuf."""
+        fd = udmabuf_create(align_up(size, PAGE_SIZE))
+        try:
+            area = cls(size, dmabuf_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        area.kind = "udmabuf"
+        area._owns_fd = True
+        return area
+
+    def sync(self, start: bool) -> None:
+        """Bracket CPU reads of a dma-buf area (no-op for normal memory)."""
+        if self.dmabuf_fd is None:
+            return
+        flags = udmabuf_sync.DMA_BUF_SYNC_READ | (
+            udmabuf_sync.DMA_BUF_SYNC_START if start else udmabuf_sync.DMA_BUF_SYNC_END)
+        fcntl.ioctl(self.dmabuf_fd, udmabuf_sync.DMA_BUF_IOCTL_SYNC,
+                    bytes(udmabuf_sync.dma_buf_sync(flags)))
+
+    @property
+    def closed(self) -> bool:
+        return self._mm.closed
+
+    def close(self) -> bool:
+        """Unmap; returns False (and leaves the mapping to the garbage collector) while views
+        handed to the application are still alive, so their memory never vanishes under them."""
+        if self._mm.closed:
+            return True
+        self.array = np.empty(0, np.uint8)
+        self.view.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            log.debug("area %#x still exported by application views; unmapped when they die",
+                      self.addr)
+            return False
+        finally:
+            if self._owns_fd and self.dmabuf_fd is not None:
+                os.close(self.dmabuf_fd)
+                self._owns_fd = False
+        return True
+
+    def __enter__(self) -> Area:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def udmabuf_create(size: int) -> int:
+    """A dma-buf fd of ``size`` bytes from a sealed memfd; ZcnetError when udmabuf is missing."""
+    try:
+        dev = os.open(UDMABUF_DEV, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ZcnetError(f"{UDMABUF_DEV} does not exist",
+                         "load it with `modprobe udmabuf` or pass a dma-buf fd") from None
+    memfd = -1
+    try:
+        memfd = os.memfd_create("zcnet-area", os.MFD_CLOEXEC | udmabuf.MFD_ALLOW_SEALING)
+        os.ftruncate(memfd, size)
+        fcntl.fcntl(memfd, udmabuf.F_ADD_SEALS, udmabuf.F_SEAL_SHRINK)
+        req = udmabuf.udmabuf_create(memfd=memfd, flags=udmabuf.UDMABUF_FLAGS_CLOEXEC,
+                                     offset=0, size=size)
+        try:
+            # A mutable argument makes ioctl() return the syscall's result: the new fd.
+            return fcntl.ioctl(dev, udmabuf.UDMABUF_CREATE, bytearray(req), True)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise ZcnetError(f"udmabuf refused a {size}-byte buffer ({e.strerror})",
+                                 "check /sys/module/udmabuf/parameters/size_limit_mb") from e
+            raise
+    finally:
+        if memfd >= 0:
+            os.close(memfd)
+        os.close(dev)

@@ -1,0 +1,183 @@
+"""Provider "soft": zero-copy semantics on any kernel with provided buffer rings.
+
+Some facts about multishot RECV with a provided buffer ring:
+
+- the registered area is carved into ``entries`` buffers of ``buf_size`` bytes; buffer id ``bid``
+  lives at area offset ``bid * buf_size``, so the id is the token and the offset follows from it;
+- one armed RECV keeps posting CQEs (F_MORE set) until the ring runs dry (final CQE -ENOBUFS),
+  the peer closes (res 0), the socket fails (-errno), or a CQE cannot be posted (final CQE
+  without F_MORE): the first is exhaustion, the last asks for a re-arm;
+- with IORING_RECVSEND_BUNDLE one CQE may fill several buffers, always the next ones in ring
+  order, each full except the last;
+- the kernel copies into the buffers (it is "soft"), but from there on the application reads
+  them in place and hands them back, exactly as with zcrx: everything above is the same code.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any, cast
+
+import numpy as np
+
+from zcnet.errors import UsageError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.wait import wait_cqes
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing
+from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+from zcnet.uring.ring import Ring
+
+RECV_UD = 1
+CANCEL_UD = 2
+BGID = 0
+MAX_ENTRIES = 32768
+
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+              | u.IORING_SETUP_SUBMIT_ALL)
+
+
+def buffer_count(area_size: int, buf_size: int) -> int:
+    """Largest power of two of whole buffers that fit (the buffer ring's size rule)."""
+    if buf_size <= 0 or buf_size % 64:
+        raise UsageError(f"buffer size must be a positive multiple of 64, got {buf_size}")
+    n = min(area_size // buf_size, MAX_ENTRIES)
+    if n < 2:
+        raise UsageError(f"area of {area_size} bytes holds fewer than 2 buffers of {buf_size}",
+                         "grow the area or shrink the buffer size")
+    return 1 << (n.bit_length() - 1)
+
+
+class SoftProvider:
+    name = "soft"
+
+    def __init__(self, fd: int, area: Area, buf_size: int, *, bundle: bool | None = None) -> None:
+        self.fd = fd
+        self.area = area
+        self.buf_size = buf_size
+        self.entries = buffer_count(area.size, buf_size)
+        self.note = f"{self.entries} buffers of {buf_size} bytes"
+        self.armed = False
+        self._ring: Ring | None = None
+        self._buf: BufRing | None = None
+        # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
+        # completions never overflows the CQ (an overflow would end the multishot).
+        self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
+        try:
+            self.bundle = (bool(self._ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
+                           if bundle is None else bundle)
+            self._buf = BufRing(self._ring, BGID, self.entries, buf_size,
+                                area=cast(Any, area), area_offset=0)
+        except BaseException:
+            self._ring.close()
+            raise
+        self._free_in_ring = self.entries
+
+    # --- Provider protocol ----------------------------------------------------------------------
+    def can_arm(self) -> bool:
+        return self._buf is not None and self._buf.in_ring > 0
+
+    def arm(self) -> None:
+        assert self._ring is not None
+        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
+        self._ring.submit()
+        self.armed = True
+
+    def reap(self, timeout: float | None) -> Delivery:
+        ring = self._ring
+        assert ring is not None and self._buf is not None
+        if not ring.cq_ready():
+            wait_cqes(ring, timeout)
+        c = ring.reap()
+        out = Delivery()
+        if not len(c):
+            return out
+        keep = c.user_data == RECV_UD
+        res = c.res[keep]
+        flags = c.flags[keep]
+        data = res > 0
+        if data.any():
+            self._take(res[data], flags[data], out)
+        # Only the last CQE of the multishot can lack F_MORE.
+        if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
+            self.armed = False
+            last = int(res[-1])
+            if last == 0:
+                out.end = 0
+            elif last == -errno.ENOBUFS:
+                out.stopped = "exhausted"
+            elif last < 0 and last != -errno.ECANCELED:
+                out.end = last
+            else:
+                out.stopped = "rearm"
+        return out
+
+    def _take(self, res: np.ndarray, flags: np.ndarray, out: Delivery) -> None:
+        """Turn data CQEs into per-buffer (offset, length, bid), vectorized."""
+        bs = self.buf_size
+        buf = self._buf
+        assert buf is not None
+        counts = (res.astype(np.int64) + bs - 1) // bs
+        total = int(counts.sum())
+        first = int(flags[0]) >> u.IORING_CQE_BUFFER_SHIFT
+        # Buffers are consumed in ring order across CQEs, so one call accounts for all of them.
+        bids = buf.consumed(total * bs, first)
+        heads = np.cumsum(counts) - counts
+        if not np.array_equal(bids[heads], flags >> u.IORING_CQE_BUFFER_SHIFT):
+            raise RuntimeError("buffer ring out of step with completions")
+        lengths = np.full(total, bs, dtype=np.int64)
+        lengths[heads + counts - 1] = res - (counts - 1) * bs
+        out.tokens = bids.tolist()
+        out.offsets = (bids.astype(np.int64) * bs).tolist()
+        out.lengths = lengths.tolist()
+
+    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        if tokens and self._buf is not None:
+            self._buf.provide(np.array(tokens, dtype=np.uint16))
+
+    def held_back(self) -> int:
+        return 0
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"buffers": self.entries, "buf_size": self.buf_size,
+                "in_ring": self._buf.in_ring if self._buf else 0}
+
+    def close(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is None:
+            return
+        try:
+            if self.armed:
+                self._cancel(ring)
+            if self._buf is not None:
+                self._buf.close()
+                self._buf = None
+        finally:
+            ring.close()
+
+    def _cancel(self, ring: Ring) -> None:
+        """Cancel the multishot and wait for its final CQE, so the kernel is done with the area
+        before the ring goes (a bounded wait: a stuck cancel must not hang close)."""
+        prep_cancel(ring, RECV_UD, CANCEL_UD)
+        ring.submit()
+        for _ in range(50):
+            wait_cqes(ring, 0.1)
+            c = ring.reap()
+            fin = (c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)
+            if fin.any():
+                self.armed = False
+                return
+
+
+def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,
+              bundle: bool | None = None) -> SoftProvider:
+    area = Area(area_size, hugetlb=hugetlb)
+    try:
+        return SoftProvider(fd, area, buf_size, bundle=bundle)
+    except BaseException:
+        area.close()
+        raise
+
+
+__all__ = ["SoftProvider", "buffer_count", "open_soft"]
