@@ -1,0 +1,179 @@
+"""One network interface as the control plane sees it: a generic netlink socket and an ioctl
+socket opened in the interface's namespace, its ifindex and driver, and the one place where
+kernel errors become messages a user can act on."""
+
+from __future__ import annotations
+
+import ctypes
+import errno as errno_mod
+import fcntl
+import socket
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from zcnet.errors import Unsupported, ZcnetError
+from zcnet.nic.genl import GenlSocket, NetlinkError
+from zcnet.nic.netns import in_netns
+from zcnet.nic.nlattr import AttrSet
+from zcnet.uapi import ethtool as e
+
+_IFREQ = struct.Struct("=16sQ16x")  # ifr_name, then the union (ifr_data / ifr_ifindex), 40 bytes
+
+
+class DeviceUnsupported(Unsupported):
+    """The driver refused a setting (EOPNOTSUPP or similar); keeps errno and the extack."""
+
+    def __init__(self, driver: str, setting: str, err: int, extack: str = "") -> None:
+        msg = f"driver {driver} does not support {setting}"
+        if extack:
+            msg += f" ({extack})"
+        super().__init__(msg, "use a NIC and driver with this feature, or skip this step")
+        self.driver = driver
+        self.setting = setting
+        self.errno = err
+        self.extack = extack
+
+
+# errno -> (message template, hint) for errors that mean the same whatever was asked.
+_ERRNO_TEXT: dict[int, tuple[str, str]] = {
+    errno_mod.EPERM: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
+    errno_mod.EACCES: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
+    errno_mod.ENODEV: ("{what}: interface {ifname} is gone", "check 'ip link'"),
+}
+_UNSUPPORTED = {errno_mod.EOPNOTSUPP, errno_mod.ENOTSUP}
+
+
+@dataclass(frozen=True)
+class DrvInfo:
+    driver: str
+    version: str
+    firmware: str
+    bus_info: str
+    n_priv_flags: int
+
+
+class Device:
+    """Open with ``Device.open(ifname, netns)`` as a context manager."""
+
+    def __init__(self, ifname: str, netns: str | None = None, timeout: float = 5.0) -> None:
+        self.ifname = ifname
+        self.netns = netns
+        self.genl = GenlSocket(netns, timeout)
+        try:
+            with in_netns(netns):
+                self.ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM
+                                                | socket.SOCK_CLOEXEC)
+        except BaseException:
+            self.genl.close()
+            raise
+        try:
+            self.ifindex = self._ifindex()
+            self._drvinfo: DrvInfo | None = None
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    @contextmanager
+    def open(cls, ifname: str, netns: str | None = None,
+             timeout: float = 5.0) -> Iterator[Device]:
+        dev = cls(ifname, netns, timeout)
+        try:
+            yield dev
+        finally:
+            dev.close()
+
+    def close(self) -> None:
+        self.ioctl_sock.close()
+        self.genl.close()
+
+    @property
+    def where(self) -> str:
+        return f"{self.ifname} (netns {self.netns})" if self.netns else self.ifname
+
+    # -------------------------------------------------------------------- ioctl
+
+    def ifreq_ioctl(self, request: int, data: ctypes.Structure | ctypes.Array[Any]) -> None:
+        """SIOCETHTOOL-style ioctl: ``data`` is the struct the kernel reads and writes."""
+        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), ctypes.addressof(data)))
+        fcntl.ioctl(self.ioctl_sock.fileno(), request, ifr, True)
+
+    def _ifindex(self) -> int:
+        if not self.ifname or len(self.ifname.encode()) >= e.IFNAMSIZ or "/" in self.ifname:
+            raise ZcnetError(f"{self.ifname!r} is not a valid interface name")
+        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), 0))
+        try:
+            fcntl.ioctl(self.ioctl_sock.fileno(), e.SIOCGIFINDEX, ifr, True)
+        except OSError as exc:
+            if exc.errno == errno_mod.ENODEV:
+                where = f" in network namespace {self.netns}" if self.netns else ""
+                raise ZcnetError(f"no network interface named {self.ifname!r}{where}",
+                                 "list interfaces with 'ip link'") from None
+            raise
+        return struct.unpack_from("=i", ifr, 16)[0]
+
+    def drvinfo(self) -> DrvInfo:
+        """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these)."""
+        if self._drvinfo is None:
+            info = e.ethtool_drvinfo(cmd=e.ETHTOOL_GDRVINFO)
+            try:
+                self.ifreq_ioctl(e.SIOCETHTOOL, info)
+            except OSError as exc:
+                raise NetlinkError(exc.errno or errno_mod.EIO,
+                                   f"driver info of {self.where}") from None
+            self._drvinfo = DrvInfo(
+                driver=info.driver.decode(errors="replace"),
+                version=info.version.decode(errors="replace"),
+                firmware=info.fw_version.decode(errors="replace"),
+                bus_info=info.bus_info.decode(errors="replace"),
+                n_priv_flags=info.n_priv_flags,
+            )
+        return self._drvinfo
+
+    @property
+    def driver(self) -> str:
+        try:
+            return self.drvinfo().driver or "?"
+        except OSError:
+            return "?"
+
+    # -------------------------------------------------------------------- errors
+
+    def raise_unsupported(self, setting: str, what: str, err: int = errno_mod.EOPNOTSUPP,
+                          extack: str = "") -> NoReturn:
+        raise DeviceUnsupported(self.driver, setting, err, extack)
+
+    def translate(self, exc: OSError, what: str, setting: str | None) -> NoReturn:
+        """Turn a kernel refusal into the error a user reads; errno is kept on the result."""
+        err = exc.errno or errno_mod.EIO
+        extack = getattr(exc, "extack", "")
+        if err in _UNSUPPORTED and setting:
+            raise DeviceUnsupported(self.driver, setting, err, extack) from exc
+        known = _ERRNO_TEXT.get(err)
+        if known is not None:
+            raise NetlinkError(err, known[0].format(what=what, ifname=self.where), extack,
+                               hint=known[1]) from exc
+        if isinstance(exc, NetlinkError):
+            raise NetlinkError(err, f"{self.where}: {exc.what}", extack) from exc
+        raise NetlinkError(err, f"{self.where}: {what}") from exc
+
+    # -------------------------------------------------------------------- netlink
+
+    def genl_do(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
+                reply: AttrSet | None = None, what: str = "", setting: str | None = None
+                ) -> dict[str, Any] | None:
+        try:
+            return self.genl.do(family, cmd, request, attrs, reply, what)
+        except NetlinkError as exc:
+            self.translate(exc, what, setting)
+
+    def genl_dump(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
+                  reply: AttrSet | None = None, what: str = "", setting: str | None = None
+                  ) -> list[dict[str, Any]]:
+        try:
+            return self.genl.dump(family, cmd, request, attrs, reply, what)
+        except NetlinkError as exc:
+            self.translate(exc, what, setting)
