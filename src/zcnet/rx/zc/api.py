@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -53,7 +54,7 @@ class Chunk:
         self.stream_offset = stream_offset
         self._tok: int | list[int] = token
         self._lens: list[int] | None = None
-        self._views: list[memoryview] | None = None
+        self._views: list[Any] | None = None
         self.parts = 1
 
     def _owner(self) -> Receiver:
@@ -77,7 +78,10 @@ class Chunk:
     @property
     def array(self) -> np.ndarray:
         """Zero-copy numpy uint8 array over the bytes."""
-        return np.frombuffer(self.data, dtype=np.uint8)
+        arr = np.frombuffer(self.data, dtype=np.uint8)
+        if self._views is not None:  # debug mode: remember it to report it if it outlives us
+            self._views.append(weakref.ref(arr))  # type: ignore[arg-type]
+        return arr
 
     def __len__(self) -> int:
         return self.length
@@ -307,11 +311,14 @@ class Receiver:
     def _revoke(self, chunk: Chunk) -> None:
         """Debug mode: invalidate views handed out for ``chunk`` and poison its bytes."""
         alive = 0
-        for mv in chunk._views or ():
+        for v in chunk._views or ():
+            if isinstance(v, weakref.ref):
+                alive += v() is not None  # a numpy array cannot be revoked, only reported
+                continue
             try:
-                mv.release()
+                v.release()
             except BufferError:
-                alive += 1  # a numpy array or slice still refers to it
+                alive += 1  # something still exports it
         chunk._views = None
         self.area.array[chunk.offset:chunk.offset + chunk.length] = POISON
         if alive:
@@ -383,29 +390,37 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     ifname/queue: the NIC and receive queue that carry this flow (zcrx, devmem); found from
     the socket when omitted and the control plane can tell.
     """
+    if not 0.0 < max_held <= 1.0:
+        raise UsageError(f"max_held must be in (0, 1], got {max_held}")
     fd = sock if isinstance(sock, int) else sock.fileno()
-    opts: dict[str, Any] = {"max_held": max_held, "debug": debug, "coalesce": coalesce}
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
+    soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb}
+
+    def wrap(p: Provider, why: str) -> Receiver:
+        try:
+            return Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why)
+        except BaseException:
+            p.close()
+            p.area.close()
+            raise
+
     if provider == "soft":
-        return Receiver(sock, _open("soft", fd, area_size, buf_size=buf_size, hugetlb=hugetlb),
-                        **opts, why="soft provider requested")
+        return wrap(_open("soft", fd, area_size, **soft_kw), "soft provider requested")
     if provider in ("zcrx", "devmem"):
-        return Receiver(sock, _open(provider, fd, area_size, **mem, **nic), **opts,
-                        why=f"{provider} requested")
+        return wrap(_open(provider, fd, area_size, **mem, **nic), f"{provider} requested")
     if provider != "auto":
         raise UsageError(f"unknown zero-copy provider {provider!r}",
                          f"choose one of {', '.join((*PROVIDERS, 'auto'))}")
     reasons = []
     try:
-        p = _open("zcrx", fd, area_size, **mem, **nic)
-        return Receiver(sock, p, **opts, why="zcrx: the socket's device supports it")
+        return wrap(_open("zcrx", fd, area_size, **mem, **nic),
+                    "zcrx: the socket's device supports it")
     except ZcnetError as e:
         reasons.append(f"zcrx: {e.message}")
     why = "soft, because " + "; ".join(reasons)
     log.info("zero-copy provider for fd %d: %s", fd, why)
-    return Receiver(sock, _open("soft", fd, area_size, buf_size=buf_size, hugetlb=hugetlb),
-                    **opts, why=why)
+    return wrap(_open("soft", fd, area_size, **soft_kw), why)
 
 
 # name -> (module, opener); imported on use so a provider's dependencies load only when chosen.

@@ -1,0 +1,354 @@
+"""Zero-copy receive API end to end with the soft provider, on real loopback TCP sockets."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import struct
+import threading
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.rx.zc import Chunk, open_receiver
+from zcnet.rx.zc.verify import StreamPattern
+
+PAT = StreamPattern(seed=4)
+
+
+class Sender(threading.Thread):
+    """Sends ``total`` pattern bytes, then closes (or resets when ``reset_after`` is set and the
+    receiver signals ``go_reset``)."""
+
+    def __init__(self, sock: socket.socket, total: int, *, piece: int = 1 << 20,
+                 reset: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.total, self.piece, self.reset = sock, total, piece, reset
+        self.go_reset = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            off = 0
+            while off < self.total:
+                n = min(self.piece, self.total - off)
+                self.sock.sendall(PAT.expected(off, n))
+                off += n
+            if self.reset:
+                self.go_reset.wait(10)
+                # SO_LINGER {on, 0}: close sends RST instead of FIN.
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                self.sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            self.error = e
+        finally:
+            self.sock.close()
+
+
+@pytest.fixture
+def tcp_pair(no_leaks) -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(receiving side, sending side) of one loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        cli = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+    try:
+        yield conn, cli
+    finally:
+        conn.close()
+        if cli.fileno() >= 0:
+            cli.close()
+
+
+def check(chunk: Chunk) -> None:
+    assert PAT.matches(chunk.stream_offset, chunk.array), (
+        f"bad byte at stream offset {chunk.stream_offset}"
+        f"+{PAT.first_mismatch(chunk.stream_offset, chunk.array)}")
+
+
+def test_256mib_verified_same_thread(tcp_pair):
+    conn, cli = tcp_pair
+    total = 256 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    got = 0
+    with open_receiver(conn, "soft", area_size=8 << 20, buf_size=64 << 10) as rx:
+        for chunk in rx:
+            assert chunk.stream_offset == got
+            check(chunk)
+            got += len(chunk)
+            chunk.release()
+        st = rx.stats
+        assert st.delivered == st.released and st.in_flight_bytes == 0
+        assert st.delivered_bytes == total
+    snd.join()
+    assert snd.error is None and got == total
+
+
+def test_cross_thread_release_through_queue(tcp_pair):
+    """The consumer thread verifies and releases; the owner only receives and recycles."""
+    conn, cli = tcp_pair
+    total = 64 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    work: queue.Queue[Chunk | None] = queue.Queue()
+    verified = [0]
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            while (c := work.get()) is not None:
+                check(c)
+                verified[0] += len(c)
+                c.release()
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    th = threading.Thread(target=consume)
+    th.start()
+    with open_receiver(conn, "soft", area_size=4 << 20, buf_size=32 << 10) as rx:
+        try:
+            for c in rx:
+                work.put(c)
+        finally:
+            work.put(None)
+            th.join()
+        rx.recv(timeout=0)  # EOF again: drains the last releases made by the consumer
+        assert not errors, errors
+        assert rx.stats.released == rx.stats.delivered
+    snd.join()
+    assert verified[0] == total
+
+
+def test_coalesced_chunks_cover_stream(tcp_pair):
+    conn, cli = tcp_pair
+    total = 32 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    got = 0
+    with open_receiver(conn, "soft", area_size=4 << 20, buf_size=16 << 10, coalesce=True) as rx:
+        for c in rx:
+            check(c)
+            got += len(c)
+            c.release()
+        assert rx.stats.delivered == rx.stats.released
+        merged = rx.stats.coalesced
+    snd.join()
+    assert got == total
+    assert merged > 0, "bulk loopback stream never produced neighbouring buffers"
+
+
+def hold_until_stalled(rx, want: str) -> list[Chunk]:
+    held: list[Chunk] = []
+    for _ in range(10_000):
+        got = rx.recv(timeout=0.2)
+        held.extend(got)
+        if not got and rx.stalled == want:
+            return held
+    raise AssertionError(f"receiver never reported {want}; stalled={rx.stalled}")
+
+
+def test_exhaustion_then_resume(tcp_pair):
+    """Holding every buffer stops the multishot (ENOBUFS); releasing re-arms it."""
+    conn, cli = tcp_pair
+    total = 8 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    with open_receiver(conn, "soft", area_size=256 << 10, buf_size=32 << 10,
+                       max_held=1.0) as rx:
+        held = hold_until_stalled(rx, "exhausted")
+        assert rx.stats.exhausted >= 1
+        assert len(held) == 8 and rx.stats.in_flight == 8
+        for c in held:
+            check(c)
+        got = sum(len(c) for c in held)
+        rx.release_many(held)
+        for c in rx:
+            check(c)
+            got += len(c)
+            c.release()
+        assert rx.stats.rearms >= 1
+    snd.join()
+    assert got == total
+
+
+def test_backpressure_pauses_and_resumes(tcp_pair):
+    conn, cli = tcp_pair
+    total = 16 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    area = 1 << 20
+    with open_receiver(conn, "soft", area_size=area, buf_size=16 << 10, max_held=0.25) as rx:
+        held = hold_until_stalled(rx, "backpressure")
+        assert rx.stats.backpressure == 1
+        assert rx.stats.in_flight_bytes > area // 4
+        assert rx.stats.exhausted == 0, "back-pressure must engage before the ring runs dry"
+        for c in held:
+            check(c)
+        got = sum(len(c) for c in held)
+        # Release from another thread while the owner waits: the owner wakes and resumes.
+        threading.Timer(0.05, rx.release_many, args=(held,)).start()
+        for c in rx:
+            check(c)
+            got += len(c)
+            c.release()
+        assert rx.stalled is None
+    snd.join()
+    assert got == total
+
+
+def test_peer_reset_ends_iteration_held_chunks_stay_valid(tcp_pair):
+    conn, cli = tcp_pair
+    total = 1 << 20
+    snd = Sender(cli, total, reset=True)
+    snd.start()
+    held: list[Chunk] = []
+    rx = open_receiver(conn, "soft", area_size=4 << 20, buf_size=64 << 10)
+    area = rx.area
+    with pytest.raises(ConnectionResetError):
+        for c in rx:
+            held.append(c)
+            if sum(map(len, held)) >= total:
+                snd.go_reset.set()
+    snd.join()
+    assert sum(map(len, held)) == total
+    assert list(rx) == []  # the error is reported once; afterwards the stream is over
+    rx.close()
+    assert not area.closed, "area freed while the application still holds chunks"
+    for c in held:
+        check(c)
+    rx.release_many(held[:-1])
+    assert not area.closed
+    held[-1].release()
+    assert area.closed
+
+
+def test_eof_mid_stream_ends_iteration(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(PAT.expected(0, 1000))
+    cli.close()
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096) as rx:
+        chunks = list(rx)
+        assert sum(map(len, chunks)) == 1000 and rx.eof
+        for c in chunks:
+            check(c)
+        rx.release_many(chunks)
+
+
+def test_double_release_and_foreign_chunk(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(PAT.expected(0, 100_000))
+    cli.close()
+    with socket.create_server(("127.0.0.1", 0)) as srv2:
+        cli2 = socket.create_connection(srv2.getsockname())
+        conn2, _ = srv2.accept()
+    cli2.sendall(b"x" * 10)
+    cli2.close()
+    with conn2, open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096) as rx, \
+            open_receiver(conn2, "soft", area_size=1 << 20, buf_size=4096) as rx2:
+        mine = list(rx)
+        theirs = rx2.recv()
+        assert theirs
+        with pytest.raises(ValueError, match="another receiver"):
+            rx.release(theirs[0])
+        with pytest.raises(ValueError, match="another receiver"):
+            rx.release_many([mine[0], theirs[0]])
+        # The failed batch released nothing: every chunk is still held and valid.
+        assert rx.stats.in_flight == len(mine)
+        for c in mine:
+            check(c)
+        mine[0].release()
+        with pytest.raises(ValueError, match="released twice"):
+            mine[0].release()
+        with pytest.raises(ValueError, match="released twice"):
+            rx.release(mine[0])
+        with pytest.raises(ValueError, match="twice in one"):
+            rx.release_many([mine[1], mine[1]])
+        rx.release_many(mine[1:])
+        rx2.release_many(theirs)
+        rx.recv(timeout=0)
+        rx2.recv(timeout=0)
+        assert rx.stats.in_flight == 0 and rx2.stats.in_flight == 0
+        # The ring did not take a buffer twice: it holds exactly its buffers again.
+        assert rx.stats_dict()["in_ring"] == rx.stats_dict()["buffers"]
+
+
+def test_debug_mode_use_after_release(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(PAT.expected(0, 50_000))
+    cli.close()
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=8192, debug=True) as rx:
+        chunks = list(rx)
+        a, b = chunks[0], chunks[1]
+        view = a.data
+        with a:
+            check(a)
+        with pytest.raises(ValueError, match="used after release"):
+            a.data  # noqa: B018
+        with pytest.raises(ValueError, match="released"):
+            view[0]  # noqa: B018
+        arr = b.array  # a numpy array cannot be revoked: warned and poisoned instead
+        with pytest.warns(ResourceWarning, match="poison"):
+            b.release()
+        assert (arr == 0xDB).all()
+        rx.release_many(chunks[2:])
+
+
+def test_non_debug_views_stay_cheap_but_chunk_access_checked(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(PAT.expected(0, 5000))
+    cli.close()
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=8192) as rx:
+        chunks = list(rx)
+        c = chunks[0]
+        assert bytes(c) == PAT.expected(0, len(c)).tobytes()
+        assert np.shares_memory(c.array, rx.area.array), "chunk.array must not copy"
+        rx.release_many(chunks)
+        with pytest.raises(ValueError, match="used after release"):
+            c.array  # noqa: B018
+
+
+def test_recv_only_in_owner_thread(tcp_pair):
+    conn, _ = tcp_pair
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=8192) as rx:
+        err: list[BaseException] = []
+        t = threading.Thread(target=lambda: err.extend(_catch(rx.recv, 0)))
+        t.start()
+        t.join()
+        assert err and isinstance(err[0], ZcnetError)
+
+
+def _catch(f, *a) -> list[BaseException]:
+    try:
+        f(*a)
+    except BaseException as e:
+        return [e]
+    return []
+
+
+def test_bad_arguments(tcp_pair):
+    conn, _ = tcp_pair
+    with pytest.raises(UsageError, match="unknown zero-copy provider"):
+        open_receiver(conn, "magic")
+    with pytest.raises(UsageError, match="fewer than 2 buffers"):
+        open_receiver(conn, "soft", area_size=4096, buf_size=4096)
+    with pytest.raises(UsageError, match="max_held"):
+        open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096, max_held=0)
+
+
+def test_auto_falls_back_to_soft_and_says_why(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(b"hello")
+    cli.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rx = open_receiver(conn, "auto", area_size=1 << 20, buf_size=4096)
+    with rx:
+        assert rx.name == "soft"
+        assert rx.why.startswith("soft, because zcrx:")
+        chunks = list(rx)
+        assert b"".join(bytes(c) for c in chunks) == b"hello"
+        rx.release_many(chunks)
