@@ -1,0 +1,185 @@
+"""``zcnet bench`` as a Python API: MTU x engine x placement cells, one TCP flow each.
+
+Some facts about placement in the lab: veth's transmit hands the packet to the peer with
+netif_rx on the *sending* CPU (no RPS configured), so the receive softirq runs where the sender
+runs. ``same`` therefore pins the receiving application to the sender's CPU (the seed's
+"application and interrupts on the same core"); ``split`` pins it to another CPU. On real NICs
+the softirq CPU is the IRQ's; each result records SO_INCOMING_CPU so a reader can check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zcnet.bench.coordinator import CellError, run_cell
+from zcnet.bench.meta import collect_env, envelope, write_json
+from zcnet.bench.worker import WorkerSpec
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.rx.engines import engine_names
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MTUS = (1500, 4096, 9000)
+DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot")
+PLACEMENTS = ("same", "split")
+CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
+
+
+@dataclass
+class BenchOptions:
+    mtus: tuple[int, ...] = DEFAULT_MTUS
+    engines: tuple[str, ...] = DEFAULT_ENGINES
+    placements: tuple[str, ...] = PLACEMENTS
+    duration: float = 2.0
+    verify: bool = False
+    lab: bool | None = None          # None: lab when root, else loopback
+    json_path: str | None = None
+    engine_opts: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        names = engine_names()
+        for e in self.engines:
+            if e not in names:
+                raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
+        for p in self.placements:
+            if p not in PLACEMENTS:
+                raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
+        for m in self.mtus:
+            if not 576 <= m <= 65535:
+                raise UsageError(f"MTU {m} out of range", "use 576..65535 (e.g. 1500, 4096, 9000)")
+        if not 0.1 <= self.duration <= 3600:
+            raise UsageError(f"duration {self.duration} s out of range", "use 0.1..3600 seconds")
+
+    def cells(self) -> list[tuple[int, str, str]]:
+        return [(m, e, p) for p in self.placements for m in self.mtus for e in self.engines]
+
+
+@dataclass
+class Target:
+    """Where the flow runs: the lab's two namespaces, or loopback."""
+
+    rx_host: str
+    rx_ns: str | None
+    tx_ns: str | None
+    set_mtu: Callable[[int], None] | None
+    env: dict[str, Any]
+
+
+def pick_cpus(placement: str) -> tuple[int, int] | str:
+    """(tx_cpu, rx_cpu) for a placement, or the reason it cannot run here."""
+    cpus = sorted(os.sched_getaffinity(0))
+    tx = cpus[0]
+    if placement == "same":
+        return tx, tx
+    if len(cpus) < 2:
+        return "split placement needs two CPUs; this process may use one"
+    return tx, cpus[1]
+
+
+@contextlib.contextmanager
+def target(use_lab: bool | None, mtu: int) -> Iterator[Target]:
+    root = os.geteuid() == 0
+    if use_lab is None:
+        use_lab = root
+    if use_lab:
+        from zcnet.lab import Lab
+
+        with Lab(mtu=mtu) as lab:
+            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env())
+    else:
+        yield Target("127.0.0.1", None, None, None,
+                     {"lab": False, "mtu": _lo_mtu(), "note": "loopback: no lab (not root)"})
+
+
+def _lo_mtu() -> int:
+    try:
+        return int(Path("/sys/class/net/lo/mtu").read_text())
+    except (OSError, ValueError):
+        return 65536
+
+
+def cell_result(mtu: int, engine: str, placement: str, status: str, reason: str = "",
+                **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"engine": engine, "mtu": mtu, "placement": placement,
+                           "status": status, "reason": reason}
+    doc.update(extra)
+    return doc
+
+
+def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions) -> dict[str, Any]:
+    cpus = pick_cpus(placement)
+    if isinstance(cpus, str):
+        return cell_result(mtu, engine, placement, "unsupported", cpus)
+    if t.set_mtu is None and mtu != t.env["mtu"]:
+        return cell_result(mtu, engine, placement, "unsupported",
+                           f"loopback fallback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
+                           "run as root to use the lab")
+    tx_cpu, rx_cpu = cpus
+    watch = sorted({tx_cpu, rx_cpu})
+    rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
+                    verify=opts.verify, watch_cpus=watch, engine_opts=opts.engine_opts,
+                    duration=opts.duration)
+    tx = WorkerSpec("tx", t.rx_host, netns=t.tx_ns, cpu=tx_cpu, duration=opts.duration)
+    try:
+        r = run_cell(rx, tx)
+    except CellError as e:
+        return cell_result(mtu, engine, placement, "error", str(e), rx_cpu=rx_cpu, tx_cpu=tx_cpu)
+    if r["event"] == "unsupported":
+        return cell_result(mtu, engine, placement, "unsupported", r["reason"])
+    cpu = {role: {k: r["cpu"][str(c)].get(k, 0.0) for k in (*CPU_FIELDS, "busy")}
+           for role, c in (("rx", rx_cpu), ("tx", tx_cpu))}
+    gbps = r["bytes"] * 8 / r["seconds"] / 1e9
+    out = cell_result(mtu, engine, placement, "ok", bytes=r["bytes"], seconds=r["seconds"],
+                      gbps=round(gbps, 3), cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
+                      incoming_cpu=r["incoming_cpu"], syscalls=r["calls"],
+                      engine_stats=r["engine_stats"])
+    if "verify" in r:
+        out["verify"] = r["verify"]
+    if placement == "same" and r["incoming_cpu"] not in (-1, rx_cpu):
+        out["warning"] = (f"receive softirq ran on CPU {r['incoming_cpu']}, not the application's "
+                          f"CPU {rx_cpu}")
+    return out
+
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str, Any]:
+    """Run every cell; returns the JSON envelope. Writes ``opts.json_path`` after each cell."""
+    opts.validate()
+    results: list[dict[str, Any]] = []
+    env: dict[str, Any] = collect_env(lab=False)
+    doc = envelope("bench", env, results)
+    by_mtu: dict[int, list[tuple[str, str]]] = {}
+    for mtu, engine, placement in opts.cells():
+        by_mtu.setdefault(mtu, []).append((engine, placement))
+    first = next(iter(by_mtu), 1500)
+    try:
+        with target(opts.lab, first) as t:
+            env.update(lab=t.env["lab"], target=t.env)
+            for mtu, cells in by_mtu.items():
+                if t.set_mtu is not None:
+                    t.set_mtu(mtu)
+                for engine, placement in cells:
+                    res = run_one(t, mtu, engine, placement, opts)
+                    results.append(res)
+                    if opts.json_path:
+                        write_json(opts.json_path, doc)
+                    if on_cell:
+                        on_cell(res)
+    except ZcnetError:
+        raise
+    finally:
+        if opts.json_path:
+            write_json(opts.json_path, doc)
+    return doc
+
+
+def verify_failed(doc: dict[str, Any]) -> int:
+    return sum(r.get("verify", {}).get("mismatches", 0) for r in doc["results"])

@@ -1,0 +1,140 @@
+"""Stream workers: a receiver and a sender, each in its own process, pinned, maybe in a netns.
+
+A worker is driven by small dict messages over a channel (a multiprocessing Connection here; the
+control protocol of ``zcnet server`` can carry the same dicts between hosts):
+
+    receiver -> {"event": "ready", "port": P}
+    sender   -> {"event": "ready"}           (after connecting)
+    any      <- {"cmd": "start"}             (sender only: begin sending)
+    any      -> {"event": "result", ...} | {"event": "error", "reason": "..."}
+
+The sender sends the verification pattern for ``duration`` seconds and then shuts down its half
+of the connection; the receiver reads to EOF, so the byte count and timing are the receiver's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from zcnet.bench.cpustat import CpuTimes
+from zcnet.bench.verify import PERIOD, TILED, Verifier
+from zcnet.errors import ZcnetError
+from zcnet.uapi.socket import SO_INCOMING_CPU
+
+log = logging.getLogger(__name__)
+
+
+class Channel(Protocol):
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+@dataclass
+class WorkerSpec:
+    role: str                      # "rx" | "tx"
+    host: str                      # address to bind (rx) or connect to (tx)
+    port: int = 0
+    netns: str | None = None
+    cpu: int | None = None         # pin the worker to this CPU
+    engine: str = "epoll"          # rx engine
+    tx: str = "copy"               # tx send path
+    duration: float = 2.0
+    verify: bool = False
+    chunk: int = 1 << 20           # sender write size
+    watch_cpus: list[int] = field(default_factory=list)  # CPUs whose /proc/stat share to report
+    engine_opts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _enter(spec: WorkerSpec) -> None:
+    if spec.netns:
+        from zcnet.lab.netns import enter_netns
+
+        enter_netns(spec.netns)
+    if spec.cpu is not None:
+        os.sched_setaffinity(0, {spec.cpu})
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def run_receiver(spec: WorkerSpec, chan: Channel) -> None:
+    from zcnet.rx.engines import EngineOptions, make_engine
+
+    _enter(spec)
+    engine = make_engine(spec.engine, EngineOptions(**spec.engine_opts))
+    why = engine.unsupported()
+    if why:
+        chan.send({"event": "unsupported", "reason": why})
+        return
+    with socket.socket(_family(spec.host), socket.SOCK_STREAM) as ls:
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((spec.host, spec.port))
+        ls.listen(1)
+        chan.send({"event": "ready", "port": ls.getsockname()[1]})
+        conn, _ = ls.accept()
+    with conn:
+        verifier = Verifier() if spec.verify else None
+        before = CpuTimes.read()
+        stats = engine.run(conn, verifier.check if verifier else None)
+        cpu = CpuTimes.read().since(before)
+        incoming = conn.getsockopt(socket.SOL_SOCKET, SO_INCOMING_CPU)
+    result: dict[str, Any] = {
+        "event": "result",
+        "bytes": stats.bytes,
+        "seconds": stats.seconds(),
+        "calls": stats.calls,
+        "incoming_cpu": incoming,
+        "app_cpu": spec.cpu,
+        "cpu": {str(c): cpu.get(c, {}) for c in spec.watch_cpus},
+        "engine_stats": stats.extra,
+    }
+    if verifier:
+        result["verify"] = verifier.as_dict()
+    chan.send(result)
+
+
+def run_sender(spec: WorkerSpec, chan: Channel) -> None:
+    _enter(spec)
+    sock = socket.create_connection((spec.host, spec.port), timeout=5)
+    with sock:
+        sock.settimeout(None)
+        chan.send({"event": "ready"})
+        msg = chan.recv()
+        if msg.get("cmd") != "start":
+            return
+        chunk = min(spec.chunk, PERIOD)
+        mv = memoryview(TILED)
+        sent = 0
+        deadline = time.monotonic() + spec.duration
+        while time.monotonic() < deadline:
+            for _ in range(8):  # amortize the clock read
+                start = sent % PERIOD
+                sent += sock.send(mv[start:start + chunk])
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(1)  # wait for the receiver to close: its count is then final
+    chan.send({"event": "result", "bytes_sent": sent})
+
+
+ROLES = {"rx": run_receiver, "tx": run_sender}
+
+
+def worker_main(spec_dict: dict[str, Any], chan: Channel) -> None:
+    """Process entry point: run one worker; every failure becomes an error message."""
+    spec = WorkerSpec(**spec_dict)
+    try:
+        ROLES[spec.role](spec, chan)
+    except (OSError, ValueError, RuntimeError, ZcnetError) as e:
+        log.debug("worker %s failed", spec.role, exc_info=True)
+        chan.send({"event": "error", "reason": f"{spec.role} worker: {e}"})
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,93 @@
+"""``zcnet bench``: single-flow TCP receive throughput, engine x MTU x placement."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from zcnet.bench.run import (
+    DEFAULT_ENGINES,
+    DEFAULT_MTUS,
+    PLACEMENTS,
+    BenchOptions,
+    run_bench,
+    verify_failed,
+)
+from zcnet.errors import UsageError
+from zcnet.report.bench_table import bench_notes, bench_tables
+from zcnet.rx.engines import engine_names
+
+
+def _csv(kind: str, conv: type = str):  # type: ignore[type-arg]
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(conv(x) for x in text.split(",") if x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad {kind} list {text!r}") from None
+    return parse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="single-flow TCP receive benchmark (epoll vs io_uring ...)",
+                       description=__doc__)
+    p.add_argument("--mtu", type=_csv("MTU", int), default=DEFAULT_MTUS,
+                   help="comma-separated MTUs (default 1500,4096,9000)")
+    p.add_argument("--engine", type=_csv("engine"), default=DEFAULT_ENGINES,
+                   help=f"comma-separated engines (default {','.join(DEFAULT_ENGINES)})")
+    p.add_argument("--placement", type=_csv("placement"), default=PLACEMENTS,
+                   help="same (app on the softirq CPU), split (another CPU); default both")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per cell (default 2)")
+    p.add_argument("--verify", action="store_true",
+                   help="check every received byte against the sender's pattern")
+    p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--no-lab", dest="lab", action="store_false", default=None,
+                       help="run on loopback instead of a namespace lab")
+    where.add_argument("--lab", dest="lab", action="store_true", help="require the lab (root)")
+    p.set_defaults(func=main)
+
+
+def _check_choices(args: argparse.Namespace) -> None:
+    for value, valid, what in ((args.engine, engine_names(), "engine"),
+                               (args.placement, PLACEMENTS, "placement")):
+        bad = [v for v in value if v not in valid]
+        if bad:
+            raise UsageError(f"unknown {what} {bad[0]!r}", f"choose from {', '.join(valid)}")
+
+
+def main(args: argparse.Namespace) -> int:
+    _check_choices(args)
+    opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
+                        duration=args.duration, verify=args.verify, lab=args.lab,
+                        json_path=args.json)
+    opts.validate()
+    console = Console(stderr=True)
+    if args.lab is None and os.geteuid() != 0:
+        console.print("zcnet: not root: running on 127.0.0.1 (loopback) instead of a lab")
+    total = len(opts.cells())
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), TimeRemainingColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("bench", total=total)
+
+        def on_cell(r: dict[str, Any]) -> None:
+            progress.update(task, advance=1,
+                            description=f"{r['engine']} mtu {r['mtu']} {r['placement']}")
+
+        doc = run_bench(opts, on_cell)
+    out = Console()
+    for table in bench_tables(doc):
+        out.print(table)
+    for note in bench_notes(doc):
+        out.print(note, style="dim", highlight=False)
+    if args.json:
+        out.print(f"results written to {args.json}", style="dim")
+    if opts.verify and verify_failed(doc):
+        print("zcnet: error: received data did not match what was sent", file=sys.stderr)
+        return 1
+    return 0
