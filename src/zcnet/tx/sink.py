@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zcnet.errors import ZcnetError
+from zcnet.lab.netns import netns_popen
 from zcnet.tx.mmsg import MsgBatch, recvmmsg
 from zcnet.tx.payload import Checker
 
@@ -117,11 +118,11 @@ class Sink:
                  port: int = 0) -> None:
         cmd = [sys.executable, "-m", "zcnet.tx.sink", "--bind", bind,
                "--sizes", ",".join(str(s) for s in sizes), "--port", str(port)]
-        if netns is not None:
-            cmd = ["ip", "netns", "exec", netns, *cmd]
+        pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE,
+                                 "stderr": subprocess.PIPE, "text": True, "bufsize": 1}
         self.bind = bind
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, bufsize=1)
+        self._proc = (netns_popen(netns, cmd, **pipes) if netns is not None
+                      else subprocess.Popen(cmd, **pipes))
         try:
             first = self._read()
         except ZcnetError:

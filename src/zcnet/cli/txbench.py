@@ -1,0 +1,151 @@
+"""`zcnet txbench`: UDP single-stream packet rate, one packet per call vs batched sends."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from zcnet.bench.meta import write_json
+from zcnet.tx.hwcount import NO_COUNTERS
+from zcnet.tx.txbench import ALL_MODES, BASELINE, run_txbench
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode {bad[0] if bad else text!r}; "
+                                         f"choose from {','.join(ALL_MODES)}")
+    return modes
+
+
+def _sizes(text: str) -> list[int]:
+    parse = _positive(int)
+    return [int(parse(v)) for v in text.split(",")]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "txbench", help="UDP packet rate: one send per packet vs batched sends",
+        description="A pktgen-like UDP single stream from one lab namespace into a sink in the "
+                    "other (or to --dst). Modes: single (send per packet), mmsg (sendmmsg per "
+                    "burst), uring (a burst of SEND SQEs, one io_uring_enter), gso (UDP_SEGMENT, "
+                    "one send per burst; bursts GSO cannot carry go by mmsg and are counted).")
+    p.add_argument("--mode", type=_modes, default=list(ALL_MODES),
+                   help=f"comma-separated modes (default {','.join(ALL_MODES)})")
+    p.add_argument("--size", type=_positive(int), default=64, help="UDP payload bytes (64)")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="mixed payload sizes, repeated across each burst (e.g. 64,64,128)")
+    p.add_argument("--burst", type=_positive(int), default=32, help="packets per burst (32)")
+    p.add_argument("--duration", "-t", type=_positive(float), default=1.0,
+                   help="seconds per mode and repeat (1)")
+    p.add_argument("--packets", type=_positive(int), default=None,
+                   help="send exactly this many packets per repeat instead of --duration")
+    p.add_argument("--repeat", type=_positive(int), default=5, help="repeats per mode (5)")
+    p.add_argument("--dst", metavar="ADDR:PORT", default=None,
+                   help="send to this address instead of a lab sink (no received counts)")
+    p.add_argument("--loopback", action="store_true",
+                   help="sink on loopback in this namespace instead of a lab (no root needed)")
+    p.add_argument("--mtu", type=_positive(int), default=1500, help="lab veth MTU (1500)")
+    p.add_argument("--ipv6", action="store_true", help="use the lab's IPv6 addresses")
+    p.add_argument("--json", metavar="PATH", help="write results in the zcnet JSON envelope")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    console = Console()
+    with console.status("txbench: sending…"):
+        doc = run_txbench(modes=args.mode, size=args.size, sizes=args.sizes, burst=args.burst,
+                          duration=args.duration, packets=args.packets, repeat=args.repeat,
+                          dst=args.dst, lab=not args.loopback, mtu=args.mtu, ipv6=args.ipv6)
+    console.print(render(doc))
+    for line in seed_lines(doc):
+        console.print(line)
+    if args.json:
+        write_json(args.json, doc)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _pm(stat: dict[str, Any] | None, digits: int) -> str:
+    if not stat or stat.get("mean") is None:
+        return "-"
+    return f"{stat['mean']:.{digits}f}±{stat['stdev']:.{digits}f}"
+
+
+def render(doc: dict[str, Any]) -> Table:
+    summary: dict[str, dict[str, Any]] = doc["summary"]
+    first = doc["results"][0] if doc["results"] else {}
+    hw = doc["env"].get("hw_counters") == "yes"
+    repeats = len(doc["results"]) // max(len(summary), 1)
+    table = Table(title=f"txbench: UDP payload {first.get('payload')} B, burst "
+                        f"{first.get('burst')}, {repeats} repeats",
+                  box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="ns/pkt: sender thread CPU; drops: sent - sink received; "
+                          "bad: damaged payloads; fallbk: packets GSO could not carry")
+    columns = ["mode", "Mpps", f"x{BASELINE}", "ns/pkt"]
+    if hw:
+        columns += ["instr/pkt", "cycles/pkt"]
+    columns += ["drops", "bad", "fallbk", "retry"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    for mode, s in summary.items():
+        if s["status"] != "ok":
+            table.add_row(mode, f"[yellow]{s['status']}: {s.get('reason', '')}[/]",
+                          *[""] * (len(columns) - 2))
+            continue
+        ratio = f"{s['vs_single']:.2f}x" if s.get("vs_single") else "-"
+        cells = [mode, _pm(s["mpps"], 3), ratio, _pm(s["ns_per_pkt"], 0)]
+        if hw:
+            cells += [_pm(s["instructions_per_pkt"], 0), _pm(s["cycles_per_pkt"], 0)]
+        if "received" in s:
+            got = str(s["drops"])
+            damaged = str(s.get("bad_payload", 0) + s.get("wrong_size", 0))
+        else:
+            got, damaged = "n/a", "n/a"
+        cells += [got, damaged, str(s.get("fallback_packets", 0)), str(s.get("retries", 0))]
+        table.add_row(*cells)
+    return table
+
+
+def seed_lines(doc: dict[str, Any]) -> list[str]:
+    """The seed's summary: baseline -> best batched mode, with ±."""
+    summary = doc["summary"]
+    base = summary.get(BASELINE)
+    batched = [(m, s) for m, s in summary.items() if m != BASELINE and s["status"] == "ok"]
+    if not base or base["status"] != "ok" or not batched:
+        return []
+    mode, best = max(batched, key=lambda ms: ms[1]["mpps"]["mean"])
+
+    def arrow(metric: str, unit: str, digits: int) -> str:
+        a, b = base[metric], best[metric]
+        if a.get("mean") is None or b.get("mean") is None:
+            return NO_COUNTERS
+        return (f"{a['mean']:.{digits}f}{unit} (±{a['stdev']:.{digits}f}) -> "
+                f"{b['mean']:.{digits}f}{unit} (±{b['stdev']:.{digits}f})")
+
+    lines = [f"{BASELINE} -> {mode} ({best['vs_single']:.2f}x):",
+             f"  Packet rate: {arrow('mpps', ' Mpps', 3)}",
+             f"  CPU per packet: {arrow('ns_per_pkt', ' ns', 0)}",
+             f"  Instructions per packet: {arrow('instructions_per_pkt', '', 0)}",
+             f"  Cycles per packet: {arrow('cycles_per_pkt', '', 0)}"]
+    notes = sorted({n for s in summary.values() for n in s.get("notes", [])})
+    lines += [f"note: {n}" for n in notes]
+    return lines

@@ -1,0 +1,277 @@
+"""txbench: a pktgen-like UDP single-stream generator, one row per mode and repeat.
+
+``run_txbench()`` sends from this thread, one mode after the other, into a :class:`Sink` process
+in the lab's other namespace (or on loopback, or to a user-given address with no sink), and
+returns the shared JSON envelope (``kind = "txbench"``). Rows carry the fields the report layer
+keys on (``mode``, ``payload``, ``burst``, ``repeat``) and the metrics it knows (``mpps``,
+``ns_per_pkt``, ``instructions_per_pkt``, ``cycles_per_pkt``); ``summary`` holds mean ± stdev
+per mode and the ratio to ``single``.
+
+CPU per packet is this thread's CPU time (user + system, ``time.thread_time``) over the packets it
+sent: on loopback and veth that includes the kernel's delivery to the receiving socket, which runs
+in the sender's softirq context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zcnet.bench.meta import collect_env, envelope
+from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
+from zcnet.tx.sink import Sink
+from zcnet.tx.udp_modes import MODES, BurstSender, SenderFactory, run_for
+from zcnet.uapi.errqueue import IP_MTU, IPV6_MTU
+
+ALL_MODES = ("single", "mmsg", "uring", "gso")
+BASELINE = "single"
+_HEADERS = {socket.AF_INET: 20 + 8, socket.AF_INET6: 40 + 8}
+_SNDBUF = 4 << 20
+_SO_SNDBUFFORCE = 32  # asm-generic/socket.h
+_QUIET_MS = 60
+_WARMUP_S = 0.1
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where packets go: an address, and the namespace the sender's socket lives in."""
+
+    addr: str
+    port: int
+    sender_netns: str | None = None
+
+    @property
+    def family(self) -> int:
+        return socket.AF_INET6 if ":" in self.addr else socket.AF_INET
+
+
+def parse_dst(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` or ``[ADDR6]:PORT``."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"bad --dst {text!r}", "give ADDR:PORT or [ADDR6]:PORT") from None
+    if not sep or not 0 < number < 65536:
+        raise UsageError(f"bad --dst {text!r}", "give ADDR:PORT with a port in 1..65535")
+    return host, number
+
+
+def _uring_factory(sock: socket.socket, lengths: Sequence[int]) -> BurstSender:
+    try:
+        from zcnet.tx.uring_send import UringSender
+    except ImportError as exc:
+        raise Unsupported(f"io_uring send is not available: {exc}") from exc
+    return UringSender(sock, lengths)
+
+
+def _factory(mode: str) -> SenderFactory:
+    return _uring_factory if mode == "uring" else MODES[mode]
+
+
+def open_sender(target: Target) -> socket.socket:
+    """A connected, non-blocking UDP socket in the target's sender namespace."""
+    with _maybe_netns(target.sender_netns):
+        sock = socket.socket(target.family, socket.SOCK_DGRAM)
+    try:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _SNDBUF)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+        sock.connect((target.addr, target.port))
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ZcnetError(f"cannot reach {target.addr}:{target.port}: {exc.strerror}",
+                         "check the address, and that a route to it exists") from exc
+    return sock
+
+
+@contextlib.contextmanager
+def _maybe_netns(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    from zcnet.lab.netns import in_netns
+
+    with in_netns(name):
+        yield
+
+
+def path_payload_limit(sock: socket.socket) -> int:
+    """Largest UDP payload that leaves as one unfragmented packet on this connected socket."""
+    if sock.family == socket.AF_INET6:
+        mtu = sock.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU)
+    else:
+        mtu = sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
+    return mtu - _HEADERS[sock.family]
+
+
+def burst_lengths(size: int, burst: int, sizes: Sequence[int] | None) -> list[int]:
+    """The lengths of one burst: ``size`` each, or ``sizes`` repeated across the burst."""
+    if burst <= 0:
+        raise UsageError(f"burst must be positive, got {burst}", "use --burst 32 or similar")
+    pattern = list(sizes) if sizes else [size]
+    if min(pattern) <= 0:
+        raise UsageError(f"payload size must be positive, got {min(pattern)}",
+                         "use --size 64 or similar")
+    return [pattern[i % len(pattern)] for i in range(burst)]
+
+
+def _mean_sd(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "stdev": None}
+    return {"mean": statistics.fmean(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def _measure(sender: BurstSender, sink: Sink | None, hw: HwCounters | None,
+             seconds: float | None, packets: int | None) -> dict[str, Any]:
+    before = sink.snapshot(_QUIET_MS) if sink else None
+    c = sender.counters
+    fb0, calls0, retries0 = c.fallback_packets, c.calls, sum(c.retries.values())
+    if hw:
+        hw.start()
+    sent, wall, cpu = run_for(sender, None if packets else seconds, packets)
+    counts = hw.stop() if hw else None
+    row: dict[str, Any] = {
+        "status": "ok",
+        "sent": sent,
+        "seconds": wall,
+        "mpps": sent / wall / 1e6 if wall > 0 else 0.0,
+        "ns_per_pkt": cpu * 1e9 / sent if sent else None,
+        "calls_per_pkt": (c.calls - calls0) / sent if sent else None,
+        "fallback_packets": c.fallback_packets - fb0,
+        "retries": sum(c.retries.values()) - retries0,
+        "instructions_per_pkt": counts["instructions"] / sent if counts and sent else None,
+        "cycles_per_pkt": counts["cycles"] / sent if counts and sent else None,
+    }
+    if sink and before is not None:
+        after = sink.snapshot(_QUIET_MS)
+        for key in ("received", "bad_payload", "wrong_size"):
+            row[key] = after[key] - before[key]
+        row["drops"] = sent - row["received"]
+        row["seq_sum"] = after["seq_sum"] - before["seq_sum"]
+    return row
+
+
+def _summarize(rows: list[dict[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        ok = [r for r in mine if r["status"] == "ok"]
+        if not ok:
+            out[mode] = {"status": mine[0]["status"] if mine else "missing",
+                         "reason": mine[0].get("reason", "") if mine else ""}
+            continue
+        entry: dict[str, Any] = {"status": "ok"}
+        for metric in ("mpps", "ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"):
+            vals = [r[metric] for r in ok if r.get(metric) is not None]
+            entry[metric] = _mean_sd(vals)
+        for total in ("sent", "received", "drops", "bad_payload", "wrong_size",
+                      "fallback_packets", "retries"):
+            if all(total in r for r in ok):
+                entry[total] = sum(r[total] for r in ok)
+        entry["notes"] = sorted({n for r in ok for n in r.get("notes", [])})
+        out[mode] = entry
+    base = out.get(BASELINE, {}).get("mpps", {}).get("mean") if BASELINE in out else None
+    for entry in out.values():
+        mean = entry.get("mpps", {}).get("mean") if entry.get("status") == "ok" else None
+        entry["vs_single"] = mean / base if base and mean is not None else None
+    return out
+
+
+def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int = 32,
+                sizes: Sequence[int] | None = None, duration: float | None = 1.0,
+                packets: int | None = None, repeat: int = 5, dst: str | None = None,
+                lab: bool = True, mtu: int = 1500, ipv6: bool = False) -> dict[str, Any]:
+    """Measure each mode ``repeat`` times; returns the ``txbench`` JSON envelope.
+
+    Traffic goes into a sink in a fresh lab (``lab=True``), to a sink on loopback (``lab=False``),
+    or to ``dst`` ("ADDR:PORT", no sink: received counts are absent). ``packets`` sends exactly
+    that many per repeat (rounded down to whole bursts) instead of running for ``duration``.
+    """
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown:
+        raise UsageError(f"unknown txbench mode {unknown[0]!r}", f"choose from {ALL_MODES}")
+    if repeat <= 0:
+        raise UsageError(f"repeat must be positive, got {repeat}", "use --repeat 5")
+    if packets is None and (duration is None or duration <= 0):
+        raise UsageError(f"duration must be positive, got {duration}", "use --duration 1")
+    if packets is not None and packets < burst:
+        raise UsageError(f"packets ({packets}) must be at least one burst ({burst})")
+    lengths = burst_lengths(size, burst, sizes)
+    shape = tuple(sorted(set(lengths)))
+    params = {"payload": size if sizes is None else ",".join(map(str, sizes)), "burst": burst}
+    with contextlib.ExitStack() as stack:
+        sink: Sink | None = None
+        env_extra: dict[str, Any] = {}
+        if dst is not None:
+            addr, port = parse_dst(dst)
+            target = Target(addr, port)
+            env_extra["target"] = dst
+        elif lab:
+            from zcnet.lab import Lab
+
+            the_lab = stack.enter_context(Lab(mtu=mtu, ipv6=ipv6))
+            bind = the_lab.addr6_b if ipv6 else the_lab.addr_b
+            if bind is None:
+                raise Unsupported("IPv6 is not available in the lab", "run without --ipv6")
+            sink = stack.enter_context(Sink(bind, shape, netns=the_lab.ns_b))
+            target = Target(bind, sink.port, sender_netns=the_lab.ns_a)
+            env_extra.update(the_lab.env())
+        else:
+            bind = "::1" if ipv6 else "127.0.0.1"
+            sink = stack.enter_context(Sink(bind, shape))
+            target = Target(bind, sink.port)
+            env_extra["target"] = "loopback"
+        hw = HwCounters.open()
+        if hw:
+            stack.callback(hw.close)
+        env_extra["hw_counters"] = "yes" if hw else NO_COUNTERS
+        rows: list[dict[str, Any]] = []
+        for mode in modes:
+            rows.extend(_run_mode(mode, target, lengths, sink, hw, duration, packets, repeat,
+                                  params))
+        in_lab = bool(env_extra.pop("lab", False))
+        doc = envelope("txbench", collect_env(lab=in_lab, **env_extra), rows)
+        doc["summary"] = _summarize(rows, modes)
+        return doc
+
+
+def _run_mode(mode: str, target: Target, lengths: list[int], sink: Sink | None,
+              hw: HwCounters | None, duration: float | None, packets: int | None,
+              repeat: int, params: dict[str, Any]) -> list[dict[str, Any]]:
+    base = {"mode": mode, **params}
+    with contextlib.closing(open_sender(target)) as sock:
+        limit = path_payload_limit(sock)
+        if max(lengths) > limit:
+            raise UsageError(f"payload {max(lengths)} B exceeds the path MTU's limit of {limit} B "
+                             f"to {target.addr}", f"use --size {limit} or less, or raise the MTU")
+        try:
+            sender = _factory(mode)(sock, lengths)
+        except Unsupported as exc:
+            return [{**base, "repeat": i, "status": "unsupported", "reason": exc.message}
+                    for i in range(repeat)]
+        try:
+            notes = list(getattr(sender, "notes", []))
+            if packets is None:
+                run_for(sender, seconds=min(_WARMUP_S, duration or _WARMUP_S))
+            rows = []
+            for i in range(repeat):
+                row = {**base, "repeat": i, **_measure(sender, sink, hw, duration, packets)}
+                if notes:
+                    row["notes"] = notes
+                rows.append(row)
+            return rows
+        finally:
+            sender.close()
+
