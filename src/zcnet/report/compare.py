@@ -6,12 +6,14 @@ more about the machines than about the change under test, so that needs an expli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import METRICS, CellKey, group, key_text
 from zcnet.report.stats import Summary, Verdict, summarize, welch
+from zcnet.report.tables import Table, fmt_summary
 
 ENV_MUST_MATCH = ("kernel", "cpu_model", "nic")
 
@@ -63,7 +65,13 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool = False
         ca, cb = cells_a.get(key), cells_b.get(key)
         name = metric or pick_metric((ca.rows if ca else []) + (cb.rows if cb else []))
         if name is None:
-            out.append(Row(key, "", None, None, None, "no metric"))
+            sides = {side: f"{c.status}" + (f" ({c.reason})" if c.reason else "")
+                     for side, c in (("A", ca), ("B", cb)) if c is not None}
+            if len(set(sides.values())) == 1 and len(sides) == 2:
+                why = f"both {sides['A']}"
+            else:
+                why = "; ".join(f"{side}: {text}" for side, text in sides.items())
+            out.append(Row(key, "", None, None, None, why or "no metric"))
             continue
         va = ca.values(name) if ca else []
         vb = cb.values(name) if cb else []
@@ -94,3 +102,31 @@ def row_dict(row: Row) -> dict[str, Any]:
         "pvalue": row.verdict.pvalue if row.verdict else None,
         "verdict": row.verdict.text() if row.verdict else row.note,
     }
+
+
+def compare_table(rows: list[Row], name_a: str = "A", name_b: str = "B",
+                  diffs: list[str] | None = None) -> Table:
+    t = Table(f"B ({name_b}) vs A ({name_a})", ["cell", "metric", "A", "B", "B/A", "verdict"],
+              [])
+    for r in rows:
+        ok = r.verdict is not None and not math.isnan(r.verdict.ratio)
+        ratio = f"{r.verdict.ratio:.2f}x" if ok and r.verdict else ""
+        t.rows.append([key_text(r.key), r.metric, fmt_summary(r.a, r.metric) if r.metric else "",
+                       fmt_summary(r.b, r.metric) if r.metric else "", ratio,
+                       r.verdict.text() if r.verdict else r.note])
+    if diffs:
+        t.notes.append("warning: compared despite different systems (--force): "
+                       + "; ".join(diffs))
+    t.notes += unstable_sides(rows)
+    return t
+
+
+def unstable_sides(rows: list[Row]) -> list[str]:
+    """Instability warnings for either side: a ratio of unstable numbers needs more repeats."""
+    out = []
+    for r in rows:
+        for side, s in (("A", r.a), ("B", r.b)):
+            if s is not None and s.unstable:
+                out.append(f"warning: {key_text(r.key)}: {side} unstable (stdev "
+                           f"{100 * s.stdev / abs(s.mean):.0f}% of mean); use more --repeat")
+    return out

@@ -21,7 +21,9 @@ from zcnet.report.tables import Table, flat_rows
 def to_rich(table: Table) -> RichTable:
     rt = RichTable(title=table.title, title_justify="left")
     for i, h in enumerate(table.headers):
-        rt.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        # Numbers right-aligned; the first column (labels) and a verdict column read left.
+        left = i == 0 or h in ("verdict", "vs baseline")
+        rt.add_column(h, justify="left" if left else "right", no_wrap=i == 0)
     for row in table.rows:
         rt.add_row(*row)
     return rt

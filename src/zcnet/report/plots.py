@@ -13,7 +13,7 @@ from typing import Any
 
 from zcnet.errors import ZcnetError
 from zcnet.report.cells import METRICS, Cell, group
-from zcnet.report.tables import MPSTAT_COLUMNS, per_cpu_shares
+from zcnet.report.tables import MPSTAT_COLUMNS, per_cpu_shares, report_section
 
 FIGSIZE = (8.0, 5.0)
 DPI = 100
@@ -132,7 +132,7 @@ PLOTTERS: dict[str, Callable[..., Path]] = {
 def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
              names: list[str] | None = None) -> list[Path]:
     """The plots an experiment envelope's report section asks for, as ``<name>-<plot>.png``."""
-    rep = doc.get("report") or {}
+    rep = report_section(doc)
     exp = doc.get("experiment") or {}
     stem = exp.get("name") or doc.get("kind", "zcnet")
     title = exp.get("title") or stem

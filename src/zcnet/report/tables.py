@@ -63,7 +63,10 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     for name in extra:
         s = cell.summary(name)
         if s is not None:
-            parts.append(f"{METRICS[name].label} {fmt_summary(s, name)}")
+            # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
+            m = METRICS[name]
+            unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
+            parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
     return ", ".join(parts)
 
 
@@ -127,11 +130,11 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         else:
             v = welch(base.values(metric), cell.values(metric),
                       higher_is_better=METRICS[metric].higher_is_better)
-            row.append(f"{v.ratio:.2f}x: {v.text()}")
+            row.append(v.text() if v.significant else f"{v.ratio:.2f}x, {v.text()}")
         t.rows.append(row)
     if missing:
-        reason = next((str(r[f"{m}_reason"]) for r in results for m in missing
-                       if r.get(f"{m}_reason")), "not measured")
+        reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
+                       for m in missing if r.get(f"{m}_reason")), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
     t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
     return t
@@ -150,7 +153,8 @@ def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
 def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
     """The seed's per-CPU table for one cell, headed by its throughput."""
     s = cell.summary(metric)
-    head = f"{title}: {key_text(cell.key)}: {METRICS[metric].unit}={fmt_summary(s, metric)}"
+    value = s.format(METRICS[metric].digits) if s else "n/a"
+    head = f"{title}: {key_text(cell.key)}: {METRICS[metric].unit}={value}"
     t = Table(head, ["CPU", *(h for _, h in MPSTAT_COLUMNS)], [])
     for cpu, shares in per_cpu_shares(cell).items():
         t.rows.append([cpu, *(f"{shares[k]:.2f}" for k, _ in MPSTAT_COLUMNS)])
@@ -159,9 +163,23 @@ def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
     return t
 
 
+# How to show envelopes that carry no ``report`` section of their own.
+DEFAULT_REPORTS: dict[str, dict[str, Any]] = {
+    "bench": {"table": "grid", "rows": "mtu", "columns": "engine", "metric": "gbps",
+              "extra": ["rx_busy"], "plots": ["throughput-vs-mtu", "cpu-breakdown"]},
+    "txbench": {"table": "ab", "baseline": {"mode": "single"}, "metric": "mpps",
+                "extra": ["ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"],
+                "plots": ["pps-per-mode"]},
+}
+
+
+def report_section(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc.get("report") or DEFAULT_REPORTS.get(doc.get("kind", ""), DEFAULT_REPORTS["bench"])
+
+
 def experiment_tables(doc: dict[str, Any]) -> list[Table]:
-    """All tables of an experiment envelope, as its ``report`` section asks."""
-    rep = doc.get("report") or {}
+    """All tables of an envelope, as its ``report`` section (or its kind's default) asks."""
+    rep = report_section(doc)
     exp = doc.get("experiment") or {}
     results = [r for r in doc.get("results", []) if not r.get("peer")]
     title = exp.get("title") or exp.get("name") or doc.get("kind", "results")

@@ -1,0 +1,217 @@
+"""Run an experiment spec: expand its matrix, substitute what the machine lacks, measure each cell
+``repeat`` times, and write the envelope after every cell so an interrupted run keeps its cells.
+
+Repeats are interleaved (all cells once, then all cells again) rather than back to back, so slow
+drift of the machine (other load, thermal state) spreads over every cell instead of biasing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zcnet.bench import meta
+from zcnet.bench.cpustat import CpuTimes
+from zcnet.errors import ZcnetError
+from zcnet.report.spec import Spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the experiment runs: the lab (nothing given) or a real NIC and peer host."""
+
+    ifname: str | None = None
+    remote: str | None = None
+
+    def has(self, option: str) -> bool:
+        return bool(getattr(self, option))
+
+
+@dataclass
+class Plan:
+    cells: list[dict[str, Any]]
+    substitutions: list[dict[str, Any]] = field(default_factory=list)
+    baseline: dict[str, Any] = field(default_factory=dict)
+
+
+def _sub_text(axis: str, value: Any, lab: Any, why: str) -> str:
+    return f"{axis} {value} runs as {lab}: {why}"
+
+
+def plan(spec: Spec, target: Target) -> Plan:
+    """The cells to measure on this target, and which rows were substituted and why."""
+    matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
+    subs: list[dict[str, Any]] = []
+    for s in spec.substitutes:
+        if target.has(s.unless) or s.value not in matrix[s.axis]:
+            continue
+        vals = matrix[s.axis]
+        vals[vals.index(s.value)] = s.lab
+        matrix[s.axis] = list(dict.fromkeys(vals))
+        subs.append({"axis": s.axis, "value": s.value, "lab": s.lab, "why": s.why,
+                     "text": _sub_text(s.axis, s.value, s.lab, s.why)})
+    baseline = dict(spec.baseline)
+    if spec.private_flag:
+        if target.ifname:
+            # The seed's own A/B: the driver flag off (baseline) then on, every mode under both.
+            matrix = {"variant": [f"{spec.private_flag}=off", f"{spec.private_flag}=on"],
+                      **matrix}
+            baseline["variant"] = f"{spec.private_flag}=off"
+        else:
+            why = (f"the {spec.private_flag} private flag needs an mlx5 NIC (--ifname); batching"
+                   " moves to user space: many packets per system call instead of per descriptor")
+            subs.append({"axis": "nic", "value": spec.private_flag, "lab": "user-space batching",
+                         "why": why, "text": _sub_text("A/B", spec.private_flag,
+                                                       "the user-space modes", why)})
+    axes = list(matrix)
+    cells = [dict(zip(axes, combo, strict=True))
+             for combo in itertools.product(*(matrix[a] for a in axes))]
+    return Plan(cells, subs, baseline)
+
+
+# A measurer runs one cell once and returns its result rows (bench-cell shaped).
+Measure = Callable[[Spec, dict[str, Any], Target], list[dict[str, Any]]]
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    try:
+        from zcnet.bench.run import run_bench
+    except ImportError:
+        raise ZcnetError("zcnet bench is not part of this build",
+                         "update zcnet; `zcnet bench --help` must work") from None
+    kwargs: dict[str, Any] = {"engines": [cell["engine"]], "duration": spec.duration}
+    for axis, name in (("mtu", "mtus"), ("placement", "placements")):
+        if axis in cell:
+            kwargs[name] = [cell[axis]]
+    for opt in ("consumer", "tx"):
+        if opt in cell:
+            kwargs[opt] = cell[opt]
+    if target.ifname:
+        kwargs["ifname"] = target.ifname
+    if target.remote:
+        kwargs["remote"] = target.remote
+    return list(run_bench(**kwargs)["results"])
+
+
+def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    from zcnet.tx.txbench import run_txbench
+
+    kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
+    if "payload" in cell:
+        kwargs["size"] = cell["payload"]
+    if "burst" in cell:
+        kwargs["burst"] = cell["burst"]
+    if target.remote:
+        kwargs["dst"] = target.remote
+    with _private_flag(target.ifname, cell.get("variant")):
+        doc = run_txbench(**kwargs)
+    why = doc.get("env", {}).get("hw_counters")
+    rows = list(doc["results"])
+    for row in rows:
+        for m in ("instructions_per_pkt", "cycles_per_pkt"):
+            if row.get(m) is None and why and why != "yes":
+                row[f"{m}_reason"] = why
+    return rows
+
+
+@contextlib.contextmanager
+def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
+    """Set ``flag=on|off`` on the NIC for one cell and restore it at once afterwards."""
+    if not ifname or not variant:
+        yield
+        return
+    flag, _, state = variant.partition("=")
+    from zcnet.nic.device import Device
+    from zcnet.nic.ethtool import privflags_get, privflags_set
+
+    with Device.open(ifname) as dev:
+        before = privflags_get(dev)
+        if flag not in before:
+            raise ZcnetError(f"{ifname} has no private flag {flag!r}",
+                             f"this A/B needs an mlx5 NIC; flags here: {', '.join(before)}")
+        privflags_set(dev, {flag: state == "on"})
+        try:
+            yield
+        finally:
+            privflags_set(dev, {flag: before[flag]})
+
+
+MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_txbench}
+
+
+def new_document(spec: Spec, target: Target, the_plan: Plan, repeat: int) -> dict[str, Any]:
+    env = meta.collect_env(lab=target.ifname is None, nic=target.ifname, remote=target.remote)
+    return meta.envelope(
+        "experiment", env, [],
+        experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
+                    "about": spec.about.strip(), "source": spec.source, "repeat": repeat,
+                    "duration": spec.duration, "substitutions": the_plan.substitutions},
+        report={"table": spec.table, "rows": spec.rows, "columns": spec.columns,
+                "metric": spec.metric, "extra": list(spec.extra), "baseline": the_plan.baseline,
+                "per_cpu": spec.per_cpu, "plots": list(spec.plots)},
+        complete=False)
+
+
+def _with_cpus(measure: Measure, spec: Spec, cell: dict[str, Any],
+               target: Target) -> list[dict[str, Any]]:
+    """Add mpstat-style per-CPU shares over the cell's run where the measurer gave none."""
+    before = CpuTimes.read()
+    rows = measure(spec, cell, target)
+    shares = CpuTimes.read().since(before)
+    for row in rows:
+        row.setdefault("cpus", {str(c): s for c, s in shares.items()})
+    return rows
+
+
+def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = None,
+             json_path: str | Path | None = None, measure: Measure | None = None,
+             progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """Measure the spec; yields the document after each cell (complete=True at the end)."""
+    target = target or Target()
+    repeat = repeat or spec.repeat
+    the_plan = plan(spec, target)
+    measure = measure or MEASURERS[spec.tool]
+    doc = new_document(spec, target, the_plan, repeat)
+    total = repeat * len(the_plan.cells)
+    done = 0
+    try:
+        for r in range(repeat):
+            for cell in the_plan.cells:
+                if progress:
+                    progress(done, total, cell)
+                try:
+                    rows = _with_cpus(measure, spec, cell, target)
+                except ZcnetError as exc:
+                    # One cell the machine cannot run must not end the experiment.
+                    rows = [{**cell, "status": "unsupported", "reason": str(exc)}]
+                for row in rows:
+                    row.update({k: v for k, v in cell.items() if k not in row or k == "variant"})
+                    row["repeat"] = r
+                doc["results"].extend(rows)
+                done += 1
+                if json_path is not None:
+                    meta.write_json(json_path, doc)
+                yield doc
+        doc["complete"] = True
+        if progress:
+            progress(done, total, {})
+    finally:
+        # Interrupted or not, the file holds every cell measured so far.
+        if json_path is not None:
+            meta.write_json(json_path, doc)
+    yield doc
+
+
+def run_experiment(spec: Spec, **kwargs: Any) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    for doc in iter_run(spec, **kwargs):
+        last = doc
+    return last

@@ -1,0 +1,64 @@
+"""`zcnet compare A.json B.json`: per-cell ratio of B to A with a Welch t-test verdict."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from zcnet.bench import meta
+from zcnet.cli.run import load_result
+from zcnet.report import export
+from zcnet.report.compare import check_comparable, compare, compare_table, row_dict
+
+
+def _handler(args: argparse.Namespace) -> int:
+    doc_a, doc_b = load_result(args.a), load_result(args.b)
+    diffs = check_comparable(doc_a, doc_b, force=args.force)
+    rows = compare(doc_a, doc_b, force=args.force, metric=args.metric)
+    table = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
+    export.print_tables(Console(), [table])
+    if args.json:
+        env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
+        meta.write_json(args.json, meta.envelope("compare", env, [row_dict(r) for r in rows],
+                                                 files=[args.a, args.b]))
+    if args.markdown:
+        export.write_text(args.markdown, export.to_markdown([table]))
+    if args.csv:
+        export.write_text(args.csv, _csv(rows))
+    return 0
+
+
+def _csv(rows: list[Any]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cell", "metric", "a_mean", "a_stdev", "a_n", "b_mean", "b_stdev", "b_n",
+                "ratio", "pvalue", "verdict"])
+    for r in rows:
+        d = row_dict(r)
+        a, b = d["a"] or {}, d["b"] or {}
+        w.writerow([d["cell_text"], d["metric"], a.get("mean", ""), a.get("stdev", ""),
+                    a.get("n", ""), b.get("mean", ""), b.get("stdev", ""), b.get("n", ""),
+                    "" if d["ratio"] is None else d["ratio"],
+                    "" if d["pvalue"] is None else d["pvalue"], d["verdict"]])
+    return buf.getvalue()
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("compare", help="compare two result files cell by cell (A/B)",
+                       description="Per-cell ratio of B to A with a Welch t-test verdict. Refuses "
+                       "runs whose kernel, CPU model or NIC differ unless --force.")
+    p.add_argument("a", metavar="A.json")
+    p.add_argument("b", metavar="B.json")
+    p.add_argument("--force", action="store_true",
+                   help="compare even if kernel, CPU model or NIC differ")
+    p.add_argument("--metric", help="compare this metric (default: each cell's headline metric)")
+    p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the comparison as CSV")
+    p.add_argument("--markdown", metavar="FILE", help="write the comparison as Markdown")
+    p.set_defaults(func=_handler)
