@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from zcnet.errors import Unsupported, ZcnetError
-from zcnet.nic.genl import GenlSocket, NetlinkError
-from zcnet.nic.netns import in_netns
+from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
 
@@ -63,7 +62,7 @@ class Device:
         self.netns = netns
         self.genl = GenlSocket(netns, timeout)
         try:
-            with in_netns(netns):
+            with opened_in(netns):
                 self.ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM
                                                 | socket.SOCK_CLOEXEC)
         except BaseException:

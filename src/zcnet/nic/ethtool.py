@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from zcnet.errors import UsageError
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import ethtool as e
 
@@ -268,10 +269,13 @@ def features_get(dev: Device, compact: bool = False) -> dict[str, Bitset]:
 def features_set(dev: Device, changes: Mapping[str, bool], compact: bool = False) -> None:
     """Ask for features by name; raises ``Unsupported`` for a feature the driver cannot change
     (the kernel accepts such requests silently, so the result is read back and compared)."""
-    if compact:
-        wanted = encode_bitset_compact(changes, strset_get(dev, e.ETH_SS_FEATURES))
-    else:
-        wanted = encode_bitset_verbose(changes)
+    names = strset_get(dev, e.ETH_SS_FEATURES)
+    unknown = [n for n in changes if n not in names]
+    if unknown:
+        raise UsageError(f"unknown feature {', '.join(unknown)} on {dev.where}",
+                         "feature names as the kernel spells them, e.g. rx-ntuple-filter, "
+                         "rx-gro-hw (see 'zcnet nic show')")
+    wanted = encode_bitset_compact(changes, names) if compact else encode_bitset_verbose(changes)
     what = "set features " + ", ".join(f"{n} {'on' if v else 'off'}" for n, v in changes.items())
     dev.genl_do(FAMILY, e.ETHTOOL_MSG_FEATURES_SET, FEATURES,
                 {"header": _hdr(dev, e.ETHTOOL_FLAG_OMIT_REPLY), "wanted": wanted},

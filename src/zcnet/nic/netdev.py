@@ -9,9 +9,11 @@ socket, and the caller keeps it open for as long as the queues should receive in
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from zcnet.errors import Unsupported, UsageError
 from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import netdev as n
@@ -133,9 +135,17 @@ def dev_get(dev: Device) -> dict[str, Any]:
 
 
 def queue_get(dev: Device, qid: int, qtype: str = "rx") -> dict[str, Any]:
-    r = dev.genl_do(FAMILY, n.NETDEV_CMD_QUEUE_GET, QUEUE,
-                    {"ifindex": dev.ifindex, "type": QUEUE_TYPE_VALUE[qtype], "id": qid},
-                    what=f"{qtype} queue {qid}", setting="queue listing (queue-get)")
+    try:
+        r = dev.genl.do(FAMILY, n.NETDEV_CMD_QUEUE_GET, QUEUE,
+                        {"ifindex": dev.ifindex, "type": QUEUE_TYPE_VALUE[qtype], "id": qid},
+                        what=f"{qtype} queue {qid}")
+    except NetlinkError as exc:
+        if exc.errno in (errno.ENOENT, errno.EINVAL):
+            raise UsageError(f"{dev.where} has no {qtype} queue {qid}" +
+                             (f" ({exc.extack})" if exc.extack else ""),
+                             "queues are numbered from 0; 'zcnet nic show' lists them; the "
+                             "device must be up") from None
+        dev.translate(exc, f"{qtype} queue {qid}", "queue listing (queue-get)")
     return _queue_row(r or {})
 
 
@@ -165,8 +175,14 @@ def page_pools(dev: Device) -> list[dict[str, Any]]:
 
 def page_pool_stats(dev: Device) -> list[dict[str, Any]]:
     """Allocation/recycling counters per page pool of this device (CONFIG_PAGE_POOL_STATS)."""
-    rows = dev.genl_dump(FAMILY, n.NETDEV_CMD_PAGE_POOL_STATS_GET, PAGE_POOL_STATS, {},
-                         what="page pool stats", setting="page pool stats")
+    try:
+        rows = dev.genl.dump(FAMILY, n.NETDEV_CMD_PAGE_POOL_STATS_GET, PAGE_POOL_STATS, {},
+                             what="page pool stats")
+    except NetlinkError as exc:
+        if exc.errno == errno.EOPNOTSUPP:
+            raise Unsupported("page pool stats: kernel built without CONFIG_PAGE_POOL_STATS",
+                              "rebuild the kernel with CONFIG_PAGE_POOL_STATS=y") from None
+        dev.translate(exc, "page pool stats", None)
     return [r for r in rows if r.get("info", {}).get("ifindex") == dev.ifindex]
 
 

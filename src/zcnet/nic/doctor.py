@@ -1,0 +1,242 @@
+"""``zcnet nic doctor``: is this NIC ready for zero-copy receive? A checklist in which every item
+is pass, fail or unknown, with the fix. Checks are a table of functions; each reads what it needs
+and never raises for a missing piece (that is an "unknown" or a "fail" with the reason)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zcnet.errors import ZcnetError
+from zcnet.nic import ethtool, netdev
+from zcnet.nic.device import Device
+from zcnet.uapi import netdev as nd
+
+PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+
+# Drivers known to implement queue management ops (netdev_queue_mgmt_ops), which zcrx and
+# devmem need to restart one queue with a new memory provider; and drivers known not to.
+QMGMT_DRIVERS = frozenset({"mlx5_core", "bnxt_en", "gve", "fbnic", "netdevsim", "idpf"})
+NO_QMGMT_DRIVERS = frozenset({"veth", "loopback", "dummy", "bridge", "tun", "virtio_net",
+                              "ifb", "macvlan", "ipvlan", "vxlan", "geneve", "bonding"})
+MEMLOCK_NEEDED = 64 << 20  # a few MiB of area plus refill ring; below this zcrx runs short
+ZCRX_SYMBOL = b"io_register_zcrx_ifq"
+BTF = Path("/sys/kernel/btf/vmlinux")
+KALLSYMS = Path("/proc/kallsyms")
+CAP_IPC_LOCK = 14
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"check": self.name, "status": self.status, "detail": self.detail,
+                "fix": self.fix}
+
+
+@dataclass
+class Context:
+    dev: Device
+    queue: int
+    mode: str
+    _cache: dict[str, Any]
+
+    def get(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Read once per run; a refusal is stored as the ZcnetError it raised."""
+        if key not in self._cache:
+            try:
+                self._cache[key] = fn()
+            except ZcnetError as exc:
+                self._cache[key] = exc
+        return self._cache[key]
+
+    def rings(self) -> dict[str, Any] | ZcnetError:
+        return self.get("rings", lambda: ethtool.rings_get(self.dev))  # type: ignore[no-any-return]
+
+
+def _kernel_has_symbol(symbol: bytes) -> bool | None:
+    """Look in kallsyms (names are listed even when addresses are hidden), then in BTF's
+    string table; None when neither can be read."""
+    patterns = {KALLSYMS: (b" " + symbol + b"\n", b" " + symbol + b"\t"),
+                BTF: (b"\0" + symbol + b"\0",)}
+    for path, needles in patterns.items():
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        return any(n in data for n in needles)
+    return None
+
+
+def check_zcrx(ctx: Context) -> Check:
+    name = "kernel: io_uring zcrx"
+    found = _kernel_has_symbol(ZCRX_SYMBOL)
+    if found is None:
+        return Check(name, UNKNOWN, "neither /proc/kallsyms nor BTF readable",
+                     "run as root, or check CONFIG_IO_URING_ZCRX in the kernel config")
+    if found:
+        return Check(name, PASS, "io_register_zcrx_ifq present")
+    return Check(name, FAIL, "kernel lacks io_uring zero-copy receive",
+                 "Linux >= 6.15 built with CONFIG_IO_URING_ZCRX=y")
+
+
+def check_devmem(ctx: Context) -> Check:
+    name = "kernel: devmem TCP"
+    if netdev.has_op(ctx.dev, nd.NETDEV_CMD_BIND_RX):
+        return Check(name, PASS, "netdev family has bind-rx")
+    return Check(name, FAIL, "netdev family lacks bind-rx",
+                 "Linux >= 6.12 built with CONFIG_NET_DEVMEM=y")
+
+
+def check_qmgmt(ctx: Context) -> Check:
+    name = "driver: queue management ops"
+    drv = ctx.dev.driver
+    q = ctx.get("queue", lambda: netdev.queue_get(ctx.dev, ctx.queue))
+    if isinstance(q, dict) and ("io-uring" in q or "dmabuf" in q):
+        return Check(name, PASS, "a memory provider is bound, so the driver has them")
+    if drv in QMGMT_DRIVERS:
+        return Check(name, PASS, f"driver {drv} implements them")
+    if drv in NO_QMGMT_DRIVERS:
+        return Check(name, FAIL, f"driver {drv} has no queue management ops",
+                     "use a NIC whose driver restarts single queues (mlx5, bnxt, gve, fbnic)")
+    return Check(name, UNKNOWN, f"driver {drv}: not determinable from user space",
+                 "try 'zcnet nic setup' and a zero-copy receive; EOPNOTSUPP means no")
+
+
+def check_hds_supported(ctx: Context) -> Check:
+    name = "HDS supported (tcp-data-split)"
+    rings = ctx.rings()
+    if isinstance(rings, ZcnetError):
+        return Check(name, FAIL, rings.message, "a driver with header-data split")
+    if "tcp-data-split" not in rings:
+        return Check(name, FAIL, f"driver {ctx.dev.driver} does not report tcp-data-split",
+                     "a driver with header-data split")
+    return Check(name, PASS, f"tcp-data-split {rings['tcp-data-split']}")
+
+
+def check_hds_on(ctx: Context) -> Check:
+    name = "HDS on"
+    rings = ctx.rings()
+    state = None if isinstance(rings, ZcnetError) else rings.get("tcp-data-split")
+    if state == "on":
+        return Check(name, PASS, "tcp-data-split on")
+    return Check(name, FAIL, f"tcp-data-split {state or 'not available'}",
+                 f"zcnet nic setup {ctx.dev.ifname} ... (or ethtool -G {ctx.dev.ifname} "
+                 "tcp-data-split on)")
+
+
+def check_hds_thresh(ctx: Context) -> Check:
+    name = "hds-thresh 0"
+    rings = ctx.rings()
+    value = None if isinstance(rings, ZcnetError) else rings.get("hds-thresh")
+    if value == 0:
+        return Check(name, PASS, "hds-thresh 0")
+    return Check(name, FAIL, "hds-thresh " + ("not available" if value is None else str(value)),
+                 f"ethtool -G {ctx.dev.ifname} hds-thresh 0")
+
+
+def check_ntuple(ctx: Context) -> Check:
+    name = "ntuple filters on"
+    f = ctx.get("features", lambda: ethtool.features_get(ctx.dev))
+    if isinstance(f, ZcnetError):
+        return Check(name, UNKNOWN, f.message)
+    if "rx-ntuple-filter" in f["active"].value:
+        return Check(name, PASS, "rx-ntuple-filter on")
+    if "rx-ntuple-filter" not in f["hw"].value:
+        return Check(name, FAIL, f"driver {ctx.dev.driver} cannot turn ntuple filters on",
+                     "a NIC with flow steering")
+    return Check(name, FAIL, "rx-ntuple-filter off", f"ethtool -K {ctx.dev.ifname} ntuple on")
+
+
+def check_channels(ctx: Context) -> Check:
+    name = "channels >= 2"
+    ch = ctx.get("channels", lambda: ethtool.channels_get(ctx.dev))
+    if isinstance(ch, ZcnetError):
+        return Check(name, UNKNOWN, ch.message)
+    count = ch.get("combined-count", 0) or ch.get("rx-count", 0)
+    if count >= 2 and ctx.queue < count:
+        return Check(name, PASS, f"{count} RX channels, queue {ctx.queue} among them")
+    top = ch.get("combined-max", 0) or ch.get("rx-max", 0)
+    return Check(name, FAIL, f"{count} RX channels (max {top}), queue {ctx.queue}",
+                 f"ethtool -L {ctx.dev.ifname} {'combined' if ch.get('combined-max') else 'rx'} "
+                 f"{max(2, ctx.queue + 1)}")
+
+
+def check_queue_free(ctx: Context) -> Check:
+    name = f"queue {ctx.queue} free of providers"
+    q = ctx.get("queue", lambda: netdev.queue_get(ctx.dev, ctx.queue))
+    if isinstance(q, ZcnetError):
+        return Check(name, FAIL, q.message, q.hint or "")
+    bound = [p for p in ("io-uring", "dmabuf", "xsk") if p in q]
+    if bound:
+        return Check(name, FAIL, f"already bound: {', '.join(bound)}",
+                     "close the program holding it (EEXIST otherwise) or pick another queue")
+    return Check(name, PASS, "no io-uring, dmabuf or xsk provider")
+
+
+def _has_cap(cap: int) -> bool:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> cap & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def check_memlock(ctx: Context) -> Check:
+    name = "RLIMIT_MEMLOCK"
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return Check(name, PASS, "unlimited")
+    if _has_cap(CAP_IPC_LOCK):
+        return Check(name, PASS, f"{soft >> 10} KiB, but CAP_IPC_LOCK lifts it")
+    if soft >= MEMLOCK_NEEDED:
+        return Check(name, PASS, f"{soft >> 20} MiB")
+    return Check(name, FAIL, f"{soft >> 10} KiB is too little to pin receive areas",
+                 "ulimit -l unlimited (or LimitMEMLOCK=infinity in the service)")
+
+
+def check_iommu(ctx: Context) -> Check:
+    name = "IOMMU"
+    units = sorted(p.name for p in Path("/sys/class/iommu").glob("*"))
+    groups = list(Path("/sys/kernel/iommu_groups").glob("*"))
+    bus = ""
+    with contextlib.suppress(ZcnetError):
+        bus = ctx.dev.drvinfo().bus_info
+    if not bus:
+        return Check(name, UNKNOWN, "virtual device: no DMA, no IOMMU group",
+                     "run doctor on the physical NIC")
+    group = Path("/sys/bus/pci/devices") / bus / "iommu_group"
+    if group.exists():
+        return Check(name, PASS, f"{bus} in IOMMU group {os.path.basename(os.readlink(group))}")
+    if not units and not groups:
+        return Check(name, PASS, "no IOMMU: DMA addresses are physical")
+    return Check(name, FAIL, f"IOMMU present ({', '.join(units) or 'groups'}) but {bus} has no "
+                 "group", "check iommu= on the kernel command line")
+
+
+CHECKS: dict[str, tuple[Callable[[Context], Check], ...]] = {
+    "zcrx": (check_zcrx, check_qmgmt, check_hds_supported, check_hds_on, check_hds_thresh,
+             check_ntuple, check_channels, check_queue_free, check_memlock, check_iommu),
+    "devmem": (check_devmem, check_qmgmt, check_hds_supported, check_hds_on, check_hds_thresh,
+               check_ntuple, check_channels, check_queue_free, check_memlock, check_iommu),
+}
+
+
+def run(dev: Device, queue: int = 1, mode: str = "zcrx") -> list[Check]:
+    ctx = Context(dev, queue, mode, {})
+    return [check(ctx) for check in CHECKS[mode]]
+
+
+def all_pass(checks: list[Check]) -> bool:
+    return all(c.status == PASS for c in checks)

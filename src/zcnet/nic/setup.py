@@ -1,0 +1,396 @@
+"""Prepare a NIC for zero-copy receive, and put it back exactly as it was.
+
+The configuration is the one the kernel's iou-zcrx and devmem selftests use: enough channels,
+ntuple on (and HW-GRO where the driver has it), header-data split on with hds-thresh 0, RSS
+moved off the target queue (or an RSS context for it), and flow rules steering the port there.
+
+Some facts about doing this safely:
+- Each step is data (``kind`` + ``params``) with an apply and an undo looked up in ``STEPS``;
+  the undo needs only what the step recorded (prior values, a rule location), so it works from
+  a state file in another process.
+- The state file is written before each step starts and after it finishes. A process killed
+  between (or during) steps leaves a file that ``restore`` finishes; a step caught mid-way is
+  undone too, since each undo writes back prior values and is harmless if nothing changed.
+- A failed step undoes the finished ones in reverse; the error names the step and carries the
+  kernel's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.nic import ethtool, ntuple
+from zcnet.nic.device import Device
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+STATE_DIR_ENV = "ZCNET_STATE_DIR"
+DEFAULT_STATE_DIR = "/run/zcnet"
+MODES = ("zcrx", "devmem")
+NTUPLE = "rx-ntuple-filter"
+HW_GRO = "rx-gro-hw"
+
+
+@dataclass
+class NicConfig:
+    ifname: str
+    queue: int
+    port: int
+    mode: str = "zcrx"
+    rss_context: bool = False
+    netns: str | None = None
+    flows: tuple[str, ...] = ("tcp4", "tcp6")
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", f"one of {', '.join(MODES)}")
+        if self.queue < 0:
+            raise UsageError(f"queue {self.queue} is negative")
+        if not 0 < self.port < 65536:
+            raise UsageError(f"port {self.port} is not a TCP port")
+        bad = [f for f in self.flows if f not in ntuple.FLOW_TYPES]
+        if bad:
+            raise UsageError(f"unknown flow type {', '.join(bad)}",
+                             f"one of {', '.join(ntuple.FLOW_TYPES)}")
+
+
+@dataclass
+class Step:
+    kind: str
+    params: dict[str, Any]
+    status: str = "pending"  # pending -> applying -> done -> undone
+    undo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return STEPS[self.kind].title(self.params)
+
+
+class SetupError(ZcnetError):
+    """A step failed; ``step`` names it and ``__cause__`` is the kernel's refusal."""
+
+    def __init__(self, step: str, reason: str, undone: list[str], hint: str | None) -> None:
+        done = f"; undone: {', '.join(undone)}" if undone else "; nothing had been changed"
+        super().__init__(f"setup step '{step}' failed: {reason}{done}", hint)
+        self.step = step
+
+
+# ------------------------------------------------------------------------------------ steps
+# apply(dev, params, undo) fills ``undo`` with what its undo needs *before* changing anything.
+
+
+def _channel_key(ch: dict[str, Any]) -> str:
+    return "combined-count" if ch.get("combined-max", 0) else "rx-count"
+
+
+def _channels_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    ch = ethtool.channels_get(dev)
+    key = _channel_key(ch)
+    undo["prior"] = {key: ch.get(key, 0)}
+    ethtool.channels_set(dev, **{key.replace("-", "_"): p["count"]})
+
+
+def _channels_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if undo.get("prior"):
+        ethtool.channels_set(dev, **{k.replace("-", "_"): v for k, v in undo["prior"].items()})
+
+
+def _feature_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    undo["prior"] = p["name"] in ethtool.features_get(dev)["wanted"].value
+    ethtool.features_set(dev, {p["name"]: p["on"]})
+
+
+def _feature_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if "prior" in undo:
+        ethtool.features_set(dev, {p["name"]: undo["prior"]})
+
+
+def _rings_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    rings = ethtool.rings_get(dev)
+    prior = rings.get(p["name"])
+    if prior == "unknown":
+        prior = "auto"  # ETHTOOL_TCP_DATA_SPLIT_UNKNOWN: let the driver decide again
+    undo["prior"] = prior
+    ethtool.rings_set(dev, **{p["name"]: p["value"]})
+
+
+def _rings_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if undo.get("prior") is not None:
+        ethtool.rings_set(dev, **{p["name"]: undo["prior"]})
+
+
+def _rss_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    """Spread the default RSS context over every queue but ``queue``."""
+    prior = ethtool.rss_get(dev).get("indir") or []
+    undo["prior"] = prior
+    others = [q for q in range(p["count"]) if q != p["queue"]]
+    if not prior or not others:
+        dev.raise_unsupported("an RSS indirection table", "move RSS off the queue")
+    ethtool.rss_set(dev, [others[i % len(others)] for i in range(len(prior))])
+
+
+def _rss_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if undo.get("prior"):
+        ethtool.rss_set(dev, undo["prior"])
+
+
+def _rss_ctx_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    undo["context"] = ethtool.rss_create(dev, [p["queue"]])
+
+
+def _rss_ctx_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if undo.get("context"):
+        ethtool.rss_delete(dev, undo["context"])
+
+
+def _rule_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    ctx = p.get("context_of")
+    context = 0
+    if ctx is not None:
+        context = int(ctx)
+    # With an RSS context the rule's action is an offset into the context's queues: 0.
+    queue = 0 if context else p["queue"]
+    undo["location"] = ntuple.rule_insert(dev, p["flow"], p["port"], queue, context)
+
+
+def _rule_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+    if "location" in undo:
+        ntuple.rule_delete(dev, undo["location"])
+    else:
+        log.warning("flow rule %s dst-port %s may be left: its location was never recorded",
+                    p["flow"], p["port"])
+
+
+@dataclass(frozen=True)
+class StepKind:
+    title: Callable[[dict[str, Any]], str]
+    apply: Callable[[Device, dict[str, Any], dict[str, Any]], None]
+    undo: Callable[[Device, dict[str, Any], dict[str, Any]], None]
+
+
+STEPS: dict[str, StepKind] = {
+    "channels": StepKind(lambda p: f"channels {p['count']}", _channels_apply, _channels_undo),
+    "feature": StepKind(lambda p: f"{p['name']} {'on' if p['on'] else 'off'}",
+                        _feature_apply, _feature_undo),
+    "rings": StepKind(lambda p: f"{p['name']} {p['value']}", _rings_apply, _rings_undo),
+    "rss": StepKind(lambda p: f"RSS off queue {p['queue']}", _rss_apply, _rss_undo),
+    "rss-context": StepKind(lambda p: f"RSS context for queue {p['queue']}",
+                            _rss_ctx_apply, _rss_ctx_undo),
+    "flow-rule": StepKind(lambda p: f"{p['flow']} dst-port {p['port']} -> queue {p['queue']}",
+                          _rule_apply, _rule_undo),
+}
+
+
+def plan(dev: Device, cfg: NicConfig) -> list[Step]:
+    """The steps for ``cfg`` on this device as it is now (steps already satisfied are left
+    out, so restore never changes what setup did not)."""
+    cfg.check()
+    steps: list[Step] = []
+    ch = ethtool.channels_get(dev)
+    key = _channel_key(ch)
+    count, top = ch.get(key, 0), ch.get(key.replace("-count", "-max"), 0)
+    need = max(cfg.queue + 1, 2)
+    if need > top:
+        raise UsageError(f"queue {cfg.queue} needs {need} channels, {dev.where} has at most "
+                         f"{top}", "pick a lower --queue")
+    if count < need:
+        steps.append(Step("channels", {"count": need}))
+    # Order as in the kernel's selftests: HDS first (the step most drivers refuse), then the
+    # offloads, RSS and the rules. HW-GRO is optional: skipped where the driver lacks it.
+    steps.append(Step("rings", {"name": "tcp-data-split", "value": "on"}))
+    steps.append(Step("rings", {"name": "hds-thresh", "value": 0}))
+    feats = ethtool.features_get(dev)
+    if HW_GRO in feats["hw"].value and HW_GRO not in feats["active"].value:
+        steps.append(Step("feature", {"name": HW_GRO, "on": True}))
+    if NTUPLE not in feats["active"].value:
+        steps.append(Step("feature", {"name": NTUPLE, "on": True}))
+    if cfg.rss_context:
+        steps.append(Step("rss-context", {"queue": cfg.queue}))
+    else:
+        steps.append(Step("rss", {"queue": cfg.queue, "count": max(count, need)}))
+    ctx_index = len(steps) - 1 if cfg.rss_context else None
+    for flow in cfg.flows:
+        steps.append(Step("flow-rule", {"flow": flow, "port": cfg.port, "queue": cfg.queue,
+                                        "context_step": ctx_index}))
+    return steps
+
+
+# ------------------------------------------------------------------------------- state file
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV, DEFAULT_STATE_DIR))
+
+
+def state_path(ifname: str, netns: str | None = None) -> Path:
+    return state_dir() / f"nic-{netns or '-'}-{ifname}.json"
+
+
+def _write_state(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
+    c = asdict(cfg)
+    c["flows"] = list(cfg.flows)
+    return {"version": STATE_VERSION, "ifname": cfg.ifname, "netns": cfg.netns,
+            "ifindex": ifindex, "config": c, "steps": [asdict(s) for s in steps]}
+
+
+def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+    path = state_path(ifname, netns)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ZcnetError(f"state file {path} is unreadable: {exc}",
+                         "inspect it; delete it once the device is restored by hand") from None
+    if doc.get("version") != STATE_VERSION or not isinstance(doc.get("steps"), list):
+        raise ZcnetError(f"state file {path} has an unknown format")
+    return doc
+
+
+# ------------------------------------------------------------------------------ apply/undo
+
+Hook = Callable[[int, Step], None]
+
+
+def _run_apply(dev: Device, steps: list[Step], step: Step) -> None:
+    params = dict(step.params)
+    if step.kind == "flow-rule" and params.get("context_step") is not None:
+        params["context_of"] = steps[params["context_step"]].undo.get("context")
+    STEPS[step.kind].apply(dev, params, step.undo)
+
+
+def _undo_all(dev: Device, steps: list[Step], save: Callable[[], None]) -> list[str]:
+    """Undo done (and half-done) steps in reverse; returns failures as text, keeps going."""
+    failures = []
+    for step in reversed(steps):
+        if step.status not in ("done", "applying"):
+            continue
+        try:
+            STEPS[step.kind].undo(dev, step.params, step.undo)
+        except (ZcnetError, OSError) as exc:
+            if step.status == "applying":
+                log.info("undo of half-done step %s: %s", step.title, exc)
+                step.status = "undone"
+            else:
+                failures.append(f"{step.title}: {exc}")
+                continue
+        step.status = "undone"
+        save()
+    return failures
+
+
+def apply(cfg: NicConfig, *, steps: list[Step] | None = None, after_step: Hook | None = None,
+          device: Device | None = None) -> list[Step]:
+    """Apply ``cfg`` (or explicit ``steps``) as a transaction; returns the steps applied.
+
+    ``after_step(i, step)`` runs after each finished step (tests inject faults there)."""
+    path = state_path(cfg.ifname, cfg.netns)
+    if load_state(cfg.ifname, cfg.netns) is not None:
+        raise ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
+                         f"run 'zcnet nic restore {cfg.ifname}' first")
+    with _maybe_open(cfg, device) as dev:
+        todo = plan(dev, cfg) if steps is None else steps
+        doc = _doc(cfg, dev.ifindex, todo)
+
+        def save() -> None:
+            doc["steps"] = [asdict(s) for s in todo]
+            _write_state(path, doc)
+
+        save()
+        current: Step | None = None
+        try:
+            for i, step in enumerate(todo):
+                current = step
+                step.status = "applying"
+                save()
+                _run_apply(dev, todo, step)
+                step.status = "done"
+                save()
+                if after_step is not None:
+                    after_step(i, step)
+        except (ZcnetError, OSError, KeyboardInterrupt) as exc:
+            failures = _undo_all(dev, todo, save)
+            undone = [s.title for s in todo if s.status == "undone" and s is not current]
+            if failures:
+                raise ZcnetError(
+                    f"setup failed at '{current.title if current else '?'}' ({exc}) and undo "
+                    f"failed: {'; '.join(failures)}",
+                    f"state kept in {path}; fix the cause and run "
+                    f"'zcnet nic restore {cfg.ifname}'") from exc
+            path.unlink(missing_ok=True)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            reason = exc.message if isinstance(exc, ZcnetError) else str(exc)
+            raise SetupError(current.title if current else "?", reason, undone,
+                             getattr(exc, "hint", None)) from exc
+        return todo
+
+
+def restore(ifname: str, netns: str | None = None, *, device: Device | None = None) -> list[str]:
+    """Undo what ``apply`` did, from the state file; returns the titles of undone steps."""
+    doc = load_state(ifname, netns)
+    path = state_path(ifname, netns)
+    if doc is None:
+        raise ZcnetError(f"nothing to restore on {ifname}: no state file {path}",
+                         f"'zcnet nic setup {ifname} ...' writes it")
+    steps = [Step(s["kind"], s["params"], s.get("status", "pending"), s.get("undo", {}))
+             for s in doc["steps"]]
+    unknown = [s.kind for s in steps if s.kind not in STEPS]
+    if unknown:
+        raise ZcnetError(f"state file {path} has unknown steps {unknown}")
+    cfg = NicConfig(ifname, doc["config"]["queue"], doc["config"]["port"], netns=netns)
+    with _maybe_open(cfg, device) as dev:
+        if dev.ifindex != doc.get("ifindex", dev.ifindex):
+            log.warning("%s has ifindex %d now, %s when set up", ifname, dev.ifindex,
+                        doc.get("ifindex"))
+
+        def save() -> None:
+            doc["steps"] = [asdict(s) for s in steps]
+            _write_state(path, doc)
+
+        todo = [s.title for s in reversed(steps) if s.status in ("done", "applying")]
+        failures = _undo_all(dev, steps, save)
+        if failures:
+            raise ZcnetError(f"restore of {ifname} incomplete: {'; '.join(failures)}",
+                             f"state kept in {path}; fix the cause and run restore again")
+    path.unlink(missing_ok=True)
+    return todo
+
+
+@contextmanager
+def _maybe_open(cfg: NicConfig, device: Device | None) -> Iterator[Device]:
+    if device is not None:
+        yield device
+        return
+    with Device.open(cfg.ifname, cfg.netns) as dev:
+        yield dev
+
+
+@contextmanager
+def applied(cfg: NicConfig) -> Iterator[list[Step]]:
+    """Apply for the duration of a block (a bench run), restore afterwards, even on error."""
+    steps = apply(cfg)
+    try:
+        yield steps
+    finally:
+        restore(cfg.ifname, cfg.netns)
+
+
+__all__ = ["NicConfig", "SetupError", "Step", "applied", "apply", "plan", "restore",
+           "state_path"]
