@@ -28,7 +28,7 @@ from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, ntuple
-from zcnet.nic.device import Device
+from zcnet.nic.device import Device, DeviceUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,13 @@ def _feature_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
 
 
 def _rings_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
-    rings = ethtool.rings_get(dev)
+    try:
+        rings = ethtool.rings_get(dev)
+    except DeviceUnsupported as exc:
+        # No ring query at all: name the setting the user asked for, not "rings".
+        raise DeviceUnsupported(exc.driver, p["name"], exc.errno, exc.extack) from exc
+    if p["name"] not in rings:
+        dev.raise_unsupported(p["name"], f"set {p['name']}")
     prior = rings.get(p["name"])
     if prior == "unknown":
         prior = "auto"  # ETHTOOL_TCP_DATA_SPLIT_UNKNOWN: let the driver decide again

@@ -1,0 +1,171 @@
+"""`zcnet nic show|doctor|setup|restore`: the NIC control plane for zero-copy receive."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from zcnet.bench.meta import collect_env, envelope
+from zcnet.nic import doctor, info, setup
+from zcnet.nic.device import Device
+
+STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("nic", help="inspect and prepare a NIC for zero-copy receive",
+                            description="Header-data split, channels, RSS and flow rules for "
+                                        "io_uring zcrx and devmem TCP, with a saved state to "
+                                        "restore.")
+    actions = parser.add_subparsers(dest="nic_action", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("iface", metavar="IFACE", help="network interface")
+        p.add_argument("--netns", metavar="NAME", help="interface lives in this namespace")
+
+    show = actions.add_parser("show", help="driver, channels, rings/HDS, queues, page pools")
+    common(show)
+    show.add_argument("--json", action="store_true", help="JSON envelope on stdout")
+    show.set_defaults(func=_show)
+
+    doc = actions.add_parser("doctor", help="checklist for zero-copy receive; exit 0 if ready")
+    common(doc)
+    doc.add_argument("--queue", type=int, default=1, help="RX queue to receive on (default 1)")
+    doc.add_argument("--mode", choices=setup.MODES, default="zcrx")
+    doc.add_argument("--json", action="store_true", help="JSON envelope on stdout")
+    doc.set_defaults(func=_doctor)
+
+    st = actions.add_parser("setup", help="apply the zero-copy configuration, saving the old")
+    common(st)
+    st.add_argument("--queue", type=int, required=True, help="RX queue to steer the port to")
+    st.add_argument("--port", type=int, required=True, help="TCP destination port")
+    st.add_argument("--mode", choices=setup.MODES, default="zcrx")
+    st.add_argument("--rss-context", action="store_true",
+                    help="steer through a new RSS context instead of shrinking the default one")
+    st.add_argument("--flow", action="append", choices=sorted(setup.ntuple.FLOW_TYPES),
+                    help="flow types to steer (repeatable; default tcp4 and tcp6)")
+    st.set_defaults(func=_setup)
+
+    rs = actions.add_parser("restore", help="undo 'zcnet nic setup' from its saved state")
+    common(rs)
+    rs.set_defaults(func=_restore)
+
+
+def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
+    doc = envelope(kind, collect_env(lab=False, **extra), results)
+    json.dump(doc, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def _kv_table(title: str, rows: dict[str, Any]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("setting", style="bold")
+    table.add_column("value")
+    for k, v in rows.items():
+        table.add_row(escape(str(k)), escape(str(v)))
+    return table
+
+
+def _show(args: argparse.Namespace) -> int:
+    with Device.open(args.iface, args.netns) as dev:
+        state = info.show(dev)
+    if args.json:
+        _json_out("nic-show", [state])
+        return 0
+    console = Console()
+    drv = state["driver"]
+    console.print(f"[bold]{state['ifname']}[/] ifindex {state['ifindex']}"
+                  + (f" netns {state['netns']}" if state["netns"] else "")
+                  + (f"  driver {drv.get('driver')} {drv.get('version')} firmware "
+                     f"{drv.get('firmware') or '-'} bus {drv.get('bus_info') or '-'}"
+                     if "driver" in drv else f"  driver: {drv.get('unsupported')}"))
+    for key in ("channels", "rings"):
+        console.print(_kv_table(key, state[key]))
+    feats = dict(state["features"])
+    feats.pop("active", None)
+    console.print(_kv_table("offloads", feats))
+    for key in ("private_flags", "rss", "ntuple_rules"):
+        value = state[key]
+        if isinstance(value, dict) and "indir" in value:
+            value = dict(value, indir=" ".join(map(str, value["indir"])) or "-")
+        console.print(_kv_table(key.replace("_", " "), value if isinstance(value, dict)
+                                else {"count": value}))
+    queues = state["queues"]
+    if isinstance(queues, list):
+        table = Table(title="queues", title_justify="left")
+        for col in ("queue", "napi", "irq", "irq cpus", "napi thread cpu", "providers"):
+            table.add_column(col)
+        for q in queues:
+            table.add_row(f"{q['type']} {q['id']}", str(q.get("napi") or "-"),
+                          str(q.get("irq") or "-"), q.get("effective") or q.get("affinity")
+                          or "-", str(q.get("napi_thread_cpu", "-")),
+                          ", ".join(q["providers"]) or "-")
+        console.print(table)
+    else:
+        console.print(_kv_table("queues", queues))
+    pools = state["page_pools"]
+    stats = state["page_pool_stats"]
+    if isinstance(pools, list):
+        console.print(f"page pools: {len(pools)}"
+                      + "".join(f"\n  id {p.get('id')} napi {p.get('napi-id', '-')} inflight "
+                                f"{p.get('inflight', '-')}"
+                                + (" io-uring" if "io-uring" in p else "")
+                                + (f" dmabuf {p['dmabuf']}" if "dmabuf" in p else "")
+                                for p in pools))
+    if isinstance(stats, dict):
+        console.print(f"page pool stats: {stats.get('unsupported')}")
+    else:
+        for s in stats:
+            console.print(f"  pool {s.get('info', {}).get('id')}: "
+                          + " ".join(f"{k}={v}" for k, v in s.items() if k != "info"))
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    with Device.open(args.iface, args.netns) as dev:
+        checks = doctor.run(dev, args.queue, args.mode)
+    ok = doctor.all_pass(checks)
+    if args.json:
+        _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok)
+        return 0 if ok else 1
+    table = Table(title=f"{args.iface}: ready for {args.mode} on queue {args.queue}?",
+                  title_justify="left")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col)
+    for c in checks:
+        table.add_row(escape(c.name), f"[{STATUS_STYLE[c.status]}]{c.status}[/]",
+                      escape(c.detail), escape(c.fix))
+    console = Console()
+    console.print(table)
+    console.print("[green]ready[/]" if ok else
+                  f"[red]not ready[/]: {sum(c.status != doctor.PASS for c in checks)} of "
+                  f"{len(checks)} checks did not pass")
+    return 0 if ok else 1
+
+
+def _setup(args: argparse.Namespace) -> int:
+    cfg = setup.NicConfig(args.iface, args.queue, args.port, args.mode, args.rss_context,
+                          args.netns, tuple(args.flow) if args.flow else ("tcp4", "tcp6"))
+    steps = setup.apply(cfg)
+    console = Console()
+    for s in steps:
+        console.print(f"done: {s.title}")
+    console.print(f"state saved in {setup.state_path(cfg.ifname, cfg.netns)}; undo with "
+                  f"'zcnet nic restore {cfg.ifname}"
+                  + (f" --netns {cfg.netns}'" if cfg.netns else "'"))
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    undone = setup.restore(args.iface, args.netns)
+    console = Console()
+    for title in undone:
+        console.print(f"undone: {title}")
+    console.print(f"{args.iface} restored")
+    return 0
