@@ -6,12 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from zcnet.bench import meta
 from zcnet.cli.run import load_result
 from zcnet.report import export
 from zcnet.report.compare import check_comparable, compare, compare_table, row_dict
+from zcnet.report.export import make_console
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -19,7 +18,7 @@ def _handler(args: argparse.Namespace) -> int:
     diffs = check_comparable(doc_a, doc_b, force=args.force)
     rows = compare(doc_a, doc_b, force=args.force, metric=args.metric)
     table = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
-    export.print_tables(Console(), [table])
+    export.print_tables(make_console(), [table])
     if args.json:
         env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
         meta.write_json(args.json, meta.envelope("compare", env, [row_dict(r) for r in rows],

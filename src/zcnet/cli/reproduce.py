@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zcnet.cli.run import add_run_options, execute
+from zcnet.report.export import make_console
 from zcnet.report.spec import builtin_names, builtin_spec, builtin_text
 
 
@@ -26,7 +27,7 @@ def _list(console: Console) -> int:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    console = Console()
+    console = make_console()
     if not args.name:
         return _list(console)
     if args.show:

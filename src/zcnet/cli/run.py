@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.report.export import make_console
 from zcnet.report.spec import Spec, load_spec
 
 
@@ -121,8 +122,8 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     if args.remote and not args.ifname:
         raise UsageError("--remote needs --ifname", "name the NIC that faces the remote host")
     target = Target(ifname=args.ifname, remote=args.remote)
-    console = Console()
-    err = Console(stderr=True)
+    console = make_console()
+    err = make_console(stderr=True)
     json_path = _outputs(args, spec.name)["json"]
     the_plan = plan(spec, target)
     for sub in the_plan.substitutions:
@@ -170,7 +171,7 @@ def _handler(args: argparse.Namespace) -> int:
             raise UsageError("give either SPEC or --report FILE, not both")
         doc = load_result(args.report)
         args.json = None  # re-rendering never rewrites the source file
-        report(doc, args, Console())
+        report(doc, args, make_console())
         return 0
     if not args.spec:
         raise UsageError("no spec given", "zcnet run SPEC.toml (copy one with "

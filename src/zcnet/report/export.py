@@ -23,10 +23,17 @@ def to_rich(table: Table) -> RichTable:
     for i, h in enumerate(table.headers):
         # Numbers right-aligned; the first column (labels) and a verdict column read left.
         left = i == 0 or h in ("verdict", "vs baseline")
-        rt.add_column(h, justify="left" if left else "right", no_wrap=i == 0)
+        rt.add_column(h, justify="left" if left else "right", no_wrap=i == 0, overflow="fold")
     for row in table.rows:
         rt.add_row(*row)
     return rt
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console for the CLI. Piped into a file, rich would assume 80 columns and cut cells; a
+    report is worth more whole, so off a terminal the width is generous."""
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=160)
 
 
 def print_tables(console: Console, tables: Iterable[Table]) -> None:

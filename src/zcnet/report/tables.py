@@ -92,8 +92,10 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         col_vals = list(dict.fromkeys(c.fields.get(columns) for c in block))
         lookup = {(c.fields.get(rows), c.fields.get(columns)): c for c in block}
         suffix = ", ".join(f"{f} {v}" for f, v in rest)
+        # Engines name themselves (as in the seed's "epoll | io_uring"); other axes need a name.
+        heads = [str(c) if columns == "engine" else f"{columns} {c}" for c in col_vals]
         t = Table(f"{title} ({suffix})" if suffix else title,
-                  [rows.upper() if rows == "mtu" else rows, *map(str, col_vals)], [])
+                  [rows.upper() if rows == "mtu" else rows, *heads], [])
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])

@@ -1,0 +1,50 @@
+"""PNG plots: produced with the fixed pixel size, and a clear error when matplotlib is missing."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from zcnet.errors import ZcnetError
+from zcnet.report import plots
+
+FIX = Path(__file__).parent / "fixtures"
+WIDTH, HEIGHT = int(plots.FIGSIZE[0] * plots.DPI), int(plots.FIGSIZE[1] * plots.DPI)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert head[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", head[16:24])
+    return w, h
+
+
+@pytest.mark.parametrize(("fixture", "expected"), [
+    ("mlx5-zcrx", ["mlx5-zcrx-throughput-vs-mtu.png", "mlx5-zcrx-cpu-breakdown.png"]),
+    ("tx-mpwqe", ["tx-mpwqe-pps-per-mode.png"]),
+    ("zcrx-refs", ["zcrx-refs-cpu-breakdown.png"]),
+])
+def test_plots_have_expected_size(fixture: str, expected: list[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    doc = json.loads((FIX / f"{fixture}.json").read_text())
+    paths = plots.plot_all(doc, tmp_path)
+    assert [p.name for p in paths] == expected
+    for p in paths:
+        assert png_size(p) == (WIDTH, HEIGHT)
+        assert p.stat().st_size > 5000  # axes, bars and labels, not an empty canvas
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(expected)  # no temp files left
+
+
+def test_missing_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    doc = json.loads((FIX / "tx-mpwqe.json").read_text())
+    with pytest.raises(ZcnetError) as info:
+        plots.plot_all(doc, tmp_path)
+    assert "matplotlib" in info.value.message
+    assert info.value.hint == "pip install 'zcnet[plot]'"

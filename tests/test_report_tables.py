@@ -1,0 +1,96 @@
+"""Tables, Markdown and CSV rendered from recorded result files match the expected text."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zcnet.cli import main
+from zcnet.report.export import to_csv, to_markdown, to_text
+from zcnet.report.tables import experiment_tables
+
+FIX = Path(__file__).parent / "fixtures"
+RECORDED = ("mlx5-zcrx", "tx-mpwqe", "zcrx-refs")
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((FIX / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_markdown_matches_expected(name: str) -> None:
+    assert to_markdown(experiment_tables(load(name))) == \
+        (FIX / f"{name}.expected.md").read_text()
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_terminal_text_matches_expected(name: str) -> None:
+    assert to_text(experiment_tables(load(name)), width=120) == \
+        (FIX / f"{name}.expected.txt").read_text()
+
+
+def test_grid_is_the_seed_table_with_stats_and_notes() -> None:
+    (table,) = experiment_tables(load("mlx5-zcrx"))
+    assert table.headers == ["MTU", "epoll", "uring", "soft-zc"]
+    assert [r[0] for r in table.rows] == ["1500", "4096", "9000"]
+    # 1500/epoll repeats 11.2, 11.6, 11.4: mean 11.40, sample stdev 0.20; CPU 99% busy.
+    assert table.rows[0][1] == "11.40 ± 0.20 Gbit/s, 99% CPU"
+    assert any(n.startswith("substituted: engine zcrx runs as soft-zc") for n in table.notes)
+    # 9000/soft-zc repeats 24, 30, 36: stdev 6 = 20% of the mean, so it is flagged.
+    unstable = [n for n in table.notes if n.startswith("warning:")]
+    assert len(unstable) == 1 and "mtu=9000" in unstable[0] and "20%" in unstable[0]
+
+
+def test_ab_table_reports_missing_counters_instead_of_zero() -> None:
+    (table,) = experiment_tables(load("tx-mpwqe"))
+    assert table.headers == ["mode", "packet rate", "CPU per packet", "vs baseline"]
+    assert [r[0] for r in table.rows] == ["single", "mmsg", "uring", "gso"]
+    assert table.rows[0][-1] == "baseline"
+    assert "n/a: instructions per packet, cycles per packet: no hardware counters" in table.notes
+
+
+def test_mpstat_tables_per_cell() -> None:
+    tables = experiment_tables(load("zcrx-refs"))
+    mp = [t for t in tables if t.headers[0] == "CPU"]
+    assert len(mp) == 4
+    assert mp[0].headers == ["CPU", "%usr", "%sys", "%iowait", "%irq", "%soft", "%idle"]
+    assert mp[0].rows == [["0", "4.90", "63.68", "0.00", "1.64", "2.84", "26.94"],
+                          ["1", "0.00", "0.00", "0.00", "0.30", "89.50", "10.20"]]
+    # 15.2 Gbit/s = 1900 MB/s, as the seed prints it.
+    assert mp[0].title.endswith("MB/s=1900")
+
+
+def test_plain_bench_envelope_gets_default_grid_with_na() -> None:
+    tables = experiment_tables(load("bench-a"))
+    (table,) = tables
+    assert table.headers == ["MTU", "epoll", "uring", "zcrx"]
+    assert table.rows == [["1500", "10.00 ± 0.16 Gbit/s, 95% CPU",
+                           "12.00 ± 0.16 Gbit/s, 95% CPU", "n/a"]]
+    assert any("unsupported: device lacks queue management ops" in n for n in table.notes)
+
+
+def test_csv_has_one_line_per_cell_with_stats() -> None:
+    rows = list(csv.DictReader(io.StringIO(to_csv(load("mlx5-zcrx")["results"]))))
+    assert len(rows) == 9
+    first = rows[0]
+    assert (first["engine"], first["mtu"], first["placement"]) == ("epoll", "1500", "same")
+    assert float(first["gbps_mean"]) == pytest.approx(11.4)
+    assert float(first["gbps_stdev"]) == pytest.approx(0.2)
+    assert (first["gbps_min"], first["gbps_max"], first["gbps_n"]) == ("11.2", "11.6", "3")
+    assert float(first["mbps_mean"]) == pytest.approx(1425.0)
+
+
+def test_cli_renders_a_result_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    md, cs = tmp_path / "r.md", tmp_path / "r.csv"
+    rc = main(["run", "--report", str(FIX / "mlx5-zcrx.json"), "--markdown", str(md),
+               "--csv", str(cs)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "11.40 ± 0.20 Gbit/s, 99% CPU" in out
+    assert md.read_text() == (FIX / "mlx5-zcrx.expected.md").read_text()
+    assert cs.read_text() == to_csv(load("mlx5-zcrx")["results"])
