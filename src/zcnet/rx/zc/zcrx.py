@@ -1,0 +1,412 @@
+"""Provider "zcrx": io_uring zero-copy receive (IORING_REGISTER_ZCRX_IFQ + RECV_ZC).
+
+Some facts about zcrx that shape this module:
+
+- The ring must be SINGLE_ISSUER | DEFER_TASKRUN with 32-byte CQEs: each data CQE carries an
+  ``io_uring_zcrx_cqe`` in its second half whose ``off`` is the byte offset in the area with the
+  area id in the bits above IORING_ZCRX_AREA_SHIFT. The data is at ``area + (off & ~MASK)``.
+- Registration takes the area (user memory or a dma-buf), and a "refill ring" region that is
+  either our own page-aligned memory (IORING_MEM_REGION_TYPE_USER) or kernel memory we mmap at
+  the ``mmap_offset`` the kernel returns. The kernel returns the ring layout in ``offsets``: a u32
+  head and a u32 tail on separate cache lines, then ``rq_entries`` 16-byte ``io_uring_zcrx_rqe``.
+- The kernel validates in this order: CAP_NET_ADMIN (EPERM), ring flags and reserved fields
+  (EINVAL), the region, the interface (ENODEV), the device's DMA parent (EOPNOTSUPP: veth and lo
+  have none), the area (pins pages, RLIMIT_MEMLOCK -> ENOMEM), then the queue API:
+  EOPNOTSUPP without queue management ops, ERANGE past the last queue, EINVAL with
+  tcp-data-split off or hds-thresh non-zero, EEXIST when the queue already has a memory provider
+  (an earlier zcrx or devmem binding not yet torn down) or an XDP program, EBUSY under AF_XDP.
+- Each data CQE grants the application one reference on a page-sized net_iov; giving it back
+  is an rqe ``{off & ~MASK | area_token, len}`` at ``tail & mask`` followed by the release store
+  of the tail. NAPI reads the ring on another CPU: x86 is TSO, so a plain store after the entry
+  is the release. If the ring is full the buffer is held and retried, never dropped (a dropped
+  reference is a page lost to the queue until the ifq dies).
+- A final CQE (no F_MORE) with -ENOSPC means the CQ overflowed: the data is intact, re-arm.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+
+from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
+from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.wait import wait_cqes
+from zcnet.uapi import io_uring as u
+from zcnet.uapi import socket as usock
+from zcnet.uring.mem import Mapping
+from zcnet.uring.prep import prep_cancel, prep_recv_zc
+from zcnet.uring.ring import Completions, Ring
+
+RECV_UD = 1
+CANCEL_UD = 2
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+              | u.IORING_SETUP_CQE32 | u.IORING_SETUP_SUBMIT_ALL)
+IO_RQ_MAX_ENTRIES = 32768
+OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
+# The kernel's struct io_uring {u32 head; u32 tail;}, each ____cacheline_aligned_in_smp,
+# rounded up to L1_CACHE_BYTES; x86 lines are 64 bytes.
+L1_CACHE_BYTES = 64
+KERNEL_RQ_HEAD, KERNEL_RQ_TAIL, KERNEL_RQES = 0, L1_CACHE_BYTES, 2 * L1_CACHE_BYTES
+CAP_IPC_LOCK = 14
+
+
+def refill_region_size(rq_entries: int) -> int:
+    """Bytes of the refill region: the rqes plus a page for head/tail (liburing's sizing)."""
+    return align_up(rq_entries * ctypes.sizeof(u.io_uring_zcrx_rqe) + PAGE_SIZE, PAGE_SIZE)
+
+
+class RefillRing:
+    """Our side of the refill queue over its shared memory (``mem``: the whole region as uint8).
+
+    We own ``ktail``; the kernel owns ``khead``. ``push`` writes as many entries as fit and holds
+    the rest; later calls send the held ones first, so order and count are preserved.
+    """
+
+    def __init__(self, mem: np.ndarray, head: int, tail: int, rqes: int, entries: int,
+                 area_token: int) -> None:
+        if entries & (entries - 1):
+            raise ValueError("refill ring entries must be a power of two")
+        self.entries = entries
+        self.mask = entries - 1
+        self.area_token = area_token
+        self._khead = mem[head:head + 4].view(np.uint32)
+        self._ktail = mem[tail:tail + 4].view(np.uint32)
+        ring = mem[rqes:rqes + entries * 16]
+        self._rqe_off = ring.view(np.uint64).reshape(entries, 2)[:, 0]
+        self._rqe_len = ring.view(np.uint32).reshape(entries, 4)[:, 2]
+        self._rqe_pad = ring.view(np.uint32).reshape(entries, 4)[:, 3]
+        self._tail = int(self._ktail[0])
+        self._held_off: list[int] = []
+        self._held_len: list[int] = []
+        self.full_events = 0
+
+    def space(self) -> int:
+        used = (self._tail - int(self._khead[0])) & 0xFFFFFFFF
+        return self.entries - used
+
+    @property
+    def held(self) -> int:
+        return len(self._held_off)
+
+    def push(self, offs: list[int], lens: list[int]) -> int:
+        """Queue buffers (their CQE ``off`` values and lengths) for the kernel; returns how many
+        were written now. The rest stay held and go first next time."""
+        if self._held_off:
+            offs = self._held_off + offs
+            lens = self._held_len + lens
+        n = min(self.space(), len(offs))
+        if n < len(offs):
+            self.full_events += 1
+            self._held_off, self._held_len = offs[n:], lens[n:]
+        else:
+            self._held_off, self._held_len = [], []
+        if n:
+            slots = (self._tail + np.arange(n, dtype=np.uint64)) & np.uint64(self.mask)
+            o = np.array(offs[:n], dtype=np.uint64)
+            self._rqe_off[slots] = (o & np.uint64(OFF_MASK)) | np.uint64(self.area_token)
+            self._rqe_len[slots] = lens[:n]
+            self._rqe_pad[slots] = 0
+            self._tail = (self._tail + n) & 0xFFFFFFFF
+            # Release store: the entries above are written first (TSO; see module docstring).
+            self._ktail[0] = self._tail
+        return n
+
+
+def parse_completions(c: Completions, user_data: int = RECV_UD) -> Delivery:
+    """Data fragments and the stream's state from CQE32 completions of one RECV_ZC."""
+    out = Delivery()
+    if not len(c):
+        return out
+    assert c.extra is not None, "zcrx needs a CQE32 ring"
+    keep = c.user_data == user_data
+    res, flags, extra = c.res[keep], c.flags[keep], c.extra[keep]
+    data = res > 0
+    if data.any():
+        off = extra[data, 0]
+        out.tokens = off.tolist()
+        out.offsets = (off & np.uint64(OFF_MASK)).tolist()
+        out.lengths = res[data].tolist()
+    if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
+        last = int(res[-1])
+        if last == 0:
+            out.end = 0
+        elif last in (-errno.ENOSPC, -errno.ECANCELED) or last > 0:
+            out.stopped = "rearm"
+        else:
+            out.end = last
+    return out
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+@dataclass
+class Registration:
+    """The structs of one IORING_REGISTER_ZCRX_IFQ call, kept alive (the kernel writes back)."""
+
+    ifq: u.io_uring_zcrx_ifq_reg
+    area: u.io_uring_zcrx_area_reg
+    region: u.io_uring_region_desc
+    region_mem: Mapping | None  # our memory for a user region, None for a kernel one
+
+    @classmethod
+    def build(cls, area: Area, ifindex: int, queue: int, rq_entries: int,
+              user_region: bool = True) -> Registration:
+        if queue < 0:
+            raise UsageError(f"queue must be >= 0, got {queue}")
+        if not 0 < rq_entries <= IO_RQ_MAX_ENTRIES:
+            raise UsageError(f"refill ring entries must be 1..{IO_RQ_MAX_ENTRIES}")
+        entries = 1 << (rq_entries - 1).bit_length()  # the kernel rounds up the same way
+        size = refill_region_size(entries)
+        areg = u.io_uring_zcrx_area_reg(len=area.size)
+        if area.dmabuf_fd is not None:
+            areg.flags = u.IORING_ZCRX_AREA_DMABUF
+            areg.dmabuf_fd = area.dmabuf_fd  # addr is the offset into the dma-buf: 0
+        else:
+            areg.addr = area.addr
+        rd = u.io_uring_region_desc(size=size)
+        mem = None
+        if user_region:
+            mem = Mapping.anonymous(size)
+            rd.user_addr = mem.addr
+            rd.flags = u.IORING_MEM_REGION_TYPE_USER
+        ifq = u.io_uring_zcrx_ifq_reg(if_idx=ifindex, if_rxq=queue, rq_entries=entries,
+                                      area_ptr=ctypes.addressof(areg),
+                                      region_ptr=ctypes.addressof(rd))
+        return cls(ifq, areg, rd, mem)
+
+    def locked_bytes(self) -> int:
+        return int(self.region.size) + (0 if self.area.flags else int(self.area.len))
+
+    def release(self) -> None:
+        if self.region_mem is not None:
+            self.region_mem.close()
+            self.region_mem = None
+
+
+# errno -> (message, hint); {ifname}, {queue}, {ifindex} are filled in.
+REGISTER_ERRORS: dict[int, tuple[type[ZcnetError], str, str]] = {
+    errno.EPERM: (ZcnetError, "zcrx registration needs CAP_NET_ADMIN",
+                  "run as root or grant CAP_NET_ADMIN"),
+    errno.EOPNOTSUPP: (Unsupported,
+                       "device {ifname} lacks queue management ops or header-data split, "
+                       "so zcrx cannot take over its queue {queue}",
+                       "use a NIC whose driver supports zcrx (queue API and tcp-data-split), "
+                       "or provider 'soft'"),
+    errno.EEXIST: (ZcnetError,
+                   "queue {queue} of {ifname} is still bound to an earlier memory provider (a "
+                   "zcrx or devmem binding not yet released) or the device runs an XDP program",
+                   "close the earlier receiver and its ring (the kernel unbinds when the ring "
+                   "is freed), or detach XDP"),
+    errno.EBUSY: (ZcnetError, "queue {queue} of {ifname} is in use by an AF_XDP socket",
+                  "close the AF_XDP socket or pick another queue"),
+    errno.ERANGE: (UsageError, "{ifname} has no rx queue {queue}",
+                   "pick a queue below the channel count (ethtool -l {ifname})"),
+    errno.ENODEV: (UsageError, "no interface with index {ifindex} in this network namespace",
+                   "register from the namespace that holds the NIC"),
+    errno.EINVAL: (ZcnetError,
+                   "zcrx registration rejected as invalid (EINVAL): {ifname} has "
+                   "tcp-data-split off or hds-thresh above 0, or the request is malformed",
+                   "ethtool -G {ifname} tcp-data-split on hds-thresh 0"),
+}
+
+
+def explain(err: OSError, *, ifname: str, ifindex: int, queue: int, locked: int) -> ZcnetError:
+    """The user-facing error for a failed registration; errno kept on ``.errno``."""
+    if err.errno == errno.ENOMEM:
+        exc = memlock_error(locked) or ZcnetError(
+            f"zcrx registration ran out of memory pinning {locked} bytes", None)
+    elif err.errno in REGISTER_ERRORS:
+        cls, msg, hint = REGISTER_ERRORS[err.errno]
+        fill = {"ifname": ifname, "queue": queue, "ifindex": ifindex}
+        exc = cls(msg.format(**fill), hint.format(**fill))
+    else:
+        exc = ZcnetError(f"zcrx registration on {ifname} queue {queue} failed: {err.strerror}")
+    exc.errno = err.errno  # type: ignore[attr-defined]
+    return exc
+
+
+def has_cap(cap: int) -> bool:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
+
+
+def memlock_error(needed: int, limit: int | None = None,
+                  privileged: bool | None = None) -> ZcnetError | None:
+    """The error when ``needed`` locked bytes exceed RLIMIT_MEMLOCK (CAP_IPC_LOCK lifts it)."""
+    if privileged is None:
+        privileged = has_cap(CAP_IPC_LOCK)
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if privileged or limit == resource.RLIM_INFINITY or needed <= limit:
+        return None
+    e = ZcnetError(f"RLIMIT_MEMLOCK is {limit} bytes but zcrx must lock {needed} bytes "
+                   "(area and refill ring)",
+                   f"raise the limit to at least {-(-needed // 1024)} KiB (ulimit -l, "
+                   "LimitMEMLOCK=) or run with CAP_IPC_LOCK")
+    e.errno = errno.ENOMEM  # type: ignore[attr-defined]
+    return e
+
+
+def register_ifq(ring: Ring, reg: Registration, *, ifname: str = "?") -> None:
+    """IORING_REGISTER_ZCRX_IFQ with errors translated (see REGISTER_ERRORS)."""
+    try:
+        ring.register(u.IORING_REGISTER_ZCRX_IFQ, reg.ifq, 1)
+    except OSError as e:
+        raise explain(e, ifname=ifname, ifindex=reg.ifq.if_idx, queue=reg.ifq.if_rxq,
+                      locked=reg.locked_bytes()) from e
+
+
+def find_queue(fd: int) -> tuple[str, int]:
+    """(ifname, rx queue) that delivered this socket's packets, from SO_INCOMING_NAPI_ID and the
+    netdev family's NAPI and queue listings."""
+    from zcnet.nic import netdev
+    from zcnet.nic.genl import GenlSocket
+    from zcnet.uapi import netdev as nd
+
+    sk = socket.socket(fileno=os.dup(fd))
+    try:
+        napi_id = sk.getsockopt(usock.SOL_SOCKET, usock.SO_INCOMING_NAPI_ID)
+    finally:
+        sk.close()
+    if not napi_id:
+        raise Unsupported("the socket has no NAPI id (loopback, or no packet received yet), so "
+                          "its NIC queue is unknown", "pass ifname and queue")
+    with GenlSocket() as g:
+        napi = g.do(netdev.FAMILY, nd.NETDEV_CMD_NAPI_GET, netdev.NAPI, {"id": napi_id},
+                    what=f"NAPI {napi_id}") or {}
+        ifindex = int(napi.get("ifindex", 0))
+        rows = g.dump(netdev.FAMILY, nd.NETDEV_CMD_QUEUE_GET, netdev.QUEUE,
+                      {"ifindex": ifindex}, what="queues")
+    ifname = socket.if_indextoname(ifindex)
+    for q in rows:
+        if q.get("napi-id") == napi_id and q.get("type") == nd.NETDEV_QUEUE_TYPE_RX:
+            return ifname, int(q["id"])
+    raise Unsupported(f"no rx queue of {ifname} is served by NAPI {napi_id}",
+                      "pass the queue explicitly")
+
+
+# --- provider --------------------------------------------------------------------------------
+
+
+class ZcrxProvider:
+    name = "zcrx"
+
+    def __init__(self, fd: int, area: Area, ifname: str, queue: int, *,
+                 rq_entries: int = 4096, user_region: bool = True) -> None:
+        self.fd = fd
+        self.area = area
+        self.ifname = ifname
+        self.queue = queue
+        self.armed = False
+        self.rearms = 0
+        try:
+            ifindex = socket.if_nametoindex(ifname)
+        except OSError:
+            raise UsageError(f"no interface named {ifname!r} in this network namespace") from None
+        self._reg = Registration.build(area, ifindex, queue, rq_entries, user_region)
+        self._region_map: Mapping | None = None
+        self._ring: Ring | None = None
+        try:
+            if err := memlock_error(self._reg.locked_bytes()):
+                raise err
+            self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
+            register_ifq(self._ring, self._reg, ifname=ifname)
+            self.rq = self._map_refill_ring()
+        except BaseException:
+            self.close()
+            raise
+        self.ifq_id = int(self._reg.ifq.zcrx_id)
+        self.note = f"{ifname} queue {queue}, {self.rq.entries} refill entries"
+
+    def _map_refill_ring(self) -> RefillRing:
+        reg = self._reg
+        size = int(reg.region.size)
+        if reg.region_mem is not None:
+            mem = reg.region_mem.view(np.uint8, 0, size)
+        else:
+            assert self._ring is not None
+            self._region_map = Mapping(size, fd=self._ring.fd, offset=int(reg.region.mmap_offset))
+            mem = self._region_map.view(np.uint8, 0, size)
+        o = reg.ifq.offsets
+        return RefillRing(mem, o.head, o.tail, o.rqes, int(reg.ifq.rq_entries),
+                          int(reg.area.rq_area_token))
+
+    # --- Provider protocol ------------------------------------------------------------------
+    def can_arm(self) -> bool:
+        return True
+
+    def arm(self) -> None:
+        assert self._ring is not None
+        prep_recv_zc(self._ring, self.fd, self.ifq_id, RECV_UD)
+        self._ring.submit()
+        self.armed = True
+
+    def reap(self, timeout: float | None) -> Delivery:
+        ring = self._ring
+        assert ring is not None
+        if not ring.cq_ready():
+            wait_cqes(ring, timeout)
+        out = parse_completions(ring.reap())
+        if out.end is not None or out.stopped:
+            self.armed = False
+        return out
+
+    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        self.rq.push(tokens, lengths)
+
+    def held_back(self) -> int:
+        return self.rq.held
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"refill_full": self.rq.full_events, "refill_held": self.rq.held,
+                "rq_entries": self.rq.entries}
+
+    def close(self) -> None:
+        ring, self._ring = self._ring, None
+        try:
+            if ring is not None and self.armed:
+                prep_cancel(ring, RECV_UD, CANCEL_UD)
+                ring.submit()
+                for _ in range(50):
+                    wait_cqes(ring, 0.1)
+                    c = ring.reap()
+                    if ((c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
+                        break
+                self.armed = False
+        finally:
+            if self._region_map is not None:
+                self._region_map.close()
+                self._region_map = None
+            if ring is not None:
+                ring.close()  # frees the ifq: the queue gets its normal page pool back
+            self._reg.release()
+
+
+def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
+              ifname: str | None = None, queue: int | None = None,
+              rq_entries: int = 4096, user_region: bool = True) -> ZcrxProvider:
+    if ifname is None or queue is None:
+        found_if, found_q = find_queue(fd)
+        ifname = ifname or found_if
+        queue = found_q if queue is None else queue
+    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
+    try:
+        return ZcrxProvider(fd, area, ifname, queue, rq_entries=rq_entries,
+                            user_region=user_region)
+    except BaseException:
+        area.close()
+        raise
+
+
+__all__ = ["RefillRing", "Registration", "ZcrxProvider", "open_zcrx", "parse_completions"]
