@@ -1,0 +1,268 @@
+"""TCP send paths behind one interface, for every sender in zcnet.
+
+``make_sender(kind, sock, buf)`` returns a :class:`Sender` whose ``send(nbytes)`` sends
+``nbytes`` from the caller's buffer and returns once the kernel has taken them all:
+
+=============  ==========================================================================
+kind           how
+=============  ==========================================================================
+copy           send(): the kernel copies; the buffer is free again when the call returns
+msgzc          send(MSG_ZEROCOPY); completions from the error queue (ranges, coalesced)
+sendzc         io_uring SEND_ZC from ``buf`` registered as a fixed buffer
+sendzc-plain   io_uring SEND_ZC from plain (unregistered) memory
+=============  ==========================================================================
+
+Zero-copy kinds split ``buf`` into ``slots`` equal slots and send from a free one; a slot is
+reused only after the kernel said it is done with it (the error-queue notification, or the
+F_NOTIF CQE), which ``on_release(slot, view)`` observes; ``on_fill(slot, view)`` runs before a
+slot is sent, so callers that care about content write it there. ``stats()`` counts sends the
+kernel completed truly zero-copy and those it copied after all. When the kernel refuses the
+zero-copy path the sender falls back to ``copy`` and says so in ``stats().note``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import select
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
+from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
+
+SlotHook = Callable[[int, memoryview], None]
+_WAIT_MS = 1000
+FLUSH_TIMEOUT = 5.0
+
+
+@dataclass
+class SendStats:
+    kind: str            # what was asked for
+    path: str            # what actually ran ("copy" after a fallback)
+    sends: int = 0       # send operations issued (calls or SQEs)
+    bytes: int = 0
+    zerocopy: int = 0    # completions the kernel reported as zero-copy
+    copied: int = 0      # completions reported as copied after all (COPIED / USAGE_ZC_COPIED)
+    pending: int = 0     # sends whose completion has not arrived yet
+    retries: int = 0     # ENOBUFS/EAGAIN waits
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sender(Protocol):
+    kind: str
+
+    def send(self, nbytes: int) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def stats(self) -> SendStats: ...
+
+
+def _byte_view(buf: Any) -> memoryview:
+    view = memoryview(buf).cast("B")
+    if view.readonly:
+        raise UsageError("the send buffer must be writable (slots are refilled)")
+    return view
+
+
+class _SlotSender:
+    """Buffer slots, hooks and stats shared by every kind."""
+
+    kind = ""
+
+    def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
+                 on_release: SlotHook | None) -> None:
+        if slots <= 0:
+            raise UsageError(f"slots must be positive, got {slots}")
+        self.sock = sock
+        self.view = _byte_view(buf)
+        self.slot_size = len(self.view) // slots
+        if self.slot_size <= 0:
+            raise UsageError(f"buffer of {len(self.view)} B cannot hold {slots} slots")
+        self.slots = [self.view[i * self.slot_size:(i + 1) * self.slot_size]
+                      for i in range(slots)]
+        self.free = list(range(slots - 1, -1, -1))  # a stack: the warmest slot first
+        self.on_fill = on_fill
+        self.on_release = on_release
+        self._stats = SendStats(self.kind, self.kind)
+
+    def _check(self, nbytes: int) -> None:
+        if not 0 < nbytes <= self.slot_size:
+            raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot",
+                             "give a larger buffer or fewer slots")
+
+    def _acquire(self) -> int:
+        while not self.free:
+            self._wait_some()
+        slot = self.free.pop()
+        if self.on_fill:
+            self.on_fill(slot, self.slots[slot])
+        return slot
+
+    def _release(self, slot: int) -> None:
+        if self.on_release:
+            self.on_release(slot, self.slots[slot])
+        self.free.append(slot)
+
+    def _wait_some(self) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> SendStats:
+        return SendStats(**asdict(self._stats))
+
+
+class CopySender(_SlotSender):
+    """Plain send(): the buffer is the kernel's copy source only during the call."""
+
+    kind = "copy"
+
+    def __init__(self, sock: socket.socket, buf: Any, slots: int = 1,
+                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None,
+                 note: str = "", kind: str = "copy") -> None:
+        super().__init__(sock, buf, slots, on_fill, on_release)
+        self._stats = SendStats(kind, "copy", note=note)
+
+    def send(self, nbytes: int) -> int:
+        self._check(nbytes)
+        slot = self._acquire()
+        view = self.slots[slot]
+        done = 0
+        while done < nbytes:
+            try:
+                done += self.sock.send(view[done:nbytes])
+            except BlockingIOError:
+                self._stats.retries += 1
+                select.select([], [self.sock], [], _WAIT_MS / 1000)
+            self._stats.sends += 1
+        self._stats.bytes += nbytes
+        self._release(slot)
+        return nbytes
+
+    def _wait_some(self) -> None:  # slots are never held across calls
+        raise AssertionError("unreachable")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MsgZerocopySender(_SlotSender):
+    """send(MSG_ZEROCOPY); slots come back when their error-queue notification arrives."""
+
+    kind = "msgzc"
+
+    def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
+                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> None:
+        super().__init__(sock, buf, slots, on_fill, on_release)
+        try:
+            sock.setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)
+        except OSError as exc:
+            raise Unsupported(f"SO_ZEROCOPY refused: {exc.strerror}") from exc
+        self.tracker = ZcTracker()
+
+    def send(self, nbytes: int) -> int:
+        self._check(nbytes)
+        slot = self._acquire()
+        view = self.slots[slot]
+        done = 0
+        try:
+            while done < nbytes:
+                try:
+                    n = self.sock.send(view[done:nbytes], MSG_ZEROCOPY)
+                except OSError as exc:
+                    # ENOBUFS: the socket's optmem for pending notifications is used up;
+                    # EAGAIN: the send buffer is full. Both heal once completions are read.
+                    if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                        raise
+                    self._stats.retries += 1
+                    self._reap(wait=True)
+                    continue
+                self.tracker.submitted(slot)
+                self._stats.sends += 1
+                done += n
+        finally:
+            if not self.tracker.refs(slot):
+                self._release(slot)  # nothing of it in flight (the first call failed)
+        self._stats.bytes += nbytes
+        self._reap(wait=False)
+        return nbytes
+
+    def _reap(self, wait: bool) -> None:
+        ranges = wait_completions(self.sock, _WAIT_MS) if wait else read_completions(self.sock)
+        for r in ranges:
+            for slot in self.tracker.complete(r):
+                self._release(slot)
+
+    def _wait_some(self) -> None:
+        self._reap(wait=True)
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        """Wait until every send's notification arrived (all slots free)."""
+        deadline = time.monotonic() + timeout
+        while self.tracker.outstanding:
+            if time.monotonic() > deadline:
+                raise _stuck(self.tracker.outstanding, timeout)
+            self._reap(wait=True)
+
+    def close(self) -> None:
+        """Wait (bounded) for outstanding notifications; the socket belongs to the caller."""
+        with contextlib.suppress(OSError, ZcnetError):
+            self.flush()
+
+    def stats(self) -> SendStats:
+        s = super().stats()
+        s.zerocopy, s.copied = self.tracker.zerocopy, self.tracker.copied
+        s.pending = self.tracker.outstanding
+        return s
+
+
+def _stuck(pending: int, timeout: float) -> ZcnetError:
+    return ZcnetError(f"{pending} zero-copy sends still unacknowledged after {timeout:g} s",
+                      "the peer stopped reading; close the socket to give up on them")
+
+
+def _sendzc(fixed: bool) -> Callable[..., Sender]:
+    def build(sock: socket.socket, buf: Any, slots: int = 8, on_fill: SlotHook | None = None,
+              on_release: SlotHook | None = None) -> Sender:
+        from zcnet.tx.sendzc import SendZcSender
+
+        return SendZcSender(sock, buf, slots, on_fill, on_release, fixed=fixed)
+    return build
+
+
+KINDS: dict[str, Callable[..., Sender]] = {
+    "copy": CopySender,
+    "msgzc": MsgZerocopySender,
+    "sendzc": _sendzc(fixed=True),
+    "sendzc-plain": _sendzc(fixed=False),
+}
+
+
+def make_sender(kind: str, sock: socket.socket, buf: Any, *, slots: int = 8,
+                on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> Sender:
+    """A sender of ``kind`` over ``sock`` using ``buf``; falls back to copy with a note."""
+    build = KINDS.get(kind)
+    if build is None:
+        raise UsageError(f"unknown send kind {kind!r}", f"choose from {', '.join(KINDS)}")
+    try:
+        return build(sock, buf, slots, on_fill, on_release)
+    except Unsupported as exc:
+        return CopySender(sock, buf, slots, on_fill, on_release, kind=kind,
+                          note=f"{kind} unavailable, sent by copy: {exc.message}")
+
+
+def fill_pattern(view: memoryview, seed: int) -> None:
+    """Write a recognizable pattern (used by tests and examples): byte i = (seed + i) % 251."""
+    arr = np.frombuffer(view, dtype=np.uint8)
+    arr[:] = (np.arange(len(arr), dtype=np.uint32) + seed) % 251

@@ -1,0 +1,159 @@
+"""io_uring SEND_ZC for TCP, from a registered fixed buffer or from plain memory.
+
+Some facts about SEND_ZC:
+- A request posts two CQEs with its user_data: the send result (``F_MORE`` set when a
+  notification will follow) and later the notification (``F_NOTIF``) once the kernel no longer
+  references the memory. Only then may the slot be written again. A failed send without
+  ``F_MORE`` has no notification.
+- With IORING_SEND_ZC_REPORT_USAGE the notification's ``res`` has IORING_NOTIF_USAGE_ZC_COPIED
+  (bit 31, so a negative int32: not an error) when the kernel copied after all.
+- io_uring issues a send that meets a full socket buffer again later, from poll. A second send
+  submitted meanwhile could overtake it and reorder the TCP stream, so we keep one *send* in
+  flight (we wait for its result CQE, usually posted inside the same enter) while any number of
+  *notifications* are outstanding. MSG_WAITALL makes the kernel finish a partial send itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from zcnet.errors import Unsupported, ZcnetError
+from zcnet.tx.senders import FLUSH_TIMEOUT, SlotHook, _SlotSender, _stuck
+from zcnet.uapi import io_uring as u
+from zcnet.uapi.socket import MSG_WAITALL
+from zcnet.uring import bufring
+from zcnet.uring.prep import prep_send_zc, prep_send_zc_fixed
+from zcnet.uring.ring import Ring
+from zcnet.uring.syscall import cqe_error
+
+_COPIED = u.IORING_NOTIF_USAGE_ZC_COPIED
+
+
+class SendZcSender(_SlotSender):
+    kind = "sendzc"
+
+    def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
+                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None, *,
+                 fixed: bool = True) -> None:
+        super().__init__(sock, buf, slots, on_fill, on_release)
+        self.kind = "sendzc" if fixed else "sendzc-plain"
+        self._stats.kind = self._stats.path = self.kind
+        why = bufring.unsupported(u.IORING_OP_SEND_ZC)
+        if why:
+            raise Unsupported(why)
+        self.fixed = fixed
+        self.fd = sock.fileno()
+        self._base = np.frombuffer(self.view, dtype=np.uint8).ctypes.data
+        self._refs = [0] * len(self.slots)   # requests of a slot whose last CQE is pending
+        self._want = [0] * len(self.slots)   # bytes the slot's current send carries
+        self._done = [0] * len(self.slots)   # of which the kernel took so far
+        self._sending = -1                   # slot whose send result is awaited
+        entries = 1 << max(2 * len(self.slots), 4).bit_length()
+        try:
+            self.ring = Ring(entries, flags=u.IORING_SETUP_SUBMIT_ALL)
+        except OSError as exc:
+            raise Unsupported(f"io_uring unavailable: {exc.strerror}") from exc
+        if fixed:
+            try:
+                bufring.register_buffers(self.ring, [(self._base, len(self.view))])
+            except OSError as exc:
+                self.ring.close()
+                raise Unsupported(f"registering the send buffer failed: {exc.strerror}") from exc
+
+    def in_flight(self, slot: int) -> int:
+        """CQEs still due for this slot (0 means the kernel is done with its memory)."""
+        return self._refs[slot]
+
+    def _prep(self, slot: int, offset: int, length: int) -> None:
+        addr = self._base + slot * self.slot_size + offset
+        if self.fixed:
+            prep_send_zc_fixed(self.ring, self.fd, addr, length, 0, user_data=slot,
+                               msg_flags=MSG_WAITALL)
+        else:
+            prep_send_zc(self.ring, self.fd, addr, length, user_data=slot, msg_flags=MSG_WAITALL)
+        self._refs[slot] += 1
+        self._stats.sends += 1
+
+    def send(self, nbytes: int) -> int:
+        self._check(nbytes)
+        slot = self._acquire()
+        self._want[slot] = nbytes
+        self._done[slot] = 0
+        self._sending = slot
+        self._prep(slot, 0, nbytes)
+        while self._sending >= 0:
+            self.ring.submit(wait_nr=1)
+            self._process()
+        self._stats.bytes += nbytes
+        return nbytes
+
+    def _process(self) -> None:
+        done = self.ring.reap()
+        for ud, res, flags in zip(done.user_data.tolist(), done.res.tolist(),
+                                  done.flags.tolist(), strict=True):
+            slot = int(ud)
+            if flags & u.IORING_CQE_F_NOTIF:
+                if res & _COPIED:
+                    self._stats.copied += 1
+                else:
+                    self._stats.zerocopy += 1
+                self._drop(slot)
+                continue
+            if not flags & u.IORING_CQE_F_MORE:
+                self._refs[slot] -= 1  # no notification will follow this request
+            if res < 0:
+                self._finish_send(slot)
+                raise cqe_error(res, "SEND_ZC")
+            self._done[slot] += res
+            left = self._want[slot] - self._done[slot]
+            if left > 0:  # cut short (a signal): send the rest from the same slot
+                self._prep(slot, self._done[slot], left)
+            else:
+                self._finish_send(slot)
+
+    def _finish_send(self, slot: int) -> None:
+        self._sending = -1
+        if not self._refs[slot]:
+            self._release(slot)
+
+    def _drop(self, slot: int) -> None:
+        self._refs[slot] -= 1
+        if self._refs[slot] < 0:
+            raise RuntimeError(f"slot {slot} got more CQEs than requests")
+        if not self._refs[slot] and slot != self._sending:
+            self._release(slot)
+
+    def _wait_some(self) -> None:
+        self.ring.submit(wait_nr=1)
+        self._process()
+
+    @property
+    def outstanding(self) -> int:
+        return sum(self._refs)
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while self.outstanding:
+            if time.monotonic() > deadline:
+                raise _stuck(self.outstanding, timeout)
+            self.ring.submit(wait_nr=1)
+            self._process()
+
+    def close(self) -> None:
+        if self.ring.fd < 0:
+            return
+        with contextlib.suppress(OSError, ZcnetError):
+            self.flush()
+        # Closing the ring waits for requests still holding the memory, so the caller may free
+        # the buffer after close() either way.
+        self.ring.close()
+
+    def stats(self) -> Any:
+        s = super().stats()
+        s.pending = self.outstanding
+        return s
