@@ -1,23 +1,23 @@
 """The coordinator: starts a receiver and a sender worker per cell, drives them, never hangs.
 
-Workers are ``spawn``ed processes (no inherited threads or locks; each pins itself and enters
-its namespace). Every wait has a deadline; a worker that dies or overstays turns the cell into
-``error`` with the reason, the other worker is killed, and the run goes on. Whatever happens, both
-processes are gone when ``run_cell`` returns.
-"""
+Workers are fresh interpreters (``python -m zcnet.bench.worker``: no inherited threads, locks or
+multiprocessing helper processes; each pins itself and enters its namespace) speaking JSON lines,
+the same dict messages ``zcnet server`` carries between hosts. Every wait has a deadline; a worker
+that dies or overstays turns the cell into ``error`` with the reason, the other worker is killed,
+and the run goes on. Whatever happens, both processes are gone when ``run_cell`` returns."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import select
+import subprocess
+import sys
 from dataclasses import replace
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import IO, Any
 
-from zcnet.bench.worker import WorkerSpec, worker_main
+from zcnet.bench.worker import WorkerSpec
 
-_ctx = mp.get_context("spawn")
-START_TIMEOUT = 20.0   # spawn + import + bind/connect (slow on a loaded 2-CPU machine)
+START_TIMEOUT = 20.0   # interpreter start + import + bind/connect (slow on a loaded 2-CPU box)
 GRACE = 10.0           # beyond the duration, for draining and reporting
 
 
@@ -26,16 +26,37 @@ class CellError(Exception):
 
 
 class _Worker:
+    """A worker process speaking JSON lines: commands on its stdin, events on its stdout."""
+
     def __init__(self, spec: WorkerSpec) -> None:
         self.role = spec.role
-        self.conn, child = _ctx.Pipe()
-        self.proc: BaseProcess = _ctx.Process(target=worker_main, args=(spec.to_dict(), child),
-                                              name=f"zcnet-{spec.role}", daemon=True)
-        self.proc.start()
-        child.close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zcnet.bench.worker", spec.role, json.dumps(spec.to_dict())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches the coordinator only; it stops workers
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in: IO[str] = self.proc.stdin
+        self._out: IO[str] = self.proc.stdout
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self._in.write(json.dumps(msg) + "\n")
+            self._in.flush()
+        except BrokenPipeError:
+            raise CellError(f"{self.role} worker exited with code {self.proc.poll()}") from None
 
     def expect(self, timeout: float, *events: str) -> dict[str, Any]:
-        msg = _recv(self.conn, timeout, self)
+        ready, _, _ = select.select([self._out], [], [], timeout)
+        line = self._out.readline() if ready else None
+        if not line:
+            try:
+                code = self.proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                raise CellError(f"{self.role} worker did not answer within {timeout:.0f} s") \
+                    from None
+            raise CellError(f"{self.role} worker died (exit code {code})")
+        msg: dict[str, Any] = json.loads(line)
         ev = msg.get("event")
         if ev == "error":
             raise CellError(msg.get("reason", f"{self.role} worker failed"))
@@ -44,23 +65,11 @@ class _Worker:
         return msg
 
     def stop(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
-        self.proc.close()
-
-
-def _recv(conn: Connection, timeout: float, w: _Worker) -> dict[str, Any]:
-    if not conn.poll(timeout):
-        if not w.proc.is_alive():
-            raise CellError(f"{w.role} worker exited with code {w.proc.exitcode}")
-        raise CellError(f"{w.role} worker did not answer within {timeout:.0f} s")
-    try:
-        return conn.recv()
-    except EOFError:
-        w.proc.join(1)
-        raise CellError(f"{w.role} worker died (exit code {w.proc.exitcode})") from None
+        self.proc.wait()
+        self._in.close()
+        self._out.close()
 
 
 def run_cell(rx: WorkerSpec, tx: WorkerSpec) -> dict[str, Any]:
@@ -78,7 +87,7 @@ def run_cell(rx: WorkerSpec, tx: WorkerSpec) -> dict[str, Any]:
         s = _Worker(replace(tx, port=ready["port"]))
         workers.append(s)
         s.expect(START_TIMEOUT, "ready")
-        s.conn.send({"cmd": "start"})
+        s.send({"cmd": "start"})
         result = r.expect(tx.duration + GRACE, "result")
         sent = s.expect(GRACE, "result")
         result["bytes_sent"] = sent["bytes_sent"]
@@ -88,3 +97,4 @@ def run_cell(rx: WorkerSpec, tx: WorkerSpec) -> dict[str, Any]:
     finally:
         for w in reversed(workers):
             w.stop()
+

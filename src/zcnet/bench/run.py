@@ -51,8 +51,8 @@ class BenchOptions:
             if p not in PLACEMENTS:
                 raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
         for m in self.mtus:
-            if not 576 <= m <= 65535:
-                raise UsageError(f"MTU {m} out of range", "use 576..65535 (e.g. 1500, 4096, 9000)")
+            if not 576 <= m <= 65536:
+                raise UsageError(f"MTU {m} out of range", "use 576..65536 (e.g. 1500, 4096, 9000)")
         if not 0.1 <= self.duration <= 3600:
             raise UsageError(f"duration {self.duration} s out of range", "use 0.1..3600 seconds")
 

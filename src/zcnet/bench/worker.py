@@ -1,22 +1,25 @@
 """Stream workers: a receiver and a sender, each in its own process, pinned, maybe in a netns.
 
-A worker is driven by small dict messages over a channel (a multiprocessing Connection here; the
+A worker is driven by small dict messages over a channel (JSON lines on stdio here; the
 control protocol of ``zcnet server`` can carry the same dicts between hosts):
 
-    receiver -> {"event": "ready", "port": P}
+    receiver -> {"event": "ready", "port": P}   (or {"event": "unsupported", "reason": ...})
     sender   -> {"event": "ready"}           (after connecting)
     any      <- {"cmd": "start"}             (sender only: begin sending)
     any      -> {"event": "result", ...} | {"event": "error", "reason": "..."}
 
-The sender sends the verification pattern for ``duration`` seconds and then shuts down its half
-of the connection; the receiver reads to EOF, so the byte count and timing are the receiver's.
-"""
+Run as ``python -m zcnet.bench.worker ROLE SPEC_JSON``, the channel is JSON lines on stdin and
+stdout (logging goes to stderr). The sender sends the verification pattern for ``duration``
+seconds and then shuts down its half of the connection; the receiver reads to EOF, so the byte
+count and timing are the receiver's."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -138,3 +141,25 @@ def worker_main(spec_dict: dict[str, Any], chan: Channel) -> None:
         chan.send({"event": "error", "reason": f"{spec.role} worker: {e}"})
     except KeyboardInterrupt:
         pass
+
+
+class StdioChannel:
+    """JSON lines over stdin/stdout: the channel of a worker started by the coordinator."""
+
+    def __init__(self) -> None:
+        self._in = sys.stdin
+        self._out = sys.stdout
+
+    def send(self, obj: Any) -> None:
+        self._out.write(json.dumps(obj) + "\n")
+        self._out.flush()
+
+    def recv(self) -> Any:
+        line = self._in.readline()
+        return json.loads(line) if line else {}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="zcnet worker: %(levelname)s: %(message)s")
+    worker_main(json.loads(sys.argv[2]), StdioChannel())

@@ -1,0 +1,145 @@
+"""`zcnet bench` end to end: JSON envelope, bad arguments, n/a cells, dead peers, Ctrl-C cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from zcnet.bench.run import BenchOptions, run_bench
+from zcnet.lab.netns import list_netns
+
+ZCNET = [sys.executable, "-m", "zcnet"]
+CELL_KEYS = {"engine", "mtu", "placement", "status", "reason"}
+OK_KEYS = CELL_KEYS | {"bytes", "seconds", "gbps", "cpu", "verify"}
+CPU_KEYS = {"usr", "sys", "irq", "soft", "idle"}
+
+
+def zcnet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ZCNET, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.root
+def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    r = zcnet("bench", "--mtu", "9000", "--placement", "split", "--duration", "0.4", "--verify",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["tool"] == "zcnet" and doc["kind"] == "bench" and doc["version"]
+    assert {"kernel", "cpus", "cpu_model", "python", "lab"} <= doc["env"].keys()
+    assert doc["env"]["lab"] is True
+    assert [c["engine"] for c in doc["results"]] == ["epoll", "uring", "uring-mshot"]
+    for cell in doc["results"]:
+        assert cell["status"] == "ok", cell
+        assert cell.keys() >= OK_KEYS
+        assert cell["cpu"]["rx"].keys() >= CPU_KEYS and cell["cpu"]["tx"].keys() >= CPU_KEYS
+        assert cell["mtu"] == 9000 and cell["placement"] == "split"
+        assert cell["bytes"] >= 64 << 20 and cell["gbps"] > 0
+        assert cell["verify"]["mismatches"] == 0
+        assert cell["verify"]["checked_bytes"] == cell["bytes"]
+    # The table names every engine and the placement block.
+    assert "uring-mshot" in r.stdout and "split" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--engine", "warp"], "epoll"),
+    (["--placement", "middle"], "same, split"),
+    (["--mtu", "70000"], "576..65536"),
+    (["--mtu", "abc"], "bad MTU list"),
+    (["--duration", "0"], "0.1..3600"),
+])
+def test_bad_arguments_are_one_line_errors(args: list[str], needle: str) -> None:
+    r = zcnet("bench", *args, timeout=30)
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_loopback_fallback_marks_unsettable_mtu_na(no_leaks, tmp_path: Path) -> None:
+    lo_mtu = int(Path("/sys/class/net/lo/mtu").read_text())
+    out = tmp_path / "lo.json"
+    r = zcnet("bench", "--no-lab", "--mtu", f"1500,{lo_mtu}", "--engine", "epoll",
+              "--placement", "same", "--duration", "0.3", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["env"]["lab"] is False
+    na, ok = doc["results"]
+    assert na["status"] == "unsupported" and "MTU 1500" in na["reason"]
+    assert ok["status"] == "ok" and ok["bytes"] > 0
+    assert "n/a" in r.stdout
+
+
+def test_split_placement_on_one_cpu_is_na_not_a_crash(tmp_path: Path) -> None:
+    out = tmp_path / "one.json"
+    r = subprocess.run(["taskset", "-c", "0", *ZCNET, "bench", "--no-lab", "--mtu",
+                        Path("/sys/class/net/lo/mtu").read_text().strip(), "--engine", "epoll",
+                        "--placement", "split", "--duration", "0.2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    cell = json.loads(out.read_text())["results"][0]
+    assert cell["status"] == "unsupported" and "two CPUs" in cell["reason"]
+
+
+def _children_cmdlines() -> dict[int, str]:
+    out = {}
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+            except OSError:
+                continue
+    return out
+
+
+def _kill_first_sender(stop: threading.Event) -> None:
+    while not stop.is_set():
+        for pid, cmd in _children_cmdlines().items():
+            if "zcnet.bench.worker tx" in cmd:
+                time.sleep(0.3)
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.02)
+
+
+def test_peer_dying_mid_cell_is_an_error_cell_and_the_run_goes_on(no_leaks) -> None:
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_sender, args=(stop,))
+    killer.start()
+    try:
+        lo = int(Path("/sys/class/net/lo/mtu").read_text())
+        doc = run_bench(BenchOptions(mtus=(lo,), engines=("epoll", "uring"), placements=("same",),
+                                     duration=1.5, lab=False))
+    finally:
+        stop.set()
+        killer.join()
+    first, second = doc["results"]
+    assert first["status"] == "error" and "tx worker" in first["reason"]
+    assert second["status"] == "ok"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_bench_leaves_nothing(no_leaks, tmp_path: Path, sig: int) -> None:
+    before = set(list_netns())
+    out = tmp_path / "partial.json"
+    p = subprocess.Popen([*ZCNET, "bench", "--duration", "1", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first cell has completed once the JSON exists
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "Traceback" not in err
+    assert set(list_netns()) == before
+    leftovers = subprocess.run(["pgrep", "-f", "zcnet.bench.worker"],
+                               capture_output=True, text=True).stdout.split()
+    assert not leftovers
+    # Cells completed before the signal are kept.
+    assert json.loads(out.read_text())["results"]
