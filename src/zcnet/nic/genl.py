@@ -136,6 +136,9 @@ class GenlSocket:
         fam = self._families.get(name)
         if fam is not None:
             return fam
+        if not name or len(name.encode()) >= g.GENL_NAMSIZ:
+            raise ZcnetError(f"{name!r} cannot be a generic netlink family name "
+                             f"(1..{g.GENL_NAMSIZ - 1} bytes)")
         try:
             replies = self._transact(g.GENL_ID_CTRL, g.CTRL_CMD_GETFAMILY, 1,
                                      nlattr.encode_attrs(CTRL, {"family-name": name}),
