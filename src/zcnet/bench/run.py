@@ -20,7 +20,7 @@ from typing import Any
 from zcnet.bench.coordinator import CellError, run_cell
 from zcnet.bench.meta import collect_env, envelope, write_json
 from zcnet.bench.worker import WorkerSpec
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError
 from zcnet.rx.engines import engine_names
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,14 @@ class BenchOptions:
     lab: bool | None = None          # None: lab when root, else loopback
     json_path: str | None = None
     engine_opts: dict[str, Any] = field(default_factory=dict)
+    peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
 
     def validate(self) -> None:
         names = engine_names()
+        if self.peers:
+            from zcnet.bench.peers import parse_peers
+
+            parse_peers(",".join(self.peers))
         for e in self.engines:
             if e not in names:
                 raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
@@ -57,7 +62,9 @@ class BenchOptions:
             raise UsageError(f"duration {self.duration} s out of range", "use 0.1..3600 seconds")
 
     def cells(self) -> list[tuple[int, str, str]]:
-        return [(m, e, p) for p in self.placements for m in self.mtus for e in self.engines]
+        """(mtu, engine-or-peer, placement) in run order: MTU outermost (few MTU changes)."""
+        return [(m, e, p) for m in self.mtus for p in self.placements
+                for e in (*self.engines, *self.peers)]
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Target:
     tx_ns: str | None
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
+    lab: Any = None  # the Lab, for peers that run inside it
 
 
 def pick_cpus(placement: str) -> tuple[int, int] | str:
@@ -91,7 +99,7 @@ def target(use_lab: bool | None, mtu: int) -> Iterator[Target]:
         from zcnet.lab import Lab
 
         with Lab(mtu=mtu) as lab:
-            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env())
+            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env(), lab)
     else:
         yield Target("127.0.0.1", None, None, None,
                      {"lab": False, "mtu": _lo_mtu(), "note": "loopback: no lab (not root)"})
@@ -121,6 +129,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
                            f"loopback fallback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
                            "run as root to use the lab")
     tx_cpu, rx_cpu = cpus
+    if engine in opts.peers:
+        return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
     watch = sorted({tx_cpu, rx_cpu})
     rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
                     verify=opts.verify, watch_cpus=watch, engine_opts=opts.engine_opts,
@@ -147,6 +157,20 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     return out
 
 
+def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,
+                  rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
+    from zcnet.bench.peers import run_peer
+
+    if t.lab is None:
+        return cell_result(mtu, peer, placement, "unsupported",
+                           "peers run inside the lab; run as root without --no-lab")
+    row = run_peer(peer, t.lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=opts.duration, mtu=mtu,
+                   placement=placement)
+    if row.get("gbps") is not None:
+        row["gbps"] = round(row["gbps"], 3)
+    return row
+
+
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
@@ -156,10 +180,12 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     results: list[dict[str, Any]] = []
     env: dict[str, Any] = collect_env(lab=False)
     doc = envelope("bench", env, results)
+    if not opts.mtus:
+        raise UsageError("no MTU given", "pass --mtu 1500,4096,9000 or leave it out")
     by_mtu: dict[int, list[tuple[str, str]]] = {}
     for mtu, engine, placement in opts.cells():
         by_mtu.setdefault(mtu, []).append((engine, placement))
-    first = next(iter(by_mtu), 1500)
+    first = opts.mtus[0]
     try:
         with target(opts.lab, first) as t:
             env.update(lab=t.env["lab"], target=t.env)
@@ -173,12 +199,26 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
                         write_json(opts.json_path, doc)
                     if on_cell:
                         on_cell(res)
-    except ZcnetError:
-        raise
     finally:
         if opts.json_path:
             write_json(opts.json_path, doc)
     return doc
+
+
+def peer_ratios(doc: dict[str, Any], peer: str = "iperf3") -> list[dict[str, Any]]:
+    """Best zcnet engine vs ``peer`` per (MTU, placement), for the notes and the closing table."""
+    out = []
+    ok = [r for r in doc["results"] if r["status"] == "ok" and r.get("gbps")]
+    for key in dict.fromkeys((r["mtu"], r["placement"]) for r in ok):
+        rows = [r for r in ok if (r["mtu"], r["placement"]) == key]
+        ref = next((r for r in rows if r["engine"] == peer), None)
+        ours = [r for r in rows if not r.get("peer")]
+        if ref and ours:
+            best = max(ours, key=lambda r: r["gbps"])
+            out.append({"mtu": key[0], "placement": key[1], "engine": best["engine"],
+                        "gbps": best["gbps"], "peer": peer, "peer_gbps": ref["gbps"],
+                        "ratio": round(best["gbps"] / ref["gbps"], 3)})
+    return out
 
 
 def verify_failed(doc: dict[str, Any]) -> int:

@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--duration", type=float, default=2.0, help="seconds per cell (default 2)")
     p.add_argument("--verify", action="store_true",
                    help="check every received byte against the sender's pattern")
+    p.add_argument("--peers", type=_csv("peer"), default=(),
+                   help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--no-lab", dest="lab", action="store_false", default=None,
@@ -64,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     _check_choices(args)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
-                        json_path=args.json)
+                        json_path=args.json, peers=args.peers)
     opts.validate()
     console = Console(stderr=True)
     if args.lab is None and os.geteuid() != 0:

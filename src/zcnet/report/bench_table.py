@@ -58,6 +58,11 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
         if r.get("verify", {}).get("mismatches"):
             v = r["verify"]
             notes.append(f"verify: {where}: {v['mismatches']} of {v['checked_bytes']} bytes wrong")
+    from zcnet.bench.run import peer_ratios
+
+    for r in peer_ratios(doc):
+        notes.append(f"mtu {r['mtu']} {r['placement']}: best zcnet engine {r['engine']} "
+                     f"{r['gbps']:.1f} Gbps = {r['ratio']:.2f}x {r['peer']} ({r['peer_gbps']:.1f})")
     target = doc["env"].get("target", {})
     if not doc["env"].get("lab"):
         notes.append(target.get("note", "loopback, not a lab"))
