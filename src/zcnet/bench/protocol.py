@@ -174,7 +174,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                   "local_port": PORT},
     "probe": {"flow": FLOW},
     "probed": {"flow": FLOW, "cpu": Field(int, lo=-1, hi=1 << 16)},
-    "pin": {"flow": FLOW, "cpu": CPU},
+    # role: pin only that end of the flow (both ends live in one session when src == dst).
+    "pin": {"flow": FLOW, "cpu": CPU, "role": Field(str, required=False, choices=("rx", "tx"))},
     "pinned": {"flow": FLOW, "cpu": CPU},
     "close": {"flow": FLOW},
     "closed": {"flow": FLOW},

@@ -1,0 +1,303 @@
+"""``zcnet client``: orchestrate flows between two servers without carrying traffic itself.
+
+For each flow the client asks the destination server to open a receiving end, the source server
+to connect a sending end to it, and the destination for the CPU the connection's packets arrive
+on (SO_INCOMING_CPU after accept). If that CPU is outside ``cpu_min..cpu_max`` the flow is closed
+and connected again, as kperf does, until it lands where wanted. ``pin_off`` K then pins each
+application end on its socket's receive CPU + K (0: same core as the softirq, 1: its neighbour).
+When every flow is placed, both servers start at once, and their results are merged per flow.
+
+Some facts about SO_INCOMING_CPU: the kernel records, on every packet it delivers to a socket, the
+CPU that ran the receive path; read right after accept it names the CPU of the handshake's last
+ACK, which on a NIC is the RSS queue's IRQ CPU, on veth and loopback the sending process's CPU.
+So on this machine the discovery loop retries until the sender happened to run on a wanted CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zcnet.bench import protocol as proto
+from zcnet.bench.protocol import NEED_DATA, ProtocolError, Role
+from zcnet.bench.rr import PERCENTILES, merge_encoded, summarize
+from zcnet.bench.server import GRACE, parse_hostport
+from zcnet.errors import UsageError, ZcnetError
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 60.0
+
+
+@dataclass
+class ClientOptions:
+    src: str = "127.0.0.1"           # control address of the sending side's server, HOST[:PORT]
+    dst: str = "127.0.0.1"           # control address of the receiving side's server
+    data_host: str | None = None     # where flows connect on dst (default: dst's host)
+    mode: str = "stream"             # "stream" | "rr"
+    flows: int = 1
+    duration: float = 5.0
+    rx_engine: str = "epoll"
+    tx: str = "copy"
+    read_size: int = 1 << 20
+    write_size: int = 1 << 20
+    req_size: int = 1
+    resp_size: int = 1
+    cpu_min: int | None = None
+    cpu_max: int | None = None
+    pin_off: int | None = None
+    tokens: dict[str, bytes] = field(default_factory=dict)  # control host -> token
+    token: bytes | None = None        # for hosts not in ``tokens``
+    max_attempts: int = 64
+    # Called with the placed flows right after start (tests use it to inject faults).
+    on_started: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def validate(self) -> None:
+        if self.mode not in proto.MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", f"use one of {list(proto.MODES)}")
+        if not 1 <= self.flows <= 1024:
+            raise UsageError(f"{self.flows} flows", "use -n 1..1024")
+        if not 0.01 <= self.duration <= 1e6:
+            raise UsageError(f"duration {self.duration}", "use -t with a positive number")
+        for name in ("read_size", "write_size", "req_size", "resp_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name.replace('_', '-')} must be >= 1", "give a size in bytes")
+        if (self.cpu_min is not None and self.cpu_max is not None
+                and self.cpu_min > self.cpu_max):
+            raise UsageError("--cpu-min is above --cpu-max", "swap them")
+        if self.pin_off is not None and self.pin_off < 0:
+            raise UsageError("--pin-off must be >= 0", "0 pins on the RX CPU itself")
+
+    def wanted(self, cpu: int) -> bool:
+        return ((self.cpu_min is None or cpu >= self.cpu_min)
+                and (self.cpu_max is None or cpu <= self.cpu_max))
+
+
+class Control:
+    """The client end of one control connection: blocking requests over the sans-I/O protocol."""
+
+    def __init__(self, addr: str, token: bytes | None) -> None:
+        self.addr = addr
+        host, port = parse_hostport(addr)
+        self.host = host
+        self.conn = proto.Connection(Role.CLIENT)
+        try:
+            self.sock = socket.create_connection((host, port), timeout=10)
+        except OSError as e:
+            raise ZcnetError(f"cannot reach zcnet server at {host}:{port}: {e.strerror or e}",
+                             "start `zcnet server` there (or pass --ssh HOST)") from None
+        self.sock.settimeout(REQUEST_TIMEOUT)
+        try:
+            self.send({"type": "hello", "version": proto.PROTOCOL_VERSION,
+                       "caps": list(proto.CAPABILITIES)})
+            welcome = self.receive(REQUEST_TIMEOUT)
+            self.cpus: int = welcome["cpus"]
+            self.limits: dict[str, Any] = welcome["limits"]
+            self.send({"type": "auth", "mac": proto.auth_mac(token or b"", welcome["challenge"])})
+            self.receive(REQUEST_TIMEOUT)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.sock.sendall(self.conn.send(msg))
+        except OSError as e:
+            raise ZcnetError(f"server {self.addr}: connection lost ({e})") from None
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ev = self.conn.next_event()
+            except ProtocolError as e:
+                raise ZcnetError(f"server {self.addr}: {e.message}") from None
+            if ev is not NEED_DATA:
+                assert isinstance(ev, dict)
+                if ev["type"] == "error":
+                    raise _server_error(self.addr, ev)
+                return ev
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ZcnetError(f"server {self.addr}: no answer within {timeout:.0f} s")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            self.conn.receive_data(data)
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.send(msg)
+        return self.receive(REQUEST_TIMEOUT)
+
+    def close(self) -> None:
+        """Say goodbye when the conversation allows it; close the socket in any case."""
+        try:
+            if self.conn.state in ("ready", "running"):
+                self.sock.settimeout(5)
+                self.request({"type": "end"})
+        except (ZcnetError, OSError, ProtocolError):
+            pass
+        finally:
+            self.sock.close()
+
+
+def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
+    hints = {
+        "auth": "use the same --token-file as the server",
+        "limit": "ask for less (fewer flows, shorter run, smaller buffers) or raise the server's "
+                 "limits",
+        "unsupported": "pick an engine/tx path the server has",
+        "version": "run the same zcnet version on both ends",
+    }
+    return ZcnetError(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]))
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+@dataclass
+class ClientResult:
+    flows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    cpus: dict[str, dict[str, Any]]     # side ("src"/"dst", or "host" if one) -> {cpu: shares}
+    options: dict[str, Any]
+
+
+def _token_for(opts: ClientOptions, addr: str) -> bytes | None:
+    host, _ = parse_hostport(addr)
+    return opts.tokens.get(host, opts.tokens.get(addr, opts.token))
+
+
+def run(opts: ClientOptions) -> ClientResult:
+    opts.validate()
+    same = parse_hostport(opts.src) == parse_hostport(opts.dst)
+    controls: list[Control] = []
+    try:
+        dst = Control(opts.dst, _token_for(opts, opts.dst))
+        controls.append(dst)
+        if same:
+            src = dst
+        else:
+            src = Control(opts.src, _token_for(opts, opts.src))
+            controls.append(src)
+        placed = [_place(opts, src, dst, i) for i in range(opts.flows)]
+        for c in reversed(controls):  # receivers (dst) were started first, by convention
+            c.send({"type": "start", "duration": float(opts.duration)})
+        if opts.on_started:
+            opts.on_started(placed)
+        wait = opts.duration + GRACE + 15
+        replies = {id(c): c.receive(wait) for c in controls}
+        return _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
+    finally:
+        for c in controls:
+            c.close()
+
+
+def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[str, Any]:
+    """Open, connect and probe one flow until its RX CPU is wanted; then pin it."""
+    data_host = opts.data_host or dst.host
+    for attempt in range(1, opts.max_attempts + 1):
+        opened = dst.request({"type": "open", "flow": flow, "mode": opts.mode,
+                              "engine": opts.rx_engine, "read_size": opts.read_size,
+                              "req_size": opts.req_size, "resp_size": opts.resp_size})
+        connected = src.request({"type": "connect", "flow": flow, "host": data_host,
+                                 "port": opened["port"], "mode": opts.mode, "tx": opts.tx,
+                                 "write_size": opts.write_size, "req_size": opts.req_size,
+                                 "resp_size": opts.resp_size})
+        rx_cpu = dst.request({"type": "probe", "flow": flow})["cpu"]
+        if opts.wanted(rx_cpu):
+            break
+        log.info("flow %d landed on CPU %d, reconnecting (attempt %d)", flow, rx_cpu, attempt)
+        src.request({"type": "close", "flow": flow})
+        if dst is not src:
+            dst.request({"type": "close", "flow": flow})
+    else:
+        raise ZcnetError(f"flow {flow}: no connection landed on CPUs "
+                         f"{opts.cpu_min}..{opts.cpu_max} in {opts.max_attempts} attempts",
+                         "widen --cpu-min/--cpu-max, or steer flows (RSS/ntuple) to those CPUs")
+    info = {"flow": flow, "attempts": attempt, "rx_cpu": rx_cpu, "tx_cpu": connected["cpu"],
+            "rx_pid": opened["pid"], "tx_pid": connected["pid"], "rx_app_cpu": None,
+            "tx_app_cpu": None}
+    if opts.pin_off is not None:
+        info["rx_app_cpu"] = dst.request({"type": "pin", "flow": flow, "role": "rx",
+                                          "cpu": (rx_cpu + opts.pin_off) % dst.cpus})["cpu"]
+        if connected["cpu"] >= 0:
+            info["tx_app_cpu"] = src.request({"type": "pin", "flow": flow, "role": "tx",
+                                              "cpu": (connected["cpu"] + opts.pin_off)
+                                              % src.cpus})["cpu"]
+    return info
+
+
+_TCP_TX = ("retrans", "reord_seen", "rtt_us", "min_rtt_us", "snd_cwnd", "reordering",
+           "bytes_retrans")
+_TCP_RX = ("rcv_ooopack", "rtt_us")
+
+
+def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str, Any],
+           dst_res: dict[str, Any], same: bool) -> ClientResult:
+    def by(res: dict[str, Any], role: str) -> dict[int, dict[str, Any]]:
+        return {f["flow"]: f for f in res["flows"] if f.get("role") == role}
+
+    rx, tx = by(dst_res, "rx"), by(src_res, "tx")
+    flows: list[dict[str, Any]] = []
+    hists: list[str] = []
+    for p in placed:
+        r, t = rx.get(p["flow"], {}), tx.get(p["flow"], {})
+        errors = [e for e in (r.get("error"), t.get("error")) if e]
+        if not r or not t:
+            errors.append("missing result")
+        row: dict[str, Any] = {**p, "mode": opts.mode, "engine": opts.rx_engine, "tx": opts.tx,
+                               "status": "error" if errors else "ok",
+                               "error": "; ".join(errors) or None}
+        if opts.mode == "stream":
+            nbytes, secs = r.get("bytes", 0), r.get("seconds", 0.0)
+            row.update(bytes=nbytes, seconds=secs, bytes_sent=t.get("bytes_sent"),
+                       gbps=round(nbytes * 8 / secs / 1e9, 3) if secs else 0.0)
+        else:
+            n, secs = t.get("transactions", 0), t.get("seconds", 0.0)
+            row.update(transactions=n, seconds=secs, tps=round(n / secs, 1) if secs else 0.0,
+                       **t.get("latency", {}))
+            if t.get("hist"):
+                hists.append(t["hist"])
+        row["tcp_tx"] = {k: t.get("tcp", {}).get(k) for k in _TCP_TX}
+        row["tcp_rx"] = {k: r.get("tcp", {}).get(k) for k in _TCP_RX}
+        flows.append(row)
+    ok = [f for f in flows if f["status"] == "ok"]
+    summary: dict[str, Any] = {"flows": len(flows), "ok": len(ok), "mode": opts.mode}
+    if opts.mode == "stream":
+        summary["gbps"] = round(sum(f["gbps"] for f in ok), 3)
+    else:
+        summary["tps"] = round(sum(f["tps"] for f in ok), 1)
+        if hists:
+            summary.update(summarize(merge_encoded(hists)))
+    if same:  # one server, one set of CPUs: label with both ends
+        cpus = {"host": _side_cpus(dst_res, placed, ("rx", "tx"))}
+    else:
+        cpus = {"dst": _side_cpus(dst_res, placed, ("rx",)),
+                "src": _side_cpus(src_res, placed, ("tx",))}
+    return ClientResult(flows, summary, cpus, {k: v for k, v in vars(opts).items()
+                                               if k not in ("tokens", "token", "on_started")})
+
+
+def _side_cpus(res: dict[str, Any], placed: list[dict[str, Any]],
+               ends: tuple[str, ...]) -> dict[str, Any]:
+    """Shares per watched CPU, labelled with what ran there (softirq, application)."""
+    roles: dict[str, set[str]] = {}
+    for p in placed:
+        for role in ends:
+            for key, label in ((f"{role}_cpu", f"{role}-softirq"),
+                               (f"{role}_app_cpu", f"{role}-app")):
+                if p.get(key) is not None and p[key] >= 0:
+                    roles.setdefault(str(p[key]), set()).add(label)
+    return {cpu: {**shares, "roles": sorted(roles.get(cpu, ()))}
+            for cpu, shares in res.get("cpus", {}).items()}
+
+
+PERCENTILE_KEYS = tuple(f"p{p:g}_us" for p in PERCENTILES)

@@ -1,0 +1,297 @@
+"""Flow workers run by ``zcnet server``: request/response at both ends, and the stream ends.
+
+A server session starts one worker process per flow end and drives it with dict messages over a
+pipe, in the style of ``zcnet.bench.worker`` but with one more step, so that the client can
+discover the receive CPU and reconnect before anything is measured:
+
+    rx -> {"event": "ready", "port": P}         listening
+    rx -> {"event": "accepted", "cpu": C}       SO_INCOMING_CPU right after accept
+    tx -> {"event": "ready", "cpu": C, "local_port": L}
+    any <- {"cmd": "start", "duration": D}
+    any -> {"event": "result", ...} | {"event": "error", "reason": "..."}
+
+Stream: the receiver reads to EOF with a shared rx engine (``zcnet.rx.engines``), the sender
+sends the shared verification pattern for D seconds, then shuts down its half. Request/response:
+the sender writes ``req_size`` bytes and waits for ``resp_size`` back, timing each transaction;
+latencies go into a list and are moved into an HDR histogram a batch at a time (one vectorized
+bucketing per batch, not a Python call per sample).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from zcnet.bench import tcpinfo
+from zcnet.uapi.socket import SO_INCOMING_CPU
+
+log = logging.getLogger(__name__)
+
+ACCEPT_TIMEOUT = 30.0
+BATCH = 4096
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+# 1 ns .. 100 s at 3 significant digits: 0.1 % resolution, the usual choice for latency.
+HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 100_000_000_000, 3
+
+
+class Channel(Protocol):
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+@dataclass
+class FlowSpec:
+    role: str               # "rx" (accepts, receives / answers) | "tx" (connects, sends / asks)
+    mode: str               # "stream" | "rr"
+    host: str               # rx: address to bind; tx: address to connect to
+    port: int = 0
+    engine: str = "epoll"   # rx engine for stream mode
+    tx: str = "copy"        # send path for stream mode
+    read_size: int = 1 << 20
+    write_size: int = 1 << 20
+    req_size: int = 1
+    resp_size: int = 1
+    name: str = "zcnet-flow"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- HDR histogram, filled in batches ----------------------------------------------------------
+
+def new_histogram() -> HdrHistogram:
+    return HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+
+
+def record_batch(hist: HdrHistogram, values: np.ndarray) -> None:
+    """Add many values at once: bucket them with numpy, then one call per distinct bucket.
+
+    A value's HDR bucket is fixed by its top bits (``sub_bucket_half_count_magnitude + 1`` of
+    them); clearing the bits below gives the bucket's lowest equivalent value, so values that
+    share a bucket collapse under ``np.unique`` and the histogram sees each bucket once.
+    """
+    v = np.asarray(values, dtype=np.int64)
+    v = v[(v >= 0) & (v <= hist.highest_trackable_value)]
+    if not v.size:
+        return
+    width = np.zeros(v.shape, dtype=np.int64)
+    big = v > 0
+    width[big] = np.floor(np.log2(v[big])).astype(np.int64) + 1      # bit length
+    shift = np.maximum(width - (hist.sub_bucket_half_count_magnitude + 1) - hist.unit_magnitude,
+                       0) + hist.unit_magnitude
+    low = (v >> shift) << shift
+    vals, counts = np.unique(low, return_counts=True)
+    for value, count in zip(vals.tolist(), counts.tolist(), strict=True):
+        hist.record_value(value, count)
+
+
+def summarize(hist: HdrHistogram) -> dict[str, float]:
+    """Percentiles in microseconds (the unit people compare RR latencies in)."""
+    if hist.get_total_count() == 0:
+        return {}
+    out = {f"p{p:g}_us": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
+    out["mean_us"] = hist.get_mean_value() / 1000
+    out["max_us"] = hist.get_max_value() / 1000
+    out["min_us"] = hist.get_min_value() / 1000
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def encode_histogram(hist: HdrHistogram) -> str:
+    return hist.encode().decode("ascii")
+
+
+def merge_encoded(encoded: list[str]) -> HdrHistogram:
+    total = new_histogram()
+    for e in encoded:
+        total.decode_and_add(e)
+    return total
+
+
+# ---- process plumbing --------------------------------------------------------------------------
+
+_PR_SET_NAME = 15
+_PR_SET_PDEATHSIG = 1
+
+
+def _process_setup(name: str) -> None:
+    """Name the process (``ps``/``comm`` shows which are flow workers) and make it die with its
+    parent, so a killed server never leaves a worker blocked in recv."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The server handles Ctrl-C; a worker is stopped by its session.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _incoming_cpu(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.SOL_SOCKET, SO_INCOMING_CPU)
+
+
+def _recv_exact(sock: socket.socket, mv: memoryview) -> bool:
+    """Fill ``mv``; False on EOF before the first byte (the peer finished), error mid-message."""
+    got, n = 0, len(mv)
+    while got < n:
+        k = sock.recv_into(mv[got:])
+        if k == 0:
+            if got:
+                raise ConnectionError(f"peer closed mid-message ({got} of {n} bytes)")
+            return False
+        got += k
+    return True
+
+
+def _wait_start(chan: Channel) -> float | None:
+    msg = chan.recv()
+    if msg.get("cmd") != "start":
+        return None
+    return float(msg["duration"])
+
+
+# ---- receiving end -----------------------------------------------------------------------------
+
+def _serve_stream(spec: FlowSpec, conn: socket.socket, duration: float) -> dict[str, Any]:
+    from zcnet.rx.engines import EngineOptions, make_engine
+
+    engine = make_engine(spec.engine, EngineOptions(bufsize=spec.read_size))
+    why = engine.unsupported()
+    if why:
+        raise RuntimeError(f"engine {spec.engine} unsupported: {why}")
+    stats = engine.run(conn, None)
+    return {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
+            "engine_stats": stats.extra}
+
+
+def _serve_rr(spec: FlowSpec, conn: socket.socket, duration: float) -> dict[str, Any]:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    req = memoryview(bytearray(spec.req_size))
+    resp = bytes(spec.resp_size)
+    n = 0
+    t0 = time.monotonic()
+    while _recv_exact(conn, req):
+        conn.sendall(resp)
+        n += 1
+    return {"transactions": n, "bytes": n * spec.req_size, "seconds": time.monotonic() - t0}
+
+
+def run_rx(spec: FlowSpec, chan: Channel) -> None:
+    with socket.socket(_family(spec.host), socket.SOCK_STREAM) as ls:
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((spec.host, spec.port))
+        ls.listen(1)
+        chan.send({"event": "ready", "port": ls.getsockname()[1]})
+        ls.settimeout(ACCEPT_TIMEOUT)
+        conn, _ = ls.accept()
+    with conn:
+        conn.settimeout(None)
+        chan.send({"event": "accepted", "cpu": _incoming_cpu(conn)})
+        duration = _wait_start(chan)
+        if duration is None:
+            return
+        before = tcpinfo.read(conn)
+        result = RX_MODES[spec.mode](spec, conn, duration)
+        result.update(event="result", role="rx", incoming_cpu=_incoming_cpu(conn),
+                      app_cpu=os.sched_getaffinity(0).pop() if len(os.sched_getaffinity(0)) == 1
+                      else None, tcp=tcpinfo.delta(before, tcpinfo.read(conn)))
+    chan.send(result)
+
+
+# ---- sending end -------------------------------------------------------------------------------
+
+def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+    from zcnet.bench.verify import PERIOD, TILED
+
+    chunk = min(spec.write_size, PERIOD)
+    mv = memoryview(TILED)
+    sent = 0
+    t0 = time.monotonic()
+    deadline = t0 + duration
+    while time.monotonic() < deadline:
+        for _ in range(8):  # amortize the clock read
+            start = sent % PERIOD
+            sent += sock.send(mv[start:start + chunk])
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)  # the receiver closes after EOF: its byte count is then final
+    return {"bytes_sent": sent, "seconds": time.monotonic() - t0}
+
+
+def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    req = bytes(spec.req_size)
+    resp = memoryview(bytearray(spec.resp_size))
+    hist = new_histogram()
+    lat: list[int] = []
+    clock = time.perf_counter_ns
+    n = 0
+    start = clock()
+    deadline = start + int(duration * 1e9)
+    t1 = start
+    while t1 < deadline:
+        t0 = clock()
+        sock.sendall(req)
+        if not _recv_exact(sock, resp):
+            raise ConnectionError("peer closed during request/response")
+        t1 = clock()
+        lat.append(t1 - t0)
+        if len(lat) >= BATCH:
+            record_batch(hist, np.array(lat, dtype=np.int64))
+            n += len(lat)
+            lat.clear()
+    record_batch(hist, np.array(lat, dtype=np.int64))
+    n += len(lat)
+    elapsed = (clock() - start) / 1e9
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)
+    return {"transactions": n, "seconds": elapsed, "bytes_sent": n * spec.req_size,
+            "latency": summarize(hist), "hist": encode_histogram(hist)}
+
+
+def run_tx(spec: FlowSpec, chan: Channel) -> None:
+    sock = socket.create_connection((spec.host, spec.port), timeout=10)
+    with sock:
+        sock.settimeout(None)
+        chan.send({"event": "ready", "cpu": _incoming_cpu(sock),
+                   "local_port": sock.getsockname()[1]})
+        duration = _wait_start(chan)
+        if duration is None:
+            return
+        before = tcpinfo.read(sock)
+        result = TX_MODES[spec.mode](spec, sock, duration)
+        result.update(event="result", role="tx", incoming_cpu=_incoming_cpu(sock),
+                      tcp=tcpinfo.delta(before, tcpinfo.read(sock)))
+    chan.send(result)
+
+
+RX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] = {
+    "stream": _serve_stream, "rr": _serve_rr}
+TX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] = {
+    "stream": _send_stream, "rr": _ask_rr}
+TX_PATHS = ("copy",)
+ROLES: dict[str, Callable[[FlowSpec, Channel], None]] = {"rx": run_rx, "tx": run_tx}
+
+
+def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
+    """Process entry point: one flow end; every failure becomes an error message."""
+    spec = FlowSpec(**spec_dict)
+    _process_setup(spec.name)
+    try:
+        ROLES[spec.role](spec, chan)
+    except (OSError, ValueError, RuntimeError, EOFError) as e:
+        log.debug("flow worker %s failed", spec.role, exc_info=True)
+        with contextlib.suppress(OSError):  # the session is gone; nobody to tell
+            chan.send({"event": "error", "reason": f"{spec.role} worker: {e}"})

@@ -1,0 +1,491 @@
+"""``zcnet server``: the daemon a client drives, one session per control connection.
+
+Each session runs in a thread of the server and owns the flow workers it started: one process per
+flow end (``zcnet.bench.rr.flow_main``), pinned where the client asks. The session speaks the
+sans-I/O protocol of ``zcnet.bench.protocol`` over its socket; any invalid message gets an
+``error`` reply and ends that session only.
+
+Some facts about lifetimes, and why the code is this way:
+
+- A session never outlives its client. Between requests the session waits at most
+  ``session_timeout`` for the next message; during a run it watches its control socket next to
+  the workers, so a client that dies mid-run (EOF or reset) has its workers killed at once, and
+  one that vanishes silently is reaped ``GRACE`` seconds after the run should have ended.
+- Workers come from a ``forkserver``: the forkserver is forked before any session thread exists,
+  so workers never inherit a lock held by another thread, and they start in milliseconds (a
+  ``spawn``ed interpreter takes a second on a loaded 2-CPU machine, and RX-CPU discovery may
+  start several). Workers ask for SIGKILL when their parent dies, and the forkserver exits with
+  the server, so even a SIGKILLed server leaves nothing behind.
+- Listening beyond loopback needs a token (HMAC challenge-response, constant-time compare);
+  without one the empty key is used, which only a loopback listener accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from zcnet.bench import protocol as proto
+from zcnet.bench.cpustat import CpuTimes
+from zcnet.bench.protocol import NEED_DATA, Limits, RemoteProtocolError, Role
+from zcnet.bench.rr import TX_PATHS, FlowSpec, flow_main
+from zcnet.errors import UsageError, ZcnetError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = ("127.0.0.1", proto.DEFAULT_PORT)
+WORKER_TIMEOUT = 20.0     # a worker's ready / accepted report
+GRACE = 10.0              # beyond a run's duration, for draining and reporting
+MAX_SESSIONS = 64
+_ctx = mp.get_context("forkserver")
+
+
+class SessionError(Exception):
+    """A request could not be served; ``code`` goes into the error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def parse_hostport(text: str, default_port: int = proto.DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or ``V6`` -> (host, port)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    try:
+        return host, int(port) if port else default_port
+    except ValueError:
+        raise UsageError(f"bad port in {text!r}", "use HOST:PORT, e.g. 127.0.0.1:18323") from None
+
+
+def read_token(path: str) -> bytes:
+    try:
+        token = open(path, "rb").read().strip()  # noqa: SIM115 - closed by refcount at once
+    except OSError as e:
+        raise UsageError(f"cannot read token file {path}: {e.strerror}",
+                         "create it with e.g. `head -c 32 /dev/urandom | base64 > FILE`") from None
+    if len(token) < 8:
+        raise UsageError(f"token in {path} is shorter than 8 bytes", "use a longer secret")
+    return token
+
+
+# ---- one flow end ------------------------------------------------------------------------------
+
+class FlowProc:
+    """One worker process and its pipe; ``stop`` always leaves neither behind."""
+
+    def __init__(self, flow: int, spec: FlowSpec) -> None:
+        self.flow = flow
+        self.role = spec.role
+        self.conn, child = _ctx.Pipe()
+        self.proc: BaseProcess = _ctx.Process(target=flow_main, args=(spec.to_dict(), child),
+                                              name=f"zcnet-{spec.role}{flow}")
+        self.proc.start()
+        child.close()
+        self.cpu: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def expect(self, event: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
+        if not self.conn.poll(timeout):
+            raise SessionError("worker", f"flow {self.flow} {self.role} worker: no {event} "
+                               f"within {timeout:.0f} s")
+        msg = self.recv()
+        if msg.get("event") != event:
+            raise SessionError("worker", msg.get("reason") or f"unexpected {msg.get('event')}")
+        return msg
+
+    def recv(self) -> dict[str, Any]:
+        """The worker's next message; a dead worker reads as an error event."""
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(1)
+            return {"event": "error",
+                    "reason": f"{self.role} worker died (exit code {self.proc.exitcode})"}
+        return msg if isinstance(msg, dict) else {"event": "error", "reason": "bad message"}
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+        self.proc.close()
+
+
+# ---- one session -------------------------------------------------------------------------------
+
+@dataclass
+class Session:
+    sock: socket.socket
+    peer: str
+    token: bytes
+    limits: Limits
+    timeout: float
+    bind_host: str
+    ident: int
+    flows: dict[tuple[int, str], FlowProc] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.conn = proto.Connection(Role.SERVER, self.limits)
+        self.challenge = proto.new_challenge()
+        self.abort = threading.Event()
+
+    # -- transport -------------------------------------------------------------------------------
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        self.sock.sendall(self.conn.send(msg))
+
+    def _read_into_conn(self, timeout: float) -> None:
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            raise SessionError("timeout", f"no message for {timeout:.0f} s") from None
+        except ConnectionError:
+            data = b""
+        self.conn.receive_data(data)
+
+    def _next(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = self.conn.next_event()
+            if ev is not NEED_DATA:
+                assert isinstance(ev, dict)
+                return ev
+            left = deadline - time.monotonic()
+            if left <= 0 or self.abort.is_set():
+                raise SessionError("timeout", f"no message for {timeout:.0f} s")
+            self._read_into_conn(min(left, 1.0) if not self.abort.is_set() else 0.01)
+
+    # -- conversation ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._converse()
+        except RemoteProtocolError as e:
+            if e.code == "eof":
+                log.info("session %d (%s): client went away", self.ident, self.peer)
+            else:
+                log.warning("session %d (%s): %s", self.ident, self.peer, e.message)
+                self._try_error(e.code, e.message)
+        except SessionError as e:
+            log.warning("session %d (%s): %s", self.ident, self.peer, e)
+            self._try_error(e.code, str(e))
+        except OSError as e:
+            log.info("session %d (%s): connection lost: %s", self.ident, self.peer, e)
+        finally:
+            self.reap()
+            self.sock.close()
+
+    def _try_error(self, code: str, message: str) -> None:
+        try:
+            self.sock.settimeout(1.0)
+            self.sock.sendall(self.conn.send_error(code, message))
+        except OSError:
+            pass
+
+    def _converse(self) -> None:
+        hello = self._next(self.timeout)
+        log.info("session %d (%s): hello, caps %s", self.ident, self.peer, hello["caps"])
+        self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
+                    "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
+                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()})
+        auth = self._next(self.timeout)
+        if not proto.check_mac(self.token, self.challenge, auth["mac"]):
+            log.warning("session %d (%s): authentication failed, nothing run", self.ident,
+                        self.peer)
+            raise SessionError("auth", "authentication failed")
+        self._send({"type": "auth_ok"})
+        while not self.conn.closed:
+            msg = self._next(self.timeout)
+            kind = msg["type"]
+            if kind == "error":
+                log.warning("session %d: client error: %s", self.ident, msg["message"])
+                return
+            if kind == "end":
+                self.reap()
+                self._send({"type": "bye"})
+                return
+            # A request that cannot be served raises SessionError: error reply, session over.
+            self._send(HANDLERS[kind](self, msg))
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _spawn(self, flow: int, spec: FlowSpec) -> FlowProc:
+        fp = FlowProc(flow, spec)
+        self.flows[(flow, spec.role)] = fp
+        log.info("session %d: flow %d %s worker pid %d", self.ident, flow, spec.role, fp.pid)
+        return fp
+
+    def on_open(self, msg: dict[str, Any]) -> dict[str, Any]:
+        _check_engine(msg["engine"])
+        spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, engine=msg["engine"],
+                        read_size=msg["read_size"], req_size=msg["req_size"],
+                        resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}")
+        fp = self._spawn(msg["flow"], spec)
+        ready = fp.expect("ready")
+        return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}
+
+    def on_connect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["tx"] not in TX_PATHS:
+            raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(TX_PATHS)}")
+        spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], port=msg["port"],
+                        tx=msg["tx"], write_size=msg["write_size"], req_size=msg["req_size"],
+                        resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}")
+        fp = self._spawn(msg["flow"], spec)
+        ready = fp.expect("ready")
+        fp.cpu = ready["cpu"]
+        return {"type": "connected", "flow": msg["flow"], "pid": fp.pid, "cpu": ready["cpu"],
+                "local_port": ready["local_port"]}
+
+    def on_probe(self, msg: dict[str, Any]) -> dict[str, Any]:
+        fp = self._flow(msg["flow"], "rx")
+        if fp.cpu is None:
+            fp.cpu = fp.expect("accepted")["cpu"]
+        return {"type": "probed", "flow": msg["flow"], "cpu": fp.cpu}
+
+    def on_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cpu = msg["cpu"]
+        if cpu not in os.sched_getaffinity(0):
+            raise SessionError("invalid", f"CPU {cpu} is not available to the server")
+        ends = [fp for (f, role), fp in self.flows.items()
+                if f == msg["flow"] and msg.get("role", role) == role]
+        if not ends:
+            raise SessionError("invalid", f"no flow {msg['flow']}")
+        for fp in ends:
+            os.sched_setaffinity(fp.pid, {cpu})
+        return {"type": "pinned", "flow": msg["flow"], "cpu": cpu}
+
+    def on_close(self, msg: dict[str, Any]) -> dict[str, Any]:
+        for key in [k for k in self.flows if k[0] == msg["flow"]]:
+            self.flows.pop(key).stop()
+        return {"type": "closed", "flow": msg["flow"]}
+
+    def on_start(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run every flow end for ``duration``; a dead or failing worker is that flow's error."""
+        duration = msg["duration"]
+        before = CpuTimes.read()
+        t0 = time.monotonic()
+        ends = sorted(self.flows.values(), key=lambda fp: fp.role != "rx")  # receivers first
+        for fp in ends:
+            with contextlib.suppress(OSError):  # dead already: its recv below reports it
+                fp.conn.send({"cmd": "start", "duration": duration})
+        results: dict[int, dict[str, Any]] = {}
+        pending = {fp.conn: fp for fp in ends}
+        deadline = t0 + duration + GRACE
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for fp in pending.values():
+                    results[id(fp)] = _error(fp, f"no result {GRACE:.0f} s after the run")
+                break
+            ready = wait([*pending, self.sock], timeout=min(left, 1.0))
+            if self.sock in ready:
+                self._control_during_run()
+            for c in ready:
+                if c is self.sock:
+                    continue
+                fp = pending.pop(c)   # type: ignore[call-overload]
+                got = fp.recv()
+                if got.get("event") == "accepted":   # never probed: the report is still queued
+                    fp.cpu = got["cpu"]
+                    pending[c] = fp               # type: ignore[index]
+                    continue
+                results[id(fp)] = got if got.get("event") == "result" else _error(
+                    fp, got.get("reason", "worker failed"))
+        seconds = time.monotonic() - t0
+        cpus = CpuTimes.read().since(before)
+        flows = []
+        watch: set[int] = set()
+        for fp in ends:
+            r = dict(results.get(id(fp)) or _error(fp, "no result"))
+            r.pop("event", None)
+            r.update(flow=fp.flow, role=fp.role, pid=fp.pid, pinned=_pinned(fp))
+            flows.append(r)
+            watch.update(c for c in (r.get("incoming_cpu"), r["pinned"])
+                         if c is not None and c >= 0)
+        for fp in ends:
+            fp.stop()
+        self.flows.clear()
+        return {"type": "results", "flows": flows, "seconds": seconds,
+                "cpus": {str(c): cpus[c] for c in sorted(watch) if c in cpus}}
+
+    def _control_during_run(self) -> None:
+        """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
+        self._read_into_conn(1.0)
+        try:
+            ev = self.conn.next_event()
+        except RemoteProtocolError:
+            raise
+        if ev is not NEED_DATA:
+            raise SessionError("aborted", "client ended the session during the run")
+
+    def _flow(self, flow: int, role: str) -> FlowProc:
+        try:
+            return self.flows[(flow, role)]
+        except KeyError:
+            raise SessionError("invalid", f"no {role} end for flow {flow}") from None
+
+    def reap(self) -> None:
+        for fp in self.flows.values():
+            fp.stop()
+        self.flows.clear()
+
+
+def _error(fp: FlowProc, reason: str) -> dict[str, Any]:
+    return {"event": "error", "error": reason, "role": fp.role}
+
+
+def _pinned(fp: FlowProc) -> int | None:
+    try:
+        cpus = os.sched_getaffinity(fp.pid)
+    except OSError:
+        return None
+    return next(iter(cpus)) if len(cpus) == 1 else None
+
+
+def _check_engine(name: str) -> None:
+    from zcnet.rx.engines import engine_names
+
+    if name not in engine_names():
+        raise SessionError("unsupported", f"rx engine {name!r}; have {engine_names()}")
+
+
+HANDLERS: dict[str, Callable[[Session, dict[str, Any]], dict[str, Any]]] = {
+    "open": Session.on_open,
+    "connect": Session.on_connect,
+    "probe": Session.on_probe,
+    "pin": Session.on_pin,
+    "close": Session.on_close,
+    "start": Session.on_start,
+}
+
+
+# ---- the server --------------------------------------------------------------------------------
+
+class Server:
+    """Accepts control connections and runs each as a :class:`Session` in its own thread."""
+
+    def __init__(self, listen: tuple[str, int] = DEFAULT_LISTEN, token: bytes | None = None,
+                 limits: Limits | None = None, session_timeout: float = 60.0) -> None:
+        host, port = listen
+        if not is_loopback(host) and not token:
+            raise UsageError(f"listening on {host} without a token would let anyone on the "
+                             "network run workers", "pass --token-file FILE (same file for the "
+                             "client), or listen on 127.0.0.1")
+        self.token = token or b""
+        self.limits = limits or Limits()
+        self.session_timeout = session_timeout
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((host, port))
+            self.sock.listen(64)
+        except OSError as e:
+            self.sock.close()
+            raise ZcnetError(f"cannot listen on {host}:{port}: {e.strerror}",
+                             "pick another --listen address or port") from None
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+        # Data sockets bind where the control socket listens (all addresses for a wildcard).
+        self.bind_host = host
+        self._sessions: dict[int, tuple[Session, threading.Thread]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Start the forkserver now, while this process has a single thread.
+        _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.bench.verify"])
+        _start_forkserver()
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        try:
+            while not self._stop.is_set():
+                if not sel.select(timeout=0.5):
+                    self._collect()
+                    continue
+                try:
+                    csock, addr = self.sock.accept()
+                except OSError:
+                    continue
+                self._collect()
+                if len(self._sessions) >= MAX_SESSIONS:
+                    log.warning("refusing %s: %d sessions already", addr[0], MAX_SESSIONS)
+                    csock.close()
+                    continue
+                self._begin(csock, f"{addr[0]}:{addr[1]}")
+        finally:
+            sel.close()
+            self.close()
+
+    def _begin(self, csock: socket.socket, peer: str) -> None:
+        ident = next(self._ids)
+        s = Session(csock, peer, self.token, self.limits, self.session_timeout, self.bind_host,
+                    ident)
+        t = threading.Thread(target=s.run, name=f"zcnet-session-{ident}", daemon=True)
+        with self._lock:
+            self._sessions[ident] = (s, t)
+        log.info("session %d from %s", ident, peer)
+        t.start()
+
+    def _collect(self) -> None:
+        with self._lock:
+            for ident in [i for i, (_, t) in self._sessions.items() if not t.is_alive()]:
+                del self._sessions[ident]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop accepting, end every session (its workers with it), and wait for them."""
+        self._stop.set()
+        self.sock.close()
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s, _ in sessions:
+            s.abort.set()
+            with contextlib.suppress(OSError):
+                s.sock.shutdown(socket.SHUT_RDWR)
+        for _, t in sessions:
+            t.join(GRACE)
+
+
+def _start_forkserver() -> None:
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()

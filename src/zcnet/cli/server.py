@@ -1,0 +1,80 @@
+"""``zcnet server``: run the control daemon a ``zcnet client`` drives."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from zcnet.bench.protocol import Limits
+from zcnet.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("server", help="run the daemon that zcnet client drives (kperf-style)",
+                       description="Serve benchmark sessions: each control connection may open "
+                       "flows, pin their workers and run them. Listens on 127.0.0.1:18323 by "
+                       "default; any other address requires --token-file.")
+    p.add_argument("--listen", default="127.0.0.1:18323", metavar="ADDR:PORT",
+                   help="control address (default 127.0.0.1:18323; port 0 picks a free one)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="shared secret for challenge-response auth; '-' reads it from the first "
+                   "line of stdin")
+    p.add_argument("--exit-on-eof", action="store_true",
+                   help="exit when stdin closes (how an ssh-started server follows its client)")
+    p.add_argument("--session-timeout", type=float, default=60.0, metavar="S",
+                   help="reap a session whose client is silent this long (default 60)")
+    p.add_argument("--max-flows", type=int, default=Limits.max_flows, metavar="N")
+    p.add_argument("--max-duration", type=float, default=Limits.max_duration, metavar="S")
+    p.add_argument("--max-memory", type=int, default=Limits.max_memory, metavar="BYTES",
+                   help="sum of a session's buffers")
+    p.set_defaults(func=run)
+
+
+def _token(path: str | None) -> bytes | None:
+    from zcnet.bench.server import read_token
+
+    if path is None:
+        return None
+    if path == "-":
+        token = sys.stdin.buffer.readline().strip()
+        if len(token) < 8:
+            raise UsageError("token on stdin is shorter than 8 bytes", "send a longer secret")
+        return token
+    return read_token(path)
+
+
+def _watch_stdin(stop: threading.Event, on_eof: object) -> None:
+    while sys.stdin.buffer.read(4096):
+        pass
+    log.info("stdin closed: stopping")
+    on_eof()  # type: ignore[operator]
+
+
+def run(args: argparse.Namespace) -> int:
+    from zcnet.bench.server import Server, parse_hostport
+
+    if args.session_timeout <= 0 or args.max_flows <= 0 or args.max_duration <= 0:
+        raise UsageError("limits must be positive", "e.g. --session-timeout 30 --max-flows 64")
+    host, port = parse_hostport(args.listen)
+    limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
+                    max_memory=args.max_memory)
+    server = Server((host, port), token=_token(args.token_file), limits=limits,
+                    session_timeout=args.session_timeout)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    if args.exit_on_eof:
+        threading.Thread(target=_watch_stdin, args=(threading.Event(), server.stop),
+                         daemon=True).start()
+    print(f"zcnet server listening on {server.address}", flush=True)
+    server.serve_forever()
+    return 0
