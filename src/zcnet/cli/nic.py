@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
-    doc = envelope(kind, collect_env(lab=False, **extra), results)
+    doc = envelope(kind, collect_env(lab=False), results, **extra)
     json.dump(doc, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
 

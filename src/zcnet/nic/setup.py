@@ -301,11 +301,12 @@ def _undo_all(dev: Device, steps: list[Step], save: Callable[[], None]) -> list[
     return failures
 
 
-def apply(cfg: NicConfig, *, steps: list[Step] | None = None, after_step: Hook | None = None,
+def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook | None = None,
           device: Device | None = None) -> list[Step]:
     """Apply ``cfg`` (or explicit ``steps``) as a transaction; returns the steps applied.
 
-    ``after_step(i, step)`` runs after each finished step (tests inject faults there)."""
+    ``before_step(i, step)`` runs as each step starts, after the state file marks it
+    (tests inject faults and kills there)."""
     path = state_path(cfg.ifname, cfg.netns)
     if load_state(cfg.ifname, cfg.netns) is not None:
         raise ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
@@ -325,11 +326,11 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, after_step: Hook |
                 current = step
                 step.status = "applying"
                 save()
+                if before_step is not None:
+                    before_step(i, step)
                 _run_apply(dev, todo, step)
                 step.status = "done"
                 save()
-                if after_step is not None:
-                    after_step(i, step)
         except (ZcnetError, OSError, KeyboardInterrupt) as exc:
             failures = _undo_all(dev, todo, save)
             undone = [s.title for s in todo if s.status == "undone" and s is not current]

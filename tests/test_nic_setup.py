@@ -1,0 +1,178 @@
+"""`setup` is a transaction on a real veth: a failure at any step, Ctrl-C, or a killed process
+leaves (or lets `restore` bring back) the device exactly as it was; and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from zcnet.cli import main
+from zcnet.errors import ZcnetError
+from zcnet.lab import Lab
+from zcnet.nic import ethtool, info, setup
+from zcnet.nic.device import Device
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(setup.STATE_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def lab(no_leaks, state_dir):
+    with Lab() as lab:
+        yield lab
+
+
+def _state(lab) -> dict:
+    with Device.open(lab.if_a, lab.ns_a) as dev:
+        return info.config_state(dev)
+
+
+def _veth_steps(lab) -> list[setup.Step]:
+    """Steps veth really supports, each flipping the device away from its current state."""
+    with Device.open(lab.if_a, lab.ns_a) as dev:
+        ch = ethtool.channels_get(dev)
+        active = ethtool.features_get(dev)["active"].value
+    return [
+        setup.Step("channels", {"count": 2 if ch["rx-count"] != 2 else 1}),
+        setup.Step("feature", {"name": "rx-gro-list", "on": "rx-gro-list" not in active}),
+        setup.Step("feature", {"name": "rx-gro", "on": "rx-gro" not in active}),
+        setup.Step("feature", {"name": "rx-udp-gro-forwarding",
+                               "on": "rx-udp-gro-forwarding" not in active}),
+    ]
+
+
+def _cfg(lab, **kw) -> setup.NicConfig:
+    return setup.NicConfig(lab.if_a, kw.pop("queue", 1), kw.pop("port", 9999),
+                           netns=lab.ns_a, **kw)
+
+
+def test_zcrx_setup_on_veth_fails_at_hds_and_changes_nothing(lab, state_dir):
+    before = _state(lab)
+    with pytest.raises(setup.SetupError) as exc:
+        setup.apply(_cfg(lab))
+    msg = str(exc.value)
+    assert exc.value.step == "tcp-data-split on"
+    assert "driver veth does not support tcp-data-split" in msg
+    assert "undone: channels 2" in msg  # veth starts with one RX channel
+    assert _state(lab) == before
+    assert not list(state_dir.iterdir())
+
+
+@pytest.mark.parametrize("fail_at", range(4))
+@pytest.mark.parametrize("fault", [ZcnetError("injected fault"), KeyboardInterrupt()],
+                         ids=["error", "ctrl-c"])
+def test_failure_at_each_step_restores_everything(lab, state_dir, fail_at, fault):
+    before = _state(lab)
+    steps = _veth_steps(lab)
+    titles = [s.title for s in steps]
+
+    def inject(i: int, step: setup.Step) -> None:
+        if i == fail_at:
+            raise fault
+
+    expected = KeyboardInterrupt if isinstance(fault, KeyboardInterrupt) else setup.SetupError
+    with pytest.raises(expected) as exc:
+        setup.apply(_cfg(lab), steps=steps, before_step=inject)
+    if expected is setup.SetupError:
+        assert exc.value.step == titles[fail_at]
+        assert "injected fault" in str(exc.value)
+        for title in titles[:fail_at]:
+            assert title in str(exc.value)
+    assert _state(lab) == before
+    assert not list(state_dir.iterdir())
+
+
+def test_killed_between_steps_restore_finishes(lab, state_dir):
+    before = _state(lab)
+    steps = _veth_steps(lab)
+    child = textwrap.dedent(f"""
+        import os, signal
+        from zcnet.nic import setup
+        steps = [setup.Step(s["kind"], s["params"]) for s in {[{"kind": s.kind,
+                 "params": s.params} for s in steps]!r}]
+        def die(i, step):
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        setup.apply(setup.NicConfig({lab.if_a!r}, 1, 9999, netns={lab.ns_a!r}), steps=steps,
+                    before_step=die)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ), timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    saved = setup.load_state(lab.if_a, lab.ns_a)
+    assert saved is not None
+    assert [s["status"] for s in saved["steps"]] == ["done", "done", "applying", "pending"]
+    assert _state(lab) != before
+    undone = setup.restore(lab.if_a, lab.ns_a)
+    assert undone == [steps[2].title, steps[1].title, steps[0].title]
+    assert _state(lab) == before
+    assert setup.load_state(lab.if_a, lab.ns_a) is None
+
+
+def test_apply_restore_round_trip_and_guards(lab, state_dir):
+    before = _state(lab)
+    steps = _veth_steps(lab)
+    done = setup.apply(_cfg(lab), steps=steps)
+    assert [s.status for s in done] == ["done"] * len(steps)
+    assert _state(lab) != before
+    with pytest.raises(ZcnetError, match="already set up"):
+        setup.apply(_cfg(lab), steps=_veth_steps(lab))
+    setup.restore(lab.if_a, lab.ns_a)
+    assert _state(lab) == before
+    with pytest.raises(ZcnetError, match="nothing to restore"):
+        setup.restore(lab.if_a, lab.ns_a)
+
+
+def test_bad_config_is_a_usage_error(lab, state_dir):
+    for kw in ({"port": 0}, {"queue": -1}, {"mode": "magic"}, {"queue": 64}):
+        with pytest.raises(ZcnetError):
+            setup.apply(_cfg(lab, **kw))
+    assert not list(state_dir.iterdir())
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_doctor_exit_status_and_output(lab, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # keep rich from wrapping cells
+    rc = main(["nic", "doctor", lab.if_a, "--netns", lab.ns_a, "--queue", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    for name in ("io_uring zcrx", "HDS on", "hds-thresh 0", "RLIMIT_MEMLOCK", "IOMMU",
+                 "not ready"):
+        assert name in out
+    rc = main(["nic", "doctor", lab.if_a, "--netns", lab.ns_a, "--json", "--mode", "devmem"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["kind"] == "nic-doctor" and doc["ready"] is False
+    assert {r["status"] for r in doc["results"]} <= {"pass", "fail", "unknown"}
+
+
+def test_cli_setup_error_is_one_line(lab, state_dir, capsys):
+    before = _state(lab)
+    rc = main(["nic", "setup", lab.if_a, "--netns", lab.ns_a, "--queue", "1", "--port", "9999"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "setup step 'tcp-data-split on' failed: driver veth does not support tcp-data-split" \
+        in err
+    assert "Traceback" not in err
+    assert _state(lab) == before
+
+
+def test_cli_show_json_and_unknown_interface(lab, capsys):
+    assert main(["nic", "show", lab.if_a, "--netns", lab.ns_a, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "nic-show" and doc["results"][0]["driver"]["driver"] == "veth"
+    assert main(["nic", "show", "zz-nope", "--netns", lab.ns_a]) == 1
+    assert "no network interface named 'zz-nope'" in capsys.readouterr().err
+    assert main(["nic", "restore", lab.if_a, "--netns", lab.ns_a]) == 1
+    assert "nothing to restore" in capsys.readouterr().err
