@@ -1,0 +1,143 @@
+"""The experiment runner: substitutions, repeats, per-cell JSON, interruption, and a real run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zcnet.bench.experiments import Target, plan, run_experiment
+from zcnet.cli import main
+from zcnet.errors import Unsupported
+from zcnet.report.spec import Spec, builtin_spec, builtin_text
+from zcnet.report.tables import experiment_tables
+
+
+def test_lab_substitutes_zero_copy_engine() -> None:
+    p = plan(builtin_spec("mlx5-zcrx"), Target())
+    assert {c["engine"] for c in p.cells} == {"epoll", "uring", "soft-zc"}
+    assert len(p.cells) == 9
+    (sub,) = p.substitutions
+    assert sub["text"].startswith("engine zcrx runs as soft-zc: no zcrx-capable NIC")
+
+
+def test_real_nic_runs_the_real_thing() -> None:
+    p = plan(builtin_spec("mlx5-zcrx"), Target(ifname="eth2"))
+    assert {c["engine"] for c in p.cells} == {"epoll", "uring", "zcrx"}
+    assert p.substitutions == []
+
+
+def test_tx_mpwqe_ab_is_the_private_flag_on_a_nic() -> None:
+    spec = builtin_spec("tx-mpwqe")
+    lab = plan(spec, Target())
+    assert [c["mode"] for c in lab.cells] == ["single", "mmsg", "uring", "gso"]
+    assert "skb_tx_mpwqe private flag needs an mlx5 NIC" in lab.substitutions[0]["text"]
+    nic = plan(spec, Target(ifname="eth2"))
+    assert len(nic.cells) == 8
+    assert {c["variant"] for c in nic.cells} == {"skb_tx_mpwqe=off", "skb_tx_mpwqe=on"}
+    assert nic.baseline == {"mode": "single", "variant": "skb_tx_mpwqe=off"}
+    assert nic.substitutions == []
+
+
+def _fake_rows(cell: dict[str, Any], value: float) -> list[dict[str, Any]]:
+    return [{**cell, "status": "ok", "reason": "", "gbps": value, "seconds": 0.1}]
+
+
+def test_interrupted_run_keeps_measured_cells(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    calls: list[dict[str, Any]] = []
+
+    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(cell)
+        return _fake_rows(cell, 10.0 + len(calls))
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(builtin_spec("mlx5-zcrx"), json_path=out, measure=measure)
+    doc = json.loads(out.read_text())
+    assert doc["tool"] == "zcnet" and doc["kind"] == "experiment"
+    assert doc["complete"] is False
+    assert [(r["mtu"], r["engine"], r["gbps"]) for r in doc["results"]] == \
+        [(1500, "epoll", 11.0), (1500, "uring", 12.0)]
+    # What survived renders: measured cells show, the rest are simply absent.
+    (table,) = experiment_tables(doc)
+    assert table.rows[0][:3] == ["1500", "11.00 Gbit/s", "12.00 Gbit/s"]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_json_is_rewritten_after_every_cell(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    seen: list[int] = []
+
+    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+        seen.append(len(json.loads(out.read_text())["results"]) if out.exists() else 0)
+        return _fake_rows(cell, 5.0)
+
+    spec = dataclasses.replace(builtin_spec("zcrx-refs"))
+    doc = run_experiment(spec, json_path=out, measure=measure, repeat=2)
+    assert seen == list(range(8))  # cell k sees the k cells measured before it on disk
+    assert doc["complete"] is True
+    assert json.loads(out.read_text())["complete"] is True
+    # Repeats interleave: every cell once, then every cell again.
+    assert [r["repeat"] for r in doc["results"]] == [0] * 4 + [1] * 4
+
+
+def test_a_cell_that_cannot_run_does_not_end_the_run() -> None:
+    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+        if cell["engine"] == "uring":
+            raise Unsupported("io_uring is disabled", "sysctl kernel.io_uring_disabled=0")
+        return _fake_rows(cell, 7.0)
+
+    doc = run_experiment(builtin_spec("mlx5-zcrx"), measure=measure)
+    statuses = {(r["engine"], r["status"]) for r in doc["results"]}
+    assert statuses == {("epoll", "ok"), ("uring", "unsupported"), ("soft-zc", "ok")}
+    (table,) = experiment_tables(doc)
+    assert [row[2] for row in table.rows] == ["n/a"] * 3
+    assert any("io_uring is disabled" in n for n in table.notes)
+
+
+def _small_tx_spec(tmp_path: Path) -> Path:
+    text = builtin_text("tx-mpwqe").replace('mode = ["single", "mmsg", "uring", "gso"]',
+                                            'mode = ["single", "mmsg"]')
+    path = tmp_path / "tx-small.toml"
+    path.write_text(text.replace('name = "tx-mpwqe"', 'name = "tx-small"'))
+    return path
+
+
+@pytest.fixture
+def fonts_loaded(tmp_path: Path) -> None:
+    """matplotlib keeps the font files it has used open for the life of the process (a cache,
+    not a leak); draw text once before the leak snapshot so that cache exists already."""
+    pytest.importorskip("matplotlib")
+    from zcnet.report import plots
+
+    plots.pps_per_mode([{"mode": "x", "mpps": 1.0}], tmp_path / "warm.png")
+
+
+@pytest.mark.root
+def test_real_tx_experiment_in_the_lab(tmp_path: Path, fonts_loaded: None, no_leaks: None,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = _small_tx_spec(tmp_path)
+    rc = main(["run", str(spec_path), "--repeat", "2", "--duration", "0.2",
+               "--out", str(tmp_path / "out")])
+    assert rc == 0
+    out = capsys.readouterr()
+    assert "substituted: A/B skb_tx_mpwqe" in out.err
+    files = sorted(f.name for f in (tmp_path / "out").iterdir())
+    assert files == ["tx-small-pps-per-mode.png", "tx-small.csv", "tx-small.json",
+                     "tx-small.md"]
+    doc = json.loads((tmp_path / "out" / "tx-small.json").read_text())
+    assert doc["complete"] is True
+    rows = doc["results"]
+    assert [(r["mode"], r["repeat"]) for r in rows] == \
+        [("single", 0), ("mmsg", 0), ("single", 1), ("mmsg", 1)]
+    for r in rows:
+        assert r["status"] == "ok", r.get("reason")
+        assert r["mpps"] > 0 and r["ns_per_pkt"] > 0
+        assert r["received"] == r["sent"]  # the sink saw every packet: nothing dropped here
+        assert set(r["cpus"]["0"]) >= {"usr", "sys", "iowait", "irq", "soft", "idle"}
+    assert "| single |" in (tmp_path / "out" / "tx-small.md").read_text()
