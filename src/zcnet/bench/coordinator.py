@@ -91,6 +91,7 @@ def run_cell(rx: WorkerSpec, tx: WorkerSpec) -> dict[str, Any]:
         result = r.expect(tx.duration + GRACE, "result")
         sent = s.expect(GRACE, "result")
         result["bytes_sent"] = sent["bytes_sent"]
+        result["tx_stats"] = sent.get("tx_stats", {})
         if sent["bytes_sent"] != result["bytes"]:
             raise CellError(f"receiver got {result['bytes']} bytes of {sent['bytes_sent']} sent")
         return result

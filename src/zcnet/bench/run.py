@@ -42,6 +42,7 @@ class BenchOptions:
     json_path: str | None = None
     engine_opts: dict[str, Any] = field(default_factory=dict)
     peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
+    tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
 
     def validate(self) -> None:
         names = engine_names()
@@ -49,6 +50,10 @@ class BenchOptions:
             from zcnet.bench.peers import parse_peers
 
             parse_peers(",".join(self.peers))
+        from zcnet.tx.senders import KINDS
+
+        if self.tx not in KINDS:
+            raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
         for e in self.engines:
             if e not in names:
                 raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
@@ -135,7 +140,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
                     verify=opts.verify, watch_cpus=watch, engine_opts=opts.engine_opts,
                     duration=opts.duration)
-    tx = WorkerSpec("tx", t.rx_host, netns=t.tx_ns, cpu=tx_cpu, duration=opts.duration)
+    tx = WorkerSpec("tx", t.rx_host, netns=t.tx_ns, cpu=tx_cpu, duration=opts.duration,
+                    tx=opts.tx, verify=opts.verify)
     try:
         r = run_cell(rx, tx)
     except CellError as e:
@@ -148,7 +154,7 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     out = cell_result(mtu, engine, placement, "ok", bytes=r["bytes"], seconds=r["seconds"],
                       gbps=round(gbps, 3), cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
                       incoming_cpu=r["incoming_cpu"], syscalls=r["calls"],
-                      engine_stats=r["engine_stats"])
+                      engine_stats=r["engine_stats"], tx=opts.tx, tx_stats=r["tx_stats"])
     if "verify" in r:
         out["verify"] = r["verify"]
     if placement == "same" and r["incoming_cpu"] not in (-1, rx_cpu):

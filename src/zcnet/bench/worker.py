@@ -24,8 +24,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.verify import PERIOD, TILED, Verifier
+from zcnet.bench.verify import PERIOD, TILED, Verifier, pattern_view
 from zcnet.errors import ZcnetError
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
@@ -106,6 +108,53 @@ def run_receiver(spec: WorkerSpec, chan: Channel) -> None:
     chan.send(result)
 
 
+def _send_copy(sock: socket.socket, spec: WorkerSpec) -> tuple[int, dict[str, Any]]:
+    """Plain send() of views of the tiled pattern: no user-space copy at all."""
+    chunk = min(spec.chunk, PERIOD)
+    mv = memoryview(TILED)
+    sent = 0
+    calls = 0
+    deadline = time.monotonic() + spec.duration
+    while time.monotonic() < deadline:
+        for _ in range(8):  # amortize the clock read
+            start = sent % PERIOD
+            sent += sock.send(mv[start:start + chunk])
+        calls += 8
+    return sent, {"kind": "copy", "path": "copy", "sends": calls, "bytes": sent}
+
+
+def _send_via(sock: socket.socket, spec: WorkerSpec) -> tuple[int, dict[str, Any]]:
+    """A zcnet.tx send path (MSG_ZEROCOPY, SEND_ZC ...) over slots of one buffer.
+
+    With --verify each slot is filled with the pattern at its stream offset just before it is
+    sent (a copy, which is why only verifying runs pay it); otherwise slots keep what they hold.
+    """
+    from zcnet.tx.senders import make_sender
+
+    slots, chunk = 8, min(spec.chunk, 256 << 10)
+    buf = np.empty(slots * chunk, dtype=np.uint8)
+    for i in range(slots):
+        buf[i * chunk:(i + 1) * chunk] = pattern_view(i * chunk, chunk)
+    pos = 0
+
+    def fill(slot: int, view: memoryview) -> None:
+        nonlocal pos
+        np.frombuffer(view, dtype=np.uint8)[:chunk] = pattern_view(pos, chunk)
+        pos += chunk
+
+    sender = make_sender(spec.tx, sock, buf, slots=slots, on_fill=fill if spec.verify else None)
+    sent = 0
+    try:
+        deadline = time.monotonic() + spec.duration
+        while time.monotonic() < deadline:
+            for _ in range(8):
+                sent += sender.send(chunk)
+        sender.flush()
+    finally:
+        sender.close()
+    return sent, sender.stats().as_dict()
+
+
 def run_sender(spec: WorkerSpec, chan: Channel) -> None:
     _enter(spec)
     sock = socket.create_connection((spec.host, spec.port), timeout=5)
@@ -115,17 +164,10 @@ def run_sender(spec: WorkerSpec, chan: Channel) -> None:
         msg = chan.recv()
         if msg.get("cmd") != "start":
             return
-        chunk = min(spec.chunk, PERIOD)
-        mv = memoryview(TILED)
-        sent = 0
-        deadline = time.monotonic() + spec.duration
-        while time.monotonic() < deadline:
-            for _ in range(8):  # amortize the clock read
-                start = sent % PERIOD
-                sent += sock.send(mv[start:start + chunk])
+        sent, tx_stats = (_send_copy if spec.tx == "copy" else _send_via)(sock, spec)
         sock.shutdown(socket.SHUT_WR)
         sock.recv(1)  # wait for the receiver to close: its count is then final
-    chan.send({"event": "result", "bytes_sent": sent})
+    chan.send({"event": "result", "bytes_sent": sent, "tx_stats": tx_stats})
 
 
 ROLES = {"rx": run_receiver, "tx": run_sender}

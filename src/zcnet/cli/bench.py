@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--duration", type=float, default=2.0, help="seconds per cell (default 2)")
     p.add_argument("--verify", action="store_true",
                    help="check every received byte against the sender's pattern")
+    p.add_argument("--tx", default="copy", metavar="PATH",
+                   help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
+                        "from a fixed buffer), sendzc-plain (default copy)")
     p.add_argument("--peers", type=_csv("peer"), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
@@ -66,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
     _check_choices(args)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
-                        json_path=args.json, peers=args.peers)
+                        json_path=args.json, peers=args.peers,
+                        tx=args.tx)
     opts.validate()
     console = Console(stderr=True)
     if args.lab is None and os.geteuid() != 0:
