@@ -119,7 +119,7 @@ def _show(args: argparse.Namespace) -> int:
                                 + (f" dmabuf {p['dmabuf']}" if "dmabuf" in p else "")
                                 for p in pools))
     if isinstance(stats, dict):
-        console.print(f"page pool stats: {stats.get('unsupported')}")
+        console.print(stats.get("unsupported"))
     else:
         for s in stats:
             console.print(f"  pool {s.get('info', {}).get('id')}: "

@@ -166,6 +166,9 @@ def check_channels(ctx: Context) -> Check:
     if count >= 2 and ctx.queue < count:
         return Check(name, PASS, f"{count} RX channels, queue {ctx.queue} among them")
     top = ch.get("combined-max", 0) or ch.get("rx-max", 0)
+    if top < max(2, ctx.queue + 1):
+        return Check(name, FAIL, f"{count} RX channels, the device offers at most {top}",
+                     "a NIC with more queues (or a lower --queue)")
     return Check(name, FAIL, f"{count} RX channels (max {top}), queue {ctx.queue}",
                  f"ethtool -L {ctx.dev.ifname} {'combined' if ch.get('combined-max') else 'rx'} "
                  f"{max(2, ctx.queue + 1)}")
