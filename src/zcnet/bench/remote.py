@@ -1,0 +1,135 @@
+"""Start a ``zcnet server`` on another host over ssh, and stop it afterwards.
+
+The convention of the kernel's net selftests: the remote command runs under a plain
+``ssh HOST -- CMD`` (no tty), the local side keeps the ssh process, and stopping means ending it.
+
+Some facts about ssh and remote lifetimes: without a tty, killing the local ssh does not signal
+the remote command; the remote side only sees its stdin reach EOF when the connection goes away.
+So the server runs with ``--exit-on-eof`` and the client holds its stdin open: closing it (or the
+client dying, which closes it too) stops the server. The token travels on that same stdin
+(``--token-file -``), so it never appears in a process list or a file on the remote host, and the
+remote listens beyond loopback only with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import selectors
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from zcnet.bench.protocol import DEFAULT_PORT
+from zcnet.errors import ZcnetError
+
+log = logging.getLogger(__name__)
+
+READY_PREFIX = "zcnet server listening on "
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 5.0
+
+
+@dataclass
+class RemoteServer:
+    """A server on ``host`` for the duration of a ``with`` block."""
+
+    host: str
+    port: int = DEFAULT_PORT
+    listen: str = "0.0.0.0"
+    ssh: str = "ssh"
+    python: str = "python3"
+    ssh_opts: tuple[str, ...] = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+    server_args: tuple[str, ...] = ()
+    token: bytes = field(default_factory=lambda: secrets.token_hex(32).encode())
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    address: str | None = field(default=None, init=False)
+
+    def command(self) -> list[str]:
+        """The local argv: ssh, its options, the host, then the remote command as one string."""
+        listen = f"[{self.listen}]:{self.port}" if ":" in self.listen else \
+            f"{self.listen}:{self.port}"
+        remote = [self.python, "-m", "zcnet", "server", "--listen", listen, "--token-file", "-",
+                  "--exit-on-eof", *self.server_args]
+        return [self.ssh, *self.ssh_opts, self.host, "--", shlex.join(remote)]
+
+    def start(self) -> RemoteServer:
+        argv = self.command()
+        log.info("starting remote server: %s", shlex.join(argv))
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)
+        except OSError as e:
+            raise ZcnetError(f"cannot run {self.ssh}: {e.strerror}",
+                             "install an ssh client or pass --ssh-cmd") from None
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(self.token + b"\n")
+            self.proc.stdin.flush()
+            self.address = self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("remote server on %s is up at %s", self.host, self.address)
+        return self
+
+    def _wait_ready(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + START_TIMEOUT
+        line = b""
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=deadline - time.monotonic()):
+                    break
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                line += chunk
+                for text in line.decode(errors="replace").splitlines():
+                    if text.startswith(READY_PREFIX):
+                        return text[len(READY_PREFIX):].strip()
+        finally:
+            sel.close()
+        err = self._stderr_tail()
+        raise ZcnetError(f"remote server on {self.host} did not start: {err or 'no output'}",
+                         f"check `{self.ssh} {self.host} {self.python} -m zcnet --version` works")
+
+    def _stderr_tail(self) -> str:
+        if self.proc is None or self.proc.stderr is None:
+            return ""
+        if self.proc.poll() is None:
+            return ""
+        return self.proc.stderr.read().decode(errors="replace").strip()[-400:]
+
+    def stop(self) -> int | None:
+        """Close stdin (the server exits on EOF), wait; escalate only if it lingers."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a dead ssh: nothing left to close
+                proc.stdin.close()
+        try:
+            rc = proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                rc = proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        return rc
+
+    def __enter__(self) -> RemoteServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,166 @@
+"""``zcnet client``: drive flows between two zcnet servers (kperf-style) and report them."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import re
+from typing import Any
+
+from zcnet.errors import UsageError
+
+_SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def size(text: str) -> int:
+    """``4096``, ``64K``, ``1M``, ``1MiB`` -> bytes (binary units)."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 1M)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("client", help="run flows between two zcnet servers (kperf-style)",
+                       description="Open flows from the --src server to the --dst server, place "
+                       "them by RX CPU, run them, and report throughput or latency, per-CPU "
+                       "shares and TCP_INFO deltas. The client carries no traffic itself.")
+    p.add_argument("--src", default=None, metavar="HOST[:PORT]",
+                   help="server that sends (default 127.0.0.1, or the --ssh host)")
+    p.add_argument("--dst", default=None, metavar="HOST[:PORT]",
+                   help="server that receives (default: as --src)")
+    p.add_argument("--data-host", metavar="ADDR",
+                   help="address the flows connect to on dst (default: dst's control host)")
+    p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
+    p.add_argument("--tx", default="copy", help="send path on src (default copy)")
+    p.add_argument("-n", "--flows", type=int, default=1)
+    p.add_argument("-t", "--duration", type=float, default=5.0, metavar="S")
+    p.add_argument("--read-size", type=size, default=1 << 20, metavar="BYTES")
+    p.add_argument("--write-size", type=size, default=1 << 20, metavar="BYTES")
+    p.add_argument("--rr", action="store_true", help="request/response instead of stream")
+    p.add_argument("--req-size", type=size, metavar="BYTES", help="request size (implies --rr)")
+    p.add_argument("--resp-size", type=size, metavar="BYTES",
+                   help="response size (implies --rr)")
+    p.add_argument("--cpu-min", type=int, help="reconnect until the RX CPU is >= this")
+    p.add_argument("--cpu-max", type=int, help="reconnect until the RX CPU is <= this")
+    p.add_argument("--pin-off", type=int, metavar="K",
+                   help="pin each application end to its RX CPU + K")
+    p.add_argument("--max-attempts", type=int, default=64, help="connections tried per flow")
+    p.add_argument("--token-file", metavar="FILE", help="shared secret of the servers")
+    p.add_argument("--ssh", action="append", default=[], metavar="HOST",
+                   help="start a server on HOST over ssh for this run (repeatable)")
+    p.add_argument("--ssh-cmd", default="ssh", help="ssh program (default ssh)")
+    p.add_argument("--ssh-port", type=int, default=18323, help="port of ssh-started servers")
+    p.add_argument("--ssh-python", default="python3", help="python on the remote host")
+    p.add_argument("--json", metavar="PATH", help="write results (envelope kind 'client')")
+    p.add_argument("--csv", metavar="PATH", help="write one row per flow")
+    p.set_defaults(func=run)
+
+
+def options(args: argparse.Namespace) -> Any:
+    from zcnet.bench.client import ClientOptions
+    from zcnet.bench.server import read_token
+
+    rr = args.rr or args.req_size is not None or args.resp_size is not None
+    src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
+    return ClientOptions(
+        src=src, dst=args.dst or src, data_host=args.data_host,
+        mode="rr" if rr else "stream", flows=args.flows, duration=args.duration,
+        rx_engine=args.rx_engine, tx=args.tx, read_size=args.read_size,
+        write_size=args.write_size, req_size=args.req_size or 1, resp_size=args.resp_size or 1,
+        cpu_min=args.cpu_min, cpu_max=args.cpu_max, pin_off=args.pin_off,
+        max_attempts=args.max_attempts,
+        token=read_token(args.token_file) if args.token_file else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zcnet.bench import client
+    from zcnet.bench.meta import collect_env, envelope, write_json
+    from zcnet.bench.remote import RemoteServer
+    from zcnet.report.export import make_console, print_tables, write_text
+
+    if args.ssh and args.ssh_port == 0:
+        raise UsageError("--ssh-port 0", "give the port the remote server should listen on")
+    opts = options(args)
+    opts.validate()
+    console = make_console()
+    with contextlib.ExitStack() as stack:
+        for host in args.ssh:
+            remote = stack.enter_context(RemoteServer(host, port=args.ssh_port, ssh=args.ssh_cmd,
+                                                      python=args.ssh_python))
+            opts.tokens[host] = remote.token
+        with console.status(f"{opts.flows} flow(s), {opts.mode}, {opts.duration:g} s ..."):
+            result = client.run(opts)
+    print_tables(console, tables(result))
+    if args.json:
+        env = collect_env(lab=False, src=opts.src, dst=opts.dst, mode=opts.mode,
+                          placement={"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
+                                     "pin_off": opts.pin_off})
+        write_json(args.json, envelope("client", env, result.flows, summary=result.summary,
+                                       cpus=result.cpus, options=result.options))
+    if args.csv:
+        write_text(args.csv, flows_csv(result.flows))
+    return 0 if result.summary["ok"] == result.summary["flows"] else 1
+
+
+def flows_csv(flows: list[dict[str, Any]]) -> str:
+    """One row per flow; nested dicts (tcp_tx, tcp_rx) become ``tcp_tx.retrans`` columns."""
+    rows = []
+    for f in flows:
+        row: dict[str, Any] = {}
+        for k, v in f.items():
+            if isinstance(v, dict):
+                row.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+            else:
+                row[k] = v
+        rows.append(row)
+    headers = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, headers, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def tables(result: Any) -> list[Any]:
+    from zcnet.bench.client import PERCENTILE_KEYS
+    from zcnet.report.tables import MPSTAT_COLUMNS, Table
+
+    rr = result.summary["mode"] == "rr"
+    perf = ["tps", *PERCENTILE_KEYS] if rr else ["gbps"]
+    heads = ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app",
+             *("tps" if k == "tps" else k.removesuffix("_us") + " us" for k in perf)] \
+        if rr else ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app", "Gbit/s"]
+    heads += ["retrans", "rtt us", "cwnd"]
+    rows = []
+    notes = []
+    for f in result.flows:
+        tcp = f.get("tcp_tx", {})
+        rows.append([str(f["flow"]), f["status"], _fmt(f["rx_cpu"]), _fmt(f["rx_app_cpu"]),
+                     _fmt(f["tx_cpu"]), _fmt(f["tx_app_cpu"]),
+                     *(_fmt(f.get(k)) for k in perf),
+                     _fmt(tcp.get("retrans")), _fmt(tcp.get("rtt_us")), _fmt(tcp.get("snd_cwnd"))])
+        if f.get("error"):
+            notes.append(f"warning: flow {f['flow']}: {f['error']}")
+    s = result.summary
+    total = (f"total {s['tps']:.0f} tps, p50 {s.get('p50_us', 0):.1f} us, p99 "
+             f"{s.get('p99_us', 0):.1f} us" if rr else f"total {s.get('gbps', 0):.2f} Gbit/s")
+    notes.insert(0, f"{total} over {s['ok']}/{s['flows']} flows")
+    out = [Table("flows", heads, rows, notes)]
+    cpu_rows = []
+    for side, cpus in result.cpus.items():
+        for cpu, sh in sorted(cpus.items(), key=lambda kv: int(kv[0])):
+            cpu_rows.append([side, cpu, ",".join(sh.get("roles", [])) or "-",
+                             *(_fmt(sh.get(k)) for k, _ in MPSTAT_COLUMNS)])
+    out.append(Table("per-CPU (/proc/stat over the run)",
+                     ["side", "cpu", "roles", *(h for _, h in MPSTAT_COLUMNS)], cpu_rows))
+    return out
