@@ -154,3 +154,39 @@ def test_probe_reports_known_ops() -> None:
     assert {u.IORING_OP_NOP, u.IORING_OP_RECV, u.IORING_OP_SEND} <= ops
     assert unsupported(u.IORING_OP_NOP) is None
     assert "lacks" in (unsupported(u.IORING_OP_LAST + 5) or "")
+
+
+def test_setup_flags_and_cqe32_extra_words(no_leaks) -> None:
+    flags = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+             | u.IORING_SETUP_SUBMIT_ALL | u.IORING_SETUP_CQE32)
+    with Ring(8, flags=flags, cq_entries=64) as r:
+        assert r.cqe32 and r.cq_entries == 64
+        prep_nop(r, 77)
+        r.submit(1)
+        c = r.reap()
+        assert c.user_data.tolist() == [77]
+        assert c.extra is not None and c.extra.shape == (1, 2)
+    with Ring(8, flags=u.IORING_SETUP_COOP_TASKRUN | u.IORING_SETUP_SUBMIT_ALL) as r:
+        prep_nop(r, 1)
+        assert r.submit(1) == 1
+
+
+def test_send_zc_posts_result_then_notification(no_leaks, tcp_pair) -> None:
+    from zcnet.uring.prep import prep_send_zc
+
+    c, s = tcp_pair
+    with Ring(8) as r, Mapping.anonymous(4096) as m:
+        m.view(np.uint8)[:5] = np.frombuffer(b"hello", dtype=np.uint8)
+        prep_send_zc(r, c.fileno(), m.addr, 5, user_data=11)
+        r.submit(2)
+        got = r.reap()
+        while len(got) < 2:
+            r.wait(1)
+            more = r.reap()
+            got = type(got)(np.concatenate([got.user_data, more.user_data]),
+                             np.concatenate([got.res, more.res]),
+                             np.concatenate([got.flags, more.flags]))
+        assert got.user_data.tolist() == [11, 11]
+        assert got.res[0] == 5 and got.flags[0] & u.IORING_CQE_F_MORE
+        assert got.flags[1] & u.IORING_CQE_F_NOTIF
+        assert s.recv(16) == b"hello"
