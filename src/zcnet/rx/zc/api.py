@@ -114,6 +114,22 @@ class Chunk:
                 f"stream_offset={self.stream_offset} parts={self.parts} {state}>")
 
 
+class LinearChunk(Chunk):
+    """Bytes that did not land in the area (devmem linear data): a private copy; ``offset`` is
+    -1 and releasing it only does the accounting."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, rx: Receiver, data: bytes, stream_offset: int) -> None:
+        super().__init__(rx, -1, len(data), -1, stream_offset)
+        self._buf = data
+
+    @property
+    def data(self) -> memoryview:
+        self._owner()
+        return memoryview(self._buf)
+
+
 class Receiver:
     """Zero-copy receiver bound to one socket and one provider; see the module docstring.
 
@@ -219,7 +235,8 @@ class Receiver:
                 self.provider.arm()
                 self._armed_once = True
             got = self.provider.reap(remaining)
-            chunks = self._deliver(got.offsets, got.lengths, got.tokens)
+            chunks = (self._deliver(got.offsets, got.lengths, got.tokens) if not got.linear
+                      else self._deliver_linear(got.offsets, got.lengths, got.tokens, got.linear))
             if got.end is not None:
                 self._end = got.end
             if chunks:
@@ -269,6 +286,20 @@ class Receiver:
                 out.append(Chunk(self, off, ln, tok, s))
                 s += ln
         self.stats.note_delivered(n, s - self._stream_off)
+        self._stream_off = s
+        return out
+
+    def _deliver_linear(self, offsets: list[int], lengths: list[int], tokens: list[int],
+                        linear: dict[int, bytes]) -> list[Chunk]:
+        """Slow path: some fragments came as copies in host memory (devmem linear data)."""
+        s = self._stream_off
+        out: list[Chunk] = []
+        for i, (off, ln, tok) in enumerate(zip(offsets, lengths, tokens, strict=True)):
+            out.append(Chunk(self, off, ln, tok, s) if i not in linear
+                       else LinearChunk(self, linear[i], s))
+            s += ln
+        self.stats.linear += sum(map(len, linear.values()))
+        self.stats.note_delivered(len(out), s - self._stream_off)
         self._stream_off = s
         return out
 

@@ -68,6 +68,8 @@ class Area:
             raise UsageError(f"area size must be positive, got {size}")
         self.dmabuf_fd: int | None = None
         self._owns_fd = False
+        self._closed = False
+        self._mm: mmap.mmap | None
         if dmabuf_fd is not None:
             self.kind = "dmabuf"
             self.size = os.lseek(dmabuf_fd, 0, os.SEEK_END)
@@ -76,9 +78,15 @@ class Area:
                     f"dma-buf fd {dmabuf_fd} holds {self.size} bytes, area needs {size}",
                     "export a larger dma-buf or ask for a smaller area",
                 )
-            self._mm = mmap.mmap(dmabuf_fd, self.size, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
             self.dmabuf_fd = dmabuf_fd
+            try:
+                self._mm = mmap.mmap(dmabuf_fd, self.size, mmap.MAP_SHARED,
+                                     mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError as e:
+                # Device memory (a GPU's, say) may refuse CPU mappings: the area still works
+                # for zcrx/devmem, chunks then carry offsets for the device's own API.
+                log.info("dma-buf fd %d cannot be mapped by the CPU (%s)", dmabuf_fd, e.strerror)
+                self._mm = None
         elif hugetlb:
             self.size = align_up(size, HUGE_2MB)
             try:
@@ -97,6 +105,11 @@ class Area:
             self.size = align_up(size, PAGE_SIZE)
             self._mm = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self.kind = "anon"
+        if self._mm is None:
+            self.addr = 0
+            self.view = _Unmapped(self.size)  # type: ignore[assignment]
+            self.array = np.empty(0, np.uint8)
+            return
         self.addr = buffer_address(self._mm)
         self.view = memoryview(self._mm)
         self.array = np.frombuffer(self._mm, dtype=np.uint8)
@@ -125,12 +138,16 @@ class Area:
 
     @property
     def closed(self) -> bool:
-        return self._mm.closed
+        return self._closed
 
     def close(self) -> bool:
         """Unmap; returns False (and leaves the mapping to the garbage collector) while views
         handed to the application are still alive, so their memory never vanishes under them."""
-        if self._mm.closed:
+        if self._closed:
+            return True
+        self._closed = True
+        if self._mm is None:
+            self._close_fd()
             return True
         self.array = np.empty(0, np.uint8)
         self.view.release()
@@ -141,16 +158,33 @@ class Area:
                       self.addr)
             return False
         finally:
-            if self._owns_fd and self.dmabuf_fd is not None:
-                os.close(self.dmabuf_fd)
-                self._owns_fd = False
+            self._close_fd()
         return True
+
+    def _close_fd(self) -> None:
+        if self._owns_fd and self.dmabuf_fd is not None:
+            os.close(self.dmabuf_fd)
+            self._owns_fd = False
 
     def __enter__(self) -> Area:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Unmapped:
+    """Stands in for the view of an area the CPU cannot map."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __getitem__(self, key: object) -> memoryview:
+        raise ZcnetError("this dma-buf cannot be mapped by the CPU, so chunks have no bytes view",
+                         "use chunk.offset and chunk.length with the device's own API")
+
+    def release(self) -> None:
+        pass
 
 
 def udmabuf_create(size: int) -> int:

@@ -25,6 +25,9 @@ class Delivery:
     offsets: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    #: devmem only: fragments that arrived in host memory instead of the area, by list position
+    #: (their offset and token are -1); rare, and a setup problem the provider reports.
+    linear: dict[int, bytes] = field(default_factory=dict)
     end: int | None = None
     stopped: str | None = None
 

@@ -1,0 +1,240 @@
+"""Provider "devmem": devmem TCP, payload DMA'd straight into a dma-buf bound to NIC queues.
+
+Some facts about devmem TCP receive:
+
+- ``bind-rx`` (netdev generic netlink) attaches a dma-buf to RX queues; the binding lives as long
+  as the netlink socket that made it, so the provider keeps that socket open until close().
+- ``recvmsg(MSG_SOCK_DEVMEM)`` returns no payload for data that landed in the dma-buf; instead
+  each fragment comes as a SCM_DEVMEM_DMABUF cmsg (struct dmabuf_cmsg: offset in the dma-buf,
+  size, a token, the binding id). The iov receives only bytes the NIC did not put in the
+  dma-buf: each such run is announced by SCM_DEVMEM_LINEAR with its size. Linear data means
+  header split is off or the flow is not steered to a bound queue; it is still stream data, so it
+  is delivered (as a copy) and counted, and the problem is reported.
+- A truncated control buffer (MSG_CTRUNC) loses fragment tokens, so the buffer is sized for many.
+- Tokens go back with setsockopt(SO_DEVMEM_DONTNEED, struct dmabuf_token[]), each entry a run of
+  consecutive tokens; the kernel takes at most 128 entries and 1024 tokens per call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import select
+import socket
+import struct
+from typing import Any
+
+from zcnet.errors import Unsupported, ZcnetError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
+from zcnet.uapi import socket as usock
+
+log = logging.getLogger(__name__)
+
+MAX_DONTNEED_TOKENS = 128   # dmabuf_token entries per setsockopt (net/core/sock.c)
+MAX_DONTNEED_FRAGS = 1024   # tokens per setsockopt
+CMSG_SLOTS = 512
+DMABUF_CMSG_SIZE = ctypes.sizeof(usock.dmabuf_cmsg)
+ANCBUF = socket.CMSG_SPACE(DMABUF_CMSG_SIZE) * CMSG_SLOTS
+LINEAR_BUF = 1 << 20
+RECVMSG_PER_REAP = 16
+_TOKEN = struct.Struct("=II")  # struct dmabuf_token {token_start, token_count}
+assert _TOKEN.size == ctypes.sizeof(usock.dmabuf_token)
+
+
+def parse_cmsgs(ancdata: list[tuple[int, int, bytes]], linear: memoryview | bytes,
+                out: Delivery) -> int:
+    """Append the fragments of one recvmsg to ``out`` in stream order; returns linear bytes.
+
+    Devmem fragments become (offset, size, token); linear runs are copied out of ``linear``
+    (the iov, reused by the next call) into ``out.linear`` keyed by their position.
+    """
+    pos = 0
+    for level, ctype, data in ancdata:
+        if level != usock.SOL_SOCKET or ctype not in (usock.SCM_DEVMEM_DMABUF,
+                                                      usock.SCM_DEVMEM_LINEAR):
+            continue
+        if len(data) < DMABUF_CMSG_SIZE:
+            raise ZcnetError(f"devmem cmsg of {len(data)} bytes, expected {DMABUF_CMSG_SIZE}")
+        c = usock.dmabuf_cmsg.from_buffer_copy(data[:DMABUF_CMSG_SIZE])
+        if ctype == usock.SCM_DEVMEM_DMABUF:
+            out.offsets.append(c.frag_offset)
+            out.lengths.append(c.frag_size)
+            out.tokens.append(c.frag_token)
+        else:
+            out.linear[len(out.offsets)] = bytes(linear[pos:pos + c.frag_size])
+            out.offsets.append(-1)
+            out.lengths.append(c.frag_size)
+            out.tokens.append(-1)
+            pos += c.frag_size
+    return pos
+
+
+def recv_devmem(sock: socket.socket, iov: memoryview, out: Delivery,
+                max_calls: int = RECVMSG_PER_REAP) -> int:
+    """Up to ``max_calls`` non-blocking recvmsg(MSG_SOCK_DEVMEM) into ``out``; returns the bytes
+    that arrived as linear data. The kernel never mixes dma-buf and host-memory skbs in one call,
+    so bytes of a call not announced by any cmsg are plain copied data, also linear."""
+    flags = usock.MSG_SOCK_DEVMEM | usock.MSG_DONTWAIT
+    linear = 0
+    for _ in range(max_calls):
+        try:
+            n, anc, mflags, _ = sock.recvmsg_into([iov], ANCBUF, flags)
+        except BlockingIOError:
+            break
+        except OSError as e:
+            out.end = -(e.errno or errno.EIO)
+            break
+        if n == 0 and not anc:
+            out.end = 0
+            break
+        if mflags & socket.MSG_CTRUNC:
+            raise ZcnetError("devmem control buffer truncated: fragment tokens were lost",
+                             "report this; the control buffer must grow")
+        first = len(out.offsets)
+        pos = parse_cmsgs(anc, iov, out)
+        accounted = sum(out.lengths[first:])
+        if n > accounted:
+            out.linear[len(out.offsets)] = bytes(iov[pos:pos + n - accounted])
+            out.offsets.append(-1)
+            out.lengths.append(n - accounted)
+            out.tokens.append(-1)
+            pos += n - accounted
+        linear += pos
+    return linear
+
+
+def dontneed_batches(tokens: list[int]) -> list[bytes]:
+    """SO_DEVMEM_DONTNEED arguments returning ``tokens``: runs of consecutive tokens, split to
+    respect the kernel's per-call limits."""
+    out: list[bytes] = []
+    entries: list[bytes] = []
+    frags = 0
+    for start, count in _runs(sorted(tokens)):
+        while count:
+            take = min(count, MAX_DONTNEED_FRAGS - frags)
+            entries.append(_TOKEN.pack(start, take))
+            frags += take
+            start += take
+            count -= take
+            if len(entries) == MAX_DONTNEED_TOKENS or frags == MAX_DONTNEED_FRAGS:
+                out.append(b"".join(entries))
+                entries, frags = [], 0
+    if entries:
+        out.append(b"".join(entries))
+    return out
+
+
+def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for t in sorted_tokens:
+        if runs and runs[-1][0] + runs[-1][1] == t:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((t, 1))
+    return runs
+
+
+def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
+    """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
+    (close it to unbind). Errors name the missing capability."""
+    from zcnet.nic import netdev
+    from zcnet.nic.device import Device
+
+    with Device.open(ifname) as dev:
+        try:
+            return netdev.bind_rx(dev, dmabuf_fd, queues)
+        except Unsupported as e:
+            raise Unsupported(
+                f"device {ifname} cannot bind a dma-buf to queue(s) {queues}: it lacks queue "
+                "management ops, DMA or header-data split"
+                + (f" ({e.extack})" if getattr(e, "extack", "") else ""),
+                "devmem TCP needs a NIC with the queue API and tcp-data-split on; elsewhere use "
+                "provider 'soft'") from e
+
+
+class DevmemProvider:
+    name = "devmem"
+
+    def __init__(self, fd: int, area: Area, ifname: str, queue: int) -> None:
+        if area.dmabuf_fd is None:
+            raise ZcnetError("devmem needs a dma-buf area", "pass dmabuf_fd or load udmabuf")
+        self.area = area
+        self.armed = True  # nothing to arm: the binding delivers as long as it exists
+        self.note = f"{ifname} queue {queue}, dma-buf fd {area.dmabuf_fd}"
+        self.linear_bytes = 0
+        self.dontneed_calls = 0
+        self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
+        try:
+            self._sock = socket.socket(fileno=os.dup(fd))
+            self._sock.setblocking(False)
+        except BaseException:
+            self._binding.close()
+            raise
+        self._poll = select.poll()
+        self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._linear = bytearray(LINEAR_BUF)
+        self._linear_mv = memoryview(self._linear)
+        self._warned = False
+
+    def can_arm(self) -> bool:
+        return True
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def reap(self, timeout: float | None) -> Delivery:
+        out = Delivery()
+        ms = -1 if timeout is None else int(timeout * 1000)
+        if not self._poll.poll(ms):
+            return out
+        lin = recv_devmem(self._sock, self._linear_mv, out)
+        if lin:
+            self._note_linear(lin)
+        return out
+
+    def _note_linear(self, n: int) -> None:
+        self.linear_bytes += n
+        if not self._warned:
+            self._warned = True
+            log.warning("devmem: %d bytes arrived in host memory (SCM_DEVMEM_LINEAR): header "
+                        "split is off or the flow is not steered to the bound queue", n)
+
+    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        real = [t for t in tokens if t >= 0]
+        for arg in dontneed_batches(real):
+            self._sock.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, arg)
+            self.dontneed_calls += 1
+
+    def held_back(self) -> int:
+        return 0
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls}
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "_sock", None) is not None:
+                self._sock.close()
+        finally:
+            self._binding.close()
+
+
+def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
+                hugetlb: bool = False, ifname: str | None = None,
+                queue: int | None = None) -> DevmemProvider:
+    from zcnet.rx.zc.zcrx import find_queue
+
+    if ifname is None or queue is None:
+        found_if, found_q = find_queue(fd)
+        ifname = ifname or found_if
+        queue = found_q if queue is None else queue
+    area = Area(area_size, dmabuf_fd=dmabuf_fd) if dmabuf_fd is not None \
+        else Area.udmabuf(area_size)
+    try:
+        return DevmemProvider(fd, area, ifname, queue)
+    except BaseException:
+        area.close()
+        raise

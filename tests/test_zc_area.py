@@ -1,0 +1,116 @@
+"""Registered areas: anonymous, 2 MiB hugetlb (and the fallback), udmabuf-backed dma-buf."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zcnet.errors import UsageError
+from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
+
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+
+
+def huge_pages_in(addr: int) -> bool:
+    """Whether the mapping at ``addr`` is hugetlb, from /proc/self/smaps (KernelPageSize)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        start = line.split("-", 1)[0]
+        with contextlib.suppress(ValueError):
+            if int(start, 16) == addr:
+                for follow in lines[i + 1:i + 30]:
+                    if follow.startswith("KernelPageSize:"):
+                        return int(follow.split()[1]) == 2048
+    raise AssertionError(f"mapping {addr:#x} not in smaps")
+
+
+def test_anonymous_area_is_page_aligned_and_writable(no_leaks):
+    with Area(10_000) as a:
+        assert a.kind == "anon" and a.size == 3 * PAGE_SIZE and a.addr % PAGE_SIZE == 0
+        a.view[:5] = b"hello"
+        assert bytes(a.array[:5]) == b"hello"
+        assert not huge_pages_in(a.addr)
+    assert a.closed
+
+
+def test_area_outlives_close_while_views_exist(no_leaks):
+    a = Area(PAGE_SIZE)
+    piece = a.view[0:10]
+    piece[:3] = b"abc"
+    assert a.close() is False  # still mapped: the slice would otherwise point at nothing
+    assert bytes(piece[:3]) == b"abc"
+    del piece
+
+
+def test_bad_size():
+    with pytest.raises(UsageError):
+        Area(0)
+
+
+@pytest.fixture
+def hugepages():
+    """Two free 2 MiB pages for the test, the system's setting restored afterwards."""
+    before = NR_HUGEPAGES.read_text().strip()
+    try:
+        NR_HUGEPAGES.write_text(str(int(before) + 2))
+    except OSError as e:
+        pytest.skip(f"cannot reserve hugetlb pages: {e}")
+    try:
+        yield
+    finally:
+        NR_HUGEPAGES.write_text(before)
+
+
+@pytest.mark.root
+def test_hugetlb_area_uses_2mib_pages(no_leaks, hugepages):
+    with Area(3 << 20, hugetlb=True) as a:
+        if a.kind != "hugetlb":
+            pytest.skip("the kernel could not assemble two free 2 MiB pages")
+        assert a.size == 2 * HUGE_2MB and a.addr % HUGE_2MB == 0
+        a.array[:] = 7
+        assert huge_pages_in(a.addr)
+
+
+def test_hugetlb_falls_back_with_a_warning(no_leaks):
+    if int(Path("/proc/meminfo").read_text().split("HugePages_Free:")[1].split()[0]) >= 64:
+        pytest.skip("hugetlb pages are free here, so there is nothing to fall back from")
+    with pytest.warns(RuntimeWarning, match="no 2 MiB hugetlb pages") as w, \
+            Area(128 << 20, hugetlb=True) as a:
+        assert a.kind == "anon" and a.size == 128 << 20
+    assert "nr_hugepages" in str(w[0].message)
+
+
+@pytest.fixture
+def udmabuf():
+    if not os.path.exists("/dev/udmabuf"):
+        try:
+            r = subprocess.run(["modprobe", "udmabuf"], capture_output=True, text=True,
+                               check=False)
+            why = r.stderr.strip() or f"exit {r.returncode}"
+        except FileNotFoundError:
+            why = "modprobe is not installed"
+        if not os.path.exists("/dev/udmabuf"):
+            pytest.skip(f"no /dev/udmabuf and modprobe udmabuf failed: {why}")
+
+
+def test_udmabuf_area(no_leaks, udmabuf):
+    with Area.udmabuf(1 << 20) as a:
+        assert a.kind == "udmabuf" and a.dmabuf_fd is not None and a.size == 1 << 20
+        a.sync(start=True)
+        a.array[:4096] = np.arange(4096) % 251
+        a.sync(start=False)
+        assert int(a.array[300]) == 300 % 251
+
+
+def test_missing_udmabuf_is_a_clear_error(no_leaks):
+    if os.path.exists("/dev/udmabuf"):
+        pytest.skip("/dev/udmabuf exists here")
+    from zcnet.errors import ZcnetError
+
+    with pytest.raises(ZcnetError, match="/dev/udmabuf does not exist"):
+        Area.udmabuf(1 << 20)
