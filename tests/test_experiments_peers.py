@@ -1,0 +1,86 @@
+"""The C peers run in the lab like an engine cell; a missing binary says so with the fix."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from zcnet.bench.peers import parse_peers, run_peer
+from zcnet.errors import UsageError
+from zcnet.lab import Lab
+from zcnet.report.tables import experiment_tables
+
+
+@pytest.fixture
+def lab(no_leaks: None) -> Iterator[Lab]:
+    with Lab(mtu=9000) as the_lab:
+        yield the_lab
+
+
+def _check_cpu(row: dict[str, Any]) -> None:
+    for side in ("rx", "tx"):
+        shares = row["cpu"][side]
+        assert set(shares) >= {"usr", "sys", "irq", "soft", "idle"}
+        assert 99.0 <= sum(shares[k] for k in ("usr", "sys", "iowait", "irq", "soft",
+                                                "idle")) <= 101.0
+
+
+@pytest.mark.root
+def test_iperf3_in_the_lab(lab: Lab) -> None:
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 not installed")
+    row = run_peer("iperf3", lab, rx_cpu=1, tx_cpu=0, duration=1, mtu=9000, placement="split")
+    assert row["status"] == "ok", row["reason"]
+    assert (row["engine"], row["peer"], row["mtu"], row["placement"]) == \
+        ("iperf3", "iperf3", 9000, "split")
+    assert row["bytes"] > 0 and row["seconds"] > 0.5
+    assert row["gbps"] == pytest.approx(row["bytes"] * 8 / row["seconds"] / 1e9, rel=0.01)
+    _check_cpu(row)
+
+
+@pytest.mark.root
+def test_sockperf_in_the_lab(lab: Lab) -> None:
+    if not shutil.which("sockperf"):
+        pytest.skip("sockperf not installed")
+    row = run_peer("sockperf", lab, rx_cpu=1, tx_cpu=0, duration=1, mtu=9000,
+                   placement="split")
+    assert row["status"] == "ok", row["reason"]
+    assert row["gbps"] > 0
+    assert row["latency_us"] > 0 and row["latency_p99_us"] >= row["latency_us"] * 0.5
+    _check_cpu(row)
+
+
+@pytest.mark.root
+def test_missing_binary_says_not_installed(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for name in ("iperf3", "sockperf"):
+        row = run_peer(name, lab, rx_cpu=0, tx_cpu=0, duration=1, mtu=1500, placement="same")
+        assert row["status"] == "unsupported"
+        assert row["reason"] == f"not installed (apt-get install {name})"
+    doc = {"tool": "zcnet", "kind": "bench", "results": [
+        {"engine": "epoll", "mtu": 1500, "placement": "same", "status": "ok", "gbps": 9.0},
+        row]}
+    peer_table = experiment_tables(doc)[-1]
+    assert peer_table.rows == [["sockperf", "1500", "same",
+                                "not installed (apt-get install sockperf)", "", ""]]
+
+
+def test_peer_table_ratio_against_best_engine() -> None:
+    doc = {"tool": "zcnet", "kind": "bench", "results": [
+        {"engine": "epoll", "mtu": 9000, "placement": "split", "status": "ok", "gbps": 9.0},
+        {"engine": "uring", "mtu": 9000, "placement": "split", "status": "ok", "gbps": 12.0},
+        {"engine": "iperf3", "peer": "iperf3", "mtu": 9000, "placement": "split",
+         "status": "ok", "gbps": 10.0}]}
+    tables = experiment_tables(doc)
+    assert tables[0].headers == ["MTU", "epoll", "uring"]  # peers are not engine columns
+    assert tables[-1].rows == [["iperf3", "9000", "split", "10.00 Gbit/s", "12.00 Gbit/s",
+                                "1.20x"]]
+
+
+def test_parse_peers() -> None:
+    assert parse_peers("iperf3, sockperf") == ["iperf3", "sockperf"]
+    with pytest.raises(UsageError, match="choose from: iperf3, sockperf"):
+        parse_peers("iperf3,netperf")
