@@ -7,9 +7,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _foreign(ns: str) -> bool:
+    """A lab namespace owned by a live process that is neither us nor our descendant.
+
+    Other test runs (or a developer's ``zcnet bench``) may run at the same time; their labs are
+    not our leak. A lab whose owner died is always counted: nobody else will remove it.
+    """
+    from zcnet.lab.names import parse_netns, pid_alive
+
+    lab = parse_netns(ns)
+    if lab is None or lab.owner is None or not pid_alive(lab.owner):
+        return False
+    pid, me = lab.owner, os.getpid()
+    while pid > 1:
+        if pid == me:
+            return False
+        pid = _ppid(pid)
+    return True
+
+
 def _netns() -> frozenset[str]:
     d = Path("/run/netns")
-    return frozenset(p.name for p in d.iterdir()) if d.is_dir() else frozenset()
+    names = (p.name for p in d.iterdir()) if d.is_dir() else ()
+    return frozenset(n for n in names if not _foreign(n))
 
 
 def _veths() -> frozenset[str]:
