@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.lab import Lab
 from zcnet.nic import doctor, ethtool, genl, info, netdev, ntuple
 from zcnet.nic.device import Device, DeviceUnsupported
@@ -127,6 +127,8 @@ def test_fixed_feature_is_unsupported_and_unknown_is_usage(dev):
     (lambda d: ethtool.rss_create(d, [1]), "RSS contexts"),
     (lambda d: ntuple.rule_insert(d, "tcp4", 9999, 1), "ntuple flow rules"),
     (lambda d: ntuple.rule_count(d), "ntuple flow rules"),
+    (lambda d: ethtool.privflags_set(d, {"x": True}), "private flag x"),
+    (lambda d: netdev.qstats(d), "queue stats"),
 ])
 def test_what_veth_lacks_names_the_setting(dev, call, setting):
     with pytest.raises(DeviceUnsupported) as exc:
@@ -207,3 +209,13 @@ def test_doctor_on_veth(dev):
     devmem = {c.name: c for c in doctor.run(dev, queue=0, mode="devmem")}
     assert devmem["kernel: devmem TCP"].status == doctor.PASS
     assert devmem["queue 0 free of providers"].status == doctor.PASS
+
+
+@pytest.mark.root
+def test_page_pool_stats_or_the_kernel_config_named(dev):
+    try:
+        rows = netdev.page_pool_stats(dev)
+    except Unsupported as exc:
+        assert "CONFIG_PAGE_POOL_STATS" in str(exc)
+    else:
+        assert all(r["info"]["ifindex"] == dev.ifindex for r in rows)

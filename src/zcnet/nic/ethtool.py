@@ -317,7 +317,7 @@ def rss_contexts(dev: Device) -> list[dict[str, Any]]:
 
 def rss_set(dev: Device, indir: list[int] | None, context: int = 0) -> None:
     """Set the indirection table; an empty list resets it to the driver's default spread."""
-    attrs: dict[str, Any] = {"header": _hdr(dev), "indir": indir if indir is not None else None}
+    attrs: dict[str, Any] = {"header": _hdr(dev), "indir": indir}
     if context:
         attrs["context"] = context
     dev.genl_do(FAMILY, e.ETHTOOL_MSG_RSS_SET, RSS, attrs, what="set RSS indirection",

@@ -137,15 +137,22 @@ def _rings_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
 def _rss_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
     """Spread the default RSS context over every queue but ``queue``."""
     prior = ethtool.rss_get(dev).get("indir") or []
-    undo["prior"] = prior
     others = [q for q in range(p["count"]) if q != p["queue"]]
     if not prior or not others:
         dev.raise_unsupported("an RSS indirection table", "move RSS off the queue")
+    # A table the user never set is the kernel's default spread (i mod rings). Restoring it by
+    # value would mark it user-configured, after which drivers refuse channel changes; an
+    # empty table resets it to the default instead.
+    rings = ntuple.rx_rings(dev)
+    undo["default"] = prior == [i % rings for i in range(len(prior))]
+    undo["prior"] = prior
     ethtool.rss_set(dev, [others[i % len(others)] for i in range(len(prior))])
 
 
 def _rss_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
-    if undo.get("prior"):
+    if undo.get("default"):
+        ethtool.rss_set(dev, [])
+    elif undo.get("prior"):
         ethtool.rss_set(dev, undo["prior"])
 
 
