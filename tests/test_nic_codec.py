@@ -297,3 +297,15 @@ def test_random_reply_bytes_raise_cleanly(data):
         s.script = [data]
         with contextlib.suppress(nlattr.MalformedReply, genl.NetlinkError):
             s.do("fam", 1, INNER, {})
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_ethtool_reply_decoding_survives_random_bytes(data):
+    names = [f"f{i}" for i in range(40)]
+    with contextlib.suppress(nlattr.MalformedReply):
+        d = nlattr.decode_attrs(ethtool.FEATURES, data)
+        for key in ("hw", "wanted", "active", "nochange"):
+            if key in d:
+                ethtool.decode_bitset(d[key], names)
+                ethtool.decode_bitset(d[key])

@@ -133,6 +133,17 @@ def test_apply_restore_round_trip_and_guards(lab, state_dir):
         setup.restore(lab.if_a, lab.ns_a)
 
 
+def test_zcrx_plan_on_veth(lab):
+    with Device.open(lab.if_a, lab.ns_a) as dev:
+        plain = setup.plan(dev, _cfg(lab))
+        ctx = setup.plan(dev, _cfg(lab, rss_context=True, flows=("tcp6",)))
+    assert [s.title for s in plain] == [
+        "channels 2", "tcp-data-split on", "hds-thresh 0", "rx-ntuple-filter on",
+        "RSS off queue 1", "tcp4 dst-port 9999 -> queue 1", "tcp6 dst-port 9999 -> queue 1"]
+    assert [s.kind for s in ctx][-2:] == ["rss-context", "flow-rule"]
+    assert ctx[-1].params["context_step"] == len(ctx) - 2
+
+
 def test_bad_config_is_a_usage_error(lab, state_dir):
     for kw in ({"port": 0}, {"queue": -1}, {"mode": "magic"}, {"queue": 64}):
         with pytest.raises(ZcnetError):

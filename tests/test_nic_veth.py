@@ -138,6 +138,14 @@ def test_what_veth_lacks_names_the_setting(dev, call, setting):
 
 
 @pytest.mark.root
+def test_bad_ring_settings_are_usage_errors(dev):
+    with pytest.raises(UsageError, match="tcp-data-split 'maybe'"):
+        ethtool.rings_set(dev, tcp_data_split="maybe")
+    with pytest.raises(UsageError, match="unknown ring setting rx-max"):
+        ethtool.rings_set(dev, rx_max=4)
+
+
+@pytest.mark.root
 def test_queue_get_dump_and_single(dev):
     rows = netdev.queues(dev)
     assert {(q["type"], q["id"]) for q in rows} >= {("rx", 0), ("tx", 0)}

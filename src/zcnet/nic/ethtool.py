@@ -165,7 +165,7 @@ def decode_bitset(d: Mapping[str, Any], names: list[str] | None = None) -> Bitse
     size = d.get("size", 0)
 
     def name_of(i: int) -> str:
-        return names[i] if names is not None and i < len(names) else f"#{i}"
+        return names[i] if names is not None and 0 <= i < len(names) else f"#{i}"
 
     if "value" in d:  # compact
         value = frozenset(name_of(i) for i in _words_to_bits(d["value"], size))
@@ -238,8 +238,15 @@ def rings_set(dev: Device, **values: Any) -> None:
     """Set ring parameters by spec name, e.g. ``rings_set(dev, tcp_data_split="on",
     hds_thresh=0)``. The error names the first setting when the driver refuses."""
     attrs = {k.replace("_", "-"): v for k, v in values.items()}
-    if "tcp-data-split" in attrs and isinstance(attrs["tcp-data-split"], str):
-        attrs["tcp-data-split"] = TCP_DATA_SPLIT_VALUE[attrs["tcp-data-split"]]
+    unknown = [k for k in attrs if k not in RING_SETTINGS]
+    if unknown:
+        raise UsageError(f"unknown ring setting {', '.join(unknown)}",
+                         f"one of {', '.join(RING_SETTINGS)}")
+    split = attrs.get("tcp-data-split")
+    if isinstance(split, str):
+        if split not in TCP_DATA_SPLIT_VALUE:
+            raise UsageError(f"tcp-data-split {split!r}", "on, off or auto")
+        attrs["tcp-data-split"] = TCP_DATA_SPLIT_VALUE[split]
     setting = ", ".join(attrs)
     dev.genl_do(FAMILY, e.ETHTOOL_MSG_RINGS_SET, RINGS, {"header": _hdr(dev), **attrs},
                 what=f"set rings {setting}", setting=setting)
