@@ -262,6 +262,20 @@ def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
             "ifindex": ifindex, "config": c, "steps": [asdict(s) for s in steps]}
 
 
+def _already(cfg: NicConfig, path: Path) -> ZcnetError:
+    return ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
+                      f"run 'zcnet nic restore {cfg.ifname}' first")
+
+
+def _claim(path: Path, cfg: NicConfig) -> None:
+    """Create the state file exclusively, so two concurrent setups cannot both proceed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    except FileExistsError:
+        raise _already(cfg, path) from None
+
+
 def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     path = state_path(ifname, netns)
     try:
@@ -316,8 +330,7 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
     (tests inject faults and kills there)."""
     path = state_path(cfg.ifname, cfg.netns)
     if load_state(cfg.ifname, cfg.netns) is not None:
-        raise ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
-                         f"run 'zcnet nic restore {cfg.ifname}' first")
+        raise _already(cfg, path)
     with _maybe_open(cfg, device) as dev:
         todo = plan(dev, cfg) if steps is None else steps
         doc = _doc(cfg, dev.ifindex, todo)
@@ -326,6 +339,7 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
             doc["steps"] = [asdict(s) for s in todo]
             _write_state(path, doc)
 
+        _claim(path, cfg)
         save()
         current: Step | None = None
         try:
