@@ -256,6 +256,8 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
         row: dict[str, Any] = {**p, "mode": opts.mode, "engine": opts.rx_engine, "tx": opts.tx,
                                "status": "error" if errors else "ok",
                                "error": "; ".join(errors) or None}
+        # SO_INCOMING_CPU again at the end: on veth/loopback it follows the sender around.
+        row["rx_cpu_end"], row["tx_cpu_end"] = r.get("incoming_cpu"), t.get("incoming_cpu")
         if opts.mode == "stream":
             nbytes, secs = r.get("bytes", 0), r.get("seconds", 0.0)
             row.update(bytes=nbytes, seconds=secs, bytes_sent=t.get("bytes_sent"),
@@ -266,6 +268,7 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
                        **t.get("latency", {}))
             if t.get("hist"):
                 hists.append(t["hist"])
+                row["samples"] = merge_encoded([t["hist"]]).get_total_count()
         row["tcp_tx"] = {k: t.get("tcp", {}).get(k) for k in _TCP_TX}
         row["tcp_rx"] = {k: r.get("tcp", {}).get(k) for k in _TCP_RX}
         flows.append(row)

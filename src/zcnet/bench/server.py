@@ -331,7 +331,8 @@ class Session:
             r.pop("event", None)
             r.update(flow=fp.flow, role=fp.role, pid=fp.pid, pinned=_pinned(fp))
             flows.append(r)
-            watch.update(c for c in (r.get("incoming_cpu"), r["pinned"])
+            # Where the flow was placed (fp.cpu, from discovery) and where it ended up.
+            watch.update(c for c in (fp.cpu, r.get("incoming_cpu"), r["pinned"])
                          if c is not None and c >= 0)
         for fp in ends:
             fp.stop()

@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ssh-cmd", default="ssh", help="ssh program (default ssh)")
     p.add_argument("--ssh-port", type=int, default=18323, help="port of ssh-started servers")
     p.add_argument("--ssh-python", default="python3", help="python on the remote host")
+    p.add_argument("--ssh-listen", default="0.0.0.0", metavar="ADDR",
+                   help="address ssh-started servers listen on (default all)")
     p.add_argument("--json", metavar="PATH", help="write results (envelope kind 'client')")
     p.add_argument("--csv", metavar="PATH", help="write one row per flow")
     p.set_defaults(func=run)
@@ -90,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         for host in args.ssh:
             remote = stack.enter_context(RemoteServer(host, port=args.ssh_port, ssh=args.ssh_cmd,
-                                                      python=args.ssh_python))
+                                                      python=args.ssh_python,
+                                                      listen=args.ssh_listen))
             opts.tokens[host] = remote.token
         with console.status(f"{opts.flows} flow(s), {opts.mode}, {opts.duration:g} s ..."):
             result = client.run(opts)

@@ -1,0 +1,288 @@
+"""zcnet server + client end to end on loopback: two servers (127.0.0.1 and 127.0.0.2), real
+sockets and processes, and the fault cases (wrong token, bad input, client killed, silent client,
+worker crash, two clients at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from zcnet.bench import protocol as proto
+from zcnet.bench.client import ClientOptions, Control, run
+from zcnet.errors import ZcnetError
+
+pytestmark = pytest.mark.timeout(120)
+
+READY = "zcnet server listening on "
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen[str]
+    address: str
+    log: Path
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+
+@contextlib.contextmanager
+def server(tmp_path: Path, host: str, *extra: str) -> Iterator[ServerProc]:
+    """A ``zcnet -v server`` subprocess on HOST:free-port, stopped with SIGTERM and reaped."""
+    log = tmp_path / f"server-{host}-{len(list(tmp_path.iterdir()))}.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "zcnet", "-v", "server", "--listen",
+                                 f"{host}:0", *extra], stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(READY), f"server did not start: {line!r} {log.read_text()}"
+        yield ServerProc(proc, line[len(READY):].strip(), log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def flow_workers(root: int) -> list[int]:
+    """Flow worker processes below ``root`` (workers name themselves zcnet-rxN / zcnet-txN)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            todo.extend(kids)
+            for k in kids:
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{k}/comm").read_text().startswith(("zcnet-rx", "zcnet-tx")):
+                        out.append(k)
+    return out
+
+
+def wait_for(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+@pytest.fixture
+def two_servers(no_leaks, tmp_path) -> Iterator[tuple[ServerProc, ServerProc]]:
+    with server(tmp_path, "127.0.0.1") as a, server(tmp_path, "127.0.0.2") as b:
+        yield a, b
+
+
+def test_stream_between_two_servers(two_servers):
+    a, b = two_servers
+    res = run(ClientOptions(src=a.address, dst=b.address, flows=2, duration=0.5,
+                            write_size=64 << 10))
+    assert [f["status"] for f in res.flows] == ["ok", "ok"]
+    for f in res.flows:
+        # The receiver saw exactly what the sender sent, and the flow really went to 127.0.0.2.
+        assert f["bytes"] > 0 and f["bytes"] == f["bytes_sent"]
+        assert f["gbps"] == pytest.approx(f["bytes"] * 8 / f["seconds"] / 1e9, rel=1e-2)
+        assert f["tcp_tx"]["snd_cwnd"] > 0 and f["tcp_tx"]["retrans"] is not None
+        assert 0 <= f["rx_cpu"] < os.cpu_count()
+    assert set(res.cpus) == {"src", "dst"}
+    assert res.summary["ok"] == 2
+    assert "worker pid" in b.log_text() and "flow 1 rx" in b.log_text()
+    assert "flow 0 tx" in a.log_text() and "rx worker" not in a.log_text()
+
+
+def test_request_response_histogram_counts_every_transaction(two_servers):
+    a, b = two_servers
+    opts = ClientOptions(src=a.address, dst=b.address, mode="rr", duration=0.5, req_size=100,
+                         resp_size=3000)
+    res = run(opts)
+    (f,) = res.flows
+    assert f["status"] == "ok" and f["transactions"] > 0
+    assert f["p50_us"] <= f["p90_us"] <= f["p99_us"] <= f["p99.9_us"] <= f["max_us"]
+    # Summary percentiles come from the merged histograms; count == transactions.
+    assert res.summary["tps"] == pytest.approx(f["tps"])
+    assert res.summary["p50_us"] == f["p50_us"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="placement needs 2 CPUs")
+@pytest.mark.parametrize("pin_off", [0, 1])
+def test_rx_cpu_discovery_and_pin_offset(two_servers, pin_off):
+    a, b = two_servers
+    res = run(ClientOptions(src=a.address, dst=b.address, flows=2, duration=0.2, cpu_min=1,
+                            cpu_max=1, pin_off=pin_off))
+    for f in res.flows:
+        assert f["status"] == "ok"
+        assert f["rx_cpu"] == 1
+        assert f["rx_app_cpu"] == (1 + pin_off) % os.cpu_count()
+    # The CPU table labels the RX CPU and the application CPU on the receiving side.
+    roles = {r for sh in res.cpus["dst"].values() for r in sh["roles"]}
+    assert {"rx-softirq", "rx-app"} <= roles
+
+
+def test_wrong_token_refused_logged_nothing_run(no_leaks, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("correct horse battery staple\n")
+    with server(tmp_path, "127.0.0.2", "--token-file", str(token)) as s:
+        with pytest.raises(ZcnetError, match="authentication failed"):
+            run(ClientOptions(src=s.address, dst=s.address, duration=0.2, token=b"wrong token!"))
+        with pytest.raises(ZcnetError, match="authentication failed"):
+            run(ClientOptions(src=s.address, dst=s.address, duration=0.2))  # no token at all
+        assert wait_for(lambda: s.log_text().count("authentication failed") >= 2, 5)
+        assert "worker pid" not in s.log_text()
+        res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2,
+                                token=b"correct horse battery staple"))
+        assert res.flows[0]["status"] == "ok"
+
+
+def test_non_loopback_listen_needs_a_token():
+    out = subprocess.run([sys.executable, "-m", "zcnet", "server", "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "token" in out.stderr and "Traceback" not in out.stderr
+
+
+def _raw_session(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_frame(sock: socket.socket) -> dict:
+    dec = proto.Decoder()
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise EOFError
+        dec.feed(data)
+        msg = dec.next()
+        if msg is not proto.NEED_DATA:
+            return msg
+
+
+@pytest.mark.parametrize("junk", [
+    struct.pack("!I", proto.MAX_MESSAGE + 1),                  # announces 1 MiB + 1
+    struct.pack("!I", 5) + b"\xff\xfe{[x",                      # not JSON
+    proto.encode({"type": "start", "duration": 1.0}),          # valid, but out of order
+])
+def test_invalid_message_gets_error_and_server_keeps_serving(no_leaks, tmp_path, junk):
+    with server(tmp_path, "127.0.0.1") as s, _raw_session(s.address) as bad, \
+            _raw_session(s.address) as idle:
+        bad.sendall(junk)
+        reply = _read_frame(bad)
+        assert reply["type"] == "error"
+        assert bad.recv(1) == b""     # and the session closed
+        # Another session, open all along, and a new one are both unaffected.
+        idle.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+        assert _read_frame(idle)["type"] == "welcome"
+        res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
+        assert res.flows[0]["status"] == "ok"
+
+
+def test_client_killed_mid_run_workers_reaped(no_leaks, tmp_path):
+    with server(tmp_path, "127.0.0.1", "--session-timeout", "3") as s:
+        client = subprocess.Popen([sys.executable, "-m", "zcnet", "client", "--src", s.address,
+                                   "-n", "2", "-t", "60"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            assert wait_for(lambda: len(flow_workers(s.proc.pid)) == 4, 30), \
+                f"workers never started: {s.log_text()}"
+            time.sleep(0.3)  # let the run begin
+            client.kill()
+            client.wait()
+            # Far below the 60 s run: the session noticed its client is gone.
+            assert wait_for(lambda: not flow_workers(s.proc.pid), 10), flow_workers(s.proc.pid)
+        finally:
+            client.kill()
+            client.wait()
+        assert "client went away" in s.log_text() or "connection lost" in s.log_text()
+
+
+def test_silent_client_reaped_by_session_timeout(no_leaks, tmp_path):
+    with server(tmp_path, "127.0.0.1", "--session-timeout", "1") as s:
+        ctl = Control(s.address, None)
+        try:
+            ctl.request({"type": "open", "flow": 0, "mode": "stream", "engine": "epoll",
+                         "read_size": 4096, "req_size": 1, "resp_size": 1})
+            assert len(flow_workers(s.proc.pid)) == 1
+            # Say nothing: the server ends the session after its timeout and reaps the worker.
+            assert wait_for(lambda: not flow_workers(s.proc.pid), 10)
+            with pytest.raises(ZcnetError, match="no message"):
+                ctl.receive(5)
+        finally:
+            ctl.sock.close()
+
+
+def test_worker_crash_is_an_error_for_that_flow_only(two_servers):
+    a, b = two_servers
+
+    def kill_flow1(placed):
+        time.sleep(0.2)
+        os.kill(placed[1]["tx_pid"], signal.SIGKILL)
+
+    res = run(ClientOptions(src=a.address, dst=b.address, flows=3, duration=1.0,
+                            on_started=kill_flow1))
+    status = {f["flow"]: f["status"] for f in res.flows}
+    assert status == {0: "ok", 1: "error", 2: "ok"}
+    assert "died" in res.flows[1]["error"]
+    assert all(f["bytes"] > 0 and f["bytes"] == f["bytes_sent"] for f in res.flows if
+               f["status"] == "ok")
+
+
+def test_two_clients_at_once(two_servers):
+    a, b = two_servers
+    results: dict[str, object] = {}
+
+    def go(name: str, mode: str) -> None:
+        try:
+            results[name] = run(ClientOptions(src=a.address, dst=b.address, mode=mode, flows=2,
+                                              duration=1.0))
+        except ZcnetError as e:
+            results[name] = e
+
+    threads = [threading.Thread(target=go, args=(n, m)) for n, m in (("s", "stream"),
+                                                                      ("r", "rr"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stream, rr = results["s"], results["r"]
+    assert not isinstance(stream, Exception) and not isinstance(rr, Exception), results
+    assert [f["status"] for f in stream.flows] == ["ok", "ok"]
+    assert all(f["bytes"] == f["bytes_sent"] > 0 for f in stream.flows)
+    assert [f["status"] for f in rr.flows] == ["ok", "ok"]
+    assert all(f["transactions"] > 0 for f in rr.flows)
+    # Each client got its own flows' pids: the sessions did not mix.
+    assert not {f["rx_pid"] for f in stream.flows} & {f["rx_pid"] for f in rr.flows}
+
+
+def test_histogram_batches_match_transactions(two_servers):
+    a, b = two_servers
+    res = run(ClientOptions(src=a.address, dst=b.address, mode="rr", duration=0.3))
+    (f,) = res.flows
+    # Every timed transaction reached the histogram through the batched path, none twice.
+    assert f["transactions"] > 4096 or f["transactions"] > 0
+    assert f["samples"] == f["transactions"]
