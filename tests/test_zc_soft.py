@@ -289,7 +289,7 @@ def test_debug_mode_use_after_release(tcp_pair):
         with pytest.raises(ValueError, match="used after release"):
             a.data  # noqa: B018
         with pytest.raises(ValueError, match="released"):
-            view[0]  # noqa: B018
+            view[0]
         arr = b.array  # a numpy array cannot be revoked: warned and poisoned instead
         with pytest.warns(ResourceWarning, match="poison"):
             b.release()

@@ -192,6 +192,12 @@ class Receiver:
         self.stats.note_released(parts, nbytes)
         self.provider.recycle(toks, lens)
 
+    def flush(self) -> None:
+        """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
+        this itself, so call it only to settle the stats when no more receiving follows."""
+        self._check_owner()
+        self._flush_releases()
+
     def recv(self, timeout: float | None = None) -> list[Chunk]:
         """Chunks received so far, waiting up to ``timeout`` seconds for at least one.
 

@@ -166,18 +166,24 @@ class DevmemProvider:
         self.note = f"{ifname} queue {queue}, dma-buf fd {area.dmabuf_fd}"
         self.linear_bytes = 0
         self.dontneed_calls = 0
-        self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
-        try:
-            self._sock = socket.socket(fileno=os.dup(fd))
-            self._sock.setblocking(False)
-        except BaseException:
-            self._binding.close()
-            raise
+        self._sock: socket.socket | None = None
         self._poll = select.poll()
-        self._poll.register(self._sock.fileno(), select.POLLIN)
         self._linear = bytearray(LINEAR_BUF)
         self._linear_mv = memoryview(self._linear)
         self._warned = False
+        self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
+        if fd >= 0:
+            try:
+                self.attach(fd)
+            except BaseException:
+                self._binding.close()
+                raise
+
+    def attach(self, fd: int) -> None:
+        """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self._sock.setblocking(False)
+        self._poll.register(self._sock.fileno(), select.POLLIN)
 
     def can_arm(self) -> bool:
         return True
@@ -188,7 +194,7 @@ class DevmemProvider:
     def reap(self, timeout: float | None) -> Delivery:
         out = Delivery()
         ms = -1 if timeout is None else int(timeout * 1000)
-        if not self._poll.poll(ms):
+        if self._sock is None or not self._poll.poll(ms):
             return out
         lin = recv_devmem(self._sock, self._linear_mv, out)
         if lin:
@@ -204,6 +210,8 @@ class DevmemProvider:
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
         real = [t for t in tokens if t >= 0]
+        if self._sock is None:
+            return
         for arg in dontneed_batches(real):
             self._sock.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, arg)
             self.dontneed_calls += 1
@@ -216,8 +224,9 @@ class DevmemProvider:
 
     def close(self) -> None:
         try:
-            if getattr(self, "_sock", None) is not None:
+            if self._sock is not None:
                 self._sock.close()
+                self._sock = None
         finally:
             self._binding.close()
 

@@ -342,6 +342,10 @@ class ZcrxProvider:
         return RefillRing(mem, o.head, o.tail, o.rqes, int(reg.ifq.rq_entries),
                           int(reg.area.rq_area_token))
 
+    def attach(self, fd: int) -> None:
+        """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
+        self.fd = fd
+
     # --- Provider protocol ------------------------------------------------------------------
     def can_arm(self) -> bool:
         return True
