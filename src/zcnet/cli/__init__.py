@@ -56,3 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("zcnet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``zcnet ... | head``): not an error worth a traceback.
+        sys.stderr.close()
+        return 141
