@@ -102,7 +102,9 @@ class RemoteServer:
     def _stderr_tail(self) -> str:
         if self.proc is None or self.proc.stderr is None:
             return ""
-        if self.proc.poll() is None:
+        try:  # stdout hit EOF: the process is ending; its exit may lag a moment
+            self.proc.wait(2)
+        except subprocess.TimeoutExpired:
             return ""
         return self.proc.stderr.read().decode(errors="replace").strip()[-400:]
 
