@@ -117,6 +117,15 @@ def _lo_mtu() -> int:
         return 65536
 
 
+def _nic_env(t: Target) -> dict[str, Any]:
+    """Driver, rings, HDS and offloads of the receiving interface, for the JSON env."""
+    from zcnet.nic.info import nic_env
+
+    if t.lab is not None:
+        return nic_env(t.lab.if_b, t.lab.ns_b)
+    return nic_env("lo")
+
+
 def cell_result(mtu: int, engine: str, placement: str, status: str, reason: str = "",
                 **extra: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"engine": engine, "mtu": mtu, "placement": placement,
@@ -194,7 +203,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     first = opts.mtus[0]
     try:
         with target(opts.lab, first) as t:
-            env.update(lab=t.env["lab"], target=t.env)
+            env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
             for mtu, cells in by_mtu.items():
                 if t.set_mtu is not None:
                     t.set_mtu(mtu)
