@@ -36,6 +36,14 @@ class NeedRoot(ZcnetError):
         super().__init__("network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
                          "run as root or use --no-lab")
 
+class NoSuchNetns(ZcnetError):
+    """No namespace of that name under /run/netns (never made, or already removed)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no network namespace named {name!r}",
+                         "`zcnet lab status` lists the labs, `ip netns list` all namespaces")
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -78,8 +86,7 @@ def _open_netns(name: str) -> int:
     try:
         return os.open(netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ZcnetError(f"no network namespace named {name!r}",
-                         "`ip netns list` shows the existing ones") from None
+        raise NoSuchNetns(name) from None
 
 
 def enter_netns(name: str) -> None:
@@ -118,8 +125,7 @@ def netns_popen(name: str, argv: Sequence[str], **popen_kwargs: Any) -> subproce
     ``ip netns exec`` execs the command in place after setns and also remounts /sys, so tools
     that read /sys/class/net see the namespace's interfaces."""
     if not netns_exists(name):
-        raise ZcnetError(f"no network namespace named {name!r}",
-                         "`zcnet lab status` lists the labs")
+        raise NoSuchNetns(name)
     try:
         return subprocess.Popen(["ip", "netns", "exec", name, *argv], **popen_kwargs)
     except FileNotFoundError:

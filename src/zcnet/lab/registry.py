@@ -6,9 +6,14 @@ whose default action would kill the process without running any Python.
 
 Some facts that shape it:
 
-- Forked children (multiprocessing workers, pyroute2 helpers) inherit both the atexit list and
-  the signal handlers. Each lab remembers the pid that made it, and only that pid removes it, so
-  a worker that gets SIGTERM never tears down its parent's lab.
+- Forked children (multiprocessing workers, pyroute2 helpers) inherit the atexit list. Each lab
+  remembers the pid that made it, and only that pid removes it, so a worker never tears down its
+  parent's lab.
+- A Python-level handler loses a signal that reaches a freshly forked child before the
+  interpreter has re-initialised itself there (CPython clears the "tripped" flags after fork),
+  so a worker terminated right after start would sleep on. With the default action the kernel
+  kills it at once. Hence: our signals are blocked across fork, and the child puts the prior
+  dispositions back before unblocking; a SIGTERM sent meanwhile stays pending and then kills.
 - A signal handler runs in the main thread between bytecodes, possibly while that thread is inside
   ``Lab.up``/``down`` holding the lock: hence an RLock, and labs idempotent to tear down twice.
 - Handlers can only be installed from the main thread; elsewhere only atexit is armed.
@@ -23,6 +28,8 @@ import signal
 import threading
 from types import FrameType
 from typing import Any, Protocol
+
+from zcnet.errors import ZcnetError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +72,7 @@ def teardown_all() -> None:
     for lab in live():
         try:
             lab.down()
-        except OSError as exc:
+        except (OSError, ZcnetError) as exc:
             log.warning("lab teardown failed: %s", exc)
 
 
@@ -83,6 +90,8 @@ def _arm() -> None:
     global _atexit_armed, _signals_armed
     if not _atexit_armed:
         atexit.register(teardown_all)
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent,
+                            after_in_child=_after_fork_child)
         _atexit_armed = True
     if _signals_armed or threading.current_thread() is not threading.main_thread():
         return  # off the main thread only atexit can be armed; the next main-thread lab arms
@@ -93,3 +102,30 @@ def _arm() -> None:
             continue  # the process survives this signal, so its labs must too
         _prior[signum] = prior
         signal.signal(signum, _on_signal)
+
+
+_fork_state = threading.local()
+
+
+def _before_fork() -> None:
+    if _prior:
+        _fork_state.mask = signal.pthread_sigmask(signal.SIG_BLOCK, list(_prior))
+
+
+def _after_fork_parent() -> None:
+    mask = getattr(_fork_state, "mask", None)
+    if mask is not None:
+        _fork_state.mask = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _after_fork_child() -> None:
+    """The child owns no lab: forget ours, give back the prior handlers, then unblock."""
+    global _lock, _signals_armed
+    _lock = threading.RLock()  # another parent thread may have held it at fork time
+    _live.clear()
+    for signum, prior in _prior.items():
+        signal.signal(signum, prior if prior is not None else signal.SIG_DFL)
+    _prior.clear()
+    _signals_armed = False
+    _after_fork_parent()

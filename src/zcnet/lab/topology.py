@@ -33,7 +33,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names, registry
-from zcnet.lab.netns import NeedRoot, in_netns, netns_exists, netns_popen
+from zcnet.lab.netns import NeedRoot, NoSuchNetns, in_netns, netns_exists, netns_popen
 from zcnet.lab.rtnl import has_caps, ifindex, rtnl, translate
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,16 @@ def delete_veth(ns: str, ifname: str) -> None:
     """Delete the veth end IFNAME in NS (and so its peer); quiet if either is already gone."""
     if not netns_exists(ns):
         return
-    with rtnl(ns) as ipr:
-        found = ipr.link_lookup(ifname=ifname)
-        if found:
-            try:
+    try:
+        with rtnl(ns) as ipr:
+            found = ipr.link_lookup(ifname=ifname)
+            if found:
                 ipr.link("del", index=found[0])
-            except NetlinkError as exc:
-                if exc.code != errno.ENODEV:
-                    raise
+    except NoSuchNetns:
+        return  # removed meanwhile (a concurrent sweeper, or our own signal handler)
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:  # deleted meanwhile, e.g. via its peer
+            raise
 
 
 class Lab:

@@ -1,0 +1,233 @@
+"""The lab against the real kernel: namespaces, veth, addresses, MTU, connectivity, isolation."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from zcnet.errors import UsageError
+from zcnet.lab import Lab
+from zcnet.lab.netns import in_netns, netns_exists
+from zcnet.lab.rtnl import rtnl
+from zcnet.uapi.errqueue import IP_MTU
+
+pytestmark = pytest.mark.root
+
+PAYLOAD = os.urandom(256 * 1024)  # several segments even at MTU 9000
+
+
+def _serve_once(ns: str, family: int, addr: str, ready: threading.Event,
+                result: dict[str, object]) -> None:
+    """Accept one connection inside NS and keep what arrives, plus the peer address."""
+    with in_netns(ns):
+        srv = socket.create_server((addr, 0), family=family)
+    with srv:
+        result["port"] = srv.getsockname()[1]
+        ready.set()
+        srv.settimeout(10)
+        conn, peer = srv.accept()
+        with conn:
+            chunks = []
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        result["data"] = b"".join(chunks)
+        result["peer"] = peer[0]
+
+
+def _transfer(lab: Lab, family: int, src: str, dst: str) -> dict[str, object]:
+    """Send PAYLOAD from ns_a to a server in ns_b, each socket opened in its own namespace."""
+    result: dict[str, object] = {}
+    ready = threading.Event()
+    server = threading.Thread(target=_serve_once, args=(lab.ns_b, family, dst, ready, result))
+    server.start()
+    try:
+        assert ready.wait(10)
+        with in_netns(lab.ns_a):
+            cli = socket.create_connection((dst, result["port"]), timeout=10,
+                                           source_address=(src, 0))
+        with cli:
+            cli.sendall(PAYLOAD)
+    finally:
+        server.join(15)
+    return result
+
+
+def _link(ns: str, ifname: str) -> dict[str, object]:
+    with rtnl(ns) as ipr:
+        msg = ipr.link("get", ifname=ifname)[0]
+        linkinfo = msg.get("IFLA_LINKINFO")
+        return {"mtu": msg.get("IFLA_MTU"), "state": msg.get("IFLA_OPERSTATE"),
+                "kind": linkinfo.get("IFLA_INFO_KIND") if linkinfo else None}
+
+
+def _addrs(ns: str, ifname: str) -> set[str]:
+    with rtnl(ns) as ipr:
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        return {f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr(index=idx)
+                if a["scope"] == 0}
+
+
+def test_create_destroy(no_leaks: None) -> None:
+    root_links = set(os.listdir("/sys/class/net"))
+    with Lab() as lab:
+        assert netns_exists(lab.ns_a) and netns_exists(lab.ns_b)
+        assert lab.ns_a != lab.ns_b and str(os.getpid()) in lab.name
+        assert all(len(n) <= 15 for n in (lab.if_a, lab.if_b))
+        for ns, ifname in ((lab.ns_a, lab.if_a), (lab.ns_b, lab.if_b)):
+            assert _link(ns, ifname) == {"mtu": 1500, "state": "UP", "kind": "veth"}
+            assert _link(ns, "lo")["state"] in ("UNKNOWN", "UP")
+        assert f"{lab.addr_a}/30" in _addrs(lab.ns_a, lab.if_a)
+        assert f"{lab.addr_b}/30" in _addrs(lab.ns_b, lab.if_b)
+        # nothing of the lab ever shows in the root namespace
+        assert set(os.listdir("/sys/class/net")) == root_links
+        names = (lab.ns_a, lab.ns_b)
+    assert not any(netns_exists(n) for n in names)
+    assert not lab.is_up and lab.ns_a == ""
+
+
+def test_exception_in_block_tears_down(no_leaks: None) -> None:
+    with pytest.raises(RuntimeError, match="boom"), Lab() as lab:
+        names = (lab.ns_a, lab.ns_b)
+        raise RuntimeError("boom")
+    assert not any(netns_exists(n) for n in names)
+
+
+def test_down_is_idempotent(no_leaks: None) -> None:
+    lab = Lab().up()
+    lab.down()
+    lab.down()
+    assert not lab.is_up
+
+
+def test_tcp_ipv4(no_leaks: None) -> None:
+    with Lab() as lab:
+        got = _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)
+    assert got["data"] == PAYLOAD
+    assert got["peer"] == lab.addr_a
+
+
+def _ipv6_host() -> bool:
+    return Path("/proc/sys/net/ipv6").is_dir()
+
+
+@pytest.mark.skipif(not _ipv6_host(), reason="kernel without IPv6")
+def test_tcp_ipv6(no_leaks: None) -> None:
+    with Lab() as lab:
+        assert lab.ipv6 and lab.addr6_a and lab.addr6_b
+        assert f"{lab.addr6_a}/64" in _addrs(lab.ns_a, lab.if_a)
+        got = _transfer(lab, socket.AF_INET6, lab.addr6_a, lab.addr6_b)
+        assert got["data"] == PAYLOAD
+        assert got["peer"] == lab.addr6_a
+        assert lab.env()["ipv6"] is True
+
+
+def test_no_ipv6_when_not_asked(no_leaks: None) -> None:
+    with Lab(ipv6=False) as lab:
+        assert lab.addr6_a is None and not lab.ipv6
+        assert not any(":" in a for a in _addrs(lab.ns_a, lab.if_a))
+
+
+def test_mtu_applied_and_changed(no_leaks: None) -> None:
+    with Lab(mtu=9000) as lab:
+        for ns, ifname in ((lab.ns_a, lab.if_a), (lab.ns_b, lab.if_b)):
+            assert _link(ns, ifname)["mtu"] == 9000
+        lab.set_mtu(4096)
+        for ns, ifname in ((lab.ns_a, lab.if_a), (lab.ns_b, lab.if_b)):
+            assert _link(ns, ifname)["mtu"] == 4096
+        assert lab.mtu == 4096 and lab.env()["mtu"] == 4096
+        # the path MTU a connected socket sees is the veth's
+        with in_netns(lab.ns_a), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((lab.addr_b, 9))
+            assert s.getsockopt(socket.IPPROTO_IP, IP_MTU) == 4096
+        assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
+
+
+@pytest.mark.skipif(not _ipv6_host(), reason="kernel without IPv6")
+def test_ipv6_follows_mtu(no_leaks: None) -> None:
+    # below 1280 the kernel strips IPv6 addresses; raising the MTU again must bring them back
+    with Lab() as lab:
+        lab.set_mtu(1000)
+        assert lab.addr6_a is None
+        assert not any(":" in a for a in _addrs(lab.ns_a, lab.if_a))
+        assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
+        lab.set_mtu(1500)
+        assert lab.addr6_b is not None
+        assert _transfer(lab, socket.AF_INET6, lab.addr6_a, lab.addr6_b)["data"] == PAYLOAD
+
+
+@pytest.mark.parametrize("mtu", [67, 65536, 0, -1])
+def test_bad_mtu_rejected_before_anything_exists(mtu: int, no_leaks: None) -> None:
+    with pytest.raises(UsageError, match="out of range") as info:
+        Lab(mtu=mtu)
+    assert info.value.hint == "choose 68..65535"
+
+
+def test_bad_set_mtu_keeps_lab(no_leaks: None) -> None:
+    with Lab() as lab:
+        with pytest.raises(UsageError):
+            lab.set_mtu(70000)
+        assert _link(lab.ns_a, lab.if_a)["mtu"] == 1500
+        lab.set_mtu(65535)  # the top of the range is accepted by veth
+        assert _link(lab.ns_b, lab.if_b)["mtu"] == 65535
+
+
+def test_two_labs_at_once_are_isolated(no_leaks: None) -> None:
+    with Lab() as one, Lab(mtu=9000) as two:
+        assert {one.ns_a, one.ns_b}.isdisjoint({two.ns_a, two.ns_b})
+        assert {one.if_a, one.if_b}.isdisjoint({two.if_a, two.if_b})
+        # same addresses in both labs, yet a listener in lab two is unreachable from lab one
+        with in_netns(two.ns_b):
+            srv = socket.create_server((two.addr_b, 0))
+        with srv:
+            port = srv.getsockname()[1]
+            with in_netns(one.ns_a):
+                probe = socket.socket()
+            with probe, pytest.raises(ConnectionRefusedError):
+                probe.settimeout(5)
+                probe.connect((one.addr_b, port))
+        for lab in (one, two):
+            assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
+        assert _link(two.ns_a, two.if_a)["mtu"] == 9000
+        assert _link(one.ns_a, one.if_a)["mtu"] == 1500
+
+
+def test_labs_from_threads_get_distinct_names(no_leaks: None) -> None:
+    labs = [Lab() for _ in range(3)]
+    threads = [threading.Thread(target=lab.up) for lab in labs]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(lab.is_up for lab in labs)
+        assert len({lab.name for lab in labs}) == 3
+    finally:
+        for lab in labs:
+            lab.down()
+
+
+def test_ns_exec_runs_inside_and_is_stopped_at_down(no_leaks: None) -> None:
+    with Lab() as lab:
+        out = lab.ns_exec(lab.ns_b, ["cat", f"/sys/class/net/{lab.if_b}/mtu"],
+                          stdout=subprocess.PIPE, text=True)
+        assert out.communicate(timeout=10)[0].strip() == "1500"
+        ns_inode = os.stat(f"/run/netns/{lab.ns_a}").st_ino
+        probe = lab.ns_exec(lab.ns_a, ["readlink", "/proc/self/ns/net"],
+                            stdout=subprocess.PIPE, text=True)
+        assert probe.communicate(timeout=10)[0].strip() == f"net:[{ns_inode}]"
+        sleeper = lab.ns_exec(lab.ns_a, ["sleep", "60"])
+        with pytest.raises(UsageError):
+            lab.ns_exec("not-a-lab-ns", ["true"])
+    assert sleeper.returncode is not None  # stopped and reaped by down()
+
+
+def test_env_metadata(no_leaks: None) -> None:
+    with Lab(mtu=4096) as lab:
+        env = lab.env()
+        assert env == {"lab": True, "mtu": 4096, "veth": [lab.if_a, lab.if_b],
+                       "ipv6": lab.ipv6}
