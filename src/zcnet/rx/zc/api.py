@@ -444,8 +444,11 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
 
     if provider == "soft":
         return wrap(_open("soft", fd, area_size, **soft_kw), "soft provider requested")
-    if provider in ("zcrx", "devmem"):
-        return wrap(_open(provider, fd, area_size, **mem, **nic), f"{provider} requested")
+    if provider == "zcrx":
+        return wrap(_open("zcrx", fd, area_size, **mem, **nic), "zcrx requested")
+    if provider == "devmem":
+        return wrap(_open("devmem", fd, area_size, dmabuf_fd=dmabuf_fd, **nic),
+                    "devmem requested")
     if provider != "auto":
         raise UsageError(f"unknown zero-copy provider {provider!r}",
                          f"choose one of {', '.join((*PROVIDERS, 'auto'))}")
@@ -455,6 +458,14 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                     "zcrx: the socket's device supports it")
     except ZcnetError as e:
         reasons.append(f"zcrx: {e.message}")
+    if dmabuf_fd is None:
+        reasons.append("devmem: no dma-buf given")
+    else:
+        try:
+            return wrap(_open("devmem", fd, area_size, dmabuf_fd=dmabuf_fd, **nic),
+                        "devmem: " + "; ".join(reasons))
+        except ZcnetError as e:
+            reasons.append(f"devmem: {e.message}")
     why = "soft, because " + "; ".join(reasons)
     log.info("zero-copy provider for fd %d: %s", fd, why)
     return wrap(_open("soft", fd, area_size, **soft_kw), why)
