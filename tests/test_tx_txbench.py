@@ -1,0 +1,88 @@
+"""run_txbench and `zcnet txbench`: every mode into the sink in the other lab namespace, the JSON
+envelope, and bad input / unreachable targets ending in clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zcnet.cli import main
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab import Lab
+from zcnet.lab.netns import in_netns
+from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
+from zcnet.tx.txbench import ALL_MODES, run_txbench
+
+N = 640
+
+
+@pytest.mark.root
+def test_every_mode_reaches_the_lab_sink_intact(no_leaks) -> None:
+    doc = run_txbench(modes=ALL_MODES, packets=N, repeat=2)
+    assert doc["kind"] == "txbench" and doc["env"]["lab"] is True
+    assert doc["env"]["hw_counters"] == ("yes" if _has_hw() else NO_COUNTERS)
+    for mode in ALL_MODES:
+        rows = [r for r in doc["results"] if r["mode"] == mode]
+        assert [r["repeat"] for r in rows] == [0, 1]
+        for r in rows:
+            assert r["status"] == "ok", r
+            assert r["sent"] == r["received"] == N and r["drops"] == 0
+            assert r["bad_payload"] == 0 and r["wrong_size"] == 0
+            assert r["ns_per_pkt"] > 0 and r["mpps"] > 0
+        total = 2 * N  # sequence numbers run on across repeats: each arrived exactly once
+        assert sum(r["seq_sum"] for r in rows) == total * (total - 1) // 2
+        assert doc["summary"][mode]["received"] == total
+    assert doc["summary"]["single"]["vs_single"] == pytest.approx(1.0)
+
+
+def _has_hw() -> bool:
+    hw = HwCounters.open()
+    if hw is None:
+        return False
+    hw.close()
+    return True
+
+
+@pytest.mark.root
+def test_payload_beyond_path_mtu_is_a_clear_error(no_leaks) -> None:
+    with pytest.raises(UsageError, match="path MTU") as info:
+        run_txbench(modes=("gso",), size=1473, packets=64, repeat=1)
+    assert "1472" in str(info.value)
+
+
+@pytest.mark.root
+def test_ipv6_lab(no_leaks) -> None:
+    doc = run_txbench(modes=("mmsg",), packets=64, repeat=1, ipv6=True)
+    row = doc["results"][0]
+    assert row["received"] == 64 and row["bad_payload"] == 0
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("dst", "why"), [
+    ("198.18.0.2:9", "nothing listens"),       # ICMP port unreachable -> ECONNREFUSED
+    ("198.18.7.7:9", "cannot reach"),          # no route inside the namespace
+])
+def test_unreachable_target_fails_instead_of_hanging(no_leaks, dst: str, why: str) -> None:
+    with Lab() as lab, in_netns(lab.ns_a), pytest.raises(ZcnetError, match=why):
+        run_txbench(modes=("single",), dst=dst, duration=3.0, repeat=1)
+
+
+@pytest.mark.parametrize("argv", [["--burst", "0"], ["--size", "-1"], ["--repeat", "0"],
+                                  ["--mode", "bogus"], ["--sizes", "64,0"]])
+def test_cli_rejects_bad_numbers(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["txbench", *argv])
+    assert exc.value.code == 2
+    assert "txbench" in capsys.readouterr().err
+
+
+def test_cli_loopback_json(no_leaks, tmp_path, capsys) -> None:
+    out = tmp_path / "tx.json"
+    assert main(["txbench", "--loopback", "--packets", "256", "--repeat", "1",
+                 "--mode", "single,gso", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "txbench" and {r["mode"] for r in doc["results"]} == {"single", "gso"}
+    assert all(r["received"] == 256 for r in doc["results"])
+    text = capsys.readouterr().out
+    assert "single -> gso" in text and "Packet rate" in text

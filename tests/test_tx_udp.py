@@ -1,0 +1,84 @@
+"""UDP burst senders into the checking sink on loopback: exact counts, intact payloads, GSO
+fallback counting, and a sink that notices damage."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from zcnet.tx.sink import Sink
+from zcnet.tx.txbench import ALL_MODES, _factory
+from zcnet.tx.udp_modes import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, gso_can_carry, run_for
+
+
+def _sender_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    return sock
+
+
+def _send(mode: str, lengths: list[int], bursts: int) -> tuple[dict, dict]:
+    with Sink("127.0.0.1", tuple(sorted(set(lengths)))) as sink, \
+            _sender_socket(sink.port) as sock:
+        sender = _factory(mode)(sock, lengths)
+        try:
+            sent, _, _ = run_for(sender, packets=bursts * len(lengths))
+        finally:
+            sender.close()
+        assert sent == bursts * len(lengths)
+        return sink.snapshot(100), sender.counters.as_dict()
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("lengths", [[64] * 32, [13] * 5, [100] * 7 + [40], [5] * 3],
+                         ids=["64x32", "13x5", "short-last", "no-seq"])
+def test_each_mode_delivers_exactly_n_intact(no_leaks, mode: str, lengths: list[int]) -> None:
+    bursts = 20
+    n = bursts * len(lengths)
+    got, counters = _send(mode, lengths, bursts)
+    assert got["received"] == n and got["bytes"] == bursts * sum(lengths)
+    assert got["bad_payload"] == 0 and got["wrong_size"] == 0
+    if min(lengths) >= 8:  # packets carry their sequence number: each arrived once
+        assert got["seq_sum"] == n * (n - 1) // 2 and got["seq_max"] == n - 1
+    assert counters["packets"] == n and counters["fallback_packets"] == 0
+    calls_per_burst = len(lengths) if mode == "single" else 1
+    assert counters["calls"] == bursts * calls_per_burst
+
+
+@pytest.mark.parametrize(("lengths", "why"), [
+    ([64] * (GSO_MAX_SEGMENTS + 1), "too many segments"),
+    ([1400] * 48, "more than 64 KiB"),
+    ([64, 128] * 4, "mixed sizes"),
+])
+def test_gso_fallback_is_counted_and_delivers(no_leaks, lengths: list[int], why: str) -> None:
+    assert not gso_can_carry(lengths), why
+    bursts = 5
+    got, counters = _send("gso", lengths, bursts)
+    n = bursts * len(lengths)
+    assert counters["fallback_bursts"] == bursts and counters["fallback_packets"] == n
+    assert got["received"] == n and got["bad_payload"] == 0 and got["wrong_size"] == 0
+    assert got["seq_sum"] == n * (n - 1) // 2
+
+
+def test_gso_can_carry_rules() -> None:
+    assert gso_can_carry([64] * GSO_MAX_SEGMENTS)
+    assert gso_can_carry([100, 100, 30])  # only the last may be shorter
+    assert not gso_can_carry([100, 30, 100])
+    assert not gso_can_carry([100, 100, 130])
+    assert not gso_can_carry([])
+    seg = GSO_MAX_BYTES // 10
+    assert gso_can_carry([seg] * 10) and not gso_can_carry([seg + 1] * 10)
+
+
+def test_sink_counts_damaged_and_wrong_sized_packets(no_leaks) -> None:
+    with Sink("127.0.0.1", (64,)) as sink, _sender_socket(sink.port) as sock:
+        sender = _factory("mmsg")(sock, [64] * 4)
+        run_for(sender, packets=4)
+        sock.send(bytes(64))           # right size, wrong pattern
+        sock.send(bytes(sender.rows[0, :63]))  # one byte short
+        got = sink.snapshot(100)
+    assert got["received"] == 6
+    assert got["bad_payload"] == 1 and got["wrong_size"] == 1
+    assert got["seq_sum"] == 0 + 1 + 2 + 3
