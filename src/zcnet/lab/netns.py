@@ -102,7 +102,8 @@ def enter_netns(name: str) -> None:
 
 @contextmanager
 def in_netns(name: str) -> Iterator[None]:
-    """Run the block with this thread inside namespace NAME; other threads are unaffected."""
+    """Run the block with this thread inside namespace NAME; other threads are unaffected,
+    but threads started inside the block inherit NAME (clone copies the namespaces)."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         target = _open_netns(name)
