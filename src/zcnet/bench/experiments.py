@@ -8,6 +8,7 @@ drift of the machine (other load, thermal state) spreads over every cell instead
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator
@@ -16,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.bench import meta
-from zcnet.bench.cpustat import CpuTimes
-from zcnet.errors import ZcnetError
+from zcnet.errors import Unsupported, ZcnetError
 from zcnet.report.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,11 @@ def plan(spec: Spec, target: Target) -> Plan:
     axes = list(matrix)
     cells = [dict(zip(axes, combo, strict=True))
              for combo in itertools.product(*(matrix[a] for a in axes))]
+    if spec.tool == "bench":
+        # A peer runs once per MTU and placement, in the same lab and duration as the engines.
+        spots = dict.fromkeys((c.get("mtu"), c.get("placement")) for c in cells)
+        cells += [{"engine": p, "peer": p, "mtu": m, "placement": pl}
+                  for (m, pl) in spots for p in spec.peers]
     return Plan(cells, subs, baseline)
 
 
@@ -82,23 +87,38 @@ Progress = Callable[[int, int, dict[str, Any]], None]
 
 
 def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    try:
-        from zcnet.bench.run import run_bench
-    except ImportError:
-        raise ZcnetError("zcnet bench is not part of this build",
-                         "update zcnet; `zcnet bench --help` must work") from None
-    kwargs: dict[str, Any] = {"engines": [cell["engine"]], "duration": spec.duration}
-    for axis, name in (("mtu", "mtus"), ("placement", "placements")):
-        if axis in cell:
-            kwargs[name] = [cell[axis]]
-    for opt in ("consumer", "tx"):
-        if opt in cell:
-            kwargs[opt] = cell[opt]
-    if target.ifname:
-        kwargs["ifname"] = target.ifname
-    if target.remote:
-        kwargs["remote"] = target.remote
-    return list(run_bench(**kwargs)["results"])
+    from zcnet.bench.run import BenchOptions, run_bench
+    from zcnet.rx.engines import EngineOptions, engine_names
+
+    if target.ifname or target.remote:
+        raise Unsupported("experiments drive the lab only in this build",
+                          "run `zcnet server` on the peer and `zcnet client` by hand")
+    engine = cell["engine"]
+    if "peer" not in cell and engine not in engine_names():
+        raise Unsupported(f"engine {engine} is not in this build",
+                          f"engines here: {', '.join(engine_names())}")
+    engine_opts: dict[str, Any] = {}
+    if "consumer" in cell:
+        known = {f.name for f in dataclasses.fields(EngineOptions)}
+        if "consumer" not in known:
+            raise Unsupported("this build's engines cannot release in a consumer thread",
+                              "update zcnet (zero-copy receive with --consumer)")
+        engine_opts["consumer"] = cell["consumer"]
+    opts = BenchOptions(mtus=(cell["mtu"],) if "mtu" in cell else (1500,),
+                        engines=() if "peer" in cell else (engine,),
+                        peers=(cell["peer"],) if "peer" in cell else (),
+                        placements=(cell.get("placement", "split"),),
+                        duration=spec.duration, tx=cell.get("tx", "copy"),
+                        engine_opts=engine_opts)
+    rows = list(run_bench(opts)["results"])
+    for row in rows:
+        # mpstat-style shares of the CPUs the cell used, over the measured interval only.
+        cpu = row.get("cpu") or {}
+        cpus = {str(row[f"{side}_cpu"]): cpu[side] for side in ("tx", "rx")
+                if side in cpu and f"{side}_cpu" in row}
+        if cpus:
+            row.setdefault("cpus", dict(sorted(cpus.items(), key=lambda kv: int(kv[0]))))
+    return rows
 
 
 def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
@@ -160,17 +180,6 @@ def new_document(spec: Spec, target: Target, the_plan: Plan, repeat: int) -> dic
         complete=False)
 
 
-def _with_cpus(measure: Measure, spec: Spec, cell: dict[str, Any],
-               target: Target) -> list[dict[str, Any]]:
-    """Add mpstat-style per-CPU shares over the cell's run where the measurer gave none."""
-    before = CpuTimes.read()
-    rows = measure(spec, cell, target)
-    shares = CpuTimes.read().since(before)
-    for row in rows:
-        row.setdefault("cpus", {str(c): s for c, s in shares.items()})
-    return rows
-
-
 def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
              progress: Progress | None = None) -> Iterator[dict[str, Any]]:
@@ -188,7 +197,7 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
                 if progress:
                     progress(done, total, cell)
                 try:
-                    rows = _with_cpus(measure, spec, cell, target)
+                    rows = measure(spec, cell, target)
                 except ZcnetError as exc:
                     # One cell the machine cannot run must not end the experiment.
                     rows = [{**cell, "status": "unsupported", "reason": str(exc)}]

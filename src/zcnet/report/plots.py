@@ -34,7 +34,8 @@ def _pyplot() -> Any:
 
 def _figure(plt: Any, title: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    ax.set_title(title)
+    fig.subplots_adjust(bottom=0.22)  # room for two-line, rotated bar labels
+    ax.set_title(title, fontsize=10)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
     return fig, ax
@@ -48,8 +49,17 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
-def _label(cell: Cell, skip: tuple[str, ...]) -> str:
-    return " ".join(str(v) for f, v in cell.key if f not in skip and f != "experiment")
+def _labeller(cells: list[Cell], skip: tuple[str, ...]) -> Callable[[Cell], str]:
+    """Label cells by the axes that differ between them; constant axes only add clutter."""
+    fields = dict.fromkeys(f for c in cells for f, _ in c.key)
+    varying = [f for f in fields if f not in skip and f != "experiment"
+               and len({c.fields.get(f) for c in cells}) > 1]
+    def label(cell: Cell) -> str:
+        parts = [str(cell.fields.get(f)) if f in ("engine", "mode") else f"{f}={cell.fields.get(f)}"
+                 for f in varying]
+        return " ".join(parts) or "all"
+
+    return label
 
 
 def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "gbps",
@@ -58,12 +68,14 @@ def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "
     plt = _pyplot()
     fig, ax = _figure(plt, title, f"{METRICS[metric].label} ({METRICS[metric].unit})")
     series: dict[str, list[tuple[int, float, float]]] = {}
-    for cell in group(results).values():
+    cells = list(group(results).values())
+    label = _labeller(cells, ("mtu",))
+    for cell in cells:
         s = cell.summary(metric)
         mtu = cell.fields.get("mtu")
         if s is None or mtu is None:
             continue
-        series.setdefault(_label(cell, ("mtu",)), []).append((int(mtu), s.mean, s.stdev))
+        series.setdefault(label(cell), []).append((int(mtu), s.mean, s.stdev))
     for name, pts in series.items():
         pts.sort()
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
@@ -80,10 +92,10 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
     plt = _pyplot()
     fig, ax = _figure(plt, title, "% of CPU")
     bars: list[tuple[str, dict[str, float]]] = []
-    for cell in group(results).values():
-        if cell.status != "ok":
-            continue
-        label = _label(cell, ())
+    cells = [c for c in group(results).values() if c.status == "ok"]
+    labeller = _labeller(cells, ())
+    for cell in cells:
+        label = labeller(cell)
         shares = per_cpu_shares(cell)
         if shares:
             bars += [(f"{label}\ncpu{cpu}", s) for cpu, s in shares.items()]
@@ -99,9 +111,9 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
         heights = [b[1].get(part, 0.0) for b in bars]
         ax.bar(xs, heights, bottom=bottom, label=f"%{part}")
         bottom = [x + h for x, h in zip(bottom, heights, strict=True)]
-    ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=7)
-    ax.set_ylim(0, 100)
-    ax.legend()
+    ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=7, rotation=30, ha="right")
+    ax.set_ylim(0, 115)  # headroom for the legend above the 100% line
+    ax.legend(ncol=len(CPU_PARTS), loc="upper center", fontsize=8)
     return _save(plt, fig, path)
 
 
@@ -110,11 +122,13 @@ def pps_per_mode(results: list[dict[str, Any]], path: Path, metric: str = "mpps"
     plt = _pyplot()
     fig, ax = _figure(plt, title, f"{METRICS[metric].label} ({METRICS[metric].unit})")
     names, means, errs = [], [], []
-    for cell in group(results).values():
+    cells = list(group(results).values())
+    label = _labeller(cells, ())
+    for cell in cells:
         s = cell.summary(metric)
         if s is None:
             continue
-        names.append(_label(cell, ("payload", "burst")))
+        names.append(label(cell))
         means.append(s.mean)
         errs.append(s.stdev)
     ax.bar(range(len(names)), means, yerr=errs, capsize=4)
@@ -141,7 +155,8 @@ def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in names if names is not None else rep.get("plots", []):
-        kwargs: dict[str, Any] = {"title": f"{title}: {name}"}
+        kwargs: dict[str, Any] = {"title": f"{title}: {name}" if len(title) < 40 else
+                                  f"{stem}: {name}"}
         if name != "cpu-breakdown" and rep.get("metric"):
             kwargs["metric"] = rep["metric"]
         paths.append(PLOTTERS[name](results, out / f"{stem}-{name}.png", **kwargs))
