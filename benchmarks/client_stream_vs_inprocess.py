@@ -1,0 +1,102 @@
+"""Stream Gbit/s through zcnet server + client vs the same engine run in-process.
+
+Target (issue 6): through server/client >= 0.95x in-process. In-process: this script accepts the
+connection and runs the rx engine itself, a child process sends (the same sender the server's
+flow workers use). Through server/client: a ``zcnet server`` subprocess runs both ends as flow
+workers, driven over the control protocol. Nothing is pinned in either, one flow, loopback;
+rounds alternate so drift on this shared machine hits both; medians are compared.
+
+    python benchmarks/client_stream_vs_inprocess.py [--engine epoll] [--rounds 3] [--duration 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.rr import FlowSpec, flow_main
+from zcnet.rx.engines import EngineOptions, make_engine
+
+RX_CPU, TX_CPU = 1, 0
+
+
+def in_process(engine: str, duration: float, size: int, split: bool) -> float:
+    ctx = mp.get_context("forkserver")
+    mask = os.sched_getaffinity(0)
+    with socket.create_server(("127.0.0.1", 0)) as ls:
+        spec = FlowSpec(role="tx", mode="stream", host="127.0.0.1", port=ls.getsockname()[1],
+                        write_size=size)
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=flow_main, args=(spec.to_dict(), child))
+        proc.start()
+        child.close()
+        conn, _ = ls.accept()
+    try:
+        parent.recv()                                   # sender ready
+        if split:
+            os.sched_setaffinity(proc.pid, {TX_CPU})
+            os.sched_setaffinity(0, {RX_CPU})
+        parent.send({"cmd": "start", "duration": duration})
+        with conn:
+            stats = make_engine(engine, EngineOptions(bufsize=size)).run(conn, None)
+        parent.recv()                                   # sender's result
+    finally:
+        os.sched_setaffinity(0, mask)
+        proc.join(10)
+        parent.close()
+    return stats.bytes * 8 / stats.seconds() / 1e9
+
+
+def through_server(address: str, engine: str, duration: float, size: int, split: bool) -> float:
+    def pin(placed: list[dict]) -> None:
+        # Explicit CPUs rather than --pin-off: on loopback the RX CPU is wherever the sender
+        # happened to run, so the same fixed placement as in-process needs absolute pins.
+        if split:
+            os.sched_setaffinity(placed[0]["tx_pid"], {TX_CPU})
+            os.sched_setaffinity(placed[0]["rx_pid"], {RX_CPU})
+
+    res = run(ClientOptions(src=address, dst=address, duration=duration, rx_engine=engine,
+                            read_size=size, write_size=size, on_started=pin))
+    if res.summary["ok"] != 1:
+        sys.exit(f"flow failed: {res.flows[0]['error']}")
+    return res.summary["gbps"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", default="epoll")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--size", type=int, default=1 << 20)
+    ap.add_argument("--no-split", dest="split", action="store_false",
+                    help="leave both ends unpinned")
+    a = ap.parse_args()
+    server = subprocess.Popen([sys.executable, "-m", "zcnet", "server", "--listen",
+                               "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    try:
+        address = server.stdout.readline().rsplit(" ", 1)[1].strip()
+        ip, sv = [], []
+        for r in range(a.rounds):
+            ip.append(in_process(a.engine, a.duration, a.size, a.split))
+            sv.append(through_server(address, a.engine, a.duration, a.size, a.split))
+            print(f"round {r + 1}: in-process {ip[-1]:.2f} Gbit/s   server/client "
+                  f"{sv[-1]:.2f} Gbit/s")
+    finally:
+        server.terminate()
+        server.wait()
+    i, s = statistics.median(ip), statistics.median(sv)
+    ratio = s / i
+    place = "split" if a.split else "unpinned"
+    print(f"median ({a.engine}, {a.size} B, {place}): in-process {i:.2f} Gbit/s, server/client "
+          f"{s:.2f} Gbit/s, ratio {ratio:.2f}x (target >= 0.95x: "
+          f"{'met' if ratio >= 0.95 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
