@@ -53,7 +53,7 @@ def _emit(doc: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def serve(sock: socket.socket, sizes: tuple[int, ...], batch_count: int = 64) -> None:
+def serve(sock: socket.socket, sizes: tuple[int, ...], batch_count: int = 256) -> None:
     checker = Checker(sizes)
     # Spare bytes per slot, so an oversized datagram shows as a wrong size, not as a match.
     batch = MsgBatch(batch_count, (max(sizes) + 64) & ~63)
@@ -118,8 +118,11 @@ class Sink:
                  port: int = 0) -> None:
         cmd = [sys.executable, "-m", "zcnet.tx.sink", "--bind", bind,
                "--sizes", ",".join(str(s) for s in sizes), "--port", str(port)]
+        # One BLAS thread: numpy's pool would only spin on the CPUs the sender needs.
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE,
-                                 "stderr": subprocess.PIPE, "text": True, "bufsize": 1}
+                                 "stderr": subprocess.PIPE, "text": True, "bufsize": 1,
+                                 "env": env}
         self.bind = bind
         self._proc = (netns_popen(netns, cmd, **pipes) if netns is not None
                       else subprocess.Popen(cmd, **pipes))
