@@ -20,6 +20,7 @@ import secrets
 import selectors
 import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -60,8 +61,7 @@ class RemoteServer:
         argv = self.command()
         log.info("starting remote server: %s", shlex.join(argv))
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE)
+            self.proc = self._launch(argv)
         except OSError as e:
             raise ZcnetError(f"cannot run {self.ssh}: {e.strerror}",
                              "install an ssh client or pass --ssh-cmd") from None
@@ -75,6 +75,10 @@ class RemoteServer:
             raise
         log.info("remote server on %s is up at %s", self.host, self.address)
         return self
+
+    def _launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
 
     def _wait_ready(self) -> str:
         assert self.proc is not None and self.proc.stdout is not None
@@ -135,3 +139,28 @@ class RemoteServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class NetnsServer(RemoteServer):
+    """The same lifecycle for a server inside a network namespace of this machine (a lab side):
+    ``NetnsServer(lab.ns_b, host=lab.addr_b)``; port 0 (default) picks a free port there."""
+
+    netns: str = ""
+    port: int = 0
+    python: str = sys.executable   # the same interpreter: this machine, same install
+
+    def __post_init__(self) -> None:
+        self.listen = self.host
+
+    def command(self) -> list[str]:
+        listen = f"[{self.listen}]:{self.port}" if ":" in self.listen else \
+            f"{self.listen}:{self.port}"
+        return [self.python, "-m", "zcnet", "server", "--listen", listen, "--token-file", "-",
+                "--exit-on-eof", *self.server_args]
+
+    def _launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        from zcnet.lab.netns import netns_popen
+
+        return netns_popen(self.netns, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
