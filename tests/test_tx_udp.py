@@ -3,10 +3,13 @@ fallback counting, and a sink that notices damage."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 
 import pytest
 
+from zcnet.errors import ZcnetError
 from zcnet.tx.sink import Sink
 from zcnet.tx.txbench import ALL_MODES, _factory
 from zcnet.tx.udp_modes import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, gso_can_carry, run_for
@@ -82,3 +85,43 @@ def test_sink_counts_damaged_and_wrong_sized_packets(no_leaks) -> None:
     assert got["received"] == 6
     assert got["bad_payload"] == 1 and got["wrong_size"] == 1
     assert got["seq_sum"] == 0 + 1 + 2 + 3
+
+
+class _Flaky:
+    """A real connected socket whose send() first fails with a transient errno."""
+
+    def __init__(self, sock: socket.socket, errnos: list[int]) -> None:
+        self._sock, self._errnos = sock, list(errnos)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def getpeername(self) -> tuple[str, int]:
+        return self._sock.getpeername()
+
+    def setsockopt(self, *args: int) -> None:
+        self._sock.setsockopt(*args)
+
+    def send(self, data: memoryview, flags: int = 0) -> int:
+        if self._errnos:
+            err = self._errnos.pop(0)
+            raise OSError(err, os.strerror(err))
+        return self._sock.send(data, flags)
+
+
+@pytest.mark.parametrize("mode", ["single", "gso"])
+def test_transient_errors_are_counted_and_retried(no_leaks, mode: str) -> None:
+    with Sink("127.0.0.1", (64,)) as sink, _sender_socket(sink.port) as real:
+        flaky = _Flaky(real, [errno.EAGAIN, errno.ENOBUFS, errno.EAGAIN])
+        sender = _factory(mode)(flaky, [64] * 8)  # type: ignore[arg-type]
+        run_for(sender, packets=16)
+        got = sink.snapshot(100)
+    assert sender.counters.retries == {"EAGAIN": 2, "ENOBUFS": 1}
+    assert got["received"] == 16 and got["seq_sum"] == sum(range(16))
+
+
+def test_lasting_errors_end_the_run(no_leaks) -> None:
+    with Sink("127.0.0.1", (64,)) as sink, _sender_socket(sink.port) as real:
+        sender = _factory("single")(_Flaky(real, [errno.EHOSTUNREACH]), [64])  # type: ignore[arg-type]
+        with pytest.raises(ZcnetError, match="unreachable"):
+            run_for(sender, packets=1)
