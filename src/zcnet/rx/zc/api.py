@@ -11,11 +11,15 @@ A chunk is a view into the registered area. Until it is released the kernel will
 there; after release the memory may be reused at once. Release from any thread: releases from
 other threads are queued and the thread that opened the receiver (the ring's owner) gives them
 back in batches. Everything else (iteration, recv, close) belongs to the owner thread.
+
+``recv_batch`` is the low-overhead form: everything one kernel round delivered, as arrays of
+offsets and lengths, released with one call; no Python object per buffer.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import os
 import socket
@@ -31,7 +35,7 @@ import numpy as np
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
-from zcnet.rx.zc.provider import Provider
+from zcnet.rx.zc.provider import Delivery, Provider
 
 log = logging.getLogger(__name__)
 
@@ -40,60 +44,30 @@ log = logging.getLogger(__name__)
 POISON = 0xDB
 
 
-class Chunk:
-    """Received bytes at ``offset`` in the area, ``length`` long; ``stream_offset`` is their
-    position in the TCP byte stream. One chunk may span several kernel buffers (coalesced)."""
+class _Held:
+    """Something the application holds until it releases it: a Chunk or a Batch.
 
-    __slots__ = ("_lens", "_rx", "_tok", "_views", "length", "offset", "parts", "stream_offset")
+    ``_rx`` is the owning receiver while held and None once released; only the holder writes
+    it, so checking it needs no lock. ``_tok`` is the provider's token (int) or tokens (list).
+    """
 
-    def __init__(self, rx: Receiver, offset: int, length: int, token: int,
-                 stream_offset: int) -> None:
-        self._rx: Receiver | None = rx
-        self.offset = offset
-        self.length = length
-        self.stream_offset = stream_offset
-        self._tok: int | list[int] = token
-        self._lens: list[int] | None = None
-        self._views: list[Any] | None = None
-        self.parts = 1
+    __slots__ = ("_rx", "_tok", "length", "stream_offset")
+    _rx: Receiver | None
+    _tok: Any
+    length: int
+    stream_offset: int
 
     def _owner(self) -> Receiver:
         rx = self._rx
         if rx is None:
-            raise ValueError(f"chunk at area offset {self.offset} used after release")
+            raise ValueError(f"{self!r} used after release")
         return rx
-
-    @property
-    def data(self) -> memoryview:
-        """Zero-copy read-write view of the bytes."""
-        rx = self._owner()
-        mv = rx._view[self.offset:self.offset + self.length]
-        if rx.debug:
-            # Kept so release() can revoke it: later access raises instead of reading reused memory.
-            if self._views is None:
-                self._views = []
-            self._views.append(mv)
-        return mv
-
-    @property
-    def array(self) -> np.ndarray:
-        """Zero-copy numpy uint8 array over the bytes."""
-        arr = np.frombuffer(self.data, dtype=np.uint8)
-        if self._views is not None:  # debug mode: remember it to report it if it outlives us
-            self._views.append(weakref.ref(arr))  # type: ignore[arg-type]
-        return arr
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __bytes__(self) -> bytes:
-        return bytes(self.data)
 
     def release(self) -> None:
         """Hand the memory back; safe from any thread. Releasing twice raises ValueError."""
         rx = self._rx
         if rx is None:
-            raise ValueError(f"chunk at area offset {self.offset} released twice")
+            raise ValueError(f"{self!r} released twice")
         self._rx = None
         if rx.debug:
             rx._revoke(self)
@@ -101,17 +75,70 @@ class Chunk:
         if rx._closed:
             rx._release_after_close()
 
-    def __enter__(self) -> Chunk:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._rx is not None:
             self.release()
 
+    def __len__(self) -> int:
+        return self.length
+
+
+class Chunk(_Held):
+    """Received bytes at ``offset`` in the area, ``length`` long; ``stream_offset`` is their
+    position in the TCP byte stream. A coalesced chunk spans several kernel buffers (``parts``)."""
+
+    __slots__ = ("offset",)
+    parts = 1  # CoalescedChunk overrides
+
+    def __init__(self, rx: Receiver, offset: int, length: int, token: int,
+                 stream_offset: int) -> None:
+        self._rx = rx
+        self.offset = offset
+        self.length = length
+        self._tok = token
+        self.stream_offset = stream_offset
+
+    @property
+    def data(self) -> memoryview:
+        """Zero-copy read-write view of the bytes."""
+        rx = self._owner()
+        mv = rx._view[self.offset:self.offset + self.length]
+        if rx.debug:
+            rx._track(self, mv)
+        return mv
+
+    @property
+    def array(self) -> np.ndarray:
+        """Zero-copy numpy uint8 array over the bytes."""
+        rx = self._owner()
+        arr = np.frombuffer(self.data, dtype=np.uint8)
+        if rx.debug:
+            rx._track(self, weakref.ref(arr))
+        return arr
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.data)
+
     def __repr__(self) -> str:
         state = "released" if self._rx is None else "held"
         return (f"<Chunk offset={self.offset} length={self.length} "
                 f"stream_offset={self.stream_offset} parts={self.parts} {state}>")
+
+
+class CoalescedChunk(Chunk):
+    """Neighbouring buffers in the area taken as one chunk; released together."""
+
+    __slots__ = ("_lens", "parts")  # type: ignore[misc]
+
+    def __init__(self, rx: Receiver, offset: int, tokens: list[int], lengths: list[int],
+                 stream_offset: int) -> None:
+        super().__init__(rx, offset, sum(lengths), 0, stream_offset)
+        self._tok = tokens
+        self._lens = lengths
+        self.parts = len(tokens)
 
 
 class LinearChunk(Chunk):
@@ -128,6 +155,53 @@ class LinearChunk(Chunk):
     def data(self) -> memoryview:
         self._owner()
         return memoryview(self._buf)
+
+
+class Batch(_Held):
+    """Everything one kernel round delivered, in stream order, as parallel lists: ``offsets``
+    and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see ``views``).
+    One ``release()`` returns them all."""
+
+    __slots__ = ("_linear", "lengths", "offsets")
+
+    def __init__(self, rx: Receiver, d: Delivery, stream_offset: int, nbytes: int) -> None:
+        self._rx = rx
+        self.offsets = d.offsets
+        self.lengths = d.lengths
+        self._tok = d.tokens
+        self._linear = d.linear or None
+        self.stream_offset = stream_offset
+        self.length = nbytes
+
+    @property
+    def parts(self) -> int:
+        return len(self.offsets)
+
+    def views(self, coalesce: bool = False) -> list[memoryview]:
+        """Zero-copy memoryviews in stream order; ``coalesce`` merges area neighbours."""
+        rx = self._owner()
+        v = rx._view
+        if self._linear:
+            out = [memoryview(self._linear[i]) if i in self._linear else v[o:o + n]
+                   for i, (o, n) in enumerate(zip(self.offsets, self.lengths, strict=True))]
+        elif coalesce:
+            offs, lens = self.offsets, self.lengths
+            out = [v[offs[a]:offs[a] + sum(lens[a:b])] for a, b in contiguous_runs(offs, lens)]
+        else:
+            out = [v[o:o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
+        if rx.debug:
+            for mv in out:
+                rx._track(self, mv)
+        return out
+
+    def arrays(self, coalesce: bool = False) -> list[np.ndarray]:
+        """Zero-copy numpy uint8 arrays in stream order."""
+        return [np.frombuffer(mv, dtype=np.uint8) for mv in self.views(coalesce)]
+
+    def __repr__(self) -> str:
+        state = "released" if self._rx is None else "held"
+        return (f"<Batch parts={len(self.offsets)} length={self.length} "
+                f"stream_offset={self.stream_offset} {state}>")
 
 
 class Receiver:
@@ -160,6 +234,7 @@ class Receiver:
         self._closed = False
         self._close_lock = threading.Lock()
         self._armed_once = False
+        self._debug_views: dict[int, list[Any]] = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
 
     # --- owner-thread operations ----------------------------------------------------------------
@@ -181,13 +256,15 @@ class Receiver:
         lens: list[int] = []
         parts = nbytes = 0
         for c in done:
-            if c._lens is None:
-                toks.append(c._tok)  # type: ignore[arg-type]
+            t = c._tok
+            if type(t) is int:
+                toks.append(t)
                 lens.append(c.length)
+                parts += 1
             else:
-                toks.extend(c._tok)  # type: ignore[arg-type]
-                lens.extend(c._lens)
-            parts += c.parts
+                toks.extend(t)
+                lens.extend(c._lens if type(c) is CoalescedChunk else c.lengths)
+                parts += len(t)
             nbytes += c.length
         self.stats.note_released(parts, nbytes)
         self.provider.recycle(toks, lens)
@@ -206,6 +283,24 @@ class Receiver:
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
+        d = self._next(timeout)
+        return [] if d is None else self._chunks(d)
+
+    def recv_batch(self, timeout: float | None = None) -> Batch | None:
+        """Like ``recv`` but one Batch per kernel round (None instead of [])."""
+        d = self._next(timeout)
+        if d is None:
+            return None
+        s = self._stream_off
+        n = sum(d.lengths)
+        self.stats.note_delivered(len(d.lengths), n)
+        self._stream_off = s + n
+        if d.linear:
+            self.stats.linear += sum(map(len, d.linear.values()))
+        return Batch(self, d, s, n)
+
+    def _next(self, timeout: float | None) -> Delivery | None:
+        """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
         self._check_owner()
         deadline = None if timeout is None else time.monotonic() + timeout
         warned = False
@@ -227,7 +322,7 @@ class Receiver:
                 step = 1.0 if remaining is None else min(remaining, 1.0)
                 if not self._releases.wait(step):
                     if remaining is not None and remaining <= step:
-                        return []
+                        return None
                     if not warned:
                         warned = True
                         log.warning("%s receiver stalled (%s): the application holds %d of %d "
@@ -241,16 +336,14 @@ class Receiver:
                 self.provider.arm()
                 self._armed_once = True
             got = self.provider.reap(remaining)
-            chunks = (self._deliver(got.offsets, got.lengths, got.tokens) if not got.linear
-                      else self._deliver_linear(got.offsets, got.lengths, got.tokens, got.linear))
             if got.end is not None:
                 self._end = got.end
-            if chunks:
-                return chunks
+            if got.offsets:
+                return got
             if got.end is not None:
                 return self._finish()
-            if remaining is not None and time.monotonic() >= deadline:  # type: ignore[operator]
-                return []
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def _stall_reason(self) -> str | None:
         if self.stats.in_flight_bytes > self._limit:
@@ -259,53 +352,43 @@ class Receiver:
             return "exhausted"
         return None
 
-    def _finish(self) -> list[Chunk]:
+    def _finish(self) -> None:
         end = self._end
         if end is not None and end < 0:
             self._end = 0  # report the error once; afterwards behave like EOF
             raise OSError(-end, f"{os.strerror(-end)} (zero-copy receive on fd {self.fd})")
-        return []
+        return None
 
     @property
     def eof(self) -> bool:
         return self._end is not None
 
-    def _deliver(self, offsets: list[int], lengths: list[int], tokens: list[int]) -> list[Chunk]:
-        n = len(offsets)
-        if not n:
-            return []
+    def _chunks(self, d: Delivery) -> list[Chunk]:
+        offsets, lengths, tokens = d.offsets, d.lengths, d.tokens
         s = self._stream_off
-        out: list[Chunk] = []
-        if self.coalesce and n > 1:
+        if d.linear:
+            out: list[Chunk] = []
+            for i, (off, ln, tok) in enumerate(zip(offsets, lengths, tokens, strict=True)):
+                out.append(Chunk(self, off, ln, tok, s) if i not in d.linear
+                           else LinearChunk(self, d.linear[i], s))
+                s += ln
+            self.stats.linear += sum(map(len, d.linear.values()))
+        elif self.coalesce and len(offsets) > 1:
+            out = []
             for a, b in contiguous_runs(offsets, lengths):
-                size = sum(lengths[a:b])
-                c = Chunk(self, offsets[a], size, tokens[a], s)
-                if b - a > 1:
-                    c._tok = tokens[a:b]
-                    c._lens = lengths[a:b]
-                    c.parts = b - a
+                if b - a == 1:
+                    c: Chunk = Chunk(self, offsets[a], lengths[a], tokens[a], s)
+                else:
+                    c = CoalescedChunk(self, offsets[a], tokens[a:b], lengths[a:b], s)
                     self.stats.coalesced += b - a - 1
                 out.append(c)
-                s += size
+                s += c.length
         else:
-            for off, ln, tok in zip(offsets, lengths, tokens, strict=True):
-                out.append(Chunk(self, off, ln, tok, s))
-                s += ln
-        self.stats.note_delivered(n, s - self._stream_off)
-        self._stream_off = s
-        return out
-
-    def _deliver_linear(self, offsets: list[int], lengths: list[int], tokens: list[int],
-                        linear: dict[int, bytes]) -> list[Chunk]:
-        """Slow path: some fragments came as copies in host memory (devmem linear data)."""
-        s = self._stream_off
-        out: list[Chunk] = []
-        for i, (off, ln, tok) in enumerate(zip(offsets, lengths, tokens, strict=True)):
-            out.append(Chunk(self, off, ln, tok, s) if i not in linear
-                       else LinearChunk(self, linear[i], s))
-            s += ln
-        self.stats.linear += sum(map(len, linear.values()))
-        self.stats.note_delivered(len(out), s - self._stream_off)
+            # One C-level map instead of a Python loop: this is the per-buffer hot path.
+            starts = list(itertools.accumulate(lengths, initial=s))
+            out = list(map(Chunk, itertools.repeat(self), offsets, lengths, tokens, starts))
+            s = starts[-1]
+        self.stats.note_delivered(len(offsets), s - self._stream_off)
         self._stream_off = s
         return out
 
@@ -320,35 +403,40 @@ class Receiver:
             yield from got
 
     # --- any-thread operations ------------------------------------------------------------------
-    def release(self, chunk: Chunk) -> None:
+    def release(self, chunk: Chunk | Batch) -> None:
         if chunk._rx is not self:
             if chunk._rx is None:
-                raise ValueError(f"chunk at area offset {chunk.offset} released twice")
+                raise ValueError(f"{chunk!r} released twice")
             raise ValueError("chunk belongs to another receiver")
         chunk.release()
 
-    def release_many(self, chunks: Iterable[Chunk]) -> None:
+    def release_many(self, chunks: Iterable[Chunk | Batch]) -> None:
         """Release several chunks with one queue operation; all are checked before any is
         released, so a bad one leaves the rest untouched."""
         batch = list(chunks)
         for c in batch:
             if c._rx is not self:
-                raise ValueError("chunk released twice" if c._rx is None
+                raise ValueError(f"{c!r} released twice" if c._rx is None
                                  else "chunk belongs to another receiver")
-        if len({id(c) for c in batch}) != len(batch):
+        if len(set(map(id, batch))) != len(batch):
             raise ValueError("the same chunk appears twice in one release_many")
         for c in batch:
             c._rx = None
-            if self.debug:
+        if self.debug:
+            for c in batch:
                 self._revoke(c)
         self._releases.put_many(batch)
         if self._closed:
             self._release_after_close()
 
-    def _revoke(self, chunk: Chunk) -> None:
-        """Debug mode: invalidate views handed out for ``chunk`` and poison its bytes."""
+    # --- debug mode ------------------------------------------------------------------------------
+    def _track(self, held: _Held, view: Any) -> None:
+        self._debug_views.setdefault(id(held), []).append(view)
+
+    def _revoke(self, held: _Held) -> None:
+        """Debug mode: invalidate views handed out for ``held`` and poison its bytes."""
         alive = 0
-        for v in chunk._views or ():
+        for v in self._debug_views.pop(id(held), ()):
             if isinstance(v, weakref.ref):
                 alive += v() is not None  # a numpy array cannot be revoked, only reported
                 continue
@@ -356,12 +444,15 @@ class Receiver:
                 v.release()
             except BufferError:
                 alive += 1  # something still exports it
-        chunk._views = None
-        self.area.array[chunk.offset:chunk.offset + chunk.length] = POISON
+        spans = ([(held.offset, held.length)] if isinstance(held, Chunk)
+                 else zip(held.offsets, held.lengths, strict=True))  # type: ignore[attr-defined]
+        for off, n in spans:
+            if off >= 0:
+                self.area.array[off:off + n] = POISON
         if alive:
-            warnings.warn(f"chunk at area offset {chunk.offset} released while {alive} "
-                          "array(s)/view(s) over it are alive; they now read poison bytes "
-                          f"({POISON:#x}) and later reused data", ResourceWarning, stacklevel=3)
+            warnings.warn(f"{held!r} released while {alive} array(s)/view(s) over it are alive; "
+                          f"they now read poison bytes ({POISON:#x}) and later reused data",
+                          ResourceWarning, stacklevel=4)
 
     # --- lifetime ------------------------------------------------------------------------------
     def stats_dict(self) -> dict[str, Any]:
@@ -390,7 +481,7 @@ class Receiver:
 
     def _account_closed(self) -> None:
         done = self._releases.drain()
-        self.stats.note_released(sum(c.parts for c in done), sum(c.length for c in done))
+        self.stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
         if self.stats.in_flight == 0 and not self.area.closed:
             self.area.close()
 
@@ -403,6 +494,10 @@ class Receiver:
     def __repr__(self) -> str:
         return (f"<Receiver {self.name} fd={self.fd} area={self.area.kind}:{self.area.size} "
                 f"in_flight={self.stats.in_flight}>")
+
+
+def _parts(held: _Held) -> int:
+    return held.parts  # type: ignore[attr-defined,no-any-return]
 
 
 # --- opening -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from zcnet.errors import ZcnetError
 from zcnet.rx.engines import Consumer, RxStats
-from zcnet.rx.zc.api import Chunk, Receiver, open_receiver
+from zcnet.rx.zc.api import Batch, Receiver, open_receiver
 from zcnet.rx.zc.provider import Provider
 
 CONSUMERS = ("same", "thread")
@@ -68,33 +68,33 @@ class _ZcEngine:
 
 def _run_same(rx: Receiver, consume: Consumer | None, st: RxStats) -> None:
     while True:
-        got = rx.recv()
+        b = rx.recv_batch()
         st.calls += 1
-        if not got:
+        if b is None:
             if rx.eof:
                 return
             continue
-        st.note(sum(c.length for c in got))
+        st.note(b.length)
         if consume is not None:
-            for c in got:
-                consume(c.array)
-        rx.release_many(got)
+            for a in b.arrays():
+                consume(a)
+        b.release()
 
 
 def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
                 cpu: int | None) -> None:
-    work: queue.SimpleQueue[list[Chunk] | None] = queue.SimpleQueue()
+    work: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
     failed: list[BaseException] = []
 
     def consumer() -> None:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
         try:
-            while (batch := work.get()) is not None:
+            while (b := work.get()) is not None:
                 if consume is not None:
-                    for c in batch:
-                        consume(c.array)
-                rx.release_many(batch)
+                    for a in b.arrays():
+                        consume(a)
+                b.release()
         except BaseException as e:  # re-raised in the owner thread below
             failed.append(e)
 
@@ -102,14 +102,14 @@ def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
     t.start()
     try:
         while not failed:
-            got = rx.recv(timeout=1.0)
+            b = rx.recv_batch(timeout=1.0)
             st.calls += 1
-            if not got:
+            if b is None:
                 if rx.eof:
                     break
                 continue
-            st.note(sum(c.length for c in got))
-            work.put(got)
+            st.note(b.length)
+            work.put(b)
     finally:
         work.put(None)
         t.join()
