@@ -94,8 +94,10 @@ def test_sigterm_chains_prior_handler(no_leaks: None) -> None:
     assert not lab_present(name)
 
 
-def test_sigint_unwinds_with_block(no_leaks: None) -> None:
-    with child(MANAGED) as (proc, name):
+@pytest.mark.parametrize("body", [UNMANAGED, MANAGED], ids=["unmanaged", "with"])
+def test_sigint_tears_down(body: str, no_leaks: None) -> None:
+    # `with` unwinds through __exit__; an unmanaged lab goes at interpreter exit
+    with child(body) as (proc, name):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
         assert "KeyboardInterrupt" in err

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+from pyroute2 import netns as pr_netns
 
 from zcnet.errors import UsageError
-from zcnet.lab import Lab
+from zcnet.lab import Lab, names, topology
 from zcnet.lab.netns import in_netns, netns_exists
 from zcnet.lab.rtnl import rtnl
 from zcnet.uapi.errqueue import IP_MTU
@@ -231,3 +234,42 @@ def test_env_metadata(no_leaks: None) -> None:
         env = lab.env()
         assert env == {"lab": True, "mtu": 4096, "veth": [lab.if_a, lab.if_b],
                        "ipv6": lab.ipv6}
+
+
+@pytest.mark.parametrize("taken", [("a",), ("b",), ("a", "b")], ids=["a", "b", "both"])
+def test_name_collision_moves_to_next_name(taken: tuple[str, ...], no_leaks: None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # e.g. litter of a dead process whose pid we now have: never reuse or remove it
+    n = 10_000 + os.getpid() % 1000
+    monkeypatch.setattr(topology, "_counter", itertools.count(n))
+    squatter = names.owned(os.getpid(), n)
+    for side in taken:
+        pr_netns.create(squatter.name + side)
+    try:
+        with Lab() as lab:
+            assert lab.name == names.owned(os.getpid(), n + 1).name
+            assert all(netns_exists(squatter.name + side) for side in taken)
+            assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
+    finally:
+        for side in taken:
+            pr_netns.remove(squatter.name + side)
+
+
+def test_parallel_processes_never_collide(no_leaks: None) -> None:
+    code = ("from zcnet.lab import Lab\n"
+            "with Lab() as one, Lab() as two:\n"
+            "    print(one.name, two.name, flush=True)\n"
+            "    input()\n")  # hold both labs until the parent has seen every name
+    env = {**os.environ, "PYTHONPATH": str(Path(topology.__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    try:
+        seen = [p.stdout.readline().split() for p in procs if p.stdout]
+        flat = [n for pair in seen for n in pair]
+        assert len(flat) == 6 and len(set(flat)) == 6
+        assert all(netns_exists(n + "a") for n in flat)
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=20)
+    assert all(p.returncode == 0 for p in procs)
+    assert not any(netns_exists(n + "a") for n in flat)

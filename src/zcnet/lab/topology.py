@@ -33,7 +33,14 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names, registry
-from zcnet.lab.netns import NeedRoot, NoSuchNetns, in_netns, netns_exists, netns_popen
+from zcnet.lab.netns import (
+    NeedRoot,
+    NoSuchNetns,
+    in_netns,
+    netns_exists,
+    netns_path,
+    netns_popen,
+)
 from zcnet.lab.rtnl import has_caps, ifindex, rtnl, translate
 
 log = logging.getLogger(__name__)
@@ -61,6 +68,23 @@ def remove_netns(ns: str) -> bool:
         pr_netns.remove(ns)
     except FileNotFoundError:
         return False
+    return True
+
+
+def _create_netns(ns: str) -> bool:
+    """Create and bind /run/netns/NS; False if the name is taken."""
+    # Checked first because pyroute2 does not reap its helper process when creation fails;
+    # only two processes racing for one name (two `lab up` at once) still get there.
+    if os.path.lexists(netns_path(ns)):
+        return False
+    try:
+        pr_netns.create(ns)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise translate(exc, f"creating namespace {ns}") from exc
+    except RuntimeError as exc:  # pyroute2's helper process died before answering
+        raise ZcnetError(f"creating namespace {ns} failed: {exc}") from exc
     return True
 
 
@@ -187,21 +211,13 @@ class Lab:
             lab = self._next_name(attempt)
             if not names.fits(lab):
                 raise ZcnetError(f"lab name {lab.name} is too long for an interface name")
-            try:
-                pr_netns.create(lab.ns_a)
-            except FileExistsError:
+            if not _create_netns(lab.ns_a):
                 continue
-            except OSError as exc:
-                raise translate(exc, f"creating namespace {lab.ns_a}") from exc
             self.name, self.ns_a, self.if_a = lab.name, lab.ns_a, lab.ns_a
-            try:
-                pr_netns.create(lab.ns_b)
-            except FileExistsError:
+            if not _create_netns(lab.ns_b):
                 remove_netns(lab.ns_a)
                 self.name = self.ns_a = self.if_a = ""
                 continue
-            except OSError as exc:
-                raise translate(exc, f"creating namespace {lab.ns_b}") from exc
             self.ns_b = self.if_b = lab.ns_b
             return
         raise ZcnetError("no free lab name", "`zcnet lab down` sweeps stale labs")
