@@ -17,12 +17,13 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 
 def huge_pages_in(addr: int) -> bool:
-    """Whether the mapping at ``addr`` is hugetlb, from /proc/self/smaps (KernelPageSize)."""
+    """Whether the mapping holding ``addr`` is hugetlb, from /proc/self/smaps (KernelPageSize).
+    Anonymous neighbours may be merged into one VMA, so look for the range containing it."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(lines):
-        start = line.split("-", 1)[0]
-        with contextlib.suppress(ValueError):
-            if int(start, 16) == addr:
+        with contextlib.suppress(ValueError, IndexError):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
                 for follow in lines[i + 1:i + 30]:
                     if follow.startswith("KernelPageSize:"):
                         return int(follow.split()[1]) == 2048
