@@ -54,7 +54,7 @@ BAD = [
      'engine = ["epoll", "bogus"]'),
     ("duration = 2.0", "duration = -1", "run.duration", "duration = -1"),
     ("repeat = 1", "repeat = 1.5", "run.repeat", "repeat = 1.5"),
-    ("peers = []", 'peers = ["netperf"]', "run.peers", 'peers = ["netperf"]'),
+    ('peers = ["iperf3"]', 'peers = ["netperf"]', "run.peers", 'peers = ["netperf"]'),
     ('columns = "engine"', 'columns = "colour"', "report.columns", 'columns = "colour"'),
     ('metric = "gbps"', "metric = 3", "report.metric", "metric = 3"),
     ('unless = "ifname"', 'unless = "ifname"\nsurprise = 1', "substitute[0].surprise",

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,7 @@ Progress = Callable[[int, int, dict[str, Any]], None]
 
 
 def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    from zcnet.bench.run import BenchOptions, run_bench
+    from zcnet.bench.run import BenchOptions, pick_cpus, run_bench
     from zcnet.rx.engines import EngineOptions, engine_names
 
     if target.ifname or target.remote:
@@ -100,10 +101,17 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
         known = {f.name for f in dataclasses.fields(EngineOptions)}
-        if "consumer" not in known:
+        if "consumer" not in known and cell["consumer"] != "same":
             raise Unsupported("this build's engines cannot release in a consumer thread",
                               "update zcnet (zero-copy receive with --consumer)")
-        engine_opts["consumer"] = cell["consumer"]
+        if "consumer" in known:
+            engine_opts["consumer"] = cell["consumer"]
+        if cell["consumer"] == "thread" and "consumer_cpu" in known:
+            # 002's point is the release crossing CPUs: pin the consumer away from the ring.
+            cpus = pick_cpus(cell.get("placement", "split"))
+            if not isinstance(cpus, str):
+                others = sorted(os.sched_getaffinity(0) - {cpus[1]})
+                engine_opts["consumer_cpu"] = others[0] if others else cpus[1]
     opts = BenchOptions(mtus=(cell["mtu"],) if "mtu" in cell else (1500,),
                         engines=() if "peer" in cell else (engine,),
                         peers=(cell["peer"],) if "peer" in cell else (),
@@ -112,6 +120,10 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
                         engine_opts=engine_opts)
     rows = list(run_bench(opts)["results"])
     for row in rows:
+        if "tx" not in cell and "tx" in row:
+            # Not an axis here: keep it as a note so it does not split the cell's key from the
+            # key of a cell that failed before bench could say which send path it used.
+            row["tx_path"] = row.pop("tx")
         # mpstat-style shares of the CPUs the cell used, over the measured interval only.
         cpu = row.get("cpu") or {}
         cpus = {str(row[f"{side}_cpu"]): cpu[side] for side in ("tx", "rx")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 import subprocess
@@ -90,7 +91,9 @@ def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
                                        "-p", str(IPERF3_PORT)]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        argv = ["iperf3", "-c", lab.addr_b, "-p", str(IPERF3_PORT), "-t", f"{duration:g}", "-J"]
+        # iperf3 reads -t as whole seconds, and 0 means "forever": never pass it a fraction.
+        seconds = max(1, math.ceil(duration))
+        argv = ["iperf3", "-c", lab.addr_b, "-p", str(IPERF3_PORT), "-t", str(seconds), "-J"]
         if length:
             argv += ["-l", str(length)]
         before = CpuTimes.read()
@@ -125,7 +128,9 @@ def _sockperf(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
         _netns_argv(lab.ns_b, rx_cpu, ["sockperf", "sr", "--tcp", "-i", lab.addr_b,
                                        "-p", str(SOCKPERF_PORT)]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    common = ["--tcp", "-i", lab.addr_b, "-p", str(SOCKPERF_PORT), "-t", f"{max(duration, 1):g}"]
+    # sockperf's -t is whole seconds too.
+    common = ["--tcp", "-i", lab.addr_b, "-p", str(SOCKPERF_PORT), "-t",
+              str(max(1, math.ceil(duration)))]
 
     def refused(text: str) -> bool:
         return "Connection refused" in text or "ERROR" in text

@@ -162,6 +162,12 @@ def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
         t.rows.append([cpu, *(f"{shares[k]:.2f}" for k, _ in MPSTAT_COLUMNS)])
     if not t.rows:
         t.notes.append("no per-CPU accounting recorded for this cell")
+    first = cell.rows[0]
+    if "rx_cpu" in first:
+        where = f"application on CPU {first['rx_cpu']}, sender on CPU {first.get('tx_cpu')}"
+        if isinstance(first.get("incoming_cpu"), int) and first["incoming_cpu"] >= 0:
+            where += f", receive softirq on CPU {first['incoming_cpu']} (SO_INCOMING_CPU)"
+        t.notes.append(where)
     return t
 
 
