@@ -352,3 +352,52 @@ def test_auto_falls_back_to_soft_and_says_why(tcp_pair):
         chunks = list(rx)
         assert b"".join(bytes(c) for c in chunks) == b"hello"
         rx.release_many(chunks)
+
+
+def test_batches_cover_the_stream_and_release_as_one(tcp_pair):
+    conn, cli = tcp_pair
+    total = 64 << 20
+    snd = Sender(cli, total)
+    snd.start()
+    got = 0
+    merged_views = 0
+    with open_receiver(conn, "soft", area_size=4 << 20, buf_size=32 << 10) as rx:
+        while (b := rx.recv_batch()) is not None or not rx.eof:
+            if b is None:
+                continue
+            assert b.stream_offset == got
+            pos = got
+            for a in b.arrays():
+                assert PAT.matches(pos, a)
+                pos += len(a)
+            assert pos - got == b.length == sum(b.lengths)
+            merged = b.arrays(coalesce=True)
+            merged_views += len(b.offsets) - len(merged)
+            assert sum(map(len, merged)) == b.length
+            assert PAT.matches(got, np.concatenate(merged))
+            got += b.length
+            b.release()
+            with pytest.raises(ValueError, match="released twice"):
+                b.release()
+        rx.flush()
+        assert rx.stats.released == rx.stats.delivered and rx.stats.in_flight_bytes == 0
+    snd.join()
+    assert got == total and merged_views > 0
+
+
+def test_batch_debug_revokes_views(tcp_pair):
+    conn, cli = tcp_pair
+    cli.sendall(PAT.expected(0, 20_000))
+    cli.close()
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096, debug=True) as rx:
+        b = rx.recv_batch()
+        assert b is not None
+        views = b.views()
+        b.release()
+        with pytest.raises(ValueError):
+            views[0][0]
+        with pytest.raises(ValueError, match="used after release"):
+            b.views()
+        while (rest := rx.recv_batch(timeout=0.5)) is not None or not rx.eof:
+            if rest is not None:
+                rest.release()

@@ -225,7 +225,7 @@ class Receiver:
         self._view = self.area.view
         self.debug = debug
         self.coalesce = coalesce
-        self.stats = Stats()
+        self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
         self._owner_tid = threading.get_ident()
@@ -236,6 +236,12 @@ class Receiver:
         self._armed_once = False
         self._debug_views: dict[int, list[Any]] = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
+
+    @property
+    def stats(self) -> Stats:
+        """The counters, with the provider's refill-ring events folded in (owner thread)."""
+        self._stats.refill_full = int(self.provider.extra_stats().get("refill_full", 0))
+        return self._stats
 
     # --- owner-thread operations ----------------------------------------------------------------
     def _check_owner(self) -> None:
@@ -266,7 +272,7 @@ class Receiver:
                 lens.extend(c._lens if type(c) is CoalescedChunk else c.lengths)
                 parts += len(t)
             nbytes += c.length
-        self.stats.note_released(parts, nbytes)
+        self._stats.note_released(parts, nbytes)
         self.provider.recycle(toks, lens)
 
     def flush(self) -> None:
@@ -293,10 +299,10 @@ class Receiver:
             return None
         s = self._stream_off
         n = sum(d.lengths)
-        self.stats.note_delivered(len(d.lengths), n)
+        self._stats.note_delivered(len(d.lengths), n)
         self._stream_off = s + n
         if d.linear:
-            self.stats.linear += sum(map(len, d.linear.values()))
+            self._stats.linear += sum(map(len, d.linear.values()))
         return Batch(self, d, s, n)
 
     def _next(self, timeout: float | None) -> Delivery | None:
@@ -314,11 +320,11 @@ class Receiver:
                 if self.stalled != stall:
                     self.stalled = stall
                     if stall == "backpressure":
-                        self.stats.backpressure += 1
+                        self._stats.backpressure += 1
                     else:
-                        self.stats.exhausted += 1
+                        self._stats.exhausted += 1
                     log.info("%s receiver paused: %s (%d of %d bytes held)", self.name, stall,
-                             self.stats.in_flight_bytes, self.area.size)
+                             self._stats.in_flight_bytes, self.area.size)
                 step = 1.0 if remaining is None else min(remaining, 1.0)
                 if not self._releases.wait(step):
                     if remaining is not None and remaining <= step:
@@ -327,12 +333,12 @@ class Receiver:
                         warned = True
                         log.warning("%s receiver stalled (%s): the application holds %d of %d "
                                     "area bytes; release chunks to resume", self.name, stall,
-                                    self.stats.in_flight_bytes, self.area.size)
+                                    self._stats.in_flight_bytes, self.area.size)
                 continue
             self.stalled = None
             if not self.provider.armed:
                 if self._armed_once:
-                    self.stats.rearms += 1
+                    self._stats.rearms += 1
                 self.provider.arm()
                 self._armed_once = True
             got = self.provider.reap(remaining)
@@ -346,7 +352,7 @@ class Receiver:
                 return None
 
     def _stall_reason(self) -> str | None:
-        if self.stats.in_flight_bytes > self._limit:
+        if self._stats.in_flight_bytes > self._limit:
             return "backpressure"
         if not self.provider.armed and not self.provider.can_arm():
             return "exhausted"
@@ -372,7 +378,7 @@ class Receiver:
                 out.append(Chunk(self, off, ln, tok, s) if i not in d.linear
                            else LinearChunk(self, d.linear[i], s))
                 s += ln
-            self.stats.linear += sum(map(len, d.linear.values()))
+            self._stats.linear += sum(map(len, d.linear.values()))
         elif self.coalesce and len(offsets) > 1:
             out = []
             for a, b in contiguous_runs(offsets, lengths):
@@ -380,7 +386,7 @@ class Receiver:
                     c: Chunk = Chunk(self, offsets[a], lengths[a], tokens[a], s)
                 else:
                     c = CoalescedChunk(self, offsets[a], tokens[a:b], lengths[a:b], s)
-                    self.stats.coalesced += b - a - 1
+                    self._stats.coalesced += b - a - 1
                 out.append(c)
                 s += c.length
         else:
@@ -388,7 +394,7 @@ class Receiver:
             starts = list(itertools.accumulate(lengths, initial=s))
             out = list(map(Chunk, itertools.repeat(self), offsets, lengths, tokens, starts))
             s = starts[-1]
-        self.stats.note_delivered(len(offsets), s - self._stream_off)
+        self._stats.note_delivered(len(offsets), s - self._stream_off)
         self._stream_off = s
         return out
 
@@ -481,8 +487,8 @@ class Receiver:
 
     def _account_closed(self) -> None:
         done = self._releases.drain()
-        self.stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
-        if self.stats.in_flight == 0 and not self.area.closed:
+        self._stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
+        if self._stats.in_flight == 0 and not self.area.closed:
             self.area.close()
 
     def __enter__(self) -> Receiver:
@@ -493,7 +499,7 @@ class Receiver:
 
     def __repr__(self) -> str:
         return (f"<Receiver {self.name} fd={self.fd} area={self.area.kind}:{self.area.size} "
-                f"in_flight={self.stats.in_flight}>")
+                f"in_flight={self._stats.in_flight}>")
 
 
 def _parts(held: _Held) -> int:
