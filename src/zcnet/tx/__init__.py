@@ -1,1 +1,8 @@
-"""Send data paths: copy, zero-copy and batched senders."""
+"""Send data paths: copy, zero-copy and batched senders.
+
+- ``senders``: ``make_sender(kind, sock, buf)`` for TCP (copy, msgzc, sendzc, sendzc-plain);
+  ``zerocopy``: MSG_ZEROCOPY error-queue parsing and range coalescing; ``sendzc``: io_uring SEND_ZC.
+- ``udp_modes``/``uring_send``: UDP burst senders (single, mmsg, uring, gso); ``mmsg``: ctypes
+  sendmmsg/recvmmsg; ``payload``: what packets carry; ``sink``: the checking receiver process;
+  ``txbench``: ``run_txbench()``; ``hwcount``: perf_event instruction/cycle counters.
+"""
