@@ -401,3 +401,27 @@ def test_batch_debug_revokes_views(tcp_pair):
         while (rest := rx.recv_batch(timeout=0.5)) is not None or not rx.eof:
             if rest is not None:
                 rest.release()
+
+
+def test_interrupt_mid_stream_cancels_and_frees_everything(tcp_pair):
+    """An exception (Ctrl-C) while receiving: the armed multishot is cancelled, the ring and
+    its mappings go at once, the area when the held chunk is released (no_leaks checks)."""
+    conn, cli = tcp_pair
+    snd = Sender(cli, 64 << 20)
+    snd.start()
+    held = None
+    with pytest.raises(KeyboardInterrupt), \
+            open_receiver(conn, "soft", area_size=1 << 20, buf_size=16 << 10) as rx:
+        for c in rx:
+            if held is None:
+                held = c
+                continue
+            c.release()
+            if c.stream_offset > 1 << 20:
+                raise KeyboardInterrupt
+    assert held is not None and not rx.area.closed
+    check(held)
+    held.release()
+    assert rx.area.closed
+    conn.shutdown(socket.SHUT_RDWR)  # let the sender finish (it sees a reset or EPIPE)
+    snd.join()

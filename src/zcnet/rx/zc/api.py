@@ -399,14 +399,23 @@ class Receiver:
         return out
 
     def __iter__(self) -> Iterator[Chunk]:
-        """Chunks until EOF; raises the stream's error after the data before it."""
+        """Chunks until EOF; raises the stream's error after the data before it. If the loop
+        is left early, chunks received but not yet handed out are released (a chunk the loop
+        body got is the application's to release)."""
         while True:
             got = self.recv()
             if not got:
                 if self.eof:
                     return
                 continue
-            yield from got
+            given = 0
+            try:
+                for c in got:
+                    given += 1
+                    yield c
+            finally:
+                if given < len(got):
+                    self.release_many(got[given:])
 
     # --- any-thread operations ------------------------------------------------------------------
     def release(self, chunk: Chunk | Batch) -> None:
