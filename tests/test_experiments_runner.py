@@ -18,15 +18,19 @@ from zcnet.report.tables import experiment_tables
 
 def test_lab_substitutes_zero_copy_engine() -> None:
     p = plan(builtin_spec("mlx5-zcrx"), Target())
-    assert {c["engine"] for c in p.cells} == {"epoll", "uring", "soft-zc"}
-    assert len(p.cells) == 9
+    engines = [c for c in p.cells if "peer" not in c]
+    assert {c["engine"] for c in engines} == {"epoll", "uring", "soft-zc"}
+    assert len(engines) == 9
+    # The C reference runs once per MTU and placement, after the engines.
+    assert [(c["peer"], c["mtu"], c["placement"]) for c in p.cells[9:]] == \
+        [("iperf3", 1500, "same"), ("iperf3", 4096, "same"), ("iperf3", 9000, "same")]
     (sub,) = p.substitutions
     assert sub["text"].startswith("engine zcrx runs as soft-zc: no zcrx-capable NIC")
 
 
 def test_real_nic_runs_the_real_thing() -> None:
     p = plan(builtin_spec("mlx5-zcrx"), Target(ifname="eth2"))
-    assert {c["engine"] for c in p.cells} == {"epoll", "uring", "zcrx"}
+    assert {c["engine"] for c in p.cells if "peer" not in c} == {"epoll", "uring", "zcrx"}
     assert p.substitutions == []
 
 
@@ -94,8 +98,9 @@ def test_a_cell_that_cannot_run_does_not_end_the_run() -> None:
 
     doc = run_experiment(builtin_spec("mlx5-zcrx"), measure=measure)
     statuses = {(r["engine"], r["status"]) for r in doc["results"]}
-    assert statuses == {("epoll", "ok"), ("uring", "unsupported"), ("soft-zc", "ok")}
-    (table,) = experiment_tables(doc)
+    assert statuses == {("epoll", "ok"), ("uring", "unsupported"), ("soft-zc", "ok"),
+                        ("iperf3", "ok")}
+    table = experiment_tables(doc)[0]
     assert [row[2] for row in table.rows] == ["n/a"] * 3
     assert any("io_uring is disabled" in n for n in table.notes)
 
