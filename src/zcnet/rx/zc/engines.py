@@ -76,7 +76,7 @@ def _run_same(rx: Receiver, consume: Consumer | None, st: RxStats) -> None:
             continue
         st.note(b.length)
         if consume is not None:
-            for a in b.arrays():
+            for a in b.arrays(coalesce=True):
                 consume(a)
         b.release()
 
@@ -92,7 +92,7 @@ def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
         try:
             while (b := work.get()) is not None:
                 if consume is not None:
-                    for a in b.arrays():
+                    for a in b.arrays(coalesce=True):
                         consume(a)
                 b.release()
         except BaseException as e:  # re-raised in the owner thread below
