@@ -85,7 +85,8 @@ def test_byte_level_inputs_never_escape(blob, seed):
 
 POOL = [None, True, False, 0, -1, 1, 2**31, 2**64, 2**70, 1.5, -0.0, 1e308, "", "a", "epoll",
         "stream", "127.0.0.1", "0" * 64, "x" * 5000, [], ["stream"], ["A B"], [1], {}, {"a": 1},
-        {1: 2}, [[[]]]]
+        {1: 2}, [[[]]], {"zc_area": 2**41}, {"mshot_buf": 65536, "mshot_entries": "x"},
+        {"ifname": "eth0", "queue": 3, "zc_debug": True}, {"A": 1}, {"x": [1]}]
 NAMES = sorted({f for spec in p.SCHEMA.values() for f in spec} | {"type", "extra"})
 
 

@@ -132,6 +132,11 @@ def test_eof_mid_frame_closes():
     ({**CONNECT, "host": "a b"}, None, "invalid"),
     ({**CONNECT, "port": 0}, None, "invalid"),
     ({**OPEN, "mode": "udp"}, None, "invalid"),
+    ({**OPEN, "engine_opts": {"zc_area": 2 << 20}}, Limits(max_buffer=1 << 20), "limit"),
+    ({**OPEN, "engine_opts": {"mshot_buf": 1 << 16, "mshot_entries": 1 << 10}},
+     Limits(max_buffer=1 << 25, max_memory=1 << 25), "limit"),
+    ({**OPEN, "engine_opts": {"ifname": "eth0; rm -rf /"}}, None, "invalid"),
+    ({**OPEN, "engine_opts": {f"k{i}": 1 for i in range(17)}}, None, "invalid"),
     ({"type": "start", "duration": -1}, None, "invalid"),
 ])
 def test_server_enforces_bounds(msg, limits, code):

@@ -286,3 +286,19 @@ def test_histogram_batches_match_transactions(two_servers):
     # Every timed transaction reached the histogram through the batched path, none twice.
     assert f["transactions"] > 4096 or f["transactions"] > 0
     assert f["samples"] == f["transactions"]
+
+
+def test_send_paths_and_engine_refusal_through_one_server(no_leaks, tmp_path):
+    with server(tmp_path, "127.0.0.1") as s:
+        res = run(ClientOptions(src=s.address, dst=s.address, duration=0.3, tx="msgzc",
+                                rx_engine="uring", write_size=256 << 10, read_size=256 << 10))
+        (f,) = res.flows
+        assert f["status"] == "ok" and f["bytes"] == f["bytes_sent"] > 0
+        # MSG_ZEROCOPY ran and every completion was accounted for (copied, on loopback).
+        st = f["tx_stats"]
+        assert st["path"] == "msgzc" and st["zerocopy"] + st["copied"] == st["sends"] > 0
+        # zcrx on loopback is refused at open, by the real kernel, naming the device.
+        with pytest.raises(ZcnetError, match=r"zcrx unsupported here.*\blo\b"):
+            run(ClientOptions(src=s.address, dst=s.address, duration=0.3, rx_engine="zcrx",
+                              engine_opts={"ifname": "lo", "queue": 0}))
+        assert wait_for(lambda: not flow_workers(s.proc.pid), 10)

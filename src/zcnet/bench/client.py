@@ -42,6 +42,7 @@ class ClientOptions:
     flows: int = 1
     duration: float = 5.0
     rx_engine: str = "epoll"
+    engine_opts: dict[str, Any] = field(default_factory=dict)  # e.g. ifname, queue for zcrx
     tx: str = "copy"
     read_size: int = 1 << 20
     write_size: int = 1 << 20
@@ -206,7 +207,8 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
     for attempt in range(1, opts.max_attempts + 1):
         opened = dst.request({"type": "open", "flow": flow, "mode": opts.mode,
                               "engine": opts.rx_engine, "read_size": opts.read_size,
-                              "req_size": opts.req_size, "resp_size": opts.resp_size})
+                              "req_size": opts.req_size, "resp_size": opts.resp_size,
+                              **({"engine_opts": opts.engine_opts} if opts.engine_opts else {})})
         connected = src.request({"type": "connect", "flow": flow, "host": data_host,
                                  "port": opened["port"], "mode": opts.mode, "tx": opts.tx,
                                  "write_size": opts.write_size, "req_size": opts.req_size,
@@ -262,6 +264,8 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
             nbytes, secs = r.get("bytes", 0), r.get("seconds", 0.0)
             row.update(bytes=nbytes, seconds=secs, bytes_sent=t.get("bytes_sent"),
                        gbps=round(nbytes * 8 / secs / 1e9, 3) if secs else 0.0)
+            if t.get("tx_stats"):
+                row["tx_stats"] = t["tx_stats"]
         else:
             n, secs = t.get("transactions", 0), t.get("seconds", 0.0)
             row.update(transactions=n, seconds=secs, tps=round(n / secs, 1) if secs else 0.0,

@@ -140,6 +140,19 @@ def _json_obj(v: Any) -> bool:
     return all(isinstance(k, str) for k in v)
 
 
+def _engine_opts(v: Any) -> bool:
+    """Engine options (ifname, queue, consumer ...): a few names with plain scalar values."""
+    def ok(x: Any) -> bool:
+        if isinstance(x, bool):
+            return True
+        if isinstance(x, int):
+            return -(1 << 40) <= x <= 1 << 40
+        return isinstance(x, str) and _HOST.match(x) is not None
+
+    return len(v) <= 16 and all(isinstance(k, str) and _NAME.match(k) and ok(x)
+                                for k, x in v.items())
+
+
 SCHEMA: dict[str, dict[str, Field]] = {
     "hello": {"version": _int(0, 1 << 16), "caps": Field(list, check=_str_list)},
     "welcome": {
@@ -158,6 +171,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "read_size": SIZE,
         "req_size": SIZE,
         "resp_size": SIZE,
+        "engine_opts": Field(dict, required=False, check=_engine_opts),
     },
     "opened": {"flow": FLOW, "port": PORT, "pid": _int(1, 1 << 31)},
     "connect": {
@@ -327,6 +341,24 @@ def check_mac(token: bytes, challenge: str, mac: str) -> bool:
 
 _BUFFERS = {"open": ("read_size", "req_size", "resp_size"),
             "connect": ("write_size", "req_size", "resp_size")}
+# Engine options that size memory the server allocates (a zero-copy area, provided buffers).
+def _int_opt(opts: dict[str, Any], key: str, default: int) -> int:
+    v = opts.get(key, default)
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+_OPT_MEMORY: dict[str, Callable[[dict[str, Any]], int]] = {
+    "zc_area": lambda o: _int_opt(o, "zc_area", 0),
+    "mshot_buf": lambda o: _int_opt(o, "mshot_buf", 0) * _int_opt(o, "mshot_entries", 256),
+}
+
+
+def buffer_sizes(msg: dict[str, Any]) -> list[int]:
+    """The memory an open/connect asks the server to allocate, one entry per buffer."""
+    sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
+    opts = msg.get("engine_opts") or {}
+    sizes += [max(0, f(opts)) for k, f in _OPT_MEMORY.items() if k in opts]
+    return sizes
 
 
 class Connection:
@@ -420,7 +452,7 @@ class Connection:
                 raise RemoteProtocolError("invalid", f"{kind}: flow {flow} already exists")
             if flow not in {f for _, f in self._memory} and self.flows >= lim.max_flows:
                 raise RemoteProtocolError("limit", f"more than {lim.max_flows} flows")
-            sizes = [msg[k] for k in _BUFFERS[kind]]
+            sizes = buffer_sizes(msg)
             if max(sizes) > lim.max_buffer:
                 raise RemoteProtocolError("limit", f"buffer {max(sizes)} > {lim.max_buffer}")
             if sum(self._memory.values()) + sum(sizes) > lim.max_memory:
@@ -429,7 +461,7 @@ class Connection:
     def _after(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind in _BUFFERS:
-            self._memory[(kind, msg["flow"])] = sum(msg[k] for k in _BUFFERS[kind])
+            self._memory[(kind, msg["flow"])] = sum(buffer_sizes(msg))
         elif kind == "close":
             for k in _BUFFERS:
                 self._memory.pop((k, msg["flow"]), None)

@@ -27,7 +27,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,6 +64,7 @@ class FlowSpec:
     req_size: int = 1
     resp_size: int = 1
     name: str = "zcnet-flow"
+    engine_opts: dict[str, Any] = field(default_factory=dict)  # ifname, queue, consumer ...
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,19 +166,31 @@ def _wait_start(chan: Channel) -> float | None:
 
 # ---- receiving end -----------------------------------------------------------------------------
 
-def _serve_stream(spec: FlowSpec, conn: socket.socket, duration: float) -> dict[str, Any]:
+def _engine(spec: FlowSpec) -> Any:
+    """The rx engine, checked. Zero-copy engines read extra options by attribute (ifname, queue,
+    consumer ...), so those ride along on the options object."""
     from zcnet.rx.engines import EngineOptions, make_engine
 
-    engine = make_engine(spec.engine, EngineOptions(bufsize=spec.read_size))
+    known = set(EngineOptions.__dataclass_fields__)
+    opts = EngineOptions(bufsize=spec.read_size,
+                         **{k: v for k, v in spec.engine_opts.items() if k in known})
+    for k, v in spec.engine_opts.items():
+        if k not in known:
+            setattr(opts, k, v)
+    engine = make_engine(spec.engine, opts)
     why = engine.unsupported()
     if why:
-        raise RuntimeError(f"engine {spec.engine} unsupported: {why}")
+        raise RuntimeError(f"engine {spec.engine} unsupported here: {why}")
+    return engine
+
+
+def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
     stats = engine.run(conn, None)
     return {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
             "engine_stats": stats.extra}
 
 
-def _serve_rr(spec: FlowSpec, conn: socket.socket, duration: float) -> dict[str, Any]:
+def _serve_rr(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     req = memoryview(bytearray(spec.req_size))
     resp = bytes(spec.resp_size)
@@ -190,6 +203,9 @@ def _serve_rr(spec: FlowSpec, conn: socket.socket, duration: float) -> dict[str,
 
 
 def run_rx(spec: FlowSpec, chan: Channel) -> None:
+    # Built (and for zero-copy engines, bound to their NIC queue) before listening, so that a
+    # refusal reaches the client at open, not at start; the same engine then runs the flow.
+    engine = _engine(spec) if spec.mode == "stream" else None
     with socket.socket(_family(spec.host), socket.SOCK_STREAM) as ls:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind((spec.host, spec.port))
@@ -200,11 +216,10 @@ def run_rx(spec: FlowSpec, chan: Channel) -> None:
     with conn:
         conn.settimeout(None)
         chan.send({"event": "accepted", "cpu": _incoming_cpu(conn)})
-        duration = _wait_start(chan)
-        if duration is None:
+        if _wait_start(chan) is None:
             return
         before = tcpinfo.read(conn)
-        result = RX_MODES[spec.mode](spec, conn, duration)
+        result = RX_MODES[spec.mode](spec, conn, engine)
         result.update(event="result", role="rx", incoming_cpu=_incoming_cpu(conn),
                       app_cpu=os.sched_getaffinity(0).pop() if len(os.sched_getaffinity(0)) == 1
                       else None, tcp=tcpinfo.delta(before, tcpinfo.read(conn)))
@@ -214,6 +229,8 @@ def run_rx(spec: FlowSpec, chan: Channel) -> None:
 # ---- sending end -------------------------------------------------------------------------------
 
 def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+    if spec.tx != "copy":
+        return _send_stream_with(spec, sock, duration)
     from zcnet.bench.verify import PERIOD, TILED
 
     chunk = min(spec.write_size, PERIOD)
@@ -228,6 +245,35 @@ def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[s
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # the receiver closes after EOF: its byte count is then final
     return {"bytes_sent": sent, "seconds": time.monotonic() - t0}
+
+
+def _send_stream_with(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+    """Zero-copy and io_uring send paths of ``zcnet.tx.senders`` (``copy`` keeps the plain loop
+    above, which sends the verification pattern without a slot buffer)."""
+    from zcnet.tx.senders import make_sender
+
+    slots = 8
+    buf = bytearray(slots * spec.write_size)
+    sender = make_sender(spec.tx, sock, buf, slots=slots)
+    sent = 0
+    t0 = time.monotonic()
+    deadline = t0 + duration
+    try:
+        while time.monotonic() < deadline:
+            sent += sender.send(spec.write_size)
+        sender.flush()
+        stats = sender.stats().as_dict()
+    finally:
+        sender.close()
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)
+    return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": stats}
+
+
+def tx_paths() -> tuple[str, ...]:
+    from zcnet.tx.senders import KINDS
+
+    return tuple(KINDS)
 
 
 def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
@@ -277,11 +323,10 @@ def run_tx(spec: FlowSpec, chan: Channel) -> None:
     chan.send(result)
 
 
-RX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] = {
+RX_MODES: dict[str, Callable[[FlowSpec, socket.socket, Any], dict[str, Any]]] = {
     "stream": _serve_stream, "rr": _serve_rr}
 TX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] = {
     "stream": _send_stream, "rr": _ask_rr}
-TX_PATHS = ("copy",)
 ROLES: dict[str, Callable[[FlowSpec, Channel], None]] = {"rx": run_rx, "tx": run_tx}
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from zcnet.bench import protocol as proto
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.bench.protocol import NEED_DATA, Limits, RemoteProtocolError, Role
-from zcnet.bench.rr import TX_PATHS, FlowSpec, flow_main
+from zcnet.bench.rr import FlowSpec, flow_main, tx_paths
 from zcnet.errors import UsageError, ZcnetError
 
 log = logging.getLogger(__name__)
@@ -250,14 +250,15 @@ class Session:
         _check_engine(msg["engine"])
         spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, engine=msg["engine"],
                         read_size=msg["read_size"], req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}")
+                        resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}",
+                        engine_opts=dict(msg.get("engine_opts") or {}))
         fp = self._spawn(msg["flow"], spec)
         ready = fp.expect("ready")
         return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}
 
     def on_connect(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg["tx"] not in TX_PATHS:
-            raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(TX_PATHS)}")
+        if msg["tx"] not in tx_paths():
+            raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(tx_paths())}")
         spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], port=msg["port"],
                         tx=msg["tx"], write_size=msg["write_size"], req_size=msg["req_size"],
                         resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}")

@@ -35,7 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-host", metavar="ADDR",
                    help="address the flows connect to on dst (default: dst's control host)")
     p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
-    p.add_argument("--tx", default="copy", help="send path on src (default copy)")
+    p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
+    p.add_argument("--tx", default="copy",
+                   help="send path on src: copy, msgzc, sendzc, sendzc-plain (default copy)")
     p.add_argument("-n", "--flows", type=int, default=1)
     p.add_argument("-t", "--duration", type=float, default=5.0, metavar="S")
     p.add_argument("--read-size", type=size, default=1 << 20, metavar="BYTES")
@@ -62,6 +65,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def engine_opts(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--rx-opt {pair!r}", "use KEY=VALUE, e.g. --rx-opt queue=3")
+        low = value.lower()
+        out[key] = (int(value) if re.fullmatch(r"-?\d+", value)
+                    else low == "true" if low in ("true", "false") else value)
+    return out
+
+
 def options(args: argparse.Namespace) -> Any:
     from zcnet.bench.client import ClientOptions
     from zcnet.bench.server import read_token
@@ -71,7 +86,8 @@ def options(args: argparse.Namespace) -> Any:
     return ClientOptions(
         src=src, dst=args.dst or src, data_host=args.data_host,
         mode="rr" if rr else "stream", flows=args.flows, duration=args.duration,
-        rx_engine=args.rx_engine, tx=args.tx, read_size=args.read_size,
+        rx_engine=args.rx_engine, engine_opts=engine_opts(args.rx_opt), tx=args.tx,
+        read_size=args.read_size,
         write_size=args.write_size, req_size=args.req_size or 1, resp_size=args.resp_size or 1,
         cpu_min=args.cpu_min, cpu_max=args.cpu_max, pin_off=args.pin_off,
         max_attempts=args.max_attempts,
