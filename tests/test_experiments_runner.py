@@ -12,7 +12,7 @@ import pytest
 from zcnet.bench.experiments import Target, plan, run_experiment
 from zcnet.cli import main
 from zcnet.errors import Unsupported
-from zcnet.report.spec import Spec, builtin_spec, builtin_text
+from zcnet.report.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.report.tables import experiment_tables
 
 
@@ -145,3 +145,55 @@ def test_real_tx_experiment_in_the_lab(tmp_path: Path, fonts_loaded: None, no_le
         assert r["mpps"] > 0 and r["ns_per_pkt"] > 0
         assert r["received"] == r["sent"]  # the sink saw every packet: nothing dropped here
     assert "| single |" in (tmp_path / "out" / "tx-small.md").read_text()
+
+
+BENCH_SPEC = """
+[experiment]
+name = "small-bench"
+title = "epoll in the lab, both placements, iperf3 alongside"
+tool = "bench"
+
+[matrix]
+engine = ["epoll"]
+mtu = [1500]
+placement = ["same", "split"]
+
+[run]
+duration = 0.3
+peers = ["iperf3"]
+
+[report]
+table = "grid"
+rows = "placement"
+columns = "engine"
+metric = "gbps"
+extra = ["rx_busy"]
+per_cpu = true
+"""
+
+
+@pytest.mark.root
+def test_real_bench_experiment_in_the_lab(no_leaks: None) -> None:
+    import shutil
+
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 not installed")
+    doc = run_experiment(parse_spec(BENCH_SPEC, "small.toml"))
+    assert doc["complete"] is True
+    engines = [r for r in doc["results"] if not r.get("peer")]
+    peers = [r for r in doc["results"] if r.get("peer")]
+    assert [(r["engine"], r["placement"], r["status"]) for r in engines] == \
+        [("epoll", "same", "ok"), ("epoll", "split", "ok")]
+    for r in engines:
+        assert r["gbps"] > 0
+        # Per-CPU shares are the workers' own, over the measured interval, for the CPUs used.
+        assert set(r["cpus"]) == {str(r["rx_cpu"]), str(r["tx_cpu"])}
+    assert [(r["peer"], r["placement"], r["status"]) for r in peers] == \
+        [("iperf3", "same", "ok"), ("iperf3", "split", "ok")]
+    tables = experiment_tables(doc)
+    grid, *mpstats, peer_table = tables
+    assert grid.headers == ["placement", "epoll"]
+    assert len(mpstats) == 2 and all(t.headers[0] == "CPU" for t in mpstats)
+    assert any(n.startswith("application on CPU") for n in mpstats[1].notes)
+    assert [row[0] for row in peer_table.rows] == ["iperf3", "iperf3"]
+    assert all(row[-1].endswith("x") for row in peer_table.rows)
