@@ -6,10 +6,12 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 
 import pytest
 
 from zcnet.errors import ZcnetError
+from zcnet.tx.hwcount import PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE, HwCounters
 from zcnet.tx.sink import Sink
 from zcnet.tx.txbench import ALL_MODES, _factory
 from zcnet.tx.udp_modes import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, gso_can_carry, run_for
@@ -125,3 +127,16 @@ def test_lasting_errors_end_the_run(no_leaks) -> None:
         sender = _factory("single")(_Flaky(real, [errno.EHOSTUNREACH]), [64])  # type: ignore[arg-type]
         with pytest.raises(ZcnetError, match="unreachable"):
             run_for(sender, packets=1)
+
+
+def test_perf_counters_count_this_thread(no_leaks) -> None:
+    """The perf_event_open plumbing, on software events (this VM has no PMU)."""
+    sw = {"task_clock": (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK)}
+    with HwCounters.open(sw) as counters:  # type: ignore[union-attr]
+        counters.start()
+        cpu0 = time.thread_time_ns()
+        while time.thread_time_ns() - cpu0 < 20_000_000:
+            pass
+        spent = time.thread_time_ns() - cpu0
+        got = counters.stop()
+    assert 0.5 * spent < got["task_clock"] < 2 * spent + 5_000_000

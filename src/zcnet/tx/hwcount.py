@@ -21,8 +21,11 @@ import struct
 
 # linux/perf_event.h
 PERF_TYPE_HARDWARE = 0
+PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_HW_CPU_CYCLES = 0
 PERF_COUNT_HW_INSTRUCTIONS = 1
+PERF_COUNT_SW_TASK_CLOCK = 1
+PERF_COUNT_SW_CONTEXT_SWITCHES = 3
 PERF_ATTR_SIZE_VER0 = 64
 PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401
@@ -54,11 +57,11 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.syscall.restype = ctypes.c_long
 
 
-def _open(config: int) -> int:
+def _open(type_: int, config: int) -> int:
     nr = _NR_PERF_EVENT_OPEN.get(platform.machine())
     if nr is None:
         raise OSError(0, f"perf_event_open number unknown on {platform.machine()}")
-    attr = perf_event_attr(type=PERF_TYPE_HARDWARE, size=PERF_ATTR_SIZE_VER0, config=config,
+    attr = perf_event_attr(type=type_, size=PERF_ATTR_SIZE_VER0, config=config,
                            flags=_ATTR_DISABLED | _ATTR_EXCLUDE_HV)
     fd = _libc.syscall(nr, ctypes.byref(attr), 0, -1, -1, 0)
     if fd < 0:
@@ -73,25 +76,28 @@ def _ioctl(fd: int, request: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-class HwCounters:
-    """Instructions and cycles of this thread between :meth:`start` and :meth:`stop`.
+HW_EVENTS = {"instructions": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS),
+             "cycles": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES)}
 
-    ``HwCounters.open()`` returns None (and ``why_not`` says why) where the PMU is missing.
+
+class HwCounters:
+    """Counts of this thread between :meth:`start` and :meth:`stop`: by default instructions
+    and cycles; ``events`` maps names to (perf type, config) for others (software events work
+    on every kernel, which is how the tests exercise this code).
+
+    ``HwCounters.open()`` returns None where an event cannot be opened (no PMU: ``NO_COUNTERS``).
     Close with :meth:`close` or use as a context manager.
     """
-
-    why_not = NO_COUNTERS
 
     def __init__(self, fds: dict[str, int]) -> None:
         self._fds = fds
 
     @classmethod
-    def open(cls) -> HwCounters | None:
+    def open(cls, events: dict[str, tuple[int, int]] | None = None) -> HwCounters | None:
         fds: dict[str, int] = {}
         try:
-            for name, config in (("instructions", PERF_COUNT_HW_INSTRUCTIONS),
-                                 ("cycles", PERF_COUNT_HW_CPU_CYCLES)):
-                fds[name] = _open(config)
+            for name, (type_, config) in (events or HW_EVENTS).items():
+                fds[name] = _open(type_, config)
         except OSError:
             for fd in fds.values():
                 os.close(fd)
