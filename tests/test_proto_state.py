@@ -112,7 +112,7 @@ def test_oversized_frame_is_refused_from_its_header():
     srv.receive_data(struct.pack("!I", p.MAX_MESSAGE + 1))
     with pytest.raises(RemoteProtocolError) as exc:
         srv.next_event()
-    assert exc.value.code == "too_big"
+    assert exc.value.code == "too_big" and srv.state == "running"
 
 
 def test_eof_mid_frame_closes():
@@ -214,3 +214,12 @@ def test_every_state_is_reachable_and_every_request_has_a_reply():
     for request, reply in p.REQUESTS.items():
         assert request in p.SCHEMA and reply in p.SCHEMA
     assert {k for _, _, k in p.TRANSITIONS} | {"error"} == set(p.SCHEMA)
+
+
+def test_oversized_reply_is_refused_on_our_side():
+    cli, srv = handshake()
+    deliver(cli, srv, {"type": "start", "duration": 1.0})
+    big = [{"flow": i, "pad": "x" * 1000} for i in range(1100)]
+    with pytest.raises(LocalProtocolError) as exc:
+        srv.send({"type": "results", "flows": big, "cpus": {}, "seconds": 1.0})
+    assert exc.value.code == "too_big" and srv.state == "running"

@@ -249,7 +249,6 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
 
     rx, tx = by(dst_res, "rx"), by(src_res, "tx")
     flows: list[dict[str, Any]] = []
-    hists: list[str] = []
     for p in placed:
         r, t = rx.get(p["flow"], {}), tx.get(p["flow"], {})
         errors = [e for e in (r.get("error"), t.get("error")) if e]
@@ -270,9 +269,7 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
             n, secs = t.get("transactions", 0), t.get("seconds", 0.0)
             row.update(transactions=n, seconds=secs, tps=round(n / secs, 1) if secs else 0.0,
                        **t.get("latency", {}))
-            if t.get("hist"):
-                hists.append(t["hist"])
-                row["samples"] = merge_encoded([t["hist"]]).get_total_count()
+            row["samples"] = t.get("samples")
         row["tcp_tx"] = {k: t.get("tcp", {}).get(k) for k in _TCP_TX}
         row["tcp_rx"] = {k: r.get("tcp", {}).get(k) for k in _TCP_RX}
         flows.append(row)
@@ -282,8 +279,9 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
         summary["gbps"] = round(sum(f["gbps"] for f in ok), 3)
     else:
         summary["tps"] = round(sum(f["tps"] for f in ok), 1)
-        if hists:
-            summary.update(summarize(merge_encoded(hists)))
+        if src_res.get("hist"):   # the sending session merged its flows' histograms
+            merged = merge_encoded([src_res["hist"]])
+            summary.update(summarize(merged), samples=merged.get_total_count())
     if same:  # one server, one set of CPUs: label with both ends
         cpus = {"host": _side_cpus(dst_res, placed, ("rx", "tx"))}
     else:

@@ -194,8 +194,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "close": {"flow": FLOW},
     "closed": {"flow": FLOW},
     "start": {"duration": Field(float, lo=0.01, hi=1e6)},
+    # hist: the session's latency histograms merged into one (HDR, base64), so a results message
+    # stays far below MAX_MESSAGE however many flows ran (one encoded histogram is ~10 KiB).
     "results": {"flows": Field(list), "cpus": Field(dict, check=_json_obj),
-                "seconds": Field(float, lo=0.0, hi=1e7)},
+                "seconds": Field(float, lo=0.0, hi=1e7),
+                "hist": Field(str, required=False, check=lambda s: len(s) < MAX_MESSAGE // 2)},
     "end": {},
     "bye": {},
     "error": {"code": Field(str, pattern=_NAME),
@@ -401,9 +404,10 @@ class Connection:
             checked = validate(msg)
         except RemoteProtocolError as exc:
             raise LocalProtocolError(exc.code, exc.message) from None
+        wire = encode(checked)   # may refuse (too big): then nothing has changed
         self._after(checked)
         self.state = TRANSITIONS[key]
-        return encode(checked)
+        return wire
 
     def send_error(self, code: str, message: str) -> bytes:
         return self.send({"type": "error", "code": code, "message": message[:4000]})

@@ -304,7 +304,8 @@ def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, A
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)
     return {"transactions": n, "seconds": elapsed, "bytes_sent": n * spec.req_size,
-            "latency": summarize(hist), "hist": encode_histogram(hist)}
+            "latency": summarize(hist), "samples": hist.get_total_count(),
+            "hist": encode_histogram(hist)}
 
 
 def run_tx(spec: FlowSpec, chan: Channel) -> None:

@@ -40,8 +40,8 @@ from typing import Any
 
 from zcnet.bench import protocol as proto
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.protocol import NEED_DATA, Limits, RemoteProtocolError, Role
-from zcnet.bench.rr import FlowSpec, flow_main, tx_paths
+from zcnet.bench.protocol import NEED_DATA, Limits, LocalProtocolError, RemoteProtocolError, Role
+from zcnet.bench.rr import FlowSpec, encode_histogram, flow_main, merge_encoded, tx_paths
 from zcnet.errors import UsageError, ZcnetError
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,11 @@ class Session:
         except SessionError as e:
             log.warning("session %d (%s): %s", self.ident, self.peer, e)
             self._try_error(e.code, str(e))
+        except LocalProtocolError as e:
+            # Our own reply broke the protocol (e.g. it would exceed MAX_MESSAGE): tell the
+            # client rather than die silently.
+            log.error("session %d (%s): %s", self.ident, self.peer, e.message)
+            self._try_error("internal", e.message)
         except OSError as e:
             log.info("session %d (%s): connection lost: %s", self.ident, self.peer, e)
         finally:
@@ -338,8 +343,12 @@ class Session:
         for fp in ends:
             fp.stop()
         self.flows.clear()
-        return {"type": "results", "flows": flows, "seconds": seconds,
-                "cpus": {str(c): cpus[c] for c in sorted(watch) if c in cpus}}
+        out = {"type": "results", "flows": flows, "seconds": seconds,
+               "cpus": {str(c): cpus[c] for c in sorted(watch) if c in cpus}}
+        hists = [h for f in flows if (h := f.pop("hist", None))]
+        if hists:
+            out["hist"] = encode_histogram(merge_encoded(hists))
+        return out
 
     def _control_during_run(self) -> None:
         """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
