@@ -12,7 +12,8 @@ from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 
 
 def options(**kw) -> EngineOptions:
-    o = EngineOptions(mshot_entries=64, mshot_buf=32 << 10)
+    o = EngineOptions()
+    o.zc_buf, o.zc_area = 64 << 10, 4 << 20  # type: ignore[attr-defined]
     for k, v in kw.items():
         setattr(o, k, v)  # consumer/ifname/queue: see the report to the lead
     return o

