@@ -222,11 +222,16 @@ def test_client_killed_mid_run_workers_reaped(no_leaks, tmp_path):
 
 
 def test_silent_client_reaped_by_session_timeout(no_leaks, tmp_path):
-    with server(tmp_path, "127.0.0.1", "--session-timeout", "1") as s:
+    with server(tmp_path, "127.0.0.1", "--session-timeout", "2.5") as s:
         ctl = Control(s.address, None)
         try:
-            ctl.request({"type": "open", "flow": 0, "mode": "stream", "engine": "epoll",
-                         "read_size": 4096, "req_size": 1, "resp_size": 1})
+            open0 = {"type": "open", "flow": 0, "mode": "stream", "engine": "epoll",
+                     "read_size": 4096, "req_size": 1, "resp_size": 1}
+            ctl.request(open0)
+            # A pause shorter than the timeout is fine: the session is still there.
+            time.sleep(1.5)
+            ctl.request({"type": "close", "flow": 0})
+            ctl.request(open0)
             assert len(flow_workers(s.proc.pid)) == 1
             # Say nothing: the server ends the session after its timeout and reaps the worker.
             assert wait_for(lambda: not flow_workers(s.proc.pid), 10)
@@ -303,3 +308,25 @@ def test_send_paths_and_engine_refusal_through_one_server(no_leaks, tmp_path):
             run(ClientOptions(src=s.address, dst=s.address, duration=0.3, rx_engine="zcrx",
                               engine_opts={"ifname": "lo", "queue": 0}))
         assert wait_for(lambda: not flow_workers(s.proc.pid), 10)
+
+
+def test_server_survives_a_barrage_of_junk_sessions(no_leaks, tmp_path):
+    import random
+
+    rng = random.Random(6)
+    hello = proto.encode({"type": "hello", "version": 1, "caps": []})
+    with server(tmp_path, "127.0.0.1") as s:
+        for i in range(150):
+            junk = rng.randbytes(rng.randrange(1, 64))
+            if i % 3 == 0:   # a valid hello first, then junk where auth should be
+                junk = hello + junk
+            elif i % 3 == 1:  # a plausible header with a random body
+                junk = struct.pack("!I", len(junk)) + junk
+            with _raw_session(s.address) as c:
+                c.sendall(junk)
+                c.shutdown(socket.SHUT_WR)
+                while c.recv(65536):   # whatever it says, the server ends the session
+                    pass
+        res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
+        assert res.flows[0]["status"] == "ok"
+        assert s.proc.poll() is None and "Traceback" not in s.log_text()

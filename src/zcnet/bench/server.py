@@ -165,16 +165,18 @@ class Session:
         self.sock.sendall(self.conn.send(msg))
 
     def _read_into_conn(self, timeout: float) -> None:
+        """Feed what arrives within ``timeout`` (possibly nothing) to the protocol."""
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(65536)
         except TimeoutError:
-            raise SessionError("timeout", f"no message for {timeout:.0f} s") from None
+            return
         except ConnectionError:
             data = b""
         self.conn.receive_data(data)
 
     def _next(self, timeout: float) -> dict[str, Any]:
+        # Reads in slices of at most a second, so a server shutdown (abort) is seen promptly.
         deadline = time.monotonic() + timeout
         while True:
             ev = self.conn.next_event()
@@ -183,8 +185,8 @@ class Session:
                 return ev
             left = deadline - time.monotonic()
             if left <= 0 or self.abort.is_set():
-                raise SessionError("timeout", f"no message for {timeout:.0f} s")
-            self._read_into_conn(min(left, 1.0) if not self.abort.is_set() else 0.01)
+                raise SessionError("timeout", f"no message for {timeout:g} s")
+            self._read_into_conn(min(left, 1.0))
 
     # -- conversation ----------------------------------------------------------------------------
 
