@@ -8,8 +8,8 @@ Run as ``python -m zcnet.tx.sink --bind ADDR --sizes N[,M...]``. It prints one J
 - ``quit`` or end of input: print the counters and exit.
 
 It receives with recvmmsg in batches and checks every packet (size, pattern, sequence sum). The
-parent side is :class:`Sink`, which starts it (inside a namespace with ``ip netns exec``) and
-stops it on every exit path.
+parent side is :class:`Sink`, which starts it (through the caller's ``spawn``, e.g. a lab's
+``ns_exec``) and stops it on every exit path.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import netns_popen
 from zcnet.tx.mmsg import MsgBatch, recvmmsg
 from zcnet.tx.payload import Checker
 
@@ -109,12 +108,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class Sink:
-    """Start the sink process (in ``netns`` if given); ``snapshot()`` reads its counters.
+    """Start the sink process; ``snapshot()`` reads its counters.
+
+    ``spawn(argv, **popen_kwargs)`` starts it somewhere else (a lab passes
+    ``functools.partial(lab.ns_exec, lab.ns_b)``); by default it runs here.
 
     Use as a context manager: the process is stopped on success, error and Ctrl-C.
     """
 
-    def __init__(self, bind: str, sizes: tuple[int, ...], *, netns: str | None = None,
+    def __init__(self, bind: str, sizes: tuple[int, ...], *,
+                 spawn: Callable[..., subprocess.Popen[str]] = subprocess.Popen,
                  port: int = 0) -> None:
         cmd = [sys.executable, "-m", "zcnet.tx.sink", "--bind", bind,
                "--sizes", ",".join(str(s) for s in sizes), "--port", str(port)]
@@ -124,8 +127,7 @@ class Sink:
                                  "stderr": subprocess.PIPE, "text": True, "bufsize": 1,
                                  "env": env}
         self.bind = bind
-        self._proc = (netns_popen(netns, cmd, **pipes) if netns is not None
-                      else subprocess.Popen(cmd, **pipes))
+        self._proc = spawn(cmd, **pipes)
         try:
             first = self._read()
         except ZcnetError:

@@ -15,6 +15,7 @@ in the sender's softirq context.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import socket
 import statistics
@@ -225,7 +226,8 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             bind = the_lab.addr6_b if ipv6 else the_lab.addr_b
             if bind is None:
                 raise Unsupported("IPv6 is not available in the lab", "run without --ipv6")
-            sink = stack.enter_context(Sink(bind, shape, netns=the_lab.ns_b))
+            sink = stack.enter_context(
+                Sink(bind, shape, spawn=functools.partial(the_lab.ns_exec, the_lab.ns_b)))
             target = Target(bind, sink.port, sender_netns=the_lab.ns_a)
             env_extra.update(the_lab.env())
         else:
