@@ -171,9 +171,19 @@ class SoftProvider:
 
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,
-              bundle: bool | None = None) -> SoftProvider:
+              bundle: bool | None = None, incremental: bool = False) -> Any:
+    """The soft provider; ``incremental`` fills big buffers receive after receive
+    (IOU_PBUF_RING_INC, see soft_inc), falling back to whole buffers on kernels without it."""
     area = Area(area_size, hugetlb=hugetlb)
     try:
+        if incremental:
+            from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
+
+            try:
+                return IncrementalSoftProvider(fd, area, buf_size)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
         return SoftProvider(fd, area, buf_size, bundle=bundle)
     except BaseException:
         area.close()

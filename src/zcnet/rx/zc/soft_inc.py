@@ -1,0 +1,189 @@
+"""Provider "soft" with incrementally consumed buffers (IOU_PBUF_RING_INC, Linux 6.12+).
+
+Some facts about incremental buffer consumption:
+
+- With IOU_PBUF_RING_INC the kernel does not retire a provided buffer after one receive: it
+  advances the ring entry's addr/len by the bytes it used and keeps filling the same buffer with
+  the next receives. A CQE carries the buffer id; IORING_CQE_F_BUF_MORE says the kernel will
+  write more into that buffer. Without F_BUF_MORE the kernel is done with it.
+- The CQE does not say where in the buffer the data went: it follows the previous data, so we
+  keep each buffer's fill position ourselves (in the owner thread, like everything else).
+- So big buffers (cheap for the kernel: one ring entry per MiB) hold many small receives
+  back to back: consecutive chunks are neighbours in the area (coalescing), and a 100-byte
+  message costs 100 bytes of area, not a whole buffer.
+- A buffer goes back to the ring only when the kernel is done with it and every chunk in it is
+  released: a per-buffer count of held chunks, updated only by the owner thread (the 002
+  lesson), decremented in batches when releases are drained.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+
+import numpy as np
+
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, buffer_count
+from zcnet.rx.zc.wait import wait_cqes
+from zcnet.uapi import io_uring as u
+from zcnet.uring.mem import Mapping
+from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+from zcnet.uring.ring import Ring
+
+_TAIL_U16 = u.io_uring_buf.resv.offset // 2  # the ring's tail lives in entry 0's resv
+
+
+class IncBufRing:
+    """A provided buffer ring registered with IOU_PBUF_RING_INC over buffers of the area."""
+
+    def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, base: int) -> None:
+        self.ring, self.bgid, self.entries, self.buf_size, self.base = \
+            ring, bgid, entries, buf_size, base
+        self.mask = entries - 1
+        self._mem = Mapping.anonymous(entries * ctypes.sizeof(u.io_uring_buf))
+        try:
+            reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid,
+                                     flags=u.IOU_PBUF_RING_INC)
+            ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
+        except BaseException:
+            self._mem.close()
+            raise
+        self._registered = True
+        self._addr = self._mem.view(np.uint64, 0, entries * 2).reshape(entries, 2)[:, 0]
+        self._len = self._mem.view(np.uint32, 0, entries * 4).reshape(entries, 4)[:, 2]
+        self._bid = self._mem.view(np.uint16, 0, entries * 8).reshape(entries, 8)[:, 6]
+        self._ktail = self._mem.view(np.uint16, 0, 8)
+        self._tail = 0
+
+    def provide(self, bids: np.ndarray) -> None:
+        """Publish whole buffers: entries first, then the tail (release store, TSO)."""
+        n = len(bids)
+        if not n:
+            return
+        slots = (self._tail + np.arange(n)) & self.mask
+        self._addr[slots] = self.base + bids.astype(np.uint64) * self.buf_size
+        self._len[slots] = self.buf_size
+        self._bid[slots] = bids
+        self._tail = (self._tail + n) & 0xFFFF
+        self._ktail[_TAIL_U16] = self._tail
+
+    def close(self) -> None:
+        if self._registered and self.ring.fd >= 0:
+            self.ring.register(u.IORING_UNREGISTER_PBUF_RING, u.io_uring_buf_reg(bgid=self.bgid),
+                               1)
+        self._registered = False
+        self._mem.close()
+
+
+class IncrementalSoftProvider:
+    name = "soft"
+
+    def __init__(self, fd: int, area: Area, buf_size: int) -> None:
+        self.fd = fd
+        self.area = area
+        self.buf_size = buf_size
+        self.entries = buffer_count(area.size, buf_size)
+        self.note = f"{self.entries} incrementally filled buffers of {buf_size} bytes"
+        self.armed = False
+        self._pos = [0] * self.entries             # bytes the kernel has written per buffer
+        self._refs = np.zeros(self.entries, np.int64)  # chunks the application holds per buffer
+        self._done = np.zeros(self.entries, bool)  # kernel finished with the buffer
+        self._in_ring = self.entries               # buffers the kernel may still fill
+        self._ring: Ring | None = Ring(64, flags=RING_FLAGS, cq_entries=4096)
+        try:
+            self._buf = IncBufRing(self._ring, BGID, self.entries, buf_size, area.addr)
+            self._buf.provide(np.arange(self.entries, dtype=np.uint16))
+        except BaseException:
+            self._ring.close()
+            raise
+
+    def can_arm(self) -> bool:
+        return self._in_ring > 0
+
+    def arm(self) -> None:
+        assert self._ring is not None
+        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD)
+        self._ring.submit()
+        self.armed = True
+
+    def reap(self, timeout: float | None) -> Delivery:
+        ring = self._ring
+        assert ring is not None
+        if not ring.cq_ready():
+            wait_cqes(ring, timeout)
+        c = ring.reap()
+        out = Delivery()
+        keep = c.user_data == RECV_UD
+        res = c.res[keep].tolist()
+        flags = c.flags[keep].tolist()
+        pos, bs = self._pos, self.buf_size
+        offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
+        finished = []
+        for r, f in zip(res, flags, strict=True):
+            if r <= 0:
+                continue
+            bid = f >> u.IORING_CQE_BUFFER_SHIFT
+            offsets.append(bid * bs + pos[bid])
+            lengths.append(r)
+            tokens.append(bid)
+            pos[bid] += r
+            if not f & u.IORING_CQE_F_BUF_MORE:
+                finished.append(bid)
+        if tokens:
+            np.add.at(self._refs, tokens, 1)
+        if finished:
+            self._done[finished] = True
+            self._in_ring -= len(finished)
+        if res and not flags[-1] & u.IORING_CQE_F_MORE:
+            self.armed = False
+            last = res[-1]
+            if last == 0:
+                out.end = 0
+            elif last == -errno.ENOBUFS:
+                out.stopped = "exhausted"
+            elif last < 0 and last != -errno.ECANCELED:
+                out.end = last
+            else:
+                out.stopped = "rearm"
+        return out
+
+    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        if not tokens:
+            return
+        t = np.asarray(tokens, dtype=np.int64)
+        np.subtract.at(self._refs, t, 1)
+        cand = np.unique(t)
+        ready = cand[(self._refs[cand] == 0) & self._done[cand]]
+        if len(ready):
+            self._done[ready] = False
+            for b in ready.tolist():
+                self._pos[b] = 0
+            self._in_ring += len(ready)
+            self._buf.provide(ready.astype(np.uint16))
+
+    def held_back(self) -> int:
+        return 0
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self._in_ring,
+                "incremental": 1}
+
+    def close(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is None:
+            return
+        try:
+            if self.armed:
+                prep_cancel(ring, RECV_UD, CANCEL_UD)
+                ring.submit()
+                for _ in range(50):
+                    wait_cqes(ring, 0.1)
+                    c = ring.reap()
+                    if ((c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
+                        break
+                self.armed = False
+            self._buf.close()
+        finally:
+            ring.close()
