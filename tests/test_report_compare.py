@@ -53,20 +53,38 @@ def test_cells_only_on_one_side() -> None:
     assert rows["engine=epoll placement=split mtu=1500"].note == "only in A"
 
 
+VETH = {"ifname": "zc1x1b", "driver": "veth", "firmware": "", "bus_info": ""}
+MLX5 = {"ifname": "eth2", "driver": "mlx5_core", "firmware": "28.39.1002",
+        "bus_info": "0000:08:00.0"}
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("kernel", "6.1.0-18-amd64"),
     ("cpu_model", "Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz"),
-    ("nic", "eth2 (mlx5_core)"),
+    ("nic", MLX5),
 ])
-def test_refuses_different_systems_unless_forced(field: str, value: str) -> None:
-    a = load("bench-a.json")
+def test_refuses_different_systems_unless_forced(field: str, value: Any) -> None:
+    a = copy.deepcopy(load("bench-a.json"))
+    a["env"]["nic"] = VETH
     b = copy.deepcopy(load("bench-b.json"))
+    b["env"]["nic"] = VETH
     b["env"][field] = value
     with pytest.raises(ZcnetError) as info:
         compare(a, b)
     assert field in info.value.message
     assert "--force" in (info.value.hint or "")
     assert compare(a, b, force=True)
+
+
+def test_same_nic_under_another_name_is_comparable() -> None:
+    # Every lab gets a fresh veth name; the driver, firmware and bus address are the identity.
+    a, b = copy.deepcopy(load("bench-a.json")), copy.deepcopy(load("bench-b.json"))
+    a["env"]["nic"] = VETH
+    b["env"]["nic"] = {**VETH, "ifname": "zc2x1b", "rings": {"rx": 1024}}
+    assert compare(a, b)
+    # A NIC recorded on one side only is unknown there, not different.
+    del a["env"]["nic"]
+    assert compare(a, b)
 
 
 def test_cli_refusal_is_one_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:

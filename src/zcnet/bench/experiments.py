@@ -118,8 +118,10 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
                         placements=(cell.get("placement", "split"),),
                         duration=spec.duration, tx=cell.get("tx", "copy"),
                         engine_opts=engine_opts)
-    rows = list(run_bench(opts)["results"])
+    bench_doc = run_bench(opts)
+    rows = list(bench_doc["results"])
     for row in rows:
+        row["_env"] = {k: bench_doc["env"][k] for k in ("nic", "lab") if k in bench_doc["env"]}
         if "tx" not in cell and "tx" in row:
             # Not an axis here: keep it as a note so it does not split the cell's key from the
             # key of a cell that failed before bench could say which send path it used.
@@ -214,6 +216,10 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
                     # One cell the machine cannot run must not end the experiment.
                     rows = [{**cell, "status": "unsupported", "reason": str(exc)}]
                 for row in rows:
+                    # Measurers may report what they learnt about the system (e.g. the NIC).
+                    for k, v in (row.pop("_env", None) or {}).items():
+                        if doc["env"].get(k) is None:
+                            doc["env"][k] = v
                     row.update({k: v for k, v in cell.items() if k not in row or k == "variant"})
                     row["repeat"] = r
                 doc["results"].extend(rows)

@@ -28,9 +28,33 @@ class Row:
     note: str = ""
 
 
+# What makes a NIC the same NIC: its driver, firmware and bus address, not the interface name
+# (every lab's veth has a fresh one) nor settings recorded alongside.
+NIC_IDENTITY = ("driver", "firmware", "bus_info")
+
+
+def _identity(field: str, value: Any) -> Any:
+    if field == "nic" and isinstance(value, dict):
+        return tuple(value.get(k) for k in NIC_IDENTITY)
+    return value
+
+
 def env_differences(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
-    return [f"{f}: {env_a.get(f)!r} vs {env_b.get(f)!r}" for f in ENV_MUST_MATCH
-            if env_a.get(f) != env_b.get(f)]
+    """Fields that differ. A NIC recorded on one side only is unknown, not different."""
+    out = []
+    for f in ENV_MUST_MATCH:
+        a, b = _identity(f, env_a.get(f)), _identity(f, env_b.get(f))
+        if f == "nic" and (a is None or b is None):
+            continue
+        if a != b:
+            out.append(f"{f}: {_show(a)} vs {_show(b)}")
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "/".join(str(v) for v in value if v) or "?"
+    return repr(value)
 
 
 def check_comparable(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool) -> list[str]:
