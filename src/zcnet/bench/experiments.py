@@ -143,6 +143,10 @@ def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[d
         kwargs["size"] = cell["payload"]
     if "burst" in cell:
         kwargs["burst"] = cell["burst"]
+    if target.ifname and not target.remote:
+        # Toggling the NIC's flag while the packets go through the lab's veth measures nothing.
+        raise Unsupported(f"the A/B on {target.ifname} needs traffic through it",
+                          "give --remote ADDR:PORT, a UDP port reachable through that NIC")
     if target.remote:
         kwargs["dst"] = target.remote
     with _private_flag(target.ifname, cell.get("variant")):
