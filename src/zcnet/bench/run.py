@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MTUS = (1500, 4096, 9000)
 DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot")
 PLACEMENTS = ("same", "split")
+NIC_ENGINES = ("zcrx", "devmem")  # need a NIC queue with header-data split
 CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
 
 
@@ -146,8 +147,13 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     if engine in opts.peers:
         return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
     watch = sorted({tx_cpu, rx_cpu})
+    engine_opts = dict(opts.engine_opts)
+    if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
+        # Register on the lab's veth queue 0: the cell then shows the kernel's own answer
+        # for this device (EOPNOTSUPP on veth), tested up to the device boundary.
+        engine_opts.update(ifname=t.lab.if_b, queue=0)
     rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
-                    verify=opts.verify, watch_cpus=watch, engine_opts=opts.engine_opts,
+                    verify=opts.verify, watch_cpus=watch, engine_opts=engine_opts,
                     duration=opts.duration)
     tx = WorkerSpec("tx", t.rx_host, netns=t.tx_ns, cpu=tx_cpu, duration=opts.duration,
                     tx=opts.tx, verify=opts.verify)
@@ -163,7 +169,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     out = cell_result(mtu, engine, placement, "ok", bytes=r["bytes"], seconds=r["seconds"],
                       gbps=round(gbps, 3), cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
                       incoming_cpu=r["incoming_cpu"], syscalls=r["calls"],
-                      engine_stats=r["engine_stats"], tx=opts.tx, tx_stats=r["tx_stats"])
+                      engine_stats=r["engine_stats"], tx=opts.tx, tx_stats=r["tx_stats"],
+                      consumer=engine_opts.get("consumer", "same"))
     if "verify" in r:
         out["verify"] = r["verify"]
     if placement == "same" and r["incoming_cpu"] not in (-1, rx_cpu):

@@ -47,6 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tx", default="copy", metavar="PATH",
                    help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
                         "from a fixed buffer), sendzc-plain (default copy)")
+    p.add_argument("--consumer", choices=("same", "thread"), default="same",
+                   help="zero-copy engines: release chunks in the ring's thread (same) or hand "
+                        "them to a consumer thread (thread), 002's experiment")
+    p.add_argument("--ifname", help="zcrx/devmem: NIC whose queue the flow is steered to")
+    p.add_argument("--queue", type=int, help="zcrx/devmem: the queue id on --ifname")
     p.add_argument("--peers", type=_csv("peer"), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
@@ -65,12 +70,22 @@ def _check_choices(args: argparse.Namespace) -> None:
             raise UsageError(f"unknown {what} {bad[0]!r}", f"choose from {', '.join(valid)}")
 
 
+def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.ifname is None) != (args.queue is None):
+        raise UsageError("--ifname and --queue go together", "give both, e.g. --ifname eth2 "
+                         "--queue 2 (see `zcnet nic doctor IFACE`)")
+    opts: dict[str, Any] = {"consumer": args.consumer}
+    if args.ifname is not None:
+        opts.update(ifname=args.ifname, queue=args.queue)
+    return opts
+
+
 def main(args: argparse.Namespace) -> int:
     _check_choices(args)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
-                        tx=args.tx)
+                        tx=args.tx, engine_opts=_engine_opts(args))
     opts.validate()
     console = Console(stderr=True)
     if args.lab is None and os.geteuid() != 0:

@@ -57,6 +57,15 @@ class EngineOptions:
     mshot_buf: int = 64 << 10     # uring-mshot: size of each provided buffer
     mshot_entries: int = 256      # uring-mshot: buffers in the ring (power of two)
     bundle: bool = True           # uring-mshot: use bundles when the kernel has them
+    # Zero-copy engines (zcnet.rx.zc.engines):
+    consumer: str = "same"        # release in the ring's thread, or "thread" (002's experiment)
+    consumer_cpu: int | None = None
+    ifname: str | None = None     # zcrx/devmem: the NIC and queue the flow is steered to
+    queue: int | None = None
+    zc_buf: int = 0               # soft-zc: buffer size (0: provider default)
+    zc_area: int = 0              # soft-zc: area size (0: provider default)
+    zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
+    zc_debug: bool = False        # poison released chunks to catch use after release
 
 
 class Engine(Protocol):
