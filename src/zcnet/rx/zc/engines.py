@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from zcnet.errors import ZcnetError
 from zcnet.rx.engines import Consumer, RxStats
-from zcnet.rx.zc.api import Batch, Receiver, open_receiver
+from zcnet.rx.zc.api import Batch, Receiver
 from zcnet.rx.zc.provider import Provider
 
 CONSUMERS = ("same", "thread")
@@ -135,8 +135,16 @@ class SoftZcEngine(_ZcEngine):
         return self._check_consumer() or unsupported(u.IORING_OP_RECV)
 
     def _open(self, sock: socket.socket) -> Receiver:
-        return open_receiver(sock, "soft", area_size=self.area_size, buf_size=self.buf_size,
-                             debug=self.debug)
+        from zcnet.rx.zc.soft import open_soft
+
+        prov = open_soft(sock.fileno(), self.area_size, self.buf_size,
+                         incremental=bool(_opt(self.opts, "zc_incremental", False)))
+        try:
+            return Receiver(sock, prov, debug=self.debug, why="soft-zc engine")
+        except BaseException:
+            prov.close()
+            prov.area.close()
+            raise
 
 
 class _NicEngine(_ZcEngine):
