@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,23 @@ def test_real_bench_experiment_in_the_lab(no_leaks: None) -> None:
     assert any(n.startswith("application on CPU") for n in mpstats[1].notes)
     assert [row[0] for row in peer_table.rows] == ["iperf3", "iperf3"]
     assert all(row[-1].endswith("x") for row in peer_table.rows)
+
+
+@pytest.mark.root
+def test_private_flag_ab_refuses_a_nic_without_the_flag(no_leaks: None) -> None:
+    """The flag A/B asks the real ethtool netlink family; a veth has no skb_tx_mpwqe."""
+    import subprocess
+
+    name = f"zcx{os.getpid() % 100000}"
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", name + "p"],
+                   check=True)
+    try:
+        spec = dataclasses.replace(builtin_spec("tx-mpwqe"), matrix={
+            "mode": ["single"], "payload": [64], "burst": [32]})
+        doc = run_experiment(spec, target=Target(ifname=name, remote="198.18.0.2:9"), repeat=1)
+    finally:
+        subprocess.run(["ip", "link", "del", name], check=True)
+    assert [(r["variant"], r["status"]) for r in doc["results"]] == \
+        [("skb_tx_mpwqe=off", "unsupported"), ("skb_tx_mpwqe=on", "unsupported")]
+    reason = doc["results"][0]["reason"]
+    assert "skb_tx_mpwqe" in reason and name in reason, reason

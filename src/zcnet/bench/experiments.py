@@ -171,7 +171,11 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
     from zcnet.nic.ethtool import privflags_get, privflags_set
 
     with Device.open(ifname) as dev:
-        before = privflags_get(dev)
+        try:
+            before = privflags_get(dev)
+        except ZcnetError as exc:
+            raise Unsupported(f"{ifname}: cannot A/B the {flag} private flag: {exc.message}",
+                              "this A/B needs an mlx5 NIC (ConnectX-5 or later)") from None
         if flag not in before:
             raise ZcnetError(f"{ifname} has no private flag {flag!r}",
                              f"this A/B needs an mlx5 NIC; flags here: {', '.join(before)}")
