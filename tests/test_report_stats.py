@@ -74,3 +74,14 @@ def test_no_verdict_without_repeats() -> None:
 def test_constant_samples() -> None:
     assert welch([5.0, 5.0], [5.0, 5.0]).text() == "not significant"
     assert welch([5.0, 5.0], [6.0, 6.0]).text() == "1.20x faster, significant"
+
+
+def test_verdict_without_scipy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from zcnet.errors import ZcnetError
+
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    with pytest.raises(ZcnetError, match="scipy") as info:
+        welch([1.0, 2.0], [3.0, 4.0])
+    assert info.value.hint == "pip install scipy"

@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zcnet.errors import ZcnetError
+
 UNSTABLE_SHARE = 0.10
 ALPHA = 0.05
 
@@ -71,7 +73,11 @@ class Verdict:
 def welch(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True,
           alpha: float = ALPHA) -> Verdict:
     """Welch's t-test (unequal variances) of B against A."""
-    from scipy import stats as sps  # scipy is heavy; only compare needs it
+    try:
+        from scipy import stats as sps  # heavy; only verdicts need it
+    except ImportError:
+        raise ZcnetError("significance verdicts need scipy, which is not installed",
+                         "pip install scipy") from None
 
     sa, sb = summarize(a), summarize(b)
     if sa.mean == 0 or sb.mean == 0:
