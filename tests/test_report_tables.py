@@ -94,3 +94,12 @@ def test_cli_renders_a_result_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "11.40 ± 0.20 Gbit/s, 99% CPU" in out
     assert md.read_text() == (FIX / "mlx5-zcrx.expected.md").read_text()
     assert cs.read_text() == to_csv(load("mlx5-zcrx")["results"])
+
+
+def test_ab_table_without_scipy_keeps_the_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    (table,) = experiment_tables(load("tx-mpwqe"))
+    gso = next(r for r in table.rows if r[0] == "gso")
+    assert gso[-1].endswith("x (no verdict: scipy not installed)")

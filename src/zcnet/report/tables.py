@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from zcnet.errors import ZcnetError
 from zcnet.report.cells import METRICS, Cell, group, key_text
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 
@@ -130,9 +131,7 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         elif base is None or not base.values(metric):
             row.append("no baseline")
         else:
-            v = welch(base.values(metric), cell.values(metric),
-                      higher_is_better=METRICS[metric].higher_is_better)
-            row.append(v.text() if v.significant else f"{v.ratio:.2f}x, {v.text()}")
+            row.append(_vs_baseline(base.values(metric), cell.values(metric), metric))
         t.rows.append(row)
     if missing:
         reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
@@ -140,6 +139,17 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
     t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
     return t
+
+
+def _vs_baseline(base: list[float], vals: list[float], metric: str) -> str:
+    higher = METRICS[metric].higher_is_better
+    try:
+        v = welch(base, vals, higher_is_better=higher)
+    except ZcnetError:
+        # Without scipy a table still shows the ratio; only the verdict needs the t-test.
+        ratio = (sum(vals) / len(vals)) / (sum(base) / len(base))
+        return f"{ratio if higher else 1 / ratio:.2f}x (no verdict: scipy not installed)"
+    return v.text() if v.significant else f"{v.ratio:.2f}x, {v.text()}"
 
 
 def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
