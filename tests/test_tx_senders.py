@@ -142,3 +142,32 @@ def test_oversized_send_is_a_usage_error(no_leaks, tcp_pair, kind: str) -> None:
 def test_unknown_kind_names_the_choices() -> None:
     with socket.socket() as sock, pytest.raises(UsageError, match="copy"):
         make_sender("nope", sock, bytearray(10))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_non_blocking_socket_against_a_slow_reader(no_leaks, tcp_pair, kind: str) -> None:
+    """The send buffer fills (EAGAIN) while the peer is not reading; sends wait, then finish."""
+    client, server = tcp_pair
+    client.setblocking(False)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    sends = 64
+    sender = make_sender(kind, client, bytearray(4 * CHUNK), slots=4,
+                         on_fill=lambda slot, view: fill_pattern(view, slot))
+    reader = Reader(server, sends * CHUNK)
+    timer = threading.Timer(0.3, reader.start)  # the peer starts reading late
+    timer.start()
+    try:
+        for _ in range(sends):
+            sender.send(CHUNK)
+        sender.flush()
+        stats = sender.stats()
+    finally:
+        sender.close()
+        timer.join()
+        reader.join(timeout=30)
+    assert len(reader.data) == sends * CHUNK and stats.pending == 0
+    got = np.frombuffer(reader.data, dtype=np.uint8).reshape(sends, CHUNK)
+    assert all(np.array_equal(row, _expected(int(row[0]))) for row in got)
+    if kind in ("copy", "msgzc"):  # io_uring waits inside the kernel instead
+        assert stats.retries > 0  # it did meet a full send buffer

@@ -186,7 +186,7 @@ class MsgZerocopySender(_SlotSender):
                     if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
                         raise
                     self._stats.retries += 1
-                    self._reap(wait=True)
+                    self._reap(wait=True, writable=exc.errno == errno.EAGAIN)
                     continue
                 self.tracker.submitted(slot)
                 self._stats.sends += 1
@@ -198,8 +198,9 @@ class MsgZerocopySender(_SlotSender):
         self._reap(wait=False)
         return nbytes
 
-    def _reap(self, wait: bool) -> None:
-        ranges = wait_completions(self.sock, _WAIT_MS) if wait else read_completions(self.sock)
+    def _reap(self, wait: bool, writable: bool = False) -> None:
+        ranges = (wait_completions(self.sock, _WAIT_MS, writable=writable) if wait
+                  else read_completions(self.sock))
         for r in ranges:
             for slot in self.tracker.complete(r):
                 self._release(slot)

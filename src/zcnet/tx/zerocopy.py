@@ -96,10 +96,12 @@ def read_completions(sock: socket.socket) -> list[ZcRange]:
         out.extend(parse_cmsgs(ancdata))
 
 
-def wait_completions(sock: socket.socket, timeout_ms: int) -> list[ZcRange]:
-    """Wait up to ``timeout_ms`` for the error queue to be readable, then drain it."""
+def wait_completions(sock: socket.socket, timeout_ms: int, *,
+                     writable: bool = False) -> list[ZcRange]:
+    """Wait up to ``timeout_ms`` for the error queue to be readable (or, with ``writable``, for
+    send-buffer space too), then drain it."""
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLERR)
+    poller.register(sock.fileno(), select.POLLERR | (select.POLLOUT if writable else 0))
     poller.poll(timeout_ms)
     return read_completions(sock)
 
