@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 
 from zcnet.cli import main
+from zcnet.cli.txbench import render, seed_lines
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab
 from zcnet.lab.netns import in_netns
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
+from zcnet.tx.sink import Sink
 from zcnet.tx.txbench import ALL_MODES, run_txbench
 
 N = 640
@@ -86,3 +89,29 @@ def test_cli_loopback_json(no_leaks, tmp_path, capsys) -> None:
     assert all(r["received"] == 256 for r in doc["results"])
     text = capsys.readouterr().out
     assert "single -> gso" in text and "Packet rate" in text
+
+
+def test_dst_mode_sends_to_a_given_address(no_leaks) -> None:
+    with Sink("127.0.0.1", (64,)) as sink:
+        doc = run_txbench(modes=("mmsg",), dst=f"127.0.0.1:{sink.port}", packets=320, repeat=2)
+        got = sink.snapshot(100)
+    rows = doc["results"]
+    assert all("received" not in r for r in rows)  # no sink of ours: nothing to claim
+    assert sum(r["sent"] for r in rows) == got["received"] == 640
+    assert doc["env"]["target"] == f"127.0.0.1:{sink.port}" and doc["env"]["lab"] is False
+
+
+def test_table_shows_unsupported_modes_and_counters() -> None:
+    stat = {"mean": 1.0, "stdev": 0.1}
+    row = {"status": "ok", "mpps": stat, "ns_per_pkt": stat, "instructions_per_pkt": stat,
+           "cycles_per_pkt": stat, "vs_single": 1.0, "sent": 10, "received": 9, "drops": 1,
+           "bad_payload": 0, "wrong_size": 0, "fallback_packets": 0, "retries": 0, "notes": []}
+    doc = {"env": {"hw_counters": "yes"},
+           "results": [{"mode": "single", "payload": 64, "burst": 32}],
+           "summary": {"single": row,
+                       "uring": {"status": "unsupported", "reason": "io_uring disabled"}}}
+    console = Console(width=200, record=True)
+    console.print(render(doc))
+    text = console.export_text()
+    assert "instr/pkt" in text and "unsupported: io_uring disabled" in text
+    assert seed_lines(doc) == []  # no batched mode ran: nothing to compare
