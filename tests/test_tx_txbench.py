@@ -91,6 +91,13 @@ def test_cli_loopback_json(no_leaks, tmp_path, capsys) -> None:
     assert "single -> gso" in text and "Packet rate" in text
 
 
+def test_gso_fallback_is_noted_in_the_results(no_leaks) -> None:
+    doc = run_txbench(modes=("gso",), lab=False, sizes=[64, 128], burst=8, packets=64, repeat=1)
+    row = doc["results"][0]
+    assert row["fallback_packets"] == 64 and row["received"] == 64
+    assert any("mixed sizes" in n for n in doc["summary"]["gso"]["notes"])
+
+
 def test_dst_mode_sends_to_a_given_address(no_leaks) -> None:
     with Sink("127.0.0.1", (64,)) as sink:
         doc = run_txbench(modes=("mmsg",), dst=f"127.0.0.1:{sink.port}", packets=320, repeat=2)

@@ -14,7 +14,13 @@ from zcnet.errors import ZcnetError
 from zcnet.tx.hwcount import PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE, HwCounters
 from zcnet.tx.sink import Sink
 from zcnet.tx.txbench import ALL_MODES, _factory
-from zcnet.tx.udp_modes import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, gso_can_carry, run_for
+from zcnet.tx.udp_modes import (
+    GSO_MAX_BYTES,
+    GSO_MAX_SEGMENTS,
+    gso_can_carry,
+    gso_refusal,
+    run_for,
+)
 
 
 def _sender_socket(port: int) -> socket.socket:
@@ -87,6 +93,8 @@ def test_gso_can_carry_rules() -> None:
     assert not gso_can_carry([])
     seg = GSO_MAX_BYTES // 10
     assert gso_can_carry([seg] * 10) and not gso_can_carry([seg + 1] * 10)
+    assert "segments" in gso_refusal([64] * 65) and "mixed" in gso_refusal([64, 128])
+    assert "per send" in gso_refusal([seg + 1] * 10)
 
 
 def test_sink_counts_damaged_and_wrong_sized_packets(no_leaks) -> None:

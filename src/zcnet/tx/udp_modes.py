@@ -52,15 +52,25 @@ GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65535 - 8 - 40  # UDP header and the larger (IPv6) IP header
 
 
-def gso_can_carry(lengths: Sequence[int]) -> bool:
-    """Whether one UDP_SEGMENT send can carry packets of these lengths, in order.
+def gso_refusal(lengths: Sequence[int]) -> str | None:
+    """Why one UDP_SEGMENT send cannot carry packets of these lengths in order, or None.
 
     The kernel cuts a GSO send into equal segments; only the last may be shorter.
     """
-    if not len(lengths) or len(lengths) > GSO_MAX_SEGMENTS or sum(lengths) > GSO_MAX_BYTES:
-        return False
+    if not len(lengths):
+        return "empty burst"
+    if len(lengths) > GSO_MAX_SEGMENTS:
+        return f"{len(lengths)} segments > {GSO_MAX_SEGMENTS}"
+    if sum(lengths) > GSO_MAX_BYTES:
+        return f"{sum(lengths)} B > {GSO_MAX_BYTES} B per send"
     seg = lengths[0]
-    return all(n == seg for n in lengths[:-1]) and lengths[-1] <= seg
+    if any(n != seg for n in lengths[:-1]) or lengths[-1] > seg:
+        return "mixed sizes (only the last segment may be shorter)"
+    return None
+
+
+def gso_can_carry(lengths: Sequence[int]) -> bool:
+    return gso_refusal(lengths) is None
 
 
 @dataclass
@@ -214,9 +224,12 @@ class GsoSender(BurstSender):
                  counters: SendCounters | None = None) -> None:
         super().__init__(sock, lengths, counters)
         self.fallback: MmsgSender | None = None
-        if not gso_can_carry(list(self.lengths)):
+        self.notes: list[str] = []
+        why = gso_refusal([int(n) for n in self.lengths])
+        if why is not None:
             # Every burst has the same shape, so the decision holds for the whole run.
             self.fallback = MmsgSender(sock, lengths, self.counters)
+            self.notes.append(f"gso: every burst sent by mmsg: {why}")
             return
         seg = int(self.lengths[0])
         self.sock.setsockopt(SOL_UDP, UDP_SEGMENT, seg)
