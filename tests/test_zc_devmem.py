@@ -158,3 +158,18 @@ def test_bind_rx_on_veth_names_the_missing_capability(no_leaks):
         os.close(fd)
     assert "cannot bind a dma-buf to queue(s) [0]" in ei.value.message
     assert "queue management ops" in ei.value.message
+
+
+@pytest.mark.root
+def test_devmem_without_dmabuf_still_names_the_device_problem(no_leaks):
+    """No dma-buf here, but the device is asked first (fd -1 fails only after the device
+    checks), so the error is about veth, not about the missing udmabuf."""
+    from zcnet.lab import Lab
+    from zcnet.lab.netns import in_netns
+    from zcnet.rx.zc.devmem import open_devmem
+
+    if os.path.exists("/dev/udmabuf"):
+        pytest.skip("udmabuf exists: the dma-buf is created before binding")
+    with Lab() as lab, in_netns(lab.ns_a), pytest.raises(Unsupported) as ei:
+        open_devmem(-1, 1 << 20, ifname=lab.if_a, queue=0)
+    assert f"device {lab.if_a} cannot bind a dma-buf" in ei.value.message

@@ -27,7 +27,7 @@ import struct
 from typing import Any
 
 from zcnet.errors import Unsupported, ZcnetError
-from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.area import UDMABUF_DEV, Area
 from zcnet.rx.zc.provider import Delivery
 from zcnet.uapi import socket as usock
 
@@ -155,6 +155,22 @@ def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
                 "provider 'soft'") from e
 
 
+NO_FD = 0xFFFFFFFF  # fd -1 as the u32 the kernel reads: dma_buf_get() fails with EBADF
+
+
+def probe_device(ifname: str, queue: int) -> None:
+    """Whether ``ifname`` would take a dma-buf binding, without one: the kernel checks the
+    device (queue ops, DMA) before it looks at the fd, so EBADF means the device passed.
+    Raises Unsupported naming the device's problem; returns when only the dma-buf is missing."""
+    try:
+        bind_rx(ifname, NO_FD, [queue]).close()
+    except Unsupported:
+        raise
+    except OSError as e:
+        if e.errno != errno.EBADF:
+            raise
+
+
 class DevmemProvider:
     name = "devmem"
 
@@ -240,6 +256,9 @@ def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
         queue = found_q if queue is None else queue
+    if dmabuf_fd is None and not os.path.exists(UDMABUF_DEV):
+        # Ask the device first, so the reason names what is really missing.
+        probe_device(ifname, queue)
     area = Area(area_size, dmabuf_fd=dmabuf_fd) if dmabuf_fd is not None \
         else Area.udmabuf(area_size)
     try:
