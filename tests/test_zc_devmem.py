@@ -171,5 +171,6 @@ def test_devmem_without_dmabuf_still_names_the_device_problem(no_leaks):
     if os.path.exists("/dev/udmabuf"):
         pytest.skip("udmabuf exists: the dma-buf is created before binding")
     with Lab() as lab, in_netns(lab.ns_a), pytest.raises(Unsupported) as ei:
-        open_devmem(-1, 1 << 20, ifname=lab.if_a, queue=0)
-    assert f"device {lab.if_a} cannot bind a dma-buf" in ei.value.message
+        ifname = lab.if_a
+        open_devmem(-1, 1 << 20, ifname=ifname, queue=0)
+    assert f"device {ifname} cannot bind a dma-buf" in ei.value.message
