@@ -429,12 +429,9 @@ def test_interrupt_mid_stream_cancels_and_frees_everything(tcp_pair):
 
 
 def soft_inc(conn: socket.socket, area: int, buf: int, **kw):
-    from zcnet.rx.zc.api import Receiver
-    from zcnet.rx.zc.soft import open_soft
-
-    p = open_soft(conn.fileno(), area, buf, incremental=True)
-    assert p.extra_stats().get("incremental") == 1, "this kernel has IOU_PBUF_RING_INC (6.12+)"
-    return Receiver(conn, p, **kw)
+    rx = open_receiver(conn, "soft", area_size=area, buf_size=buf, incremental=True, **kw)
+    assert rx.stats_dict().get("incremental") == 1, "this kernel has IOU_PBUF_RING_INC (6.12+)"
+    return rx
 
 
 def test_incremental_buffers_pack_small_messages(tcp_pair):

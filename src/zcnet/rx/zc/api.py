@@ -525,13 +525,15 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   hugetlb: bool = False, dmabuf_fd: int | None = None,
                   ifname: str | None = None, queue: int | None = None,
                   max_held: float = 0.75, coalesce: bool = False,
-                  debug: bool = False) -> Receiver:
+                  debug: bool = False, incremental: bool = False) -> Receiver:
     """Open a zero-copy receiver on a connected TCP socket.
 
     provider: "zcrx" (io_uring zero-copy receive; NIC with header split and queue API),
     "devmem" (devmem TCP into a dma-buf), "soft" (provided buffer ring; any recent kernel) or
     "auto": the best the socket's device supports, else soft; ``Receiver.why`` says which and why.
     area_size: bytes of the registered area; buf_size: soft provider's buffer size.
+    incremental (soft): the kernel fills each buffer receive after receive (IOU_PBUF_RING_INC,
+    6.12+), so big buffers waste nothing on small messages and chunks are neighbours.
     hugetlb: back the area with 2 MiB pages (warning and normal pages when none are free).
     dmabuf_fd: use this dma-buf as the area (zcrx, devmem).
     ifname/queue: the NIC and receive queue that carry this flow (zcrx, devmem); found from
@@ -542,7 +544,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     fd = sock if isinstance(sock, int) else sock.fileno()
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
-    soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb}
+    soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,
+                               "incremental": incremental}
 
     def wrap(p: Provider, why: str) -> Receiver:
         try:
