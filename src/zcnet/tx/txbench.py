@@ -239,41 +239,43 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
         if hw:
             stack.callback(hw.close)
         env_extra["hw_counters"] = "yes" if hw else NO_COUNTERS
-        rows: list[dict[str, Any]] = []
-        for mode in modes:
-            rows.extend(_run_mode(mode, target, lengths, sink, hw, duration, packets, repeat,
-                                  params))
+        rows = _run_modes(stack, modes, target, lengths, sink, hw, duration, packets, repeat,
+                          params)
         in_lab = bool(env_extra.pop("lab", False))
         doc = envelope("txbench", collect_env(lab=in_lab, **env_extra), rows)
         doc["summary"] = _summarize(rows, modes)
         return doc
 
 
-def _run_mode(mode: str, target: Target, lengths: list[int], sink: Sink | None,
-              hw: HwCounters | None, duration: float | None, packets: int | None,
-              repeat: int, params: dict[str, Any]) -> list[dict[str, Any]]:
-    base = {"mode": mode, **params}
-    with contextlib.closing(open_sender(target)) as sock:
+def _run_modes(stack: contextlib.ExitStack, modes: Sequence[str], target: Target,
+               lengths: list[int], sink: Sink | None, hw: HwCounters | None,
+               duration: float | None, packets: int | None, repeat: int,
+               params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Repeats go round-robin over the modes (A B C A B C ...), so a load change on the machine
+    spreads over all modes instead of landing on one; rows come back grouped by mode."""
+    senders: dict[str, BurstSender] = {}
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for mode in modes:
+        sock = stack.enter_context(contextlib.closing(open_sender(target)))
         limit = path_payload_limit(sock)
         if max(lengths) > limit:
             raise UsageError(f"payload {max(lengths)} B exceeds the path MTU's limit of {limit} B "
                              f"to {target.addr}", f"use --size {limit} or less, or raise the MTU")
         try:
-            sender = _factory(mode)(sock, lengths)
+            senders[mode] = sender = _factory(mode)(sock, lengths)
         except Unsupported as exc:
-            return [{**base, "repeat": i, "status": "unsupported", "reason": exc.message}
-                    for i in range(repeat)]
-        try:
-            notes = list(getattr(sender, "notes", []))
-            if packets is None:
-                run_for(sender, seconds=min(_WARMUP_S, duration or _WARMUP_S))
-            rows = []
-            for i in range(repeat):
-                row = {**base, "repeat": i, **_measure(sender, sink, hw, duration, packets)}
-                if notes:
-                    row["notes"] = notes
-                rows.append(row)
-            return rows
-        finally:
-            sender.close()
-
+            rows[mode] = [{"mode": mode, **params, "repeat": i, "status": "unsupported",
+                           "reason": exc.message} for i in range(repeat)]
+            continue
+        stack.callback(sender.close)
+        if packets is None:
+            run_for(sender, seconds=min(_WARMUP_S, duration or _WARMUP_S))
+    for i in range(repeat):
+        for mode, sender in senders.items():
+            row = {"mode": mode, **params, "repeat": i,
+                   **_measure(sender, sink, hw, duration, packets)}
+            notes = getattr(sender, "notes", None)
+            if notes:
+                row["notes"] = list(notes)
+            rows[mode].append(row)
+    return [row for mode in modes for row in rows[mode]]
