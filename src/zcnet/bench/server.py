@@ -449,7 +449,7 @@ class Server:
         sel.register(self.sock, selectors.EVENT_READ)
         try:
             while not self._stop.is_set():
-                if not sel.select(timeout=0.5):
+                if not sel.select(timeout=0.2):
                     self._collect()
                     continue
                 try:
