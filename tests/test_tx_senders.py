@@ -3,7 +3,9 @@ completion and release each exactly once (poisoning released slots must never re
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 from collections import Counter
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from zcnet.errors import UsageError
+from zcnet.lab.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, fill_pattern, make_sender
 
@@ -171,3 +174,42 @@ def test_non_blocking_socket_against_a_slow_reader(no_leaks, tcp_pair, kind: str
     assert all(np.array_equal(row, _expected(int(row[0]))) for row in got)
     if kind in ("copy", "msgzc"):  # io_uring waits inside the kernel instead
         assert stats.retries > 0  # it did meet a full send buffer
+
+
+@pytest.fixture
+def ifb_netns():
+    """A namespace whose route leads to an ifb device, which frees every packet it is given:
+    nothing receives the data, so the kernel has no reason to copy and zero-copy completes as
+    zero-copy. This is as far as a send gets on this machine without a NIC."""
+    name = f"zctx{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for cmd in (["link", "add", "d0", "type", "ifb"],
+                    ["addr", "add", "198.18.200.1/24", "dev", "d0"],
+                    ["link", "set", "d0", "up"]):
+            subprocess.run(["ip", "-n", name, *cmd], check=True, capture_output=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("kind", ["msgzc", "sendzc", "sendzc-plain"])
+def test_true_zero_copy_completions_at_the_device_boundary(no_leaks, ifb_netns, kind) -> None:
+    with in_netns(ifb_netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.connect(("198.18.200.2", 9))
+        releases: Counter[int] = Counter()
+        sender = make_sender(kind, sock, bytearray(4 * 4096), slots=4,
+                             on_release=lambda slot, view: releases.update([slot]))
+        try:
+            for _ in range(100):
+                sender.send(1200)
+            sender.flush()
+            stats = sender.stats()
+        finally:
+            sender.close()
+    assert stats.path == kind and stats.sends == 100
+    assert stats.zerocopy == 100 and stats.copied == 0
+    assert sum(releases.values()) == 100
