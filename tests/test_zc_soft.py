@@ -487,3 +487,21 @@ def test_incremental_exhaustion_then_resume(tcp_pair):
         assert rx.stats.coalesced > 0
     snd.join()
     assert got == total
+
+
+def test_non_blocking_socket_streams_and_keeps_its_flags(tcp_pair):
+    """An O_NONBLOCK socket (asyncio's), armed before any data exists: the multishot waits
+    for data instead of ending with EAGAIN, and the socket stays non-blocking."""
+    conn, cli = tcp_pair
+    conn.setblocking(False)
+    snd = Sender(cli, 4 << 20)
+    threading.Timer(0.2, snd.start).start()
+    got = 0
+    with open_receiver(conn, "soft", area_size=1 << 20, buf_size=16 << 10) as rx:
+        assert rx.recv(timeout=0.05) == [] and not rx.eof
+        for c in rx:
+            check(c)
+            got += len(c)
+            c.release()
+    snd.join()
+    assert got == 4 << 20 and conn.getblocking() is False

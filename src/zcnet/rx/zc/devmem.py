@@ -197,8 +197,9 @@ class DevmemProvider:
 
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
+        # The duplicate shares the file's flags with the caller's socket: leave them alone and
+        # ask for non-blocking receives per call (MSG_DONTWAIT) instead.
         self._sock = socket.socket(fileno=os.dup(fd))
-        self._sock.setblocking(False)
         self._poll.register(self._sock.fileno(), select.POLLIN)
 
     def can_arm(self) -> bool:
