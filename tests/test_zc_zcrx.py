@@ -325,3 +325,53 @@ def test_receiver_rearms_after_enospc_and_never_drops_a_buffer():
         assert sorted(o for _, o, _ in back) == [i * 4096 for i in range(10)]
         assert {a for a, _, _ in back} == {AREA_ID}
         rx.close()
+
+
+# --- RLIMIT_MEMLOCK against the real kernel ---------------------------------------------------
+
+MEMLOCK_CHILD = r'''
+import ctypes, resource, socket
+libc = ctypes.CDLL(None, use_errno=True)
+class Hdr(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+class Data(ctypes.Structure):
+    _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32))
+hdr, data = Hdr(0x20080522, 0), (Data * 2)()          # _LINUX_CAPABILITY_VERSION_3
+assert libc.syscall(125, ctypes.byref(hdr), data) == 0  # capget
+data[0].effective &= ~(1 << 14)                        # drop CAP_IPC_LOCK: limits apply
+assert libc.syscall(126, ctypes.byref(hdr), data) == 0  # capset
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
+from zcnet.errors import ZcnetError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.zcrx import RING_FLAGS, Registration, open_zcrx, register_ifq
+from zcnet.uring.ring import Ring
+try:
+    open_zcrx(-1, 1 << 20, ifname="lo", queue=0)
+except ZcnetError as e:
+    print("preflight", e.message)
+area = Area(1 << 20)
+reg = Registration.build(area, socket.if_nametoindex("lo"), 0, 32768)
+ring = Ring(8, flags=RING_FLAGS)
+try:
+    register_ifq(ring, reg, ifname="lo")  # the kernel accounts the refill region: ENOMEM
+except ZcnetError as e:
+    print("kernel", e.errno, e.message)
+'''
+
+
+@pytest.mark.root
+def test_memlock_limit_names_limit_and_size(no_leaks):
+    """Without CAP_IPC_LOCK and with a 64 KiB limit: our check refuses before registering, and
+    the kernel's own ENOMEM (refill region accounting) is translated the same way."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MEMLOCK_CHILD], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()
+    pre = next(line for line in out if line.startswith("preflight"))
+    kern = next(line for line in out if line.startswith("kernel"))
+    assert "RLIMIT_MEMLOCK is 65536 bytes but zcrx must lock" in pre
+    assert kern.startswith(f"kernel {errno.ENOMEM} RLIMIT_MEMLOCK is 65536 bytes")
+    size = refill_region_size(32768) + (1 << 20)
+    assert f"must lock {size} bytes" in kern
