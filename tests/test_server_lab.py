@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zcnet.bench.client import ClientOptions, run
-from zcnet.bench.remote import NetnsServer
+from zcnet.bench.client import ClientOptions, lab_servers, run
 from zcnet.errors import ZcnetError
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
@@ -16,11 +15,10 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
 
 def test_flows_between_lab_namespaces(no_leaks):
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
 
-    with Lab(mtu=1500) as lab, NetnsServer(lab.addr_a, netns=lab.ns_a) as a, \
-            NetnsServer(lab.addr_b, netns=lab.ns_b) as b:
-        assert a.address.startswith(lab.addr_a) and b.address.startswith(lab.addr_b)
+    home = os.stat("/proc/thread-self/ns/net").st_ino
+    with Lab(mtu=1500) as lab, lab_servers(lab) as ls:
+        assert ls.src.startswith(lab.addr_a) and ls.dst.startswith(lab.addr_b)
         seen: dict[str, int] = {}
 
         def where(placed: list[dict]) -> None:
@@ -28,17 +26,15 @@ def test_flows_between_lab_namespaces(no_leaks):
             seen["rx"] = os.stat(f"/proc/{placed[0]['rx_pid']}/ns/net").st_ino
             seen["tx"] = os.stat(f"/proc/{placed[0]['tx_pid']}/ns/net").st_ino
 
-        tokens = {lab.addr_a: a.token, lab.addr_b: b.token}
-        with in_netns(lab.ns_a):
-            # The non-loopback listeners demand their tokens.
-            with pytest.raises(ZcnetError, match="authentication failed"):
-                run(ClientOptions(src=a.address, dst=b.address, duration=0.2))
-            res = run(ClientOptions(src=a.address, dst=b.address, flows=2, duration=0.5,
-                                    tokens=tokens, on_started=where))
-            rr = run(ClientOptions(src=a.address, dst=b.address, mode="rr", duration=0.3,
-                                   tokens=tokens))
+        # The non-loopback listeners demand their tokens.
+        with pytest.raises(ZcnetError, match="authentication failed"):
+            run(ClientOptions(src=ls.src, dst=ls.dst, netns=lab.ns_a, duration=0.2))
+        res = run(ls.options(flows=2, duration=0.5, on_started=where))
+        rr = run(ls.options(mode="rr", duration=0.3))
         assert seen["rx"] == Path(f"/run/netns/{lab.ns_b}").stat().st_ino
         assert seen["tx"] == Path(f"/run/netns/{lab.ns_a}").stat().st_ino
         assert [f["status"] for f in res.flows] == ["ok", "ok"]
         assert all(f["bytes"] == f["bytes_sent"] > 0 for f in res.flows)
         assert rr.flows[0]["status"] == "ok" and rr.flows[0]["samples"] > 0
+    # This thread never left its own namespace.
+    assert os.stat("/proc/thread-self/ns/net").st_ino == home

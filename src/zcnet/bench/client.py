@@ -15,10 +15,11 @@ So on this machine the discovery loop retries until the sender happened to run o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ class ClientOptions:
     tokens: dict[str, bytes] = field(default_factory=dict)  # control host -> token
     token: bytes | None = None        # for hosts not in ``tokens``
     max_attempts: int = 64
+    netns: str | None = None          # reach the servers from inside this namespace (a lab)
     # Called with the placed flows right after start (tests use it to inject faults).
     on_started: Callable[[list[dict[str, Any]]], None] | None = None
 
@@ -81,13 +83,15 @@ class ClientOptions:
 class Control:
     """The client end of one control connection: blocking requests over the sans-I/O protocol."""
 
-    def __init__(self, addr: str, token: bytes | None) -> None:
+    def __init__(self, addr: str, token: bytes | None, netns: str | None = None) -> None:
         self.addr = addr
         host, port = parse_hostport(addr)
         self.host = host
         self.conn = proto.Connection(Role.CLIENT)
         try:
-            self.sock = socket.create_connection((host, port), timeout=10)
+            # A socket belongs to the namespace it was created in, whatever the thread does next.
+            with _namespace(netns):
+                self.sock = socket.create_connection((host, port), timeout=10)
         except OSError as e:
             raise ZcnetError(f"cannot reach zcnet server at {host}:{port}: {e.strerror or e}",
                              "start `zcnet server` there (or pass --ssh HOST)") from None
@@ -150,6 +154,14 @@ class Control:
             self.sock.close()
 
 
+def _namespace(netns: str | None) -> contextlib.AbstractContextManager[None]:
+    if netns is None:
+        return contextlib.nullcontext()
+    from zcnet.lab.netns import in_netns
+
+    return in_netns(netns)
+
+
 def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
     hints = {
         "auth": "use the same --token-file as the server",
@@ -181,12 +193,12 @@ def run(opts: ClientOptions) -> ClientResult:
     same = parse_hostport(opts.src) == parse_hostport(opts.dst)
     controls: list[Control] = []
     try:
-        dst = Control(opts.dst, _token_for(opts, opts.dst))
+        dst = Control(opts.dst, _token_for(opts, opts.dst), opts.netns)
         controls.append(dst)
         if same:
             src = dst
         else:
-            src = Control(opts.src, _token_for(opts, opts.src))
+            src = Control(opts.src, _token_for(opts, opts.src), opts.netns)
             controls.append(src)
         placed = [_place(opts, src, dst, i) for i in range(opts.flows)]
         for c in reversed(controls):  # receivers (dst) were started first, by convention
@@ -289,6 +301,33 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
                 "src": _side_cpus(src_res, placed, ("tx",))}
     return ClientResult(flows, summary, cpus, {k: v for k, v in vars(opts).items()
                                                if k not in ("tokens", "token", "on_started")})
+
+
+@dataclass
+class LabServers:
+    """A server in each namespace of a lab, and what a client needs to drive them."""
+
+    src: str
+    dst: str
+    tokens: dict[str, bytes]
+    netns: str
+
+    def options(self, **kw: Any) -> ClientOptions:
+        return ClientOptions(src=self.src, dst=self.dst, tokens=self.tokens, netns=self.netns,
+                             **kw)
+
+
+@contextlib.contextmanager
+def lab_servers(lab: Any) -> Iterator[LabServers]:
+    """``with lab_servers(lab) as ls: run(ls.options(flows=2))``: the lab's sending side
+    (``ns_a``) and receiving side (``ns_b``) each get a server (with a fresh token, as any
+    non-loopback listener must), stopped when the block ends."""
+    from zcnet.bench.remote import NetnsServer
+
+    with NetnsServer(lab.addr_a, netns=lab.ns_a) as a, NetnsServer(lab.addr_b, netns=lab.ns_b) as b:
+        assert a.address and b.address
+        yield LabServers(a.address, b.address, {lab.addr_a: a.token, lab.addr_b: b.token},
+                         lab.ns_a)
 
 
 def _side_cpus(res: dict[str, Any], placed: list[dict[str, Any]],
