@@ -3,18 +3,25 @@ sendto per packet) in the same run. Target: the best batched mode >= 3x `single`
 
     python benchmarks/txbench_modes.py [--duration 1] [--repeat 5] [--size 64] [--burst 32]
 
-Needs root (namespaces). Prints numbers and ratios; asserts nothing.
+A second table sends the same streams to an ifb device in a namespace of its own: ifb frees
+every packet, so that is the transmit path alone (what pktgen into a NIC measures), without the
+receive work veth makes the sender's CPU do. Needs root. Prints numbers and ratios only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from zcnet.lab import Lab
+from zcnet.lab.netns import in_netns
 from zcnet.tx.txbench import ALL_MODES, run_txbench
 
 TARGET = 3.0
@@ -40,21 +47,22 @@ def iperf3_pps(size: int, seconds: float) -> float | None:
     return end["packets"] / end["seconds"] / 1e6
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=1.0)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--burst", type=int, default=32)
-    args = ap.parse_args()
+@contextlib.contextmanager
+def ifb_namespace() -> Iterator[str]:
+    name = f"zctxbench{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for cmd in (["link", "add", "d0", "type", "ifb"],
+                    ["addr", "add", "198.18.200.1/24", "dev", "d0"],
+                    ["link", "set", "d0", "up"]):
+            subprocess.run(["ip", "-n", name, *cmd], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
 
-    doc = run_txbench(modes=ALL_MODES, size=args.size, burst=args.burst,
-                      duration=args.duration, repeat=args.repeat)
-    peer = iperf3_pps(args.size, args.duration * 2)
-    summary = doc["summary"]
+
+def print_table(summary: dict[str, Any], peer: float | None) -> None:
     base = summary["single"]["mpps"]["mean"]
-    print(f"UDP payload {args.size} B, burst {args.burst}, {args.repeat} x {args.duration} s "
-          f"per mode, lab veth; {doc['env']['cpus']} CPUs, kernel {doc['env']['kernel']}")
     print(f"{'mode':8} {'Mpps':>16} {'x single':>9} {'CPU ns/pkt':>14} {'sink drops':>11}")
     for mode, s in summary.items():
         if s["status"] != "ok":
@@ -73,6 +81,28 @@ def main() -> int:
           f"{'met' if ratio >= TARGET else 'NOT met'})")
     if peer:
         print(f"best batched vs iperf3: {batched[best] / peer:.2f}x")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--burst", type=int, default=32)
+    args = ap.parse_args()
+
+    doc = run_txbench(modes=ALL_MODES, size=args.size, burst=args.burst,
+                      duration=args.duration, repeat=args.repeat)
+    peer = iperf3_pps(args.size, args.duration * 2)
+    print(f"UDP payload {args.size} B, burst {args.burst}, {args.repeat} x {args.duration} s "
+          f"per mode; {doc['env']['cpus']} CPUs, kernel {doc['env']['kernel']}")
+    print("\n-- lab veth into the sink (the sender's CPU also runs the receive path)")
+    print_table(doc["summary"], peer)
+    with ifb_namespace() as ns, in_netns(ns):
+        tx_only = run_txbench(modes=ALL_MODES, size=args.size, burst=args.burst,
+                              duration=args.duration, repeat=args.repeat, dst="198.18.200.2:9")
+    print("\n-- transmit path only: into an ifb device that frees every packet")
+    print_table(tx_only["summary"], None)
     return 0
 
 
