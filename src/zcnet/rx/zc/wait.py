@@ -29,7 +29,8 @@ def wait_cqes(ring: Ring, timeout: float | None, wait_nr: int = 1) -> None:
     if timeout is None:
         ring.submit(wait_nr)
         return
-    ring.submit()
+    if ring.sq_space() < ring.sq_entries:
+        ring.submit()  # SQEs are pending (an arm or a cancel): publish them first
     ts = _timespec(int(timeout), int((timeout % 1) * 1e9))
     arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
     flags = u.IORING_ENTER_GETEVENTS | u.IORING_ENTER_EXT_ARG
