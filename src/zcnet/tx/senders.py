@@ -195,7 +195,6 @@ class MsgZerocopySender(_SlotSender):
             if not self.tracker.refs(slot):
                 self._release(slot)  # nothing of it in flight (the first call failed)
         self._stats.bytes += nbytes
-        self._reap(wait=False)
         return nbytes
 
     def _reap(self, wait: bool, writable: bool = False) -> None:
@@ -206,7 +205,11 @@ class MsgZerocopySender(_SlotSender):
                 self._release(slot)
 
     def _wait_some(self) -> None:
-        self._reap(wait=True)
+        # Completions are read only when a slot is needed: one recvmsg usually returns a
+        # coalesced range that frees several slots, instead of one empty read per send.
+        self._reap(wait=False)
+        if not self.free:
+            self._reap(wait=True)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Wait until every send's notification arrived (all slots free)."""
