@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -96,26 +97,35 @@ def main() -> int:
         "uring-mshot": ("uring-mshot", {}),
         "soft-zc": ("soft-zc", {"consumer": "same"}),
         "soft-zc/thread": ("soft-zc", {"consumer": "thread"}),
+        "soft-zc/incremental": ("soft-zc", {"zc_incremental": True}),
     }
     results: dict[str, list[float]] = {k: [] for k in cells}
     extra: dict[str, dict[str, Any]] = {}
+    cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in cells}
     names = list(cells)
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for key in order:
             eng, opts = cells[key]
+            before = resource.getrusage(resource.RUSAGE_SELF)
             gbps, extra[key] = run_engine(eng, total, args.verify, **opts)
+            after = resource.getrusage(resource.RUSAGE_SELF)
             results[key].append(gbps)
+            cpu[key].append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime))
     print(f"loopback, {args.mib} MiB per run, {args.rounds} rounds, verify={args.verify}, "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     med = {k: statistics.median(v) for k, v in results.items()}
     for k, v in results.items():
         spread = f"{min(v):.1f}..{max(v):.1f}"
-        print(f"  {k:16s} median {med[k]:6.2f} Gbit/s  (range {spread})")
+        usr = statistics.median(u for u, _ in cpu[k]) / args.mib * 1024
+        sys_ = statistics.median(s for _, s in cpu[k]) / args.mib * 1024
+        print(f"  {k:20s} median {med[k]:6.2f} Gbit/s  (range {spread});  receiver CPU per "
+              f"GiB: user {usr * 1000:5.1f} ms, sys {sys_ * 1000:5.1f} ms")
     print(f"  soft-zc / uring          = {med['soft-zc'] / med['uring']:.2f}x  (target >= 1.0)")
     print(f"  soft-zc / uring-mshot    = {med['soft-zc'] / med['uring-mshot']:.2f}x")
     print(f"  thread / same (soft-zc)  = {med['soft-zc/thread'] / med['soft-zc']:.2f}x  "
           "(target >= 0.9)")
+    print(f"  soft-zc/incremental / uring = {med['soft-zc/incremental'] / med['uring']:.2f}x")
     st = extra["soft-zc"]
     print(f"  soft-zc stats: delivered {st.get('delivered')}, coalesced {st.get('coalesced')}, "
           f"peak in flight {st.get('peak_in_flight')}, rearms {st.get('rearms')}, "
