@@ -18,8 +18,3 @@ class udmabuf_create(ctypes.Structure):
 
 # _IOW('u', 0x42, struct udmabuf_create): dir=1 (write) << 30 | size << 16 | type << 8 | nr
 UDMABUF_CREATE = (1 << 30) | (ctypes.sizeof(udmabuf_create) << 16) | (ord("u") << 8) | 0x42
-
-# linux/memfd.h / linux/fcntl.h: udmabuf insists on a memfd sealed against shrinking.
-MFD_ALLOW_SEALING = 0x0002
-F_ADD_SEALS = 1024 + 9
-F_SEAL_SHRINK = 0x0002

@@ -200,9 +200,10 @@ def udmabuf_create(size: int) -> int:
                          "load it with `modprobe udmabuf` or pass a dma-buf fd") from None
     memfd = -1
     try:
-        memfd = os.memfd_create("zcnet-area", os.MFD_CLOEXEC | udmabuf.MFD_ALLOW_SEALING)
+        # udmabuf insists on a memfd sealed against shrinking.
+        memfd = os.memfd_create("zcnet-area", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(memfd, size)
-        fcntl.fcntl(memfd, udmabuf.F_ADD_SEALS, udmabuf.F_SEAL_SHRINK)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         req = udmabuf.udmabuf_create(memfd=memfd, flags=udmabuf.UDMABUF_FLAGS_CLOEXEC,
                                      offset=0, size=size)
         try:
