@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,3 +174,29 @@ def test_persistent_labs_are_never_swept(no_leaks: None) -> None:
         assert netns_exists(lab.ns_a)
     finally:
         lab.down()
+
+
+CHURN = """
+print("zc0x0", flush=True)  # a placeholder name: labs come and go below
+while True:
+    with Lab() as lab:
+        pass
+    Lab().up()  # and some are left to the registry
+"""
+
+
+# how each signal ends the child: our handler's exit status, or Python's own SIGINT re-raise
+ENDING = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGHUP: 128 + signal.SIGHUP,
+          signal.SIGINT: -signal.SIGINT}
+
+
+@pytest.mark.parametrize("signum", list(ENDING), ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("delay", [0.05, 0.3])
+def test_signal_at_any_moment_leaves_nothing(signum: int, delay: float, no_leaks: None) -> None:
+    # the signal lands in up(), down(), pyroute2 or its helper fork, wherever the child is then
+    with child(CHURN) as (proc, _):
+        time.sleep(delay)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == ENDING[signum]
+    left = [ns for ns in os.listdir("/run/netns") if ns.startswith(f"zc{proc.pid}x")]
+    assert left == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyroute2 import netns as pr_netns
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab, names, topology
 from zcnet.lab.netns import in_netns, netns_exists
 from zcnet.lab.rtnl import rtnl
@@ -273,3 +273,33 @@ def test_parallel_processes_never_collide(no_leaks: None) -> None:
             p.communicate("\n", timeout=20)
     assert all(p.returncode == 0 for p in procs)
     assert not any(netns_exists(n + "a") for n in flat)
+
+
+@pytest.mark.skipif(not _ipv6_host(), reason="kernel without IPv6")
+def test_ipv6_refused_by_kernel_leaves_ipv4_lab(no_leaks: None) -> None:
+    with Lab() as lab:
+        for ns, ifname in ((lab.ns_a, lab.if_a), (lab.ns_b, lab.if_b)):
+            with in_netns(ns):
+                Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1\n")
+        lab.set_mtu(1500)  # re-adding the addresses now gets EACCES from the kernel
+        assert not lab.ipv6 and lab.addr6_a is None and lab.env()["ipv6"] is False
+        assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
+
+
+def test_failed_setup_removes_what_was_made(no_leaks: None,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+
+    def fail_on_b(self: Lab, ns: str, ifname: str, addr: str) -> None:
+        made.extend((self.ns_a, self.ns_b))
+        if ns == self.ns_b:
+            raise ZcnetError("injected failure")
+        real_configure(self, ns, ifname, addr)
+
+    real_configure = Lab._configure_side
+    monkeypatch.setattr(Lab, "_configure_side", fail_on_b)
+    lab = Lab()
+    with pytest.raises(ZcnetError, match="injected"):
+        lab.up()
+    assert made and not any(netns_exists(ns) for ns in made)
+    assert not lab.is_up

@@ -1,22 +1,31 @@
-"""The labs this process has up, torn down at interpreter exit and on SIGTERM/SIGHUP.
+"""The labs this process has up, and the signal handling that guarantees their teardown.
 
-``with Lab()`` already cleans up on normal exit, exceptions and Ctrl-C (KeyboardInterrupt unwinds
-through ``__exit__``). This registry covers the rest: a lab used without ``with``, and signals
-whose default action would kill the process without running any Python.
+``with Lab()`` cleans up on normal exit and exceptions. This module covers the rest: labs used
+without ``with`` (removed at interpreter exit), and SIGTERM/SIGHUP, whose default action would end
+the process without running any Python: they become ``SystemExit(128 + signum)``, which unwinds
+``with`` blocks and then runs the atexit teardown. A handler the program installed earlier is
+called instead, and then owns the decision to exit.
 
 Some facts that shape it:
 
+- A signal handler runs in the main thread between bytecodes, wherever that thread is: possibly
+  inside pyroute2's event loop, or between creating a namespace and recording its name. An
+  exception raised there leaves a namespace nobody knows about, and netlink work done there
+  re-enters an event loop that is already running. So lab code marks its steps with ``deferred()``:
+  a signal arriving inside is held and delivered when the step is complete. SIGINT is held the
+  same way (its prior handler raises KeyboardInterrupt once the step is done).
+- The handler itself never touches netlink; teardown happens in ``Lab.down`` while unwinding, or
+  in the atexit hook, both outside any half-done step.
 - Forked children (multiprocessing workers, pyroute2 helpers) inherit the atexit list. Each lab
   remembers the pid that made it, and only that pid removes it, so a worker never tears down its
   parent's lab.
 - A Python-level handler loses a signal that reaches a freshly forked child before the
   interpreter has re-initialised itself there (CPython clears the "tripped" flags after fork),
   so a worker terminated right after start would sleep on. With the default action the kernel
-  kills it at once. Hence: our signals are blocked across fork, and the child puts the prior
+  kills it at once. Hence our signals are blocked across fork, and the child puts the prior
   dispositions back before unblocking; a SIGTERM sent meanwhile stays pending and then kills.
-- A signal handler runs in the main thread between bytecodes, possibly while that thread is inside
-  ``Lab.up``/``down`` holding the lock: hence an RLock, and labs idempotent to tear down twice.
-- Handlers can only be installed from the main thread; elsewhere only atexit is armed.
+- Handlers can only be installed from the main thread; a lab made elsewhere arms atexit only,
+  until a lab is made on the main thread.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
@@ -40,14 +51,20 @@ class _Teardown(Protocol):
     def down(self) -> None: ...
 
 
-# Signals whose default action kills us silently, and the shell-style status to exit with.
-_EXIT_STATUS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGHUP: 128 + signal.SIGHUP}
+# The signals we handle, and the shell-style status to exit with when nobody handled them before.
+_EXIT_STATUS = {
+    signal.SIGTERM: 128 + signal.SIGTERM,
+    signal.SIGHUP: 128 + signal.SIGHUP,
+    signal.SIGINT: 128 + signal.SIGINT,
+}
 
 _lock = threading.RLock()
 _live: dict[int, _Teardown] = {}
 _atexit_armed = False
 _signals_armed = False
 _prior: dict[int, Any] = {}
+_depth = 0  # how deep the main thread is in deferred() sections
+_held: list[int] = []  # signals that arrived meanwhile
 
 
 def register(lab: _Teardown) -> None:
@@ -68,7 +85,7 @@ def live() -> list[_Teardown]:
 
 def teardown_all() -> None:
     """Take down every lab this process still has up. Errors are logged, never raised: this runs
-    at exit and in signal handlers, where one bad lab must not keep the others alive."""
+    at exit, where one bad lab must not keep the others alive."""
     for lab in live():
         try:
             lab.down()
@@ -76,13 +93,33 @@ def teardown_all() -> None:
             log.warning("lab teardown failed: %s", exc)
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold our signals while the block runs on the main thread; deliver them after it."""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield  # the handler runs on the main thread, so it cannot interrupt this one
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _held:
+            signum = _held[0]
+            _held.clear()
+            _on_signal(signum, None)
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    teardown_all()
+    if _depth:
+        _held.append(signum)
+        return
     prior = _prior.get(signum)
     if callable(prior):
         prior(signum, frame)
         return
-    # Raising SystemExit unwinds any `with Lab()` blocks (already down, so cheap) and runs atexit.
+    # Unwinds `with Lab()` blocks, then the atexit hook takes down whatever is left.
     raise SystemExit(_EXIT_STATUS[signum])
 
 
@@ -94,7 +131,7 @@ def _arm() -> None:
                             after_in_child=_after_fork_child)
         _atexit_armed = True
     if _signals_armed or threading.current_thread() is not threading.main_thread():
-        return  # off the main thread only atexit can be armed; the next main-thread lab arms
+        return
     _signals_armed = True
     for signum in _EXIT_STATUS:
         prior = signal.getsignal(signum)
@@ -121,11 +158,13 @@ def _after_fork_parent() -> None:
 
 def _after_fork_child() -> None:
     """The child owns no lab: forget ours, give back the prior handlers, then unblock."""
-    global _lock, _signals_armed
+    global _lock, _signals_armed, _depth
     _lock = threading.RLock()  # another parent thread may have held it at fork time
     _live.clear()
     for signum, prior in _prior.items():
         signal.signal(signum, prior if prior is not None else signal.SIG_DFL)
     _prior.clear()
+    _held.clear()
+    _depth = 0
     _signals_armed = False
     _after_fork_parent()

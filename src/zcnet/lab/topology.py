@@ -108,7 +108,8 @@ class Lab:
     """Namespaces ``ns_a``/``ns_b`` with veth ``if_a``/``if_b``, addressed and up.
 
     Use as a context manager; the lab is gone after the block however it ends. Labs still up at
-    interpreter exit or on SIGTERM/SIGHUP are removed too (see ``zcnet.lab.registry``).
+    interpreter exit or on SIGTERM/SIGHUP are removed too, and a signal arriving while the lab is
+being changed waits until the change is complete (see ``zcnet.lab.registry``).
     ``persistent=True`` (for ``zcnet lab up``) makes a lab that outlives this process.
     """
 
@@ -154,18 +155,25 @@ class Lab:
     # -- lifetime ------------------------------------------------------------------------------
 
     def __enter__(self) -> Lab:
-        return self.up()
+        try:
+            return self.up()
+        except BaseException:
+            # A signal held during setup is delivered as up() returns, before the `with` body
+            # (and so __exit__) is entered: the lab must not outlive that.
+            self.down()
+            raise
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.down()
 
     def up(self) -> Lab:
-        with self._lock:
+        with self._lock, registry.deferred():
             if self.name:
                 return self
             if not has_caps():
                 raise NeedRoot
+            self.owner_pid = os.getpid()  # whoever brings it up owns it, even a forked child
             if not self.persistent:
                 registry.register(self)
             try:
@@ -181,10 +189,11 @@ class Lab:
 
     def down(self) -> None:
         """Remove everything the lab made. Idempotent, and safe on a half-built lab."""
-        with self._lock:
+        with self._lock, registry.deferred():
             if os.getpid() != self.owner_pid:
                 return  # a forked child never tears down its parent's lab
             self._stop_procs()
+            failed: OSError | None = None
             if self.name:
                 try:
                     delete_veth(self.ns_a, self.if_a)
@@ -192,11 +201,19 @@ class Lab:
                     # Removing the namespaces below still deletes the veth once unreferenced.
                     log.warning("deleting veth %s: %s", self.if_a, exc)
                 for ns in (self.ns_a, self.ns_b):
-                    remove_netns(ns)
+                    try:
+                        if ns:  # empty when setup stopped between the two namespaces
+                            remove_netns(ns)
+                    except OSError as exc:
+                        failed = failed or exc
                 log.info("lab %s down", self.name)
+            name = self.name
             self.name = self.ns_a = self.ns_b = self.if_a = self.if_b = ""
             self._ipv6 = False
             registry.unregister(self)
+            if failed is not None:
+                # Left for `zcnet lab down` (the sweeper) once this process is gone.
+                raise translate(failed, f"removing lab {name}") from failed
 
     def _next_name(self, attempt: int) -> names.LabName:
         if self.persistent:
@@ -249,17 +266,17 @@ class Lab:
     def _add_ipv6(self) -> bool:
         """Add the IPv6 addresses, usable at once (no DAD); False where IPv6 is off."""
         pairs = ((self.ns_a, self.if_a, ADDR6_A), (self.ns_b, self.if_b, ADDR6_B))
-        try:
-            for ns, ifname, addr in pairs:
+        for ns, ifname, addr in pairs:
+            try:
                 with rtnl(ns) as ipr:
                     ipr.addr("add", index=ifindex(ipr, ifname), address=addr,
                              prefixlen=PREFIX6, flags=IFA_F_NODAD)
-        except NetlinkError as exc:
-            if exc.code == errno.EEXIST:
-                return True
-            # EACCES: disable_ipv6 set; EAFNOSUPPORT: ipv6.disable=1. The lab runs IPv4 only.
-            log.info("lab without IPv6: %s", os.strerror(exc.code))
-            return False
+            except NetlinkError as exc:
+                if exc.code == errno.EEXIST:
+                    continue  # kept across an MTU change that stayed >= 1280
+                # EACCES: disable_ipv6 set; EAFNOSUPPORT: ipv6.disable=1. IPv4 only, then.
+                log.info("lab without IPv6: %s", os.strerror(exc.code))
+                return False
         return True
 
     def _wait_up(self) -> None:
@@ -277,7 +294,7 @@ class Lab:
     def set_mtu(self, mtu: int) -> None:
         """Set the MTU on both veth ends (IPv6 addresses follow: dropped below 1280, re-added)."""
         check_mtu(mtu)
-        with self._lock:
+        with self._lock, registry.deferred():
             self._require_up()
             for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
                 try:
@@ -291,7 +308,7 @@ class Lab:
     def ns_exec(self, ns: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
         """Start ARGV inside NS (``lab.ns_a`` or ``lab.ns_b``). Still running at ``down()``, it
         gets SIGTERM, then SIGKILL after 2 s, and is reaped."""
-        with self._lock:
+        with self._lock, registry.deferred():
             self._require_up()
             if ns not in (self.ns_a, self.ns_b):
                 raise UsageError(f"{ns!r} is not a namespace of lab {self.name}",
