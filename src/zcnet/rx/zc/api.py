@@ -535,7 +535,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     incremental (soft): the kernel fills each buffer receive after receive (IOU_PBUF_RING_INC,
     6.12+), so big buffers waste nothing on small messages and chunks are neighbours.
     hugetlb: back the area with 2 MiB pages (warning and normal pages when none are free).
-    dmabuf_fd: use this dma-buf as the area (zcrx, devmem).
+    dmabuf_fd: use this dma-buf as the area (zcrx, devmem; soft when the CPU can map it).
     ifname/queue: the NIC and receive queue that carry this flow (zcrx, devmem); found from
     the socket when omitted and the control plane can tell.
     """
@@ -545,7 +545,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
     soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,
-                               "incremental": incremental}
+                               "incremental": incremental, "dmabuf_fd": dmabuf_fd}
 
     def wrap(p: Provider, why: str) -> Receiver:
         try:

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
 from zcnet.rx.zc.wait import wait_cqes
@@ -171,11 +171,15 @@ class SoftProvider:
 
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,
-              bundle: bool | None = None, incremental: bool = False) -> Any:
+              bundle: bool | None = None, incremental: bool = False,
+              dmabuf_fd: int | None = None) -> Any:
     """The soft provider; ``incremental`` fills big buffers receive after receive
     (IOU_PBUF_RING_INC, see soft_inc), falling back to whole buffers on kernels without it."""
-    area = Area(area_size, hugetlb=hugetlb)
+    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
     try:
+        if area.addr == 0:
+            raise ZcnetError("the soft provider needs a dma-buf the CPU can map",
+                             "use zcrx/devmem for device memory, or omit dmabuf_fd")
         if incremental:
             from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
 
