@@ -162,7 +162,8 @@ def _after_fork_child() -> None:
     _lock = threading.RLock()  # another parent thread may have held it at fork time
     _live.clear()
     for signum, prior in _prior.items():
-        signal.signal(signum, prior if prior is not None else signal.SIG_DFL)
+        if signal.getsignal(signum) is _on_signal:  # the program may have replaced ours since
+            signal.signal(signum, prior if prior is not None else signal.SIG_DFL)
     _prior.clear()
     _held.clear()
     _depth = 0
