@@ -87,8 +87,18 @@ class RefillRing:
         self._held_len: list[int] = []
         self.full_events = 0
 
+    def _acquire_khead(self) -> int:
+        # The kernel stores head with smp_store_release after reading the entries; on x86 a
+        # plain load is an acquire (TSO). Weakly ordered CPUs would need a real one here.
+        return int(self._khead[0])
+
+    def _release_ktail(self) -> None:
+        # Entries are written before this store and NAPI on another CPU reads them after its
+        # smp_load_acquire of tail; on x86 program order is enough (TSO).
+        self._ktail[0] = self._tail
+
     def space(self) -> int:
-        used = (self._tail - int(self._khead[0])) & 0xFFFFFFFF
+        used = (self._tail - self._acquire_khead()) & 0xFFFFFFFF
         return self.entries - used
 
     @property
@@ -114,8 +124,7 @@ class RefillRing:
             self._rqe_len[slots] = lens[:n]
             self._rqe_pad[slots] = 0
             self._tail = (self._tail + n) & 0xFFFFFFFF
-            # Release store: the entries above are written first (TSO; see module docstring).
-            self._ktail[0] = self._tail
+            self._release_ktail()
         return n
 
 
