@@ -43,8 +43,8 @@ class _ZcEngine:
         self.consumer = _opt(opts, "consumer", "same")
         self.consumer_cpu: int | None = _opt(opts, "consumer_cpu", None)
         # Big buffers: the kernel's per-buffer cost (iovec setup, CQE, ring entry) then stays
-        # small next to the copy; measured here, 1 MiB buffers need ~15% less kernel CPU per
-        # byte than 64 KiB ones and match one hot registered buffer (the uring engine).
+        # small next to the copy; measured here, 1 MiB buffers took ~15% less kernel CPU per
+        # byte than 64 KiB ones (benchmarks/zc_rx.py prints CPU per GiB).
         self.buf_size = int(_opt(opts, "zc_buf", 0) or ZC_BUF)
         self.area_size = int(_opt(opts, "zc_area", 0) or 16 * self.buf_size)
         self.debug = bool(_opt(opts, "zc_debug", False))
