@@ -155,7 +155,9 @@ def test_non_blocking_socket_against_a_slow_reader(no_leaks, tcp_pair, kind: str
     client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
     sends = 64
-    sender = make_sender(kind, client, bytearray(4 * CHUNK), slots=4,
+    # 16 slots hold more than both socket buffers together, so the send buffer fills before
+    # the slots run out.
+    sender = make_sender(kind, client, bytearray(16 * CHUNK), slots=16,
                          on_fill=lambda slot, view: fill_pattern(view, slot))
     reader = Reader(server, sends * CHUNK)
     timer = threading.Timer(0.3, reader.start)  # the peer starts reading late
