@@ -54,15 +54,11 @@ def in_process(engine: str, duration: float, size: int, split: bool) -> float:
 
 
 def through_server(address: str, engine: str, duration: float, size: int, split: bool) -> float:
-    def pin(placed: list[dict]) -> None:
-        # Explicit CPUs rather than --pin-off: on loopback the RX CPU is wherever the sender
-        # happened to run, so the same fixed placement as in-process needs absolute pins.
-        if split:
-            os.sched_setaffinity(placed[0]["tx_pid"], {TX_CPU})
-            os.sched_setaffinity(placed[0]["rx_pid"], {RX_CPU})
-
+    # Absolute pins rather than --pin-off: on loopback the RX CPU is wherever the sender happened
+    # to run, so the same fixed placement as in-process needs absolute CPUs.
+    pins = {"rx_app_cpu": RX_CPU, "tx_app_cpu": TX_CPU} if split else {}
     res = run(ClientOptions(src=address, dst=address, duration=duration, rx_engine=engine,
-                            read_size=size, write_size=size, on_started=pin))
+                            read_size=size, write_size=size, **pins))
     if res.summary["ok"] != 1:
         sys.exit(f"flow failed: {res.flows[0]['error']}")
     return res.summary["gbps"]

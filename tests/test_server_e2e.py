@@ -158,6 +158,22 @@ def test_rx_cpu_discovery_and_pin_offset(two_servers, pin_off):
     assert {"rx-softirq", "rx-app"} <= roles
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="placement needs 2 CPUs")
+def test_absolute_pins_are_applied_before_the_run(two_servers):
+    a, b = two_servers
+    seen: dict[str, set[int]] = {}
+
+    def affinity(placed: list[dict]) -> None:
+        seen["rx"] = os.sched_getaffinity(placed[0]["rx_pid"])
+        seen["tx"] = os.sched_getaffinity(placed[0]["tx_pid"])
+
+    res = run(ClientOptions(src=a.address, dst=b.address, duration=0.2, pin_off=0,
+                            rx_app_cpu=0, tx_app_cpu=1, on_started=affinity))
+    assert seen == {"rx": {0}, "tx": {1}}
+    (f,) = res.flows
+    assert (f["rx_app_cpu"], f["tx_app_cpu"]) == (0, 1) and f["status"] == "ok"
+
+
 def test_wrong_token_refused_logged_nothing_run(no_leaks, tmp_path):
     token = tmp_path / "token"
     token.write_text("correct horse battery staple\n")

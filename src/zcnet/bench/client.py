@@ -52,6 +52,8 @@ class ClientOptions:
     cpu_min: int | None = None
     cpu_max: int | None = None
     pin_off: int | None = None
+    rx_app_cpu: int | None = None     # absolute pins; each overrides pin_off for its end
+    tx_app_cpu: int | None = None
     tokens: dict[str, bytes] = field(default_factory=dict)  # control host -> token
     token: bytes | None = None        # for hosts not in ``tokens``
     max_attempts: int = 64
@@ -74,6 +76,9 @@ class ClientOptions:
             raise UsageError("--cpu-min is above --cpu-max", "swap them")
         if self.pin_off is not None and self.pin_off < 0:
             raise UsageError("--pin-off must be >= 0", "0 pins on the RX CPU itself")
+        for name in ("rx_app_cpu", "tx_app_cpu"):
+            if (getattr(self, name) or 0) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 0", "give a CPU number")
 
     def wanted(self, cpu: int) -> bool:
         return ((self.cpu_min is None or cpu >= self.cpu_min)
@@ -239,13 +244,18 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
     info = {"flow": flow, "attempts": attempt, "rx_cpu": rx_cpu, "tx_cpu": connected["cpu"],
             "rx_pid": opened["pid"], "tx_pid": connected["pid"], "rx_app_cpu": None,
             "tx_app_cpu": None}
+    rx_pin, tx_pin = opts.rx_app_cpu, opts.tx_app_cpu
     if opts.pin_off is not None:
+        if rx_pin is None:
+            rx_pin = (rx_cpu + opts.pin_off) % dst.cpus
+        if tx_pin is None and connected["cpu"] >= 0:
+            tx_pin = (connected["cpu"] + opts.pin_off) % src.cpus
+    if rx_pin is not None:
         info["rx_app_cpu"] = dst.request({"type": "pin", "flow": flow, "role": "rx",
-                                          "cpu": (rx_cpu + opts.pin_off) % dst.cpus})["cpu"]
-        if connected["cpu"] >= 0:
-            info["tx_app_cpu"] = src.request({"type": "pin", "flow": flow, "role": "tx",
-                                              "cpu": (connected["cpu"] + opts.pin_off)
-                                              % src.cpus})["cpu"]
+                                          "cpu": rx_pin})["cpu"]
+    if tx_pin is not None:
+        info["tx_app_cpu"] = src.request({"type": "pin", "flow": flow, "role": "tx",
+                                          "cpu": tx_pin})["cpu"]
     return info
 
 

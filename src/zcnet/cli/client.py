@@ -51,6 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-max", type=int, help="reconnect until the RX CPU is <= this")
     p.add_argument("--pin-off", type=int, metavar="K",
                    help="pin each application end to its RX CPU + K")
+    p.add_argument("--rx-app-cpu", type=int, metavar="CPU",
+                   help="pin the receiving applications here (overrides --pin-off)")
+    p.add_argument("--tx-app-cpu", type=int, metavar="CPU",
+                   help="pin the sending applications here (overrides --pin-off)")
     p.add_argument("--max-attempts", type=int, default=64, help="connections tried per flow")
     p.add_argument("--token-file", metavar="FILE", help="shared secret of the servers")
     p.add_argument("--ssh", action="append", default=[], metavar="HOST",
@@ -90,6 +94,7 @@ def options(args: argparse.Namespace) -> Any:
         read_size=args.read_size,
         write_size=args.write_size, req_size=args.req_size or 1, resp_size=args.resp_size or 1,
         cpu_min=args.cpu_min, cpu_max=args.cpu_max, pin_off=args.pin_off,
+        rx_app_cpu=args.rx_app_cpu, tx_app_cpu=args.tx_app_cpu,
         max_attempts=args.max_attempts,
         token=read_token(args.token_file) if args.token_file else None)
 
