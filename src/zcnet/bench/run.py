@@ -214,6 +214,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
             for mtu, cells in by_mtu.items():
                 if t.set_mtu is not None:
                     t.set_mtu(mtu)
+                    t.env = t.lab.env()
                 for engine, placement in cells:
                     res = run_one(t, mtu, engine, placement, opts)
                     results.append(res)

@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.errors import ZcnetError
+from zcnet.uapi.sched import CLONE_NEWNET
 
 NETNS_RUN_DIR = Path("/run/netns")
-
-# linux/sched.h. Kept here until a uapi.sched module exists.
-CLONE_NEWNET = 0x40000000
 
 class NeedRoot(ZcnetError):
     """The process lacks the capabilities namespaces and veths need."""
