@@ -190,3 +190,15 @@ def test_send_zc_posts_result_then_notification(no_leaks, tcp_pair) -> None:
         assert got.res[0] == 5 and got.flags[0] & u.IORING_CQE_F_MORE
         assert got.flags[1] & u.IORING_CQE_F_NOTIF
         assert s.recv(16) == b"hello"
+
+
+def test_wait_with_timeout_returns_without_completions(no_leaks, tcp_pair) -> None:
+    import time
+
+    _, s = tcp_pair
+    with Ring(4, flags=FAST) as r, Mapping.anonymous(4096) as m:
+        prep_recv(r, s.fileno(), m.addr, 16, user_data=1)  # nothing will arrive
+        t0 = time.monotonic()
+        r.wait(1, timeout=0.2)
+        assert time.monotonic() - t0 >= 0.15
+        assert len(r.reap()) == 0 and r.pending == 0

@@ -33,6 +33,10 @@ assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
 
 
 
+class _kernel_timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64))
+
+
 @dataclass(frozen=True)
 class Completions:
     """Reaped CQEs as arrays (copies: the CQ slots are already handed back to the kernel)."""
@@ -197,23 +201,41 @@ class Ring:
             if not np.isscalar(length):
                 self.sqe_u32[rows, 6] = length[src:src + cnt]  # type: ignore[index]
 
-    def submit(self, wait_nr: int = 0) -> int:
-        """Publish pending SQEs and enter once; waits for ``wait_nr`` completions if asked."""
+    def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
+        """Publish pending SQEs and enter once; waits for ``wait_nr`` completions if asked.
+
+        With ``timeout`` (seconds) the wait ends after that long even if fewer completions
+        arrived (IORING_ENTER_EXT_ARG); returns the number of SQEs the kernel consumed.
+        """
         n = self._pending
         self._sq32[self._ktail_i] = self._sq_tail  # release: see module docstring
         flags = u.IORING_ENTER_GETEVENTS if wait_nr else 0
+        arg = None
+        if timeout is not None and wait_nr:
+            ts = _kernel_timespec(int(timeout), int((timeout % 1) * 1e9))
+            self._ts = ts  # kept alive across the call
+            arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
+            flags |= u.IORING_ENTER_EXT_ARG
         try:
-            done = io_uring_enter(self.fd, n, wait_nr, flags)
+            done = io_uring_enter(self.fd, n, wait_nr, flags, arg)
         except OSError as e:
-            if e.errno not in (errno.EBUSY, errno.EAGAIN):
+            if e.errno == errno.ETIME:
+                done = n  # the timeout fired; submission itself went through
+            elif e.errno in (errno.EBUSY, errno.EAGAIN):
+                done = 0  # CQ overflow back-pressure: caller reaps, then submits again
+            else:
                 raise
-            done = 0  # CQ overflow back-pressure: caller reaps, then submits again
         self._pending = n - done
         return done
 
-    def wait(self, wait_nr: int = 1) -> None:
-        """Flush pending SQEs (if any) and wait for completions."""
-        self.submit(wait_nr)
+    @property
+    def pending(self) -> int:
+        """SQEs prepared but not yet consumed by the kernel."""
+        return self._pending
+
+    def wait(self, wait_nr: int = 1, timeout: float | None = None) -> None:
+        """Flush pending SQEs (if any) and wait for completions (at most ``timeout`` s)."""
+        self.submit(wait_nr, timeout)
 
     # -- completion ---------------------------------------------------------------------------
     def _acquire_ktail(self) -> int:

@@ -33,11 +33,18 @@ def io_uring_setup(entries: int, params: u.io_uring_params) -> int:
     return _check(ret, "io_uring_setup")
 
 
-def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int) -> int:
-    """One io_uring_enter; retries EINTR so a signal never loses a submission count."""
+def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int,
+                   arg: ctypes.Structure | None = None) -> int:
+    """One io_uring_enter; retries EINTR so a signal never loses a submission count.
+
+    ``arg`` is an io_uring_getevents_arg for IORING_ENTER_EXT_ARG (a wait with a timeout).
+    """
+    parg = ctypes.byref(arg) if arg is not None else None
+    argsz = ctypes.sizeof(arg) if arg is not None else 0
     while True:
         ret = _syscall(u.__NR_io_uring_enter, ctypes.c_int(fd), ctypes.c_uint(to_submit),
-                       ctypes.c_uint(min_complete), ctypes.c_uint(flags), None, ctypes.c_size_t(0))
+                       ctypes.c_uint(min_complete), ctypes.c_uint(flags), parg,
+                       ctypes.c_size_t(argsz))
         if ret >= 0:
             return ret
         err = ctypes.get_errno()
