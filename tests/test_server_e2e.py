@@ -362,3 +362,28 @@ def test_server_survives_a_barrage_of_junk_sessions(two_servers):
     res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
     assert res.flows[0]["status"] == "ok"
     assert s.proc.poll() is None and "Traceback" not in s.log_text()
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+def test_server_killed_takes_its_workers_along(no_leaks, tmp_path):
+    with server(tmp_path, "127.0.0.1") as s:
+        client = subprocess.Popen([sys.executable, "-m", "zcnet", "client", "--src", s.address,
+                                   "-n", "2", "-t", "60"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            assert wait_for(lambda: len(flow_workers(s.proc.pid)) == 4, 30), s.log_text()
+            workers = flow_workers(s.proc.pid)
+            s.proc.kill()
+            s.proc.wait()
+            # No session is left to reap them: the forkserver exits, PDEATHSIG kills them.
+            assert wait_for(lambda: all(_dead(p) for p in workers), 10), workers
+            assert client.wait(30) == 1   # and the client reports the lost server
+        finally:
+            client.kill()
+            client.wait()

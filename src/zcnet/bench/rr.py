@@ -128,10 +128,27 @@ _PR_SET_PDEATHSIG = 1
 
 def _process_setup(name: str) -> None:
     """Name the process (``ps``/``comm`` shows which are flow workers) and make it die with its
-    parent, so a killed server never leaves a worker blocked in recv."""
+    parent, so a killed server never leaves a worker blocked in recv.
+
+    Some facts about forkserver children: the parent of a worker is the forkserver, which exits
+    when its "alive" pipe reaches EOF, i.e. when every holder of the write end is gone. Python
+    hands that write end to every child it forks, so workers alone would keep the forkserver,
+    and so themselves, alive after the server died. Dropping it here leaves the server as the
+    only holder: server gone -> forkserver exits -> PDEATHSIG kills the workers.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(alive, int):
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]
     # The server handles Ctrl-C; a worker is stopped by its session.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -11,11 +11,12 @@ Some facts about lifetimes, and why the code is this way:
   ``session_timeout`` for the next message; during a run it watches its control socket next to
   the workers, so a client that dies mid-run (EOF or reset) has its workers killed at once, and
   one that vanishes silently is reaped ``GRACE`` seconds after the run should have ended.
-- Workers come from a ``forkserver``: the forkserver is forked before any session thread exists,
-  so workers never inherit a lock held by another thread, and they start in milliseconds (a
-  ``spawn``ed interpreter takes a second on a loaded 2-CPU machine, and RX-CPU discovery may
-  start several). Workers ask for SIGKILL when their parent dies, and the forkserver exits with
-  the server, so even a SIGKILLed server leaves nothing behind.
+- Workers come from a ``forkserver``: a fresh single-threaded interpreter (modules preloaded)
+  that forks each worker, so a worker never inherits a lock held by one of the server's session
+  threads, and starts in milliseconds (a ``spawn``ed interpreter takes a second on a loaded 2-CPU
+  machine, and RX-CPU discovery may start several). Workers ask for SIGKILL when their parent
+  (the forkserver) dies, and the forkserver exits with the server, so even a SIGKILLed server
+  leaves nothing behind.
 - Listening beyond loopback needs a token (HMAC challenge-response, constant-time compare);
   without one the empty key is used, which only a loopback listener accepts.
 """
