@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from zcnet.bench.protocol import Limits
@@ -49,17 +50,18 @@ def _token(path: str | None) -> bytes | None:
     return read_token(path)
 
 
-def _watch_stdin(stop: threading.Event, on_eof: object) -> None:
-    while sys.stdin.buffer.read(4096):
+def _watch_stdin(on_eof: Callable[[], None]) -> None:
+    """Return-on-EOF reader: an ssh-started server's stdin ends when its client goes away."""
+    while sys.stdin.buffer.read1(4096):
         pass
     log.info("stdin closed: stopping")
-    on_eof()  # type: ignore[operator]
+    on_eof()
 
 
 def run(args: argparse.Namespace) -> int:
     from zcnet.bench.server import Server, parse_hostport
 
-    if args.session_timeout <= 0 or args.max_flows <= 0 or args.max_duration <= 0:
+    if min(args.session_timeout, args.max_flows, args.max_duration, args.max_memory) <= 0:
         raise UsageError("limits must be positive", "e.g. --session-timeout 30 --max-flows 64")
     host, port = parse_hostport(args.listen)
     limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
@@ -73,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
     if args.exit_on_eof:
-        threading.Thread(target=_watch_stdin, args=(threading.Event(), server.stop),
-                         daemon=True).start()
+        threading.Thread(target=_watch_stdin, args=(server.stop,), daemon=True,
+                         name="zcnet-stdin").start()
     print(f"zcnet server listening on {server.address}", flush=True)
     server.serve_forever()
     return 0
