@@ -11,7 +11,7 @@ import time
 import pytest
 
 from zcnet.errors import ZcnetError
-from zcnet.tx.hwcount import PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE, HwCounters
+from zcnet.tx.hwcount import HwCounters
 from zcnet.tx.sink import Sink
 from zcnet.tx.txbench import ALL_MODES, _factory
 from zcnet.tx.udp_modes import (
@@ -21,6 +21,7 @@ from zcnet.tx.udp_modes import (
     gso_refusal,
     run_for,
 )
+from zcnet.uapi.perf_event import PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE
 
 
 def _sender_socket(port: int) -> socket.socket:

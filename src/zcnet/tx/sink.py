@@ -28,8 +28,8 @@ from typing import Any
 from zcnet.errors import ZcnetError
 from zcnet.tx.mmsg import MsgBatch, recvmmsg
 from zcnet.tx.payload import Checker
+from zcnet.uapi.socket import SO_RCVBUFFORCE
 
-_SO_RCVBUFFORCE = 33  # asm-generic/socket.h; root may exceed net.core.rmem_max
 _MSG_DONTWAIT = 0x40
 _RCVBUF = 32 << 20
 _CHECK_STDIN_EVERY = 512  # batches between looks at the control pipe while traffic flows
@@ -39,7 +39,7 @@ def _open(bind: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, _RCVBUF)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RCVBUF)
     except PermissionError:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
     sock.bind((bind, port))

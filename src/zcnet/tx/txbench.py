@@ -29,12 +29,12 @@ from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
 from zcnet.tx.udp_modes import MODES, BurstSender, SenderFactory, run_for
 from zcnet.uapi.errqueue import IP_MTU, IPV6_MTU
+from zcnet.uapi.socket import SO_SNDBUFFORCE
 
 ALL_MODES = ("single", "mmsg", "uring", "gso")
 BASELINE = "single"
 _HEADERS = {socket.AF_INET: 20 + 8, socket.AF_INET6: 40 + 8}
 _SNDBUF = 4 << 20
-_SO_SNDBUFFORCE = 32  # asm-generic/socket.h
 _QUIET_MS = 60
 _WARMUP_S = 0.1
 
@@ -84,7 +84,7 @@ def open_sender(target: Target) -> socket.socket:
         sock = socket.socket(target.family, socket.SOCK_DGRAM)
     try:
         try:
-            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _SNDBUF)
+            sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, _SNDBUF)
         except PermissionError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
         sock.connect((target.addr, target.port))

@@ -7,6 +7,8 @@ import ctypes
 
 # asm-generic/socket.h
 SOL_SOCKET = 1
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
 SO_INCOMING_CPU = 49
 SO_INCOMING_NAPI_ID = 56
 SO_ZEROCOPY = 60
