@@ -5,6 +5,7 @@ token on stdin, readiness, and that closing the connection stops the server."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -116,6 +117,8 @@ def test_cli_client_with_ssh(no_leaks, tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert doc["kind"] == "client" and doc["tool"] == "zcnet"
+    # Both servers' environments travel with the results (here both are this machine).
+    assert doc["env"]["servers"]["dst"]["kernel"] == os.uname().release
     (flow,) = doc["results"]
     assert flow["status"] == "ok" and flow["transactions"] > 0
     assert doc["summary"]["p50_us"] > 0

@@ -107,6 +107,7 @@ class Control:
             welcome = self.receive(REQUEST_TIMEOUT)
             self.cpus: int = welcome["cpus"]
             self.limits: dict[str, Any] = welcome["limits"]
+            self.env: dict[str, Any] = welcome.get("host", {})
             self.send({"type": "auth", "mac": proto.auth_mac(token or b"", welcome["challenge"])})
             self.receive(REQUEST_TIMEOUT)
         except BaseException:
@@ -186,6 +187,7 @@ class ClientResult:
     summary: dict[str, Any]
     cpus: dict[str, dict[str, Any]]     # side ("src"/"dst", or "host" if one) -> {cpu: shares}
     options: dict[str, Any]
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # side -> server's env
 
 
 def _token_for(opts: ClientOptions, addr: str) -> bytes | None:
@@ -212,7 +214,9 @@ def run(opts: ClientOptions) -> ClientResult:
             opts.on_started(placed)
         wait = opts.duration + GRACE + 15
         replies = {id(c): c.receive(wait) for c in controls}
-        return _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
+        result = _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
+        result.hosts = {"src": src.env, "dst": dst.env}
+        return result
     finally:
         for c in controls:
             c.close()

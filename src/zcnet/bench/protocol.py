@@ -161,6 +161,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "challenge": Field(str, pattern=_HEX64),
         "cpus": _int(1, 1 << 16),
         "limits": Field(dict, check=_json_obj),
+        # What the server runs on (kernel, CPU model, hostname ...): results carry both hosts'.
+        "host": Field(dict, required=False, check=_json_obj),
     },
     "auth": {"mac": Field(str, pattern=_HEX64)},
     "auth_ok": {},

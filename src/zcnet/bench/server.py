@@ -226,7 +226,8 @@ class Session:
         log.info("session %d (%s): hello, caps %s", self.ident, self.peer, hello["caps"])
         self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
                     "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
-                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()})
+                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire(),
+                    "host": _host_env()})
         auth = self._next(self.timeout)
         if not proto.check_mac(self.token, self.challenge, auth["mac"]):
             log.warning("session %d (%s): authentication failed, nothing run", self.ident,
@@ -373,6 +374,13 @@ class Session:
         for fp in self.flows.values():
             fp.stop()
         self.flows.clear()
+
+
+def _host_env() -> dict[str, Any]:
+    from zcnet.bench.meta import collect_env
+
+    env = collect_env(lab=False)
+    return {k: env[k] for k in ("kernel", "cpus", "cpu_model", "arch", "python", "hostname")}
 
 
 def _error(fp: FlowProc, reason: str) -> dict[str, Any]:

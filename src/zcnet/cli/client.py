@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         env = collect_env(lab=False, src=opts.src, dst=opts.dst, mode=opts.mode,
                           placement={"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
-                                     "pin_off": opts.pin_off})
+                                     "pin_off": opts.pin_off, "rx_app_cpu": opts.rx_app_cpu,
+                                     "tx_app_cpu": opts.tx_app_cpu},
+                          servers=result.hosts)
         write_json(args.json, envelope("client", env, result.flows, summary=result.summary,
                                        cpus=result.cpus, options=result.options))
     if args.csv:
