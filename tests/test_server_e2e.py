@@ -329,9 +329,12 @@ def test_histogram_batches_match_transactions(two_servers):
 def test_send_paths_and_engine_refusal_through_one_server(two_servers):
     s = two_servers[0]
     res = run(ClientOptions(src=s.address, dst=s.address, duration=0.3, tx="msgzc",
-                            rx_engine="uring", write_size=256 << 10, read_size=256 << 10))
+                            rx_engine="uring", write_size=256 << 10, read_size=256 << 10,
+                            verify=True))
     (f,) = res.flows
     assert f["status"] == "ok" and f["bytes"] == f["bytes_sent"] > 0
+    # Every byte that crossed was the pattern at its stream offset.
+    assert f["verify"] == {"checked_bytes": f["bytes"], "mismatches": 0}
     # MSG_ZEROCOPY ran and every completion was accounted for (copied, on loopback).
     st = f["tx_stats"]
     assert st["path"] == "msgzc" and st["zerocopy"] + st["copied"] == st["sends"] > 0

@@ -44,6 +44,7 @@ class ClientOptions:
     duration: float = 5.0
     rx_engine: str = "epoll"
     engine_opts: dict[str, Any] = field(default_factory=dict)  # e.g. ifname, queue for zcrx
+    verify: bool = False              # stream: check every byte received against the pattern
     tx: str = "copy"
     read_size: int = 1 << 20
     write_size: int = 1 << 20
@@ -229,11 +230,13 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
         opened = dst.request({"type": "open", "flow": flow, "mode": opts.mode,
                               "engine": opts.rx_engine, "read_size": opts.read_size,
                               "req_size": opts.req_size, "resp_size": opts.resp_size,
-                              **({"engine_opts": opts.engine_opts} if opts.engine_opts else {})})
+                              **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
+                              **({"verify": True} if opts.verify else {})})
         connected = src.request({"type": "connect", "flow": flow, "host": data_host,
                                  "port": opened["port"], "mode": opts.mode, "tx": opts.tx,
                                  "write_size": opts.write_size, "req_size": opts.req_size,
-                                 "resp_size": opts.resp_size})
+                                 "resp_size": opts.resp_size,
+                                 **({"verify": True} if opts.verify else {})})
         rx_cpu = dst.request({"type": "probe", "flow": flow})["cpu"]
         if opts.wanted(rx_cpu):
             break
@@ -289,8 +292,16 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
             nbytes, secs = r.get("bytes", 0), r.get("seconds", 0.0)
             row.update(bytes=nbytes, seconds=secs, bytes_sent=t.get("bytes_sent"),
                        gbps=round(nbytes * 8 / secs / 1e9, 3) if secs else 0.0)
-            if t.get("tx_stats"):
-                row["tx_stats"] = t["tx_stats"]
+            row.update({k: v for k, v in (("tx_stats", t.get("tx_stats")),
+                                          ("engine_stats", r.get("engine_stats")),
+                                          ("syscalls", r.get("calls")),
+                                          ("verify", r.get("verify"))) if v is not None})
+            ver = row.get("verify") or {}
+            if ver.get("mismatches"):
+                row.update(status="error",
+                           error=f"{ver['mismatches']} bytes differ from the sent pattern")
+            elif ver and ver.get("checked_bytes") != nbytes:
+                row.update(status="error", error="verifier saw fewer bytes than were received")
         else:
             n, secs = t.get("transactions", 0), t.get("seconds", 0.0)
             row.update(transactions=n, seconds=secs, tps=round(n / secs, 1) if secs else 0.0,

@@ -174,6 +174,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "req_size": SIZE,
         "resp_size": SIZE,
         "engine_opts": Field(dict, required=False, check=_engine_opts),
+        "verify": Field(bool, required=False),
     },
     "opened": {"flow": FLOW, "port": PORT, "pid": _int(1, 1 << 31)},
     "connect": {
@@ -185,6 +186,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "write_size": SIZE,
         "req_size": SIZE,
         "resp_size": SIZE,
+        "verify": Field(bool, required=False),
     },
     "connected": {"flow": FLOW, "pid": _int(1, 1 << 31), "cpu": Field(int, lo=-1, hi=1 << 16),
                   "local_port": PORT},
@@ -266,6 +268,10 @@ def _check(kind: str, name: str, f: Field, value: Any) -> Any:
     where = f"{kind}.{name}"
     if value is None and f.nullable:
         return None
+    if f.kind is bool:
+        if not isinstance(value, bool):
+            raise RemoteProtocolError("invalid", f"{where}: wrong type {type(value).__name__}")
+        return value
     # bool is an int in Python, never a valid number on this wire.
     if isinstance(value, bool) or not isinstance(value, (int, float) if f.kind is float
                                                  else f.kind):

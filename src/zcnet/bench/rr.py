@@ -65,6 +65,7 @@ class FlowSpec:
     resp_size: int = 1
     name: str = "zcnet-flow"
     engine_opts: dict[str, Any] = field(default_factory=dict)  # ifname, queue, consumer ...
+    verify: bool = False    # stream: check every received byte against the sent pattern
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,9 +205,15 @@ def _engine(spec: FlowSpec) -> Any:
 
 
 def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
-    stats = engine.run(conn, None)
-    return {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
-            "engine_stats": stats.extra}
+    from zcnet.bench.verify import Verifier
+
+    verifier = Verifier() if spec.verify else None
+    stats = engine.run(conn, verifier.check if verifier else None)
+    out = {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
+           "engine_stats": stats.extra}
+    if verifier:
+        out["verify"] = verifier.as_dict()
+    return out
 
 
 def _serve_rr(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
@@ -255,45 +262,21 @@ def run_rx(spec: FlowSpec, chan: Channel) -> None:
 # ---- sending end -------------------------------------------------------------------------------
 
 def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
-    if spec.tx != "copy":
-        return _send_stream_with(spec, sock, duration)
-    from zcnet.bench.verify import PERIOD, TILED
+    """The sending loops of ``zcnet bench``'s stream workers, so that a flow run through the
+    server sends exactly what a bench cell sends (the verification pattern, by copy or by a
+    zcnet.tx path, in the same chunks)."""
+    from zcnet.bench import worker
 
-    chunk = min(spec.write_size, PERIOD)
-    mv = memoryview(TILED)
-    sent = 0
+    ws = worker.WorkerSpec(role="tx", host=spec.host, port=spec.port, tx=spec.tx,
+                           duration=duration, verify=spec.verify, chunk=spec.write_size)
+    # TODO(lead): worker exposes these two as private helpers; a public send_stream() there
+    # would make this import honest.
+    send = worker._send_copy if spec.tx == "copy" else worker._send_via
     t0 = time.monotonic()
-    deadline = t0 + duration
-    while time.monotonic() < deadline:
-        for _ in range(8):  # amortize the clock read
-            start = sent % PERIOD
-            sent += sock.send(mv[start:start + chunk])
+    sent, tx_stats = send(sock, ws)
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # the receiver closes after EOF: its byte count is then final
-    return {"bytes_sent": sent, "seconds": time.monotonic() - t0}
-
-
-def _send_stream_with(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
-    """Zero-copy and io_uring send paths of ``zcnet.tx.senders`` (``copy`` keeps the plain loop
-    above, which sends the verification pattern without a slot buffer)."""
-    from zcnet.tx.senders import make_sender
-
-    slots = 8
-    buf = bytearray(slots * spec.write_size)
-    sender = make_sender(spec.tx, sock, buf, slots=slots)
-    sent = 0
-    t0 = time.monotonic()
-    deadline = t0 + duration
-    try:
-        while time.monotonic() < deadline:
-            sent += sender.send(spec.write_size)
-        sender.flush()
-        stats = sender.stats().as_dict()
-    finally:
-        sender.close()
-    sock.shutdown(socket.SHUT_WR)
-    sock.recv(1)
-    return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": stats}
+    return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": tx_stats}
 
 
 def tx_paths() -> tuple[str, ...]:

@@ -260,7 +260,8 @@ class Session:
         spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, engine=msg["engine"],
                         read_size=msg["read_size"], req_size=msg["req_size"],
                         resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}",
-                        engine_opts=dict(msg.get("engine_opts") or {}))
+                        engine_opts=dict(msg.get("engine_opts") or {}),
+                        verify=msg.get("verify", False))
         fp = self._spawn(msg["flow"], spec)
         ready = fp.expect("ready")
         return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}
@@ -270,7 +271,8 @@ class Session:
             raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(tx_paths())}")
         spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], port=msg["port"],
                         tx=msg["tx"], write_size=msg["write_size"], req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}")
+                        resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}",
+                        verify=msg.get("verify", False))
         fp = self._spawn(msg["flow"], spec)
         ready = fp.expect("ready")
         fp.cpu = ready["cpu"]

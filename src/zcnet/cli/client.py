@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
     p.add_argument("--tx", default="copy",
                    help="send path on src: copy, msgzc, sendzc, sendzc-plain (default copy)")
+    p.add_argument("--verify", action="store_true",
+                   help="stream: check every received byte against the sent pattern")
     p.add_argument("-n", "--flows", type=int, default=1)
     p.add_argument("-t", "--duration", type=float, default=5.0, metavar="S")
     p.add_argument("--read-size", type=size, default=1 << 20, metavar="BYTES")
@@ -91,6 +93,7 @@ def options(args: argparse.Namespace) -> Any:
         src=src, dst=args.dst or src, data_host=args.data_host,
         mode="rr" if rr else "stream", flows=args.flows, duration=args.duration,
         rx_engine=args.rx_engine, engine_opts=engine_opts(args.rx_opt), tx=args.tx,
+        verify=args.verify,
         read_size=args.read_size,
         write_size=args.write_size, req_size=args.req_size or 1, resp_size=args.resp_size or 1,
         cpu_min=args.cpu_min, cpu_max=args.cpu_max, pin_off=args.pin_off,
