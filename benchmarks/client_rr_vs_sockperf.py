@@ -2,8 +2,8 @@
 
 Target (issue 6): zcnet RR p50 <= 1.2x sockperf's p50. Both measure full round trips of
 ``--size``-byte messages over one TCP connection on 127.0.0.1 (sockperf with --full-rtt, since it
-prints half round trips by default). Rounds alternate sockperf / zcnet so that drift on this
-shared machine hits both; medians over rounds are compared.
+prints half round trips by default). Rounds alternate sockperf / zcnet, swapping which goes
+first, so that drift on this shared machine hits both; medians over rounds are compared.
 
     python benchmarks/client_rr_vs_sockperf.py [--rounds 3] [--duration 3] [--size 64]
 """
@@ -70,8 +70,13 @@ def main() -> None:
         address = server.stdout.readline().rsplit(" ", 1)[1].strip()
         sp, zc = [], []
         for r in range(a.rounds):
-            sp.append(sockperf_p50(a.duration, a.size))
-            p50, tps = zcnet_p50(address, a.duration, a.size)
+            # Alternate which goes first, so that neither always inherits the other's state.
+            if r % 2:
+                p50, tps = zcnet_p50(address, a.duration, a.size)
+                sp.append(sockperf_p50(a.duration, a.size))
+            else:
+                sp.append(sockperf_p50(a.duration, a.size))
+                p50, tps = zcnet_p50(address, a.duration, a.size)
             zc.append(p50)
             print(f"round {r + 1}: sockperf p50 {sp[-1]:.2f} us   zcnet p50 {p50:.2f} us "
                   f"({tps:.0f} tps)")

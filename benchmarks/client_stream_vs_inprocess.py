@@ -3,8 +3,10 @@
 Target (issue 6): through server/client >= 0.95x in-process. In-process: this script accepts the
 connection and runs the rx engine itself, a child process sends (the same sender the server's
 flow workers use). Through server/client: a ``zcnet server`` subprocess runs both ends as flow
-workers, driven over the control protocol. Nothing is pinned in either, one flow, loopback;
-rounds alternate so drift on this shared machine hits both; medians are compared.
+workers, driven over the control protocol. One flow on loopback; by default the receiving
+application runs on CPU 1 and the sender on CPU 0 in both (``--no-split``: nothing pinned). Rounds
+alternate, swapping which goes first, so drift on this shared machine hits both; medians are
+compared.
 
     python benchmarks/client_stream_vs_inprocess.py [--engine epoll] [--rounds 3] [--duration 3]
 """
@@ -79,8 +81,12 @@ def main() -> None:
         address = server.stdout.readline().rsplit(" ", 1)[1].strip()
         ip, sv = [], []
         for r in range(a.rounds):
-            ip.append(in_process(a.engine, a.duration, a.size, a.split))
-            sv.append(through_server(address, a.engine, a.duration, a.size, a.split))
+            # Alternate which goes first, so that neither always inherits the other's state.
+            runs = [lambda: ip.append(in_process(a.engine, a.duration, a.size, a.split)),
+                    lambda: sv.append(through_server(address, a.engine, a.duration, a.size,
+                                                     a.split))]
+            for go in runs if r % 2 == 0 else runs[::-1]:
+                go()
             print(f"round {r + 1}: in-process {ip[-1]:.2f} Gbit/s   server/client "
                   f"{sv[-1]:.2f} Gbit/s")
     finally:
