@@ -169,6 +169,15 @@ def _namespace(netns: str | None) -> contextlib.AbstractContextManager[None]:
     return in_netns(netns)
 
 
+class ServerRefused(ZcnetError):
+    """A server's error reply; ``code`` says why (auth, limit, unsupported, version, worker)."""
+
+    def __init__(self, message: str, hint: str | None, *, code: str, reason: str) -> None:
+        super().__init__(message, hint)
+        self.code = code
+        self.reason = reason
+
+
 def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
     hints = {
         "auth": "use the same --token-file as the server",
@@ -177,7 +186,8 @@ def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
         "unsupported": "pick an engine/tx path the server has",
         "version": "run the same zcnet version on both ends",
     }
-    return ZcnetError(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]))
+    return ServerRefused(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]),
+                         code=ev["code"], reason=ev["message"])
 
 
 # ---- the run -----------------------------------------------------------------------------------

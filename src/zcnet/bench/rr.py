@@ -38,6 +38,10 @@ from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
 
+
+class EngineUnsupported(RuntimeError):
+    """The rx engine cannot run on this host (reported as code "unsupported", not a failure)."""
+
 ACCEPT_TIMEOUT = 30.0
 BATCH = 4096
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -200,7 +204,7 @@ def _engine(spec: FlowSpec) -> Any:
     engine = make_engine(spec.engine, opts)
     why = engine.unsupported()
     if why:
-        raise RuntimeError(f"engine {spec.engine} unsupported here: {why}")
+        raise EngineUnsupported(f"engine {spec.engine} unsupported here: {why}")
     return engine
 
 
@@ -269,11 +273,8 @@ def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[s
 
     ws = worker.WorkerSpec(role="tx", host=spec.host, port=spec.port, tx=spec.tx,
                            duration=duration, verify=spec.verify, chunk=spec.write_size)
-    # TODO(lead): worker exposes these two as private helpers; a public send_stream() there
-    # would make this import honest.
-    send = worker._send_copy if spec.tx == "copy" else worker._send_via
     t0 = time.monotonic()
-    sent, tx_stats = send(sock, ws)
+    sent, tx_stats = worker.send_stream(sock, ws)
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # the receiver closes after EOF: its byte count is then final
     return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": tx_stats}
@@ -349,6 +350,9 @@ def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
     _process_setup(spec.name)
     try:
         ROLES[spec.role](spec, chan)
+    except EngineUnsupported as e:
+        with contextlib.suppress(OSError):
+            chan.send({"event": "unsupported", "reason": str(e)})
     except (OSError, ValueError, RuntimeError, EOFError) as e:
         log.debug("flow worker %s failed", spec.role, exc_info=True)
         with contextlib.suppress(OSError):  # the session is gone; nobody to tell

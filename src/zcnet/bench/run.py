@@ -20,7 +20,7 @@ from typing import Any
 from zcnet.bench.coordinator import CellError, run_cell
 from zcnet.bench.meta import collect_env, envelope, write_json
 from zcnet.bench.worker import WorkerSpec
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.engines import engine_names
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class Target:
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
     lab: Any = None  # the Lab, for peers that run inside it
+    servers: Any = None  # zcnet servers in the lab's two namespaces (client.LabServers)
 
 
 def pick_cpus(placement: str) -> tuple[int, int] | str:
@@ -102,10 +103,13 @@ def target(use_lab: bool | None, mtu: int) -> Iterator[Target]:
     if use_lab is None:
         use_lab = root
     if use_lab:
+        from zcnet.bench.client import lab_servers
         from zcnet.lab import Lab
 
-        with Lab(mtu=mtu) as lab:
-            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env(), lab)
+        # The lab's cells go through `zcnet server` in each namespace and the client, the same
+        # code path as a run between two hosts.
+        with Lab(mtu=mtu) as lab, lab_servers(lab) as servers:
+            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env(), lab, servers)
     else:
         yield Target("127.0.0.1", None, None, None,
                      {"lab": False, "mtu": _lo_mtu(), "note": "loopback: no lab (not root)"})
@@ -152,6 +156,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
         # Register on the lab's veth queue 0: the cell then shows the kernel's own answer
         # for this device (EOPNOTSUPP on veth), tested up to the device boundary.
         engine_opts.update(ifname=t.lab.if_b, queue=0)
+    if t.servers is not None:
+        return run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
     rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
                     verify=opts.verify, watch_cpus=watch, engine_opts=engine_opts,
                     duration=opts.duration)
@@ -176,6 +182,41 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     if placement == "same" and r["incoming_cpu"] not in (-1, rx_cpu):
         out["warning"] = (f"receive softirq ran on CPU {r['incoming_cpu']}, not the application's "
                           f"CPU {rx_cpu}")
+    return out
+
+
+def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
+                    engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
+    """One cell through the lab's servers: client opens, connects, pins and starts the flow."""
+    from zcnet.bench.client import ServerRefused, run
+
+    copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
+                              verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,
+                              tx_app_cpu=tx_cpu)
+    try:
+        r = run(copts)
+    except ServerRefused as e:
+        if e.code == "unsupported":
+            why = e.reason.split("unsupported here: ", 1)[-1]
+            return cell_result(mtu, engine, placement, "unsupported", why)
+        return cell_result(mtu, engine, placement, "error", e.reason)
+    except ZcnetError as e:
+        return cell_result(mtu, engine, placement, "error", e.message)
+    f = r.flows[0]
+    if f["status"] != "ok":
+        return cell_result(mtu, engine, placement, "error", f.get("error") or "flow failed",
+                           rx_cpu=rx_cpu, tx_cpu=tx_cpu)
+    shares = {"rx": r.cpus.get("dst", {}).get(str(rx_cpu), {}),
+              "tx": r.cpus.get("src", {}).get(str(tx_cpu), {})}
+    cpu = {role: {k: v.get(k, 0.0) for k in (*CPU_FIELDS, "busy")} for role, v in shares.items()}
+    out = cell_result(mtu, engine, placement, "ok", bytes=f["bytes"], seconds=f["seconds"],
+                      gbps=f["gbps"], cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
+                      incoming_cpu=f.get("rx_cpu_end"), syscalls=f.get("syscalls"),
+                      engine_stats=f.get("engine_stats", {}), tx=opts.tx,
+                      tx_stats=f.get("tx_stats", {}), consumer=engine_opts.get("consumer", "same"),
+                      tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
+    if "verify" in f:
+        out["verify"] = f["verify"]
     return out
 
 

@@ -121,7 +121,8 @@ class FlowProc:
                                f"within {timeout:.0f} s")
         msg = self.recv()
         if msg.get("event") != event:
-            raise SessionError("worker", msg.get("reason") or f"unexpected {msg.get('event')}")
+            code = "unsupported" if msg.get("event") == "unsupported" else "worker"
+            raise SessionError(code, msg.get("reason") or f"unexpected {msg.get('event')}")
         return msg
 
     def recv(self) -> dict[str, Any]:

@@ -155,6 +155,11 @@ def _send_via(sock: socket.socket, spec: WorkerSpec) -> tuple[int, dict[str, Any
     return sent, sender.stats().as_dict()
 
 
+def send_stream(sock: socket.socket, spec: WorkerSpec) -> tuple[int, dict[str, Any]]:
+    """Send the pattern for ``spec.duration`` by ``spec.tx``; (bytes sent, send-path stats)."""
+    return (_send_copy if spec.tx == "copy" else _send_via)(sock, spec)
+
+
 def run_sender(spec: WorkerSpec, chan: Channel) -> None:
     _enter(spec)
     sock = socket.create_connection((spec.host, spec.port), timeout=5)
@@ -164,7 +169,7 @@ def run_sender(spec: WorkerSpec, chan: Channel) -> None:
         msg = chan.recv()
         if msg.get("cmd") != "start":
             return
-        sent, tx_stats = (_send_copy if spec.tx == "copy" else _send_via)(sock, spec)
+        sent, tx_stats = send_stream(sock, spec)
         sock.shutdown(socket.SHUT_WR)
         sock.recv(1)  # wait for the receiver to close: its count is then final
     chan.send({"event": "result", "bytes_sent": sent, "tx_stats": tx_stats})
