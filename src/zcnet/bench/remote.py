@@ -67,8 +67,11 @@ class RemoteServer:
                              "install an ssh client or pass --ssh-cmd") from None
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(self.token + b"\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(self.token + b"\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # ssh already exited (e.g. refused): _wait_ready reports its stderr
             self.address = self._wait_ready()
         except BaseException:
             self.stop()
