@@ -20,9 +20,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from zcnet.bench.txbench import ALL_MODES, run_txbench
 from zcnet.lab import Lab
 from zcnet.lab.netns import in_netns
-from zcnet.tx.txbench import ALL_MODES, run_txbench
 
 TARGET = 3.0
 

@@ -8,6 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
+from zcnet.bench.txbench import ALL_MODES, run_txbench
 from zcnet.cli import main
 from zcnet.cli.txbench import render, seed_lines
 from zcnet.errors import UsageError, ZcnetError
@@ -15,7 +16,6 @@ from zcnet.lab import Lab
 from zcnet.lab.netns import in_netns
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
-from zcnet.tx.txbench import ALL_MODES, run_txbench
 
 N = 640
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from zcnet.bench.txbench import ALL_MODES, _factory
 from zcnet.errors import ZcnetError
 from zcnet.tx.hwcount import HwCounters
 from zcnet.tx.sink import Sink
-from zcnet.tx.txbench import ALL_MODES, _factory
 from zcnet.tx.udp_modes import (
     GSO_MAX_BYTES,
     GSO_MAX_SEGMENTS,

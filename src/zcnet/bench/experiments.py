@@ -136,7 +136,7 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
 
 
 def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    from zcnet.tx.txbench import run_txbench
+    from zcnet.bench.txbench import run_txbench
 
     kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
     if "payload" in cell:

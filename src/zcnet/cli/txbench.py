@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from zcnet.bench.meta import write_json
+from zcnet.bench.txbench import ALL_MODES, BASELINE, run_txbench
 from zcnet.tx.hwcount import NO_COUNTERS
-from zcnet.tx.txbench import ALL_MODES, BASELINE, run_txbench
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:

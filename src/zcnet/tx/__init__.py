@@ -4,5 +4,6 @@
   ``zerocopy``: MSG_ZEROCOPY error-queue parsing and range coalescing; ``sendzc``: io_uring SEND_ZC.
 - ``udp_modes``/``uring_send``: UDP burst senders (single, mmsg, uring, gso); ``mmsg``: ctypes
   sendmmsg/recvmmsg; ``payload``: what packets carry; ``sink``: the checking receiver process;
-  ``txbench``: ``run_txbench()``; ``hwcount``: perf_event instruction/cycle counters.
+  ``hwcount``: perf_event instruction/cycle counters. The txbench runner, which needs the lab,
+  is ``zcnet.bench.txbench``.
 """
