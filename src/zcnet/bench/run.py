@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from zcnet.rx.engines import engine_names
 log = logging.getLogger(__name__)
 
 DEFAULT_MTUS = (1500, 4096, 9000)
-DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot")
+DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx")
 PLACEMENTS = ("same", "split")
 NIC_ENGINES = ("zcrx", "devmem")  # need a NIC queue with header-data split
 CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
@@ -34,7 +34,7 @@ CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
 
 @dataclass
 class BenchOptions:
-    mtus: tuple[int, ...] = DEFAULT_MTUS
+    mtus: tuple[int, ...] | None = None  # None: 1500,4096,9000 in the lab, lo's MTU otherwise
     engines: tuple[str, ...] = DEFAULT_ENGINES
     placements: tuple[str, ...] = PLACEMENTS
     duration: float = 2.0
@@ -61,15 +61,25 @@ class BenchOptions:
         for p in self.placements:
             if p not in PLACEMENTS:
                 raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
-        for m in self.mtus:
+        for m in self.mtus or ():
             if not 576 <= m <= 65536:
                 raise UsageError(f"MTU {m} out of range", "use 576..65536 (e.g. 1500, 4096, 9000)")
         if not 0.1 <= self.duration <= 3600:
             raise UsageError(f"duration {self.duration} s out of range", "use 0.1..3600 seconds")
 
+    def resolved(self) -> BenchOptions:
+        """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
+        if self.lab is None:
+            from zcnet.lab.rtnl import has_caps
+
+            return replace(self, lab=has_caps()).resolved()
+        if self.mtus is None:
+            return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
+        return self
+
     def cells(self) -> list[tuple[int, str, str]]:
         """(mtu, engine-or-peer, placement) in run order: MTU outermost (few MTU changes)."""
-        return [(m, e, p) for m in self.mtus for p in self.placements
+        return [(m, e, p) for m in self.resolved().mtus or () for p in self.placements
                 for e in (*self.engines, *self.peers)]
 
 
@@ -98,10 +108,7 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 
 @contextlib.contextmanager
-def target(use_lab: bool | None, mtu: int) -> Iterator[Target]:
-    root = os.geteuid() == 0
-    if use_lab is None:
-        use_lab = root
+def target(use_lab: bool, mtu: int) -> Iterator[Target]:
     if use_lab:
         from zcnet.bench.client import lab_servers
         from zcnet.lab import Lab
@@ -112,7 +119,7 @@ def target(use_lab: bool | None, mtu: int) -> Iterator[Target]:
             yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env(), lab, servers)
     else:
         yield Target("127.0.0.1", None, None, None,
-                     {"lab": False, "mtu": _lo_mtu(), "note": "loopback: no lab (not root)"})
+                     {"lab": False, "mtu": _lo_mtu(), "note": "loopback (127.0.0.1), not a lab"})
 
 
 def _lo_mtu() -> int:
@@ -239,6 +246,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str, Any]:
     """Run every cell; returns the JSON envelope. Writes ``opts.json_path`` after each cell."""
+    opts = opts.resolved()
     opts.validate()
     results: list[dict[str, Any]] = []
     env: dict[str, Any] = collect_env(lab=False)
@@ -248,6 +256,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     by_mtu: dict[int, list[tuple[str, str]]] = {}
     for mtu, engine, placement in opts.cells():
         by_mtu.setdefault(mtu, []).append((engine, placement))
+    assert opts.mtus is not None
     first = opts.mtus[0]
     try:
         with target(opts.lab, first) as t:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -12,13 +11,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from zcnet.bench.run import (
     DEFAULT_ENGINES,
-    DEFAULT_MTUS,
     PLACEMENTS,
     BenchOptions,
     run_bench,
     verify_failed,
 )
 from zcnet.errors import UsageError
+from zcnet.lab.rtnl import has_caps
 from zcnet.report.bench_table import bench_notes, bench_tables
 from zcnet.rx.engines import engine_names
 
@@ -35,8 +34,9 @@ def _csv(kind: str, conv: type = str):  # type: ignore[type-arg]
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="single-flow TCP receive benchmark (epoll vs io_uring ...)",
                        description=__doc__)
-    p.add_argument("--mtu", type=_csv("MTU", int), default=DEFAULT_MTUS,
-                   help="comma-separated MTUs (default 1500,4096,9000)")
+    p.add_argument("--mtu", type=_csv("MTU", int), default=None,
+                   help="comma-separated MTUs (default 1500,4096,9000 in the lab; lo's MTU "
+                        "on loopback)")
     p.add_argument("--engine", type=_csv("engine"), default=DEFAULT_ENGINES,
                    help=f"comma-separated engines (default {','.join(DEFAULT_ENGINES)})")
     p.add_argument("--placement", type=_csv("placement"), default=PLACEMENTS,
@@ -85,11 +85,12 @@ def main(args: argparse.Namespace) -> int:
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
-                        tx=args.tx, engine_opts=_engine_opts(args))
+                        tx=args.tx, engine_opts=_engine_opts(args)).resolved()
     opts.validate()
     console = Console(stderr=True)
-    if args.lab is None and os.geteuid() != 0:
-        console.print("zcnet: not root: running on 127.0.0.1 (loopback) instead of a lab")
+    if args.lab is None and not has_caps():
+        console.print("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on 127.0.0.1 "
+                      "(loopback) instead of a lab of network namespaces; MTU is lo's")
     total = len(opts.cells())
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                   "{task.total}"), TimeRemainingColumn(), console=console,
