@@ -136,6 +136,69 @@ def test_double_provide_is_refused(no_leaks) -> None:
         br.provide(np.array([0], dtype=np.uint16))
 
 
+def _reap_incremental(r: Ring, br: BufRing, want: int) -> list[tuple[int, int, bytes, bool]]:
+    """(bid, offset in the buffer, data, F_BUF_MORE) of each receive until ``want`` bytes came."""
+    got: list[tuple[int, int, bytes, bool]] = []
+    n = 0
+    while n < want:
+        cs = r.reap()
+        if not len(cs):
+            r.wait(1, timeout=2)
+            continue
+        for res, fl in zip(cs.res.tolist(), cs.flags.tolist(), strict=True):
+            assert res > 0 and fl & u.IORING_CQE_F_MORE and fl & u.IORING_CQE_F_BUFFER
+            bid, more = fl >> u.IORING_CQE_BUFFER_SHIFT, bool(fl & u.IORING_CQE_F_BUF_MORE)
+            at = br.filled(res, bid, more)
+            got.append((bid, at, bytes(br.buffer(bid)[at:at + res]), more))
+            n += res
+    return got
+
+
+def test_incremental_ring_packs_receives_back_to_back(no_leaks, tcp_pair) -> None:
+    """IOU_PBUF_RING_INC: small receives share one buffer, reported with F_BUF_MORE while it is
+    partly used; the receive that fills it retires it, the next data goes to the next buffer,
+    and a buffer provided again starts from its beginning."""
+    c, s = tcp_pair
+    with Ring(16, flags=FAST) as r, BufRing(r, 6, 2, 4096, incremental=True) as br:
+        prep_recv_multishot(r, s.fileno(), 6, 1)
+        r.submit()
+        msgs = [b"alpha", b"be", b"gamma-delta"]
+        got = []
+        for m in msgs:
+            c.sendall(m)
+            got += _reap_incremental(r, br, len(m))
+        assert [g[2] for g in got] == msgs  # one receive per message, data intact
+        assert [g[1] for g in got] == [0, 5, 7]  # back to back in the buffer
+        first = got[0][0]
+        assert all(g[0] == first and g[3] for g in got)
+        assert br.in_ring == 2
+        # Fill the buffer to its end: the last receive retires it (no F_BUF_MORE).
+        rest = 4096 - sum(map(len, msgs))
+        c.sendall(b"x" * rest)
+        fill = _reap_incremental(r, br, rest)
+        assert {g[0] for g in fill} == {first}
+        assert [g[3] for g in fill] == [True] * (len(fill) - 1) + [False]
+        assert b"".join(g[2] for g in fill) == b"x" * rest and br.in_ring == 1
+        # The next data goes to the other buffer, from its start.
+        c.sendall(b"next")
+        (nxt,) = _reap_incremental(r, br, 4)
+        assert nxt[0] != first and nxt[1:] == (0, b"next", True)
+        # The retired buffer comes back and is filled again from offset 0.
+        br.provide(np.array([first], dtype=np.uint16))
+        c.sendall(b"y" * 4092)
+        assert _reap_incremental(r, br, 4092)[-1][0] == nxt[0] and br.in_ring == 1
+        c.sendall(b"again")
+        assert _reap_incremental(r, br, 5) == [(first, 0, b"again", True)]
+
+
+def test_incremental_and_whole_buffer_accounting_do_not_mix(no_leaks) -> None:
+    with Ring(4) as r:
+        with BufRing(r, 1, 4, 4096, incremental=True) as br, pytest.raises(ValueError):
+            br.consumed(4096, 0)
+        with BufRing(r, 2, 4, 4096) as br, pytest.raises(ValueError):
+            br.filled(16, 0, True)
+
+
 def test_read_fixed_from_registered_buffer(no_leaks, tcp_pair) -> None:
     c, s = tcp_pair
     with Ring(4) as r, Mapping.anonymous(8192) as m:

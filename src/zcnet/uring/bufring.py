@@ -6,6 +6,17 @@ entries at ``tail & mask`` and then storing the tail; the kernel consumes entrie
 from its private head. So the buffers a CQE consumed are always the next ones in ring order:
 with bundles one CQE may consume several, and we find their ids from a shadow copy of the bids we
 published, indexed by our own copy of the head. Recycling is one vectorized write per batch.
+
+Some facts about incremental consumption (IOU_PBUF_RING_INC, Linux 6.12+):
+
+- the kernel does not retire a buffer after one receive: it advances the head entry's addr/len
+  by the bytes it used and puts the next receive right behind them. The CQE carries the buffer id
+  and IORING_CQE_F_BUF_MORE while the kernel will write more into that buffer; a CQE without it
+  means the kernel is done with the buffer (its head moved past it);
+- the CQE does not say where in the buffer the data went, so we keep each buffer's fill position
+  (reset when the buffer is provided again);
+- without bundles a receive never spans buffers, and buffers still retire in ring order, so the
+  same shadow of published bids checks that we are in step with the kernel.
 """
 
 from __future__ import annotations
@@ -22,13 +33,19 @@ _TAIL_U16 = u.io_uring_buf.resv.offset // 2  # tail lives in entry 0's resv
 
 
 class BufRing:
-    """``entries`` buffers of ``buf_size`` bytes in one area, published to buffer group ``bgid``."""
+    """``entries`` buffers of ``buf_size`` bytes in one area, published to buffer group ``bgid``.
+
+    ``incremental`` registers the ring with IOU_PBUF_RING_INC: completions are then accounted
+    with ``filled`` (one per CQE) instead of ``consumed``.
+    """
 
     def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, *,
-                 area: Mapping | None = None, area_offset: int = 0) -> None:
+                 area: Mapping | None = None, area_offset: int = 0,
+                 incremental: bool = False) -> None:
         if entries <= 0 or entries & (entries - 1) or entries > 32768:
             raise ValueError("buffer ring entries must be a power of two <= 32768")
         self.ring, self.bgid, self.entries, self.buf_size = ring, bgid, entries, buf_size
+        self.incremental = incremental
         self.mask = entries - 1
         self._own_area = area is None
         self.area = area or Mapping.anonymous(entries * buf_size)
@@ -36,7 +53,8 @@ class BufRing:
         self.base = self.area.addr + area_offset
         self._mem = Mapping.anonymous(entries * ctypes.sizeof(u.io_uring_buf))
         try:
-            reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid)
+            reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid,
+                                     flags=u.IOU_PBUF_RING_INC if incremental else 0)
             ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
         except BaseException:
             self._release_memory()
@@ -49,7 +67,9 @@ class BufRing:
         self._tail = 0
         self._head = 0  # our copy of the kernel's consumption point
         self._shadow = np.zeros(entries, dtype=np.uint16)
-        self.in_ring = 0
+        # incremental: bytes the kernel has written into each buffer (a list: read per CQE)
+        self._pos = [0] * entries if incremental else None
+        self.in_ring = 0  # buffers the kernel may still fill
         self.provide(np.arange(entries, dtype=np.uint16))
 
     def buffer(self, bid: int, length: int | None = None) -> np.ndarray:
@@ -70,12 +90,18 @@ class BufRing:
         self._len[slots] = self.buf_size
         self._bid[slots] = bids
         self._shadow[slots] = bids
+        if self._pos is not None:
+            pos = self._pos
+            for b in bids.tolist():
+                pos[b] = 0
         self._tail = (self._tail + n) & 0xFFFF
         self.in_ring += n
         self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
 
     def consumed(self, nbytes: int, first_bid: int) -> np.ndarray:
         """Buffer ids a completion of ``nbytes`` consumed starting at ``first_bid`` (bundles)."""
+        if self.incremental:
+            raise ValueError("an incremental buffer ring is accounted with filled()")
         count = max(1, -(-nbytes // self.buf_size))
         slots = (self._head + np.arange(count)) & self.mask
         bids = self._shadow[slots]
@@ -84,6 +110,27 @@ class BufRing:
         self._head = (self._head + count) & 0xFFFF
         self.in_ring -= count
         return bids
+
+    def filled(self, nbytes: int, bid: int, more: bool) -> int:
+        """Incremental mode: a completion wrote ``nbytes`` into buffer ``bid`` right behind its
+        earlier data; returns where in the buffer they start. ``more`` is the CQE's
+        IORING_CQE_F_BUF_MORE: without it the kernel is done with the buffer, which leaves the
+        ring until it is provided again."""
+        pos = self._pos
+        if pos is None:
+            raise ValueError("filled() is for incremental buffer rings; use consumed()")
+        at = pos[bid]
+        if at + nbytes > self.buf_size:
+            raise RuntimeError(f"buffer ring out of step: {nbytes} bytes past the end of bid {bid}")
+        pos[bid] = at + nbytes
+        if not more:
+            expected = int(self._shadow[self._head & self.mask])
+            if expected != bid:
+                raise RuntimeError(
+                    f"buffer ring out of step: expected bid {expected} to retire, got {bid}")
+            self._head = (self._head + 1) & 0xFFFF
+            self.in_ring -= 1
+        return at
 
     def _release_memory(self) -> None:
         self._mem.close()
