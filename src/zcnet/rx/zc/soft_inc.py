@@ -6,8 +6,9 @@ Some facts about incremental buffer consumption:
   advances the ring entry's addr/len by the bytes it used and keeps filling the same buffer with
   the next receives. A CQE carries the buffer id; IORING_CQE_F_BUF_MORE says the kernel will
   write more into that buffer. Without F_BUF_MORE the kernel is done with it.
-- The CQE does not say where in the buffer the data went: it follows the previous data, so we
-  keep each buffer's fill position ourselves (in the owner thread, like everything else).
+- The CQE does not say where in the buffer the data went: it follows the previous data, so the
+  buffer ring (zcnet.uring.bufring.BufRing in incremental mode) keeps each buffer's fill
+  position, in the owner thread like everything else.
 - So big buffers (cheap for the kernel: one ring entry per MiB) hold many small receives
   back to back: consecutive chunks are neighbours in the area (coalescing), and a 100-byte
   message costs 100 bytes of area, not a whole buffer.
@@ -18,8 +19,8 @@ Some facts about incremental buffer consumption:
 
 from __future__ import annotations
 
-import ctypes
 import errno
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,53 +29,9 @@ from zcnet.rx.zc.provider import Delivery
 from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, buffer_count
 from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
-from zcnet.uring.mem import Mapping
+from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_cancel, prep_recv_multishot
 from zcnet.uring.ring import Ring
-
-_TAIL_U16 = u.io_uring_buf.resv.offset // 2  # the ring's tail lives in entry 0's resv
-
-
-class IncBufRing:
-    """A provided buffer ring registered with IOU_PBUF_RING_INC over buffers of the area."""
-
-    def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, base: int) -> None:
-        self.ring, self.bgid, self.entries, self.buf_size, self.base = \
-            ring, bgid, entries, buf_size, base
-        self.mask = entries - 1
-        self._mem = Mapping.anonymous(entries * ctypes.sizeof(u.io_uring_buf))
-        try:
-            reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid,
-                                     flags=u.IOU_PBUF_RING_INC)
-            ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
-        except BaseException:
-            self._mem.close()
-            raise
-        self._registered = True
-        self._addr = self._mem.view(np.uint64, 0, entries * 2).reshape(entries, 2)[:, 0]
-        self._len = self._mem.view(np.uint32, 0, entries * 4).reshape(entries, 4)[:, 2]
-        self._bid = self._mem.view(np.uint16, 0, entries * 8).reshape(entries, 8)[:, 6]
-        self._ktail = self._mem.view(np.uint16, 0, 8)
-        self._tail = 0
-
-    def provide(self, bids: np.ndarray) -> None:
-        """Publish whole buffers: entries first, then the tail (release store, TSO)."""
-        n = len(bids)
-        if not n:
-            return
-        slots = (self._tail + np.arange(n)) & self.mask
-        self._addr[slots] = self.base + bids.astype(np.uint64) * self.buf_size
-        self._len[slots] = self.buf_size
-        self._bid[slots] = bids
-        self._tail = (self._tail + n) & 0xFFFF
-        self._ktail[_TAIL_U16] = self._tail
-
-    def close(self) -> None:
-        if self._registered and self.ring.fd >= 0:
-            self.ring.register(u.IORING_UNREGISTER_PBUF_RING, u.io_uring_buf_reg(bgid=self.bgid),
-                               1)
-        self._registered = False
-        self._mem.close()
 
 
 class IncrementalSoftProvider:
@@ -87,20 +44,18 @@ class IncrementalSoftProvider:
         self.entries = buffer_count(area.size, buf_size)
         self.note = f"{self.entries} incrementally filled buffers of {buf_size} bytes"
         self.armed = False
-        self._pos = [0] * self.entries             # bytes the kernel has written per buffer
         self._refs = np.zeros(self.entries, np.int64)  # chunks the application holds per buffer
         self._done = np.zeros(self.entries, bool)  # kernel finished with the buffer
-        self._in_ring = self.entries               # buffers the kernel may still fill
         self._ring: Ring | None = Ring(64, flags=RING_FLAGS, cq_entries=4096)
         try:
-            self._buf = IncBufRing(self._ring, BGID, self.entries, buf_size, area.addr)
-            self._buf.provide(np.arange(self.entries, dtype=np.uint16))
+            self._buf = BufRing(self._ring, BGID, self.entries, buf_size,
+                                area=cast(Any, area), incremental=True)
         except BaseException:
             self._ring.close()
             raise
 
     def can_arm(self) -> bool:
-        return self._in_ring > 0
+        return self._buf.in_ring > 0
 
     def arm(self) -> None:
         assert self._ring is not None
@@ -118,24 +73,23 @@ class IncrementalSoftProvider:
         keep = c.user_data == RECV_UD
         res = c.res[keep].tolist()
         flags = c.flags[keep].tolist()
-        pos, bs = self._pos, self.buf_size
+        filled, bs = self._buf.filled, self.buf_size
         offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
         finished = []
         for r, f in zip(res, flags, strict=True):
             if r <= 0:
                 continue
             bid = f >> u.IORING_CQE_BUFFER_SHIFT
-            offsets.append(bid * bs + pos[bid])
+            more = bool(f & u.IORING_CQE_F_BUF_MORE)
+            offsets.append(bid * bs + filled(r, bid, more))
             lengths.append(r)
             tokens.append(bid)
-            pos[bid] += r
-            if not f & u.IORING_CQE_F_BUF_MORE:
+            if not more:
                 finished.append(bid)
         if tokens:
             np.add.at(self._refs, tokens, 1)
         if finished:
             self._done[finished] = True
-            self._in_ring -= len(finished)
         if res and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
             last = res[-1]
@@ -158,16 +112,13 @@ class IncrementalSoftProvider:
         ready = cand[(self._refs[cand] == 0) & self._done[cand]]
         if len(ready):
             self._done[ready] = False
-            for b in ready.tolist():
-                self._pos[b] = 0
-            self._in_ring += len(ready)
             self._buf.provide(ready.astype(np.uint16))
 
     def held_back(self) -> int:
         return 0
 
     def extra_stats(self) -> dict[str, int]:
-        return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self._in_ring,
+        return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self._buf.in_ring,
                 "incremental": 1}
 
     def close(self) -> None:
