@@ -3,14 +3,22 @@
 A provider owns the kernel side: the ring or socket that fills the area, and the path buffers
 take back to the kernel. It knows nothing of chunks, threads or statistics; the Receiver does the
 bookkeeping and calls the provider only from the owner thread.
+
+The helpers at the end are the pieces the io_uring providers (soft, soft_inc, zcrx) share:
+reading the final CQE of a multishot receive, and cancelling one before the ring goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.wait import wait_cqes
+from zcnet.uapi import io_uring as u
+from zcnet.uring.prep import prep_cancel
+from zcnet.uring.ring import Ring
 
 
 @dataclass
@@ -61,3 +69,32 @@ class Provider(Protocol):
 
     def close(self) -> None:
         """Release kernel resources; the area stays mapped (chunks may still be held)."""
+
+
+def note_final(out: Delivery, res: int, stops: Mapping[int, str]) -> None:
+    """Record in ``out`` what the final CQE (no F_MORE) of a multishot receive means: res 0 is
+    EOF; a positive res is data whose CQE took the multishot's end (no CQ room for another), so
+    re-arm; an errno in ``stops`` stops delivery for that reason (the Receiver re-arms when it
+    may); any other errno ends the stream."""
+    if res == 0:
+        out.end = 0
+    elif res > 0:
+        out.stopped = "rearm"
+    elif (why := stops.get(-res)) is not None:
+        out.stopped = why
+    else:
+        out.end = res
+
+
+def cancel_multishot(ring: Ring, user_data: int, cancel_user_data: int) -> bool:
+    """Cancel the multishot request ``user_data`` and wait for its final CQE, so the kernel is
+    done with the area before the ring goes. The wait is bounded (50 x 0.1 s): a stuck cancel
+    must not hang close. True when the final CQE was seen."""
+    prep_cancel(ring, user_data, cancel_user_data)
+    ring.submit()
+    for _ in range(50):
+        wait_cqes(ring, 0.1)
+        c = ring.reap()
+        if ((c.user_data == user_data) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
+            return True
+    return False

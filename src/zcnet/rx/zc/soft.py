@@ -22,11 +22,11 @@ import numpy as np
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
 from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
-from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
 RECV_UD = 1
@@ -36,6 +36,8 @@ MAX_ENTRIES = 32768
 
 RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL)
+# What a final multishot CQE's errno means when it does not end the stream (see note_final).
+STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
 
 
 def buffer_count(area_size: int, buf_size: int) -> int:
@@ -102,15 +104,7 @@ class SoftProvider:
         # Only the last CQE of the multishot can lack F_MORE.
         if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
-            last = int(res[-1])
-            if last == 0:
-                out.end = 0
-            elif last == -errno.ENOBUFS:
-                out.stopped = "exhausted"
-            elif last < 0 and last != -errno.ECANCELED:
-                out.end = last
-            else:
-                out.stopped = "rearm"
+            note_final(out, int(res[-1]), STOPS)
         return out
 
     def _take(self, res: np.ndarray, flags: np.ndarray, out: Delivery) -> None:
@@ -149,25 +143,12 @@ class SoftProvider:
             return
         try:
             if self.armed:
-                self._cancel(ring)
+                self.armed = not cancel_multishot(ring, RECV_UD, CANCEL_UD)
             if self._buf is not None:
                 self._buf.close()
                 self._buf = None
         finally:
             ring.close()
-
-    def _cancel(self, ring: Ring) -> None:
-        """Cancel the multishot and wait for its final CQE, so the kernel is done with the area
-        before the ring goes (a bounded wait: a stuck cancel must not hang close)."""
-        prep_cancel(ring, RECV_UD, CANCEL_UD)
-        ring.submit()
-        for _ in range(50):
-            wait_cqes(ring, 0.1)
-            c = ring.reap()
-            fin = (c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)
-            if fin.any():
-                self.armed = False
-                return
 
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,

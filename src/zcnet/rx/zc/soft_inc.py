@@ -19,18 +19,17 @@ Some facts about incremental buffer consumption:
 
 from __future__ import annotations
 
-import errno
 from typing import Any, cast
 
 import numpy as np
 
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery
-from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, buffer_count
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
+from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, STOPS, buffer_count
 from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
-from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
 
@@ -92,15 +91,7 @@ class IncrementalSoftProvider:
             self._done[finished] = True
         if res and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
-            last = res[-1]
-            if last == 0:
-                out.end = 0
-            elif last == -errno.ENOBUFS:
-                out.stopped = "exhausted"
-            elif last < 0 and last != -errno.ECANCELED:
-                out.end = last
-            else:
-                out.stopped = "rearm"
+            note_final(out, res[-1], STOPS)
         return out
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
@@ -127,13 +118,7 @@ class IncrementalSoftProvider:
             return
         try:
             if self.armed:
-                prep_cancel(ring, RECV_UD, CANCEL_UD)
-                ring.submit()
-                for _ in range(50):
-                    wait_cqes(ring, 0.1)
-                    c = ring.reap()
-                    if ((c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
-                        break
+                cancel_multishot(ring, RECV_UD, CANCEL_UD)
                 self.armed = False
             self._buf.close()
         finally:

@@ -36,12 +36,12 @@ import numpy as np
 
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
 from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import socket as usock
 from zcnet.uring.mem import Mapping
-from zcnet.uring.prep import prep_cancel, prep_recv_zc
+from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Completions, Ring
 
 RECV_UD = 1
@@ -50,6 +50,8 @@ RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_CQE32 | u.IORING_SETUP_SUBMIT_ALL)
 IO_RQ_MAX_ENTRIES = 32768
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
+# A final CQE's errno that does not end the stream: -ENOSPC is a CQ overflow (data intact).
+STOPS = {errno.ENOSPC: "rearm", errno.ECANCELED: "rearm"}
 # The kernel's struct io_uring {u32 head; u32 tail;}, each ____cacheline_aligned_in_smp,
 # rounded up to L1_CACHE_BYTES; x86 lines are 64 bytes.
 L1_CACHE_BYTES = 64
@@ -143,13 +145,7 @@ def parse_completions(c: Completions, user_data: int = RECV_UD) -> Delivery:
         out.offsets = (off & np.uint64(OFF_MASK)).tolist()
         out.lengths = res[data].tolist()
     if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
-        last = int(res[-1])
-        if last == 0:
-            out.end = 0
-        elif last in (-errno.ENOSPC, -errno.ECANCELED) or last > 0:
-            out.stopped = "rearm"
-        else:
-            out.end = last
+        note_final(out, int(res[-1]), STOPS)
     return out
 
 
@@ -389,13 +385,7 @@ class ZcrxProvider:
         ring, self._ring = self._ring, None
         try:
             if ring is not None and self.armed:
-                prep_cancel(ring, RECV_UD, CANCEL_UD)
-                ring.submit()
-                for _ in range(50):
-                    wait_cqes(ring, 0.1)
-                    c = ring.reap()
-                    if ((c.user_data == RECV_UD) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
-                        break
+                cancel_multishot(ring, RECV_UD, CANCEL_UD)
                 self.armed = False
         finally:
             if self._region_map is not None:
