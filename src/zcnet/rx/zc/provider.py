@@ -5,7 +5,8 @@ take back to the kernel. It knows nothing of chunks, threads or statistics; the 
 bookkeeping and calls the provider only from the owner thread.
 
 The helpers at the end are the pieces the io_uring providers (soft, soft_inc, zcrx) share:
-reading the final CQE of a multishot receive, and cancelling one before the ring goes.
+waiting for and reaping completions, reading the final CQE of a multishot receive, and
+cancelling one before the ring goes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.prep import prep_cancel
-from zcnet.uring.ring import Ring
+from zcnet.uring.ring import Completions, Ring
 
 
 @dataclass
@@ -69,6 +70,14 @@ class Provider(Protocol):
 
     def close(self) -> None:
         """Release kernel resources; the area stays mapped (chunks may still be held)."""
+
+
+def reap_ready(ring: Ring, timeout: float | None) -> Completions:
+    """The completions that are ready; when none are, first wait up to ``timeout`` seconds
+    (None: until one arrives) in one enter, which also runs the deferred task work."""
+    if not ring.cq_ready():
+        wait_cqes(ring, timeout)
+    return ring.reap()
 
 
 def note_final(out: Delivery, res: int, stops: Mapping[int, str]) -> None:

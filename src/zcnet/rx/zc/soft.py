@@ -22,8 +22,7 @@ import numpy as np
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
-from zcnet.rx.zc.wait import wait_cqes
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
@@ -89,9 +88,7 @@ class SoftProvider:
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
         assert ring is not None and self._buf is not None
-        if not ring.cq_ready():
-            wait_cqes(ring, timeout)
-        c = ring.reap()
+        c = reap_ready(ring, timeout)
         out = Delivery()
         if not len(c):
             return out

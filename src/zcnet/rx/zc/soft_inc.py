@@ -24,9 +24,8 @@ from typing import Any, cast
 import numpy as np
 
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, STOPS, buffer_count
-from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
@@ -65,9 +64,7 @@ class IncrementalSoftProvider:
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
         assert ring is not None
-        if not ring.cq_ready():
-            wait_cqes(ring, timeout)
-        c = ring.reap()
+        c = reap_ready(ring, timeout)
         out = Delivery()
         keep = c.user_data == RECV_UD
         res = c.res[keep].tolist()

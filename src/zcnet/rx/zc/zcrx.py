@@ -36,8 +36,7 @@ import numpy as np
 
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final
-from zcnet.rx.zc.wait import wait_cqes
+from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import socket as usock
 from zcnet.uring.mem import Mapping
@@ -364,9 +363,7 @@ class ZcrxProvider:
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
         assert ring is not None
-        if not ring.cq_ready():
-            wait_cqes(ring, timeout)
-        out = parse_completions(ring.reap())
+        out = parse_completions(reap_ready(ring, timeout))
         if out.end is not None or out.stopped:
             self.armed = False
         return out
