@@ -73,7 +73,6 @@ class SoftProvider:
         except BaseException:
             self._ring.close()
             raise
-        self._free_in_ring = self.entries
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
