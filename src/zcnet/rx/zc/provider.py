@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.wait import wait_cqes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.prep import prep_cancel
 from zcnet.uring.ring import Completions, Ring
@@ -76,7 +75,7 @@ def reap_ready(ring: Ring, timeout: float | None) -> Completions:
     """The completions that are ready; when none are, first wait up to ``timeout`` seconds
     (None: until one arrives) in one enter, which also runs the deferred task work."""
     if not ring.cq_ready():
-        wait_cqes(ring, timeout)
+        ring.submit(1, timeout)
     return ring.reap()
 
 
@@ -102,7 +101,7 @@ def cancel_multishot(ring: Ring, user_data: int, cancel_user_data: int) -> bool:
     prep_cancel(ring, user_data, cancel_user_data)
     ring.submit()
     for _ in range(50):
-        wait_cqes(ring, 0.1)
+        ring.submit(1, 0.1)
         c = ring.reap()
         if ((c.user_data == user_data) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
             return True
