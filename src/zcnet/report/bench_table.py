@@ -48,16 +48,25 @@ def bench_tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def bench_notes(doc: dict[str, Any]) -> list[str]:
+    """Why cells did not run (one line per engine and reason), warnings, verify failures."""
     notes = []
+    not_run: dict[tuple[str, str, str], list[str]] = {}
     for r in doc["results"]:
-        where = f"{r['engine']} mtu {r['mtu']} {r['placement']}"
+        where = f"mtu {r['mtu']} {r['placement']}"
         if r["status"] != "ok":
-            notes.append(f"{r['status']}: {where}: {r['reason']}")
+            not_run.setdefault((r["status"], r["engine"], r["reason"]), []).append(where)
         elif r.get("warning"):
-            notes.append(f"warning: {where}: {r['warning']}")
+            notes.append(f"warning: {r['engine']} {where}: {r['warning']}")
         if r.get("verify", {}).get("mismatches"):
             v = r["verify"]
-            notes.append(f"verify: {where}: {v['mismatches']} of {v['checked_bytes']} bytes wrong")
+            notes.append(f"verify: {r['engine']} {where}: {v['mismatches']} of "
+                         f"{v['checked_bytes']} bytes wrong")
+    per_engine: dict[str, int] = {}
+    for r in doc["results"]:
+        per_engine[r["engine"]] = per_engine.get(r["engine"], 0) + 1
+    for (status, engine, reason), cells in not_run.items():
+        which = "all cells" if len(cells) == per_engine[engine] > 1 else ", ".join(cells)
+        notes.append(f"{status}: {engine} ({which}): {reason}")
     from zcnet.bench.run import peer_ratios
 
     for r in peer_ratios(doc):
