@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.bench.verify import PERIOD, TILED, Verifier, pattern_view
+from zcnet.pattern import PERIOD, TILED, StreamPattern, Verifier, pattern_view
 from zcnet.rx.engines import EngineOptions, make_engine
-from zcnet.rx.zc.verify import StreamPattern
 
 
 def sender(port: int, total: int, chunk: int) -> None:
@@ -72,13 +71,13 @@ def verify_speed(chunk: int, nbytes: int = 1 << 30) -> dict[str, float]:
     t0 = time.perf_counter()
     for _ in range(n):
         v.check(data, 12345)
-    out["bench.verify.Verifier.check"] = nbytes / (time.perf_counter() - t0) / 1e9
-    sp = StreamPattern(max_len=max(chunk, 1 << 20))
+    out["pattern.Verifier.check"] = nbytes / (time.perf_counter() - t0) / 1e9
+    sp = StreamPattern()
     data[:] = sp.expected(12345, chunk)
     t0 = time.perf_counter()
     for _ in range(n):
         sp.matches(12345, data)
-    out["rx.zc.verify.StreamPattern.matches"] = nbytes / (time.perf_counter() - t0) / 1e9
+    out["pattern.StreamPattern.matches"] = nbytes / (time.perf_counter() - t0) / 1e9
     return out
 
 

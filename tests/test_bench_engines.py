@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from zcnet.bench.verify import PERIOD, TILED, Verifier, pattern_view
+from zcnet.pattern import PERIOD, TILED, Verifier, pattern_view
 from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 
 SIZE = 64 << 20

@@ -13,6 +13,7 @@ import struct
 import pytest
 
 from zcnet.errors import Unsupported
+from zcnet.pattern import StreamPattern
 from zcnet.rx.zc.devmem import (
     MAX_DONTNEED_FRAGS,
     MAX_DONTNEED_TOKENS,
@@ -22,7 +23,6 @@ from zcnet.rx.zc.devmem import (
     recv_devmem,
 )
 from zcnet.rx.zc.provider import Delivery
-from zcnet.rx.zc.verify import StreamPattern
 from zcnet.uapi import socket as usock
 
 # struct dmabuf_cmsg {__u64 frag_offset; __u32 frag_size; __u32 frag_token; __u32 dmabuf_id;

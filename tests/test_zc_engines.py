@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from zcnet.bench.verify import PERIOD, TILED, Verifier
+from zcnet.pattern import PERIOD, TILED, Verifier
 from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.pattern import StreamPattern
 from zcnet.rx.zc import Chunk, open_receiver
-from zcnet.rx.zc.verify import StreamPattern
 
 PAT = StreamPattern(seed=4)
 

@@ -209,7 +209,7 @@ def _engine(spec: FlowSpec) -> Any:
 
 
 def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
-    from zcnet.bench.verify import Verifier
+    from zcnet.pattern import Verifier
 
     verifier = Verifier() if spec.verify else None
     stats = engine.run(conn, verifier.check if verifier else None)

@@ -449,7 +449,7 @@ class Server:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Start the forkserver now, while this process has a single thread.
-        _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.bench.verify"])
+        _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.pattern"])
         _start_forkserver()
 
     @property

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.verify import PERIOD, TILED, Verifier, pattern_view
 from zcnet.errors import ZcnetError
+from zcnet.pattern import PERIOD, TILED, Verifier, pattern_view
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
