@@ -25,6 +25,7 @@ from typing import Any
 
 from zcnet.bench.meta import collect_env, envelope
 from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.nic.info import nic_env
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
 from zcnet.tx.udp_modes import MODES, BurstSender, SenderFactory, run_for
@@ -230,11 +231,13 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
                 Sink(bind, shape, spawn=functools.partial(the_lab.ns_exec, the_lab.ns_b)))
             target = Target(bind, sink.port, sender_netns=the_lab.ns_a)
             env_extra.update(the_lab.env())
+            env_extra["nic"] = nic_env(the_lab.if_a, the_lab.ns_a)  # the sending interface
         else:
             bind = "::1" if ipv6 else "127.0.0.1"
             sink = stack.enter_context(Sink(bind, shape))
             target = Target(bind, sink.port)
             env_extra["target"] = "loopback"
+            env_extra["nic"] = nic_env("lo")
         hw = HwCounters.open()
         if hw:
             stack.callback(hw.close)
