@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="comma-separated MTUs (default 1500,4096,9000 in the lab; lo's MTU "
                         "on loopback)")
     p.add_argument("--engine", type=_csv("engine"), default=DEFAULT_ENGINES,
-                   help=f"comma-separated engines (default {','.join(DEFAULT_ENGINES)})")
+                   help=f"comma-separated engines from {','.join(engine_names())} "
+                        f"(default {','.join(DEFAULT_ENGINES)})")
     p.add_argument("--placement", type=_csv("placement"), default=PLACEMENTS,
                    help="same (app on the softirq CPU), split (another CPU); default both")
     p.add_argument("--duration", type=float, default=2.0, help="seconds per cell (default 2)")
