@@ -24,7 +24,7 @@ Conversation (one outstanding request at a time, the server answers each):
     pin {flow, cpu}        ->  <-  pinned {flow, cpu}
     close {flow}           ->  <-  closed {flow}
     start {duration}       ->  ... the workers run ...
-                           <-  results {flows, cpus}
+                           <-  results {flows, cpus}     (the run ends every open flow)
     end                    ->  <-  bye
 
 A server without a token uses the empty key, so one code path serves loopback and remote use; a
@@ -277,7 +277,10 @@ def _check(kind: str, name: str, f: Field, value: Any) -> Any:
                                                  else f.kind):
         raise RemoteProtocolError("invalid", f"{where}: wrong type {type(value).__name__}")
     if f.kind is float:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:   # an integer literal of hundreds of digits
+            raise RemoteProtocolError("invalid", f"{where}: not a finite number") from None
         if not math.isfinite(value):
             raise RemoteProtocolError("invalid", f"{where}: not a finite number")
     if (f.lo is not None and value < f.lo) or (f.hi is not None and value > f.hi):
@@ -358,9 +361,12 @@ def _int_opt(opts: dict[str, Any], key: str, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
-_OPT_MEMORY: dict[str, Callable[[dict[str, Any]], int]] = {
-    "zc_area": lambda o: _int_opt(o, "zc_area", 0),
-    "mshot_buf": lambda o: _int_opt(o, "mshot_buf", 0) * _int_opt(o, "mshot_entries", 256),
+# Keyed by the options that trigger each; the defaults are EngineOptions' (64 KiB x 256), so
+# that naming only one of a product's factors is still counted in full.
+_OPT_MEMORY: dict[tuple[str, ...], Callable[[dict[str, Any]], int]] = {
+    ("zc_area",): lambda o: _int_opt(o, "zc_area", 0),
+    ("mshot_buf", "mshot_entries"):
+        lambda o: _int_opt(o, "mshot_buf", 64 << 10) * _int_opt(o, "mshot_entries", 256),
 }
 
 
@@ -368,7 +374,7 @@ def buffer_sizes(msg: dict[str, Any]) -> list[int]:
     """The memory an open/connect asks the server to allocate, one entry per buffer."""
     sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
     opts = msg.get("engine_opts") or {}
-    sizes += [max(0, f(opts)) for k, f in _OPT_MEMORY.items() if k in opts]
+    sizes += [max(0, f(opts)) for keys, f in _OPT_MEMORY.items() if any(k in opts for k in keys)]
     return sizes
 
 
@@ -477,3 +483,6 @@ class Connection:
         elif kind == "close":
             for k in _BUFFERS:
                 self._memory.pop((k, msg["flow"]), None)
+        elif kind == "results":
+            # A run ends every flow of the session (the server stops their workers).
+            self._memory.clear()

@@ -1,0 +1,44 @@
+"""Review findings in the control protocol, driven with bytes only."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_proto_state import OPEN, deliver, handshake
+from zcnet.bench import protocol as p
+from zcnet.bench.protocol import Connection, Limits, RemoteProtocolError, Role
+
+
+def _frame(payload: str) -> bytes:
+    raw = payload.encode()
+    return p.HEADER.pack(len(raw)) + raw
+
+
+def test_huge_integer_in_a_float_field_is_a_protocol_error_not_overflow():
+    _, srv = handshake()
+    srv.receive_data(_frame('{"type":"start","duration":1' + "0" * 400 + "}"))
+    with pytest.raises(RemoteProtocolError) as exc:
+        srv.next_event()
+    assert exc.value.code == "invalid"
+
+
+def test_provided_buffer_ring_entries_alone_count_against_session_memory():
+    # mshot_entries without mshot_buf still allocates entries x the default 64 KiB buffer.
+    _, srv = handshake(Limits(max_memory=64 << 20))
+    msg = {**OPEN, "engine": "uring-mshot", "engine_opts": {"mshot_entries": 32768}}
+    cli = Connection(Role.CLIENT)
+    cli.state = "ready"
+    srv.receive_data(cli.send(msg))
+    with pytest.raises(RemoteProtocolError) as exc:
+        srv.next_event()
+    assert exc.value.code == "limit"
+
+
+def test_flows_end_with_their_run_so_a_session_can_run_again():
+    cli, srv = handshake(Limits(max_flows=1))
+    for _ in range(2):
+        deliver(cli, srv, OPEN)
+        deliver(srv, cli, {"type": "opened", "flow": 0, "port": 40000, "pid": 123})
+        deliver(cli, srv, {"type": "start", "duration": 0.1})
+        deliver(srv, cli, {"type": "results", "flows": [], "cpus": {}, "seconds": 0.1})
+        assert srv.flows == cli.flows == 0
