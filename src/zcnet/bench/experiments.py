@@ -202,6 +202,14 @@ def new_document(spec: Spec, target: Target, the_plan: Plan, repeat: int) -> dic
         complete=False)
 
 
+def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
+    try:
+        meta.write_json(json_path, doc)
+    except OSError as exc:
+        raise ZcnetError(f"cannot write {json_path}: {exc.strerror or exc}",
+                         "give a path in an existing, writable directory") from None
+
+
 def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
              progress: Progress | None = None) -> Iterator[dict[str, Any]]:
@@ -213,6 +221,8 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
     doc = new_document(spec, target, the_plan, repeat)
     total = repeat * len(the_plan.cells)
     done = 0
+    if json_path is not None:
+        _save(json_path, doc)  # an unwritable path fails now, not after the first cell's minutes
     try:
         for r in range(repeat):
             for cell in the_plan.cells:
@@ -233,7 +243,7 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
                 doc["results"].extend(rows)
                 done += 1
                 if json_path is not None:
-                    meta.write_json(json_path, doc)
+                    _save(json_path, doc)
                 yield doc
         doc["complete"] = True
         if progress:
@@ -241,7 +251,7 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
     finally:
         # Interrupted or not, the file holds every cell measured so far.
         if json_path is not None:
-            meta.write_json(json_path, doc)
+            _save(json_path, doc)
     yield doc
 
 

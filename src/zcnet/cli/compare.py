@@ -21,8 +21,11 @@ def _handler(args: argparse.Namespace) -> int:
     export.print_tables(make_console(), [table])
     if args.json:
         env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
-        meta.write_json(args.json, meta.envelope("compare", env, [row_dict(r) for r in rows],
-                                                 files=[args.a, args.b]))
+        try:
+            meta.write_json(args.json, meta.envelope("compare", env, [row_dict(r) for r in rows],
+                                                     files=[args.a, args.b]))
+        except OSError as exc:
+            raise export.unwritable(args.json, exc) from None
     if args.markdown:
         export.write_text(args.markdown, export.to_markdown([table]))
     if args.csv:

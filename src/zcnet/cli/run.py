@@ -62,7 +62,11 @@ def _positive_float(text: str) -> float:
 def _outputs(args: argparse.Namespace, name: str) -> dict[str, Path | None]:
     out = Path(args.out) if getattr(args, "out", None) else None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ZcnetError(f"cannot create --out directory {out}: {exc.strerror or exc}",
+                             "give a directory that exists or can be created") from None
 
     def pick(explicit: str | None, suffix: str) -> Path | None:
         if explicit:

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from zcnet.errors import ZcnetError
 from zcnet.report.tables import Table, flat_rows
 
 
@@ -80,8 +81,19 @@ def to_csv(results: list[dict[str, Any]]) -> str:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Atomic like meta.write_json: a reader never sees half a report."""
+    """Atomic like meta.write_json: a reader never sees half a report. A path that cannot be
+    written is a ``ZcnetError`` naming it, and the temporary file is not left behind."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise unwritable(target, exc) from None
+
+
+def unwritable(path: str | os.PathLike[str], exc: OSError) -> ZcnetError:
+    """The error for an output file or directory the user named that cannot be written."""
+    return ZcnetError(f"cannot write {path}: {exc.strerror or exc}",
+                      "give a path in an existing, writable directory")

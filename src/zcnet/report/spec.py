@@ -245,6 +245,9 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         raise ck.fail(("substitute",), "must be an array of tables: [[substitute]]")
     for i, s in enumerate(raw_subs):
         p: tuple[str | int, ...] = ("substitute", i)
+        if not isinstance(s, dict):
+            raise ck.fail(p, f"expected a table, got {type(s).__name__} {s!r}",
+                          "write each substitution as a [[substitute]] table")
         ck.unknown(s, p, {"axis", "value", "lab", "why", "unless"})
         axis = ck.get(s, (*p, "axis"), str, required=True,
                       check=lambda v: None if v in matrix else "not an axis of [matrix]")

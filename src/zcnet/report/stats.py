@@ -90,7 +90,13 @@ def welch(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = Tr
         # The t statistic is undefined; identical constant samples are equal, different ones
         # differ with certainty.
         same = sa.mean == sb.mean
-        return Verdict(ratio, 1.0 if same else 0.0, not same)
-    result = sps.ttest_ind(list(b), list(a), equal_var=False)
-    p = float(result.pvalue)
-    return Verdict(ratio, p, p < alpha)
+        p = 1.0 if same else 0.0
+    else:
+        p = float(sps.ttest_ind(list(b), list(a), equal_var=False).pvalue)
+    significant = p < alpha
+    if significant and math.isnan(ratio):
+        # A zero mean leaves no ratio, but the direction is still known.
+        better = sb.mean > sa.mean if higher_is_better else sb.mean < sa.mean
+        return Verdict(ratio, p, True, f"{'faster' if better else 'slower'}, significant "
+                                       "(no ratio: a mean is 0)")
+    return Verdict(ratio, p, significant)

@@ -9,6 +9,7 @@ mpstat-style per-CPU table.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,14 +143,23 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
 
 
 def _vs_baseline(base: list[float], vals: list[float], metric: str) -> str:
+    if not vals:
+        return "n/a"  # an ok cell that lacks this metric: nothing to compare
     higher = METRICS[metric].higher_is_better
     try:
         v = welch(base, vals, higher_is_better=higher)
     except ZcnetError:
         # Without scipy a table still shows the ratio; only the verdict needs the t-test.
-        ratio = (sum(vals) / len(vals)) / (sum(base) / len(base))
+        mb, mv = sum(base) / len(base), sum(vals) / len(vals)
+        if mb == 0 or mv == 0:
+            return "no ratio: a mean is 0 (no verdict: scipy not installed)"
+        ratio = mv / mb
         return f"{ratio if higher else 1 / ratio:.2f}x (no verdict: scipy not installed)"
-    return v.text() if v.significant else f"{v.ratio:.2f}x, {v.text()}"
+    if v.significant:
+        return v.text()
+    if math.isnan(v.ratio):
+        return f"no ratio: a mean is 0, {v.text()}"
+    return f"{v.ratio:.2f}x, {v.text()}"
 
 
 def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
