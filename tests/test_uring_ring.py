@@ -265,3 +265,35 @@ def test_wait_with_timeout_returns_without_completions(no_leaks, tcp_pair) -> No
         r.wait(1, timeout=0.2)
         assert time.monotonic() - t0 >= 0.15
         assert len(r.reap()) == 0 and r.pending == 0
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(_sig: int, _frame: object) -> None:
+    raise _Interrupted
+
+
+def test_signal_during_wait_keeps_the_pending_count_true(no_leaks, tcp_pair) -> None:
+    """A signal handler that raises (Ctrl-C) right after the enter consumed the SQEs must not
+    leave a stale pending count: a later enter would ask for SQEs that do not exist, the
+    kernel then skips the wait, and every wait loop above spins instead of sleeping."""
+    import signal
+    import time
+
+    _, s = tcp_pair
+    old = signal.signal(signal.SIGALRM, _raise_interrupted)
+    try:
+        with Ring(4, flags=FAST) as r, Mapping.anonymous(4096) as m:
+            prep_recv(r, s.fileno(), m.addr, 16, user_data=1)  # nothing will arrive
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            with pytest.raises(_Interrupted):
+                r.submit(1)
+            assert r.pending == 0  # the kernel took the SQE before the wait was interrupted
+            t0 = time.monotonic()
+            r.wait(1, timeout=0.2)
+            assert time.monotonic() - t0 >= 0.15
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

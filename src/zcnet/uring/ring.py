@@ -78,7 +78,6 @@ class Ring:
         self.cqe32 = bool(p.flags & u.IORING_SETUP_CQE32)
         self.sq_entries = p.sq_entries
         self.cq_entries = p.cq_entries
-        self._pending = 0  # SQEs written but not yet submitted
 
     # -- setup ------------------------------------------------------------------------------
     def _map_rings(self, p: u.io_uring_params) -> None:
@@ -158,7 +157,6 @@ class Ring:
                 raise BlockingIOError(errno.EBUSY, "submission queue full")
         tail = self._sq_tail
         self._sq_tail = (tail + n) & 0xFFFFFFFF
-        self._pending += n
         return tail
 
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
@@ -206,8 +204,13 @@ class Ring:
 
         With ``timeout`` (seconds) the wait ends after that long even if fewer completions
         arrived (IORING_ENTER_EXT_ARG); returns the number of SQEs the kernel consumed.
+
+        The count to submit is read from the kernel's SQ head, not kept in a counter: a signal
+        handler that raises (Ctrl-C) after the kernel consumed the SQEs but before a counter
+        was updated would leave it too high, and an enter asking for more SQEs than exist
+        returns at once without waiting, so every wait loop above would spin.
         """
-        n = self._pending
+        n = self.pending
         self._sq32[self._ktail_i] = self._sq_tail  # release: see module docstring
         flags = u.IORING_ENTER_GETEVENTS if wait_nr else 0
         arg = None
@@ -220,18 +223,18 @@ class Ring:
             done = io_uring_enter(self.fd, n, wait_nr, flags, arg)
         except OSError as e:
             if e.errno == errno.ETIME:
-                done = n  # the timeout fired; submission itself went through
+                done = n - self.pending  # the timeout fired; submission itself went through
             elif e.errno in (errno.EBUSY, errno.EAGAIN):
-                done = 0  # CQ overflow back-pressure: caller reaps, then submits again
+                done = n - self.pending  # CQ overflow back-pressure: reap, then submit again
             else:
                 raise
-        self._pending = n - done
         return done
 
     @property
     def pending(self) -> int:
-        """SQEs prepared but not yet consumed by the kernel."""
-        return self._pending
+        """SQEs prepared but not yet consumed by the kernel (it advances ``khead`` inside our
+        own enter: no SQPOLL)."""
+        return (self._sq_tail - int(self._sq32[self._khead_i])) & 0xFFFFFFFF
 
     def wait(self, wait_nr: int = 1, timeout: float | None = None) -> None:
         """Flush pending SQEs (if any) and wait for completions (at most ``timeout`` s)."""
