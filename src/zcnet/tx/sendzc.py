@@ -139,9 +139,12 @@ class SendZcSender(_SlotSender):
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while self.outstanding:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise _stuck(self.outstanding, timeout)
-            self.ring.submit(wait_nr=1)
+            # The wait itself carries the deadline: a send parked on a peer that stopped
+            # reading posts nothing, and close() (Ctrl-C) must not block on it forever.
+            self.ring.submit(wait_nr=1, timeout=left)
             self._process()
 
     def close(self) -> None:
