@@ -128,3 +128,25 @@ def test_ab_against_a_zero_baseline(monkeypatch: pytest.MonkeyPatch, scipy: bool
     (table,) = experiment_tables(doc)
     text = " ".join(" ".join(r) for r in table.rows)
     assert "nan" not in text and "inf" not in text
+
+
+def test_plots_into_an_uncreatable_directory(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = main(["run", "--report", str(FIX / "mlx5-zcrx.json"), "--plots", str(blocker / "p")])
+    assert rc != 0
+    assert "zcnet: error:" in capsys.readouterr().err
+
+
+def test_plot_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from zcnet.report.plots import plot_all
+
+    doc = load("mlx5-zcrx")
+    first = doc["report"]["plots"][0]
+    (tmp_path / f"{doc['experiment']['name']}-{first}.png").mkdir()
+    with pytest.raises(ZcnetError):
+        plot_all(doc, tmp_path, [first])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

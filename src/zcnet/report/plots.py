@@ -43,9 +43,15 @@ def _figure(plt: Any, title: str, ylabel: str) -> tuple[Any, Any]:
 
 def _save(plt: Any, fig: Any, path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=DPI, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ZcnetError(f"cannot write plot {path}: {exc.strerror or exc}",
+                         "give a writable directory") from None
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -152,7 +158,11 @@ def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
     title = exp.get("title") or stem
     results = [r for r in doc.get("results", []) if not r.get("peer")]
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZcnetError(f"cannot create plot directory {out}: {exc.strerror or exc}",
+                         "give a directory that exists or can be created") from None
     paths = []
     for name in names if names is not None else rep.get("plots", []):
         kwargs: dict[str, Any] = {"title": f"{title}: {name}" if len(title) < 40 else
