@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from zcnet.errors import ZcnetError
 from zcnet.tx.sendzc import SendZcSender
+from zcnet.tx.sink import Sink
 
 
 class _Interrupted(Exception):
@@ -66,3 +69,16 @@ def test_sendzc_flush_and_close_end_by_their_deadline_when_the_peer_stalls(
         signal.setitimer(signal.ITIMER_REAL, 10.0)
         s.close()
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _garbled_sink(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
+    """A 'sink' that prints something other than its JSON port line, then lingers."""
+    code = "print('Warning: not json', flush=True); import time; time.sleep(30)"
+    return subprocess.Popen([sys.executable, "-c", code], **kw)  # type: ignore[call-overload]
+
+
+def test_sink_start_failure_is_an_error_and_stops_the_process(no_leaks) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ZcnetError, match="sink"):
+        Sink("127.0.0.1", (64,), spawn=_garbled_sink)
+    assert time.monotonic() - t0 < 5.0

@@ -130,10 +130,14 @@ class Sink:
         self._proc = spawn(cmd, **pipes)
         try:
             first = self._read()
-        except ZcnetError:
+            self.port = int(first["port"])
+        except (KeyError, TypeError, ValueError) as exc:
+            self.close()
+            raise ZcnetError(f"txbench sink started but did not report its port: {exc!r}",
+                             "something else writes to the sink's stdout") from exc
+        except BaseException:  # ZcnetError, Ctrl-C: the process must not outlive us
             self.close()
             raise
-        self.port = int(first["port"])
 
     def _read(self) -> dict[str, Any]:
         assert self._proc.stdout is not None
