@@ -167,3 +167,12 @@ def test_without_capabilities_bench_falls_back_to_loopback_and_says_so(no_leaks,
     assert doc["env"]["lab"] is False
     (cell,) = doc["results"]  # one row: lo's own MTU, not three n/a rows
     assert cell["status"] == "ok" and cell["mtu"] == int(Path("/sys/class/net/lo/mtu").read_text())
+
+
+def test_unwritable_json_path_fails_before_measuring(no_leaks, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    r = zcnet("bench", "--no-lab", "--engine", "epoll", "--placement", "same", "--duration", "5",
+              "--json", str(tmp_path / "missing" / "x.json"), timeout=60)
+    assert r.returncode == 1 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 5  # no 5 s cell was run first
+    assert not list(tmp_path.iterdir())  # and no temp file was left

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet import __version__
+from zcnet.errors import ZcnetError
 
 ENVELOPE_VERSION = 1
 
@@ -64,5 +65,10 @@ def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
     """Write atomically, so an interrupted run never leaves half a file."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ZcnetError(f"cannot write {target}: {e.strerror}",
+                         "pass a path in an existing, writable directory") from None

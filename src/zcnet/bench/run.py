@@ -258,6 +258,8 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
         by_mtu.setdefault(mtu, []).append((engine, placement))
     assert opts.mtus is not None
     first = opts.mtus[0]
+    if opts.json_path:
+        write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
         with target(opts.lab, first) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
