@@ -32,6 +32,7 @@ from zcnet.errors import UsageError, ZcnetError
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 60.0
+CLOSE_TIMEOUT = 5.0     # for the goodbye: a silent server must not hold up the exit
 
 
 @dataclass
@@ -153,8 +154,9 @@ class Control:
         """Say goodbye when the conversation allows it; close the socket in any case."""
         try:
             if self.conn.state in ("ready", "running"):
-                self.sock.settimeout(5)
-                self.request({"type": "end"})
+                self.sock.settimeout(CLOSE_TIMEOUT)
+                self.send({"type": "end"})
+                self.receive(CLOSE_TIMEOUT)
         except (ZcnetError, OSError, ProtocolError):
             pass
         finally:

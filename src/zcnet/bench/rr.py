@@ -196,9 +196,11 @@ def _engine(spec: FlowSpec) -> Any:
     from zcnet.rx.engines import EngineOptions, make_engine
 
     known = set(EngineOptions.__dataclass_fields__)
-    opts = EngineOptions(bufsize=spec.read_size,
-                         **{k: v for k, v in spec.engine_opts.items() if k in known})
-    for k, v in spec.engine_opts.items():
+    # read_size is the buffer size the server checked against its limits: it wins over a
+    # "bufsize" engine option (which would also be a second value for one keyword).
+    extra = {k: v for k, v in spec.engine_opts.items() if k != "bufsize"}
+    opts = EngineOptions(bufsize=spec.read_size, **{k: v for k, v in extra.items() if k in known})
+    for k, v in extra.items():
         if k not in known:
             setattr(opts, k, v)
     engine = make_engine(spec.engine, opts)
@@ -353,7 +355,7 @@ def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
     except EngineUnsupported as e:
         with contextlib.suppress(OSError):
             chan.send({"event": "unsupported", "reason": str(e)})
-    except (OSError, ValueError, RuntimeError, EOFError) as e:
+    except (OSError, ValueError, TypeError, RuntimeError, EOFError) as e:
         log.debug("flow worker %s failed", spec.role, exc_info=True)
         with contextlib.suppress(OSError):  # the session is gone; nobody to tell
             chan.send({"event": "error", "reason": f"{spec.role} worker: {e}"})

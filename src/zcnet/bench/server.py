@@ -79,9 +79,12 @@ def parse_hostport(text: str, default_port: int = proto.DEFAULT_PORT) -> tuple[s
     else:
         host, port = text, ""
     try:
-        return host, int(port) if port else default_port
+        number = int(port) if port else default_port
     except ValueError:
-        raise UsageError(f"bad port in {text!r}", "use HOST:PORT, e.g. 127.0.0.1:18323") from None
+        number = -1
+    if not 0 <= number <= 65535:   # bind/connect would raise OverflowError, not OSError
+        raise UsageError(f"bad port in {text!r}", "use HOST:PORT, e.g. 127.0.0.1:18323")
+    return host, number
 
 
 def read_token(path: str) -> bytes:
@@ -224,12 +227,18 @@ class Session:
 
     def _converse(self) -> None:
         hello = self._next(self.timeout)
+        if hello["type"] == "error":   # the client may give up at any point, even first
+            log.warning("session %d: client error: %s", self.ident, hello["message"])
+            return
         log.info("session %d (%s): hello, caps %s", self.ident, self.peer, hello["caps"])
         self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
                     "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
                     "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire(),
                     "host": _host_env()})
         auth = self._next(self.timeout)
+        if auth["type"] == "error":
+            log.warning("session %d: client error: %s", self.ident, auth["message"])
+            return
         if not proto.check_mac(self.token, self.challenge, auth["mac"]):
             log.warning("session %d (%s): authentication failed, nothing run", self.ident,
                         self.peer)
@@ -246,7 +255,13 @@ class Session:
                 self._send({"type": "bye"})
                 return
             # A request that cannot be served raises SessionError: error reply, session over.
-            self._send(HANDLERS[kind](self, msg))
+            try:
+                reply = HANDLERS[kind](self, msg)
+            except OSError as e:
+                # The kernel refused something on the client's behalf (a worker gone before
+                # sched_setaffinity, fork failing ...): an error reply, not a lost connection.
+                raise SessionError("worker", f"{kind}: {e.strerror or e}") from None
+            self._send(reply)
 
     # -- requests --------------------------------------------------------------------------------
 

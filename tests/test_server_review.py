@@ -1,0 +1,128 @@
+"""Review findings in zcnet server / client: real servers on loopback, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from test_server_e2e import ServerProc, _raw_session, _read_frame, flow_workers, server, wait_for
+from zcnet.bench import client as client_mod
+from zcnet.bench import protocol as proto
+from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
+from zcnet.bench.server import parse_hostport
+from zcnet.errors import UsageError
+
+pytestmark = pytest.mark.timeout(120)
+
+OPEN0 = {"type": "open", "flow": 0, "mode": "stream", "engine": "epoll", "read_size": 4096,
+         "req_size": 1, "resp_size": 1}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory) -> Iterator[ServerProc]:
+    with server(tmp_path_factory.mktemp("review"), "127.0.0.1") as s:
+        yield s
+
+
+@pytest.fixture
+def no_traceback(srv) -> Iterator[None]:
+    """The shared server logs no new traceback during the test."""
+    before = srv.log_text().count("Traceback")
+    yield
+    time.sleep(0.3)
+    assert srv.log_text().count("Traceback") == before, srv.log_text()
+
+
+@pytest.mark.parametrize("where", ["hello", "auth"])
+def test_error_message_instead_of_hello_or_auth_ends_the_session_quietly(srv, no_traceback,
+                                                                          where):
+    err = proto.encode({"type": "error", "code": "bye", "message": "changed my mind"})
+    with _raw_session(srv.address) as c:
+        if where == "auth":
+            c.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+            assert _read_frame(c)["type"] == "welcome"
+        c.sendall(err)
+        c.settimeout(10)
+        while c.recv(65536):   # the server ends the session
+            pass
+    res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.2))
+    assert res.flows[0]["status"] == "ok"
+
+
+def test_pin_of_a_dead_worker_is_an_error_reply_not_a_lost_connection(srv):
+    ctl = Control(srv.address, None)
+    try:
+        ctl.request(OPEN0)
+        (pid,) = flow_workers(srv.proc.pid)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10)
+        with pytest.raises(ServerRefused):
+            ctl.request({"type": "pin", "flow": 0, "cpu": 0, "role": "rx"})
+    finally:
+        ctl.sock.close()
+    assert wait_for(lambda: not flow_workers(srv.proc.pid), 10)
+
+
+def test_duplicate_bufsize_engine_option_does_not_crash_the_worker(srv, no_traceback):
+    ctl = Control(srv.address, None)
+    try:
+        opened = ctl.request({**OPEN0, "engine_opts": {"bufsize": 8192}})
+        assert opened["port"] > 0
+        ctl.request({"type": "close", "flow": 0})
+    finally:
+        ctl.close()
+
+
+def test_two_runs_in_one_session(srv):
+    ctl = Control(srv.address, None)
+    try:
+        for _ in range(2):
+            ctl.request(OPEN0)
+            ctl.request({"type": "start", "duration": 0.05})
+    finally:
+        ctl.close()
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:70000", "127.0.0.1:-1", "[::1]:65536"])
+def test_port_out_of_range_is_a_usage_error(text):
+    with pytest.raises(UsageError):
+        parse_hostport(text)
+
+
+def test_client_close_is_bounded_when_the_server_goes_silent(monkeypatch):
+    """A server that completes the handshake and then never answers: close() gives up soon."""
+    monkeypatch.setattr(client_mod, "CLOSE_TIMEOUT", 0.5, raising=False)
+    ls = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def fake_server() -> None:
+        c, _ = ls.accept()
+        with c:
+            conn = proto.Connection(proto.Role.SERVER)
+            conn.receive_data(c.recv(65536))
+            conn.next_event()
+            c.sendall(conn.send({"type": "welcome", "version": 1, "caps": [],
+                                 "challenge": proto.new_challenge(), "cpus": 1,
+                                 "limits": proto.Limits().to_wire()}))
+            conn.receive_data(c.recv(65536))
+            conn.next_event()
+            c.sendall(conn.send({"type": "auth_ok"}))
+            done.wait(30)   # silent from now on
+
+    t = threading.Thread(target=fake_server, daemon=True)
+    t.start()
+    try:
+        ctl = Control(f"127.0.0.1:{ls.getsockname()[1]}", None)
+        t0 = time.monotonic()
+        ctl.close()
+        assert time.monotonic() - t0 < 5
+    finally:
+        done.set()
+        t.join(5)
+        ls.close()
