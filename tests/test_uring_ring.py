@@ -297,3 +297,36 @@ def test_signal_during_wait_keeps_the_pending_count_true(no_leaks, tcp_pair) -> 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_wait_with_timeout_ends_under_a_stream_of_signals(no_leaks, tcp_pair) -> None:
+    """A signal handler that returns (a sampling profiler's timer, SIGCHLD) interrupts the wait
+    with EINTR; retrying with the full timeout again would never end while signals keep
+    coming faster than the timeout."""
+    import signal
+    import time
+
+    _, s = tcp_pair
+    ticks = 0
+
+    def tick(_sig: int, _frame: object) -> None:
+        nonlocal ticks
+        ticks += 1
+        if ticks > 150:  # the failure guard: about 3 s of signals
+            raise _Interrupted
+
+    old = signal.signal(signal.SIGALRM, tick)
+    try:
+        with Ring(4, flags=FAST) as r, Mapping.anonymous(4096) as m:
+            prep_recv(r, s.fileno(), m.addr, 16, user_data=1)  # nothing will arrive
+            r.submit()
+            signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+            t0 = time.monotonic()
+            r.wait(1, timeout=0.2)
+            elapsed = time.monotonic() - t0
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            assert 0.15 <= elapsed < 1.0
+            assert ticks
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

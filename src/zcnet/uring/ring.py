@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,14 +214,12 @@ class Ring:
         n = self.pending
         self._sq32[self._ktail_i] = self._sq_tail  # release: see module docstring
         flags = u.IORING_ENTER_GETEVENTS if wait_nr else 0
-        arg = None
-        if timeout is not None and wait_nr:
-            ts = _kernel_timespec(int(timeout), int((timeout % 1) * 1e9))
-            self._ts = ts  # kept alive across the call
-            arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
-            flags |= u.IORING_ENTER_EXT_ARG
         try:
-            done = io_uring_enter(self.fd, n, wait_nr, flags, arg)
+            if timeout is not None and wait_nr:
+                done = self._enter_until(n, wait_nr, flags | u.IORING_ENTER_EXT_ARG,
+                                         time.monotonic() + timeout)
+            else:
+                done = io_uring_enter(self.fd, n, wait_nr, flags)
         except OSError as e:
             if e.errno == errno.ETIME:
                 done = n - self.pending  # the timeout fired; submission itself went through
@@ -229,6 +228,21 @@ class Ring:
             else:
                 raise
         return done
+
+    def _enter_until(self, n: int, wait_nr: int, flags: int, deadline: float) -> int:
+        """Enter with a relative timeout; after EINTR (a signal whose handler returned) enter
+        again with only what is left, so a stream of signals cannot stretch the wait."""
+        left = max(0.0, deadline - time.monotonic())
+        while True:
+            ts = _kernel_timespec(int(left), int((left % 1) * 1e9))
+            arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
+            try:
+                return io_uring_enter(self.fd, n, wait_nr, flags, arg, retry_eintr=False)
+            except InterruptedError:
+                n = self.pending
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 0
 
     @property
     def pending(self) -> int:

@@ -34,10 +34,13 @@ def io_uring_setup(entries: int, params: u.io_uring_params) -> int:
 
 
 def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int,
-                   arg: ctypes.Structure | None = None) -> int:
+                   arg: ctypes.Structure | None = None, *, retry_eintr: bool = True) -> int:
     """One io_uring_enter; retries EINTR so a signal never loses a submission count.
 
     ``arg`` is an io_uring_getevents_arg for IORING_ENTER_EXT_ARG (a wait with a timeout).
+    Its timeout is relative, so a caller with a deadline passes ``retry_eintr=False``, gets
+    InterruptedError, and retries with what is left (the kernel returns EINTR only when it
+    submitted nothing).
     """
     parg = ctypes.byref(arg) if arg is not None else None
     argsz = ctypes.sizeof(arg) if arg is not None else 0
@@ -48,7 +51,7 @@ def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int,
         if ret >= 0:
             return ret
         err = ctypes.get_errno()
-        if err != errno.EINTR:
+        if err != errno.EINTR or not retry_eintr:
             raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
 
 
