@@ -486,8 +486,10 @@ class Receiver:
             raise ZcnetError("close called from a thread that did not open the receiver")
         with self._close_lock:
             self._closed = True
-            self.provider.close()
-            self._account_closed()
+            try:
+                self.provider.close()
+            finally:  # Ctrl-C during the provider's cancel must not leak the area
+                self._account_closed()
 
     def _release_after_close(self) -> None:
         # The owner no longer drains; whoever releases last does the accounting.
