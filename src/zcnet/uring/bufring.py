@@ -138,11 +138,13 @@ class BufRing:
             self.area.close()
 
     def close(self) -> None:
-        if getattr(self, "_registered", False) and self.ring.fd >= 0:
-            reg = u.io_uring_buf_reg(bgid=self.bgid)
-            self.ring.register(u.IORING_UNREGISTER_PBUF_RING, reg, 1)
-        self._registered = False
-        self._release_memory()
+        try:
+            if getattr(self, "_registered", False) and self.ring.fd >= 0:
+                reg = u.io_uring_buf_reg(bgid=self.bgid)
+                self.ring.register(u.IORING_UNREGISTER_PBUF_RING, reg, 1)
+        finally:  # the kernel pinned the ring's pages, so unmapping is safe either way
+            self._registered = False
+            self._release_memory()
 
     def __enter__(self) -> BufRing:
         return self

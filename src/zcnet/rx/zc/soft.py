@@ -140,11 +140,13 @@ class SoftProvider:
         try:
             if self.armed:
                 self.armed = not cancel_multishot(ring, RECV_UD, CANCEL_UD)
-            if self._buf is not None:
-                self._buf.close()
-                self._buf = None
-        finally:
-            ring.close()
+        finally:  # Ctrl-C in the cancel wait: the buffer ring's memory still goes
+            try:
+                if self._buf is not None:
+                    self._buf.close()
+                    self._buf = None
+            finally:
+                ring.close()
 
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,

@@ -117,6 +117,8 @@ class IncrementalSoftProvider:
             if self.armed:
                 cancel_multishot(ring, RECV_UD, CANCEL_UD)
                 self.armed = False
-            self._buf.close()
-        finally:
-            ring.close()
+        finally:  # Ctrl-C in the cancel wait: the buffer ring's memory still goes
+            try:
+                self._buf.close()
+            finally:
+                ring.close()
