@@ -126,3 +126,33 @@ def test_client_close_is_bounded_when_the_server_goes_silent(monkeypatch):
         done.set()
         t.join(5)
         ls.close()
+
+
+def test_remote_server_keeps_serving_after_its_stderr_outgrew_a_pipe(no_leaks, tmp_path):
+    """The ssh-started server's stderr is a pipe to us: unread, its warnings (one per refused
+    session) fill it and the server blocks in logging for good."""
+    import sys
+
+    from test_server_remote import FAKE_SSH, free_port, script
+    from zcnet.bench.remote import RemoteServer
+
+    ssh = script(tmp_path, "ssh", FAKE_SSH)
+    remote = RemoteServer("127.0.0.1", port=free_port(), listen="127.0.0.1", ssh=ssh,
+                          python=sys.executable)
+    hello = proto.encode({"type": "hello", "version": 1, "caps": []})
+    bad_auth = proto.encode({"type": "auth", "mac": "0" * 64})
+    with remote:
+        assert remote.address
+        for _ in range(500):   # ~2 warnings of ~100 bytes each: well past 64 KiB
+            with _raw_session(remote.address) as c:
+                c.sendall(hello)
+                _read_frame(c)
+                c.sendall(bad_auth)
+                with pytest.raises(ConnectionError):  # the error reply, then EOF
+                    while True:
+                        if _read_frame(c)["type"] == "error":
+                            raise ConnectionError
+        with _raw_session(remote.address) as c:
+            c.settimeout(5)
+            c.sendall(hello)
+            assert _read_frame(c)["type"] == "welcome"

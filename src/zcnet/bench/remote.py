@@ -6,7 +6,9 @@ The convention of the kernel's net selftests: the remote command runs under a pl
 Some facts about ssh and remote lifetimes: without a tty, killing the local ssh does not signal
 the remote command; the remote side only sees its stdin reach EOF when the connection goes away.
 So the server runs with ``--exit-on-eof`` and the client holds its stdin open: closing it (or the
-client dying, which closes it too) stops the server. The token travels on that same stdin
+client dying, which closes it too) stops the server. The server's stderr is a pipe to us: once
+it is up, a thread drains it (keeping a tail), or a long run's warnings would fill the pipe and
+block the server in its logging for good. The token travels on that same stdin
 (``--token-file -``), so it never appears in a process list or a file on the remote host, and the
 remote listens beyond loopback only with it.
 """
@@ -21,7 +23,9 @@ import selectors
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from zcnet.bench.protocol import DEFAULT_PORT
@@ -48,6 +52,9 @@ class RemoteServer:
     token: bytes = field(default_factory=lambda: secrets.token_hex(32).encode())
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     address: str | None = field(default=None, init=False)
+    _drain: threading.Thread | None = field(default=None, init=False, repr=False)
+    stderr_tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=64), init=False,
+                                      repr=False)
 
     def command(self) -> list[str]:
         """The local argv: ssh, its options, the host, then the remote command as one string."""
@@ -73,6 +80,10 @@ class RemoteServer:
             except BrokenPipeError:
                 pass  # ssh already exited (e.g. refused): _wait_ready reports its stderr
             self.address = self._wait_ready()
+            self._drain = threading.Thread(target=_drain, args=(self.proc.stderr,
+                                                                self.stderr_tail),
+                                           name="zcnet-remote-stderr", daemon=True)
+            self._drain.start()
         except BaseException:
             self.stop()
             raise
@@ -132,6 +143,9 @@ class RemoteServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = proc.wait()
+        drain, self._drain = self._drain, None
+        if drain is not None:   # EOF follows the exit (unless a grandchild holds the pipe)
+            drain.join(STOP_TIMEOUT)
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
@@ -142,6 +156,15 @@ class RemoteServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _drain(stream: object, tail: deque[bytes]) -> None:
+    """Read a pipe to EOF, keeping its last lines (for a post-mortem), so its writer never
+    blocks."""
+    fd = stream.fileno()  # type: ignore[attr-defined]
+    with contextlib.suppress(OSError, ValueError):   # closed under us: nothing more to read
+        while chunk := os.read(fd, 65536):
+            tail.extend(chunk.splitlines(keepends=True))
 
 
 @dataclass
