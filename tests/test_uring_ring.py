@@ -330,3 +330,32 @@ def test_wait_with_timeout_ends_under_a_stream_of_signals(no_leaks, tcp_pair) ->
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_submit_and_wait_waits_on_after_a_signal(no_leaks, tcp_pair, timeout) -> None:
+    """When a signal (handler returns) ends the wait of the enter that also submitted, the
+    kernel returns the submit count with no completion; submit(wait_nr) must still return
+    only with wait_nr completions ready (callers index reap()[0], count a burst as sent)."""
+    import signal
+    import threading
+    import time
+
+    c, s = tcp_pair
+    old = signal.signal(signal.SIGALRM, lambda *_: None)
+    sender = threading.Timer(0.3, c.sendall, (b"late",))
+    try:
+        with Ring(4, flags=FAST) as r, Mapping.anonymous(4096) as m:
+            prep_recv(r, s.fileno(), m.addr, 16, user_data=1)
+            sender.start()
+            signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+            t0 = time.monotonic()
+            assert r.submit(1, timeout) == 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            got = r.reap()
+            assert len(got) == 1 and int(got.res[0]) == 4
+            assert time.monotonic() - t0 < 3.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        sender.join()

@@ -201,35 +201,46 @@ class Ring:
                 self.sqe_u32[rows, 6] = length[src:src + cnt]  # type: ignore[index]
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
-        """Publish pending SQEs and enter once; waits for ``wait_nr`` completions if asked.
+        """Publish pending SQEs and enter; returns once ``wait_nr`` completions are ready.
 
         With ``timeout`` (seconds) the wait ends after that long even if fewer completions
         arrived (IORING_ENTER_EXT_ARG); returns the number of SQEs the kernel consumed.
 
-        The count to submit is read from the kernel's SQ head, not kept in a counter: a signal
-        handler that raises (Ctrl-C) after the kernel consumed the SQEs but before a counter
-        was updated would leave it too high, and an enter asking for more SQEs than exist
-        returns at once without waiting, so every wait loop above would spin.
+        Some facts about signals here. A handler that returns (a profiler's timer, SIGCHLD)
+        ends the kernel's wait: with nothing submitted the enter fails with EINTR, but an
+        enter that also submitted returns the submit count with the completions not there
+        yet. Either way we enter again for the rest of the wait, with only the time left.
+        A handler that raises (Ctrl-C) leaves through the exception. So the count to submit
+        is read from the kernel's SQ head, never kept in a counter the exception could leave
+        stale: an enter asking for more SQEs than exist skips the wait, and every wait loop
+        above would spin.
         """
-        n = self.pending
+        n0 = self.pending
         self._sq32[self._ktail_i] = self._sq_tail  # release: see module docstring
         flags = u.IORING_ENTER_GETEVENTS if wait_nr else 0
-        try:
-            if timeout is not None and wait_nr:
-                done = self._enter_until(n, wait_nr, flags | u.IORING_ENTER_EXT_ARG,
-                                         time.monotonic() + timeout)
-            else:
-                done = io_uring_enter(self.fd, n, wait_nr, flags)
-        except OSError as e:
-            if e.errno == errno.ETIME:
-                done = n - self.pending  # the timeout fired; submission itself went through
-            elif e.errno in (errno.EBUSY, errno.EAGAIN):
-                done = n - self.pending  # CQ overflow back-pressure: reap, then submit again
-            else:
-                raise
-        return done
+        deadline = None
+        if timeout is not None and wait_nr:
+            deadline = time.monotonic() + timeout
+            flags |= u.IORING_ENTER_EXT_ARG
+        while True:
+            try:
+                if deadline is None:
+                    io_uring_enter(self.fd, self.pending, wait_nr, flags)
+                else:
+                    self._enter_until(wait_nr, flags, deadline)
+            except OSError as e:
+                if e.errno not in (errno.ETIME,  # the timeout fired
+                                   errno.EBUSY, errno.EAGAIN):  # CQ overflow: reap first
+                    raise
+                break
+            if not wait_nr or self.cq_ready() >= wait_nr:
+                break
+            # Fewer completions than asked for: a signal ended the wait early.
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return n0 - self.pending
 
-    def _enter_until(self, n: int, wait_nr: int, flags: int, deadline: float) -> int:
+    def _enter_until(self, wait_nr: int, flags: int, deadline: float) -> int:
         """Enter with a relative timeout; after EINTR (a signal whose handler returned) enter
         again with only what is left, so a stream of signals cannot stretch the wait."""
         left = max(0.0, deadline - time.monotonic())
@@ -237,9 +248,9 @@ class Ring:
             ts = _kernel_timespec(int(left), int((left % 1) * 1e9))
             arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
             try:
-                return io_uring_enter(self.fd, n, wait_nr, flags, arg, retry_eintr=False)
+                return io_uring_enter(self.fd, self.pending, wait_nr, flags, arg,
+                                      retry_eintr=False)
             except InterruptedError:
-                n = self.pending
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return 0
