@@ -42,3 +42,21 @@ def test_flows_end_with_their_run_so_a_session_can_run_again():
         deliver(cli, srv, {"type": "start", "duration": 0.1})
         deliver(srv, cli, {"type": "results", "flows": [], "cpus": {}, "seconds": 0.1})
         assert srv.flows == cli.flows == 0
+
+
+@pytest.mark.parametrize("flows", [[1], [{"role": "rx"}], [{"flow": "0", "role": "rx"}]])
+def test_results_flows_are_objects_with_a_flow_and_role(flows):
+    cli, srv = handshake()
+    deliver(cli, srv, {"type": "start", "duration": 0.1})
+    cli.receive_data(_frame(p.json.dumps({"type": "results", "flows": flows, "cpus": {},
+                                          "seconds": 0.1})))
+    with pytest.raises(RemoteProtocolError):
+        cli.next_event()
+
+
+def test_results_cpus_are_objects():
+    cli, srv = handshake()
+    deliver(cli, srv, {"type": "start", "duration": 0.1})
+    cli.receive_data(_frame('{"type":"results","flows":[],"cpus":{"0":1},"seconds":0.1}'))
+    with pytest.raises(RemoteProtocolError):
+        cli.next_event()

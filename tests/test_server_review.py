@@ -156,3 +156,13 @@ def test_remote_server_keeps_serving_after_its_stderr_outgrew_a_pipe(no_leaks, t
             c.settimeout(5)
             c.sendall(hello)
             assert _read_frame(c)["type"] == "welcome"
+
+
+def test_nan_session_timeout_is_a_usage_error():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "zcnet", "server", "--listen", "127.0.0.1:0",
+                          "--session-timeout", "nan"], capture_output=True, text=True,
+                         timeout=30, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr

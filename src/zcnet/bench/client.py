@@ -265,7 +265,7 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
             "tx_app_cpu": None}
     rx_pin, tx_pin = opts.rx_app_cpu, opts.tx_app_cpu
     if opts.pin_off is not None:
-        if rx_pin is None:
+        if rx_pin is None and rx_cpu >= 0:   # -1: the kernel recorded no CPU
             rx_pin = (rx_cpu + opts.pin_off) % dst.cpus
         if tx_pin is None and connected["cpu"] >= 0:
             tx_pin = (connected["cpu"] + opts.pin_off) % src.cpus

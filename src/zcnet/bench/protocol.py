@@ -140,6 +140,16 @@ def _json_obj(v: Any) -> bool:
     return all(isinstance(k, str) for k in v)
 
 
+def _result_flows(v: Any) -> bool:
+    """What the client indexes a flow result by: an object with an int flow (and a str role)."""
+    return all(isinstance(f, dict) and type(f.get("flow")) is int
+               and isinstance(f.get("role", ""), str) for f in v)
+
+
+def _cpu_shares(v: Any) -> bool:
+    return all(isinstance(k, str) and isinstance(x, dict) for k, x in v.items())
+
+
 def _engine_opts(v: Any) -> bool:
     """Engine options (ifname, queue, consumer ...): a few names with plain scalar values."""
     def ok(x: Any) -> bool:
@@ -200,7 +210,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "start": {"duration": Field(float, lo=0.01, hi=1e6)},
     # hist: the session's latency histograms merged into one (HDR, base64), so a results message
     # stays far below MAX_MESSAGE however many flows ran (one encoded histogram is ~10 KiB).
-    "results": {"flows": Field(list), "cpus": Field(dict, check=_json_obj),
+    "results": {"flows": Field(list, check=_result_flows), "cpus": Field(dict, check=_cpu_shares),
                 "seconds": Field(float, lo=0.0, hi=1e7),
                 "hist": Field(str, required=False, check=lambda s: len(s) < MAX_MESSAGE // 2)},
     "end": {},

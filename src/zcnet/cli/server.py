@@ -61,7 +61,9 @@ def _watch_stdin(on_eof: Callable[[], None]) -> None:
 def run(args: argparse.Namespace) -> int:
     from zcnet.bench.server import Server, parse_hostport
 
-    if min(args.session_timeout, args.max_flows, args.max_duration, args.max_memory) <= 0:
+    # "not > 0" so that NaN (which compares False with everything) is refused too.
+    if not all(v > 0 for v in (args.session_timeout, args.max_flows, args.max_duration,
+                               args.max_memory)):
         raise UsageError("limits must be positive", "e.g. --session-timeout 30 --max-flows 64")
     host, port = parse_hostport(args.listen)
     limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
