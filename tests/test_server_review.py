@@ -166,3 +166,16 @@ def test_nan_session_timeout_is_a_usage_error():
                           "--session-timeout", "nan"], capture_output=True, text=True,
                          timeout=30, stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_host_details_are_sent_only_after_authentication(srv):
+    """welcome goes to anyone who connects: the kernel release and hostname wait for auth_ok."""
+    with _raw_session(srv.address) as c:
+        c.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+        welcome = _read_frame(c)
+        assert welcome["type"] == "welcome" and "host" not in welcome
+    ctl = Control(srv.address, None)
+    try:
+        assert ctl.env["kernel"] == os.uname().release
+    finally:
+        ctl.close()

@@ -109,9 +109,9 @@ class Control:
             welcome = self.receive(REQUEST_TIMEOUT)
             self.cpus: int = welcome["cpus"]
             self.limits: dict[str, Any] = welcome["limits"]
-            self.env: dict[str, Any] = welcome.get("host", {})
             self.send({"type": "auth", "mac": proto.auth_mac(token or b"", welcome["challenge"])})
-            self.receive(REQUEST_TIMEOUT)
+            auth_ok = self.receive(REQUEST_TIMEOUT)
+            self.env: dict[str, Any] = auth_ok.get("host") or welcome.get("host", {})
         except BaseException:
             self.sock.close()
             raise

@@ -14,7 +14,7 @@ Conversation (one outstanding request at a time, the server answers each):
     hello {version, caps}  ->
                            <-  welcome {version, caps, challenge, cpus, limits}
     auth {mac}             ->                      mac = HMAC-SHA256(token, challenge)
-                           <-  auth_ok
+                           <-  auth_ok {host}
     open {flow, ...}       ->  (spawn a receiving worker, listening)
                            <-  opened {flow, port, pid}
     connect {flow, ...}    ->  (spawn a sending worker, connected to host:port)
@@ -171,11 +171,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "challenge": Field(str, pattern=_HEX64),
         "cpus": _int(1, 1 << 16),
         "limits": Field(dict, check=_json_obj),
-        # What the server runs on (kernel, CPU model, hostname ...): results carry both hosts'.
+        # Older servers sent their host details here, before authentication; now in auth_ok.
         "host": Field(dict, required=False, check=_json_obj),
     },
     "auth": {"mac": Field(str, pattern=_HEX64)},
-    "auth_ok": {},
+    # What the server runs on (kernel, CPU model, hostname ...): results carry both hosts'.
+    # Only an authenticated client learns them (no kernel release for a port scanner).
+    "auth_ok": {"host": Field(dict, required=False, check=_json_obj)},
     "open": {
         "flow": FLOW,
         "mode": Field(str, choices=MODES),

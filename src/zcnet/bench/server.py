@@ -233,8 +233,7 @@ class Session:
         log.info("session %d (%s): hello, caps %s", self.ident, self.peer, hello["caps"])
         self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
                     "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
-                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire(),
-                    "host": _host_env()})
+                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()})
         auth = self._next(self.timeout)
         if auth["type"] == "error":
             log.warning("session %d: client error: %s", self.ident, auth["message"])
@@ -243,7 +242,7 @@ class Session:
             log.warning("session %d (%s): authentication failed, nothing run", self.ident,
                         self.peer)
             raise SessionError("auth", "authentication failed")
-        self._send({"type": "auth_ok"})
+        self._send({"type": "auth_ok", "host": _host_env()})
         while not self.conn.closed:
             msg = self._next(self.timeout)
             kind = msg["type"]
