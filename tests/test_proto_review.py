@@ -60,3 +60,19 @@ def test_results_cpus_are_objects():
     cli.receive_data(_frame('{"type":"results","flows":[],"cpus":{"0":1},"seconds":0.1}'))
     with pytest.raises(RemoteProtocolError):
         cli.next_event()
+
+
+@pytest.mark.parametrize("engine, opts", [
+    ("uring-mshot", None),                     # default ring: 256 x 64 KiB = 16 MiB
+    ("soft-zc", None),                         # default area: 16 x 1 MiB
+    ("soft-zc", {"zc_buf": 4 << 20}),          # area follows the buffer size: 64 MiB
+])
+def test_engine_default_memory_counts_against_session_memory(engine, opts):
+    _, srv = handshake(Limits(max_memory=8 << 20))
+    msg = {**OPEN, "engine": engine, **({"engine_opts": opts} if opts else {})}
+    cli = Connection(Role.CLIENT)
+    cli.state = "ready"
+    srv.receive_data(cli.send(msg))
+    with pytest.raises(RemoteProtocolError) as exc:
+        srv.next_event()
+    assert exc.value.code == "limit"

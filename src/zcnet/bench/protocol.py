@@ -373,20 +373,31 @@ def _int_opt(opts: dict[str, Any], key: str, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
-# Keyed by the options that trigger each; the defaults are EngineOptions' (64 KiB x 256), so
-# that naming only one of a product's factors is still counted in full.
-_OPT_MEMORY: dict[tuple[str, ...], Callable[[dict[str, Any]], int]] = {
-    ("zc_area",): lambda o: _int_opt(o, "zc_area", 0),
-    ("mshot_buf", "mshot_entries"):
-        lambda o: _int_opt(o, "mshot_buf", 64 << 10) * _int_opt(o, "mshot_entries", 256),
-}
+def _zc_area(o: dict[str, Any]) -> int:
+    return _int_opt(o, "zc_area", 0) or 16 * (_int_opt(o, "zc_buf", 0) or 1 << 20)
+
+
+def _mshot_ring(o: dict[str, Any]) -> int:
+    return _int_opt(o, "mshot_buf", 64 << 10) * _int_opt(o, "mshot_entries", 256)
+
+
+# (options, engines, size): memory an engine allocates beyond read_size, counted when the open
+# names one of the options or one of the engines (which then allocate it even with no options).
+# Defaults are EngineOptions' and the zero-copy providers' (1 MiB buffers, areas of 16).
+_Sizer = Callable[[dict[str, Any]], int]
+_OPT_MEMORY: tuple[tuple[tuple[str, ...], tuple[str, ...], _Sizer], ...] = (
+    (("zc_area", "zc_buf"), ("soft-zc", "zcrx", "devmem"), _zc_area),
+    (("mshot_buf", "mshot_entries"), ("uring-mshot",), _mshot_ring),
+)
 
 
 def buffer_sizes(msg: dict[str, Any]) -> list[int]:
     """The memory an open/connect asks the server to allocate, one entry per buffer."""
     sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
     opts = msg.get("engine_opts") or {}
-    sizes += [max(0, f(opts)) for keys, f in _OPT_MEMORY.items() if any(k in opts for k in keys)]
+    engine = msg.get("engine")
+    sizes += [max(0, size(opts)) for keys, engines, size in _OPT_MEMORY
+              if engine in engines or any(k in opts for k in keys)]
     return sizes
 
 
