@@ -179,3 +179,14 @@ def test_host_details_are_sent_only_after_authentication(srv):
         assert ctl.env["kernel"] == os.uname().release
     finally:
         ctl.close()
+
+
+def test_ready_line_split_across_reads_gives_the_whole_address(no_leaks, tmp_path):
+    """ssh may deliver the ready line in pieces: only a complete line names the address."""
+    from test_server_remote import script
+    from zcnet.bench.remote import RemoteServer
+
+    ssh = script(tmp_path, "ssh", "#!/bin/sh\nprintf 'zcnet server listening on 127.0'\n"
+                 "sleep 0.3\nprintf '.0.1:4242\\n'\nexec cat >/dev/null\n")
+    with RemoteServer("h", port=4242, ssh=ssh) as remote:
+        assert remote.address == "127.0.0.1:4242"

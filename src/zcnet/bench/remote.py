@@ -108,7 +108,8 @@ class RemoteServer:
                 if not chunk:
                     break
                 line += chunk
-                for text in line.decode(errors="replace").splitlines():
+                # Complete lines only: ssh may hand the ready line over in pieces.
+                for text in line.decode(errors="replace").split("\n")[:-1]:
                     if text.startswith(READY_PREFIX):
                         return text[len(READY_PREFIX):].strip()
         finally:
