@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -130,25 +131,43 @@ def test_peer_dying_mid_cell_is_an_error_cell_and_the_run_goes_on(no_leaks) -> N
     assert second["status"] == "ok"
 
 
+def _tagged_processes(tag: str) -> list[int]:
+    """Processes whose environment carries ``tag``: the run's whole tree, however re-parented."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if tag.encode() in (d / "environ").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_bench_leaves_nothing(no_leaks, tmp_path: Path, sig: int) -> None:
     before = set(list_netns())
     out = tmp_path / "partial.json"
+    tag = f"ZCNET_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
     p = subprocess.Popen([*ZCNET, "bench", "--duration", "1", "--json", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)  # the first cell has completed once the JSON exists
+    while time.monotonic() < deadline:  # wait until the first cell is in the file
+        try:
+            if json.loads(out.read_text())["results"]:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode != 0 and "Traceback" not in err
     assert set(list_netns()) == before
-    # Neither the coordinator's workers nor the lab's servers (and their forkservers) remain.
+    # Nothing of the run remains: workers, the lab's servers, their forkservers.
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "zcnet.bench.worker|zcnet server|forkserver"],
-                               capture_output=True, text=True).stdout.split()
-    assert not leftovers
+    assert not _tagged_processes(tag)
     # Cells completed before the signal are kept.
     assert json.loads(out.read_text())["results"]
 
