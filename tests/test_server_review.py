@@ -83,8 +83,12 @@ def test_two_runs_in_one_session(srv):
     ctl = Control(srv.address, None)
     try:
         for _ in range(2):
-            ctl.request(OPEN0)
-            ctl.request({"type": "start", "duration": 0.05})
+            port = ctl.request(OPEN0)["port"]
+            ctl.request({"type": "connect", "flow": 0, "host": "127.0.0.1", "port": port,
+                         "mode": "stream", "tx": "copy", "write_size": 4096, "req_size": 1,
+                         "resp_size": 1})
+            res = ctl.request({"type": "start", "duration": 0.05})
+            assert [f.get("error") for f in res["flows"]] == [None, None]
     finally:
         ctl.close()
 
