@@ -85,3 +85,39 @@ def test_unknown_engine_lists_choices() -> None:
 def test_pattern_is_not_trivially_periodic() -> None:
     a = pattern_view(0, 4096)
     assert len(np.unique(a)) > 200 and not np.array_equal(a, pattern_view(256, 4096))
+
+
+class _StubProvider:
+    """Stands in for a zcrx registration that unsupported() made (no capable NIC here)."""
+
+    def __init__(self, fail_attach: bool = False) -> None:
+        self.closed = 0
+        self.fail_attach = fail_attach
+
+    def attach(self, fd: int) -> None:
+        if self.fail_attach:
+            raise OSError(22, "attach refused")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_nic_engine_releases_a_registration_that_run_never_took() -> None:
+    from zcnet.rx.engines import close_engine
+
+    eng = make_engine("zcrx")
+    stub = _StubProvider()
+    eng._prov = stub  # type: ignore[attr-defined]
+    close_engine(eng)
+    close_engine(eng)  # idempotent
+    assert stub.closed == 1
+    close_engine(make_engine("epoll"))  # engines without state have nothing to close
+
+
+def test_nic_engine_failed_open_closes_the_registration() -> None:
+    eng = make_engine("zcrx")
+    stub = _StubProvider(fail_attach=True)
+    eng._prov = stub  # type: ignore[attr-defined]
+    with socket.socket() as s, pytest.raises(OSError, match="attach refused"):
+        eng._open(s)  # type: ignore[attr-defined]
+    assert stub.closed == 1

@@ -29,6 +29,7 @@ import numpy as np
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.errors import ZcnetError
 from zcnet.pattern import PERIOD, TILED, Verifier, pattern_view
+from zcnet.rx.engines import Engine, EngineOptions, close_engine, make_engine
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,15 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def run_receiver(spec: WorkerSpec, chan: Channel) -> None:
-    from zcnet.rx.engines import EngineOptions, make_engine
-
     _enter(spec)
     engine = make_engine(spec.engine, EngineOptions(**spec.engine_opts))
+    try:
+        _receive(spec, chan, engine)
+    finally:
+        close_engine(engine)
+
+
+def _receive(spec: WorkerSpec, chan: Channel, engine: Engine) -> None:
     why = engine.unsupported()
     if why:
         chan.send({"event": "unsupported", "reason": why})

@@ -76,6 +76,14 @@ class Engine(Protocol):
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats: ...
 
 
+def close_engine(engine: Engine) -> None:
+    """Release what an engine acquired before run() (zcrx/devmem hold a queue registration from
+    unsupported() on); engines without such state have no close()."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
 def fast_ring(entries: int, **kw: int) -> Ring:
     """A ring with SINGLE_ISSUER|DEFER_TASKRUN, or plain flags where the kernel refuses them."""
     try:

@@ -174,9 +174,19 @@ class _NicEngine(_ZcEngine):
             raise ZcnetError(f"{self.provider} is not available here")
         assert self._prov is not None
         prov, self._prov = self._prov, None
-        prov.attach(sock.fileno())  # type: ignore[attr-defined]
-        return Receiver(sock, prov, debug=self.debug,
-                        why=f"{self.provider} on {_opt(self.opts, 'ifname', '?')}")
+        try:
+            prov.attach(sock.fileno())  # type: ignore[attr-defined]
+            return Receiver(sock, prov, debug=self.debug,
+                            why=f"{self.provider} on {_opt(self.opts, 'ifname', '?')}")
+        except BaseException:
+            prov.close()  # the queue registration must not outlive a failed open
+            raise
+
+    def close(self) -> None:
+        """Release a registration made by unsupported() that run() never took over."""
+        prov, self._prov = self._prov, None
+        if prov is not None:
+            prov.close()
 
 
 def _open_zcrx(fd: int, size: int, **kw: Any) -> Provider:
