@@ -34,6 +34,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from zcnet.bench import tcpinfo
+from zcnet.rx.engines import close_engine
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,14 @@ def run_rx(spec: FlowSpec, chan: Channel) -> None:
     # Built (and for zero-copy engines, bound to their NIC queue) before listening, so that a
     # refusal reaches the client at open, not at start; the same engine then runs the flow.
     engine = _engine(spec) if spec.mode == "stream" else None
+    try:
+        _receive(spec, chan, engine)
+    finally:
+        if engine is not None:
+            close_engine(engine)
+
+
+def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
     with socket.socket(_family(spec.host), socket.SOCK_STREAM) as ls:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind((spec.host, spec.port))
