@@ -194,3 +194,16 @@ def test_ready_line_split_across_reads_gives_the_whole_address(no_leaks, tmp_pat
                  "sleep 0.3\nprintf '.0.1:4242\\n'\nexec cat >/dev/null\n")
     with RemoteServer("h", port=4242, ssh=ssh) as remote:
         assert remote.address == "127.0.0.1:4242"
+
+
+def test_unauthenticated_idle_connection_is_dropped_long_before_the_session_timeout(tmp_path):
+    """Idle, unauthenticated peers must not hold the 64 session slots for a whole session
+    timeout: the handshake has its own short deadline (HANDSHAKE_TIMEOUT)."""
+    from zcnet.bench.server import HANDSHAKE_TIMEOUT
+
+    with server(tmp_path, "127.0.0.1", "--session-timeout", "600") as s, \
+            _raw_session(s.address) as c:
+        c.settimeout(HANDSHAKE_TIMEOUT + 30)
+        # Say nothing. The server closes us after the handshake deadline, not after 600 s.
+        while c.recv(65536):
+            pass

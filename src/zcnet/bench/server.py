@@ -51,6 +51,7 @@ DEFAULT_LISTEN = ("127.0.0.1", proto.DEFAULT_PORT)
 WORKER_TIMEOUT = 20.0     # a worker's ready / accepted report
 GRACE = 10.0              # beyond a run's duration, for draining and reporting
 MAX_SESSIONS = 64
+HANDSHAKE_TIMEOUT = 5.0  # seconds for hello, then for auth
 _ctx = mp.get_context("forkserver")
 
 
@@ -226,7 +227,9 @@ class Session:
             pass
 
     def _converse(self) -> None:
-        hello = self._next(self.timeout)
+        # Until authenticated a peer gets a short leash: idle connections must not hold the
+        # session slots (MAX_SESSIONS) for a whole session timeout and lock real clients out.
+        hello = self._next(min(self.timeout, HANDSHAKE_TIMEOUT))
         if hello["type"] == "error":   # the client may give up at any point, even first
             log.warning("session %d: client error: %s", self.ident, hello["message"])
             return
@@ -234,7 +237,7 @@ class Session:
         self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
                     "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
                     "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()})
-        auth = self._next(self.timeout)
+        auth = self._next(min(self.timeout, HANDSHAKE_TIMEOUT))
         if auth["type"] == "error":
             log.warning("session %d: client error: %s", self.ident, auth["message"])
             return
