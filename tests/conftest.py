@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,3 +34,17 @@ def no_leaks():
             break
         time.sleep(0.05)
     assert not problems, "; ".join(problems)
+
+
+@pytest.fixture
+def tcp_pair():
+    """A connected TCP pair on loopback: (client, server), both closed afterwards."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    client = socket.create_connection(ls.getsockname())
+    server, _ = ls.accept()
+    ls.close()
+    yield client, server
+    client.close()
+    server.close()

@@ -22,19 +22,6 @@ SENDS = 300
 POISON = 0xEE
 
 
-@pytest.fixture
-def tcp_pair():
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(1)
-    client = socket.create_connection(ls.getsockname())
-    server, _ = ls.accept()
-    ls.close()
-    yield client, server
-    client.close()
-    server.close()
-
-
 class Reader(threading.Thread):
     def __init__(self, sock: socket.socket, total: int) -> None:
         super().__init__()

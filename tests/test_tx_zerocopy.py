@@ -90,19 +90,6 @@ def test_tracker_releases_a_slot_after_its_last_send_only() -> None:
         t.complete(ZcRange(1, 1, False))
 
 
-@pytest.fixture
-def tcp_pair():
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(1)
-    client = socket.create_connection(ls.getsockname())
-    server, _ = ls.accept()
-    ls.close()
-    yield client, server
-    client.close()
-    server.close()
-
-
 def test_real_completions_on_loopback_are_copied(no_leaks, tcp_pair) -> None:
     client, server = tcp_pair
     client.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)

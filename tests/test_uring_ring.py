@@ -17,19 +17,6 @@ from zcnet.uring.ring import Ring
 FAST = u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
 
 
-@pytest.fixture
-def tcp_pair():
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen()
-    c = socket.create_connection(ls.getsockname())
-    s, _ = ls.accept()
-    ls.close()
-    yield c, s
-    c.close()
-    s.close()
-
-
 def test_nop_round_trip_and_close_releases(no_leaks) -> None:
     with Ring(8) as r:
         prep_nop(r, 1234)

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from zcnet.rx.zc import open_receiver
-
-
-@pytest.fixture
-def tcp_pair():
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(1)
-    client = socket.create_connection(ls.getsockname())
-    server, _ = ls.accept()
-    ls.close()
-    yield client, server
-    client.close()
-    server.close()
 
 
 def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
