@@ -40,6 +40,7 @@ class ClientOptions:
     src: str = "127.0.0.1"           # control address of the sending side's server, HOST[:PORT]
     dst: str = "127.0.0.1"           # control address of the receiving side's server
     data_host: str | None = None     # where flows connect on dst (default: dst's host)
+    data_port: int | None = None     # fixed receiving port (one a NIC flow rule steers)
     mode: str = "stream"             # "stream" | "rr"
     flows: int = 1
     duration: float = 5.0
@@ -68,6 +69,9 @@ class ClientOptions:
             raise UsageError(f"unknown mode {self.mode!r}", f"use one of {list(proto.MODES)}")
         if not 1 <= self.flows <= 1024:
             raise UsageError(f"{self.flows} flows", "use -n 1..1024")
+        if self.data_port is not None and not 1 <= self.data_port <= 65536 - self.flows:
+            raise UsageError(f"--data-port {self.data_port} out of range",
+                             f"use 1..{65536 - self.flows} (flow N listens on PORT+N)")
         if not 0.01 <= self.duration <= 1e6:
             raise UsageError(f"duration {self.duration}", "use -t with a positive number")
         for name in ("read_size", "write_size", "req_size", "resp_size"):
@@ -243,7 +247,8 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
                               "engine": opts.rx_engine, "read_size": opts.read_size,
                               "req_size": opts.req_size, "resp_size": opts.resp_size,
                               **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
-                              **({"verify": True} if opts.verify else {})})
+                              **({"verify": True} if opts.verify else {}),
+                              **({"port": opts.data_port + flow} if opts.data_port else {})})
         connected = src.request({"type": "connect", "flow": flow, "host": data_host,
                                  "port": opened["port"], "mode": opts.mode, "tx": opts.tx,
                                  "write_size": opts.write_size, "req_size": opts.req_size,

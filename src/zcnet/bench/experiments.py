@@ -29,7 +29,10 @@ class Target:
     """Where the experiment runs: the lab (nothing given) or a real NIC and peer host."""
 
     ifname: str | None = None
-    remote: str | None = None
+    remote: str | None = None       # bench: the sending host's `zcnet server`; txbench: UDP sink
+    token: bytes | None = None      # the remote server's shared secret
+    queue: int | None = None        # zcrx/devmem: the queue the flow is steered to
+    data_port: int | None = None    # the receiving port a NIC flow rule steers to that queue
 
     def has(self, option: str) -> bool:
         return bool(getattr(self, option))
@@ -91,9 +94,8 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
     from zcnet.bench.run import BenchOptions, pick_cpus, run_bench
     from zcnet.rx.engines import EngineOptions, engine_names
 
-    if target.ifname or target.remote:
-        raise Unsupported("experiments drive the lab only in this build",
-                          "run `zcnet server` on the peer and `zcnet client` by hand")
+    if target.ifname:
+        return _measure_bench_nic(spec, cell, target)
     engine = cell["engine"]
     if "peer" not in cell and engine not in engine_names():
         raise Unsupported(f"engine {engine} is not in this build",
@@ -122,10 +124,18 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
     rows = list(bench_doc["results"])
     for row in rows:
         row["_env"] = {k: bench_doc["env"][k] for k in ("nic", "lab") if k in bench_doc["env"]}
+    return _bench_rows(cell, rows)
+
+
+def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bench cells shaped for the experiment's tables, from the lab or between two hosts."""
+    for row in rows:
         if "tx" not in cell and "tx" in row:
             # Not an axis here: keep it as a note so it does not split the cell's key from the
             # key of a cell that failed before bench could say which send path it used.
             row["tx_path"] = row.pop("tx")
+        if "consumer" not in cell and "consumer" in row:
+            row["consumer_used"] = row.pop("consumer")  # likewise
         # mpstat-style shares of the CPUs the cell used, over the measured interval only.
         cpu = row.get("cpu") or {}
         cpus = {str(row[f"{side}_cpu"]): cpu[side] for side in ("tx", "rx")
@@ -133,6 +143,73 @@ def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dic
         if cpus:
             row.setdefault("cpus", dict(sorted(cpus.items(), key=lambda kv: int(kv[0]))))
     return rows
+
+
+def _ipv4_of(ifname: str) -> str:
+    """The IPv4 address of ``ifname`` (SIOCGIFADDR), where the receiving server listens."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+        except OSError as e:
+            raise ZcnetError(f"{ifname} has no IPv4 address ({e.strerror})",
+                             f"give {ifname} an address the remote host can reach") from None
+    return socket.inet_ntoa(raw[20:24])
+
+
+def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    """One cell between this host (receiving, on ``target.ifname``) and the sending host's
+    ``zcnet server`` (``target.remote``): the real experiment, through the client."""
+    from zcnet.bench.client import ClientOptions, ServerRefused, run
+    from zcnet.bench.remote import LocalServer
+    from zcnet.bench.run import NIC_ENGINES, flow_cell
+
+    ifname = target.ifname
+    assert ifname is not None
+    if "peer" in cell:
+        raise Unsupported("the C peers run in the lab only",
+                          f"run {cell['peer']} between the two hosts by hand to compare")
+    if not target.remote:
+        raise Unsupported(f"a bench on {ifname} needs the sending host",
+                          "start `zcnet server --listen 0.0.0.0:18323 --token-file F` there and "
+                          "pass --remote HOST --token-file F")
+    mtu = int(Path(f"/sys/class/net/{ifname}/mtu").read_text())
+    if cell.get("mtu", mtu) != mtu:
+        raise Unsupported(f"{ifname} has MTU {mtu}, this row needs {cell['mtu']}",
+                          f"set it on both hosts (ip link set dev IF mtu {cell['mtu']}) and run "
+                          "again")
+    engine, placement = cell["engine"], cell.get("placement", "split")
+    engine_opts: dict[str, Any] = {}
+    if "consumer" in cell:
+        engine_opts["consumer"] = cell["consumer"]
+    if engine in NIC_ENGINES and target.queue is not None:
+        engine_opts.update(ifname=ifname, queue=target.queue)
+    local_ip = _ipv4_of(ifname)
+    with LocalServer(local_ip) as local:
+        assert local.address is not None
+        opts = ClientOptions(src=target.remote, dst=local.address, data_port=target.data_port,
+                             rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
+                             tx=cell.get("tx", "copy"), pin_off=0 if placement == "same" else 1,
+                             tokens={local_ip: local.token}, token=target.token)
+        try:
+            r = run(opts)
+        except ServerRefused as e:
+            if e.code == "unsupported":
+                raise Unsupported(e.reason.split("unsupported here: ", 1)[-1]) from None
+            raise
+    row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
+                    consumer=cell.get("consumer", "same"))
+    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": target.remote}
+    return _bench_rows(cell, [row])
+
+
+def _nic_env(ifname: str) -> dict[str, Any]:
+    from zcnet.nic.info import nic_env
+
+    return nic_env(ifname)
 
 
 def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:

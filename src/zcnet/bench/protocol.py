@@ -187,6 +187,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "resp_size": SIZE,
         "engine_opts": Field(dict, required=False, check=_engine_opts),
         "verify": Field(bool, required=False),
+        # Listen on this port (one a NIC flow rule steers to a queue) instead of any free one.
+        "port": _int(1, 65535, required=False),
     },
     "opened": {"flow": FLOW, "port": PORT, "pid": _int(1, 1 << 31)},
     "connect": {

@@ -191,3 +191,13 @@ class NetnsServer(RemoteServer):
 
         return netns_popen(self.netns, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
+
+
+@dataclass
+class LocalServer(NetnsServer):
+    """A server on this host, outside any namespace: the receiving end of a run between two
+    real hosts, listening on the address of the NIC under test."""
+
+    def _launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)

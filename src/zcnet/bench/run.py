@@ -209,18 +209,33 @@ def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: Benc
         return cell_result(mtu, engine, placement, "error", e.reason)
     except ZcnetError as e:
         return cell_result(mtu, engine, placement, "error", e.message)
+    return flow_cell(r, mtu, engine, placement, tx=opts.tx,
+                     consumer=engine_opts.get("consumer", "same"))
+
+
+def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
+              consumer: str) -> dict[str, Any]:
+    """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts).
+
+    CPU shares are those of the receiving application's CPU on the receiving host and of the
+    sender's CPU on the sending host (each side's own /proc/stat).
+    """
     f = r.flows[0]
+    rx_cpu = f.get("rx_app_cpu") if f.get("rx_app_cpu") is not None else f.get("rx_cpu")
+    tx_cpu = f.get("tx_app_cpu") if f.get("tx_app_cpu") is not None else f.get("tx_cpu")
     if f["status"] != "ok":
         return cell_result(mtu, engine, placement, "error", f.get("error") or "flow failed",
                            rx_cpu=rx_cpu, tx_cpu=tx_cpu)
-    shares = {"rx": r.cpus.get("dst", {}).get(str(rx_cpu), {}),
-              "tx": r.cpus.get("src", {}).get(str(tx_cpu), {})}
+    sides = r.cpus if "dst" in r.cpus else {"dst": r.cpus.get("host", {}),
+                                             "src": r.cpus.get("host", {})}
+    shares = {"rx": sides.get("dst", {}).get(str(rx_cpu), {}),
+              "tx": sides.get("src", {}).get(str(tx_cpu), {})}
     cpu = {role: {k: v.get(k, 0.0) for k in (*CPU_FIELDS, "busy")} for role, v in shares.items()}
     out = cell_result(mtu, engine, placement, "ok", bytes=f["bytes"], seconds=f["seconds"],
                       gbps=f["gbps"], cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
                       incoming_cpu=f.get("rx_cpu_end"), syscalls=f.get("syscalls"),
-                      engine_stats=f.get("engine_stats", {}), tx=opts.tx,
-                      tx_stats=f.get("tx_stats", {}), consumer=engine_opts.get("consumer", "same"),
+                      engine_stats=f.get("engine_stats", {}), tx=tx,
+                      tx_stats=f.get("tx_stats", {}), consumer=consumer,
                       tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
     if "verify" in f:
         out["verify"] = f["verify"]

@@ -279,7 +279,7 @@ class Session:
                         read_size=msg["read_size"], req_size=msg["req_size"],
                         resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}",
                         engine_opts=dict(msg.get("engine_opts") or {}),
-                        verify=msg.get("verify", False))
+                        verify=msg.get("verify", False), port=msg.get("port", 0))
         fp = self._spawn(msg["flow"], spec)
         ready = fp.expect("ready")
         return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="server that receives (default: as --src)")
     p.add_argument("--data-host", metavar="ADDR",
                    help="address the flows connect to on dst (default: dst's control host)")
+    p.add_argument("--data-port", type=int, metavar="PORT",
+                   help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
+                        "rule steers to the zero-copy queue); default: any free port")
     p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
@@ -90,7 +93,7 @@ def options(args: argparse.Namespace) -> Any:
     rr = args.rr or args.req_size is not None or args.resp_size is not None
     src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
     return ClientOptions(
-        src=src, dst=args.dst or src, data_host=args.data_host,
+        src=src, dst=args.dst or src, data_host=args.data_host, data_port=args.data_port,
         mode="rr" if rr else "stream", flows=args.flows, duration=args.duration,
         rx_engine=args.rx_engine, engine_opts=engine_opts(args.rx_opt), tx=args.tx,
         verify=args.verify,

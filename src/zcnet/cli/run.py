@@ -35,7 +35,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=_positive_float, metavar="S",
                    help="seconds per cell (default: the spec's)")
     p.add_argument("--ifname", help="run on this NIC (the real experiment, no substitutions)")
-    p.add_argument("--remote", metavar="HOST", help="peer host for --ifname runs")
+    p.add_argument("--remote", metavar="HOST[:PORT]",
+                   help="with --ifname: the sending host's `zcnet server` (bench experiments) "
+                        "or a UDP sink ADDR:PORT reached through the NIC (txbench experiments)")
+    p.add_argument("--token-file", metavar="FILE", help="shared secret of the --remote server")
+    p.add_argument("--queue", type=int, metavar="Q",
+                   help="zcrx/devmem: the --ifname queue prepared with `zcnet nic setup`")
+    p.add_argument("--data-port", type=int, metavar="PORT",
+                   help="receive on PORT (the port `zcnet nic setup --port` steers to --queue)")
     add_output_options(p)
 
 
@@ -125,7 +132,11 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, duration=args.duration)
     if args.remote and not args.ifname:
         raise UsageError("--remote needs --ifname", "name the NIC that faces the remote host")
-    target = Target(ifname=args.ifname, remote=args.remote)
+    from zcnet.bench.server import read_token
+
+    token = read_token(args.token_file) if args.token_file else None
+    target = Target(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,
+                    data_port=args.data_port)
     console = make_console()
     err = make_console(stderr=True)
     json_path = _outputs(args, spec.name)["json"]
