@@ -50,6 +50,7 @@ def bench_tables(doc: dict[str, Any]) -> list[Table]:
 def bench_notes(doc: dict[str, Any]) -> list[str]:
     """Why cells did not run (one line per engine and reason), warnings, verify failures."""
     notes = []
+    tx_notes: dict[str, None] = {}  # the sender's fallbacks (e.g. no SEND_ZC), once each
     not_run: dict[tuple[str, str, str], list[str]] = {}
     for r in doc["results"]:
         where = f"mtu {r['mtu']} {r['placement']}"
@@ -57,6 +58,8 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
             not_run.setdefault((r["status"], r["engine"], r["reason"]), []).append(where)
         elif r.get("warning"):
             notes.append(f"warning: {r['engine']} {where}: {r['warning']}")
+        if (r.get("tx_stats") or {}).get("note"):
+            tx_notes.setdefault(r["tx_stats"]["note"], None)
         if r.get("verify", {}).get("mismatches"):
             v = r["verify"]
             notes.append(f"verify: {r['engine']} {where}: {v['mismatches']} of "
@@ -67,6 +70,7 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
     for (status, engine, reason), cells in not_run.items():
         which = "all cells" if len(cells) == per_engine[engine] > 1 else ", ".join(cells)
         notes.append(f"{status}: {engine} ({which}): {reason}")
+    notes += [f"sender: {n}" for n in tx_notes]
     from zcnet.bench.run import peer_ratios
 
     for r in peer_ratios(doc):
