@@ -36,5 +36,9 @@ def test_flows_between_lab_namespaces(no_leaks):
         assert [f["status"] for f in res.flows] == ["ok", "ok"]
         assert all(f["bytes"] == f["bytes_sent"] > 0 for f in res.flows)
         assert rr.flows[0]["status"] == "ok" and rr.flows[0]["samples"] > 0
+        # Each server reports the NIC its flows arrive on: the lab's veth end in its namespace.
+        assert res.hosts["dst"]["nic"]["ifname"] == lab.if_b
+        assert res.hosts["src"]["nic"]["ifname"] == lab.if_a
+        assert res.hosts["dst"]["nic"]["driver"] == "veth"
     # This thread never left its own namespace.
     assert os.stat("/proc/thread-self/ns/net").st_ino == home

@@ -245,7 +245,7 @@ class Session:
             log.warning("session %d (%s): authentication failed, nothing run", self.ident,
                         self.peer)
             raise SessionError("auth", "authentication failed")
-        self._send({"type": "auth_ok", "host": _host_env()})
+        self._send({"type": "auth_ok", "host": _host_env(self.bind_host)})
         while not self.conn.closed:
             msg = self._next(self.timeout)
             kind = msg["type"]
@@ -396,11 +396,18 @@ class Session:
         self.flows.clear()
 
 
-def _host_env() -> dict[str, Any]:
+def _host_env(bind_host: str) -> dict[str, Any]:
     from zcnet.bench.meta import collect_env
 
     env = collect_env(lab=False)
-    return {k: env[k] for k in ("kernel", "cpus", "cpu_model", "arch", "python", "hostname")}
+    out = {k: env[k] for k in ("kernel", "cpus", "cpu_model", "arch", "python", "hostname")}
+    # The NIC flows arrive on, when the server listens on one interface's address.
+    from zcnet.nic.info import ifname_for_address, nic_env
+
+    ifname = ifname_for_address(bind_host)
+    if ifname is not None:
+        out["nic"] = nic_env(ifname)
+    return out
 
 
 def _error(fp: FlowProc, reason: str) -> dict[str, Any]:

@@ -182,3 +182,21 @@ def nic_env(ifname: str, netns: str | None = None) -> dict[str, Any]:
             return env
     except (ZcnetError, OSError) as exc:
         return {"ifname": ifname, "error": str(exc)}
+
+
+def ifname_for_address(addr: str) -> str | None:
+    """The interface that holds IPv4 address ``addr`` (where a server listens), or None."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                  struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == addr:
+                return name
+    return None
