@@ -94,24 +94,32 @@ def test_split_placement_on_one_cpu_is_na_not_a_crash(tmp_path: Path) -> None:
     assert cell["status"] == "unsupported" and "two CPUs" in cell["reason"]
 
 
-def _children_cmdlines() -> dict[int, str]:
-    out = {}
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-            except OSError:
+def _descendants_named(name: str) -> list[int]:
+    """Our descendants whose comm is ``name`` (flow workers name themselves, e.g. zcnet-tx0)."""
+    me, found = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != name:
                 continue
-    return out
+            pid = int(d.name)
+            while pid > 1:
+                pid = int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]).split()[1])
+                if pid == me:
+                    found.append(int(d.name))
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _kill_first_sender(stop: threading.Event) -> None:
     while not stop.is_set():
-        for pid, cmd in _children_cmdlines().items():
-            if "zcnet.bench.worker tx" in cmd:
-                time.sleep(0.3)
-                os.kill(pid, signal.SIGKILL)
-                return
+        for pid in _descendants_named("zcnet-tx0"):
+            time.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+            return
         time.sleep(0.02)
 
 

@@ -1,1 +1,1 @@
-"""Benchmark coordinator, workers, placement and stats collectors."""
+"""Benchmarks: runs, the server/client control plane, flow workers, placement, accounting."""

@@ -352,7 +352,7 @@ class LabServers:
     src: str
     dst: str
     tokens: dict[str, bytes]
-    netns: str
+    netns: str | None  # where the client reaches them from (None: here)
 
     def options(self, **kw: Any) -> ClientOptions:
         return ClientOptions(src=self.src, dst=self.dst, tokens=self.tokens, netns=self.netns,

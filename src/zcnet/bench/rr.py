@@ -1,8 +1,8 @@
 """Flow workers run by ``zcnet server``: request/response at both ends, and the stream ends.
 
 A server session starts one worker process per flow end and drives it with dict messages over a
-pipe, in the style of ``zcnet.bench.worker`` but with one more step, so that the client can
-discover the receive CPU and reconnect before anything is measured:
+pipe, with a step between accept and start so that the client can discover the receive CPU and
+reconnect before anything is measured:
 
     rx -> {"event": "ready", "port": P}         listening
     rx -> {"event": "accepted", "cpu": C}       SO_INCOMING_CPU right after accept
@@ -277,15 +277,13 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
 # ---- sending end -------------------------------------------------------------------------------
 
 def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
-    """The sending loops of ``zcnet bench``'s stream workers, so that a flow run through the
-    server sends exactly what a bench cell sends (the verification pattern, by copy or by a
-    zcnet.tx path, in the same chunks)."""
-    from zcnet.bench import worker
+    """The pattern by copy or by a zcnet.tx path (zcnet.bench.stream), so the receiver can
+    verify every byte."""
+    from zcnet.bench.stream import send_stream
 
-    ws = worker.WorkerSpec(role="tx", host=spec.host, port=spec.port, tx=spec.tx,
-                           duration=duration, verify=spec.verify, chunk=spec.write_size)
     t0 = time.monotonic()
-    sent, tx_stats = worker.send_stream(sock, ws)
+    sent, tx_stats = send_stream(sock, tx=spec.tx, duration=duration, chunk=spec.write_size,
+                                 verify=spec.verify)
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # the receiver closes after EOF: its byte count is then final
     return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": tx_stats}

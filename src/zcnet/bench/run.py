@@ -17,9 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from zcnet.bench.coordinator import CellError, run_cell
 from zcnet.bench.meta import collect_env, envelope, write_json
-from zcnet.bench.worker import WorkerSpec
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.engines import engine_names
 
@@ -85,15 +83,13 @@ class BenchOptions:
 
 @dataclass
 class Target:
-    """Where the flow runs: the lab's two namespaces, or loopback."""
+    """Where the flow runs: the lab's two namespaces, or loopback; either way between zcnet
+    servers (client.LabServers), the code path of a run between two hosts."""
 
-    rx_host: str
-    rx_ns: str | None
-    tx_ns: str | None
+    servers: Any
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
     lab: Any = None  # the Lab, for peers that run inside it
-    servers: Any = None  # zcnet servers in the lab's two namespaces (client.LabServers)
 
 
 def pick_cpus(placement: str) -> tuple[int, int] | str:
@@ -109,17 +105,21 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 @contextlib.contextmanager
 def target(use_lab: bool, mtu: int) -> Iterator[Target]:
+    from zcnet.bench.client import LabServers, lab_servers
+
     if use_lab:
-        from zcnet.bench.client import lab_servers
         from zcnet.lab import Lab
 
-        # The lab's cells go through `zcnet server` in each namespace and the client, the same
-        # code path as a run between two hosts.
         with Lab(mtu=mtu) as lab, lab_servers(lab) as servers:
-            yield Target(lab.addr_b, lab.ns_b, lab.ns_a, lab.set_mtu, lab.env(), lab, servers)
+            yield Target(servers, lab.set_mtu, lab.env(), lab)
     else:
-        yield Target("127.0.0.1", None, None, None,
-                     {"lab": False, "mtu": _lo_mtu(), "note": "loopback (127.0.0.1), not a lab"})
+        from zcnet.bench.remote import LocalServer
+
+        with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
+            assert srv.address is not None
+            yield Target(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
+                         None, {"lab": False, "mtu": _lo_mtu(),
+                                "note": "loopback (127.0.0.1), not a lab"})
 
 
 def _lo_mtu() -> int:
@@ -157,44 +157,17 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     tx_cpu, rx_cpu = cpus
     if engine in opts.peers:
         return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
-    watch = sorted({tx_cpu, rx_cpu})
     engine_opts = dict(opts.engine_opts)
     if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
         # Register on the lab's veth queue 0: the cell then shows the kernel's own answer
         # for this device (EOPNOTSUPP on veth), tested up to the device boundary.
         engine_opts.update(ifname=t.lab.if_b, queue=0)
-    if t.servers is not None:
-        return run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
-    rx = WorkerSpec("rx", t.rx_host, netns=t.rx_ns, cpu=rx_cpu, engine=engine,
-                    verify=opts.verify, watch_cpus=watch, engine_opts=engine_opts,
-                    duration=opts.duration)
-    tx = WorkerSpec("tx", t.rx_host, netns=t.tx_ns, cpu=tx_cpu, duration=opts.duration,
-                    tx=opts.tx, verify=opts.verify)
-    try:
-        r = run_cell(rx, tx)
-    except CellError as e:
-        return cell_result(mtu, engine, placement, "error", str(e), rx_cpu=rx_cpu, tx_cpu=tx_cpu)
-    if r["event"] == "unsupported":
-        return cell_result(mtu, engine, placement, "unsupported", r["reason"])
-    cpu = {role: {k: r["cpu"][str(c)].get(k, 0.0) for k in (*CPU_FIELDS, "busy")}
-           for role, c in (("rx", rx_cpu), ("tx", tx_cpu))}
-    gbps = r["bytes"] * 8 / r["seconds"] / 1e9
-    out = cell_result(mtu, engine, placement, "ok", bytes=r["bytes"], seconds=r["seconds"],
-                      gbps=round(gbps, 3), cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
-                      incoming_cpu=r["incoming_cpu"], syscalls=r["calls"],
-                      engine_stats=r["engine_stats"], tx=opts.tx, tx_stats=r["tx_stats"],
-                      consumer=engine_opts.get("consumer", "same"))
-    if "verify" in r:
-        out["verify"] = r["verify"]
-    if placement == "same" and r["incoming_cpu"] not in (-1, rx_cpu):
-        out["warning"] = (f"receive softirq ran on CPU {r['incoming_cpu']}, not the application's "
-                          f"CPU {rx_cpu}")
-    return out
+    return run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
 
 
 def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
                     engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
-    """One cell through the lab's servers: client opens, connects, pins and starts the flow."""
+    """One cell through the servers: the client opens, connects, pins and starts the flow."""
     from zcnet.bench.client import ServerRefused, run
 
     copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
@@ -239,6 +212,10 @@ def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
                       tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
     if "verify" in f:
         out["verify"] = f["verify"]
+    incoming = f.get("rx_cpu_end")
+    if placement == "same" and incoming not in (None, -1, rx_cpu):
+        out["warning"] = (f"receive softirq ran on CPU {incoming}, not the application's CPU "
+                          f"{rx_cpu}")
     return out
 
 

@@ -1,0 +1,67 @@
+"""The stream sender loops every zcnet flow uses: the verification pattern for a duration.
+
+``copy`` sends views of the tiled pattern (no user-space copy at all); the zcnet.tx paths
+(MSG_ZEROCOPY, SEND_ZC ...) send from slots of one buffer, and with ``verify`` each slot is
+filled with the pattern at its stream offset just before it is sent (a copy, which is why only
+verifying runs pay it). Either way the receiver can check every byte it gets.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from zcnet.pattern import PERIOD, TILED, pattern_view
+
+
+def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, dict[str, Any]]:
+    chunk = min(chunk, PERIOD)
+    mv = memoryview(TILED)
+    sent = 0
+    calls = 0
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        for _ in range(8):  # amortize the clock read
+            start = sent % PERIOD
+            sent += sock.send(mv[start:start + chunk])
+        calls += 8
+    return sent, {"kind": "copy", "path": "copy", "sends": calls, "bytes": sent}
+
+
+def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
+              verify: bool) -> tuple[int, dict[str, Any]]:
+    from zcnet.tx.senders import make_sender
+
+    slots, chunk = 8, min(chunk, 256 << 10)
+    buf = np.empty(slots * chunk, dtype=np.uint8)
+    for i in range(slots):
+        buf[i * chunk:(i + 1) * chunk] = pattern_view(i * chunk, chunk)
+    pos = 0
+
+    def fill(slot: int, view: memoryview) -> None:
+        nonlocal pos
+        np.frombuffer(view, dtype=np.uint8)[:chunk] = pattern_view(pos, chunk)
+        pos += chunk
+
+    sender = make_sender(tx, sock, buf, slots=slots, on_fill=fill if verify else None)
+    sent = 0
+    try:
+        deadline = time.monotonic() + duration
+        while time.monotonic() < deadline:
+            for _ in range(8):
+                sent += sender.send(chunk)
+        sender.flush()
+    finally:
+        sender.close()
+    return sent, sender.stats().as_dict()
+
+
+def send_stream(sock: socket.socket, *, tx: str, duration: float, chunk: int,
+                verify: bool) -> tuple[int, dict[str, Any]]:
+    """Send the pattern for ``duration`` seconds by ``tx``; (bytes sent, send-path stats)."""
+    if tx == "copy":
+        return _send_copy(sock, duration, chunk)
+    return _send_via(sock, tx, duration, chunk, verify)
