@@ -145,21 +145,6 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def _ipv4_of(ifname: str) -> str:
-    """The IPv4 address of ``ifname`` (SIOCGIFADDR), where the receiving server listens."""
-    import fcntl
-    import socket
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
-        except OSError as e:
-            raise ZcnetError(f"{ifname} has no IPv4 address ({e.strerror})",
-                             f"give {ifname} an address the remote host can reach") from None
-    return socket.inet_ntoa(raw[20:24])
-
-
 def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
     """One cell between this host (receiving, on ``target.ifname``) and the sending host's
     ``zcnet server`` (``target.remote``): the real experiment, through the client."""
@@ -187,7 +172,12 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
         engine_opts["consumer"] = cell["consumer"]
     if engine in NIC_ENGINES and target.queue is not None:
         engine_opts.update(ifname=ifname, queue=target.queue)
-    local_ip = _ipv4_of(ifname)
+    from zcnet.nic.info import ipv4_of
+
+    local_ip = ipv4_of(ifname)
+    if local_ip is None:
+        raise ZcnetError(f"{ifname} has no IPv4 address",
+                         f"give {ifname} an address the remote host can reach")
     with LocalServer(local_ip) as local:
         assert local.address is not None
         opts = ClientOptions(src=target.remote, dst=local.address, data_port=target.data_port,

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from zcnet.cli._args import positive
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.export import make_console
 from zcnet.report.spec import Spec, load_spec
@@ -30,9 +31,9 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="write NAME.json, NAME.md, NAME.csv and plots "
                    "(when matplotlib is installed) into DIR")
-    p.add_argument("--repeat", type=_positive_int, metavar="N",
+    p.add_argument("--repeat", type=positive(int), metavar="N",
                    help="measure every cell N times (default: the spec's)")
-    p.add_argument("--duration", type=_positive_float, metavar="S",
+    p.add_argument("--duration", type=positive(float), metavar="S",
                    help="seconds per cell (default: the spec's)")
     p.add_argument("--ifname", help="run on this NIC (the real experiment, no substitutions)")
     p.add_argument("--remote", metavar="HOST[:PORT]",
@@ -44,26 +45,6 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-port", type=int, metavar="PORT",
                    help="receive on PORT (the port `zcnet nic setup --port` steers to --queue)")
     add_output_options(p)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
-    return v
 
 
 def _outputs(args: argparse.Namespace, name: str) -> dict[str, Path | None]:

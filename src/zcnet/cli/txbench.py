@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from rich import box
@@ -12,19 +11,8 @@ from rich.table import Table
 
 from zcnet.bench.meta import write_json
 from zcnet.bench.txbench import ALL_MODES, BASELINE, run_txbench
+from zcnet.cli._args import positive
 from zcnet.tx.hwcount import NO_COUNTERS
-
-
-def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-    return parse
 
 
 def _modes(text: str) -> list[str]:
@@ -37,7 +25,7 @@ def _modes(text: str) -> list[str]:
 
 
 def _sizes(text: str) -> list[int]:
-    parse = _positive(int)
+    parse = positive(int)
     return [int(parse(v)) for v in text.split(",")]
 
 
@@ -50,20 +38,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "one send per burst; bursts GSO cannot carry go by mmsg and are counted).")
     p.add_argument("--mode", type=_modes, default=list(ALL_MODES),
                    help=f"comma-separated modes (default {','.join(ALL_MODES)})")
-    p.add_argument("--size", type=_positive(int), default=64, help="UDP payload bytes (64)")
+    p.add_argument("--size", type=positive(int), default=64, help="UDP payload bytes (64)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="mixed payload sizes, repeated across each burst (e.g. 64,64,128)")
-    p.add_argument("--burst", type=_positive(int), default=32, help="packets per burst (32)")
-    p.add_argument("--duration", "-t", type=_positive(float), default=1.0,
+    p.add_argument("--burst", type=positive(int), default=32, help="packets per burst (32)")
+    p.add_argument("--duration", "-t", type=positive(float), default=1.0,
                    help="seconds per mode and repeat (1)")
-    p.add_argument("--packets", type=_positive(int), default=None,
+    p.add_argument("--packets", type=positive(int), default=None,
                    help="send exactly this many packets per repeat instead of --duration")
-    p.add_argument("--repeat", type=_positive(int), default=5, help="repeats per mode (5)")
+    p.add_argument("--repeat", type=positive(int), default=5, help="repeats per mode (5)")
     p.add_argument("--dst", metavar="ADDR:PORT", default=None,
                    help="send to this address instead of a lab sink (no received counts)")
     p.add_argument("--loopback", action="store_true",
                    help="sink on loopback in this namespace instead of a lab (no root needed)")
-    p.add_argument("--mtu", type=_positive(int), default=1500, help="lab veth MTU (1500)")
+    p.add_argument("--mtu", type=positive(int), default=1500, help="lab veth MTU (1500)")
     p.add_argument("--ipv6", action="store_true", help="use the lab's IPv6 addresses")
     p.add_argument("--json", metavar="PATH", help="write results in the zcnet JSON envelope")
     p.set_defaults(func=_run)

@@ -184,19 +184,25 @@ def nic_env(ifname: str, netns: str | None = None) -> dict[str, Any]:
         return {"ifname": ifname, "error": str(exc)}
 
 
-def ifname_for_address(addr: str) -> str | None:
-    """The interface that holds IPv4 address ``addr`` (where a server listens), or None."""
+def ipv4_of(ifname: str) -> str | None:
+    """The IPv4 address of ``ifname`` (SIOCGIFADDR), or None when it has none."""
     import fcntl
     import socket
     import struct
 
+    from zcnet.uapi.ethtool import IFNAMSIZ, SIOCGIFADDR
+
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                  struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == addr:
-                return name
-    return None
+        try:
+            raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR,
+                              struct.pack("256s", ifname.encode()[:IFNAMSIZ - 1]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])  # struct ifreq: name[16], sockaddr_in (port 2 + addr 4)
+
+
+def ifname_for_address(addr: str) -> str | None:
+    """The interface that holds IPv4 address ``addr`` (where a server listens), or None."""
+    import socket
+
+    return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == addr), None)

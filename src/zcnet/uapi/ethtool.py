@@ -136,6 +136,7 @@ ETHTOOL_A_RSS_FLOW_HASH = 8
 # ======================= SIOCETHTOOL ioctl (linux/sockios.h, linux/ethtool.h) ==================
 SIOCETHTOOL = 0x8946
 SIOCGIFINDEX = 0x8933
+SIOCGIFADDR = 0x8915
 IFNAMSIZ = 16
 
 ETHTOOL_GDRVINFO = 0x00000003
