@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from zcnet.uapi import io_uring as u
+from zcnet.uring.prep import prep_nop
 from zcnet.uring.ring import Ring
 
 
@@ -23,7 +24,10 @@ def measure(batch: int, seconds: float) -> float:
         deadline = t0 + seconds
         while time.perf_counter() < deadline:
             for _ in range(16):
-                r.prep_batch(u.IORING_OP_NOP, ud)
+                if batch == 1:
+                    prep_nop(r, 0)  # one SQE: the scalar pack_into path, not numpy
+                else:
+                    r.prep_batch(u.IORING_OP_NOP, ud)
                 r.submit(batch)
                 done += len(r.reap())
         return done / (time.perf_counter() - t0)
