@@ -183,6 +183,13 @@ class ServerRefused(ZcnetError):
         self.code = code
         self.reason = reason
 
+    @property
+    def cause(self) -> str:
+        """The reason without the engine prefix, for a table cell that already names it."""
+        from zcnet.bench.rr import UNSUPPORTED_HERE
+
+        return self.reason.split(UNSUPPORTED_HERE, 1)[-1]
+
 
 def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
     hints = {

@@ -188,7 +188,7 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
             r = run(opts)
         except ServerRefused as e:
             if e.code == "unsupported":
-                raise Unsupported(e.reason.split("unsupported here: ", 1)[-1]) from None
+                raise Unsupported(e.cause) from None
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))

@@ -40,6 +40,9 @@ from zcnet.uapi.socket import SO_INCOMING_CPU
 log = logging.getLogger(__name__)
 
 
+UNSUPPORTED_HERE = " unsupported here: "  # joins the engine and the kernel's reason
+
+
 class EngineUnsupported(RuntimeError):
     """The rx engine cannot run on this host (reported as code "unsupported", not a failure)."""
 
@@ -207,7 +210,7 @@ def _engine(spec: FlowSpec) -> Any:
     engine = make_engine(spec.engine, opts)
     why = engine.unsupported()
     if why:
-        raise EngineUnsupported(f"engine {spec.engine} unsupported here: {why}")
+        raise EngineUnsupported(f"engine {spec.engine}{UNSUPPORTED_HERE}{why}")
     return engine
 
 

@@ -177,8 +177,7 @@ def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: Benc
         r = run(copts)
     except ServerRefused as e:
         if e.code == "unsupported":
-            why = e.reason.split("unsupported here: ", 1)[-1]
-            return cell_result(mtu, engine, placement, "unsupported", why)
+            return cell_result(mtu, engine, placement, "unsupported", e.cause)
         return cell_result(mtu, engine, placement, "error", e.reason)
     except ZcnetError as e:
         return cell_result(mtu, engine, placement, "error", e.message)
