@@ -36,6 +36,7 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.sockcheck import require_tcp
 
 log = logging.getLogger(__name__)
 
@@ -528,7 +529,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   ifname: str | None = None, queue: int | None = None,
                   max_held: float = 0.75, coalesce: bool = False,
                   debug: bool = False, incremental: bool = False) -> Receiver:
-    """Open a zero-copy receiver on a connected TCP socket.
+    """Open a zero-copy receiver on a connected TCP socket (checked first: a closed, listening,
+    unconnected or non-TCP socket is a UsageError naming the problem).
 
     provider: "zcrx" (io_uring zero-copy receive; NIC with header split and queue API),
     "devmem" (devmem TCP into a dma-buf), "soft" (provided buffer ring; any recent kernel) or
@@ -543,7 +545,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     """
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
-    fd = sock if isinstance(sock, int) else sock.fileno()
+    fd = require_tcp(sock, "zero-copy receiver")
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
     soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,

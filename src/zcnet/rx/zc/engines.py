@@ -26,6 +26,7 @@ from zcnet.errors import ZcnetError
 from zcnet.rx.engines import Consumer, RxStats
 from zcnet.rx.zc.api import Batch, Receiver
 from zcnet.rx.zc.provider import Provider
+from zcnet.sockcheck import require_tcp
 
 CONSUMERS = ("same", "thread")
 ZC_BUF = 1 << 20
@@ -58,6 +59,7 @@ class _ZcEngine:
         raise NotImplementedError
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        require_tcp(sock, f"{self.name} engine")
         sock.setblocking(True)
         st = RxStats()
         with self._open(sock) as rx:
