@@ -32,7 +32,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, closed
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
@@ -245,12 +245,12 @@ class Receiver:
         return self._stats
 
     # --- owner-thread operations ----------------------------------------------------------------
-    def _check_owner(self) -> None:
-        if threading.get_ident() != self._owner_tid:
-            raise ZcnetError("receive called from a thread that did not open the receiver",
-                             "iterate in the opening thread; other threads may only release")
+    def _check_owner(self, method: str) -> None:
         if self._closed:
-            raise ValueError("receiver is closed")
+            raise closed(self, method)
+        if threading.get_ident() != self._owner_tid:
+            raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
+                             "iterate in the opening thread; other threads may only release")
 
     def _flush_releases(self) -> None:
         """Give everything released so far back to the kernel in one batch."""
@@ -279,7 +279,7 @@ class Receiver:
     def flush(self) -> None:
         """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
         this itself, so call it only to settle the stats when no more receiving follows."""
-        self._check_owner()
+        self._check_owner("flush")
         self._flush_releases()
 
     def recv(self, timeout: float | None = None) -> list[Chunk]:
@@ -290,12 +290,12 @@ class Receiver:
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
-        d = self._next(timeout)
+        d = self._next(timeout, "recv")
         return [] if d is None else self._chunks(d)
 
     def recv_batch(self, timeout: float | None = None) -> Batch | None:
         """Like ``recv`` but one Batch per kernel round (None instead of [])."""
-        d = self._next(timeout)
+        d = self._next(timeout, "recv_batch")
         if d is None:
             return None
         s = self._stream_off
@@ -306,9 +306,9 @@ class Receiver:
             self._stats.linear += sum(map(len, d.linear.values()))
         return Batch(self, d, s, n)
 
-    def _next(self, timeout: float | None) -> Delivery | None:
+    def _next(self, timeout: float | None, method: str) -> Delivery | None:
         """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
-        self._check_owner()
+        self._check_owner(method)
         deadline = None if timeout is None else time.monotonic() + timeout
         warned = False
         while True:
@@ -479,8 +479,9 @@ class Receiver:
         return d
 
     def close(self) -> None:
-        """Stop receiving and free the kernel side. Chunks still held stay valid; the area is
-        unmapped when the last one is released."""
+        """Stop receiving and free the kernel side. Chunks still held stay valid (and may be
+        released); the area is unmapped when the last one is released. Afterwards receiving
+        raises ClosedError; ``stats``, ``stats_dict`` and ``eof`` still read."""
         if self._closed:
             return
         if threading.get_ident() != self._owner_tid:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import ZcnetError, closed
 from zcnet.rx.engines import Consumer, RxStats
 from zcnet.rx.zc.api import Batch, Receiver
 from zcnet.rx.zc.provider import Provider
@@ -157,8 +157,11 @@ class _NicEngine(_ZcEngine):
     def __init__(self, opts: Any) -> None:
         super().__init__(opts)
         self._prov: Provider | None = None
+        self._closed = False
 
     def unsupported(self) -> str | None:
+        if self._closed:  # it would register the queue again, for nobody to release
+            raise closed(self, "unsupported")
         if why := self._check_consumer():
             return why
         ifname, q = _opt(self.opts, "ifname", None), _opt(self.opts, "queue", None)
@@ -170,6 +173,11 @@ class _NicEngine(_ZcEngine):
         except ZcnetError as e:
             return e.message
         return None
+
+    def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        if self._closed:
+            raise closed(self, "run")
+        return super().run(sock, consume)
 
     def _open(self, sock: socket.socket) -> Receiver:
         if self._prov is None and self.unsupported():
@@ -185,7 +193,9 @@ class _NicEngine(_ZcEngine):
             raise
 
     def close(self) -> None:
-        """Release a registration made by unsupported() that run() never took over."""
+        """Release a registration made by unsupported() that run() never took over; the engine
+        is done then (unsupported and run raise ClosedError)."""
+        self._closed = True
         prov, self._prov = self._prov, None
         if prov is not None:
             prov.close()

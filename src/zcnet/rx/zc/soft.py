@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, closed
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
@@ -76,17 +76,21 @@ class SoftProvider:
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
-        return self._buf is not None and self._buf.in_ring > 0
+        if self._buf is None:
+            raise closed(self, "can_arm")
+        return self._buf.in_ring > 0
 
     def arm(self) -> None:
-        assert self._ring is not None
+        if self._ring is None:
+            raise closed(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
         self._ring.submit()
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
-        assert ring is not None and self._buf is not None
+        if ring is None:  # closed: the ring and the buffer ring are unmapped
+            raise closed(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
         if not len(c):
@@ -123,7 +127,9 @@ class SoftProvider:
         out.lengths = lengths.tolist()
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if tokens and self._buf is not None:
+        if self._buf is None:
+            raise closed(self, "recycle")
+        if tokens:
             self._buf.provide(np.array(tokens, dtype=np.uint16))
 
     def held_back(self) -> int:
