@@ -109,7 +109,9 @@ def target(use_lab: bool, mtu: int) -> Iterator[Target]:
 
     if use_lab:
         from zcnet.lab import Lab
+        from zcnet.lab.sweep import before_run
 
+        before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu) as lab, lab_servers(lab) as servers:
             yield Target(servers, lab.set_mtu, lab.env(), lab)
     else:
