@@ -122,3 +122,33 @@ def test_connected_tcp_socket_passes_and_fd_is_kept(tcp_pair: Any, no_leaks: Non
         assert b"".join(bytes(c) for c in got) == b"abc"
         rx.release_many(got)
     os.fstat(server.fileno())  # the check wrapped the int fd without taking it over
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0])
+@pytest.mark.parametrize("method", ["recv", "recv_batch"])
+def test_receive_timeout_that_is_no_duration_is_refused(tcp_pair: Any, no_leaks: None,
+                                                        method: str, timeout: float) -> None:
+    # NaN never reached its deadline: the call waited forever
+    with open_receiver(tcp_pair[1], "soft", area_size=1 << 20, buf_size=64 << 10) as rx, \
+            pytest.raises(UsageError, match="timeout must be seconds >= 0 or None"):
+        getattr(rx, method)(timeout=timeout)
+
+
+def test_receive_timeout_inf_waits_like_none(tcp_pair: Any, no_leaks: None) -> None:
+    client, server = tcp_pair
+    with open_receiver(server, "soft", area_size=1 << 20, buf_size=64 << 10) as rx:
+        client.sendall(b"x")
+        got = rx.recv(timeout=float("inf"))  # was OverflowError from the ring's timespec
+        assert b"".join(map(bytes, got)) == b"x"
+        rx.release_many(got)
+
+
+def test_a_server_handle_started_twice_is_refused(no_leaks: None) -> None:
+    from zcnet.bench.remote import LocalServer
+
+    with LocalServer("127.0.0.1") as srv:
+        first = srv.proc
+        with pytest.raises(UsageError, match="already started"):
+            srv.start()
+        assert srv.proc is first and first is not None and first.poll() is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import math
 import os
 import socket
 import threading
@@ -309,6 +310,11 @@ class Receiver:
     def _next(self, timeout: float | None, method: str) -> Delivery | None:
         """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
         self._check_owner(method)
+        if timeout is not None and not 0 <= timeout < math.inf:
+            if timeout != math.inf:  # NaN never reaches a deadline: it would wait forever
+                raise UsageError(f"{method}() timeout must be seconds >= 0 or None, "
+                                 f"got {timeout!r}", "pass None to wait without a limit")
+            timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         warned = False
         while True:
