@@ -29,3 +29,10 @@ class UsageError(ZcnetError):
 
 class Unsupported(ZcnetError):
     """The kernel or device cannot do what was asked; carries the reason."""
+
+
+class ClosedError(ValueError):
+    """An object was used after its ``close()``: the resources it stood for are gone.
+
+    A ValueError, like the error of a closed Python file, so code that catches that still works.
+    """

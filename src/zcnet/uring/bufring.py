@@ -25,6 +25,7 @@ import ctypes
 
 import numpy as np
 
+from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
 from zcnet.uring.ring import Ring
@@ -37,6 +38,9 @@ class BufRing:
 
     ``incremental`` registers the ring with IOU_PBUF_RING_INC: completions are then accounted
     with ``filled`` (one per CQE) instead of ``consumed``.
+
+    After ``close()``, or once its Ring is closed, every method but ``close`` raises
+    ClosedError: the ring entries are unmapped (and the registration is gone).
     """
 
     def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, *,
@@ -44,6 +48,9 @@ class BufRing:
                  incremental: bool = False) -> None:
         if entries <= 0 or entries & (entries - 1) or entries > 32768:
             raise ValueError("buffer ring entries must be a power of two <= 32768")
+        self._registered = False
+        if ring.closed:
+            raise ClosedError("cannot register a buffer ring on a closed io_uring")
         self.ring, self.bgid, self.entries, self.buf_size = ring, bgid, entries, buf_size
         self.incremental = incremental
         self.mask = entries - 1
@@ -72,13 +79,26 @@ class BufRing:
         self.in_ring = 0  # buffers the kernel may still fill
         self.provide(np.arange(entries, dtype=np.uint16))
 
+    def _check_open(self) -> None:
+        if not self._registered:
+            raise ClosedError("buffer ring is closed: it cannot be used after close()")
+        if self.ring.fd < 0:
+            raise ClosedError("buffer ring's io_uring is closed: the registration is gone")
+
     def buffer(self, bid: int, length: int | None = None) -> np.ndarray:
         """The bytes of buffer ``bid`` as a uint8 view into the area."""
+        self._check_open()
+        if not 0 <= bid < self.entries:
+            raise ValueError(f"buffer id {bid} is outside 0..{self.entries - 1}")
+        if length is not None and not 0 <= length <= self.buf_size:
+            raise ValueError(f"length {length} is outside 0..{self.buf_size}")
         return self.area.view(np.uint8, self.area_offset + bid * self.buf_size,
                                self.buf_size if length is None else length)
 
     def provide(self, bids: np.ndarray) -> None:
         """Give buffers (back) to the kernel: one vectorized write, then one tail store."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
         n = len(bids)
         if n == 0:
             return
@@ -100,6 +120,8 @@ class BufRing:
 
     def consumed(self, nbytes: int, first_bid: int) -> np.ndarray:
         """Buffer ids a completion of ``nbytes`` consumed starting at ``first_bid`` (bundles)."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
         if self.incremental:
             raise ValueError("an incremental buffer ring is accounted with filled()")
         count = max(1, -(-nbytes // self.buf_size))
@@ -116,6 +138,8 @@ class BufRing:
         earlier data; returns where in the buffer they start. ``more`` is the CQE's
         IORING_CQE_F_BUF_MORE: without it the kernel is done with the buffer, which leaves the
         ring until it is provided again."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
         pos = self._pos
         if pos is None:
             raise ValueError("filled() is for incremental buffer rings; use consumed()")
@@ -138,15 +162,23 @@ class BufRing:
             self.area.close()
 
     def close(self) -> None:
+        """Unregister and unmap; idempotent."""
+        if not self._registered:
+            return
         try:
-            if getattr(self, "_registered", False) and self.ring.fd >= 0:
+            if self.ring.fd >= 0:
                 reg = u.io_uring_buf_reg(bgid=self.bgid)
                 self.ring.register(u.IORING_UNREGISTER_PBUF_RING, reg, 1)
         finally:  # the kernel pinned the ring's pages, so unmapping is safe either way
             self._registered = False
             self._release_memory()
 
+    @property
+    def closed(self) -> bool:
+        return not self._registered
+
     def __enter__(self) -> BufRing:
+        self._check_open()
         return self
 
     def __exit__(self, *exc: object) -> None:
