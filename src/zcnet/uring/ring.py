@@ -48,6 +48,14 @@ _SQE = struct.Struct("<BBHiQQIIQHHIQQ")
 assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
 _CQE = struct.Struct("<QiI")  # user_data res flags: the first 16 bytes of every CQE
 _U32 = 0xFFFFFFFF
+# A CQE as numpy sees it: ``bid`` overlaps the upper half of ``flags`` (the provided-buffer id,
+# IORING_CQE_BUFFER_SHIFT = 16); ``extra`` is the second half of a CQE32.
+_CQE_FIELDS = {"names": ["user_data", "res", "flags", "bid"],
+               "formats": ["<u8", "<i4", "<u4", "<u2"], "offsets": [0, 8, 12, 14]}
+_CQE_DTYPE = np.dtype({**_CQE_FIELDS, "itemsize": 16})
+_CQE32_DTYPE = np.dtype({"names": [*_CQE_FIELDS["names"], "extra"],
+                         "formats": [*_CQE_FIELDS["formats"], ("<u8", 2)],
+                         "offsets": [*_CQE_FIELDS["offsets"], 16], "itemsize": 32})
 _NR_ENTER = u.__NR_io_uring_enter
 _GETEVENTS = u.IORING_ENTER_GETEVENTS
 
@@ -89,38 +97,45 @@ class Completions:
 
     def _decode(self) -> np.ndarray:
         w = self._words
-        if w is None:
-            w = self._words = np.frombuffer(self._raw, np.uint64).reshape(
-                self._n, 4 if self._cqe32 else 2)
+        if w is None:  # one structured view; each field is then a cheap strided view
+            w = self._words = np.frombuffer(self._raw, _CQE32_DTYPE if self._cqe32
+                                            else _CQE_DTYPE)
         return w
 
     @property
     def user_data(self) -> np.ndarray:
         a = self._ud
         if a is None:
-            a = self._ud = self._decode()[:, 0]
+            a = self._ud = self._decode()["user_data"]
         return a
 
     @property
     def res(self) -> np.ndarray:
         a = self._res
         if a is None:
-            a = self._res = self._decode().view(np.int32)[:, 2]
+            a = self._res = self._decode()["res"]
         return a
 
     @property
     def flags(self) -> np.ndarray:
         a = self._flags
         if a is None:
-            a = self._flags = self._decode().view(np.uint32)[:, 3]
+            a = self._flags = self._decode()["flags"]
         return a
 
     @property
     def extra(self) -> np.ndarray | None:
         a = self._extra
         if a is None and self._cqe32:
-            a = self._extra = self._decode()[:, 2:4]
+            a = self._extra = self._decode()["extra"]
         return a
+
+    def bids(self) -> np.ndarray:
+        """Provided-buffer ids (the upper 16 bits of ``flags``, meaningful where
+        IORING_CQE_F_BUFFER is set), as a uint16 view: no arithmetic, no copy."""
+        if self._raw is None:  # built from arrays
+            return (self.flags >> u.IORING_CQE_BUFFER_SHIFT).astype(np.uint16)
+        return self._decode()["bid"]
 
     def __len__(self) -> int:
         return self._n
