@@ -35,6 +35,7 @@ BUFRING_CALLS = {
     "consumed": "o.consumed(4096, 0)",
     "filled": "o.filled(10, 0, True)",
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
+    "take": "o.take(np.array([0], dtype=np.uint16))",
 }
 # Not uses of the object: closing again, and asking whether it is closed.
 EXEMPT = {"close", "__exit__", "closed"}
