@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import struct
 
 import numpy as np
 import pytest
@@ -346,3 +347,41 @@ def test_submit_and_wait_waits_on_after_a_signal(no_leaks, tcp_pair, timeout) ->
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         sender.join()
+
+
+def test_a_bad_prep_argument_leaves_no_sqe_behind(no_leaks) -> None:
+    """The slot is taken only after the SQE is written: a failed prep submits nothing."""
+    with Ring(4, flags=FAST) as r:
+        with pytest.raises(struct.error):
+            r.prep(u.IORING_OP_NOP, fd=1 << 40)
+        assert r.pending == 0
+        r.prep(u.IORING_OP_NOP, user_data=5)
+        assert r.submit(1) == 1 and r.reap_one() == (5, 0, 0) and r.reap_one() is None
+
+
+def test_prep_batch_templates_follow_the_scalar_fields(no_leaks) -> None:
+    """prep_batch caches its template while the scalars stay the same: switching opcode or fd
+    and back must give each batch its own SQEs (NOP res 0, RECV on a bad fd -EBADF)."""
+    with Ring(8, flags=FAST) as r:
+        got: list[tuple[int, int]] = []
+        for i, (op, fd) in enumerate([(u.IORING_OP_NOP, -1), (u.IORING_OP_RECV, 1_000_000),
+                                      (u.IORING_OP_RECV, 1_000_001), (u.IORING_OP_NOP, -1)]):
+            ud = np.arange(3, dtype=np.uint64) + 10 * i
+            r.prep_batch(op, ud, fd=fd, addr=0, length=np.full(3, 16, np.uint32))
+            r.submit(3)
+            c = r.reap()
+            got += list(zip(c.user_data.tolist(), c.res.tolist(), strict=True))
+        want = [(10 * i + k, 0 if i in (0, 3) else -errno.EBADF) for i in range(4)
+                for k in range(3)]
+        assert sorted(got) == want
+
+
+def test_reap_one_and_reap_take_cqes_in_order(no_leaks) -> None:
+    with Ring(8, flags=FAST) as r:
+        r.prep_batch(u.IORING_OP_NOP, np.arange(6, dtype=np.uint64))
+        r.submit(6)
+        assert r.reap_one() == (0, 0, 0)
+        c = r.reap(max_n=3)
+        assert len(c) == 3 and c.user_data.tolist() == [1, 2, 3]
+        assert c.res.tolist() == [0, 0, 0] and c.flags.tolist() == [0, 0, 0] and c.extra is None
+        assert r.reap().user_data.tolist() == [4, 5] and len(r.reap()) == 0

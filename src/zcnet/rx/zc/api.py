@@ -22,6 +22,7 @@ import importlib
 import itertools
 import logging
 import math
+import operator
 import os
 import socket
 import threading
@@ -44,6 +45,17 @@ log = logging.getLogger(__name__)
 # Poison written over a released chunk in debug mode, so a stale numpy array reads garbage that
 # is easy to recognise instead of plausible new data.
 POISON = 0xDB
+
+_rx_of = operator.attrgetter("_rx")
+_tok_of = operator.attrgetter("_tok")
+_len_of = operator.attrgetter("length")
+_sum = np.add.reduce
+
+
+def _as_list(seq: Any) -> list[int]:
+    """A provider's offsets/lengths/tokens as a list of ints (providers that vectorize give
+    numpy arrays; the per-chunk paths need Python ints anyway)."""
+    return seq.tolist() if type(seq) is np.ndarray else seq  # type: ignore[no-any-return]
 
 
 class _Held:
@@ -73,7 +85,11 @@ class _Held:
         self._rx = None
         if rx.debug:
             rx._revoke(self)
-        rx._releases.put(self)
+        # ReleaseQueue.put, inlined: this runs once per chunk on the iterator path.
+        q = rx._releases
+        q._q.append(self)
+        if q._waiting:
+            q._event.set()
         if rx._closed:
             rx._release_after_close()
 
@@ -160,9 +176,10 @@ class LinearChunk(Chunk):
 
 
 class Batch(_Held):
-    """Everything one kernel round delivered, in stream order, as parallel lists: ``offsets``
-    and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see ``views``).
-    One ``release()`` returns them all."""
+    """Everything one kernel round delivered, in stream order, as parallel sequences:
+    ``offsets`` and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see
+    ``views``). Providers that vectorize (soft) give numpy arrays, so a batch holds no Python
+    object per buffer; others give lists. One ``release()`` returns them all."""
 
     __slots__ = ("_linear", "lengths", "offsets")
 
@@ -183,14 +200,14 @@ class Batch(_Held):
         """Zero-copy memoryviews in stream order; ``coalesce`` merges area neighbours."""
         rx = self._owner()
         v = rx._view
+        offs, lens = _as_list(self.offsets), _as_list(self.lengths)
         if self._linear:
             out = [memoryview(self._linear[i]) if i in self._linear else v[o:o + n]
-                   for i, (o, n) in enumerate(zip(self.offsets, self.lengths, strict=True))]
+                   for i, (o, n) in enumerate(zip(offs, lens, strict=True))]
         elif coalesce:
-            offs, lens = self.offsets, self.lengths
             out = [v[offs[a]:offs[a] + sum(lens[a:b])] for a, b in contiguous_runs(offs, lens)]
         else:
-            out = [v[o:o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
+            out = [v[o:o + n] for o, n in zip(offs, lens, strict=True)]
         if rx.debug:
             for mv in out:
                 rx._track(self, mv)
@@ -260,8 +277,20 @@ class Receiver:
             if self.provider.held_back():
                 self.provider.recycle([], [])
             return
-        toks: list[int] = []
-        lens: list[int] = []
+        if len(done) == 1 and type(done[0]) is Batch:  # recv_batch: no per-buffer work
+            b = done[0]
+            self._stats.note_released(len(b._tok), b.length)
+            self.provider.recycle(b._tok, b.lengths)
+            return
+        if set(map(type, done)) == {Chunk}:  # the iterator: one int token per chunk
+            toks: list[int] = list(map(_tok_of, done))
+            lens: list[int] = list(map(_len_of, done))
+            self._stats.note_released(len(toks), sum(lens))
+            self.provider.recycle(toks, lens)
+            return
+        toks, lens = [], []
+        arrays: list[np.ndarray] = []
+        array_lens: list[np.ndarray] = []
         parts = nbytes = 0
         for c in done:
             t = c._tok
@@ -270,12 +299,23 @@ class Receiver:
                 lens.append(c.length)
                 parts += 1
             else:
-                toks.extend(t)
-                lens.extend(c._lens if type(c) is CoalescedChunk else c.lengths)
+                ls = c._lens if type(c) is CoalescedChunk else c.lengths
+                if type(t) is np.ndarray:
+                    arrays.append(t)
+                    array_lens.append(np.asarray(ls))
+                else:
+                    toks.extend(t)
+                    lens.extend(ls)
                 parts += len(t)
             nbytes += c.length
         self._stats.note_released(parts, nbytes)
-        self.provider.recycle(toks, lens)
+        if arrays:  # a vectorizing provider takes arrays (the order of buffers is free)
+            if toks:
+                arrays.append(np.asarray(toks, dtype=arrays[0].dtype))
+                array_lens.append(np.asarray(lens))
+            self.provider.recycle(np.concatenate(arrays), np.concatenate(array_lens))
+        else:
+            self.provider.recycle(toks, lens)
 
     def flush(self) -> None:
         """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
@@ -300,8 +340,9 @@ class Receiver:
         if d is None:
             return None
         s = self._stream_off
-        n = sum(d.lengths)
-        self._stats.note_delivered(len(d.lengths), n)
+        lengths = d.lengths
+        n = int(_sum(lengths)) if type(lengths) is np.ndarray else sum(lengths)
+        self._stats.note_delivered(len(lengths), n)
         self._stream_off = s + n
         if d.linear:
             self._stats.linear += sum(map(len, d.linear.values()))
@@ -351,7 +392,7 @@ class Receiver:
             got = self.provider.reap(remaining)
             if got.end is not None:
                 self._end = got.end
-            if got.offsets:
+            if len(got.offsets):
                 return got
             if got.end is not None:
                 return self._finish()
@@ -377,7 +418,7 @@ class Receiver:
         return self._end is not None
 
     def _chunks(self, d: Delivery) -> list[Chunk]:
-        offsets, lengths, tokens = d.offsets, d.lengths, d.tokens
+        offsets, lengths, tokens = _as_list(d.offsets), _as_list(d.lengths), _as_list(d.tokens)
         s = self._stream_off
         if d.linear:
             out: list[Chunk] = []
@@ -436,10 +477,11 @@ class Receiver:
         """Release several chunks with one queue operation; all are checked before any is
         released, so a bad one leaves the rest untouched."""
         batch = list(chunks)
-        for c in batch:
-            if c._rx is not self:
-                raise ValueError(f"{c!r} released twice" if c._rx is None
-                                 else "chunk belongs to another receiver")
+        if set(map(_rx_of, batch)) - {self}:  # C-speed check; find the culprit only if needed
+            for c in batch:
+                if c._rx is not self:
+                    raise ValueError(f"{c!r} released twice" if c._rx is None
+                                     else "chunk belongs to another receiver")
         if len(set(map(id, batch))) != len(batch):
             raise ValueError("the same chunk appears twice in one release_many")
         for c in batch:

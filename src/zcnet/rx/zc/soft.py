@@ -37,6 +37,7 @@ RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL)
 # What a final multishot CQE's errno means when it does not end the stream (see note_final).
 STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
+_maximum = np.maximum.reduce
 
 
 def buffer_count(area_size: int, buf_size: int) -> int:
@@ -62,9 +63,12 @@ class SoftProvider:
         self.armed = False
         self._ring: Ring | None = None
         self._buf: BufRing | None = None
+        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
         self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
+        # RECV_UD as the user_data of a full CQ: the hot path compares bytes with it.
+        self._ud_ok = np.full(self._ring.cq_entries, RECV_UD, np.uint64).tobytes()
         try:
             self.bundle = (bool(self._ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
                            if bundle is None else bundle)
@@ -88,20 +92,39 @@ class SoftProvider:
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
-        ring = self._ring
-        if ring is None:  # closed: the ring and the buffer ring are unmapped
+        """What the kernel delivered, as arrays: offsets, lengths and tokens (buffer ids).
+
+        The common round (every CQE is data of our RECV, one buffer each) costs a fixed
+        handful of numpy calls whatever its size; anything else takes ``_take`` (bundles) or
+        the filtering path (other user_data, errors, the final CQE).
+        """
+        ring, buf = self._ring, self._buf
+        if ring is None or buf is None:  # closed: the ring and the buffer ring are unmapped
             raise closed(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
-        if not len(c):
+        n = len(c)
+        if not n:
+            return out
+        res, flags = c.res, c.flags
+        # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
+        # error, no buffers) lacks it: with F_MORE on the last one, every res is data. Without
+        # bundles a CQE fills at most one buffer; with them, the max says whether one did.
+        if (flags.item(n - 1) & u.IORING_CQE_F_MORE
+                and c.user_data.tobytes() == self._ud_ok[:8 * n]
+                and (not self.bundle or _maximum(res) <= self.buf_size)):
+            bids = c.bids()
+            buf.take(bids)
+            out.tokens = bids
+            out.offsets = self._off_of.take(bids)
+            out.lengths = res
             return out
         keep = c.user_data == RECV_UD
-        res = c.res[keep]
-        flags = c.flags[keep]
+        res = res[keep]
+        flags = flags[keep]
         data = res > 0
         if data.any():
             self._take(res[data], flags[data], out)
-        # Only the last CQE of the multishot can lack F_MORE.
         if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
             note_final(out, int(res[-1]), STOPS)
@@ -122,15 +145,17 @@ class SoftProvider:
             raise RuntimeError("buffer ring out of step with completions")
         lengths = np.full(total, bs, dtype=np.int64)
         lengths[heads + counts - 1] = res - (counts - 1) * bs
-        out.tokens = bids.tolist()
-        out.offsets = (bids.astype(np.int64) * bs).tolist()
-        out.lengths = lengths.tolist()
+        out.tokens = bids
+        out.offsets = self._off_of.take(bids)
+        out.lengths = lengths
 
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if self._buf is None:
+    def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
+        buf = self._buf
+        if buf is None:
             raise closed(self, "recycle")
-        if tokens:
-            self._buf.provide(np.array(tokens, dtype=np.uint16))
+        if len(tokens):
+            buf.provide(tokens if isinstance(tokens, np.ndarray)
+                        else np.array(tokens, dtype=np.uint16))
 
     def held_back(self) -> int:
         return 0
