@@ -23,7 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def no_leaks():
-    """Fail the test if it leaves namespaces, veths, children, fds or io_uring mappings behind."""
+    """Fail the test if it leaves namespaces, veths, netdevsim devices, processes or VMs, fds,
+    io_uring/dma-buf/memfd mappings or anonymous memory (areas) behind (see leaks.py)."""
     before = Snapshot.take()
     yield
     # Children and fds may take a moment to be reaped after a worker exits.

@@ -16,6 +16,9 @@ from zcnet.errors import Unsupported
 from zcnet.report.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.report.tables import experiment_tables
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def test_lab_substitutes_zero_copy_engine() -> None:
     p = plan(builtin_spec("mlx5-zcrx"), Target())

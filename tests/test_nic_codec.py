@@ -17,6 +17,9 @@ from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import ethtool as e
 from zcnet.uapi import netlink as nl
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 INNER = attrset("inner", (1, "a", T.U8), (2, "b", T.STRING), (3, "c", T.FLAG))
 OUTER = attrset(
     "outer",

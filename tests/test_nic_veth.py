@@ -14,6 +14,9 @@ from zcnet.nic import doctor, ethtool, genl, info, netdev, ntuple
 from zcnet.nic.device import Device, DeviceUnsupported
 from zcnet.uapi import netdev as nd
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def test_family_resolution_against_the_kernel(no_leaks):
     with genl.GenlSocket() as s:

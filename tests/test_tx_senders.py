@@ -17,6 +17,9 @@ from zcnet.lab.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, fill_pattern, make_sender
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 CHUNK = 32 << 10
 SENDS = 300
 POISON = 0xEE

@@ -30,6 +30,9 @@ from zcnet.rx.zc.devmem import (
 from zcnet.rx.zc.provider import Delivery
 from zcnet.uapi import socket as usock
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 # struct dmabuf_cmsg {__u64 frag_offset; __u32 frag_size; __u32 frag_token; __u32 dmabuf_id;
 # __u32 flags;} -- packed by hand, independently of the ctypes definition the code uses.
 DMABUF_CMSG = struct.Struct("=QIIII")
