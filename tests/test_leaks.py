@@ -28,7 +28,7 @@ def test_a_leaked_area_next_to_another_mapping_is_caught():
     first = mmap.mmap(-1, 2 << 20, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         before = Snapshot.take()
-        second = mmap.mmap(-1, 1 << 20, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        second = mmap.mmap(-1, 2 << 20, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             problems = Snapshot.take().leaked_since(before)
             assert any(p.startswith("anonymous mappings left") for p in problems), problems
