@@ -17,6 +17,9 @@ import pytest
 from test_server_e2e import server
 from zcnet.bench.client import Control
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 @pytest.mark.root
 def test_bench_experiment_on_a_named_nic_runs_through_the_remote_server(no_leaks,

@@ -13,7 +13,7 @@ from zcnet.lab.netns import netns_exists
 from zcnet.lab.rtnl import rtnl
 from zcnet.lab.sweep import find_labs, take_down
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
 
 def _new_persistent(before: set[str]) -> list[str]:

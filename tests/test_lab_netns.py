@@ -15,6 +15,9 @@ import zcnet
 from zcnet.lab import Lab, names
 from zcnet.lab.netns import NoSuchNetns, in_netns, netns_exists
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
 
 

@@ -23,7 +23,7 @@ from zcnet.bench import protocol as proto
 from zcnet.bench.client import ClientOptions, Control, run
 from zcnet.errors import ZcnetError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 READY = "zcnet server listening on "
 
