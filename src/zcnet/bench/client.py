@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zcnet.bench import protocol as proto
+from zcnet.bench.authtoken import default_token, default_token_path
 from zcnet.bench.protocol import NEED_DATA, ProtocolError, Role
 from zcnet.bench.rr import PERCENTILES, merge_encoded, summarize
 from zcnet.bench.server import GRACE, parse_hostport
@@ -58,7 +59,7 @@ class ClientOptions:
     rx_app_cpu: int | None = None     # absolute pins; each overrides pin_off for its end
     tx_app_cpu: int | None = None
     tokens: dict[str, bytes] = field(default_factory=dict)  # control host -> token
-    token: bytes | None = None        # for hosts not in ``tokens``
+    token: bytes | None = None        # for hosts not in ``tokens``; None: this user's file
     max_attempts: int = 64
     netns: str | None = None          # reach the servers from inside this namespace (a lab)
     # Called with the placed flows right after start (tests use it to inject faults).
@@ -95,8 +96,11 @@ class Control:
     """The client end of one control connection: blocking requests over the sans-I/O protocol."""
 
     def __init__(self, addr: str, token: bytes | None, netns: str | None = None) -> None:
+        """``token``: the server's secret; ``None`` reads this user's token file, which a
+        ``zcnet server`` of the same user without ``--token-file`` uses too."""
         self.addr = addr
         host, port = parse_hostport(addr)
+        key = token if token is not None else default_token(create=False)
         self.host = host
         self.conn = proto.Connection(Role.CLIENT)
         try:
@@ -113,7 +117,7 @@ class Control:
             welcome = self.receive(REQUEST_TIMEOUT)
             self.cpus: int = welcome["cpus"]
             self.limits: dict[str, Any] = welcome["limits"]
-            self.send({"type": "auth", "mac": proto.auth_mac(token or b"", welcome["challenge"])})
+            self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
             auth_ok = self.receive(REQUEST_TIMEOUT)
             self.env: dict[str, Any] = auth_ok.get("host") or welcome.get("host", {})
         except BaseException:
@@ -193,7 +197,9 @@ class ServerRefused(ZcnetError):
 
 def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
     hints = {
-        "auth": "use the same --token-file as the server",
+        "auth": "use the same --token-file as the server (without one, both use the token "
+                f"file of their user, {default_token_path()})",
+        "busy": "wait for other sessions to end, or start another server",
         "limit": "ask for less (fewer flows, shorter run, smaller buffers) or raise the server's "
                  "limits",
         "unsupported": "pick an engine/tx path the server has",

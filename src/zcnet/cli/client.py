@@ -87,8 +87,8 @@ def engine_opts(pairs: list[str]) -> dict[str, Any]:
 
 
 def options(args: argparse.Namespace) -> Any:
+    from zcnet.bench.authtoken import read_token
     from zcnet.bench.client import ClientOptions
-    from zcnet.bench.server import read_token
 
     rr = args.rr or args.req_size is not None or args.resp_size is not None
     src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
