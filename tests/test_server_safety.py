@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from test_server_e2e import READY, ServerProc, _raw_session, _read_frame, server, wait_for
 from zcnet.bench import protocol as proto
@@ -368,3 +370,47 @@ def test_server_limits_out_of_range_are_usage_errors(option, value):
     out = _cli("server", "--listen", "127.0.0.1:0", option, value)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert option in out.stderr and READY not in out.stdout
+
+
+def _main_rc(capsys, argv: list[str]) -> tuple[int, str]:
+    from zcnet.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:   # argparse's own refusals
+        rc = int(e.code or 0)
+    return rc, capsys.readouterr().err
+
+
+_NONSENSE_FLOATS = st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "-0.0", "1e7"])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(["--session-timeout", "--max-duration", "--max-flows",
+                               "--max-memory"]),
+       value=_NONSENSE_FLOATS | st.integers(max_value=0).map(str)
+       | st.integers(min_value=(1 << 40) + 1).map(str))
+def test_fuzz_server_numeric_options_refuse_nonsense(capsys, option, value):
+    rc, err = _main_rc(capsys, ["server", "--listen", "127.0.0.1:0", option, value])
+    assert rc == 2 and "Traceback" not in err and err.strip()
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(["-t", "-n", "--cpu-min", "--cpu-max", "--pin-off",
+                               "--rx-app-cpu", "--tx-app-cpu", "--max-attempts", "--data-port",
+                               "--read-size", "--write-size", "--req-size"]),
+       value=_NONSENSE_FLOATS | st.integers(max_value=-1).map(str)
+       | st.integers(min_value=1 << 41).map(str))
+def test_fuzz_client_numeric_options_refuse_nonsense(capsys, tmp_path, option, value):
+    assume(not (value == "0" and option in ("--cpu-min", "--cpu-max", "--pin-off",
+                                            "--rx-app-cpu", "--tx-app-cpu")))  # CPU 0 is real
+    token = tmp_path / "token"
+    if not token.exists():
+        token.write_text("correct horse battery staple\n")
+        token.chmod(0o600)
+    # Refused before any connection (one would fail with rc 1: nothing listens on port 9).
+    rc, err = _main_rc(capsys, ["client", "--src", "127.0.0.1:9", "--token-file", str(token),
+                                option, value])
+    assert rc == 2 and "Traceback" not in err and err.strip(), (rc, err)
