@@ -588,18 +588,29 @@ class Server:
         for _ in range(MAX_PENDING):
             try:
                 csock, addr = self.sock.accept()
-            except OSError:   # EAGAIN: accepted all; or the peer reset before accept
+            except OSError as e:   # EAGAIN: accepted all; or the peer reset before accept
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of descriptors: the connection stays queued and the socket readable;
+                    # free one (or wait a moment) rather than spin on it.
+                    log.warning("accept: %s", e.strerror)
+                    if self._pending:
+                        self._evict_oldest(sel)
+                    else:
+                        time.sleep(0.1)
                 return
             if len(self._pending) >= MAX_PENDING:
-                oldest = next(iter(self._pending.values()))
-                log.info("%s: evicted, unauthenticated, for a newer connection", oldest.peer)
-                self._forget(sel, oldest)
-                oldest.sock.close()
+                self._evict_oldest(sel)
             peer = f"{addr[0]}:{addr[1]}"
             deadline = time.monotonic() + min(self.session_timeout, HANDSHAKE_TIMEOUT)
             hs = Handshake(csock, peer, self.limits, deadline)
             self._pending[csock] = hs
             sel.register(csock, selectors.EVENT_READ)
+
+    def _evict_oldest(self, sel: selectors.BaseSelector) -> None:
+        oldest = next(iter(self._pending.values()))
+        log.info("%s: evicted, unauthenticated, for a newer connection", oldest.peer)
+        self._forget(sel, oldest)
+        oldest.sock.close()
 
     def _forget(self, sel: selectors.BaseSelector, hs: Handshake) -> None:
         del self._pending[hs.sock]
