@@ -71,3 +71,16 @@ def tcp_pair():
     yield client, server
     client.close()
     server.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_config_home(tmp_path_factory: pytest.TempPathFactory):
+    """Token files (``zcnet server`` without --token-file creates one) go to a directory of the
+    test session, never to the user's real ~/.config; servers the tests start inherit it."""
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = old

@@ -87,8 +87,8 @@ def engine_opts(pairs: list[str]) -> dict[str, Any]:
 
 
 def options(args: argparse.Namespace) -> Any:
+    from zcnet.bench.authtoken import read_token
     from zcnet.bench.client import ClientOptions
-    from zcnet.bench.server import read_token
 
     rr = args.rr or args.req_size is not None or args.resp_size is not None
     src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
@@ -111,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
     from zcnet.bench.remote import RemoteServer
     from zcnet.report.export import make_console, print_tables, write_text
 
-    if args.ssh and args.ssh_port == 0:
-        raise UsageError("--ssh-port 0", "give the port the remote server should listen on")
+    if args.ssh and not 1 <= args.ssh_port <= 65535:
+        raise UsageError(f"--ssh-port {args.ssh_port} out of range",
+                         "give the port (1..65535) the remote server should listen on")
     opts = options(args)
     opts.validate()
     console = make_console()
