@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from zcnet import __version__
 from zcnet.errors import ZcnetError
+from zcnet.lab.netns import NeedRoot
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,9 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ZcnetError as exc:
+        hint = exc.hint
+        around = getattr(args, "without_lab", None)  # the command's way around the lab
+        if isinstance(exc, NeedRoot) and around:
+            hint = f"{hint}, or pass {around}" if hint else f"pass {around}"
         print(f"zcnet: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"zcnet: fix: {exc.hint}", file=sys.stderr)
+        if hint:
+            print(f"zcnet: fix: {hint}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("zcnet: interrupted", file=sys.stderr)
