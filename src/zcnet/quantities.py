@@ -24,7 +24,7 @@ class Quantity:
 
     def range_text(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        return f"{self.min:g}..{self.max:g}{unit}"
+        return f"{_show(self.min)}..{_show(self.max)}{unit}"
 
     def problem(self, value: object) -> str | None:
         """Why ``value`` is not a valid amount of this quantity, or None."""
@@ -38,6 +38,10 @@ class Quantity:
             why = f" ({self.why})" if self.why else ""
             return f"must be within {self.range_text()}{why}, got {value!r}"
         return None
+
+
+def _show(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
 IORING_MAX_ENTRIES = 32768  # the largest submission queue io_uring sets up

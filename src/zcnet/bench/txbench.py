@@ -293,7 +293,8 @@ def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]
         limit = path_payload_limit(sock)
         if max(lengths) > limit:
             raise UsageError(f"payload {max(lengths)} B exceeds the path MTU's limit of {limit} B "
-                             f"to {target.addr}", f"use --size {limit} or less, or raise the MTU")
+                             f"to {target.addr}",
+                             f"use a payload of {limit} B or less, or raise the MTU")
         try:
             senders[mode] = sender = _factory(mode)(sock, lengths)
         except Unsupported as exc:

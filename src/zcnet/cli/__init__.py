@@ -36,9 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser,
+               argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, but ``--opt=--`` is an error: argparse drops the ``--`` and would
+    hand the option an empty list instead of a value."""
+    for token in sys.argv[1:] if argv is None else argv:
+        if token.startswith("-") and token.endswith("=--"):
+            parser.error(f"argument {token.split('=', 1)[0]}: '--' is not a value")
+    return parser.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="zcnet: %(levelname)s: %(message)s",
