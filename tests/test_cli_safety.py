@@ -247,6 +247,19 @@ def test_compare_refuses_non_finite_and_negative_figures(
     assert main(["run", "--report", str(tmp_path / "b.json")]) == 2
 
 
+@pytest.mark.parametrize(("field", "value"), [("mtu", "abc"), ("mtu", math.nan), ("burst", -3),
+                                              ("cpus", {"x": {}}), ("cpus", {"0": {"idle": 101}})])
+def test_report_refuses_damaged_key_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           field: str, value: Any) -> None:
+    doc = _doc("tx-mpwqe.json")
+    doc["results"][0][field] = value
+    assert main(["run", "--report", _write(tmp_path, "d.json", doc), "--plots",
+                 str(tmp_path / "png")]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err
+    assert not (tmp_path / "png").exists()
+
+
 def test_compare_says_different_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = _doc("bench-a.json"), _doc("tx-mpwqe.json")
     b["env"] = a["env"]
@@ -355,6 +368,9 @@ def test_repeated_sizes_are_a_pattern_not_an_error() -> None:
     ["reproduce", "tx-mpwqe", "--csv", "{tmp}/missing/x.csv"],
     ["run", "--report", str(FIX / "tx-mpwqe.json"), "--markdown", "{tmp}"],
     ["compare", str(FIX / "bench-a.json"), str(FIX / "bench-b.json"), "--csv", "{tmp}/no/x"],
+    ["reproduce", "mlx5-zcrx", "--ifname", "../../etc"],
+    ["reproduce", "mlx5-zcrx", "--ifname", "nosuch0", "--remote", "198.18.0.9"],
+    ["bench", "--ifname", "nosuch0", "--queue", "1"],
 ])
 def test_options_are_checked_before_measuring(tmp_path: Path, argv: list[str]) -> None:
     (tmp_path / "file").write_text("")
@@ -440,6 +456,30 @@ def test_bench_ctrl_c_keeps_cells_marked_incomplete(tmp_path: Path, no_leaks: No
     assert p.returncode == 130 and "Traceback" not in stderr
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and 1 <= len(doc["results"]) < 4
+    assert "incomplete" in stdout
+
+
+@pytest.mark.root
+def test_run_ctrl_c_writes_every_report_marked_incomplete(tmp_path: Path,
+                                                          no_leaks: None) -> None:
+    text = builtin_text("tx-mpwqe").replace("duration = 1.0", "duration = 0.1")
+    spec = tmp_path / "long.toml"
+    spec.write_text(text.replace("repeat = 5", "repeat = 200"))
+    out = tmp_path / "out"
+    p = subprocess.Popen([*ZCNET, "run", str(spec), "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if len(json.loads((out / "tx-mpwqe.json").read_text())["results"]) >= 2:
+                break
+        time.sleep(0.1)
+    stdout, stderr = _interrupt_after(p, 0.1)
+    assert p.returncode == 130 and "Traceback" not in stderr
+    doc = json.loads((out / "tx-mpwqe.json").read_text())
+    assert doc["complete"] is False and doc["results"]
+    assert "incomplete" in (out / "tx-mpwqe.md").read_text()
+    assert (out / "tx-mpwqe.csv").read_text().startswith("mode,")
     assert "incomplete" in stdout
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,18 @@ def check_output_dir(path: str | None, option: str) -> None:
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path} cannot be created under {ancestor}",
                          "give a directory you may write to")
+
+
+_IFNAME = re.compile(r"[^/\s:]{1,15}\Z")  # IFNAMSIZ - 1 bytes, no '/', ':' or whitespace
+
+
+def check_ifname(name: str | None, option: str = "--ifname") -> None:
+    """Fail before measuring when ``name`` is no interface of this network namespace."""
+    if name is None:
+        return
+    if not _IFNAME.match(name) or name in (".", ".."):
+        raise UsageError(f"{option} {name!r} is not an interface name",
+                         "give a name from `ip link`, e.g. eth0")
+    if not (Path("/sys/class/net") / name).exists():
+        raise UsageError(f"{option} {name!r}: no such network interface here",
+                         "give a name from `ip link`")

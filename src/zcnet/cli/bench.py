@@ -19,7 +19,13 @@ from zcnet.bench.run import (
     run_bench,
     verify_failed,
 )
-from zcnet.cli._args import check_output_file, choice_list, number, number_list
+from zcnet.cli._args import (
+    check_ifname,
+    check_output_file,
+    choice_list,
+    number,
+    number_list,
+)
 from zcnet.errors import UsageError
 from zcnet.lab.rtnl import has_caps
 from zcnet.report.bench_table import bench_notes, bench_tables
@@ -80,6 +86,7 @@ def print_report(doc: dict[str, Any], console: Console) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json")
+    check_ifname(args.ifname)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zcnet.cli._args import check_output_dir, check_output_file, number
+from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import check_figures
 from zcnet.report.export import make_console, say
@@ -116,6 +116,7 @@ def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console
 
 def check_target(args: argparse.Namespace) -> None:
     """Options that only mean something together, checked before measuring."""
+    check_ifname(args.ifname)
     if args.remote and not args.ifname:
         raise UsageError("--remote needs --ifname", "name the NIC that faces the remote host")
     for option, value in (("--queue", args.queue), ("--data-port", args.data_port)):

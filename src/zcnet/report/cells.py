@@ -135,6 +135,15 @@ def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
         v = row.get(name)
         if v is not None and (why := quantities.problem("figure", v)) is not None:
             return name, v, why
+    for name in ("mtu", "burst", "payload"):
+        v = row.get(name)
+        if v is None or (name == "payload" and isinstance(v, str)):  # "64,128": a size pattern
+            continue
+        if (why := quantities.problem(name, v)) is not None:
+            return name, v, why
+    cpus = row.get("cpus") or {}
+    if not isinstance(cpus, dict) or not all(str(c).isdigit() for c in cpus):
+        return "cpus", cpus, "must map CPU numbers to shares"
     cpu = row.get("cpu") if isinstance(row.get("cpu"), dict) else {}
     shares = [(f"cpu.{side}.{k}", v.get(k)) for side, v in cpu.items() if isinstance(v, dict)
               for k in CPU_SHARE_FIELDS if k in v]
