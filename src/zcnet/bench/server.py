@@ -122,6 +122,7 @@ class FlowProc:
         self.proc.start()
         child.close()
         self.cpu: int | None = None
+        self.pinned: int | None = None  # from ``pin``: the worker may be gone when results come
 
     @property
     def pid(self) -> int:
@@ -380,6 +381,7 @@ class Session:
             raise SessionError("invalid", f"no flow {msg['flow']}")
         for fp in ends:
             os.sched_setaffinity(fp.pid, {cpu})
+            fp.pinned = cpu
         return {"type": "pinned", "flow": msg["flow"], "cpu": cpu}
 
     def on_close(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -426,7 +428,8 @@ class Session:
         for fp in ends:
             r = dict(results.get(id(fp)) or _error(fp, "no result"))
             r.pop("event", None)
-            r.update(flow=fp.flow, role=fp.role, pid=fp.pid, pinned=_pinned(fp))
+            r.update(flow=fp.flow, role=fp.role, pid=fp.pid,
+                     pinned=fp.pinned if fp.pinned is not None else _pinned(fp))
             flows.append(r)
             # Where the flow was placed (fp.cpu, from discovery) and where it ended up.
             watch.update(c for c in (fp.cpu, r.get("incoming_cpu"), r["pinned"])

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from zcnet.bench.protocol import Limits
+from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "from the first line of stdin (default: this user's token file)")
     p.add_argument("--exit-on-eof", action="store_true",
                    help="exit when stdin closes (how an ssh-started server follows its client)")
-    p.add_argument("--session-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--session-timeout", type=number("timeout"), default=60.0, metavar="S",
                    help="reap a session whose client is silent this long (default 60)")
-    p.add_argument("--max-flows", type=int, default=Limits.max_flows, metavar="N")
-    p.add_argument("--max-duration", type=float, default=Limits.max_duration, metavar="S")
-    p.add_argument("--max-memory", type=int, default=Limits.max_memory, metavar="BYTES",
-                   help="sum of a session's buffers")
+    p.add_argument("--max-flows", type=number("flows"), default=Limits.max_flows, metavar="N")
+    p.add_argument("--max-duration", type=number("duration"), default=Limits.max_duration,
+                   metavar="S")
+    p.add_argument("--max-memory", type=number("memory"), default=Limits.max_memory,
+                   metavar="BYTES", help="sum of a session's buffers")
     p.set_defaults(func=run)
 
 
