@@ -414,3 +414,28 @@ def test_fuzz_client_numeric_options_refuse_nonsense(capsys, tmp_path, option, v
     rc, err = _main_rc(capsys, ["client", "--src", "127.0.0.1:9", "--token-file", str(token),
                                 option, value])
     assert rc == 2 and "Traceback" not in err and err.strip(), (rc, err)
+
+
+def test_sweep_removes_only_directories_whose_owner_is_gone(tmp_path, monkeypatch):
+    import fcntl
+
+    from zcnet.bench import scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dirs = {name: tmp_path / f"{scratch.PREFIX}{name}" for name in
+            ("held", "free", "unlocked-new", "unlocked-old")}
+    for d in dirs.values():
+        d.mkdir(mode=0o700)
+        (d / "pymp-x").mkdir()
+    for name in ("held", "free"):
+        (dirs[name] / scratch.LOCK).touch()
+    fd = os.open(dirs["held"] / scratch.LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)   # a live server's lock
+        old = os.stat(dirs["unlocked-old"]).st_mtime - scratch.STALE - 60
+        os.utime(dirs["unlocked-old"], (old, old))
+        removed = scratch.sweep()
+    finally:
+        os.close(fd)
+    assert sorted(removed) == sorted([dirs["free"], dirs["unlocked-old"]])
+    assert dirs["held"].exists() and dirs["unlocked-new"].exists()

@@ -251,7 +251,8 @@ def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
         "busy": "wait for other sessions to end, or start another server",
         "limit": "ask for less (fewer flows, shorter run, smaller buffers) or raise the server's "
                  "limits",
-        "unsupported": "pick an engine/tx path the server has",
+        "unsupported": "pick an engine or tx path the server supports (the reason says what "
+                       "is missing there)",
         "version": "run the same zcnet version on both ends",
     }
     return ServerRefused(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]),

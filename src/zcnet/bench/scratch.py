@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.util import Finalize
 from pathlib import Path
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "zcnet-server-"
 LOCK = "lock"
+STALE = 3600.0   # seconds after which a directory that never got its lock is a leftover
 # sun_path holds 108 bytes with its NUL; multiprocessing adds "/pymp-XXXXXXXX/listener-XXXXXXXX".
 _SUN_PATH = 107
 _MP_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
@@ -82,7 +84,7 @@ def sweep() -> list[Path]:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue   # not ours (or a symlink someone planted): never touched
-        if _owner_alive(d / LOCK):
+        if _owner_alive(d / LOCK, st.st_mtime):
             continue
         shutil.rmtree(d, ignore_errors=True)
         log.info("removed %s, left by a server that is gone", d)
@@ -90,11 +92,12 @@ def sweep() -> list[Path]:
     return removed
 
 
-def _owner_alive(lock: Path) -> bool:
+def _owner_alive(lock: Path, made: float) -> bool:
     try:
         fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return True   # no lock (yet): being created, or not a server's; leave it
+        # No lock yet: a server is creating it (a moment), or one died doing so (long ago).
+        return time.time() - made < STALE
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -16,7 +16,8 @@ Some facts about lifetimes, and why the code is this way:
   threads, and starts in milliseconds (a ``spawn``ed interpreter takes a second on a loaded 2-CPU
   machine, and RX-CPU discovery may start several). Workers ask for SIGKILL when their parent
   (the forkserver) dies, and the forkserver exits with the server, so even a SIGKILLed server
-  leaves nothing behind.
+  leaves no process behind; its temporary files (the forkserver's socket) are swept by the next
+  server that starts (``zcnet.bench.scratch``).
 - Every listener authenticates (HMAC challenge-response, constant-time compare), loopback
   included: without a token the server uses its user's token file (``zcnet.bench.authtoken``),
   which that user's client reads too. Listening beyond loopback needs an explicit token file.
@@ -553,15 +554,18 @@ class Server:
         self._stop = threading.Event()
         # Start the forkserver now, while this process has a single thread; its temporary
         # files go to a scratch directory that outlives no server (zcnet.bench.scratch).
-        scratch.sweep()
-        _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.pattern"])
-        if scratch.fits():
-            with scratch.Scratch().as_tempdir():
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.sock.close)
+            scratch.sweep()
+            _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.pattern"])
+            if scratch.fits():
+                with scratch.Scratch().as_tempdir():
+                    _start_forkserver()
+            else:
+                log.warning("temp directory %s: path too long for a scratch directory; a "
+                            "killed server may leave pymp-* there", tempfile.gettempdir())
                 _start_forkserver()
-        else:
-            log.warning("temp directory %s: path too long for a scratch directory; a killed "
-                        "server may leave pymp-* there", tempfile.gettempdir())
-            _start_forkserver()
+            undo.pop_all()
 
     @property
     def address(self) -> str:
