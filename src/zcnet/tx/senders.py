@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zcnet.errors import Unsupported, UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.sockcheck import require_connected, require_tcp
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
@@ -144,7 +144,7 @@ class CopySender(_SlotSender):
 
     def send(self, nbytes: int) -> int:
         if self._closed:
-            raise closed(self, "send")
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -165,7 +165,7 @@ class CopySender(_SlotSender):
 
     def flush(self) -> None:
         if self._closed:
-            raise closed(self, "flush")
+            raise ClosedError.of(self, "flush")
 
     def close(self) -> None:
         self._closed = True
@@ -187,7 +187,7 @@ class MsgZerocopySender(_SlotSender):
 
     def send(self, nbytes: int) -> int:
         if self._closed:
-            raise closed(self, "send")
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -230,7 +230,7 @@ class MsgZerocopySender(_SlotSender):
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Wait until every send's notification arrived (all slots free)."""
         if self._closed:
-            raise closed(self, "flush")
+            raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.tracker.outstanding:
             if time.monotonic() > deadline:

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.uapi import dmabuf as udmabuf_sync
 from zcnet.uapi import udmabuf
 
@@ -134,7 +134,7 @@ class Area:
     def sync(self, start: bool) -> None:
         """Bracket CPU reads of a dma-buf area (no-op for normal memory)."""
         if self._closed:  # an fd we owned is closed, and its number may name another file now
-            raise closed(self, "sync")
+            raise ClosedError.of(self, "sync")
         if self.dmabuf_fd is None:
             return
         flags = udmabuf_sync.DMA_BUF_SYNC_READ | (
