@@ -76,7 +76,7 @@ class SoftProvider:
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
-        if self._buf is None:
+        if self._ring is None or self._buf is None:  # close() drops the ring first
             raise ClosedError.of(self, "can_arm")
         return self._buf.in_ring > 0
 
@@ -127,7 +127,7 @@ class SoftProvider:
         out.lengths = lengths.tolist()
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if self._buf is None:
+        if self._ring is None or self._buf is None:  # the buffer ring's memory is unmapped
             raise ClosedError.of(self, "recycle")
         if tokens:
             self._buf.provide(np.array(tokens, dtype=np.uint16))
