@@ -77,7 +77,11 @@ class Sender(Protocol):
 
 
 def _byte_view(buf: Any) -> memoryview:
-    view = memoryview(buf).cast("B")
+    try:
+        view = memoryview(buf).cast("B")
+    except TypeError:
+        raise UsageError(f"the send buffer must be a writable buffer (bytearray, numpy array, "
+                         f"mmap), not {type(buf).__name__}") from None
     if view.readonly:
         raise UsageError("the send buffer must be writable (slots are refilled)")
     return view
@@ -91,8 +95,8 @@ class _SlotSender:
     def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
                  on_release: SlotHook | None) -> None:
         require_connected(sock, f"{self.kind} sender")
-        if slots <= 0:
-            raise UsageError(f"slots must be positive, got {slots}")
+        if not isinstance(slots, int) or slots <= 0:
+            raise UsageError(f"slots must be a positive integer, got {slots!r}")
         self.sock = sock
         self.view = _byte_view(buf)
         self.slot_size = len(self.view) // slots
