@@ -172,7 +172,7 @@ def test_interrupted_bench_leaves_nothing(no_leaks, tmp_path: Path, sig: int) ->
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode != 0 and "Traceback" not in err
-    assert set(list_netns()) == before
+    assert set(list_netns()) <= before  # (bench also sweeps stale labs it finds)
     # Nothing of the run remains: workers, the lab's servers, their forkservers.
     time.sleep(0.5)
     assert not _tagged_processes(tag)
