@@ -171,21 +171,6 @@ def binding() -> Any:
     return DmabufBinding(GenlSocket(), 1, 1, [0])
 
 
-def ring() -> Any:
-    from zcnet.uring.ring import Ring
-
-    return Ring(8)
-
-
-def bufring() -> Any:
-    from zcnet.uring.bufring import BufRing
-    from zcnet.uring.ring import Ring
-
-    r = Ring(8)
-    KEEP.append(r)
-    return BufRing(r, 0, 8, 4096)
-
-
 def lab() -> Any:
     from zcnet.lab import Lab
 
@@ -207,22 +192,6 @@ def _drvinfo() -> tuple[Any, ...]:
     return (e.SIOCETHTOOL, e.ethtool_drvinfo(cmd=e.ETHTOOL_GDRVINFO))
 
 
-def _user_data(n: int) -> Any:
-    import numpy as np
-
-    return np.zeros(n, np.uint64)
-
-
-def _bids(n: int) -> Any:
-    import numpy as np
-
-    return np.arange(n, dtype=np.uint16)
-
-
-# Ring and BufRing get their guards on the branch that rewrites their hot paths; until it is
-# merged these cases crash (SIGSEGV) or keep working after close, and are expected to fail.
-URING_PENDING = "Ring/BufRing use-after-close guards come with the uring hot-path rewrite"
-
 ANY_SOCKET = ("attach", lambda: (tcp_pair()[1].fileno(),))
 
 
@@ -239,8 +208,6 @@ class Case:
     extra: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     close: str = "close"
     root: bool = False
-    #: why this case is expected to fail for now (an xfail, strict: it must fail)
-    pending: str = ""
 
 
 SENDER = {"args": {"send": (100,), "in_flight": (0,)}, "allowed": frozenset({"stats"})}
@@ -278,11 +245,6 @@ CASES: dict[str, Case] = {
                                  "raise_unsupported": ("a setting", "doing it")},
                    skip={"translate": "builds an error from its arguments alone"}),
     "dmabuf-binding": Case(binding),
-    "ring": Case(ring, args={"prep": (0,), "prep_batch": lambda: (0, _user_data(2)),
-                             "register": (0, None, 0)}, pending=URING_PENDING),
-    "bufring": Case(bufring, args={"buffer": (0,), "provide": lambda: (_bids(1),),
-                                   "consumed": (4096, 0), "filled": (10, 0, True)},
-                    pending=URING_PENDING),
     "lab": Case(lab, close="down", root=True,
                 args={"ns_exec": lambda: ("zcnonexistenta", ["true"]), "set_mtu": (1500,)},
                 allowed=frozenset({"env"}),
