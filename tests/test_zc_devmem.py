@@ -751,3 +751,29 @@ def test_provider_reap_waits_for_data_and_unattached_one_is_idle(fake_bind, memf
     warned = [r.getMessage() for r in caplog.records if r.name == "zcnet.rx.zc.devmem"]
     assert warned == ["devmem: 1000 bytes arrived in host memory (SCM_DEVMEM_LINEAR): header "
                       "split is off or the flow is not steered to the bound queue"]
+
+
+def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tcp_pair):
+    """fd 0 is a socket like any other (a daemon's stdin may be closed); arming a devmem
+    provider only records that it is armed (the binding delivers regardless)."""
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    conn, cli = tcp_pair
+    saved = os.dup(0)
+    try:
+        os.dup2(conn.fileno(), 0)
+        with Area(1 << 20, dmabuf_fd=memfd) as area:
+            p = DevmemProvider(0, area, "eth7", 0)
+            os.dup2(saved, 0)  # the provider holds its own duplicate
+            try:
+                cli.sendall(b"y" * 100)
+                assert sum(p.reap(5.0).lengths) == 100
+                p.armed = False
+                p.arm()
+                assert p.armed is True
+            finally:
+                p.close()
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
