@@ -138,11 +138,11 @@ def _mapping_kind(path: str) -> str | None:
     return None
 
 
-def _maps() -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
+def _maps(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
     """(kernel-object mappings as 'kind path range', anonymous read-write ranges that are
-    neither thread stacks nor malloc heaps)."""
+    neither thread stacks nor malloc heaps) of /proc/self/maps ``text``."""
     rows = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
+    for line in text.splitlines():
         f = line.split(maxsplit=5)
         lo, hi = (int(x, 16) for x in f[0].split("-"))
         rows.append((lo, hi, f[1], f[5] if len(f) > 5 else ""))
@@ -216,9 +216,12 @@ class Snapshot:
     @classmethod
     def take(cls) -> Snapshot:
         procs, vms = _processes()
-        special, anon = _maps()
-        return cls(_netns(), _veths(), _netdevsim(), procs, vms, _fds(), special, anon,
-                   _py_arenas())
+        netns, veths, nsim, fds = _netns(), _veths(), _netdevsim(), _fds()
+        # Arenas, then the maps at once: arenas made by the work above are in both counts,
+        # and nothing between the two reads makes new ones.
+        arenas = _py_arenas()
+        special, anon = _maps(Path("/proc/self/maps").read_text())
+        return cls(netns, veths, nsim, procs, vms, fds, special, anon, arenas)
 
     @property
     def uring_maps(self) -> int:
