@@ -353,9 +353,9 @@ class Ring:
         n = (self._sq_tail - sq[self._khead_i]) & _U32
         if timeout is None:
             ret = enter_fast(fd, n, wait_nr, _GETEVENTS if wait_nr else 0, None, 0)
+            if ret >= 0 and not wait_nr:
+                return ret  # the SQEs the kernel consumed (fewer when one failed its prep)
             if ret == n:
-                if not wait_nr:
-                    return n
                 cq = self._cqm
                 if (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32 >= wait_nr:
                     return n
