@@ -16,6 +16,9 @@ from zcnet.errors import Unsupported
 from zcnet.report.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.report.tables import experiment_tables
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def test_lab_substitutes_zero_copy_engine() -> None:
     p = plan(builtin_spec("mlx5-zcrx"), Target())
@@ -114,14 +117,17 @@ def _small_tx_spec(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def fonts_loaded(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fonts_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
     """matplotlib keeps the font files it has used open for the life of the process (a cache,
-    not a leak); draw text once before the leak snapshot so that cache exists already."""
+    not a leak), and it and scipy (the verdicts) set up memory of their own when first used
+    (library data, BLAS buffers): draw and test once before the leak snapshot (module scope:
+    set up before any test's no_leaks) so that all this exists already."""
     pytest.importorskip("matplotlib")
-    from zcnet.report import plots
+    from zcnet.report import plots, stats
 
-    plots.pps_per_mode([{"mode": "x", "mpps": 1.0}], tmp_path / "warm.png")
+    plots.pps_per_mode([{"mode": "x", "mpps": 1.0}], tmp_path_factory.mktemp("warm") / "w.png")
+    stats.welch([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
 
 
 @pytest.mark.root

@@ -19,7 +19,7 @@ from zcnet.lab.netns import in_netns, netns_exists
 from zcnet.lab.rtnl import rtnl
 from zcnet.uapi.errqueue import IP_MTU
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
 PAYLOAD = os.urandom(256 * 1024)  # several segments even at MTU 9000
 

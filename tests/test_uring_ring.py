@@ -15,6 +15,9 @@ from zcnet.uring.mem import Mapping
 from zcnet.uring.prep import prep_nop, prep_read_fixed, prep_recv, prep_recv_multishot
 from zcnet.uring.ring import Ring
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 FAST = u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
 
 
@@ -263,6 +266,7 @@ def _raise_interrupted(_sig: int, _frame: object) -> None:
     raise _Interrupted
 
 
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
 def test_signal_during_wait_keeps_the_pending_count_true(no_leaks, tcp_pair) -> None:
     """A signal handler that raises (Ctrl-C) right after the enter consumed the SQEs must not
     leave a stale pending count: a later enter would ask for SQEs that do not exist, the
@@ -287,6 +291,7 @@ def test_signal_during_wait_keeps_the_pending_count_true(no_leaks, tcp_pair) -> 
         signal.signal(signal.SIGALRM, old)
 
 
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
 def test_wait_with_timeout_ends_under_a_stream_of_signals(no_leaks, tcp_pair) -> None:
     """A signal handler that returns (a sampling profiler's timer, SIGCHLD) interrupts the wait
     with EINTR; retrying with the full timeout again would never end while signals keep
@@ -300,7 +305,7 @@ def test_wait_with_timeout_ends_under_a_stream_of_signals(no_leaks, tcp_pair) ->
     def tick(_sig: int, _frame: object) -> None:
         nonlocal ticks
         ticks += 1
-        if ticks > 150:  # the failure guard: about 3 s of signals
+        if ticks > 1500:  # the failure guard against a wait that never ends: 30 s of signals
             raise _Interrupted
 
     old = signal.signal(signal.SIGALRM, tick)
@@ -313,13 +318,17 @@ def test_wait_with_timeout_ends_under_a_stream_of_signals(no_leaks, tcp_pair) ->
             r.wait(1, timeout=0.2)
             elapsed = time.monotonic() - t0
             signal.setitimer(signal.ITIMER_REAL, 0)
-            assert 0.15 <= elapsed < 1.0
+            # The lower bound is the timeout's contract (a clock cannot make it fail); how
+            # soon after the timeout it returns is no test's business, the guard above only
+            # catches a wait that never ends.
+            assert elapsed >= 0.15
             assert ticks
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 
 
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
 @pytest.mark.parametrize("timeout", [None, 5.0])
 def test_submit_and_wait_waits_on_after_a_signal(no_leaks, tcp_pair, timeout) -> None:
     """When a signal (handler returns) ends the wait of the enter that also submitted, the
@@ -327,7 +336,6 @@ def test_submit_and_wait_waits_on_after_a_signal(no_leaks, tcp_pair, timeout) ->
     only with wait_nr completions ready (callers index reap()[0], count a burst as sent)."""
     import signal
     import threading
-    import time
 
     c, s = tcp_pair
     old = signal.signal(signal.SIGALRM, lambda *_: None)
@@ -337,12 +345,10 @@ def test_submit_and_wait_waits_on_after_a_signal(no_leaks, tcp_pair, timeout) ->
             prep_recv(r, s.fileno(), m.addr, 16, user_data=1)
             sender.start()
             signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
-            t0 = time.monotonic()
             assert r.submit(1, timeout) == 1
             signal.setitimer(signal.ITIMER_REAL, 0)
             got = r.reap()
             assert len(got) == 1 and int(got.res[0]) == 4
-            assert time.monotonic() - t0 < 3.0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -31,8 +31,15 @@ class Unsupported(ZcnetError):
     """The kernel or device cannot do what was asked; carries the reason."""
 
 
-class ClosedError(ValueError):
-    """An object was used after its ``close()``: the resources it stood for are gone.
+class ClosedError(ZcnetError, ValueError):
+    """An object used after its ``close()``: a ValueError, like io's "I/O operation on closed
+    file". ``close()`` itself stays callable (it is idempotent), and so do the read-outs an
+    object documents as valid after close (a sender's ``stats()``)."""
 
-    A ValueError, like the error of a closed Python file, so code that catches that still works.
-    """
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or "it cannot be used after close(); open a new one")
+
+
+def closed(obj: object, method: str) -> ClosedError:
+    """The error for ``obj.method()`` called after ``obj.close()``."""
+    return ClosedError(f"{method}() on a closed {type(obj).__name__}")

@@ -20,6 +20,14 @@ from zcnet.errors import ZcnetError
 ENVELOPE_VERSION = 1
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a measuring run; ``doc`` holds what was measured, with ``complete`` False."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        super().__init__()
+        self.doc = doc
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

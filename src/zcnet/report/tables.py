@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import METRICS, Cell, group, key_text
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 
@@ -167,7 +167,8 @@ def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
     acc: dict[str, list[dict[str, float]]] = {}
     for row in cell.rows:
         for cpu, shares in (row.get("cpus") or {}).items():
-            acc.setdefault(str(cpu), []).append(shares)
+            if shares and "idle" in shares:  # an unsampled CPU has no shares: n/a, not 0%
+                acc.setdefault(str(cpu), []).append(shares)
     return {cpu: {k: sum(s.get(k, 0.0) for s in lst) / len(lst) for k, _ in MPSTAT_COLUMNS}
             for cpu, lst in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
@@ -213,13 +214,17 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     title = exp.get("title") or exp.get("name") or doc.get("kind", "results")
     metric = rep.get("metric", "gbps")
     extra = rep.get("extra", [])
+    unknown = [m for m in [metric, *extra] if m not in METRICS]
+    if unknown:
+        raise UsageError(f"the result's report section names an unknown metric {unknown[0]!r}",
+                         "choose from " + ", ".join(METRICS))
     kind = rep.get("table", "grid")
     if kind == "ab":
         tables = [ab(title, results, baseline=rep.get("baseline", {}), metric=metric,
                      extra=extra)]
     elif kind == "grid":
-        tables = grid(title, results, rows=rep["rows"], columns=rep["columns"], metric=metric,
-                      extra=extra)
+        tables = grid(title, results, rows=rep.get("rows") or "mtu",
+                      columns=rep.get("columns") or "engine", metric=metric, extra=extra)
     else:
         tables = []
     if rep.get("per_cpu") or kind == "mpstat":
@@ -229,6 +234,11 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     if peers:
         tables.append(peer_table(results, peers, metric))
     subs = [f"substituted: {s['text']}" for s in exp.get("substitutions", [])]
+    if doc.get("complete") is False:
+        subs.insert(0, f"incomplete: the run was interrupted after {len(doc.get('results', []))}"
+                       " measured rows; cells it did not reach are missing")
+        if not tables:
+            tables = [Table(title, [], [])]
     if tables and subs:
         tables[0].notes = subs + tables[0].notes
     return tables

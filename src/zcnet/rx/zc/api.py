@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import math
 import operator
 import os
 import socket
@@ -33,10 +34,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, closed
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.sockcheck import require_tcp
 
 log = logging.getLogger(__name__)
 
@@ -261,12 +263,12 @@ class Receiver:
         return self._stats
 
     # --- owner-thread operations ----------------------------------------------------------------
-    def _check_owner(self) -> None:
-        if threading.get_ident() != self._owner_tid:
-            raise ZcnetError("receive called from a thread that did not open the receiver",
-                             "iterate in the opening thread; other threads may only release")
+    def _check_owner(self, method: str) -> None:
         if self._closed:
-            raise ValueError("receiver is closed")
+            raise closed(self, method)
+        if threading.get_ident() != self._owner_tid:
+            raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
+                             "iterate in the opening thread; other threads may only release")
 
     def _flush_releases(self) -> None:
         """Give everything released so far back to the kernel in one batch."""
@@ -318,7 +320,7 @@ class Receiver:
     def flush(self) -> None:
         """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
         this itself, so call it only to settle the stats when no more receiving follows."""
-        self._check_owner()
+        self._check_owner("flush")
         self._flush_releases()
 
     def recv(self, timeout: float | None = None) -> list[Chunk]:
@@ -329,12 +331,12 @@ class Receiver:
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
-        d = self._next(timeout)
+        d = self._next(timeout, "recv")
         return [] if d is None else self._chunks(d)
 
     def recv_batch(self, timeout: float | None = None) -> Batch | None:
         """Like ``recv`` but one Batch per kernel round (None instead of [])."""
-        d = self._next(timeout)
+        d = self._next(timeout, "recv_batch")
         if d is None:
             return None
         s = self._stream_off
@@ -346,9 +348,14 @@ class Receiver:
             self._stats.linear += sum(map(len, d.linear.values()))
         return Batch(self, d, s, n)
 
-    def _next(self, timeout: float | None) -> Delivery | None:
+    def _next(self, timeout: float | None, method: str) -> Delivery | None:
         """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
-        self._check_owner()
+        self._check_owner(method)
+        if timeout is not None and not 0 <= timeout < math.inf:
+            if timeout != math.inf:  # NaN never reaches a deadline: it would wait forever
+                raise UsageError(f"{method}() timeout must be seconds >= 0 or None, "
+                                 f"got {timeout!r}", "pass None to wait without a limit")
+            timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         warned = False
         while True:
@@ -519,8 +526,9 @@ class Receiver:
         return d
 
     def close(self) -> None:
-        """Stop receiving and free the kernel side. Chunks still held stay valid; the area is
-        unmapped when the last one is released."""
+        """Stop receiving and free the kernel side. Chunks still held stay valid (and may be
+        released); the area is unmapped when the last one is released. Afterwards receiving
+        raises ClosedError; ``stats``, ``stats_dict`` and ``eof`` still read."""
         if self._closed:
             return
         if threading.get_ident() != self._owner_tid:
@@ -569,7 +577,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   ifname: str | None = None, queue: int | None = None,
                   max_held: float = 0.75, coalesce: bool = False,
                   debug: bool = False, incremental: bool = False) -> Receiver:
-    """Open a zero-copy receiver on a connected TCP socket.
+    """Open a zero-copy receiver on a connected TCP socket (checked first: a closed, listening,
+    unconnected or non-TCP socket is a UsageError naming the problem).
 
     provider: "zcrx" (io_uring zero-copy receive; NIC with header split and queue API),
     "devmem" (devmem TCP into a dma-buf), "soft" (provided buffer ring; any recent kernel) or
@@ -584,7 +593,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     """
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
-    fd = sock if isinstance(sock, int) else sock.fileno()
+    fd = require_tcp(sock, "zero-copy receiver")
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
     soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, closed
 from zcnet.uapi import dmabuf as udmabuf_sync
 from zcnet.uapi import udmabuf
 
@@ -133,6 +133,8 @@ class Area:
 
     def sync(self, start: bool) -> None:
         """Bracket CPU reads of a dma-buf area (no-op for normal memory)."""
+        if self._closed:  # an fd we owned is closed, and its number may name another file now
+            raise closed(self, "sync")
         if self.dmabuf_fd is None:
             return
         flags = udmabuf_sync.DMA_BUF_SYNC_READ | (

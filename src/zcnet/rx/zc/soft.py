@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, closed
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
@@ -81,10 +81,13 @@ class SoftProvider:
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
-        return self._buf is not None and self._buf.in_ring > 0
+        if self._buf is None:
+            raise closed(self, "can_arm")
+        return self._buf.in_ring > 0
 
     def arm(self) -> None:
-        assert self._ring is not None
+        if self._ring is None:
+            raise closed(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
         self._ring.submit()
         self.armed = True
@@ -97,8 +100,8 @@ class SoftProvider:
         the filtering path (other user_data, errors, the final CQE).
         """
         ring, buf = self._ring, self._buf
-        if ring is None or buf is None:
-            raise ClosedError("soft provider is closed")
+        if ring is None or buf is None:  # closed: the ring and the buffer ring are unmapped
+            raise closed(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
         n = len(c)
@@ -175,9 +178,12 @@ class SoftProvider:
         out.lengths = lengths
 
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
-        if len(tokens) and self._buf is not None:
-            self._buf.provide(tokens if isinstance(tokens, np.ndarray)
-                              else np.array(tokens, dtype=np.uint16))
+        buf = self._buf
+        if buf is None:
+            raise closed(self, "recycle")
+        if len(tokens):
+            buf.provide(tokens if isinstance(tokens, np.ndarray)
+                        else np.array(tokens, dtype=np.uint16))
 
     def held_back(self) -> int:
         return 0

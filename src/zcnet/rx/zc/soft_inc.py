@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import ClosedError
+from zcnet.errors import closed
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, STOPS, buffer_count
@@ -57,18 +57,21 @@ class IncrementalSoftProvider:
             raise
 
     def can_arm(self) -> bool:
+        if self._ring is None:
+            raise closed(self, "can_arm")
         return self._buf.in_ring > 0
 
     def arm(self) -> None:
-        assert self._ring is not None
+        if self._ring is None:
+            raise closed(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD)
         self._ring.submit()
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
-        if ring is None:
-            raise ClosedError("soft provider is closed")
+        if ring is None:  # closed: the ring and the buffer ring are unmapped
+            raise closed(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
         keep = c.user_data == RECV_UD
@@ -94,6 +97,8 @@ class IncrementalSoftProvider:
         return out
 
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
+        if self._ring is None:  # closed: the buffer ring's memory is unmapped
+            raise closed(self, "recycle")
         if not len(tokens):
             return
         refs, done = self._refs, self._done
