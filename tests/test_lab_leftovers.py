@@ -81,12 +81,19 @@ def test_before_run_removes_stale_and_announces_live(no_leaks: None,
         assert not any(mine.name in w for w in warned)
 
 
+BENCHES = {
+    "bench": ["bench", "--lab", "--engine", "epoll", "--placement", "same", "--mtu", "1500",
+              "--duration", "0.2"],
+    "txbench": ["txbench", "--mode", "single", "--duration", "0.2", "--repeat", "1"],
+}
+
+
 @pytest.mark.slow
-def test_bench_start_removes_stale_lab_and_prints_live_one(no_leaks: None) -> None:
+@pytest.mark.parametrize("command", list(BENCHES))
+def test_bench_start_removes_stale_lab_and_prints_live_one(command: str, no_leaks: None) -> None:
     with stale_lab() as dead, lab_of_child() as (_, live):
         proc = subprocess.run(
-            [sys.executable, "-m", "zcnet", "bench", "--lab", "--engine", "epoll",
-             "--placement", "same", "--mtu", "1500", "--duration", "0.2"],
+            [sys.executable, "-m", "zcnet", *BENCHES[command]],
             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": SRC})
         assert proc.returncode == 0, proc.stderr
         assert not present(dead)

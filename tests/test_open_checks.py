@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 from zcnet.rx.zc.api import open_receiver
+from zcnet.rx.zc.area import Area
 from zcnet.tx.senders import KINDS, make_sender
 from zcnet.tx.udp_modes import MODES
 from zcnet.tx.uring_send import UringSender
@@ -152,3 +153,41 @@ def test_a_server_handle_started_twice_is_refused(no_leaks: None) -> None:
         with pytest.raises(UsageError, match="already started"):
             srv.start()
         assert srv.proc is first and first is not None and first.poll() is None
+
+
+def _closed_fd() -> int:
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)
+    return r
+
+
+def _pipe_fd(stack: ExitStack) -> int:
+    r, w = os.pipe()
+    stack.callback(os.close, r)
+    stack.callback(os.close, w)
+    return r
+
+
+# name -> (open with the bad input, given an ExitStack and a connected TCP socket; the error)
+BAD_INPUT: dict[str, tuple[Callable[[ExitStack, socket.socket], Any], type[Exception], str]] = {
+    "area-closed-dmabuf-fd": (lambda st, s: Area(4096, dmabuf_fd=_closed_fd()), UsageError,
+                              "cannot be used: Bad file descriptor"),
+    "area-pipe-as-dmabuf": (lambda st, s: Area(4096, dmabuf_fd=_pipe_fd(st)), UsageError,
+                            "cannot be used: Illegal seek"),
+    "area-larger-than-memory": (lambda st, s: Area(1 << 50), ZcnetError, "cannot map an area"),
+    "receiver-larger-than-memory": (lambda st, s: open_receiver(s, "soft", area_size=1 << 50),
+                                    ZcnetError, "cannot map an area"),
+    "sender-buffer-not-a-buffer": (lambda st, s: make_sender("copy", s, 42), UsageError,
+                                   "must be a writable buffer"),
+    "sender-fractional-slots": (lambda st, s: make_sender("msgzc", s, bytearray(100), slots=2.5),
+                                UsageError, "slots must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_at_open_is_named(case: str, tcp_pair: Any, no_leaks: None) -> None:
+    make, exc, text = BAD_INPUT[case]
+    with ExitStack() as stack, pytest.raises(exc, match=text):
+        obj = make(stack, tcp_pair[1])
+        stack.callback(obj.close)

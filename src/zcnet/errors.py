@@ -39,7 +39,7 @@ class ClosedError(ZcnetError, ValueError):
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message, hint or "it cannot be used after close(); open a new one")
 
-
-def closed(obj: object, method: str) -> ClosedError:
-    """The error for ``obj.method()`` called after ``obj.close()``."""
-    return ClosedError(f"{method}() on a closed {type(obj).__name__}")
+    @classmethod
+    def of(cls, obj: object, method: str) -> ClosedError:
+        """The error for ``obj.method()`` called after ``obj.close()``."""
+        return cls(f"{method}() on a closed {type(obj).__name__}")

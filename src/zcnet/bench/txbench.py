@@ -242,7 +242,9 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             env_extra["target"] = dst
         elif lab:
             from zcnet.lab import Lab
+            from zcnet.lab.sweep import before_run
 
+            before_run()  # stale labs go; others are announced (log warnings)
             the_lab = stack.enter_context(Lab(mtu=mtu, ipv6=ipv6))
             bind = the_lab.addr6_b if ipv6 else the_lab.addr_b
             if bind is None:

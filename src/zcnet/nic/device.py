@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from zcnet.errors import Unsupported, ZcnetError, closed
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
@@ -92,7 +92,7 @@ class Device:
 
     def _check_open(self, method: str) -> None:
         if self.ioctl_sock.fileno() < 0:
-            raise closed(self, method)
+            raise ClosedError.of(self, method)
 
     @property
     def where(self) -> str:

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from zcnet.errors import ZcnetError, closed
+from zcnet.errors import ClosedError, ZcnetError
 from zcnet.lab.netns import in_netns
 from zcnet.nic import nlattr
 from zcnet.nic.nlattr import T, attrset
@@ -129,7 +129,7 @@ class GenlSocket:
 
     def _check_open(self, method: str) -> None:
         if self.sock.fileno() < 0:
-            raise closed(self, method)
+            raise ClosedError.of(self, method)
 
     def fileno(self) -> int:
         self._check_open("fileno")

@@ -17,7 +17,7 @@ import os
 import platform
 import struct
 
-from zcnet.errors import closed
+from zcnet.errors import ClosedError
 from zcnet.uapi import perf_event as pe
 
 NO_COUNTERS = "n/a: no hardware counters"
@@ -77,14 +77,14 @@ class HwCounters:
 
     def start(self) -> None:
         if self._closed:
-            raise closed(self, "start")
+            raise ClosedError.of(self, "start")
         for fd in self._fds.values():
             _ioctl(fd, pe.PERF_EVENT_IOC_RESET)
             _ioctl(fd, pe.PERF_EVENT_IOC_ENABLE)
 
     def stop(self) -> dict[str, int]:
         if self._closed:  # no counters left: an empty result would read as a measurement
-            raise closed(self, "stop")
+            raise ClosedError.of(self, "stop")
         out = {}
         for name, fd in self._fds.items():
             _ioctl(fd, pe.PERF_EVENT_IOC_DISABLE)

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zcnet.errors import Unsupported, UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.sockcheck import require_connected, require_tcp
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
@@ -77,7 +77,11 @@ class Sender(Protocol):
 
 
 def _byte_view(buf: Any) -> memoryview:
-    view = memoryview(buf).cast("B")
+    try:
+        view = memoryview(buf).cast("B")
+    except TypeError:
+        raise UsageError(f"the send buffer must be a writable buffer (bytearray, numpy array, "
+                         f"mmap), not {type(buf).__name__}") from None
     if view.readonly:
         raise UsageError("the send buffer must be writable (slots are refilled)")
     return view
@@ -91,8 +95,8 @@ class _SlotSender:
     def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
                  on_release: SlotHook | None) -> None:
         require_connected(sock, f"{self.kind} sender")
-        if slots <= 0:
-            raise UsageError(f"slots must be positive, got {slots}")
+        if not isinstance(slots, int) or slots <= 0:
+            raise UsageError(f"slots must be a positive integer, got {slots!r}")
         self.sock = sock
         self.view = _byte_view(buf)
         self.slot_size = len(self.view) // slots
@@ -144,7 +148,7 @@ class CopySender(_SlotSender):
 
     def send(self, nbytes: int) -> int:
         if self._closed:
-            raise closed(self, "send")
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -165,7 +169,7 @@ class CopySender(_SlotSender):
 
     def flush(self) -> None:
         if self._closed:
-            raise closed(self, "flush")
+            raise ClosedError.of(self, "flush")
 
     def close(self) -> None:
         self._closed = True
@@ -187,7 +191,7 @@ class MsgZerocopySender(_SlotSender):
 
     def send(self, nbytes: int) -> int:
         if self._closed:
-            raise closed(self, "send")
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -230,7 +234,7 @@ class MsgZerocopySender(_SlotSender):
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Wait until every send's notification arrived (all slots free)."""
         if self._closed:
-            raise closed(self, "flush")
+            raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.tracker.outstanding:
             if time.monotonic() > deadline:

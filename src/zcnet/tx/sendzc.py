@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.errors import Unsupported, ZcnetError, closed
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.tx.senders import FLUSH_TIMEOUT, SlotHook, _SlotSender, _stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
@@ -68,7 +68,7 @@ class SendZcSender(_SlotSender):
     def in_flight(self, slot: int) -> int:
         """CQEs still due for this slot (0 means the kernel is done with its memory)."""
         if self._closed:
-            raise closed(self, "in_flight")
+            raise ClosedError.of(self, "in_flight")
         return self._refs[slot]
 
     def _prep(self, slot: int, offset: int, length: int) -> None:
@@ -83,7 +83,7 @@ class SendZcSender(_SlotSender):
 
     def send(self, nbytes: int) -> int:
         if self._closed:  # the ring's memory is unmapped: touching it would crash
-            raise closed(self, "send")
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         self._want[slot] = nbytes
@@ -142,7 +142,7 @@ class SendZcSender(_SlotSender):
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         if self._closed:
-            raise closed(self, "flush")
+            raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.outstanding:
             left = deadline - time.monotonic()

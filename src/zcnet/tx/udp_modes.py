@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zcnet.errors import ZcnetError, closed
+from zcnet.errors import ClosedError, ZcnetError
 from zcnet.sockcheck import require_udp
 from zcnet.tx import payload
 from zcnet.tx.mmsg import MsgBatch, sendmmsg
@@ -177,7 +177,7 @@ class SingleSender(BurstSender, _RowsMixin):
 
     def send_burst(self) -> int:
         if self._closed:
-            raise closed(self, "send_burst")
+            raise ClosedError.of(self, "send_burst")
         self._stamp(self.seq)
         send = self.sock.send
         calls = 0
@@ -209,7 +209,7 @@ class MmsgSender(BurstSender, _RowsMixin):
 
     def send_burst(self) -> int:
         if self._closed:
-            raise closed(self, "send_burst")
+            raise ClosedError.of(self, "send_burst")
         self._stamp(self.seq)
         first, left, calls = 0, self.burst, 0
         while left:
@@ -263,7 +263,7 @@ class GsoSender(BurstSender):
 
     def send_burst(self) -> int:
         if self._closed:
-            raise closed(self, "send_burst")
+            raise ClosedError.of(self, "send_burst")
         if self.fallback is not None:
             self.fallback.seq = self.seq
             self.fallback.send_burst()

@@ -84,9 +84,9 @@ class BufRing:
 
     def _check_open(self) -> None:
         if not self._registered:
-            raise ClosedError("buffer ring is closed: it cannot be used after close()")
+            raise ClosedError("the buffer ring is closed")
         if self.ring.fd < 0:
-            raise ClosedError("buffer ring's io_uring is closed: the registration is gone")
+            raise ClosedError("the buffer ring's io_uring is closed, and its registration with it")
 
     def buffer(self, bid: int, length: int | None = None) -> np.ndarray:
         """The bytes of buffer ``bid`` as a uint8 view into the area."""

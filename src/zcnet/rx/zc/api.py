@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
@@ -265,7 +265,7 @@ class Receiver:
     # --- owner-thread operations ----------------------------------------------------------------
     def _check_owner(self, method: str) -> None:
         if self._closed:
-            raise closed(self, method)
+            raise ClosedError.of(self, method)
         if threading.get_ident() != self._owner_tid:
             raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
                              "iterate in the opening thread; other threads may only release")

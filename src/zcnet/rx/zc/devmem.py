@@ -26,7 +26,7 @@ import socket
 import struct
 from typing import Any
 
-from zcnet.errors import Unsupported, ZcnetError, closed
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
 from zcnet.rx.zc.provider import Delivery
 from zcnet.uapi import socket as usock
@@ -201,23 +201,23 @@ class DevmemProvider:
         # The duplicate shares the file's flags with the caller's socket: leave them alone and
         # ask for non-blocking receives per call (MSG_DONTWAIT) instead.
         if self._closed:
-            raise closed(self, "attach")
+            raise ClosedError.of(self, "attach")
         self._sock = socket.socket(fileno=os.dup(fd))
         self._poll.register(self._sock.fileno(), select.POLLIN)
 
     def can_arm(self) -> bool:
         if self._closed:
-            raise closed(self, "can_arm")
+            raise ClosedError.of(self, "can_arm")
         return True
 
     def arm(self) -> None:
         if self._closed:
-            raise closed(self, "arm")
+            raise ClosedError.of(self, "arm")
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
         if self._closed:
-            raise closed(self, "reap")
+            raise ClosedError.of(self, "reap")
         out = Delivery()
         ms = -1 if timeout is None else int(timeout * 1000)
         if self._sock is None or not self._poll.poll(ms):
@@ -236,7 +236,7 @@ class DevmemProvider:
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
         if self._closed:
-            raise closed(self, "recycle")
+            raise ClosedError.of(self, "recycle")
         real = [t for t in tokens if t >= 0]
         if self._sock is None:
             return

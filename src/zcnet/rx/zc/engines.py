@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from zcnet.errors import UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.engines import Consumer, RxStats
 from zcnet.rx.zc.api import Batch, Receiver
 from zcnet.rx.zc.provider import Provider
@@ -173,7 +173,7 @@ class _NicEngine(_ZcEngine):
 
     def unsupported(self) -> str | None:
         if self._closed:  # it would register the queue again, for nobody to release
-            raise closed(self, "unsupported")
+            raise ClosedError.of(self, "unsupported")
         if why := self._check_consumer():
             return why
         ifname, q = _opt(self.opts, "ifname", None), _opt(self.opts, "queue", None)
@@ -188,7 +188,7 @@ class _NicEngine(_ZcEngine):
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         if self._closed:
-            raise closed(self, "run")
+            raise ClosedError.of(self, "run")
         return super().run(sock, consume)
 
     def _open(self, sock: socket.socket) -> Receiver:

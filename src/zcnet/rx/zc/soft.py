@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError, closed
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
@@ -81,13 +81,13 @@ class SoftProvider:
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
-        if self._buf is None:
-            raise closed(self, "can_arm")
+        if self._ring is None or self._buf is None:  # close() drops the ring first
+            raise ClosedError.of(self, "can_arm")
         return self._buf.in_ring > 0
 
     def arm(self) -> None:
         if self._ring is None:
-            raise closed(self, "arm")
+            raise ClosedError.of(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
         self._ring.submit()
         self.armed = True
@@ -101,7 +101,7 @@ class SoftProvider:
         """
         ring, buf = self._ring, self._buf
         if ring is None or buf is None:  # closed: the ring and the buffer ring are unmapped
-            raise closed(self, "reap")
+            raise ClosedError.of(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
         n = len(c)
@@ -180,7 +180,7 @@ class SoftProvider:
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
         buf = self._buf
         if buf is None:
-            raise closed(self, "recycle")
+            raise ClosedError.of(self, "recycle")
         if len(tokens):
             buf.provide(tokens if isinstance(tokens, np.ndarray)
                         else np.array(tokens, dtype=np.uint16))

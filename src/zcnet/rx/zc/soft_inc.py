@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import closed
+from zcnet.errors import ClosedError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, STOPS, buffer_count
@@ -58,12 +58,12 @@ class IncrementalSoftProvider:
 
     def can_arm(self) -> bool:
         if self._ring is None:
-            raise closed(self, "can_arm")
+            raise ClosedError.of(self, "can_arm")
         return self._buf.in_ring > 0
 
     def arm(self) -> None:
         if self._ring is None:
-            raise closed(self, "arm")
+            raise ClosedError.of(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD)
         self._ring.submit()
         self.armed = True
@@ -71,7 +71,7 @@ class IncrementalSoftProvider:
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
         if ring is None:  # closed: the ring and the buffer ring are unmapped
-            raise closed(self, "reap")
+            raise ClosedError.of(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
         keep = c.user_data == RECV_UD
@@ -98,7 +98,7 @@ class IncrementalSoftProvider:
 
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
         if self._ring is None:  # closed: the buffer ring's memory is unmapped
-            raise closed(self, "recycle")
+            raise ClosedError.of(self, "recycle")
         if not len(tokens):
             return
         refs, done = self._refs, self._done
