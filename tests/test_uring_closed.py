@@ -33,6 +33,7 @@ BUFRING_CALLS = {
     "__enter__": "o.__enter__()",
     "buffer": "o.buffer(0)",
     "consumed": "o.consumed(4096, 0)",
+    "consumed_ids": "o.consumed_ids(4096, 0)",
     "filled": "o.filled(10, 0, True)",
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
     "take": "o.take(np.array([0], dtype=np.uint16))",
@@ -97,3 +98,13 @@ def test_closing_twice_and_the_closed_flag(no_leaks) -> None:
     r.close()
     r.close()
     assert r.closed and br.closed
+
+
+def test_completions_stay_readable_after_the_ring_closes(no_leaks) -> None:
+    """Reaped CQEs are a copy, decoded lazily: decoding after close reads no ring memory."""
+    r = Ring(4)
+    r.prep(0, user_data=42)
+    r.submit(1)
+    c = r.reap()
+    r.close()
+    assert c.user_data.tolist() == [42] and c.res.tolist() == [0] and c.flags.tolist() == [0]

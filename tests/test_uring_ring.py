@@ -391,3 +391,23 @@ def test_reap_one_and_reap_take_cqes_in_order(no_leaks) -> None:
         assert len(c) == 3 and c.user_data.tolist() == [1, 2, 3]
         assert c.res.tolist() == [0, 0, 0] and c.flags.tolist() == [0, 0, 0] and c.extra is None
         assert r.reap().user_data.tolist() == [4, 5] and len(r.reap()) == 0
+
+
+def test_buffer_ring_accounting_refuses_completions_out_of_step(no_leaks) -> None:
+    """take/consumed_ids check the kernel's consumption against the ring order we published."""
+    with Ring(4) as r, BufRing(r, 4, 8, 4096) as br:
+        br.take(np.array([0, 1], dtype=np.uint16))
+        with pytest.raises(RuntimeError, match="out of step"):
+            br.take(np.array([3], dtype=np.uint16))
+        assert br.consumed_ids(5000, 2) == [2, 3]
+        with pytest.raises(RuntimeError, match="out of step"):
+            br.consumed_ids(10, 7)
+        with pytest.raises(RuntimeError, match="out of step"):
+            br.take(np.arange(4, 9, dtype=np.uint16))  # more than the ring holds
+        br.provide(np.array([1, 0, 3, 2], dtype=np.uint16))
+        with pytest.raises(ValueError, match="double release"):
+            br.provide(np.array([5], dtype=np.uint16))
+        br.take(np.array([4], dtype=np.uint16))
+        with pytest.raises(IndexError):
+            br.provide(np.array([99], dtype=np.uint16))  # an id outside the ring
+        assert br.in_ring == 7

@@ -44,6 +44,8 @@ class BenchOptions:
     engine_opts: dict[str, Any] = field(default_factory=dict)
     peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
     tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
+    # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
+    peer_write_size: int | None = None
 
     def validate(self) -> None:
         names = engine_names()
@@ -262,7 +264,8 @@ def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOpt
         return cell_result(mtu, peer, placement, "unsupported",
                            f"peers run inside the lab; {_to_the_lab()}")
     row = run_peer(peer, t.lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=opts.duration, mtu=mtu,
-                   placement=placement)
+                   placement=placement,
+                   length=opts.peer_write_size if peer == "iperf3" else None)
     if row.get("gbps") is not None:
         row["gbps"] = round(row["gbps"], 3)
     return row

@@ -84,9 +84,9 @@ class BufRing:
 
     def _check_open(self) -> None:
         if not self._registered:
-            raise ClosedError("buffer ring is closed: it cannot be used after close()")
+            raise ClosedError("the buffer ring is closed")
         if self.ring.fd < 0:
-            raise ClosedError("buffer ring's io_uring is closed: the registration is gone")
+            raise ClosedError("the buffer ring's io_uring is closed, and its registration with it")
 
     def buffer(self, bid: int, length: int | None = None) -> np.ndarray:
         """The bytes of buffer ``bid`` as a uint8 view into the area."""
@@ -165,6 +165,30 @@ class BufRing:
         bids = self._bid[slots]
         if int(bids[0]) != first_bid:
             raise RuntimeError(f"buffer ring out of step: expected bid {bids[0]}, got {first_bid}")
+        self._head = (self._head + count) & 0xFFFF
+        self.in_ring -= count
+        return bids
+
+    def consumed_ids(self, nbytes: int, first_bid: int) -> list[int]:
+        """``consumed`` as a list, with no per-call numpy arithmetic: for rounds of a few
+        completions, where a handful of list operations beat numpy's per-call cost."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
+        if self.incremental:
+            raise ValueError("an incremental buffer ring is accounted with filled()")
+        count = max(1, -(-nbytes // self.buf_size))
+        if count > self.in_ring:
+            raise RuntimeError(f"buffer ring out of step: {count} buffers consumed, "
+                               f"{self.in_ring} were in the ring")
+        h = self._head & self.mask
+        end = h + count
+        if end <= self.entries:
+            bids: list[int] = self._bid[h:end].tolist()
+        else:
+            bids = self._bid[h:].tolist() + self._bid[:end - self.entries].tolist()
+        if bids[0] != first_bid:
+            raise RuntimeError(f"buffer ring out of step: expected bid {bids[0]}, "
+                               f"got {first_bid}")
         self._head = (self._head + count) & 0xFFFF
         self.in_ring -= count
         return bids

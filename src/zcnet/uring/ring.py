@@ -65,10 +65,6 @@ class _kernel_timespec(ctypes.Structure):
     _fields_ = (("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64))
 
 
-def closed_error(what: str) -> ClosedError:
-    return ClosedError(f"{what} is closed: it cannot be used after close()")
-
-
 class Completions:
     """Reaped CQEs as arrays: ``user_data`` (uint64), ``res`` (int32), ``flags`` (uint32) and,
     on a CQE32 ring, ``extra`` (uint64 (n, 2): the second half of each CQE).
@@ -242,7 +238,7 @@ class Ring:
 
     def __enter__(self) -> Ring:
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "__enter__")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -251,7 +247,7 @@ class Ring:
     # -- submission ---------------------------------------------------------------------------
     def sq_space(self) -> int:
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "sq_space")
         return self.sq_entries - ((self._sq_tail - self._sqm[self._khead_i]) & _U32)
 
     def _make_room(self, n: int) -> None:
@@ -271,7 +267,7 @@ class Ring:
         the SQE is written, so a bad argument leaves no half-written SQE to be submitted.
         """
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "prep")
         tail = self._sq_tail
         if (tail - self._sqm[self._khead_i]) & _U32 >= self.sq_entries:
             self._make_room(1)
@@ -291,7 +287,7 @@ class Ring:
         into the ring with one or two slice assignments.
         """
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "prep_batch")
         n = len(user_data)
         if n == 0:
             return
@@ -347,15 +343,15 @@ class Ring:
         """
         fd = self.fd
         if fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "submit")
         sq = self._sqm
         sq[self._ktail_i] = self._sq_tail  # release: see module docstring
         n = (self._sq_tail - sq[self._khead_i]) & _U32
         if timeout is None:
             ret = enter_fast(fd, n, wait_nr, _GETEVENTS if wait_nr else 0, None, 0)
+            if ret >= 0 and not wait_nr:
+                return ret  # the SQEs the kernel consumed (fewer when one failed its prep)
             if ret == n:
-                if not wait_nr:
-                    return n
                 cq = self._cqm
                 if (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32 >= wait_nr:
                     return n
@@ -407,7 +403,7 @@ class Ring:
         """SQEs prepared but not yet consumed by the kernel (it advances ``khead`` inside our
         own enter: no SQPOLL)."""
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "pending")
         return (self._sq_tail - self._sqm[self._khead_i]) & _U32
 
     def wait(self, wait_nr: int = 1, timeout: float | None = None) -> None:
@@ -417,7 +413,7 @@ class Ring:
     # -- completion ---------------------------------------------------------------------------
     def cq_ready(self) -> int:
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "cq_ready")
         # Acquire of ktail: a plain load on x86 (see the module docstring).
         cq = self._cqm
         return (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32
@@ -425,13 +421,13 @@ class Ring:
     @property
     def cq_overflow(self) -> bool:
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "cq_overflow")
         return bool(self._sqm[self._ksq_flags_i] & u.IORING_SQ_CQ_OVERFLOW)
 
     def reap(self, max_n: int | None = None) -> Completions:
         """Take every ready CQE (up to ``max_n``) as arrays and hand the slots back."""
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "reap")
         cq = self._cqm
         head = cq[self._kcq_head_i]
         n = (cq[self._kcq_tail_i] - head) & _U32  # acquire of ktail: see module docstring
@@ -452,7 +448,7 @@ class Ring:
         """The oldest ready CQE as (user_data, res, flags), or None: the small-batch path,
         with no arrays. (A CQE32's second half is not returned; use ``reap`` for it.)"""
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "reap_one")
         cq = self._cqm
         head = cq[self._kcq_head_i]
         if cq[self._kcq_tail_i] == head:
@@ -464,11 +460,11 @@ class Ring:
     def get_events(self) -> None:
         """Enter only to run deferred task work and flush overflowed CQEs into the CQ."""
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "get_events")
         io_uring_enter(self.fd, 0, 0, u.IORING_ENTER_GETEVENTS)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:
         if self.fd < 0:
-            raise closed_error("ring")
+            raise ClosedError.of(self, "register")
         return io_uring_register(self.fd, opcode, arg, nr_args)

@@ -456,14 +456,13 @@ class Receiver:
                 if self.eof:
                     return
                 continue
-            given = 0
+            it = iter(got)
             try:
-                for c in got:
-                    given += 1
-                    yield c
+                yield from it
             finally:
-                if given < len(got):
-                    self.release_many(got[given:])
+                rest = list(it)  # what the loop did not get when it was left early
+                if rest:
+                    self.release_many(rest)
 
     # --- any-thread operations ------------------------------------------------------------------
     def release(self, chunk: Chunk | Batch) -> None:
