@@ -501,3 +501,35 @@ def test_reports_mark_incomplete_results(tmp_path: Path,
 def test_plots_are_a_default_dependency() -> None:
     deps = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert any(d.startswith("matplotlib") for d in deps["project"]["dependencies"])
+
+
+_junk = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, 10**30, 1e300]),
+                  st.text(max_size=6), st.none(), st.lists(st.integers(), max_size=2),
+                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+                  st.booleans(), st.integers(), st.floats())
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["bench-a.json", "tx-mpwqe.json", "zcrx-refs.json"]),
+       data=st.data())
+def test_fuzz_result_files(tmp_path: Path, name: str, data: st.DataObject) -> None:
+    """Damaged result files are a usage error or a report, never a traceback."""
+    doc = _doc(name)
+    where = data.draw(st.sampled_from(["row", "row", "report", "experiment", "env", "top"]))
+    if where == "row":
+        target = data.draw(st.sampled_from(doc["results"]))
+        fields = [*target, "gbps", "mpps", "mtu"]
+    elif where == "top":
+        target, fields = doc, ["env", "experiment", "report", "complete", "kind"]
+    else:
+        target = doc.setdefault(where, {})
+        fields = [*target, "metric", "extra", "baseline", "title", "substitutions", "nic"]
+    target[data.draw(st.sampled_from(fields))] = data.draw(_junk)
+    path = _write(tmp_path, "fuzz.json", doc)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc_report = main(["run", "--report", path])
+        rc_compare = main(["compare", str(FIX / name), path])
+    assert rc_report in (0, 1, 2) and rc_compare in (0, 1, 2), err.getvalue()
+    assert "Traceback" not in err.getvalue()

@@ -185,6 +185,12 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
             or not isinstance(doc.get("results"), list):
         raise UsageError(f"{path} is not a zcnet result file", "give a file from --json/--out")
+    for key, kind in (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
+                      ("complete", bool)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
+                             f" but {doc[key]!r}",
+                             "give a file written by --json/--out (not edited by hand)")
     check_figures(doc, path)
     return doc
 
