@@ -371,6 +371,7 @@ def test_repeated_sizes_are_a_pattern_not_an_error() -> None:
     ["reproduce", "mlx5-zcrx", "--ifname", "../../etc"],
     ["reproduce", "mlx5-zcrx", "--ifname", "nosuch0", "--remote", "198.18.0.9"],
     ["bench", "--ifname", "nosuch0", "--queue", "1"],
+    ["bench", "--no-lab", "--peers", "iperf3"],
 ])
 def test_options_are_checked_before_measuring(tmp_path: Path, argv: list[str]) -> None:
     (tmp_path / "file").write_text("")
@@ -533,3 +534,29 @@ def test_fuzz_result_files(tmp_path: Path, name: str, data: st.DataObject) -> No
         rc_compare = main(["compare", str(FIX / name), path])
     assert rc_report in (0, 1, 2) and rc_compare in (0, 1, 2), err.getvalue()
     assert "Traceback" not in err.getvalue()
+
+
+_toml_junk = st.sampled_from(["nan", "inf", "-inf", "+inf", "-1", "0", "0.0", "1e308", "1e-9",
+                              "99999999999", '"x"', '"[/]"', "[]", "[nan]", "[inf, 1500]",
+                              "[0]", "[-1500]", "[1500, 1500]", "{}", "true", "2.5", "[2.5]"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(["mlx5-zcrx", "tx-mpwqe", "zcrx-refs"]), data=st.data())
+def test_fuzz_spec_numbers(name: str, data: st.DataObject) -> None:
+    """Any value in any key of a spec: a SpecError naming it, or a spec whose numbers are valid."""
+    lines = builtin_text(name).splitlines()
+    keyed = [i for i, line in enumerate(lines) if " = " in line and not line.startswith("#")]
+    i = data.draw(st.sampled_from(keyed))
+    key = lines[i].split(" = ", 1)[0]
+    lines[i] = f"{key} = {data.draw(_toml_junk)}"
+    try:
+        spec = parse_spec("\n".join(lines) + "\n", "fuzz.toml")
+    except SpecError as exc:
+        assert exc.message.startswith("fuzz.toml")
+        return
+    assert quantities.problem("duration", spec.duration) is None
+    assert quantities.problem("repeat", spec.repeat) is None
+    for axis, qty in (("mtu", "mtu"), ("payload", "payload"), ("burst", "burst")):
+        for v in spec.matrix.get(axis, []):
+            assert quantities.problem(qty, v) is None

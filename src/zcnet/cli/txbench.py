@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import Interrupted, write_json
-from zcnet.bench.txbench import ALL_MODES, BASELINE, run_txbench
+from zcnet.bench.txbench import ALL_MODES, BASELINE, parse_dst, run_txbench
 from zcnet.cli._args import check_output_file, choice_list, number, number_list
 from zcnet.tx.hwcount import NO_COUNTERS
 
@@ -58,8 +58,6 @@ def _show(doc: dict[str, Any], console: Console) -> None:
 def _run(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json")
     if args.dst is not None:
-        from zcnet.bench.txbench import parse_dst
-
         parse_dst(args.dst)  # a bad address fails before anything is set up
     console = Console(markup=False)
     try:
