@@ -87,6 +87,18 @@ def test_spec_title_with_markup_runs_to_the_end(tmp_path: Path, no_leaks: None) 
     assert {p.suffix for p in out.iterdir()} >= {".json", ".csv", ".md"}
 
 
+def test_newlines_in_user_text_keep_markdown_tables_whole(tmp_path: Path) -> None:
+    doc = _doc("zcrx-refs.json")
+    doc["experiment"]["title"] = "two\nlines | and a bar"
+    doc["results"][0]["status"], doc["results"][0]["reason"] = "unsupported", "a\nb"
+    md = tmp_path / "t.md"
+    assert main(["run", "--report", _write(tmp_path, "t.json", doc), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "### two lines \\| and a bar" in text
+    for line in text.splitlines():
+        assert not line or line.startswith(("#", "|", "-")), line
+
+
 def test_hint_in_brackets_is_printed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # plots unavailable: a hint is printed

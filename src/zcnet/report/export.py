@@ -68,18 +68,20 @@ def to_text(tables: Iterable[Table], width: int = 120) -> str:
 
 
 def _md_escape(cell: str) -> str:
-    return cell.replace("|", "\\|")
+    """A cell on one line: a newline from user text would end the table row."""
+    return " ".join(str(cell).replace("|", "\\|").splitlines())
 
 
 def to_markdown(tables: Iterable[Table]) -> str:
     parts = []
     for t in tables:
-        lines = [f"### {t.title}", "", "| " + " | ".join(map(_md_escape, t.headers)) + " |",
+        lines = [f"### {_md_escape(t.title)}", "",
+                 "| " + " | ".join(map(_md_escape, t.headers)) + " |",
                  "|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.headers))) + "|"]
         lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in t.rows]
         if t.notes:
             lines.append("")
-            lines += [f"- {n}" for n in t.notes]
+            lines += [f"- {' '.join(n.splitlines())}" for n in t.notes]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
