@@ -329,6 +329,22 @@ def test_split_cell_with_softirq_on_the_app_cpu_warns() -> None:
     assert "warning" not in flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same")
 
 
+def test_experiment_tables_show_warnings_and_unsampled_cpu() -> None:
+    from zcnet.report.tables import experiment_tables
+
+    doc = _doc("mlx5-zcrx.json")
+    first = next(r for r in doc["results"] if r.get("status") == "ok" and not r.get("peer"))
+    for row in doc["results"]:  # every repeat of that cell
+        if (row.get("engine"), row.get("mtu")) == (first["engine"], first["mtu"]):
+            for key in ("cpu", "cpus", "rx_busy"):
+                row.pop(key, None)
+    first["warning"] = "receive softirq ran on the application's CPU 1"
+    text = "\n".join(" ".join(r) for t in experiment_tables(doc) for r in t.rows)
+    notes = [n for t in experiment_tables(doc) for n in t.notes]
+    assert "n/a CPU" in text and "0% CPU" not in text
+    assert any(n.startswith("warning:") and "application's CPU 1" in n for n in notes)
+
+
 @pytest.mark.root
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_the_pinned_application_cpu_is_always_sampled(no_leaks: None) -> None:

@@ -51,6 +51,13 @@ def unstable_notes(cells: Iterable[Cell], metrics: Iterable[str]) -> list[str]:
     return notes
 
 
+def warning_notes(cells: Iterable[Cell]) -> list[str]:
+    """Each row's warning (e.g. the softirq ran where the placement said it would not), once."""
+    notes = [f"warning: {key_text(c.key)}: {r['warning']}" for c in cells for r in c.rows
+             if r.get("warning")]
+    return list(dict.fromkeys(notes))
+
+
 def na_notes(cells: Iterable[Cell]) -> list[str]:
     return [f"n/a: {key_text(c.key)}: {c.status}" + (f": {c.reason}" if c.reason else "")
             for c in cells if c.status != "ok"]
@@ -64,11 +71,13 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     parts = [fmt_summary(cell.summary(metric), metric)]
     for name in extra:
         s = cell.summary(name)
+        m = METRICS[name]
         if s is not None:
             # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
-            m = METRICS[name]
             unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
             parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
+        else:
+            parts.append(f"n/a {m.short or m.label}")  # not measured: never shown as 0
     return ", ".join(parts)
 
 
@@ -101,7 +110,7 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = na_notes(block) + unstable_notes(block, [metric, *extra])
+        t.notes = na_notes(block) + warning_notes(block) + unstable_notes(block, [metric, *extra])
         tables.append(t)
     return tables
 
@@ -138,7 +147,8 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
                        for m in missing if r.get(f"{m}_reason")), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
-    t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
+    t.notes += na_notes(cells) + warning_notes(cells) + unstable_notes(cells,
+                                                                    [metric, *shown_extra])
     return t
 
 
