@@ -99,6 +99,28 @@ def test_newlines_in_user_text_keep_markdown_tables_whole(tmp_path: Path) -> Non
         assert not line or line.startswith(("#", "|", "-")), line
 
 
+def test_outputs_onto_a_fifo_or_device_are_written_through(tmp_path: Path) -> None:
+    """A rename over ``/dev/null`` would replace the device itself (as root): write in place."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["run", "--report", str(FIX / "tx-mpwqe.json"), "--csv", str(fifo)]) == 0
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and got[0].startswith(b"mode,")
+    if os.geteuid() == 0:
+        null = tmp_path / "null"
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        rc = main(["compare", str(FIX / "bench-a.json"), str(FIX / "bench-b.json"),
+                   "--json", str(null), "--markdown", str(null)])
+        assert rc == 0 and stat.S_ISCHR(null.stat().st_mode)
+    assert not list(tmp_path.glob(".*tmp"))
+
+
 def test_hint_in_brackets_is_printed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # plots unavailable: a hint is printed
