@@ -422,6 +422,9 @@ def test_repeated_sizes_are_a_pattern_not_an_error() -> None:
     ["reproduce", "mlx5-zcrx", "--ifname", "nosuch0", "--remote", "198.18.0.9"],
     ["bench", "--ifname", "nosuch0", "--queue", "1"],
     ["bench", "--no-lab", "--peers", "iperf3"],
+    # Permissions say yes to root here, the kernel says no: found before, not after, measuring.
+    ["txbench", "--loopback", "--json", "/proc/zcnet-test.json"],
+    ["reproduce", "tx-mpwqe", "--markdown", "/proc/zcnet-test.md"],
 ])
 def test_options_are_checked_before_measuring(tmp_path: Path, argv: list[str]) -> None:
     (tmp_path / "file").write_text("")
