@@ -87,6 +87,40 @@ def test_spec_title_with_markup_runs_to_the_end(tmp_path: Path, no_leaks: None) 
     assert {p.suffix for p in out.iterdir()} >= {".json", ".csv", ".md"}
 
 
+def test_newlines_in_user_text_keep_markdown_tables_whole(tmp_path: Path) -> None:
+    doc = _doc("zcrx-refs.json")
+    doc["experiment"]["title"] = "two\nlines | and a bar"
+    doc["results"][0]["status"], doc["results"][0]["reason"] = "unsupported", "a\nb"
+    md = tmp_path / "t.md"
+    assert main(["run", "--report", _write(tmp_path, "t.json", doc), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "### two lines \\| and a bar" in text
+    for line in text.splitlines():
+        assert not line or line.startswith(("#", "|", "-")), line
+
+
+def test_outputs_onto_a_fifo_or_device_are_written_through(tmp_path: Path) -> None:
+    """A rename over ``/dev/null`` would replace the device itself (as root): write in place."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["run", "--report", str(FIX / "tx-mpwqe.json"), "--csv", str(fifo)]) == 0
+    reader.join(10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and got[0].startswith(b"mode,")
+    if os.geteuid() == 0:
+        null = tmp_path / "null"
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        rc = main(["compare", str(FIX / "bench-a.json"), str(FIX / "bench-b.json"),
+                   "--json", str(null), "--markdown", str(null)])
+        assert rc == 0 and stat.S_ISCHR(null.stat().st_mode)
+    assert not list(tmp_path.glob(".*tmp"))
+
+
 def test_hint_in_brackets_is_printed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # plots unavailable: a hint is printed
@@ -317,6 +351,22 @@ def test_split_cell_with_softirq_on_the_app_cpu_warns() -> None:
     assert "warning" not in flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same")
 
 
+def test_experiment_tables_show_warnings_and_unsampled_cpu() -> None:
+    from zcnet.report.tables import experiment_tables
+
+    doc = _doc("mlx5-zcrx.json")
+    first = next(r for r in doc["results"] if r.get("status") == "ok" and not r.get("peer"))
+    for row in doc["results"]:  # every repeat of that cell
+        if (row.get("engine"), row.get("mtu")) == (first["engine"], first["mtu"]):
+            for key in ("cpu", "cpus", "rx_busy"):
+                row.pop(key, None)
+    first["warning"] = "receive softirq ran on the application's CPU 1"
+    text = "\n".join(" ".join(r) for t in experiment_tables(doc) for r in t.rows)
+    notes = [n for t in experiment_tables(doc) for n in t.notes]
+    assert "n/a CPU" in text and "0% CPU" not in text
+    assert any(n.startswith("warning:") and "application's CPU 1" in n for n in notes)
+
+
 @pytest.mark.root
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_the_pinned_application_cpu_is_always_sampled(no_leaks: None) -> None:
@@ -371,6 +421,10 @@ def test_repeated_sizes_are_a_pattern_not_an_error() -> None:
     ["reproduce", "mlx5-zcrx", "--ifname", "../../etc"],
     ["reproduce", "mlx5-zcrx", "--ifname", "nosuch0", "--remote", "198.18.0.9"],
     ["bench", "--ifname", "nosuch0", "--queue", "1"],
+    ["bench", "--no-lab", "--peers", "iperf3"],
+    # Permissions say yes to root here, the kernel says no: found before, not after, measuring.
+    ["txbench", "--loopback", "--json", "/proc/zcnet-test.json"],
+    ["reproduce", "tx-mpwqe", "--markdown", "/proc/zcnet-test.md"],
 ])
 def test_options_are_checked_before_measuring(tmp_path: Path, argv: list[str]) -> None:
     (tmp_path / "file").write_text("")
@@ -432,7 +486,7 @@ def test_txbench_ctrl_c_writes_what_was_measured(tmp_path: Path, no_leaks: None)
     p = subprocess.Popen([*ZCNET, "txbench", "--loopback", "--mode", "single,mmsg",
                           "--duration", "0.2", "--repeat", "1000", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = _interrupt_after(p, 4.0)
+    stdout, stderr = _interrupt_after(p, 10.0)  # start-up (the sink process) takes a while
     assert p.returncode == 130 and "Traceback" not in stderr
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["results"]
@@ -501,3 +555,61 @@ def test_reports_mark_incomplete_results(tmp_path: Path,
 def test_plots_are_a_default_dependency() -> None:
     deps = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert any(d.startswith("matplotlib") for d in deps["project"]["dependencies"])
+
+
+_junk = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, 10**30, 1e300]),
+                  st.text(max_size=6), st.none(), st.lists(st.integers(), max_size=2),
+                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+                  st.booleans(), st.integers(), st.floats())
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["bench-a.json", "tx-mpwqe.json", "zcrx-refs.json"]),
+       data=st.data())
+def test_fuzz_result_files(tmp_path: Path, name: str, data: st.DataObject) -> None:
+    """Damaged result files are a usage error or a report, never a traceback."""
+    doc = _doc(name)
+    where = data.draw(st.sampled_from(["row", "row", "report", "experiment", "env", "top"]))
+    if where == "row":
+        target = data.draw(st.sampled_from(doc["results"]))
+        fields = [*target, "gbps", "mpps", "mtu"]
+    elif where == "top":
+        target, fields = doc, ["env", "experiment", "report", "complete", "kind"]
+    else:
+        target = doc.setdefault(where, {})
+        fields = [*target, "metric", "extra", "baseline", "title", "substitutions", "nic"]
+    target[data.draw(st.sampled_from(fields))] = data.draw(_junk)
+    path = _write(tmp_path, "fuzz.json", doc)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc_report = main(["run", "--report", path])
+        rc_compare = main(["compare", str(FIX / name), path])
+    assert rc_report in (0, 1, 2) and rc_compare in (0, 1, 2), err.getvalue()
+    assert "Traceback" not in err.getvalue()
+
+
+_toml_junk = st.sampled_from(["nan", "inf", "-inf", "+inf", "-1", "0", "0.0", "1e308", "1e-9",
+                              "99999999999", '"x"', '"[/]"', "[]", "[nan]", "[inf, 1500]",
+                              "[0]", "[-1500]", "[1500, 1500]", "{}", "true", "2.5", "[2.5]"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(["mlx5-zcrx", "tx-mpwqe", "zcrx-refs"]), data=st.data())
+def test_fuzz_spec_numbers(name: str, data: st.DataObject) -> None:
+    """Any value in any key of a spec: a SpecError naming it, or a spec whose numbers are valid."""
+    lines = builtin_text(name).splitlines()
+    keyed = [i for i, line in enumerate(lines) if " = " in line and not line.startswith("#")]
+    i = data.draw(st.sampled_from(keyed))
+    key = lines[i].split(" = ", 1)[0]
+    lines[i] = f"{key} = {data.draw(_toml_junk)}"
+    try:
+        spec = parse_spec("\n".join(lines) + "\n", "fuzz.toml")
+    except SpecError as exc:
+        assert exc.message.startswith("fuzz.toml")
+        return
+    assert quantities.problem("duration", spec.duration) is None
+    assert quantities.problem("repeat", spec.repeat) is None
+    for axis, qty in (("mtu", "mtu"), ("payload", "payload"), ("burst", "burst")):
+        for v in spec.matrix.get(axis, []):
+            assert quantities.problem(qty, v) is None

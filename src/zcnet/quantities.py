@@ -54,7 +54,7 @@ QUANTITIES: dict[str, Quantity] = {q.name: q for q in (
     Quantity("payload", int, 1, 65507, "bytes", "a UDP datagram's payload"),
     Quantity("burst", int, 1, IORING_MAX_ENTRIES, "packets",
              f"io_uring's largest ring holds {IORING_MAX_ENTRIES} sends"),
-    Quantity("packets", int, 1, 10**12, "packets"),
+    Quantity("packets", int, 1, 10**10, "packets"),
     Quantity("flows", int, 1, 1024, "flows"),
     Quantity("port", int, 1, 65535),
     Quantity("queue", int, 0, 65535, "", "a NIC queue id"),

@@ -20,6 +20,7 @@ from typing import Any
 from zcnet import quantities
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab.rtnl import has_caps
 from zcnet.lab.topology import MTU_MAX
 from zcnet.rx.engines import engine_names
 
@@ -81,8 +82,6 @@ class BenchOptions:
     def resolved(self) -> BenchOptions:
         """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
         if self.lab is None:
-            from zcnet.lab.rtnl import has_caps
-
             return replace(self, lab=has_caps()).resolved()
         if self.mtus is None:
             return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
@@ -140,8 +139,6 @@ def target(use_lab: bool, mtu: int) -> Iterator[Target]:
 def _to_the_lab() -> str:
     """How to get the lab instead of loopback: only a process without the capabilities needs
     root; one that has them was told --no-lab."""
-    from zcnet.lab.rtnl import has_caps
-
     return "leave out --no-lab to use the lab" if has_caps() else "run as root to use the lab"
 
 

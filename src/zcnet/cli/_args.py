@@ -107,6 +107,17 @@ def check_output_file(path: str | None, option: str) -> None:
                          "create it first or give a path in an existing directory")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"{option} {path}: not writable", "give a path you may write to")
+    if p.exists() and not p.is_file():
+        return  # /dev/null, a FIFO: written in place, nothing to create
+    # Permissions do not tell everything (root, /proc, read-only mounts): create the temporary
+    # file the atomic write will use, and remove it again.
+    probe = parent / f".{p.name}.{os.getpid()}.tmp"
+    try:
+        probe.touch(exist_ok=False)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write there: {exc.strerror or exc}",
+                         "give a path in a writable directory") from None
+    probe.unlink()
 
 
 def check_output_dir(path: str | None, option: str) -> None:

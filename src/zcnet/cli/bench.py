@@ -92,6 +92,9 @@ def main(args: argparse.Namespace) -> int:
                         json_path=args.json, peers=args.peers,
                         tx=args.tx, engine_opts=_engine_opts(args)).resolved()
     opts.validate()
+    if opts.peers and not opts.lab:
+        raise UsageError("--peers run inside the lab, and this run is on loopback",
+                         "leave out --no-lab" if has_caps() else "run as root for the lab")
     console = Console(stderr=True, markup=False)
     if args.lab is None and not has_caps():
         console.print(Text("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on "

@@ -29,7 +29,17 @@ def _handler(args: argparse.Namespace) -> int:
     rows = compare(doc_a, doc_b, force=args.force, metric=args.metric)
     table = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
     table.notes = incomplete_notes(doc_a, doc_b) + table.notes
-    # Files first: whatever happens on the terminal, the comparison is kept.
+    # Files first: whatever happens on the terminal, the comparison is kept; a file that
+    # cannot be written still leaves the table on the terminal.
+    try:
+        _write_files(args, doc_a, doc_b, diffs, rows, table)
+    finally:
+        export.print_tables(make_console(), [table])
+    return 0
+
+
+def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[str, Any],
+                 diffs: list[str], rows: list[Any], table: Any) -> None:
     if args.json:
         env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
         try:
@@ -43,8 +53,6 @@ def _handler(args: argparse.Namespace) -> int:
         export.write_text(args.markdown, export.to_markdown([table]))
     if args.csv:
         export.write_text(args.csv, _csv(rows))
-    export.print_tables(make_console(), [table])
-    return 0
 
 
 def _csv(rows: list[Any]) -> str:

@@ -86,11 +86,18 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
     name = name or (doc.get("experiment") or {}).get("name") or doc.get("kind", "zcnet")
     tables = experiment_tables(doc)
     outs = _outputs(args, name)
-    if outs["csv"]:
-        export.write_text(outs["csv"], export.to_csv(doc.get("results", [])))
-    if outs["markdown"]:
-        export.write_text(outs["markdown"], export.to_markdown(tables))
+    failed: list[ZcnetError] = []
+    for key, render in (("csv", lambda: export.to_csv(doc.get("results", []))),
+                        ("markdown", lambda: export.to_markdown(tables))):
+        if outs[key]:
+            try:
+                export.write_text(outs[key], render())
+            except ZcnetError as exc:  # still show the tables, then fail
+                failed.append(exc)
+                outs[key] = None
     export.print_tables(console, tables)
+    if failed:
+        raise failed[0]
     if outs["plots"]:
         _plots(doc, outs["plots"], explicit=bool(args.plots), console=console)
     written = [str(p) for k, p in outs.items() if p is not None and k != "plots"]
@@ -185,6 +192,12 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
             or not isinstance(doc.get("results"), list):
         raise UsageError(f"{path} is not a zcnet result file", "give a file from --json/--out")
+    for key, kind in (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
+                      ("complete", bool)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
+                             f" but {doc[key]!r}",
+                             "give a file written by --json/--out (not edited by hand)")
     check_figures(doc, path)
     return doc
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import Interrupted, write_json
-from zcnet.bench.txbench import ALL_MODES, BASELINE, run_txbench
+from zcnet.bench.txbench import ALL_MODES, BASELINE, parse_dst, run_txbench
 from zcnet.cli._args import check_output_file, choice_list, number, number_list
 from zcnet.tx.hwcount import NO_COUNTERS
 
@@ -58,8 +58,6 @@ def _show(doc: dict[str, Any], console: Console) -> None:
 def _run(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json")
     if args.dst is not None:
-        from zcnet.bench.txbench import parse_dst
-
         parse_dst(args.dst)  # a bad address fails before anything is set up
     console = Console(markup=False)
     try:
@@ -69,19 +67,24 @@ def _run(args: argparse.Namespace) -> int:
                               repeat=args.repeat, dst=args.dst, lab=not args.loopback,
                               mtu=args.mtu, ipv6=args.ipv6)
     except Interrupted as stop:
-        if args.json:
-            write_json(args.json, stop.doc)
-        _show(stop.doc, console)
+        _save_and_show(args.json, stop.doc, console)
         kept = len(stop.doc["results"])
         where = f" in {args.json}" if args.json else " (pass --json to keep them)"
         print(f"zcnet: interrupted: {kept} measured rows kept{where}", file=sys.stderr)
         return 130
-    if args.json:
-        write_json(args.json, doc)
-    _show(doc, console)
+    _save_and_show(args.json, doc, console)
     if args.json:
         console.print(Text(f"wrote {args.json}"))
     return 0
+
+
+def _save_and_show(path: str | None, doc: dict[str, Any], console: Console) -> None:
+    """The file first; if it cannot be written, the table is still shown before the error."""
+    try:
+        if path:
+            write_json(path, doc)
+    finally:
+        _show(doc, console)
 
 
 def _pm(stat: dict[str, Any] | None, digits: int) -> str:

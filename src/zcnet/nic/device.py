@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import fcntl
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -37,9 +38,12 @@ class DeviceUnsupported(Unsupported):
 
 
 # errno -> (message template, hint) for errors that mean the same whatever was asked.
+# Said to root, "run as root" is false: root that is refused lacks the capability (a container).
+_NEED_NET_ADMIN = ("run as root (needs CAP_NET_ADMIN)" if os.geteuid() else
+                   "this root lacks CAP_NET_ADMIN (a container?): grant it")
 _ERRNO_TEXT: dict[int, tuple[str, str]] = {
-    errno_mod.EPERM: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
-    errno_mod.EACCES: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
+    errno_mod.EPERM: ("{what}: permission denied", _NEED_NET_ADMIN),
+    errno_mod.EACCES: ("{what}: permission denied", _NEED_NET_ADMIN),
     errno_mod.ENODEV: ("{what}: interface {ifname} is gone", "check 'ip link'"),
 }
 _UNSUPPORTED = {errno_mod.EOPNOTSUPP, errno_mod.ENOTSUP}

@@ -7,6 +7,7 @@ has, so bench rows (engine, mtu, placement) and txbench rows (mode, payload, bur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,21 @@ def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
         v = row.get(name)
         if v is not None and (why := quantities.problem("figure", v)) is not None:
             return name, v, why
+    for name in KEY_FIELDS:
+        v = row.get(name)
+        if v is not None and (not isinstance(v, (str, int, float)) or isinstance(v, bool)
+                              or (isinstance(v, float) and not math.isfinite(v))):
+            return name, v, "must be a name or a number"
+    for name in ("status", "reason", "warning"):
+        if not isinstance(row.get(name, ""), str):
+            return name, row[name], "must be text"
+    for name in ("cpu", "cpus", "verify", "tx_stats", "engine_stats", "tcp"):
+        if row.get(name) is not None and not isinstance(row[name], dict):
+            return name, row[name], "must be an object"
+    for name in ("cpu", "cpus"):
+        for key, v in (row.get(name) or {}).items():
+            if v is not None and not isinstance(v, dict):
+                return f"{name}.{key}", v, "must be an object of CPU shares"
     for name in ("mtu", "burst", "payload"):
         v = row.get(name)
         if v is None or (name == "payload" and isinstance(v, str)):  # "64,128": a size pattern

@@ -9,13 +9,13 @@ import csv
 import io
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from zcnet.bench.meta import write_text_atomic
 from zcnet.errors import ZcnetError
 from zcnet.report.tables import Table, flat_rows
 
@@ -68,18 +68,20 @@ def to_text(tables: Iterable[Table], width: int = 120) -> str:
 
 
 def _md_escape(cell: str) -> str:
-    return cell.replace("|", "\\|")
+    """A cell on one line: a newline from user text would end the table row."""
+    return " ".join(str(cell).replace("|", "\\|").splitlines())
 
 
 def to_markdown(tables: Iterable[Table]) -> str:
     parts = []
     for t in tables:
-        lines = [f"### {t.title}", "", "| " + " | ".join(map(_md_escape, t.headers)) + " |",
+        lines = [f"### {_md_escape(t.title)}", "",
+                 "| " + " | ".join(map(_md_escape, t.headers)) + " |",
                  "|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.headers))) + "|"]
         lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in t.rows]
         if t.notes:
             lines.append("")
-            lines += [f"- {n}" for n in t.notes]
+            lines += [f"- {' '.join(n.splitlines())}" for n in t.notes]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -96,14 +98,10 @@ def to_csv(results: list[dict[str, Any]]) -> str:
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Atomic like meta.write_json: a reader never sees half a report. A path that cannot be
     written is a ``ZcnetError`` naming it, and the temporary file is not left behind."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        write_text_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise unwritable(target, exc) from None
+        raise unwritable(path, exc) from None
 
 
 def unwritable(path: str | os.PathLike[str], exc: OSError) -> ZcnetError:

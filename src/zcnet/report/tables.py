@@ -51,6 +51,13 @@ def unstable_notes(cells: Iterable[Cell], metrics: Iterable[str]) -> list[str]:
     return notes
 
 
+def warning_notes(cells: Iterable[Cell]) -> list[str]:
+    """Each row's warning (e.g. the softirq ran where the placement said it would not), once."""
+    notes = [f"warning: {key_text(c.key)}: {r['warning']}" for c in cells for r in c.rows
+             if r.get("warning")]
+    return list(dict.fromkeys(notes))
+
+
 def na_notes(cells: Iterable[Cell]) -> list[str]:
     return [f"n/a: {key_text(c.key)}: {c.status}" + (f": {c.reason}" if c.reason else "")
             for c in cells if c.status != "ok"]
@@ -64,11 +71,13 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     parts = [fmt_summary(cell.summary(metric), metric)]
     for name in extra:
         s = cell.summary(name)
+        m = METRICS[name]
         if s is not None:
             # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
-            m = METRICS[name]
             unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
             parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
+        else:
+            parts.append(f"n/a {m.short or m.label}")  # not measured: never shown as 0
     return ", ".join(parts)
 
 
@@ -101,7 +110,7 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = na_notes(block) + unstable_notes(block, [metric, *extra])
+        t.notes = na_notes(block) + warning_notes(block) + unstable_notes(block, [metric, *extra])
         tables.append(t)
     return tables
 
@@ -138,7 +147,8 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
                        for m in missing if r.get(f"{m}_reason")), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
-    t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
+    t.notes += na_notes(cells) + warning_notes(cells) + unstable_notes(cells,
+                                                                    [metric, *shown_extra])
     return t
 
 
@@ -206,18 +216,64 @@ def report_section(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("report") or DEFAULT_REPORTS.get(doc.get("kind", ""), DEFAULT_REPORTS["bench"])
 
 
+# The shape of a result's ``report`` section: key -> (type, allowed values or None).
+_REPORT_KEYS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "table": (str, ("grid", "ab", "mpstat")), "rows": (str, None), "columns": (str, None),
+    "metric": (str, tuple(METRICS)), "extra": (list, None), "baseline": (dict, None),
+    "per_cpu": (bool, None), "plots": (list, None),
+}
+
+
+def check_report_section(rep: Any) -> None:
+    """A result file's ``report`` section, as a spec would have written it."""
+    def bad(key: str, why: str) -> UsageError:
+        return UsageError(f"the result's report.{key} {why}",
+                          "give a file written by --json/--out (not edited by hand)")
+
+    if not isinstance(rep, dict):
+        raise bad("section", "is not an object")
+    for key, (kind, allowed) in _REPORT_KEYS.items():
+        if key not in rep:
+            continue
+        val = rep[key]
+        if not isinstance(val, kind) or (kind is not bool and isinstance(val, bool)):
+            raise bad(key, f"must be a {kind.__name__}, got {val!r}")
+        if allowed is not None and val not in allowed:
+            raise bad(key, f"{val!r} is not one of: {', '.join(map(str, allowed))}")
+    for m in rep.get("extra", []):
+        if m not in METRICS:
+            raise bad("extra", f"names an unknown metric {m!r}")
+    if not all(isinstance(p, str) for p in rep.get("plots", [])):
+        raise bad("plots", "must list plot names")
+
+
+def check_experiment_section(exp: Any) -> None:
+    """A result file's ``experiment`` section: names and texts, and substitutions with text."""
+    def bad(key: str, why: str) -> UsageError:
+        return UsageError(f"the result's experiment.{key} {why}",
+                          "give a file written by --json/--out (not edited by hand)")
+
+    if not isinstance(exp, dict):
+        raise bad("section", "is not an object")
+    for key in ("name", "title", "tool", "seed", "about", "source"):
+        if key in exp and not isinstance(exp[key], str):
+            raise bad(key, f"must be text, got {exp[key]!r}")
+    subs = exp.get("substitutions", [])
+    if not isinstance(subs, list) or not all(isinstance(x, dict)
+                                             and isinstance(x.get("text"), str) for x in subs):
+        raise bad("substitutions", "must be a list of objects with a text")
+
+
 def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     """All tables of an envelope, as its ``report`` section (or its kind's default) asks."""
     rep = report_section(doc)
     exp = doc.get("experiment") or {}
+    check_experiment_section(exp)
     results = [r for r in doc.get("results", []) if not r.get("peer")]
     title = exp.get("title") or exp.get("name") or doc.get("kind", "results")
+    check_report_section(rep)
     metric = rep.get("metric", "gbps")
     extra = rep.get("extra", [])
-    unknown = [m for m in [metric, *extra] if m not in METRICS]
-    if unknown:
-        raise UsageError(f"the result's report section names an unknown metric {unknown[0]!r}",
-                         "choose from " + ", ".join(METRICS))
     kind = rep.get("table", "grid")
     if kind == "ab":
         tables = [ab(title, results, baseline=rep.get("baseline", {}), metric=metric,
