@@ -6,7 +6,8 @@ Some facts about ordering between us and the kernel:
 - CQ: with DEFER_TASKRUN completions are posted inside our io_uring_enter too. Without it the
   kernel may post from another CPU; it writes the CQE before ``ktail`` (smp_store_release). On
   x86 (TSO) loads are not reordered with loads, so reading ``ktail`` and then the CQEs is enough.
-  Weakly ordered CPUs would need an acquire load here: ``_acquire_ktail`` is the one place.
+  Weakly ordered CPUs would need an acquire load where ``ktail`` is read (``cq_ready``,
+  ``reap``, ``reap_one``, each marked).
 - reads and writes of a u32 through a memoryview cast to "I" are single aligned accesses.
 Fields in shared ring memory have a ``k`` prefix, as in liburing.
 
@@ -56,9 +57,7 @@ _CQE_DTYPE = np.dtype({**_CQE_FIELDS, "itemsize": 16})
 _CQE32_DTYPE = np.dtype({"names": [*_CQE_FIELDS["names"], "extra"],
                          "formats": [*_CQE_FIELDS["formats"], ("<u8", 2)],
                          "offsets": [*_CQE_FIELDS["offsets"], 16], "itemsize": 32})
-_NR_ENTER = u.__NR_io_uring_enter
 _GETEVENTS = u.IORING_ENTER_GETEVENTS
-
 
 
 class _kernel_timespec(ctypes.Structure):
@@ -451,7 +450,7 @@ class Ring:
             raise ClosedError.of(self, "reap_one")
         cq = self._cqm
         head = cq[self._kcq_head_i]
-        if cq[self._kcq_tail_i] == head:
+        if cq[self._kcq_tail_i] == head:  # acquire of ktail: see the module docstring
             return None
         cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
         cq[self._kcq_head_i] = (head + 1) & _U32
