@@ -211,11 +211,22 @@ def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
                       tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
     if "verify" in f:
         out["verify"] = f["verify"]
+    mode = zcrx_mode(f.get("engine_stats") or {})
+    if mode:
+        out["zcrx_mode"] = mode
     incoming = f.get("rx_cpu_end")
     if placement == "same" and incoming not in (None, -1, rx_cpu):
         out["warning"] = (f"receive softirq ran on CPU {incoming}, not the application's CPU "
                           f"{rx_cpu}")
     return out
+
+
+def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
+    """"copy" when the kernel copied into the zcrx area (no device queue), "device" when a NIC
+    queue filled it, None for other engines."""
+    if "zcrx_copy" not in engine_stats:
+        return None
+    return "copy" if engine_stats["zcrx_copy"] else "device"
 
 
 def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,

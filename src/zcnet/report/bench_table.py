@@ -1,7 +1,8 @@
 """The seed's table for ``zcnet bench``: rows MTU, columns engine, one block per placement.
 
 A cell reads ``Gbit/s (receiver CPU busy %)``; a cell that did not run reads ``n/a`` and the
-reason goes in a note under the table (and in the JSON).
+reason goes in a note under the table (and in the JSON). A zcrx cell where the kernel copied
+into the area (copy mode, no NIC queue) reads ``copy`` after its numbers, with a note.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+
+ZCRX_COPY_NOTE = ("zcrx copy mode: no NIC queue here, so the kernel copied every byte into the "
+                  "zcrx area; the zcrx protocol ran for real (RECV_ZC, area offsets, refill ring),"
+                  " zero copy did not")
 
 PLACEMENT_TITLES = {
     "same": "application on the receive-softirq CPU (same)",
@@ -25,6 +30,8 @@ def cell_text(r: dict[str, Any] | None) -> str:
     text = f"{r['gbps']:.1f} Gbps"
     if busy is not None:
         text += f" ({busy:.0f}%)"
+    if r.get("zcrx_mode") == "copy":
+        text += " copy"
     if r.get("verify", {}).get("mismatches"):
         text += " [red]MISMATCH[/red]"
     return text
@@ -71,6 +78,9 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
         which = "all cells" if len(cells) == per_engine[engine] > 1 else ", ".join(cells)
         notes.append(f"{status}: {engine} ({which}): {reason}")
     notes += [f"sender: {n}" for n in tx_notes]
+    copied = list(dict.fromkeys(r["engine"] for r in doc["results"]
+                                if r.get("zcrx_mode") == "copy"))
+    notes += [f"{e} copy: {ZCRX_COPY_NOTE}" for e in copied]
     from zcnet.bench.run import peer_ratios
 
     for r in peer_ratios(doc):
