@@ -5,14 +5,15 @@ What it copies from the kernel (io_uring/zcrx.c, 7.2), and what a registration i
 
 - registration: the ring must be SINGLE_ISSUER|DEFER_TASKRUN|CQE32; reserved fields and zcrx_id
   zero; NODEV with if_idx/if_rxq 0; rq_entries rounded up to a power of two; the region at least
-  ``rqes + 16 * rq_entries``; the ring header ``struct io_uring {u32 head; u32 tail}`` so
-  ``offsets`` = head 0, tail 4, rqes 64 (``KERNEL_OFFSETS``, checked by test_zcrx_vm against a
-  real 7.2 registration); ``rq_area_token`` = area id << 48; ``rx_buf_len`` written back.
+  ``rqes + 16 * rq_entries``; ``offsets`` exactly as real registrations returned them
+  (``KERNEL_LAYOUTS``: 7.2.13 packs head and tail in one line, 7.3.4 gives each its own; the
+  vm test checks the running kernel's against this table); ``rq_area_token`` = area id << 48;
+  ``rx_buf_len`` written back.
 - receive: each buffer (niov) of ``rx_buf_len`` bytes comes from the free list; one CQE32 per
   buffer with ``off`` = area id << 48 | niov * rx_buf_len; no free buffer ends the multishot with
   -ENOMEM, EOF with 0, an error with -errno.
-- refill: the kernel reads ``tail`` at offset 4, entries from ``head`` (its own, at offset 0) to
-  tail at ``rqes + (i & mask) * 16``, and stores head. Device mode consumes entries when it
+- refill: the kernel reads ``tail`` at its offset, entries from ``head`` (its own) to tail at
+  ``rqes + (i & mask) * 16``, and stores head at its offset. Device mode consumes entries when it
   refills (here: each wait); copy mode only on ZCRX_CTRL_FLUSH_RQ.
 
 Unlike the kernel (which skips or stops at a bad entry), every bad entry is recorded in
@@ -37,8 +38,8 @@ from zcnet.rx.zc.area import PAGE_SIZE
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Completions
 
-KERNEL_OFFSETS = (0, 4, 64)  # (head, tail, rqes): struct io_uring, then one L1 line
-HEAD, TAIL, RQES = KERNEL_OFFSETS
+# (head, tail, rqes) that IORING_REGISTER_ZCRX_IFQ returned in the VM, by kernel release.
+KERNEL_LAYOUTS = {"7.2.13": (0, 4, 64), "7.3.4": (0, 64, 128)}
 CQE32 = struct.Struct("<QiIQQ")  # io_uring_cqe + io_uring_zcrx_cqe
 REQUIRED_FLAGS = u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN | u.IORING_SETUP_CQE32
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1
@@ -64,6 +65,7 @@ class FakeKernel:
     """Shared state of the fake: registrations, rejections, and the stream to deliver."""
 
     area_id: int = 0
+    layout: tuple[int, int, int] = KERNEL_LAYOUTS["7.2.13"]
     stream: Stream = field(default_factory=Stream)
     rejections: list[str] = field(default_factory=list)
     rings: list[FakeRing] = field(default_factory=list)
@@ -129,7 +131,8 @@ class FakeRing:
         entries = 1 << (reg.rq_entries - 1).bit_length()
         area = u.io_uring_zcrx_area_reg.from_address(reg.area_ptr)
         rd = u.io_uring_region_desc.from_address(reg.region_ptr)
-        if rd.size < RQES + 16 * entries:
+        self.HEAD, self.TAIL, self.RQES = self.k.layout
+        if rd.size < self.RQES + 16 * entries:
             raise _err(errno.EINVAL)
         buf_len = reg.rx_buf_len or PAGE_SIZE
         if self.nodev and buf_len != PAGE_SIZE:
@@ -144,7 +147,7 @@ class FakeRing:
             self._mm = mmap.mmap(self.fd, rd.size)
             self.region = np.frombuffer(self._mm, dtype=np.uint8)
             rd.mmap_offset = 0
-        self.region[:RQES] = 0
+        self.region[:self.RQES] = 0
         self.entries, self.buf_len = entries, buf_len
         self.area = np.frombuffer((ctypes.c_char * area.len).from_address(area.addr),
                                   dtype=np.uint8)
@@ -155,7 +158,7 @@ class FakeRing:
         self.head = 0                      # the kernel's cached head
         area.rq_area_token = self.k.area_id << u.IORING_ZCRX_AREA_SHIFT
         reg.rq_entries = entries
-        reg.offsets.head, reg.offsets.tail, reg.offsets.rqes = KERNEL_OFFSETS
+        reg.offsets.head, reg.offsets.tail, reg.offsets.rqes = self.k.layout
         reg.zcrx_id = self.zcrx_id = self.k.next_id
         self.k.next_id += 1
         reg.rx_buf_len = buf_len
@@ -167,17 +170,17 @@ class FakeRing:
         return int(self.region[at:at + 4].view(np.uint32)[0])
 
     def _consume_refill(self) -> None:
-        tail = self._u32(TAIL)
+        tail = self._u32(self.TAIL)
         n = (tail - self.head) & 0xFFFFFFFF
         if n > self.entries:
             self.k.rejections.append(f"{n} entries queued in a ring of {self.entries}")
             n = self.entries
         for i in range(n):
-            at = RQES + ((self.head + i) & (self.entries - 1)) * 16
+            at = self.RQES + ((self.head + i) & (self.entries - 1)) * 16
             off, ln, pad = struct.unpack_from("<QII", self.region, at)
             self._return(off, ln, pad)
         self.head = (self.head + n) & 0xFFFFFFFF
-        self.region[HEAD:HEAD + 4].view(np.uint32)[0] = self.head
+        self.region[self.HEAD:self.HEAD + 4].view(np.uint32)[0] = self.head
 
     def _return(self, off: int, ln: int, pad: int) -> None:
         area_id, offset = off >> u.IORING_ZCRX_AREA_SHIFT, off & OFF_MASK

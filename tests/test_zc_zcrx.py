@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from fake_zcrx_kernel import KERNEL_OFFSETS, RQES, TAIL, FakeKernel, Stream
+from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
 from test_zc_soft import PAT
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Receiver, open_receiver, zcrx
@@ -266,17 +266,20 @@ MODES = {  # name: (open_zcrx keywords, area id the kernel hands out)
 }
 
 
+@pytest.mark.parametrize("kernel", list(KERNEL_LAYOUTS))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_provider_stream_through_a_small_area_and_ring(fake, sock, mode):
+def test_provider_stream_through_a_small_area_and_ring(fake, sock, mode, kernel):
     """3 MiB through 16 buffers and an 8-entry refill ring: every buffer goes back with its
-    token and length, the ring wraps hundreds of times, every byte lands in stream order."""
+    token and length, the ring wraps hundreds of times, every byte lands in stream order; with
+    each refill ring layout a real kernel returned."""
     kw, fake.area_id = MODES[mode]
+    fake.layout = KERNEL_LAYOUTS[kernel]
     total = 3 << 20
     fake.stream = Stream(PAT.expected(0, total).tobytes(), segment=1000, per_wait=40, end=0)
     fake.foreign_every = 5
     prov = open_zcrx(sock.fileno(), 16 * PAGE_SIZE, rq_entries=8, **kw)
     ring = fake.ring
-    assert prov.offsets == KERNEL_OFFSETS and prov.mode == ("copy" if "copy" in mode else "device")
+    assert prov.offsets == fake.layout and prov.mode == ("copy" if "copy" in mode else "device")
     with Receiver(sock, prov, max_held=1.0) as rx:
         got = drain(rx, hold=3)
         assert_stream(got, total)
@@ -439,11 +442,14 @@ def test_auto_never_takes_copy_mode(fake, sock):
     assert not fake.rings
 
 
+@pytest.mark.parametrize("kernel", list(KERNEL_LAYOUTS))
 @pytest.mark.parametrize("bad", ["area-id", "offset", "length", "pad", "not-held", "overfull"])
-def test_fake_kernel_rejects_what_the_kernel_would(fake, sock, bad):
+def test_fake_kernel_rejects_what_the_kernel_would(fake, sock, bad, kernel):
     """The fake's checks are live: each hand-written bad entry is caught (the provider-driven
     tests above assert that the provider never writes one)."""
     fake.stream = Stream(PAT.expected(0, 8192).tobytes(), segment=4096)
+    fake.layout = KERNEL_LAYOUTS[kernel]
+    _, tail, rqes = fake.layout
     prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, rq_entries=4, copy=True)
     try:
         prov.arm()
@@ -456,8 +462,8 @@ def test_fake_kernel_rejects_what_the_kernel_would(fake, sock, bad):
                  "overfull": (tok, ln, 0)}[bad]
         n = 5 if bad == "overfull" else 1
         for i in range(n):
-            struct.pack_into("<QII", ring.region, RQES + (i % 4) * 16, *entry)
-        struct.pack_into("<I", ring.region, TAIL, n)
+            struct.pack_into("<QII", ring.region, rqes + (i % 4) * 16, *entry)
+        struct.pack_into("<I", ring.region, tail, n)
         ring.register(u.IORING_REGISTER_ZCRX_CTRL, prov._flush, 0)
         assert len(fake.rejections) >= 1
         fake.rejections.clear()

@@ -7,6 +7,7 @@ zcnet's code against the real kernel. No NIC writes into the area here: that sta
 from __future__ import annotations
 
 import errno
+import platform
 import queue
 import threading
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_zcrx_kernel import KERNEL_OFFSETS
+from fake_zcrx_kernel import KERNEL_LAYOUTS
 from test_zc_soft import PAT, Sender, check, hold_until_stalled
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Chunk, Receiver, open_receiver
@@ -81,7 +82,10 @@ def test_256mib_verified_refill_ring_wraps(pair):
     rx = receiver(conn, 2 << 20, rq_entries=64)
     area_addr, region_addr = rx.area.addr, rx.provider._reg.region_mem.addr
     with rx:
-        assert rx.provider.mode == "copy" and rx.provider.offsets == KERNEL_OFFSETS
+        assert rx.provider.mode == "copy"
+        # The host's fake kernel uses these layouts: a new one must be added there.
+        assert rx.provider.offsets in KERNEL_LAYOUTS.values(), (platform.release(),
+                                                                rx.provider.offsets)
         assert verify_batches(rx) == total
         rx.flush()
         st = rx.stats
@@ -248,7 +252,7 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
     from zcnet.report.bench_table import bench_notes, cell_text
 
     doc = run_bench(BenchOptions(mtus=(1500,), engines=("zcrx",), placements=("split",),
-                                 duration=1.0, lab=True, verify=True))
+                                 duration=0.5, lab=True, verify=True))
     (cell,) = doc["results"]
     assert cell["status"] == "ok", cell.get("reason")
     assert cell["zcrx_mode"] == "copy" and cell["engine_stats"]["zcrx_copy"] == 1

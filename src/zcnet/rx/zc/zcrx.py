@@ -37,8 +37,9 @@ Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
   the size it uses.
 - What a kernel offers is asked with IORING_REGISTER_QUERY (IO_URING_QUERY_ZCRX, no ring
   needed); kernels before 7.x answer with a negative result or an error, read as "nothing".
-- The refill ring's header is the kernel's ``struct io_uring {u32 head; u32 tail;}``: a
-  registration returns head 0, tail 4 and the entries at 64 (one L1 line), measured on 7.2.
+- The refill ring's layout is whatever ``offsets`` says, and it changes between releases:
+  a 7.2.13 registration returned head 0, tail 4, entries at 64; a 7.3.4 one head 0, tail 64,
+  entries at 128 (head and tail on their own cache lines).
 """
 
 from __future__ import annotations
