@@ -56,6 +56,8 @@ def test_veth_registration_reaches_device_check(lab, user_region):
     with pytest.raises(Unsupported, match="lacks queue management ops or header-data split") as ei:
         open_zcrx(-1, 1 << 20, ifname=lab.if_a, queue=0, user_region=user_region)
     assert ei.value.errno == errno.EOPNOTSUPP  # type: ignore[attr-defined]
+    if not kernel_offers().copy_mode:  # 6.18: nothing to fall back to, and the message says so
+        assert "no zcrx copy mode to fall back to" in ei.value.message
 
 
 def _register(area: Area, ifindex: int, ring_flags: int, mutate=None, ifname="?") -> None:

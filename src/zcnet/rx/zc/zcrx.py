@@ -543,6 +543,8 @@ def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int 
                      dmabuf_fd=dmabuf_fd, rq_entries=rq_entries, user_region=user_region,
                      rx_buf_len=rx_buf_len)
     except Unsupported as e:
+        if copy is None and not offers.copy_mode:
+            e.message += "; this kernel has no zcrx copy mode to fall back to (7.x kernels)"
         if copy is False or not offers.copy_mode or dmabuf_fd is not None:
             raise
         why = e.message
