@@ -15,7 +15,8 @@ Some facts about zcrx that shape this module:
   EOPNOTSUPP without queue management ops, ERANGE past the last queue, EINVAL with
   tcp-data-split off or hds-thresh non-zero, EEXIST when the queue already has a memory provider
   (an earlier zcrx or devmem binding not yet torn down) or an XDP program, EBUSY under AF_XDP.
-- Each data CQE grants the application one reference on a page-sized net_iov; giving it back
+- Each data CQE grants the application one reference on a net_iov (a buffer of rx_buf_len
+  bytes, one page by default; several CQEs may share one when a NIC packs it); giving it back
   is an rqe ``{off & ~MASK | area_token, len}`` at ``tail & mask`` followed by the release store
   of the tail. NAPI reads the ring on another CPU: x86 is TSO, so a plain store after the entry
   is the release. If the ring is full the buffer is held and retried, never dropped (a dropped
