@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from zcnet.errors import UsageError
+from zcnet.lab import names
 from zcnet.lab.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, MsgZerocopySender, fill_pattern, make_sender
@@ -183,7 +184,9 @@ def ifb_netns():
     """A namespace whose route leads to an ifb device, which frees every packet it is given:
     nothing receives the data, so the kernel has no reason to copy and zero-copy completes as
     zero-copy. This is as far as a send gets on this machine without a NIC."""
-    name = f"zctx{os.getpid()}"
+    # Named as one side of a lab this process owns, so a killed run's namespace is swept as
+    # stale and a concurrent run's is not taken for this run's leak.
+    name = names.owned(os.getpid(), 900).ns_a
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         for cmd in (["link", "add", "d0", "type", "ifb"],

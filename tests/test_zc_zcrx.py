@@ -1,5 +1,7 @@
-"""zcrx provider: registration against this kernel up to the device check, and CQE32 parsing and
-refill-ring logic against memory laid out as the kernel lays it out."""
+"""zcrx provider: registration against this kernel up to the device check, error translation,
+CQE32 parsing, and the real ZcrxProvider (arm, reap, recycle, close, refill-ring mapping, queue
+discovery) against a faithfully faked kernel side (tests/fake_zcrx_kernel.py). The same provider
+runs against a real 7.x kernel in copy mode in test_zcrx_vm."""
 
 from __future__ import annotations
 
@@ -11,19 +13,17 @@ import struct
 import numpy as np
 import pytest
 
+from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
+from test_zc_soft import PAT
 from zcnet.errors import Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver
+from zcnet.rx.zc import Receiver, open_receiver, zcrx
 from zcnet.rx.zc.area import PAGE_SIZE, Area
-from zcnet.rx.zc.provider import Delivery
 from zcnet.rx.zc.zcrx import (
-    KERNEL_RQ_HEAD,
-    KERNEL_RQ_TAIL,
-    KERNEL_RQES,
-    OFF_MASK,
     RING_FLAGS,
-    RefillRing,
+    Offers,
     Registration,
     explain,
+    kernel_offers,
     memlock_error,
     open_zcrx,
     parse_completions,
@@ -31,7 +31,9 @@ from zcnet.rx.zc.zcrx import (
     register_ifq,
 )
 from zcnet.uapi import io_uring as u
+from zcnet.uapi import netdev as nd
 from zcnet.uring.ring import Completions, Ring
+from zcnet.uring.syscall import io_uring_register
 
 AREA_ID = 3  # a non-zero area id, so a lost token would show
 TOKEN = AREA_ID << u.IORING_ZCRX_AREA_SHIFT
@@ -54,6 +56,8 @@ def test_veth_registration_reaches_device_check(lab, user_region):
     with pytest.raises(Unsupported, match="lacks queue management ops or header-data split") as ei:
         open_zcrx(-1, 1 << 20, ifname=lab.if_a, queue=0, user_region=user_region)
     assert ei.value.errno == errno.EOPNOTSUPP  # type: ignore[attr-defined]
+    if not kernel_offers().copy_mode:  # 6.18: nothing to fall back to, and the message says so
+        assert "no zcrx copy mode to fall back to" in ei.value.message
 
 
 def _register(area: Area, ifindex: int, ring_flags: int, mutate=None, ifname="?") -> None:
@@ -183,10 +187,11 @@ def kernel_cqes(entries: list[tuple[int, int, int, int]]) -> Completions:
 MORE = u.IORING_CQE_F_MORE
 
 
-def test_cqe32_data_offsets_lengths_tokens():
-    c = kernel_cqes([(1, 4096, MORE, TOKEN | 0), (1, 1000, MORE, TOKEN | 8192 + 96),
-                     (99, 0, 0, 0),  # an unrelated request's CQE is ignored
-                     (1, 1448, MORE, TOKEN | 12288)])
+def test_cqe32_data_offsets_lengths_tokens_other_requests_ignored():
+    # CQEs of other requests carry data too, and the last one ends (no F_MORE): none is ours.
+    c = kernel_cqes([(1, 4096, MORE, TOKEN | 0), (99, 4096, MORE, TOKEN | 4096),
+                     (1, 1000, MORE, TOKEN | 8192 + 96), (98, 512, MORE, TOKEN | 16384),
+                     (1, 1448, MORE, TOKEN | 12288), (99, 700, 0, TOKEN | 20480)])
     d = parse_completions(c)
     assert d.offsets == [0, 8192 + 96, 12288]
     assert d.lengths == [4096, 1000, 1448]
@@ -202,130 +207,299 @@ def test_final_cqe(res, end, stopped):
     assert d.lengths == [100] and (d.end, d.stopped) == (end, stopped)
 
 
-# --- the refill ring ---------------------------------------------------------------------------
+# --- the real provider against the faked kernel side ------------------------------------------
 
-class KernelRefill:
-    """The kernel's side of a refill ring in a region laid out as io_allocate_rbuf_ring does."""
-
-    def __init__(self, entries: int, start: int = 0) -> None:
-        self.mem = np.zeros(refill_region_size(entries), dtype=np.uint8)
-        self.entries = entries
-        for at in (KERNEL_RQ_HEAD, KERNEL_RQ_TAIL):
-            struct.pack_into("<I", self.mem, at, start)
-        self.head = start
-
-    def user(self) -> RefillRing:
-        return RefillRing(self.mem, KERNEL_RQ_HEAD, KERNEL_RQ_TAIL, KERNEL_RQES, self.entries,
-                          TOKEN)
-
-    def consume(self, n: int | None = None) -> list[tuple[int, int, int]]:
-        """Take up to n entries like io_zcrx_ring_refill: (area id, offset, len) each."""
-        (tail,) = struct.unpack_from("<I", self.mem, KERNEL_RQ_TAIL)
-        avail = (tail - self.head) & 0xFFFFFFFF
-        n = avail if n is None else min(n, avail)
-        out = []
-        for i in range(n):
-            slot = (self.head + i) & (self.entries - 1)
-            off, ln, pad = struct.unpack_from("<QII", self.mem, KERNEL_RQES + slot * 16)
-            assert pad == 0
-            out.append((off >> u.IORING_ZCRX_AREA_SHIFT, off & OFF_MASK, ln))
-        self.head = (self.head + n) & 0xFFFFFFFF
-        struct.pack_into("<I", self.mem, KERNEL_RQ_HEAD, self.head)
-        return out
+COPY_OFFERS = Offers(u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3)
 
 
-@pytest.mark.parametrize("start", [0, 0xFFFFFFF0], ids=["fresh", "u32-wrap"])
-def test_refill_entries_carry_area_token(start):
-    k = KernelRefill(8, start)
-    rq = k.user()
-    # CQE offs as the kernel reported them (area id bits set); the rqe must carry the token.
-    offs = [TOKEN | (i * 4096 + 64) for i in range(6)]
-    assert rq.push(offs, [100 + i for i in range(6)]) == 6
-    assert k.consume() == [(AREA_ID, i * 4096 + 64, 100 + i) for i in range(6)]
+@pytest.fixture
+def fake(monkeypatch, no_leaks):
+    """A FakeKernel under the real provider (its Ring and the query); fails the test on any
+    refill entry the kernel would reject."""
+    k = FakeKernel()
+    monkeypatch.setattr(zcrx, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
+    yield k
+    k.stream = None  # the test's payload: freed before no_leaks counts anonymous memory
+    assert not k.rejections, k.rejections
 
 
-def test_refill_ring_full_holds_and_retries_in_order():
-    k = KernelRefill(8, 0xFFFFFFFC)
-    rq = k.user()
-    offs = [TOKEN | i * 4096 for i in range(13)]
-    assert rq.push(offs, [1] * 13) == 8
-    assert rq.held == 5 and rq.full_events == 1
-    got = k.consume(3)
-    assert rq.push([], []) == 3 and rq.held == 2 and rq.full_events == 2
-    got += k.consume()
-    assert rq.push([TOKEN | 99 * 4096], [1]) == 3 and rq.held == 0
-    got += k.consume()
-    assert [o for _, o, _ in got] == [i * 4096 for i in range(13)] + [99 * 4096]
+@pytest.fixture
+def sock():
+    a, b = socket.socketpair()
+    yield a
+    a.close()
+    b.close()
 
 
-# --- the Receiver over zcrx semantics, kernel simulated at the ring boundary ------------------
-
-class SimulatedZcrx:
-    """zcrx provider whose kernel is this test: CQE32 memory in, refill ring memory out."""
-
-    name = "zcrx"
-
-    def __init__(self, area: Area, script: list[list[tuple[int, int, int, int]]],
-                 rq_entries: int) -> None:
-        self.area = area
-        self.note = "simulated"
-        self.armed = False
-        self.arms = 0
-        self.kernel = KernelRefill(rq_entries)
-        self.rq = self.kernel.user()
-        self.script = script
-
-    def can_arm(self) -> bool:
-        return True
-
-    def arm(self) -> None:
-        self.armed = True
-        self.arms += 1
-
-    def reap(self, timeout: float | None) -> Delivery:
-        d = parse_completions(kernel_cqes(self.script.pop(0)))
-        if d.end is not None or d.stopped:
-            self.armed = False
-        return d
-
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        self.rq.push(tokens, lengths)
-
-    def held_back(self) -> int:
-        return self.rq.held
-
-    def extra_stats(self) -> dict[str, int]:
-        return {"refill_full": self.rq.full_events}
-
-    def close(self) -> None:
-        self.armed = False
+def drain(rx: Receiver, *, hold: int = 0) -> list[tuple[int, bytes]]:
+    """Receive to the end: (stream_offset, bytes) of each chunk; every ``hold``-th chunk is
+    kept one round before release. Bounded: a stalled provider fails instead of hanging."""
+    got: list[tuple[int, bytes]] = []
+    kept: list = []
+    idle = 0
+    while not rx.eof:
+        chunks = rx.recv(timeout=0.01)
+        idle = 0 if chunks else idle + 1
+        assert idle < 20, f"receiver stalled ({rx.stalled}) after {len(got)} chunks"
+        rx.release_many(kept)
+        kept = []
+        for i, c in enumerate(chunks):
+            got.append((c.stream_offset, bytes(c.data)))
+            (kept.append(c) if hold and i % hold == 0 else c.release())
+    rx.release_many(kept)
+    rx.flush()
+    return got
 
 
-def test_receiver_rearms_after_enospc_and_never_drops_a_buffer():
-    with Area(64 * 4096) as area:
-        for i in range(10):
-            area.array[i * 4096:i * 4096 + 100] = i
-        frag = [(1, 100, MORE, TOKEN | i * 4096) for i in range(10)]
-        script = [[*frag[:4], (1, -errno.ENOSPC, 0, 0)], frag[4:], [(1, 0, 0, 0)]]
-        prov = SimulatedZcrx(area, script, rq_entries=4)
-        rx = Receiver(-1, prov, max_held=1.0)  # type: ignore[arg-type]
+def assert_stream(got: list[tuple[int, bytes]], total: int) -> None:
+    pos = 0
+    for off, data in got:
+        assert off == pos, f"chunk at stream offset {off}, expected {pos}"
+        assert PAT.matches(off, np.frombuffer(data, np.uint8)), f"wrong bytes at {off}"
+        pos += len(data)
+    assert pos == total
+
+
+MODES = {  # name: (open_zcrx keywords, area id the kernel hands out)
+    "copy": ({"copy": True}, 0),
+    "copy-kernel-region": ({"copy": True, "user_region": False}, 0),
+    "device": ({"ifname": "lo", "queue": 0}, 0),
+    "device-area-3": ({"ifname": "lo", "queue": 0}, 3),
+}
+
+
+@pytest.mark.parametrize("kernel", list(KERNEL_LAYOUTS))
+@pytest.mark.parametrize("mode", list(MODES))
+def test_provider_stream_through_a_small_area_and_ring(fake, sock, mode, kernel):
+    """3 MiB through 16 buffers and an 8-entry refill ring: every buffer goes back with its
+    token and length, the ring wraps hundreds of times, every byte lands in stream order; with
+    each refill ring layout a real kernel returned."""
+    kw, fake.area_id = MODES[mode]
+    fake.layout = KERNEL_LAYOUTS[kernel]
+    total = 3 << 20
+    fake.stream = Stream(PAT.expected(0, total).tobytes(), segment=1000, per_wait=40, end=0)
+    fake.foreign_every = 5
+    prov = open_zcrx(sock.fileno(), 16 * PAGE_SIZE, rq_entries=8, **kw)
+    ring = fake.ring
+    assert prov.offsets == fake.layout and prov.mode == ("copy" if "copy" in mode else "device")
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        got = drain(rx, hold=3)
+        assert_stream(got, total)
+        assert rx.stats.in_flight == 0
+        if prov.copy:
+            assert ring.flushes > 0 and prov.rq.held == 0
+        while not prov.copy and (prov.rq.held or prov.rq.kernel_head() != prov.rq.tail):
+            ring._consume_refill()  # the NAPI refills that follow the last releases
+            rx.flush()
+        assert prov.rq.produced == len(got) >= 100 * prov.rq.entries
+    assert ring.free_count == 16, "buffers never came back to the kernel"
+    assert ring.closed
+
+
+def test_copy_mode_flushes_every_refill_write(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 64 << 10).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 32 * PAGE_SIZE, rq_entries=4, copy=True)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        chunks = rx.recv(timeout=0)
+        assert len(chunks) == 16 and fake.ring.free_count == 16
+        rx.release_many(chunks)
+        rx.flush()  # 16 returns through a 4-entry ring: write, flush, write ... nothing held
+        assert prov.rq.held == 0 and fake.ring.flushes == 4 and fake.ring.free_count == 32
+        assert prov.rq.kernel_head() == prov.rq.tail == 16
+
+
+def test_exhausted_area_ends_multishot_and_rearms(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 40 * 4096).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        held = rx.recv(timeout=0)
+        assert len(held) == 4 and not rx.recv(timeout=0.01)
+        assert rx.stalled == "exhausted" and not prov.armed and not prov.can_arm()
+        got = [(c.stream_offset, bytes(c.data)) for c in held]
+        rx.release_many(held)
+        got += drain(rx)
+        assert_stream(got, 40 * 4096)
+        assert rx.stats.rearms >= 1 and rx.stats.exhausted >= 1
+
+
+def test_cq_overflow_rearms_without_losing_data(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 8192).tobytes(), segment=4096, per_wait=1, end=0)
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, copy=True)
+    with Receiver(sock, prov) as rx:
+        first = rx.recv(timeout=0)
+        got = [(c.stream_offset, bytes(c.data)) for c in first]
+        rx.release_many(first)
+        fake.ring.cq.append((zcrx.RECV_UD, -errno.ENOSPC, 0, 0))
+        fake.ring.armed = None
+        assert rx.recv(timeout=0) == [] and not prov.armed and prov.can_arm()
+        assert_stream(got + drain(rx), 8192)
+        assert rx.stats.rearms == 1  # after the overflow; the EOF's final CQE ends the stream
+
+
+def test_close_cancels_the_armed_multishot(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 8192).tobytes(), segment=4096)  # no end: stays armed
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, copy=True)
+    rx = Receiver(sock, prov)
+    held = rx.recv(timeout=0)
+    ring = fake.ring
+    assert prov.armed and ring.armed == zcrx.RECV_UD and ring.sock_fd == sock.fileno()
+    rx.close()
+    assert ring.armed is None and ring.closed and not prov.armed
+    assert not rx.area.closed  # chunks still held
+    rx.release_many(held)
+    assert rx.area.closed
+
+
+def test_peer_error_after_data_is_raised_once(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 10000).tobytes(), end=-errno.ECONNRESET)
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, copy=True)
+    with Receiver(sock, prov) as rx:
         got = []
-        for c in rx:
-            assert (c.array == c.offset // 4096).all()
-            got.append(c)
-        assert prov.arms == 2 and rx.stats.rearms == 1
-        assert [c.stream_offset for c in got] == [100 * i for i in range(10)]
-        rx.release_many(got)
-        rx.recv(timeout=0)  # flush: 10 returns into a 4-entry ring -> 6 held back
-        assert prov.rq.held == 6 and rx.stats_dict()["refill_full"] >= 1
-        back = prov.kernel.consume()
-        while prov.rq.held:
-            rx.recv(timeout=0)  # every owner pass retries what is held
-            back += prov.kernel.consume()
-        assert sorted(o for _, o, _ in back) == [i * 4096 for i in range(10)]
-        assert {a for a, _, _ in back} == {AREA_ID}
-        rx.close()
+        with pytest.raises(ConnectionResetError):
+            while True:
+                for c in rx.recv(timeout=0):
+                    got.append((c.stream_offset, bytes(c.data)))
+                    c.release()
+        assert_stream(got, 10000)
 
+
+def test_rx_buf_len_device_buffers(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 64 << 10).tobytes(), segment=16384, end=0)
+    prov = open_zcrx(sock.fileno(), 8 * 16384, ifname="lo", queue=0, rx_buf_len=16384)
+    assert prov.buf_len == 16384 and "16384 bytes" in prov.note
+    with Receiver(sock, prov) as rx:
+        chunks = rx.recv(timeout=0)
+        assert [c.offset for c in chunks] == [16384 * i for i in (7, 6, 5, 4)]
+        got = [(c.stream_offset, bytes(c.data)) for c in chunks]
+        rx.release_many(chunks)
+        assert_stream(got + drain(rx), 64 << 10)
+
+
+@pytest.mark.parametrize("rx_buf_len,copy,err,text", [
+    (3 * PAGE_SIZE, None, UsageError, "power of two"),
+    (PAGE_SIZE // 2, None, UsageError, "power of two"),
+    (2 * PAGE_SIZE, True, Unsupported, "copy mode fills"),
+])
+def test_rx_buf_len_refused_before_the_kernel(fake, sock, rx_buf_len, copy, err, text):
+    with pytest.raises(err, match=text):
+        open_zcrx(sock.fileno(), 1 << 20, ifname="lo", queue=0, rx_buf_len=rx_buf_len,
+                  copy=copy)
+    assert not fake.rings
+
+
+def test_rx_buf_len_needs_the_feature(monkeypatch, sock):
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: Offers())
+    with pytest.raises(Unsupported, match="no rx_buf_len"):
+        open_zcrx(sock.fileno(), 1 << 20, ifname="lo", queue=0, rx_buf_len=2 * PAGE_SIZE)
+
+
+class FakeGenl:
+    """The netdev family as a NIC whose NAPI 42 serves rx queue 3 and tx queue 7, listed as
+    the kernel dumps them (rx queues first, then tx)."""
+
+    def __enter__(self) -> FakeGenl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def do(self, family, cmd, spec, attrs, what=""):
+        assert cmd == nd.NETDEV_CMD_NAPI_GET and attrs == {"id": 42}
+        return {"id": 42, "ifindex": socket.if_nametoindex("lo")}
+
+    def dump(self, family, cmd, spec, attrs, what=""):
+        assert cmd == nd.NETDEV_CMD_QUEUE_GET
+        rx, tx = nd.NETDEV_QUEUE_TYPE_RX, nd.NETDEV_QUEUE_TYPE_TX
+        return [{"id": 0, "type": rx, "napi-id": 40}, {"id": 3, "type": rx, "napi-id": 42},
+                {"id": 0, "type": tx, "napi-id": 40}, {"id": 7, "type": tx, "napi-id": 42}]
+
+
+def test_queue_discovery_registers_the_rx_queue_of_the_socket_napi(fake, sock, monkeypatch):
+    from zcnet.nic import genl
+
+    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)
+    monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
+    prov = open_zcrx(sock.fileno(), 1 << 20, copy=False)
+    try:
+        assert (prov.ifname, prov.queue) == ("lo", 3) and prov.mode == "device"
+        assert prov._reg.ifq.if_rxq == 3 and prov._reg.ifq.flags == 0
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_no_napi_id_falls_back_to_copy_mode_and_says_why(fake, tcp_pair):
+    sock = tcp_pair[1]  # open_receiver takes TCP sockets only; loopback has no NAPI id
+    fake.stream = Stream(b"x" * 100, end=0)
+    with open_receiver(sock, "zcrx", area_size=1 << 20) as rx:
+        assert rx.provider.mode == "copy" and rx.provider._reg.ifq.flags == u.ZCRX_REG_NODEV
+        assert "kernel copies every byte" in rx.why and "no NAPI id" in rx.why
+        (c,) = rx.recv(timeout=0)
+        assert bytes(c.data) == b"x" * 100
+        c.release()
+
+
+def test_auto_never_takes_copy_mode(fake, tcp_pair):
+    sock = tcp_pair[1]  # open_receiver takes TCP sockets only; loopback has no NAPI id
+    with open_receiver(sock, "auto", area_size=1 << 20) as rx:
+        assert rx.name == "soft" and "no NAPI id" in rx.why
+    assert not fake.rings
+
+
+@pytest.mark.parametrize("kernel", list(KERNEL_LAYOUTS))
+@pytest.mark.parametrize("bad", ["area-id", "offset", "length", "pad", "not-held", "overfull"])
+def test_fake_kernel_rejects_what_the_kernel_would(fake, sock, bad, kernel):
+    """The fake's checks are live: each hand-written bad entry is caught (the provider-driven
+    tests above assert that the provider never writes one)."""
+    fake.stream = Stream(PAT.expected(0, 8192).tobytes(), segment=4096)
+    fake.layout = KERNEL_LAYOUTS[kernel]
+    _, tail, rqes = fake.layout
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, rq_entries=4, copy=True)
+    try:
+        prov.arm()
+        d = prov.reap(0)
+        ring = fake.ring
+        tok, ln = d.tokens[0], d.lengths[0]
+        entry = {"area-id": (tok | 1 << u.IORING_ZCRX_AREA_SHIFT, ln, 0),
+                 "offset": (8 * PAGE_SIZE, ln, 0), "length": (tok, ln - 1, 0),
+                 "pad": (tok, ln, 1), "not-held": (tok ^ PAGE_SIZE * 5, ln, 0),
+                 "overfull": (tok, ln, 0)}[bad]
+        n = 5 if bad == "overfull" else 1
+        for i in range(n):
+            struct.pack_into("<QII", ring.region, rqes + (i % 4) * 16, *entry)
+        struct.pack_into("<I", ring.region, tail, n)
+        ring.register(u.IORING_REGISTER_ZCRX_CTRL, prov._flush, 0)
+        assert len(fake.rejections) >= 1
+        fake.rejections.clear()
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+# --- the query and the refusal on this kernel ---------------------------------------------------
+
+def test_query_opcodes_from_this_kernel():
+    """IORING_REGISTER_QUERY as zcnet lays it out: the opcode query answers (6.18+)."""
+    q = (ctypes.c_uint8 * 48)()
+    hdr = u.io_uring_query_hdr(query_data=ctypes.addressof(q), query_op=u.IO_URING_QUERY_OPCODES,
+                               size=48)
+    try:
+        io_uring_register(-1, u.IORING_REGISTER_QUERY, hdr, 0)
+    except OSError as e:
+        pytest.skip(f"this kernel has no IORING_REGISTER_QUERY ({e.strerror})")
+    assert hdr.result == 0 and hdr.size == 48
+    nr_request_opcodes = int.from_bytes(bytes(q[:4]), "little")
+    assert nr_request_opcodes > u.IORING_OP_RECV_ZC
+
+
+@pytest.mark.root
+def test_without_copy_mode_zcrx_refuses_clearly(no_leaks, tcp_pair):
+    if kernel_offers().copy_mode:
+        pytest.skip("this kernel has zcrx copy mode (test_zcrx_vm covers it)")
+    _, server = tcp_pair
+    with pytest.raises(Unsupported, match="no NAPI id"):
+        open_receiver(server, "zcrx", area_size=1 << 20)
 
 # --- RLIMIT_MEMLOCK against the real kernel ---------------------------------------------------
 

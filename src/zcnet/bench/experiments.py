@@ -24,6 +24,16 @@ from zcnet.report.spec import Spec
 log = logging.getLogger(__name__)
 
 
+def _zcrx_copy() -> bool:
+    from zcnet.rx.zc.zcrx import kernel_offers
+
+    return kernel_offers().copy_mode
+
+
+# Kernel features a substitution's ``unless`` may name, probed when a plan asks.
+KERNEL_OFFERS: dict[str, Callable[[], bool]] = {"zcrx_copy": _zcrx_copy}
+
+
 @dataclass(frozen=True)
 class Target:
     """Where the experiment runs: the lab (nothing given) or a real NIC and peer host."""
@@ -35,6 +45,9 @@ class Target:
     data_port: int | None = None    # the receiving port a NIC flow rule steers to that queue
 
     def has(self, option: str) -> bool:
+        """An option given (ifname, remote, ...) or a kernel feature (zcrx_copy)."""
+        if option in KERNEL_OFFERS:
+            return KERNEL_OFFERS[option]()
         return bool(getattr(self, option))
 
 
@@ -54,7 +67,7 @@ def plan(spec: Spec, target: Target) -> Plan:
     matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
     subs: list[dict[str, Any]] = []
     for s in spec.substitutes:
-        if target.has(s.unless) or s.value not in matrix[s.axis]:
+        if any(target.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
             continue
         vals = matrix[s.axis]
         vals[vals.index(s.value)] = s.lab

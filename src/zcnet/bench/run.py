@@ -236,6 +236,9 @@ def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
     if missing:
         out["cpu_reason"] = ("no /proc/stat share recorded for the " + " and ".join(missing)
                              + ": shown as n/a")
+    mode = zcrx_mode(f.get("engine_stats") or {})
+    if mode:
+        out["zcrx_mode"] = mode
     incoming = f.get("rx_cpu_end")
     if placement == "same" and incoming not in (None, -1, rx_cpu):
         out["warning"] = (f"receive softirq ran on CPU {incoming}, not the application's CPU "
@@ -251,6 +254,14 @@ def _sampled(shares: dict[str, Any]) -> dict[str, float] | None:
     if not shares or "idle" not in shares:
         return None
     return {k: shares[k] for k in (*CPU_FIELDS, "busy") if k in shares}
+
+
+def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
+    """"copy" when the kernel copied into the zcrx area (no device queue), "device" when a NIC
+    queue filled it, None for other engines."""
+    if "zcrx_copy" not in engine_stats:
+        return None
+    return "copy" if engine_stats["zcrx_copy"] else "device"
 
 
 def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,

@@ -2,6 +2,8 @@
 
 A cell reads ``Gbit/s (receiver CPU busy %)``; a cell that did not run reads ``n/a`` and the
 reason goes in a note under the table (and in the JSON); `` !`` marks a cell with a warning.
+A zcrx cell where the kernel copied into the area (copy mode, no NIC queue) reads ``copy``
+after its numbers, with a note.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+
+ZCRX_COPY_NOTE = ("zcrx copy mode: no NIC queue here, so the kernel copied every byte into the "
+                  "zcrx area; the zcrx protocol ran for real (RECV_ZC, area offsets, refill ring),"
+                  " zero copy did not")
 
 PLACEMENT_TITLES = {
     "same": "application on the receive-softirq CPU (same)",
@@ -26,6 +32,8 @@ def cell_text(r: dict[str, Any] | None) -> Text:
     busy = ((r.get("cpu") or {}).get("rx") or {}).get("busy")
     text = Text(f"{r['gbps']:.1f} Gbps")
     text.append(f" ({busy:.0f}%)" if busy is not None else " (CPU n/a)")
+    if r.get("zcrx_mode") == "copy":
+        text.append(" copy")
     if r.get("warning"):
         text.append(" !", style="yellow")
     if (r.get("verify") or {}).get("mismatches"):
@@ -81,6 +89,9 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
         which = "all cells" if len(cells) == per_engine[engine] > 1 else ", ".join(cells)
         notes.append(f"{status}: {engine} ({which}): {reason}")
     notes += [f"sender: {n}" for n in tx_notes]
+    copied = list(dict.fromkeys(r["engine"] for r in doc["results"]
+                                if r.get("zcrx_mode") == "copy"))
+    notes += [f"{e} copy: {ZCRX_COPY_NOTE}" for e in copied]
     from zcnet.bench.run import peer_ratios
 
     for r in peer_ratios(doc):

@@ -43,19 +43,24 @@ AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
 }
 
 
+# What a substitution's ``unless`` may name (bench.experiments.Target.has answers each).
+UNLESS = ("ifname", "remote", "zcrx_copy")
+
+
 class SpecError(UsageError):
     """A spec that cannot run; the message names file, line and key."""
 
 
 @dataclass(frozen=True)
 class Substitution:
-    """In the lab, ``axis=value`` runs as ``axis=lab`` unless the option ``unless`` was given."""
+    """In the lab, ``axis=value`` runs as ``axis=lab`` unless one of ``unless`` holds: an option
+    that was given (ifname, remote) or what the kernel offers (zcrx_copy: zcrx's copy mode)."""
 
     axis: str
     value: Any
     lab: Any
     why: str
-    unless: str = "ifname"
+    unless: tuple[str, ...] = ("ifname",)
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,10 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         lab = ck.get(s, (*p, "lab"), kind, required=True,
                      check=_one_of(choices) if choices else None)
         why = ck.get(s, (*p, "why"), str, required=True)
-        unless = ck.get(s, (*p, "unless"), str, "ifname", check=_one_of(("ifname", "remote")))
+        unless = ck.get(s, (*p, "unless"), (str, list), "ifname")
+        if isinstance(unless, str):
+            unless = [unless]
+        unless = ck.str_list({"unless": unless}, (*p, "unless"), UNLESS)
         subs.append(Substitution(axis, value, lab, why, unless))
 
     nic = ck.table(doc, "nic", required=False)

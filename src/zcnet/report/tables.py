@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.report.bench_table import ZCRX_COPY_NOTE
 from zcnet.report.cells import METRICS, Cell, group, key_text
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 
@@ -104,15 +105,28 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         lookup = {(c.fields.get(rows), c.fields.get(columns)): c for c in block}
         suffix = ", ".join(f"{f} {v}" for f, v in rest)
         # Engines name themselves (as in the seed's "epoll | io_uring"); other axes need a name.
-        heads = [str(c) if columns == "engine" else f"{columns} {c}" for c in col_vals]
+        heads = [_engine_head(c, block, columns) if columns == "engine" else f"{columns} {c}"
+                 for c in col_vals]
         t = Table(f"{title} ({suffix})" if suffix else title,
                   [rows.upper() if rows == "mtu" else rows, *heads], [])
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = na_notes(block) + warning_notes(block) + unstable_notes(block, [metric, *extra])
+        t.notes = (na_notes(block) + warning_notes(block)
+                   + unstable_notes(block, [metric, *extra])
+                   + [ZCRX_COPY_NOTE] * any(_modes(c) == {"copy"} for c in block))
         tables.append(t)
     return tables
+
+
+def _modes(cell: Cell) -> set[str]:
+    return {str(r["zcrx_mode"]) for r in cell.rows if r.get("zcrx_mode")}
+
+
+def _engine_head(engine: Any, block: list[Cell], columns: str) -> str:
+    """An engine column's heading; zcrx cells say whether the kernel copied (copy mode)."""
+    modes = set().union(*(_modes(c) for c in block if c.fields.get(columns) == engine))
+    return f"{engine} ({'/'.join(sorted(modes))} mode)" if modes else str(engine)
 
 
 def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], metric: str,

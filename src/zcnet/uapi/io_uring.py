@@ -139,6 +139,8 @@ IORING_UNREGISTER_NAPI = 28
 IORING_REGISTER_ZCRX_IFQ = 32
 IORING_REGISTER_RESIZE_RINGS = 33
 IORING_REGISTER_MEM_REGION = 34
+IORING_REGISTER_QUERY = 35      # "blind": fd -1, nr_args 0; linux/io_uring/query.h
+IORING_REGISTER_ZCRX_CTRL = 36  # struct zcrx_ctrl, nr_args 0
 
 IO_URING_OP_SUPPORTED = 1 << 0
 
@@ -151,6 +153,26 @@ IORING_MEM_REGION_TYPE_USER = 1
 IORING_ZCRX_AREA_DMABUF = 1
 IORING_ZCRX_AREA_SHIFT = 48
 IORING_ZCRX_AREA_MASK = ~((1 << IORING_ZCRX_AREA_SHIFT) - 1) & (2**64 - 1)
+
+# enum zcrx_reg_flags (io_uring_zcrx_ifq_reg.flags). NODEV: no net device; the kernel copies
+# every byte into the area, and refill entries may not be consumed until ZCRX_CTRL_FLUSH_RQ.
+ZCRX_REG_IMPORT = 1
+ZCRX_REG_NODEV = 2
+
+# enum zcrx_features (io_uring_query_zcrx.features)
+ZCRX_FEATURE_RX_PAGE_SIZE = 1 << 0  # io_uring_zcrx_ifq_reg.rx_buf_len is honoured
+ZCRX_FEATURE_EVENT = 1 << 1
+
+# enum zcrx_ctrl_op (zcrx_ctrl.op, IORING_REGISTER_ZCRX_CTRL)
+ZCRX_CTRL_FLUSH_RQ = 0
+ZCRX_CTRL_EXPORT = 1
+ZCRX_CTRL_ARM_EVENT = 2
+
+# linux/io_uring/query.h: io_uring_query_hdr.query_op
+IO_URING_QUERY_OPCODES = 0
+IO_URING_QUERY_ZCRX = 1
+IO_URING_QUERY_SCQ = 2
+IO_URING_QUERY_ZCRX_EVENT = 3
 
 
 # --- structs -------------------------------------------------------------------------------------
@@ -254,10 +276,46 @@ class io_uring_zcrx_area_reg(ctypes.Structure):
 
 
 class io_uring_zcrx_ifq_reg(ctypes.Structure):
+    # 7.x: rx_buf_len took __resv2 (the kernel writes back the buffer size it chose) and
+    # event_desc took __resv[0]; older kernels require both zero, which 0 here is.
     _fields_ = (
         ("if_idx", u32), ("if_rxq", u32), ("rq_entries", u32), ("flags", u32),
         ("area_ptr", u64), ("region_ptr", u64), ("offsets", io_uring_zcrx_offsets),
-        ("zcrx_id", u32), ("__resv2", u32), ("__resv", u64 * 3),
+        ("zcrx_id", u32), ("rx_buf_len", u32), ("event_desc", u64), ("__resv", u64 * 2),
+    )
+
+
+class zcrx_ctrl_flush_rq(ctypes.Structure):
+    _fields_ = (("__resv", u64 * 6),)
+
+
+class zcrx_ctrl_export(ctypes.Structure):
+    _fields_ = (("zcrx_fd", u32), ("__resv1", u32 * 11))
+
+
+class zcrx_ctrl(ctypes.Structure):
+    _fields_ = (
+        ("zcrx_id", u32), ("op", u32), ("__resv", u64 * 2),
+        ("zc_flush", zcrx_ctrl_flush_rq),  # union: zc_export, zc_arm_event
+    )
+
+
+# Other members of zcrx_ctrl's union: (name, offset, size).
+ZCRX_CTRL_ALIASES: tuple[tuple[str, int, int], ...] = (("zc_export", 24, 48),
+                                                        ("zc_arm_event", 24, 48))
+
+
+class io_uring_query_hdr(ctypes.Structure):
+    _fields_ = (
+        ("next_entry", u64), ("query_data", u64), ("query_op", u32), ("size", u32),
+        ("result", s32), ("__resv", u32 * 3),
+    )
+
+
+class io_uring_query_zcrx(ctypes.Structure):
+    _fields_ = (
+        ("register_flags", u64), ("area_flags", u64), ("nr_ctrl_opcodes", u32),
+        ("features", u32), ("rq_hdr_size", u32), ("rq_hdr_alignment", u32), ("__resv2", u64),
     )
 
 
@@ -266,7 +324,24 @@ STRUCTS: tuple[type[ctypes.Structure], ...] = (
     io_sqring_offsets, io_cqring_offsets, io_uring_params, io_uring_sqe, io_uring_cqe,
     io_uring_probe_op, io_uring_probe, io_uring_buf, io_uring_buf_reg, io_uring_getevents_arg,
     io_uring_region_desc, io_uring_zcrx_rqe, io_uring_zcrx_cqe, io_uring_zcrx_offsets,
-    io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg,
+    io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg, zcrx_ctrl_flush_rq, zcrx_ctrl_export,
+    zcrx_ctrl, io_uring_query_hdr, io_uring_query_zcrx,
+)
+
+# Layout the host's 6.18 lacks, first in the 7.x headers (7.2): {struct: fields}, and enum
+# values. The BTF check skips these on older kernels and requires them on 7.x (in the VM).
+NEWER_FIELDS: dict[str, tuple[str, ...]] = {
+    "io_uring_zcrx_ifq_reg": ("rx_buf_len", "event_desc", "__resv"),
+    "zcrx_ctrl_flush_rq": ("__resv",), "zcrx_ctrl_export": ("zcrx_fd", "__resv1"),
+    "zcrx_ctrl": ("zcrx_id", "op", "__resv", "zc_flush"),
+    "io_uring_query_zcrx": ("register_flags", "area_flags", "nr_ctrl_opcodes", "features",
+                            "rq_hdr_size", "rq_hdr_alignment", "__resv2"),
+}
+NEWER_ENUMS: tuple[str, ...] = (
+    "IORING_REGISTER_ZCRX_CTRL", "ZCRX_REG_IMPORT", "ZCRX_REG_NODEV",
+    "ZCRX_FEATURE_RX_PAGE_SIZE", "ZCRX_FEATURE_EVENT", "ZCRX_CTRL_FLUSH_RQ", "ZCRX_CTRL_EXPORT",
+    "ZCRX_CTRL_ARM_EVENT", "IO_URING_QUERY_ZCRX", "IO_URING_QUERY_SCQ",
+    "IO_URING_QUERY_ZCRX_EVENT",
 )
 
 # Opcode names for messages ("RECV_ZC not supported by this kernel").

@@ -576,7 +576,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   hugetlb: bool = False, dmabuf_fd: int | None = None,
                   ifname: str | None = None, queue: int | None = None,
                   max_held: float = 0.75, coalesce: bool = False,
-                  debug: bool = False, incremental: bool = False) -> Receiver:
+                  debug: bool = False, incremental: bool = False,
+                  rx_buf_len: int = 0) -> Receiver:
     """Open a zero-copy receiver on a connected TCP socket (checked first: a closed, listening,
     unconnected or non-TCP socket is a UsageError naming the problem).
 
@@ -590,6 +591,10 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     dmabuf_fd: use this dma-buf as the area (zcrx, devmem; soft when the CPU can map it).
     ifname/queue: the NIC and receive queue that carry this flow (zcrx, devmem); found from
     the socket when omitted and the control plane can tell.
+    "zcrx" on a device that cannot do it uses the kernel's copy mode where the kernel offers it
+    (7.x: the kernel copies into the area; ``why`` says so); "auto" takes zcrx only on a device.
+    rx_buf_len (zcrx): receive buffer size, a power of two >= the page size, where the kernel
+    takes it (0: one page).
     """
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
@@ -610,7 +615,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     if provider == "soft":
         return wrap(_open("soft", fd, area_size, **soft_kw), "soft provider requested")
     if provider == "zcrx":
-        return wrap(_open("zcrx", fd, area_size, **mem, **nic), "zcrx requested")
+        p = _open("zcrx", fd, area_size, **mem, **nic, rx_buf_len=rx_buf_len)
+        return wrap(p, f"zcrx requested; {p.note}")
     if provider == "devmem":
         return wrap(_open("devmem", fd, area_size, dmabuf_fd=dmabuf_fd, **nic),
                     "devmem requested")
@@ -619,7 +625,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                          f"choose one of {', '.join((*PROVIDERS, 'auto'))}")
     reasons = []
     try:
-        return wrap(_open("zcrx", fd, area_size, **mem, **nic),
+        return wrap(_open("zcrx", fd, area_size, **mem, **nic, copy=False),
                     "zcrx: the socket's device supports it")
     except ZcnetError as e:
         reasons.append(f"zcrx: {e.message}")

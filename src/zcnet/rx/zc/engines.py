@@ -10,6 +10,9 @@ EngineOptions with defaults, so older option sets still work:
 - ``ifname``/``queue``: the NIC queue for zcrx and devmem. Their registration happens in
   ``unsupported()`` (the worker calls it in the receiving namespace before the connection
   exists), so a refusal becomes an ``unsupported`` cell with the kernel's reason translated.
+  zcrx on a device that cannot do it, or with no queue given, takes the kernel's copy mode
+  where the kernel offers it (7.x); the cell's ``zcrx_copy`` stat says so.
+- ``zc_rx_buf_len``: zcrx receive buffer size (rx_buf_len; 0: one page).
 - ``zc_buf``/``zc_area``: soft provider buffer size (1 MiB) and area (16 buffers).
 """
 
@@ -177,11 +180,19 @@ class _NicEngine(_ZcEngine):
         if why := self._check_consumer():
             return why
         ifname, q = _opt(self.opts, "ifname", None), _opt(self.opts, "queue", None)
+        kw: dict[str, Any] = {"ifname": ifname, "queue": q}
+        if self.provider == "zcrx":
+            kw["rx_buf_len"] = int(_opt(self.opts, "zc_rx_buf_len", 0) or 0)
         if ifname is None or q is None:
-            return (f"{self.provider} needs --ifname and --queue naming a queue of a NIC with "
-                    "header-data split and the queue API (none given)")
+            why = (f"{self.provider} needs --ifname and --queue naming a queue of a NIC with "
+                   "header-data split and the queue API (none given)")
+            if self.provider != "zcrx":
+                return why
+            if not _zcrx_copy_offered():
+                return why + ", and this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x)"
+            kw["copy"] = True  # no queue named: the kernel's copy mode
         try:
-            self._prov = _OPEN[self.provider](-1, self.area_size, ifname=ifname, queue=q)
+            self._prov = _OPEN[self.provider](-1, self.area_size, **kw)
         except ZcnetError as e:
             return e.message
         return None
@@ -198,8 +209,7 @@ class _NicEngine(_ZcEngine):
         prov, self._prov = self._prov, None
         try:
             prov.attach(sock.fileno())  # type: ignore[attr-defined]
-            return Receiver(sock, prov, debug=self.debug,
-                            why=f"{self.provider} on {_opt(self.opts, 'ifname', '?')}")
+            return Receiver(sock, prov, debug=self.debug, why=f"{self.provider}: {prov.note}")
         except BaseException:
             prov.close()  # the queue registration must not outlive a failed open
             raise
@@ -217,6 +227,12 @@ def _open_zcrx(fd: int, size: int, **kw: Any) -> Provider:
     from zcnet.rx.zc.zcrx import open_zcrx
 
     return open_zcrx(fd, size, **kw)
+
+
+def _zcrx_copy_offered() -> bool:
+    from zcnet.rx.zc.zcrx import kernel_offers
+
+    return kernel_offers().copy_mode
 
 
 def _open_devmem(fd: int, size: int, **kw: Any) -> Provider:

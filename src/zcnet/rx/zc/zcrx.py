@@ -8,29 +8,52 @@ Some facts about zcrx that shape this module:
 - Registration takes the area (user memory or a dma-buf), and a "refill ring" region that is
   either our own page-aligned memory (IORING_MEM_REGION_TYPE_USER) or kernel memory we mmap at
   the ``mmap_offset`` the kernel returns. The kernel returns the ring layout in ``offsets``: a u32
-  head and a u32 tail on separate cache lines, then ``rq_entries`` 16-byte ``io_uring_zcrx_rqe``.
+  head, a u32 tail, then ``rq_entries`` 16-byte ``io_uring_zcrx_rqe``; we use what it returns.
 - The kernel validates in this order: CAP_NET_ADMIN (EPERM), ring flags and reserved fields
   (EINVAL), the region, the interface (ENODEV), the device's DMA parent (EOPNOTSUPP: veth and lo
   have none), the area (pins pages, RLIMIT_MEMLOCK -> ENOMEM), then the queue API:
   EOPNOTSUPP without queue management ops, ERANGE past the last queue, EINVAL with
   tcp-data-split off or hds-thresh non-zero, EEXIST when the queue already has a memory provider
   (an earlier zcrx or devmem binding not yet torn down) or an XDP program, EBUSY under AF_XDP.
-- Each data CQE grants the application one reference on a page-sized net_iov; giving it back
+- Each data CQE grants the application one reference on a net_iov (a buffer of rx_buf_len
+  bytes, one page by default; several CQEs may share one when a NIC packs it); giving it back
   is an rqe ``{off & ~MASK | area_token, len}`` at ``tail & mask`` followed by the release store
   of the tail. NAPI reads the ring on another CPU: x86 is TSO, so a plain store after the entry
   is the release. If the ring is full the buffer is held and retried, never dropped (a dropped
   reference is a page lost to the queue until the ifq dies).
 - A final CQE (no F_MORE) with -ENOSPC means the CQ overflowed: the data is intact, re-arm.
+  -ENOMEM means the area had no free buffer for the kernel's copy: re-arm once buffers are back.
+
+Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
+
+- ``ZCRX_REG_NODEV`` registers without a device (if_idx and if_rxq must be 0): no queue is
+  taken over and the kernel copies every received byte into the area, then posts the same
+  CQE32s. The whole user-visible protocol runs (RECV_ZC multishot, area offsets, the refill
+  ring); only the DMA into the area does not. A dma-buf area cannot be filled this way.
+- Without a page pool nothing consumes the refill ring on its own: ``ZCRX_CTRL_FLUSH_RQ``
+  (IORING_REGISTER_ZCRX_CTRL) returns its entries to the area's free list, so every refill
+  write in copy mode is followed by a flush. The flush stops at the first malformed entry.
+- ``rx_buf_len`` (ZCRX_FEATURE_RX_PAGE_SIZE) asks a device for larger buffers: a power of two
+  >= PAGE_SIZE; copy mode takes only PAGE_SIZE (EOPNOTSUPP otherwise). The kernel writes back
+  the size it uses.
+- What a kernel offers is asked with IORING_REGISTER_QUERY (IO_URING_QUERY_ZCRX, no ring
+  needed); kernels before 7.x answer with a negative result or an error, read as "nothing".
+- The refill ring's layout is whatever ``offsets`` says, and it changes between releases:
+  a 7.2.13 registration returned head 0, tail 4, entries at 64; a 7.3.4 one head 0, tail 64,
+  entries at 128 (head and tail on their own cache lines).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import functools
 import os
 import resource
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +65,7 @@ from zcnet.uapi import socket as usock
 from zcnet.uring.mem import Mapping
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Completions, Ring
+from zcnet.uring.syscall import io_uring_register
 
 RECV_UD = 1
 CANCEL_UD = 2
@@ -50,12 +74,58 @@ RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
 IO_RQ_MAX_ENTRIES = 32768
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 # A final CQE's errno that does not end the stream: -ENOSPC is a CQ overflow (data intact).
-STOPS = {errno.ENOSPC: "rearm", errno.ECANCELED: "rearm"}
-# The kernel's struct io_uring {u32 head; u32 tail;}, each ____cacheline_aligned_in_smp,
-# rounded up to L1_CACHE_BYTES; x86 lines are 64 bytes.
-L1_CACHE_BYTES = 64
-KERNEL_RQ_HEAD, KERNEL_RQ_TAIL, KERNEL_RQES = 0, L1_CACHE_BYTES, 2 * L1_CACHE_BYTES
+# -ENOMEM: no free buffer in the area for the kernel's copy (the data waits in the socket).
+STOPS = {errno.ENOSPC: "rearm", errno.ECANCELED: "rearm", errno.ENOMEM: "exhausted"}
 CAP_IPC_LOCK = 14
+MODES = ("device", "copy")
+COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the zcrx area "
+             "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
+
+
+@dataclass(frozen=True)
+class Offers:
+    """What this kernel's zcrx takes (IO_URING_QUERY_ZCRX); all zero before 7.x."""
+
+    register_flags: int = 0
+    features: int = 0
+    nr_ctrl_opcodes: int = 0
+
+    @property
+    def copy_mode(self) -> bool:
+        return bool(self.register_flags & u.ZCRX_REG_NODEV) and self.nr_ctrl_opcodes > 0
+
+    @property
+    def rx_buf_len(self) -> bool:
+        return bool(self.features & u.ZCRX_FEATURE_RX_PAGE_SIZE)
+
+
+@functools.cache
+def kernel_offers() -> Offers:
+    """Ask the running kernel (once per process) what its zcrx supports."""
+    q = u.io_uring_query_zcrx()
+    hdr = u.io_uring_query_hdr(query_data=ctypes.addressof(q), query_op=u.IO_URING_QUERY_ZCRX,
+                               size=ctypes.sizeof(q))
+    try:
+        io_uring_register(-1, u.IORING_REGISTER_QUERY, hdr, 0)
+    except OSError:  # no query opcode (before 6.18): no copy mode either
+        return Offers()
+    if hdr.result < 0:  # 6.18 knows the query but not its zcrx op (EOPNOTSUPP)
+        return Offers()
+    return Offers(int(q.register_flags), int(q.features), int(q.nr_ctrl_opcodes))
+
+
+def check_rx_buf_len(rx_buf_len: int, offers: Offers, copy: bool) -> None:
+    """UsageError/Unsupported for an rx_buf_len the kernel would refuse (0: its default)."""
+    if not rx_buf_len:
+        return
+    if rx_buf_len < PAGE_SIZE or rx_buf_len & (rx_buf_len - 1):
+        raise UsageError(f"rx_buf_len must be a power of two >= {PAGE_SIZE}, got {rx_buf_len}")
+    if not offers.rx_buf_len:
+        raise Unsupported("this kernel's zcrx has no rx_buf_len (ZCRX_FEATURE_RX_PAGE_SIZE, "
+                          "7.x kernels)", "leave rx_buf_len out: buffers are one page")
+    if copy and rx_buf_len != PAGE_SIZE:
+        raise Unsupported(f"zcrx copy mode fills {PAGE_SIZE}-byte buffers only; rx_buf_len "
+                          f"{rx_buf_len} needs a NIC queue", "leave rx_buf_len out")
 
 
 def refill_region_size(rq_entries: int) -> int:
@@ -87,6 +157,7 @@ class RefillRing:
         self._held_off: list[int] = []
         self._held_len: list[int] = []
         self.full_events = 0
+        self.produced = 0  # entries written over the ring's life
 
     def _acquire_khead(self) -> int:
         # The kernel stores head with smp_store_release after reading the entries; on x86 a
@@ -101,6 +172,14 @@ class RefillRing:
     def space(self) -> int:
         used = (self._tail - self._acquire_khead()) & 0xFFFFFFFF
         return self.entries - used
+
+    @property
+    def tail(self) -> int:
+        return self._tail
+
+    def kernel_head(self) -> int:
+        """The kernel's consumer index (for stats and tests)."""
+        return self._acquire_khead()
 
     @property
     def held(self) -> int:
@@ -126,6 +205,7 @@ class RefillRing:
             self._rqe_pad[slots] = 0
             self._tail = (self._tail + n) & 0xFFFFFFFF
             self._release_ktail()
+            self.produced += n
         return n
 
 
@@ -162,7 +242,9 @@ class Registration:
 
     @classmethod
     def build(cls, area: Area, ifindex: int, queue: int, rq_entries: int,
-              user_region: bool = True) -> Registration:
+              user_region: bool = True, *, nodev: bool = False,
+              rx_buf_len: int = 0) -> Registration:
+        """``nodev``: copy mode (ifindex and queue must be 0, the kernel insists)."""
         if queue < 0:
             raise UsageError(f"queue must be >= 0, got {queue}")
         if not 0 < rq_entries <= IO_RQ_MAX_ENTRIES:
@@ -183,7 +265,8 @@ class Registration:
             rd.flags = u.IORING_MEM_REGION_TYPE_USER
         ifq = u.io_uring_zcrx_ifq_reg(if_idx=ifindex, if_rxq=queue, rq_entries=entries,
                                       area_ptr=ctypes.addressof(areg),
-                                      region_ptr=ctypes.addressof(rd))
+                                      region_ptr=ctypes.addressof(rd), rx_buf_len=rx_buf_len,
+                                      flags=u.ZCRX_REG_NODEV if nodev else 0)
         return cls(ifq, areg, rd, mem)
 
     def locked_bytes(self) -> int:
@@ -274,24 +357,35 @@ def register_ifq(ring: Ring, reg: Registration, *, ifname: str = "?") -> None:
 def find_queue(fd: int) -> tuple[str, int]:
     """(ifname, rx queue) that delivered this socket's packets, from SO_INCOMING_NAPI_ID and the
     netdev family's NAPI and queue listings."""
-    from zcnet.nic import netdev
     from zcnet.nic.genl import GenlSocket
-    from zcnet.uapi import netdev as nd
 
-    sk = socket.socket(fileno=os.dup(fd))
-    try:
-        napi_id = sk.getsockopt(usock.SOL_SOCKET, usock.SO_INCOMING_NAPI_ID)
-    finally:
-        sk.close()
+    napi_id = incoming_napi_id(fd)
     if not napi_id:
         raise Unsupported("the socket has no NAPI id (loopback, or no packet received yet), so "
                           "its NIC queue is unknown", "pass ifname and queue")
     with GenlSocket() as g:
-        napi = g.do(netdev.FAMILY, nd.NETDEV_CMD_NAPI_GET, netdev.NAPI, {"id": napi_id},
-                    what=f"NAPI {napi_id}") or {}
-        ifindex = int(napi.get("ifindex", 0))
-        rows = g.dump(netdev.FAMILY, nd.NETDEV_CMD_QUEUE_GET, netdev.QUEUE,
-                      {"ifindex": ifindex}, what="queues")
+        return queue_of_napi(g, napi_id)
+
+
+def incoming_napi_id(fd: int) -> int:
+    sk = socket.socket(fileno=os.dup(fd))
+    try:
+        return int(sk.getsockopt(usock.SOL_SOCKET, usock.SO_INCOMING_NAPI_ID))
+    finally:
+        sk.close()
+
+
+def queue_of_napi(g: Any, napi_id: int) -> tuple[str, int]:
+    """(ifname, rx queue) served by NAPI ``napi_id``, asked over the netdev family (``g``: a
+    GenlSocket). A NAPI also serves TX queues, often with other ids: only RX counts."""
+    from zcnet.nic import netdev
+    from zcnet.uapi import netdev as nd
+
+    napi = g.do(netdev.FAMILY, nd.NETDEV_CMD_NAPI_GET, netdev.NAPI, {"id": napi_id},
+                what=f"NAPI {napi_id}") or {}
+    ifindex = int(napi.get("ifindex", 0))
+    rows = g.dump(netdev.FAMILY, nd.NETDEV_CMD_QUEUE_GET, netdev.QUEUE, {"ifindex": ifindex},
+                  what="queues")
     ifname = socket.if_indextoname(ifindex)
     for q in rows:
         if q.get("napi-id") == napi_id and q.get("type") == nd.NETDEV_QUEUE_TYPE_RX:
@@ -304,34 +398,48 @@ def find_queue(fd: int) -> tuple[str, int]:
 
 
 class ZcrxProvider:
+    """One zcrx interface queue and its ring. ``ifname`` None: copy mode (ZCRX_REG_NODEV)."""
+
     name = "zcrx"
 
-    def __init__(self, fd: int, area: Area, ifname: str, queue: int, *,
-                 rq_entries: int = 4096, user_region: bool = True) -> None:
+    def __init__(self, fd: int, area: Area, ifname: str | None, queue: int | None, *,
+                 rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
+                 why_copy: str = "") -> None:
         self.fd = fd
         self.area = area
+        self.copy = ifname is None
+        self.mode = "copy" if self.copy else "device"
         self.ifname = ifname
         self.queue = queue
         self.armed = False
-        self.rearms = 0
-        try:
-            ifindex = socket.if_nametoindex(ifname)
-        except OSError:
-            raise UsageError(f"no interface named {ifname!r} in this network namespace") from None
-        self._reg = Registration.build(area, ifindex, queue, rq_entries, user_region)
+        self._starved = False  # the last stop was -ENOMEM: arm again only after a recycle
+        if ifname is None:
+            ifindex = 0
+        else:
+            try:
+                ifindex = socket.if_nametoindex(ifname)
+            except OSError:
+                raise UsageError(f"no interface named {ifname!r} in this network namespace"
+                                 ) from None
+        self._reg = Registration.build(area, ifindex, queue or 0, rq_entries, user_region,
+                                       nodev=self.copy, rx_buf_len=rx_buf_len)
         self._region_map: Mapping | None = None
         self._ring: Ring | None = None
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.close)
             if err := memlock_error(self._reg.locked_bytes()):
                 raise err
             self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
-            register_ifq(self._ring, self._reg, ifname=ifname)
+            register_ifq(self._ring, self._reg, ifname=ifname or "(no device, copy mode)")
             self.rq = self._map_refill_ring()
-        except BaseException:
-            self.close()
-            raise
+            undo.pop_all()
         self.ifq_id = int(self._reg.ifq.zcrx_id)
-        self.note = f"{ifname} queue {queue}, {self.rq.entries} refill entries"
+        # 7.x writes back the buffer size; older kernels leave our 0 (one page).
+        self.buf_len = int(self._reg.ifq.rx_buf_len) or PAGE_SIZE
+        self._flush = u.zcrx_ctrl(zcrx_id=self.ifq_id, op=u.ZCRX_CTRL_FLUSH_RQ)
+        where = (f"{COPY_NOTE}" + (f" ({why_copy})" if why_copy else "") if self.copy
+                 else f"{ifname} queue {queue}")
+        self.note = f"{where}, {self.rq.entries} refill entries of {self.buf_len} bytes"
 
     def _map_refill_ring(self) -> RefillRing:
         reg = self._reg
@@ -346,6 +454,12 @@ class ZcrxProvider:
         return RefillRing(mem, o.head, o.tail, o.rqes, int(reg.ifq.rq_entries),
                           int(reg.area.rq_area_token))
 
+    @property
+    def offsets(self) -> tuple[int, int, int]:
+        """(head, tail, rqes): the refill ring layout the kernel returned."""
+        o = self._reg.ifq.offsets
+        return int(o.head), int(o.tail), int(o.rqes)
+
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
         if self._ring is None:
@@ -356,7 +470,7 @@ class ZcrxProvider:
     def can_arm(self) -> bool:
         if self._ring is None:
             raise ClosedError.of(self, "can_arm")
-        return True
+        return not self._starved
 
     def arm(self) -> None:
         if self._ring is None:
@@ -372,19 +486,34 @@ class ZcrxProvider:
         out = parse_completions(reap_ready(ring, timeout))
         if out.end is not None or out.stopped:
             self.armed = False
+            self._starved = out.stopped == "exhausted"
         return out
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
         if self._ring is None:  # closed: the refill ring is unmapped
             raise ClosedError.of(self, "recycle")
-        self.rq.push(tokens, lengths)
+        if not self.copy:
+            if self.rq.push(tokens, lengths):
+                self._starved = False
+            return
+        # Copy mode: the flush empties the ring, so write and flush until nothing is held.
+        n = self.rq.push(tokens, lengths)
+        while n:
+            self._flush_rq()
+            self._starved = False
+            n = self.rq.push([], []) if self.rq.held else 0
+
+    def _flush_rq(self) -> None:
+        assert self._ring is not None
+        self._ring.register(u.IORING_REGISTER_ZCRX_CTRL, self._flush, 0)
 
     def held_back(self) -> int:
         return self.rq.held
 
     def extra_stats(self) -> dict[str, int]:
         return {"refill_full": self.rq.full_events, "refill_held": self.rq.held,
-                "rq_entries": self.rq.entries}
+                "rq_entries": self.rq.entries, "rx_buf_len": self.buf_len,
+                "zcrx_copy": int(self.copy)}
 
     def close(self) -> None:
         ring, self._ring = self._ring, None
@@ -403,18 +532,56 @@ class ZcrxProvider:
 
 def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
               ifname: str | None = None, queue: int | None = None,
-              rq_entries: int = 4096, user_region: bool = True) -> ZcrxProvider:
-    if ifname is None or queue is None:
-        found_if, found_q = find_queue(fd)
-        ifname = ifname or found_if
-        queue = found_q if queue is None else queue
-    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
+              rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
+              copy: bool | None = None) -> ZcrxProvider:
+    """A zcrx provider on the NIC queue that carries ``fd``'s flow (or ``ifname``/``queue``).
+
+    ``copy``: None takes the device when it can do zcrx, else the kernel's copy mode where the
+    kernel offers it (7.x); True: copy mode only; False: the device or a clear refusal.
+    """
+    offers = kernel_offers()
+    if copy:
+        return _open(fd, area_size, None, None, offers, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd,
+                     rq_entries=rq_entries, user_region=user_region, rx_buf_len=rx_buf_len)
     try:
-        return ZcrxProvider(fd, area, ifname, queue, rq_entries=rq_entries,
-                            user_region=user_region)
-    except BaseException:
-        area.close()
-        raise
+        if ifname is None or queue is None:
+            found_if, found_q = find_queue(fd)
+            ifname = ifname or found_if
+            queue = found_q if queue is None else queue
+        return _open(fd, area_size, ifname, queue, offers, hugetlb=hugetlb,
+                     dmabuf_fd=dmabuf_fd, rq_entries=rq_entries, user_region=user_region,
+                     rx_buf_len=rx_buf_len)
+    except Unsupported as e:
+        if copy is None and not offers.copy_mode:
+            e.message += "; this kernel has no zcrx copy mode to fall back to (7.x kernels)"
+        if copy is False or not offers.copy_mode or dmabuf_fd is not None:
+            raise
+        why = e.message
+    return _open(fd, area_size, None, None, offers, hugetlb=hugetlb, rq_entries=rq_entries,
+                 user_region=user_region, rx_buf_len=rx_buf_len, why_copy=why)
 
 
-__all__ = ["RefillRing", "Registration", "ZcrxProvider", "open_zcrx", "parse_completions"]
+def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers: Offers, *,
+          hugetlb: bool, dmabuf_fd: int | None = None, rq_entries: int, user_region: bool,
+          rx_buf_len: int, why_copy: str = "") -> ZcrxProvider:
+    if ifname is None:
+        if not offers.copy_mode:
+            raise Unsupported("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x kernels) "
+                              "and no device queue was given",
+                              "pass ifname and queue of a zcrx-capable NIC, or use provider "
+                              "'soft'")
+        if dmabuf_fd is not None:
+            raise UsageError("zcrx copy mode cannot fill a dma-buf area (the kernel's copy "
+                             "writes through the CPU)", "leave dmabuf_fd out in copy mode")
+    check_rx_buf_len(rx_buf_len, offers, ifname is None)
+    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
+    with contextlib.ExitStack() as undo:
+        undo.callback(area.close)
+        prov = ZcrxProvider(fd, area, ifname, queue, rq_entries=rq_entries,
+                            user_region=user_region, rx_buf_len=rx_buf_len, why_copy=why_copy)
+        undo.pop_all()
+    return prov
+
+
+__all__ = ["Offers", "RefillRing", "Registration", "ZcrxProvider", "kernel_offers", "open_zcrx",
+           "parse_completions"]
