@@ -66,6 +66,7 @@ mkdir -p $R{CTL_DIR}
 mount --bind /ctl $R{CTL_DIR}
 W=$(cat /ctl/{WORK_PATH})
 if [ -n "$W" ]; then
+  [ -d $R$W ] || mkdir -p $R$W || die "no directory $W to mount the share on"
   mount -t 9p -o {_P9},cache=loose {TAG_WORK} $R$W || die "cannot mount the share at $W"
 fi
 chroot $R /bin/sh {CTL_DIR}/{CMD_SCRIPT} < /dev/null > {GUEST_TTY} 2>&1

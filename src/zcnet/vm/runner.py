@@ -45,6 +45,7 @@ from zcnet.vm.kernels import Kernel
 
 QEMU = "qemu-system-x86_64"
 IN_VM_ENV = "ZCNET_IN_VM"
+HOST_RELEASE_ENV = "ZCNET_VM_HOST_RELEASE"   # the host's ``uname -r``, for the guest to compare
 DEFAULT_CPUS = 2
 DEFAULT_MEM = "2G"
 DEFAULT_TIMEOUT = 600.0
@@ -118,6 +119,7 @@ def parse_mem(text: str) -> str:
 def guest_env(env: Mapping[str, str]) -> dict[str, str]:
     out = {k: v for k, v in env.items() if k not in _ENV_DROP and k.isidentifier()}
     out[IN_VM_ENV] = "1"
+    out[HOST_RELEASE_ENV] = os.uname().release
     return out
 
 
@@ -128,9 +130,15 @@ def command_script(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> st
     return "\n".join(lines)
 
 
+_ALARMS = ("Kernel panic", "BUG:", "Oops:", "general protection fault", "Out of memory")
+
+
 def _tail(data: bytes, lines: int = TAIL_LINES) -> str:
-    text = data.decode(errors="replace").replace("\r", "")
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:]) or "(nothing)"
+    """The last ``lines`` lines; from the first panic/oops line on if that is nearer the end."""
+    text = data.decode(errors="replace").replace("\r", "").rstrip("\n").splitlines()
+    alarm = next((i for i, line in enumerate(text) if any(a in line for a in _ALARMS)), None)
+    start = len(text) - lines if alarm is None else max(alarm - 2, len(text) - 2 * lines)
+    return "\n".join(text[max(start, 0):]) or "(nothing)"
 
 
 def _set_pdeathsig() -> None:
