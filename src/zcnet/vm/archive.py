@@ -19,6 +19,7 @@ Some facts about Debian's kernel packages that shape this module:
 from __future__ import annotations
 
 import fcntl
+import logging
 import lzma
 import re
 import shutil
@@ -41,6 +42,8 @@ from zcnet.vm.kernels import (
     version_tuple,
 )
 from zcnet.vm.sources import Mirror, system_mirror
+
+log = logging.getLogger(__name__)
 
 SUITES = ("trixie-backports", "sid")
 FLAVOUR = "amd64"
@@ -159,13 +162,18 @@ def _fields(record: str) -> dict[str, str]:
 
 
 def choose(candidates: list[Candidate], wanted: str) -> Candidate:
+    """The newest candidate matching ``wanted``; if the archive no longer offers that one, the
+    newest of all (names move, so a pinned version must not be a hard failure), with a warning."""
+    if not candidates:
+        raise NoSuchKernel(f"no Debian kernel >= {'.'.join(map(str, MIN_VERSION))} in "
+                           f"{', '.join(SUITES)}", "check the archive, or set ZCNET_VM_MIRROR")
     for cand in candidates:
         if matches(wanted, cand.version, cand.release):
             return cand
-    offered = ", ".join(sorted({c.version for c in candidates}, key=version_tuple)) or "none"
-    raise NoSuchKernel(f"no Debian kernel matching {wanted!r} >= "
-                       f"{'.'.join(map(str, MIN_VERSION))} in {', '.join(SUITES)} "
-                       f"(offered: {offered})", "pick one of the offered versions, or latest")
+    offered = ", ".join(sorted({c.version for c in candidates}, key=version_tuple))
+    log.warning("no kernel %s in the archive any more (offered: %s); taking the newest, %s",
+                wanted, offered, candidates[0].release)
+    return candidates[0]
 
 
 def packages_for(cand: Candidate) -> list[str]:
