@@ -4,6 +4,7 @@ them they skip with the reason."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import pytest
 
 import vmplugin
 from zcnet.errors import ZcnetError
-from zcnet.vm import archive, initramfs
+from zcnet.vm import archive, bootimage, initramfs
 from zcnet.vm.accel import choose_accel, probe_kvm
 from zcnet.vm.archive import Candidate, NoSuchKernel, choose, packages_for
 from zcnet.vm.kernels import Kernel
@@ -181,6 +182,18 @@ def test_unreachable_archive_is_named(tmp_path: Path) -> None:
         assert rc == 1
         assert f"cannot reach the Debian archive at {UNREACHABLE}" in err
         assert "fix:" in err
+
+
+def test_vmlinux_with_pvh_entry_comes_out_of_the_bzimage(kernel: Kernel, tmp_path: Path) -> None:
+    out = tmp_path / "vmlinux"
+    if not bootimage.extract_vmlinux(kernel.vmlinuz, out):
+        pytest.skip(f"no PVH vmlinux in {kernel.release} (zstd missing?)")
+    elf = out.read_bytes()
+    assert bootimage.has_pvh_entry(elf) and len(elf) > kernel.vmlinuz.stat().st_size
+    fake = tmp_path / "fake"
+    fake.write_bytes(b"junk" + gzip.compress(b"\x7fELF not really an ELF"))
+    assert not bootimage.extract_vmlinux(fake, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
 
 
 def test_vm_refuses_bad_use_and_use_after_close(kernel: Kernel, no_leaks) -> None:

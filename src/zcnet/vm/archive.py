@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zcnet.errors import ZcnetError
+from zcnet.vm.bootimage import extract_vmlinux
 from zcnet.vm.kernels import (
     MIN_VERSION,
     Kernel,
@@ -237,6 +238,7 @@ def _unpack(cand: Candidate, debs: list[Path], work: Path) -> Kernel:
     out = work / "kernel"
     (out / "modules").mkdir(parents=True)
     shutil.copy(vmlinuz, out / "vmlinuz")
+    extract_vmlinux(out / "vmlinuz", out / "vmlinux")
     shutil.copy(config, out / "config")
     order = _install_modules(moddir, out / "modules")
     (out / "modules.order").write_text("\n".join(order) + "\n")

@@ -1,6 +1,7 @@
 """The kernel cache: Debian kernels unpacked under ``$XDG_CACHE_HOME/zcnet/kernels/<release>/``.
 
-Each entry holds ``vmlinuz``, the kernel's ``config``, the modules the guest needs (decompressed,
+Each entry holds ``vmlinuz`` (and ``vmlinux``, its uncompressed PVH-bootable form, when it could
+be extracted), the kernel's ``config``, the modules the guest needs (decompressed,
 so busybox's ``insmod`` can load them), ``modules.order`` (load order, dependencies first) and
 ``kernel.json`` (release, upstream version, Debian package version, packages it came from). An
 entry appears by an atomic rename once complete, so a half-written one is never listed.
@@ -57,6 +58,12 @@ class Kernel:
     @property
     def vmlinuz(self) -> Path:
         return self.path / "vmlinuz"
+
+    @property
+    def boot_image(self) -> Path:
+        """The uncompressed PVH ``vmlinux`` if the cache has one (boots faster), else vmlinuz."""
+        vmlinux = self.path / "vmlinux"
+        return vmlinux if vmlinux.is_file() else self.vmlinuz
 
     @property
     def config_path(self) -> Path:
