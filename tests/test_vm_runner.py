@@ -22,7 +22,15 @@ from zcnet.vm import archive, bootimage, initramfs
 from zcnet.vm.accel import choose_accel, probe_kvm
 from zcnet.vm.archive import Candidate, NoSuchKernel, choose, packages_for
 from zcnet.vm.kernels import Kernel
-from zcnet.vm.runner import VM, VMClosed, command_script, find_qemu, parse_mem, run_in_vm
+from zcnet.vm.runner import (
+    VM,
+    VMClosed,
+    command_script,
+    find_qemu,
+    guest_env,
+    parse_mem,
+    run_in_vm,
+)
 from zcnet.vm.sources import MIRROR_ENV, system_mirror
 
 UNREACHABLE = "http://127.0.0.1:9/debian"  # loopback, nothing listens on the discard port
@@ -103,6 +111,14 @@ def test_command_script_keeps_arguments_and_environment(tmp_path: Path) -> None:
     out = subprocess.run(["/bin/sh", str(script)], capture_output=True, text=True, env={},
                          check=True).stdout
     assert out == "a b|it's|\"q\"|$HOME||v'al \"ue\"|"
+
+
+def test_guest_environment() -> None:
+    env = guest_env({"PATH": "/usr/bin:/bin", "DISPLAY": ":0", "PYTHONPATH": "/x/src", "A": "1"})
+    here = os.path.dirname(sys.executable)
+    assert env["PATH"] == f"{here}:/usr/bin:/bin"
+    assert env["PYTHONPATH"] == "/x/src" and env["A"] == "1" and "DISPLAY" not in env
+    assert env["ZCNET_IN_VM"] == "1" and env["ZCNET_VM_HOST_RELEASE"] == os.uname().release
 
 
 def test_system_sources_both_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

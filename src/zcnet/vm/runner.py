@@ -28,6 +28,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -121,7 +122,12 @@ def parse_mem(text: str) -> str:
 
 
 def guest_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment for the guest. ``python`` there is this interpreter: version
+    shims (pyenv's are shell scripts that exec a dozen processes) cost seconds each over 9p."""
     out = {k: v for k, v in env.items() if k not in _ENV_DROP and k.isidentifier()}
+    here = os.path.dirname(sys.executable)
+    out["PATH"] = os.pathsep.join([here, *(p for p in out.get("PATH", os.defpath).split(
+        os.pathsep) if p != here)])
     out[IN_VM_ENV] = "1"
     out[HOST_RELEASE_ENV] = os.uname().release
     return out
