@@ -293,16 +293,14 @@ class VM:
             proc = subprocess.Popen(self._qemu_argv(ctl, console_log), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=qemu_err,
                                     start_new_session=True, preexec_fn=_set_pdeathsig)
-            stack.callback(self._reap, proc)
             assert proc.stdout is not None
             pump = _Pump(proc.stdout, output)
+            stack.callback(self._stop, proc, pump)
             pump.start()
-            stack.callback(pump.join, 5)
             try:
                 status = proc.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
-                self._reap(proc)
-                pump.join(5)
+                self._stop(proc, pump)
                 raise VMTimeout(self.timeout, self._tails(pump, console_log)) from None
             pump.join(5)
             if pump.error is not None:
@@ -318,11 +316,14 @@ class VM:
             raise VMCrashed(why, self._tails(pump, console_log))
 
     @staticmethod
-    def _reap(proc: subprocess.Popen[bytes]) -> None:
+    def _stop(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
+        """Kill QEMU if it runs, reap it, let the pump read to EOF, then close the pipe."""
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        if proc.stdout is not None:
+        if pump.ident is not None:
+            pump.join(5)
+        if proc.stdout is not None and not pump.is_alive():
             proc.stdout.close()
 
     @staticmethod
