@@ -172,7 +172,7 @@ def choose(candidates: list[Candidate], wanted: str) -> Candidate:
         if matches(wanted, cand.version, cand.release):
             return cand
     offered = ", ".join(sorted({c.version for c in candidates}, key=version_tuple))
-    log.warning("no kernel %s in the archive any more (offered: %s); taking the newest, %s",
+    log.warning("the archive offers no kernel matching %s (offered: %s); taking the newest, %s",
                 wanted, offered, candidates[0].release)
     return candidates[0]
 
