@@ -12,15 +12,26 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import vmplugin
 from leaks import Snapshot
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    vmplugin.collection_modifyitems(config, items)
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="needs root for network namespaces")
         for item in items:
             if "root" in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    vmplugin.collection_finish(session)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    vmplugin.runtest_logreport(report)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,116 @@
+"""`zcnet vm fetch|run|status`: run zcnet under a kernel the host does not run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from zcnet.cli._args import positive
+from zcnet.errors import UsageError
+from zcnet.vm.accel import choose_accel
+from zcnet.vm.archive import fetch
+from zcnet.vm.caps import capabilities
+from zcnet.vm.kernels import Kernel, cached_kernels, find_cached, kernels_dir
+from zcnet.vm.runner import (
+    DEFAULT_CPUS,
+    DEFAULT_MEM,
+    DEFAULT_TIMEOUT,
+    QEMU,
+    VM,
+    NoQemu,
+    find_qemu,
+    stream_sink,
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("vm", help="boot a newer kernel in QEMU and run commands there",
+                            description="Fetch Debian kernels >= 7.2 and run commands under them "
+                                        "in QEMU, with the host's filesystem visible.")
+    actions = parser.add_subparsers(dest="vm_action", metavar="ACTION", required=True)
+
+    fetch_p = actions.add_parser("fetch", help="download a kernel into the cache")
+    fetch_p.add_argument("--kernel", default="latest", metavar="VERSION",
+                         help="latest (default), a version prefix such as 7.2, or a release")
+    fetch_p.set_defaults(func=_fetch)
+
+    run = actions.add_parser("run", help="boot a cached kernel and run CMD inside as root",
+                             description="Boots the kernel with the host's / read-only, the "
+                                         "current directory (or --share) read-write, runs CMD "
+                                         "with this environment and returns its exit status.")
+    run.add_argument("--kernel", default=None, metavar="VERSION",
+                     help="the newest cached kernel by default (fetched if none is cached)")
+    run.add_argument("--cpus", type=positive(int), default=DEFAULT_CPUS)
+    run.add_argument("--mem", default=DEFAULT_MEM, help="guest memory, e.g. 2G or 1536M")
+    run.add_argument("--timeout", type=positive(float), default=DEFAULT_TIMEOUT,
+                     metavar="S", help="kill the guest after S seconds")
+    run.add_argument("--share", default=None, metavar="DIR",
+                     help="read-write directory (default: the current directory)")
+    run.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    run.set_defaults(func=_run)
+
+    status = actions.add_parser("status", help="cached kernels, KVM, what each kernel offers")
+    status.set_defaults(func=_status)
+
+
+def _kernel_for(wanted: str | None, err: Console) -> Kernel:
+    kernel = find_cached(wanted or "latest")
+    if kernel is not None:
+        return kernel
+    err.print(f"no cached kernel matching {wanted or 'any'}: fetching one")
+    kernel, _ = fetch(wanted or "latest")
+    return kernel
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    kernel, downloaded = fetch(args.kernel)
+    verb = "fetched" if downloaded else "already cached:"
+    Console().print(f"{verb} {kernel.release} ({kernel.package_version}) in {kernel.path}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("no command given", "zcnet vm run -- CMD [ARGS...]")
+    err = Console(stderr=True)
+    find_qemu()
+    kernel = _kernel_for(args.kernel, err)
+    share = Path(args.share) if args.share else None
+    with VM(kernel, cpus=args.cpus, mem=args.mem, timeout=args.timeout, share=share,
+            accel=args.accel) as vm:
+        result = vm.run(cmd, output=stream_sink(sys.stdout.buffer))
+    return result.returncode
+
+
+def _status(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        qemu = find_qemu()
+    except NoQemu as exc:
+        console.print(f"QEMU: missing ({QEMU}); fix: {exc.hint}")
+        qemu = None
+    if qemu is not None:
+        accel = choose_accel(qemu)
+        console.print(f"QEMU: {qemu}; accelerator: {accel.name} ({accel.reason})")
+    kernels = cached_kernels()
+    if not kernels:
+        console.print(f"no cached kernels in {kernels_dir()}; `zcnet vm fetch` gets one")
+        return 0
+    table = Table(title=f"cached kernels in {kernels_dir()}")
+    table.add_column("capability")
+    for kernel in kernels:
+        table.add_column(f"{kernel.release}\n{kernel.package_version}")
+    table.add_column("from")
+    rows = [capabilities(k) for k in kernels]
+    for i, cap in enumerate(rows[0]):
+        source = ("kernel config: " if cap.source == "config" else "inferred from version: ")
+        source += cap.detail
+        table.add_row(cap.name, *("yes" if r[i].available else "no" for r in rows), source)
+    console.print(table)
+    return 0

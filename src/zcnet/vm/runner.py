@@ -1,0 +1,341 @@
+"""Booting a cached kernel under QEMU and running one command in it.
+
+``VM`` holds what one guest run needs (QEMU found, accelerator chosen, a private temp directory
+with the initramfs); ``VM.run(argv)`` boots, runs ``argv`` as root inside with this process's
+environment, streams the guest's output and returns the command's exit status. Every run boots
+afresh; ``run_in_vm`` is the one-shot form.
+
+Some facts that shape it:
+
+- Output travels on a virtio console that QEMU writes to its stdout; a thread here copies it to
+  the caller's stream and keeps the last lines. The kernel's own log goes to the serial port,
+  into ``console.log`` in the temp directory, so a panic or hang can be shown without mixing
+  kernel messages into the command's output.
+- The exit status comes back as a file on the control share (9p, read-write, the temp
+  directory); its absence means the guest died before the command finished (panic, OOM, kill).
+- QEMU runs in its own session, so a terminal's Ctrl-C reaches only us; we kill QEMU while
+  unwinding. ``PR_SET_PDEATHSIG`` kills it if this process dies without unwinding (SIGKILL).
+  SIGTERM/SIGHUP become ``SystemExit`` while a run is in progress on the main thread, so they
+  unwind too. The temp directory is removed on every path.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.vm import initramfs
+from zcnet.vm.accel import Accel, choose_accel
+from zcnet.vm.kernels import Kernel
+
+QEMU = "qemu-system-x86_64"
+IN_VM_ENV = "ZCNET_IN_VM"
+HOST_RELEASE_ENV = "ZCNET_VM_HOST_RELEASE"   # the host's ``uname -r``, for the guest to compare
+DEFAULT_CPUS = 2
+DEFAULT_MEM = "2G"
+DEFAULT_TIMEOUT = 600.0
+TAIL_LINES = 25
+# Less work for an emulated CPU: no mitigations, no crypto self-tests, no zeroing of every
+# kernel allocation, no lockup or TSC watchdogs (a busy host stalls vCPUs; the TSC watchdog would
+# then switch to an emulated clocksource that makes every clock read slow).
+KERNEL_CMDLINE = ("console=ttyS0 loglevel=4 panic=-1 rdinit=/init 8250.nr_uarts=1 "
+                  "mitigations=off random.trust_cpu=on i8042.noaux i8042.nokbd "
+                  "cryptomgr.notests init_on_alloc=0 nowatchdog tsc=reliable")
+# Session-specific variables that mean nothing inside the guest.
+_ENV_DROP = frozenset({"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS",
+                       "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_",
+                       "INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET"})
+_PR_SET_PDEATHSIG = 1
+
+
+class NoQemu(ZcnetError):
+    def __init__(self) -> None:
+        super().__init__(f"{QEMU} not found on PATH: `zcnet vm` needs QEMU",
+                         "apt-get install qemu-system-x86")
+
+
+class VMTimeout(ZcnetError):
+    exit_code = 124
+
+    def __init__(self, seconds: float, tail: str) -> None:
+        super().__init__(f"the guest did not finish within {seconds:g} s and was killed; "
+                         f"last lines of its console:\n{tail}",
+                         "raise --timeout, or look for a hang in the lines above")
+
+
+class VMCrashed(ZcnetError):
+    exit_code = 125
+
+    def __init__(self, why: str, tail: str) -> None:
+        super().__init__(f"the guest ended without the command's exit status ({why}); "
+                         f"last lines of its console:\n{tail}",
+                         "see the kernel messages above; `zcnet vm status` lists kernels")
+
+
+class VMClosed(ZcnetError):
+    def __init__(self) -> None:
+        super().__init__("this VM was closed", "create a new VM to run another command")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    returncode: int
+    seconds: float
+    accel: str
+
+
+def find_qemu() -> str:
+    path = shutil.which(QEMU)
+    if path is None:
+        raise NoQemu
+    return path
+
+
+def parse_mem(text: str) -> str:
+    """``2G``, ``1536M``, ``2048`` (MiB) -> QEMU's form; a UsageError otherwise."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in "MG" else (t, "M")
+    try:
+        value = int(num)
+    except ValueError:
+        raise UsageError(f"bad memory size {text!r}", "give e.g. 2G or 1536M") from None
+    mib = value * (1024 if unit == "G" else 1)
+    if not 128 <= mib <= 1024 * 1024:
+        raise UsageError(f"memory size {text!r} out of range", "between 128M and 1024G")
+    return f"{mib}M"
+
+
+def guest_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment for the guest. ``python`` there is this interpreter: version
+    shims (pyenv's are shell scripts that exec a dozen processes) cost seconds each over 9p."""
+    out = {k: v for k, v in env.items() if k not in _ENV_DROP and k.isidentifier()}
+    here = os.path.dirname(sys.executable)
+    out["PATH"] = os.pathsep.join([here, *(p for p in out.get("PATH", os.defpath).split(
+        os.pathsep) if p != here)])
+    out[IN_VM_ENV] = "1"
+    out[HOST_RELEASE_ENV] = os.uname().release
+    return out
+
+
+def command_script(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> str:
+    lines = ["set -e"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    lines += [f"cd {shlex.quote(str(cwd))}", "set +e", f"exec {shlex.join(argv)}", ""]
+    return "\n".join(lines)
+
+
+_ALARMS = ("Kernel panic", "BUG:", "Oops:", "general protection fault", "Out of memory")
+
+
+def _tail(data: bytes, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines; from the first panic/oops line on if that is nearer the end."""
+    text = data.decode(errors="replace").replace("\r", "").rstrip("\n").splitlines()
+    alarm = next((i for i, line in enumerate(text) if any(a in line for a in _ALARMS)), None)
+    start = len(text) - lines if alarm is None else max(alarm - 2, len(text) - 2 * lines)
+    return "\n".join(text[max(start, 0):]) or "(nothing)"
+
+
+def _set_pdeathsig() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise SystemExit(128+sig) during the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    prior = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in prior.items():
+            signal.signal(s, h)
+
+
+class _Pump(threading.Thread):
+    """Copies QEMU's stdout (the guest console) to ``sink``; keeps the last bytes."""
+
+    def __init__(self, stream: BinaryIO, sink: Callable[[bytes], None] | None) -> None:
+        super().__init__(name="zcnet-vm-output", daemon=True)
+        self.stream, self.sink = stream, sink
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=64)
+        self.first_output: float | None = None
+        self.error: OSError | None = None   # the sink failed (a closed pipe): raised later
+
+    def run(self) -> None:
+        # Keep draining after a sink error: a full pipe would stall the guest.
+        while chunk := os.read(self.stream.fileno(), 65536):
+            if self.first_output is None:
+                self.first_output = time.monotonic()
+            self.tail.append(chunk)
+            if self.sink is not None:
+                try:
+                    self.sink(chunk)
+                except OSError as exc:
+                    self.error, self.sink = exc, None
+
+    def text(self) -> bytes:
+        return b"".join(self.tail)
+
+
+def stream_sink(stream: BinaryIO) -> Callable[[bytes], None]:
+    def write(chunk: bytes) -> None:
+        stream.write(chunk)
+        stream.flush()
+    return write
+
+
+class VM:
+    """A kernel ready to boot; ``run`` boots it once per command. Use as a context manager."""
+
+    def __init__(self, kernel: Kernel, *, cpus: int = DEFAULT_CPUS, mem: str = DEFAULT_MEM,
+                 timeout: float = DEFAULT_TIMEOUT, share: Path | None = None,
+                 accel: str = "auto") -> None:
+        if cpus < 1:
+            raise UsageError(f"--cpus must be at least 1, got {cpus}")
+        if timeout <= 0:
+            raise UsageError(f"--timeout must be positive, got {timeout}")
+        if accel not in ("auto", "kvm", "tcg"):
+            raise UsageError(f"unknown accelerator {accel!r}", "auto, kvm or tcg")
+        self.kernel, self.cpus, self.mem, self.timeout = kernel, cpus, parse_mem(mem), timeout
+        self.share = (share or Path.cwd()).resolve()
+        if not self.share.is_dir():
+            raise UsageError(f"share {self.share} is not a directory")
+        if self.share == Path("/") or self.share.is_relative_to("/run"):
+            raise UsageError(f"cannot share {self.share} read-write: the guest needs its own "
+                             "/ and /run", "share (or run from) another directory")
+        self.qemu = find_qemu()
+        busybox = initramfs.find_busybox()
+        self.accel: Accel = choose_accel(self.qemu, accel)
+        self._stack = ExitStack()
+        with ExitStack() as setup:
+            setup.push(self._stack)
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"zcnet-vm-{os.getpid()}-"))
+            self._stack.callback(shutil.rmtree, self._tmp, ignore_errors=True)
+            self._initrd = self._tmp / "initramfs.cpio"
+            initramfs.build(kernel.modules, busybox, self._initrd)
+            setup.pop_all()
+        self._closed = False
+
+    def __enter__(self) -> VM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._stack.close()
+
+    def _qemu_argv(self, ctl: Path, console_log: Path) -> list[str]:
+        passthrough = "passthrough" if os.geteuid() == 0 else "none"
+        fs = [("host", Path("/"), "none", True), ("work", self.share, passthrough, False),
+              ("ctl", ctl, passthrough, False)]
+        argv = [self.qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                *self.accel.qemu_args, "-smp", str(self.cpus), "-m", self.mem,
+                "-kernel", str(self.kernel.boot_image), "-initrd", str(self._initrd),
+                "-append", KERNEL_CMDLINE,
+                "-serial", f"file:{console_log}",
+                "-chardev", "stdio,id=out,signal=off",
+                "-device", "virtio-serial-pci", "-device", "virtconsole,chardev=out"]
+        for tag, path, model, ro in fs:
+            opts = f"local,id={tag},path={path},security_model={model},multidevs=remap"
+            argv += ["-fsdev", opts + (",readonly=on" if ro else ""),
+                     "-device", f"virtio-9p-pci,fsdev={tag},mount_tag={tag}"]
+        return argv
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None, output: Callable[[bytes], None] | None = None) -> RunResult:
+        """Boot, run ``argv`` in ``cwd`` (default: the share), return its exit status.
+
+        ``output`` receives the guest's console bytes as they come (None: discard)."""
+        if self._closed:
+            raise VMClosed
+        if not argv:
+            raise UsageError("no command to run in the VM", "give one after --")
+        cwd = (cwd or self.share).resolve()
+        if cwd.is_relative_to("/run"):
+            raise UsageError(f"the guest has its own /run, so {cwd} does not exist there",
+                             "run from another directory")
+        start = time.monotonic()
+        with ExitStack() as stack:
+            ctl = Path(tempfile.mkdtemp(prefix="run-", dir=self._tmp))
+            stack.callback(shutil.rmtree, ctl, ignore_errors=True)
+            (ctl / initramfs.WORK_PATH).write_text(f"{self.share}\n")
+            (ctl / initramfs.CMD_SCRIPT).write_text(
+                command_script(argv, guest_env(os.environ if env is None else env), cwd))
+            console_log = self._tmp / f"{ctl.name}.console.log"
+            stack.callback(console_log.unlink, missing_ok=True)
+            qemu_err = stack.enter_context(open(self._tmp / f"{ctl.name}.qemu.log", "w+b"))
+            stack.callback(Path(qemu_err.name).unlink, missing_ok=True)
+            stack.enter_context(_signals_unwind())
+            proc = subprocess.Popen(self._qemu_argv(ctl, console_log), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=qemu_err,
+                                    start_new_session=True, preexec_fn=_set_pdeathsig)
+            assert proc.stdout is not None
+            pump = _Pump(proc.stdout, output)
+            stack.callback(self._stop, proc, pump)
+            pump.start()
+            try:
+                status = proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self._stop(proc, pump)
+                raise VMTimeout(self.timeout, self._tails(pump, console_log)) from None
+            pump.join(5)
+            if pump.error is not None:
+                raise pump.error
+            rc_file = ctl / initramfs.RC_FILE
+            if rc_file.is_file() and (text := rc_file.read_text().strip()).isdigit():
+                return RunResult(int(text), time.monotonic() - start, self.accel.name)
+            err = ctl / "error"
+            qemu_said = Path(qemu_err.name).read_bytes()
+            why = (err.read_text().strip() if err.is_file()
+                   else _tail(qemu_said, 3) if status != 0 and qemu_said.strip()
+                   else f"QEMU exited with status {status}")
+            raise VMCrashed(why, self._tails(pump, console_log))
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes], pump: _Pump) -> None:
+        """Kill QEMU if it runs, reap it, let the pump read to EOF, then close the pipe."""
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if pump.ident is not None:
+            pump.join(5)
+        if proc.stdout is not None and not pump.is_alive():
+            proc.stdout.close()
+
+    @staticmethod
+    def _tails(pump: _Pump, console_log: Path) -> str:
+        kernel = console_log.read_bytes() if console_log.is_file() else b""
+        return (f"--- kernel log (serial) ---\n{_tail(kernel)}\n"
+                f"--- command output ---\n{_tail(pump.text(), 10)}")
+
+
+def run_in_vm(argv: Sequence[str], kernel: Kernel, *, output: Callable[[bytes], None] | None = None,
+              env: Mapping[str, str] | None = None, cwd: Path | None = None,
+              **vm_options: object) -> RunResult:
+    """Boot ``kernel`` once, run ``argv`` inside, return its result (see ``VM``)."""
+    with VM(kernel, **vm_options) as vm:  # type: ignore[arg-type]
+        return vm.run(argv, env=env, cwd=cwd, output=output)

@@ -1,0 +1,160 @@
+"""Tests marked ``vm`` run inside one VM per session, under a kernel >= 7.2.
+
+On the host (outer run) each ``vm`` item is replaced by a stand-in that, when the first one runs,
+boots one VM running ``pytest`` on all selected ``vm`` items, then reports each one's inner
+outcome: passed, failed with the inner failure text, or skipped with the inner reason. If the VM
+cannot boot (no QEMU, no kernel and no archive) every ``vm`` item skips naming why; an item with
+no inner result fails, so no ``vm`` test passes without having run inside. Inside the VM
+(``ZCNET_IN_VM=1``) the items run normally and each report is appended to the JSON-lines file
+named by ``ZCNET_VM_RESULTS`` on the read-write share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from zcnet.errors import ZcnetError
+from zcnet.vm.archive import ArchiveUnreachable, NoSuchKernel, fetch
+from zcnet.vm.initramfs import MissingBusybox
+from zcnet.vm.kernels import Kernel, find_cached
+from zcnet.vm.runner import IN_VM_ENV, NoQemu, run_in_vm
+
+RESULTS_ENV = "ZCNET_VM_RESULTS"
+KERNEL_ENV = "ZCNET_VM_KERNEL"        # which kernel the outer run boots (default: newest)
+BATCH_TIMEOUT = float(os.environ.get("ZCNET_VM_TIMEOUT", "900"))
+# The VM cannot boot on this machine: skip, naming the reason, rather than fail.
+CANNOT_BOOT = (NoQemu, MissingBusybox, ArchiveUnreachable, NoSuchKernel)
+IN_VM = os.environ.get(IN_VM_ENV) == "1"
+# Plugins the inner run does without: importing hypothesis's alone takes tens of seconds under
+# TCG over 9p; the cache would be written to the read-only root.
+INNER_OPTIONS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark",
+                 "-p", "no:platformdirs")
+
+
+def vm_kernel() -> Kernel:
+    """The kernel vm tests boot: cached, else fetched (raises one of CANNOT_BOOT if impossible)."""
+    wanted = os.environ.get(KERNEL_ENV, "latest")
+    return find_cached(wanted) or fetch(wanted)[0]
+
+
+class InnerFailure(Exception):
+    pass
+
+
+@dataclass
+class Batch:
+    """The one VM run of a session and what it reported."""
+
+    nodeids: list[str]
+    done: bool = False
+    skip_reason: str | None = None
+    error: str | None = None          # the run itself failed (crash, timeout, exit status)
+    reports: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    def run(self, rootdir: Path) -> None:
+        self.done = True
+        try:
+            kernel = vm_kernel()
+        except CANNOT_BOOT as exc:
+            self.skip_reason = f"cannot boot a VM: {exc}"
+            return
+        with tempfile.TemporaryDirectory(prefix="zcnet-vmtests-") as share:
+            results = Path(share) / "results.jsonl"
+            env = dict(os.environ, **{RESULTS_ENV: str(results)})
+            argv = [sys.executable, "-m", "pytest", "-q", "-m", "vm", *INNER_OPTIONS,
+                    f"--timeout={BATCH_TIMEOUT:.0f}", *self.nodeids]
+            log = Path(share) / "console.txt"
+            with open(log, "wb") as out:
+                try:
+                    result = run_in_vm(argv, kernel, output=out.write, env=env, cwd=rootdir,
+                                       share=Path(share), timeout=BATCH_TIMEOUT)
+                    if result.returncode not in (0, 1):
+                        self.error = f"inner pytest exited {result.returncode}"
+                except CANNOT_BOOT as exc:
+                    self.skip_reason = f"cannot boot a VM: {exc}"
+                except ZcnetError as exc:
+                    self.error = exc.message
+            tail = log.read_bytes().decode(errors="replace").splitlines()[-30:]
+            if self.error:
+                self.error += "\n--- inner output ---\n" + "\n".join(tail)
+            if results.is_file():
+                for line in results.read_text().splitlines():
+                    rep = json.loads(line)
+                    self.reports.setdefault(rep["nodeid"], []).append(rep)
+
+    def outcome(self, nodeid: str) -> None:
+        if self.skip_reason:
+            pytest.skip(self.skip_reason)
+        reps = self.reports.get(nodeid)
+        if not reps:
+            raise InnerFailure(f"did not run inside the VM: {self.error or 'no inner result'}")
+        for rep in reps:
+            if rep["outcome"] == "failed":
+                raise InnerFailure(f"inside the VM ({rep['when']}):\n{rep['longrepr']}")
+        for rep in reps:
+            if rep["outcome"] == "skipped":
+                pytest.skip(f"inside the VM: {rep['longrepr']}")
+        if not any(r["when"] == "call" and r["outcome"] == "passed" for r in reps):
+            raise InnerFailure(f"no passing call reported inside the VM: {reps}")
+
+
+_BATCH = pytest.StashKey[Batch]()
+
+
+class VMItem(pytest.Item):
+    """Stands in on the host for a ``vm`` test; reports its outcome inside the VM."""
+
+    def __init__(self, *, original: pytest.Item, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.original_nodeid = original.nodeid
+        self._location = original.location
+        self.own_markers = [*original.own_markers, pytest.mark.timeout(BATCH_TIMEOUT + 120).mark]
+        self.keywords.update(original.keywords)
+
+    def runtest(self) -> None:
+        batch = self.session.stash[_BATCH]
+        if not batch.done:
+            batch.run(self.config.rootpath)
+        batch.outcome(self.original_nodeid)
+
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
+        return self._location[0], self._location[1], self._location[2]
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: str | None = None) -> str:
+        if isinstance(excinfo.value, InnerFailure):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+
+def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the host, swap each ``vm`` item for a stand-in (run before ``-m`` deselection)."""
+    if IN_VM:
+        return
+    for i, item in enumerate(items):
+        if item.get_closest_marker("vm") and not isinstance(item, VMItem):
+            items[i] = VMItem.from_parent(item.parent, name=item.name, original=item)
+
+
+def collection_finish(session: pytest.Session) -> None:
+    session.stash[_BATCH] = Batch([i.original_nodeid for i in session.items
+                                   if isinstance(i, VMItem)])
+
+
+def runtest_logreport(report: pytest.TestReport) -> None:
+    """Inside the VM: record each phase's outcome for the host (the inner run has only vm tests)."""
+    path = os.environ.get(RESULTS_ENV)
+    if not IN_VM or not path:
+        return
+    longrepr = (report.longrepr[2].removeprefix("Skipped: ")
+                if isinstance(report.longrepr, tuple) else report.longreprtext)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                             "outcome": report.outcome, "longrepr": str(longrepr)}) + "\n")
