@@ -70,6 +70,8 @@ if [ -n "$W" ]; then
   [ -d $R$W ] || mkdir -p $R$W || die "no directory $W to mount the share on"
   mount -t 9p -o {_P9},cache=loose {TAG_WORK} $R$W || die "cannot mount the share at $W"
 fi
+# The kernel brings no interface up; loopback tests and servers need lo, as on the host.
+ip link set lo up || die "cannot bring lo up"
 chroot $R /bin/sh {CTL_DIR}/{CMD_SCRIPT} < /dev/null > {GUEST_TTY} 2>&1
 echo $? > /ctl/{RC_FILE}
 sync
