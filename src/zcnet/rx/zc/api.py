@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +36,7 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.uring.ring import Ring
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,20 @@ class Receiver:
         """The counters, with the provider's refill-ring events folded in (owner thread)."""
         self._stats.refill_full = int(self.provider.extra_stats().get("refill_full", 0))
         return self._stats
+
+    @property
+    def ring(self) -> Ring | None:
+        """The io_uring whose completions deliver this receiver's data, for an event loop to
+        wait on; None when the provider reads the socket itself (devmem). The io_uring
+        providers all keep their ring as ``_ring``; it is None once they are closed."""
+        ring = getattr(self.provider, "_ring", None)
+        return ring if isinstance(ring, Ring) else None
+
+    def on_release(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once, from the releasing thread, when a chunk is next released (at
+        once if one already is); None cancels. How an event loop waits out a pause
+        (``stalled``) without blocking."""
+        self._releases.notify(callback)
 
     # --- owner-thread operations ----------------------------------------------------------------
     def _check_owner(self) -> None:
