@@ -108,6 +108,11 @@ class AsyncReceiver:
     def eof(self) -> bool:
         return self.rx.eof and not self._pending
 
+    def flush(self) -> None:
+        """Give released chunks back to the kernel now (receiving does this itself)."""
+        self._owner.check()
+        self.rx.flush()
+
     @property
     def stats(self) -> api.Stats:
         return self.rx.stats

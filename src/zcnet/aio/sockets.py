@@ -37,7 +37,7 @@ def check_tcp_socket(sock: Any, what: str) -> socket.socket:
     if not isinstance(sock, socket.socket):
         raise UsageError(f"{what} needs a socket.socket, got {type(sock).__name__}")
     if sock.fileno() < 0:
-        raise UsageError(f"{what}: the socket is closed")
+        raise UsageError(f"{what}: the socket is closed", "pass an open, connected TCP socket")
     if sock.type != socket.SOCK_STREAM or sock.family not in _FAMILIES:
         kind = {socket.SOCK_DGRAM: "UDP" if sock.family in _FAMILIES else "datagram"}.get(
             sock.type, f"type {sock.type}")
