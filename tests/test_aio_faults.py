@@ -7,8 +7,8 @@ import socket
 import threading
 
 import pytest
-from aio_util import LOOPS, run, tcp_pair
 
+from aio_util import LOOPS, run, tcp_pair
 from zcnet import aio
 from zcnet.errors import UsageError, ZcnetError
 
@@ -63,7 +63,7 @@ def test_transport_socket_is_refused_with_the_adopt_hint(loop_kind, no_leaks):
         accepted: list[asyncio.StreamWriter] = []
         server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             with pytest.raises(UsageError) as ei:
                 aio.open_receiver(writer.get_extra_info("socket"))

@@ -10,8 +10,8 @@ import warnings
 
 import numpy as np
 import pytest
-from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
 
+from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
 from zcnet import aio
 
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
@@ -161,7 +161,7 @@ def test_timeouts_and_ordinary_tasks_share_the_loop(loop_kind, no_leaks):
         c.close()
         return ticks, data
 
-    ticks, data = run(loop_kind, main)
+    _, data = run(loop_kind, main)
     assert data == b"hello"
 
 

@@ -155,7 +155,12 @@ class AsyncSender:
         self._prep(i, 0, nbytes)
         self.ring.submit()
         self._process()
-        await sent
+        try:
+            await asyncio.shield(sent)
+        except asyncio.CancelledError:
+            # The send goes on in the kernel; its outcome has no reader any more.
+            sent.add_done_callback(_consume)
+            raise
         self._stats.bytes += nbytes
         return done
 
@@ -183,18 +188,23 @@ class AsyncSender:
         self._stats.sends += 1
 
     def _process(self) -> None:
-        """Run the ring's task work, reap, and settle sends and notifications (loop thread)."""
+        """Run the ring's task work and settle sends and notifications, until an enter finds
+        nothing: the loop sleeps only then (see zcnet.aio.wakeup), and one enter runs a
+        bounded amount of task work (io_uring's IO_LOCAL_TW_DEFAULT_MAX)."""
         ring = self.ring
-        if ring is None:
-            return
-        if not ring.cq_ready():
-            ring.get_events()
-        c = ring.reap()
-        if len(c):
+        while ring is not None:
+            if not ring.cq_ready():
+                ring.get_events()
+            c = ring.reap()
+            if not len(c):
+                return
             self._wake.swallow()  # type: ignore[union-attr]  # our own posting's signal
-        for ud, res, flags in zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(),
-                                  strict=True):
-            i = int(ud)
+            self._settle_cqes(c.user_data.tolist(), c.res.tolist(), c.flags.tolist())
+
+    def _settle_cqes(self, uds: list[int], results: list[int], flags_: list[int]) -> None:
+        ring = self.ring
+        assert ring is not None
+        for i, res, flags in zip(uds, results, flags_, strict=True):
             if flags & u.IORING_CQE_F_NOTIF:
                 if res & u.IORING_NOTIF_USAGE_ZC_COPIED:
                     self._stats.copied += 1
@@ -320,6 +330,11 @@ class AsyncSender:
     def __repr__(self) -> str:
         return (f"<zcnet.aio sender {self.kind} fd={self.sock.fileno()} "
                 f"{'closed' if self._closed else 'open'}>")
+
+
+def _consume(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def open_sender(sock: socket.socket, kind: str = "sendzc", *, slots: int = 8,
