@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -7,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -19,6 +21,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "root" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_asyncio_loop_factories(config, item):
+    """The event loops pytest-asyncio tests may ask for with mark.asyncio(loop_factories=...);
+    zcnet.aio supports both."""
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture
