@@ -37,9 +37,11 @@ class AsyncReceiver:
     at EOF). Release as with the synchronous API: ``chunk.release()``, from any thread.
     """
 
-    def __init__(self, rx: Receiver, sock: socket.socket | None = None) -> None:
+    def __init__(self, rx: Receiver, sock: socket.socket | None = None, *,
+                 max_held: float = 0.75) -> None:
         self._owner = Owner("zcnet.aio receiver")
         self.rx = rx
+        self._limit = int(rx.area.size * max_held)  # the Receiver's back-pressure threshold
         self.sock = sock
         self._pending: deque[Chunk] = deque()
         self._closed = False
@@ -53,8 +55,19 @@ class AsyncReceiver:
         if self._closed:
             raise ValueError("receiver is closed")
         rx = self.rx
+        ring = rx.ring
         wake = self._wake
         while True:
+            if (ring is not None and rx.provider.armed and rx.stalled is None
+                    and rx.stats.in_flight_bytes <= self._limit):
+                # The common case, without the synchronous receiver's timed wait: a zero
+                # timeout there still costs the kernel a timer and often a context switch.
+                rx.flush()
+                if not ring.cq_ready():
+                    ring.get_events()  # runs the task work: data lands, CQEs are posted
+                if not ring.cq_ready():
+                    await wake.wait()
+                    continue
             got = rx.recv_batch(0) if batch else rx.recv(0)
             if got:
                 wake.swallow()
@@ -182,7 +195,8 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     Owner("zcnet.aio.open_receiver")  # a clear error before anything is allocated
     rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
     try:
-        return AsyncReceiver(rx, sock if own_socket else None)
+        return AsyncReceiver(rx, sock if own_socket else None,
+                             max_held=kw.get("max_held", 0.75))
     except BaseException:
         rx.close()
         raise
