@@ -10,7 +10,8 @@ Servers (each in its own process, on uvloop):
                 ``chunk.release()`` (soft provider, copy sender: 64 B gains nothing from SEND_ZC)
 
 The client process (uvloop, one Protocol per connection) keeps one 64-byte request in flight per
-connection and records each round trip; the server and the client sit on different CPUs.
+connection and records each round trip once every connection has had its first reply and a
+warm-up has passed (connection setup is not measured); server and client sit on different CPUs.
 p50 and p99 are medians over rounds, every server measured in each round in rotating order.
 """
 
@@ -69,8 +70,11 @@ def server_main(name: str, srv: socket.socket, cpu: int) -> None:
 
 
 class Client(asyncio.Protocol):
-    def __init__(self, rtts: list[int], until: float, done: asyncio.Future[None]) -> None:
-        self.rtts, self.until, self.done = rtts, until, done
+    """Keeps one request in flight; records round trips while ``record`` is set."""
+
+    def __init__(self, rtts: list[int], state: dict[str, Any],
+                 first: asyncio.Future[None], done: asyncio.Future[None]) -> None:
+        self.rtts, self.state, self.first, self.done = rtts, state, first, done
         self.got = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,8 +90,11 @@ class Client(asyncio.Protocol):
         if self.got < MSG:
             return
         self.got -= MSG
-        self.rtts.append(time.perf_counter_ns() - self.t0)
-        if time.perf_counter() < self.until:
+        if not self.first.done():
+            self.first.set_result(None)
+        if self.state["record"]:
+            self.rtts.append(time.perf_counter_ns() - self.t0)
+        if self.state["run"]:
             self._send()
         else:
             self.tr.close()
@@ -99,23 +106,30 @@ class Client(asyncio.Protocol):
 
 def client_main(port: int, clients: int, seconds: float, warmup: float, cpu: int,
                 out: Any) -> None:
+    """Connect every client and wait for each one's first reply (the server has set the
+    connection up), warm up, then record for ``seconds``."""
     os.sched_setaffinity(0, {cpu})
 
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()
         rtts: list[int] = []
-        until = time.perf_counter() + warmup + seconds
-        dones = []
+        state = {"record": False, "run": True}
+        firsts, dones = [], []
         for _ in range(clients):
+            f: asyncio.Future[None] = loop.create_future()
             d: asyncio.Future[None] = loop.create_future()
             s = socket.create_connection(("127.0.0.1", port))
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.create_connection(lambda d=d: Client(rtts, until, d), sock=s)
+            await loop.create_connection(lambda f=f, d=d: Client(rtts, state, f, d), sock=s)
+            firsts.append(f)
             dones.append(d)
+        await asyncio.gather(*firsts)
         await asyncio.sleep(warmup)
-        skip = len(rtts)
+        state["record"] = True
+        await asyncio.sleep(seconds)
+        state["record"] = state["run"] = False
         await asyncio.gather(*dones)
-        return rtts[skip:]
+        return rtts
 
     out.send(uvloop.run(main()))
 
@@ -144,7 +158,7 @@ def measure(name: str, clients: int, args: argparse.Namespace,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", default="1,50")
     args = ap.parse_args()
