@@ -281,3 +281,22 @@ def test_loop_closed_without_asyncio_run(loop_kind, no_leaks, caplog):
     loop.close()
     assert rx._closed and rx.rx.ring is None
     assert "Traceback" not in caplog.text
+
+
+def test_close_from_another_task_while_a_receive_waits(loop_kind, no_leaks):
+    """Another task closes the receiver under a waiting receive: the waiter gets an error (or
+    is cancelled), never touches the freed ring."""
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        rx = aio.open_receiver(s, own_socket=True, **SMALL)
+        waiter = asyncio.create_task(rx.recv())
+        await asyncio.sleep(0.02)
+        c.send(b"wake it")  # the eventfd fires; close before the waiter runs again
+        await asyncio.sleep(0)
+        rx.close()
+        with pytest.raises((ValueError, asyncio.CancelledError)):
+            await waiter
+        c.close()
+
+    run(loop_kind, main)

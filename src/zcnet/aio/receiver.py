@@ -58,6 +58,8 @@ class AsyncReceiver:
         ring = rx.ring
         wake = self._wake
         while True:
+            if self._closed:  # by another task while this one slept: the ring is unmapped
+                raise ValueError("receiver was closed while a receive waited")
             if (ring is not None and rx.provider.armed and rx.stalled is None
                     and rx.stats.in_flight_bytes <= self._limit):
                 # The common case, without the synchronous receiver's timed wait: a zero

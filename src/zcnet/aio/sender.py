@@ -145,7 +145,7 @@ class AsyncSender:
         while self._sending >= 0:  # a cancelled sender's send is still in flight
             self._idle.clear()
             await self._idle.wait()
-        self._check()
+            self._check()
         i = slot.index
         self._notified[i] = done
         self._want[i], self._done[i] = nbytes, 0
@@ -275,6 +275,7 @@ class AsyncSender:
         while self.outstanding or self._sending >= 0:
             self._freed.clear()
             await self._freed.wait()
+            self._check()
 
     def stats(self) -> SendStats:
         s = SendStats(**self._stats.as_dict())
@@ -300,6 +301,11 @@ class AsyncSender:
     def _free_all(self) -> None:
         self._closed = True
         untrack(self.loop, self)
+        sent, self._sent = self._sent, None
+        if sent is not None and not sent.done() and not self.loop.is_closed():
+            sent.cancel()  # wakes a send() waiting for its result
+        self._idle.set()
+        self._freed.set()
         try:
             if self._wake is not None:
                 self._wake.close()
