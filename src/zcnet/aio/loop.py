@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import warnings
 import weakref
 from typing import Protocol
 
 from zcnet.errors import ZcnetError
+
+log = logging.getLogger(__name__)
 
 
 class LoopBound(Protocol):
@@ -80,7 +83,10 @@ class _Guard:
             for obj in list(self.open.values()):
                 warnings.warn(f"{obj!r} was still open when its event loop shut down; closed "
                               "it (use `async with` or aclose())", ResourceWarning, stacklevel=1)
-                obj._shutdown()
+                try:
+                    obj._shutdown()
+                except (OSError, ZcnetError, ValueError) as e:  # free the others regardless
+                    log.warning("closing %r at loop shutdown failed: %s", obj, e)
             self.open.clear()
 
 

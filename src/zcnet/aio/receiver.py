@@ -16,7 +16,7 @@ import socket
 from collections import deque
 from typing import Any
 
-from zcnet.aio.loop import Owner, track, untrack
+from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import UsageError
@@ -194,7 +194,7 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``own_socket``: close ``sock`` with the receiver (what the adopt helpers want).
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
-    Owner("zcnet.aio.open_receiver")  # a clear error before anything is allocated
+    running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
     rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
     try:
         return AsyncReceiver(rx, sock if own_socket else None,
