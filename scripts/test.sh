@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine, then runs it.
 # Usage: bash scripts/test.sh [pytest args...]
+# A Python that refuses pip (PEP 668) gets a venv, as in scripts/bench.sh (see scripts/env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_pkgs=(bpftool iperf3 sockperf iproute2 ethtool kmod util-linux procps)
+apt_pkgs=(bpftool iperf3 sockperf iproute2 ethtool kmod util-linux procps python3-venv)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,6 +20,7 @@ if ((${#missing[@]})); then
   fi
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
-python3 -m ruff check src tests benchmarks examples
-exec python3 -m pytest -q "$@"
+source scripts/env.sh
+"$ZCNET_PY" -m pip install -q --disable-pip-version-check -e '.[test]'
+"$ZCNET_PY" -m ruff check src tests benchmarks examples
+exec "$ZCNET_PY" -m pytest -q "$@"

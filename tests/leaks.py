@@ -1,10 +1,35 @@
-"""Snapshots of what a test may leak: namespaces, veth links, child processes, fds, mappings."""
+"""Snapshots of what a test may leak: namespaces, veth links, netdevsim devices, processes (VMs
+included), fds and memory mappings (io_uring rings and buffer rings, dma-buf and memfd maps, and
+anonymous areas).
+
+Some facts about reading leaked memory from /proc/self/maps:
+
+- An area is an anonymous private mapping; the kernel merges neighbouring anonymous mappings
+  with equal flags, so a leak shows as address ranges that were not mapped before, not
+  necessarily as one new line. We count the new bytes.
+- Other anonymous memory comes and goes for reasons that are no leak: thread stacks (cached by
+  glibc after join; a PROT_NONE guard page right below them), glibc's per-thread malloc heaps
+  (64 MiB aligned reservations, the unused part PROT_NONE) and CPython's 1 MiB object arenas.
+  The first two are recognised by their shape; the arenas are counted by the interpreter
+  (sys._debugmallocstats) and subtracted.
+- What is left, new bytes less bytes unmapped since (memory that moved is no leak), is allowed
+  to grow by less than 2 MiB (malloc's own mmapped chunks and the arena count's lag churn by up
+  to 1 MiB here), so a leaked area of 2 MiB or more is caught, a smaller one may not be; one
+  freed during the test can hide one as large.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+ANON_SLACK = 2 << 20
+MALLOC_HEAP_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit
+NETDEVSIM = Path("/sys/bus/netdevsim/devices")
 
 
 def _ppid(pid: int) -> int:
@@ -57,14 +82,40 @@ def _veths() -> frozenset[str]:
     return frozenset(out)
 
 
-def _children() -> frozenset[int]:
-    pids: set[int] = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+def _netdevsim() -> frozenset[str]:
+    return frozenset(p.name for p in NETDEVSIM.iterdir()) if NETDEVSIM.is_dir() else frozenset()
+
+
+def _processes() -> tuple[frozenset[str], frozenset[str]]:
+    """(our descendants at any depth, orphaned QEMU processes), each as 'pid:comm'.
+
+    A QEMU whose parent died is reparented to init: it is then nobody's child, but it is still
+    a VM somebody started and left running."""
+    parent: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
         try:
-            pids.update(int(p) for p in (task / "children").read_text().split())
+            stat = (p / "stat").read_text()
         except OSError:
             continue
-    return frozenset(pids)
+        head, tail = stat.rsplit(")", 1)
+        pid = int(p.name)
+        parent[pid] = int(tail.split()[1])
+        comm[pid] = head.split("(", 1)[1]
+    me = os.getpid()
+    ours = set()
+    for pid in parent:
+        q, seen = parent[pid], 0
+        while q > 1 and seen < 64:
+            if q == me:
+                ours.add(pid)
+                break
+            q, seen = parent.get(q, 0), seen + 1
+    orphans = {pid for pid, pp in parent.items() if pp == 1 and comm[pid].startswith("qemu")}
+    return (frozenset(f"{p}:{comm[p]}" for p in ours),
+            frozenset(f"{p}:{comm[p]}" for p in orphans))
 
 
 def _fds() -> frozenset[str]:
@@ -77,32 +128,135 @@ def _fds() -> frozenset[str]:
     return frozenset(out)
 
 
-def _uring_maps() -> int:
-    return sum("io_uring" in line for line in Path("/proc/self/maps").read_text().splitlines())
+def _mapping_kind(path: str) -> str | None:
+    if "io_uring" in path:
+        return "io_uring"
+    if "dmabuf" in path:
+        return "dma-buf"
+    if path.startswith("/memfd:"):
+        return "memfd"
+    return None
+
+
+def _maps(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
+    """(kernel-object mappings as 'kind path range', anonymous read-write ranges that are
+    neither thread stacks nor malloc heaps) of /proc/self/maps ``text``."""
+    rows = []
+    for line in text.splitlines():
+        f = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        rows.append((lo, hi, f[1], f[5] if len(f) > 5 else ""))
+    special = []
+    anon = []
+    heap_end = 0  # end of the malloc heap reservation we are inside, if any
+    for i, (lo, hi, perms, path) in enumerate(rows):
+        if path:
+            if (kind := _mapping_kind(path)) is not None:
+                special.append(f"{kind} {path} {lo:x}-{hi:x}")
+            continue
+        if lo % MALLOC_HEAP_ALIGN == 0 and perms.startswith("rw"):
+            # A malloc heap: read-write from the aligned start, the rest of the reservation
+            # PROT_NONE; parts may be split by madvise/mprotect, so skip the whole block.
+            heap_end = lo + MALLOC_HEAP_ALIGN
+        if lo < heap_end or not perms.startswith("rw"):
+            continue
+        prev = rows[i - 1] if i else None
+        if prev is not None and prev[1] == lo and prev[2].startswith("---") and not prev[3]:
+            continue  # a thread stack above its guard page
+        anon.append((lo, hi))
+    return tuple(special), tuple(anon)
+
+
+_ARENAS = re.compile(rb"# arenas allocated current\s*=\s*(\d+)")
+
+
+def _py_arenas() -> int:
+    """CPython's live object arenas (1 MiB anonymous mappings each), from _debugmallocstats,
+    which writes to the C-level stderr."""
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(f.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        m = _ARENAS.search(f.read())
+    return int(m.group(1)) if m else 0
+
+
+ARENA_SIZE = 1 << 20
+
+
+def _new_bytes(after: tuple[tuple[int, int], ...], before: tuple[tuple[int, int], ...]) -> int:
+    """Bytes of ``after`` ranges not covered by any ``before`` range."""
+    total = 0
+    for lo, hi in after:
+        n = hi - lo
+        for blo, bhi in before:
+            n -= max(0, min(hi, bhi) - max(lo, blo))
+        total += n
+    return total
 
 
 @dataclass(frozen=True)
 class Snapshot:
     netns: frozenset[str]
     veths: frozenset[str]
-    children: frozenset[int]
+    netdevsim: frozenset[str]
+    processes: frozenset[str]
+    orphan_vms: frozenset[str]
     fds: frozenset[str]
-    uring_maps: int
+    special_maps: tuple[str, ...]
+    anon: tuple[tuple[int, int], ...]
+    arenas: int
 
     @classmethod
     def take(cls) -> Snapshot:
-        return cls(_netns(), _veths(), _children(), _fds(), _uring_maps())
+        procs, vms = _processes()
+        netns, veths, nsim, fds = _netns(), _veths(), _netdevsim(), _fds()
+        # Arenas, then the maps at once: arenas made by the work above are in both counts,
+        # and nothing between the two reads makes new ones.
+        arenas = _py_arenas()
+        special, anon = _maps(Path("/proc/self/maps").read_text())
+        return cls(netns, veths, nsim, procs, vms, fds, special, anon, arenas)
+
+    @property
+    def uring_maps(self) -> int:
+        return sum(s.startswith("io_uring ") for s in self.special_maps)
+
+    def anon_growth(self, before: Snapshot) -> int:
+        """Anonymous bytes mapped now and not before, less those unmapped since (so memory that
+        merely moved, an arena freed here and one made there, nets out), less what CPython's
+        own arenas grew by."""
+        return (_new_bytes(self.anon, before.anon) - _new_bytes(before.anon, self.anon)
+                - (self.arenas - before.arenas) * ARENA_SIZE)
 
     def leaked_since(self, before: Snapshot) -> list[str]:
         problems = []
-        if extra := self.netns - before.netns:
-            problems.append(f"network namespaces left: {sorted(extra)}")
-        if extra := self.veths - before.veths:
-            problems.append(f"veth links left: {sorted(extra)}")
-        if extra := self.children - before.children:
-            problems.append(f"child processes left: {sorted(extra)}")
-        if extra := self.fds - before.fds:
-            problems.append(f"file descriptors left: {sorted(extra)}")
-        if self.uring_maps > before.uring_maps:
-            problems.append(f"io_uring mappings left: {self.uring_maps - before.uring_maps}")
+        for what, now, then in (
+                ("network namespaces", self.netns, before.netns),
+                ("veth links", self.veths, before.veths),
+                ("netdevsim devices", self.netdevsim, before.netdevsim),
+                ("processes (children and their children)", self.processes, before.processes),
+                ("orphaned VMs (qemu)", self.orphan_vms, before.orphan_vms),
+                ("file descriptors", self.fds, before.fds)):
+            if extra := now - then:
+                problems.append(f"{what} left: {sorted(extra)}")
+        kinds: dict[str, int] = {}
+        for s in self.special_maps:
+            kinds[s.split()[0]] = kinds.get(s.split()[0], 0) + 1
+        for s in before.special_maps:
+            kinds[s.split()[0]] = kinds.get(s.split()[0], 0) - 1
+        for kind, n in sorted(kinds.items()):
+            if n > 0:
+                new = sorted(set(self.special_maps) - set(before.special_maps))
+                which = [s for s in new if s.startswith(kind)]
+                problems.append(f"{kind} mappings left: {n} ({which})")
+        if (grown := self.anon_growth(before)) >= ANON_SLACK:
+            new = [f"{lo:x}-{hi:x}" for lo, hi in self.anon if (lo, hi) not in before.anon]
+            problems.append(f"anonymous mappings left: {grown} bytes more than before "
+                            f"(new or grown: {new[:6]})")
         return problems

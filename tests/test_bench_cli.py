@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 
 from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, run_bench
+from zcnet.lab import names
 from zcnet.lab.netns import list_netns
+
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 ZCNET = [sys.executable, "-m", "zcnet"]
 CELL_KEYS = {"engine", "mtu", "placement", "status", "reason"}
@@ -49,7 +53,7 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
         assert cell.keys() >= OK_KEYS
         assert cell["cpu"]["rx"].keys() >= CPU_KEYS and cell["cpu"]["tx"].keys() >= CPU_KEYS
         assert cell["mtu"] == 9000 and cell["placement"] == "split"
-        assert cell["bytes"] >= 64 << 20 and cell["gbps"] > 0
+        assert cell["bytes"] > 0 and cell["gbps"] > 0
         assert cell["verify"]["mismatches"] == 0
         assert cell["verify"]["checked_bytes"] == cell["bytes"]
     # The table names every engine and the placement block, and says why zcrx is n/a.
@@ -59,9 +63,9 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["--engine", "warp"], "epoll"),
     (["--placement", "middle"], "same, split"),
-    (["--mtu", "70000"], "576..65536"),
-    (["--mtu", "abc"], "bad MTU list"),
-    (["--duration", "0"], "0.1..3600"),
+    (["--mtu", "70000"], "68..65536"),
+    (["--mtu", "abc"], "not a whole number"),
+    (["--duration", "0"], "0.01..3600"),
 ])
 def test_bad_arguments_are_one_line_errors(args: list[str], needle: str) -> None:
     r = zcnet("bench", *args, timeout=30)
@@ -172,7 +176,11 @@ def test_interrupted_bench_leaves_nothing(no_leaks, tmp_path: Path, sig: int) ->
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode != 0 and "Traceback" not in err
-    assert set(list_netns()) == before
+    # Nothing of this run's namespaces is left (bench may also have swept stale labs it found;
+    # labs of other live processes on this machine may come and go meanwhile).
+    new = [ns for ns in set(list_netns()) - before
+           if (lab := names.parse_netns(ns)) is None or lab.owner == p.pid]
+    assert not new
     # Nothing of the run remains: workers, the lab's servers, their forkservers.
     time.sleep(0.5)
     assert not _tagged_processes(tag)
@@ -196,10 +204,10 @@ def test_without_capabilities_bench_falls_back_to_loopback_and_says_so(no_leaks,
     assert cell["status"] == "ok" and cell["mtu"] == int(Path("/sys/class/net/lo/mtu").read_text())
 
 
+@pytest.mark.timeout(150)
 def test_unwritable_json_path_fails_before_measuring(no_leaks, tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    r = zcnet("bench", "--no-lab", "--engine", "epoll", "--placement", "same", "--duration", "60",
-              "--json", str(tmp_path / "missing" / "x.json"), timeout=60)
-    assert r.returncode == 1 and "cannot write" in r.stderr and "Traceback" not in r.stderr
-    assert time.monotonic() - t0 < 30  # the 60 s cell never started
+    # An hour-long cell: had it started, the run would not end before the timeout.
+    r = zcnet("bench", "--no-lab", "--engine", "epoll", "--placement", "same", "--duration",
+              "3600", "--json", str(tmp_path / "missing" / "x.json"), timeout=120)
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir())  # and no temp file was left

@@ -11,6 +11,9 @@ import pytest
 from zcnet.pattern import PERIOD, TILED, Verifier, pattern_view
 from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 SIZE = 64 << 20
 
 

@@ -17,6 +17,9 @@ import pytest
 from test_server_e2e import server
 from zcnet.bench.client import Control
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 @pytest.mark.root
 def test_bench_experiment_on_a_named_nic_runs_through_the_remote_server(no_leaks,
@@ -27,6 +30,7 @@ def test_bench_experiment_on_a_named_nic_runs_through_the_remote_server(no_leaks
     with Lab(mtu=1500) as lab, NetnsServer(lab.addr_a, netns=lab.ns_a) as sender:
         token = tmp_path / "token"
         token.write_bytes(sender.token)
+        token.chmod(0o600)   # token files others can read are refused
         out = tmp_path / "nic.json"
         assert sender.address is not None
         r = subprocess.run(

@@ -13,6 +13,9 @@ from zcnet.errors import UsageError
 from zcnet.lab import Lab
 from zcnet.report.tables import experiment_tables
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 @pytest.fixture
 def lab(no_leaks: None) -> Iterator[Lab]:

@@ -125,7 +125,7 @@ def test_cli_bad_spec_is_one_line_error(tmp_path: Path,
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"zcnet: error: {bad}:{_line(bad.read_text(), 'repeat = 0')}: "
-                          "key 'run.repeat': must be positive")
+                          "key 'run.repeat': must be within 1..10000, got 0")
     assert "Traceback" not in err
     assert main(["reproduce", "no-such-thing"]) == 2
     assert "choose one of: mlx5-zcrx, tx-mpwqe, zcrx-refs" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from zcnet.lab import Lab, names
 from zcnet.lab.netns import netns_exists
 from zcnet.lab.sweep import find_labs, sweep_stale
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
 

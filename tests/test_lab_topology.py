@@ -19,7 +19,7 @@ from zcnet.lab.netns import in_netns, netns_exists
 from zcnet.lab.rtnl import rtnl
 from zcnet.uapi.errqueue import IP_MTU
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
 PAYLOAD = os.urandom(256 * 1024)  # several segments even at MTU 9000
 
@@ -247,7 +247,7 @@ def test_name_collision_moves_to_next_name(taken: tuple[str, ...], no_leaks: Non
         pr_netns.create(squatter.name + side)
     try:
         with Lab() as lab:
-            assert lab.name == names.owned(os.getpid(), n + 1).name
+            assert lab.name == f"zc{os.getpid()}x{n + 1}"  # the next number, same owner
             assert all(netns_exists(squatter.name + side) for side in taken)
             assert _transfer(lab, socket.AF_INET, lab.addr_a, lab.addr_b)["data"] == PAYLOAD
     finally:

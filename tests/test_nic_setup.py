@@ -17,7 +17,7 @@ from zcnet.lab import Lab
 from zcnet.nic import ethtool, info, setup
 from zcnet.nic.device import Device
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@ from test_proto_state import OPEN, deliver, handshake
 from zcnet.bench import protocol as p
 from zcnet.bench.protocol import Connection, Limits, RemoteProtocolError, Role
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def _frame(payload: str) -> bytes:
     raw = payload.encode()

@@ -97,7 +97,8 @@ def test_frames_split_at_every_byte_reassemble():
     (b'{"type": "hello", "version": NaN, "caps": []}', "malformed"),
     (b'{"type": "hello", "version": 2, "caps": []}', "version"),
     (b'{"type": "start", "duration": 1}', "unexpected"),
-    (b"[" * 100000 + b"]" * 100000, "malformed"),
+    (b"[" * 2000 + b"]" * 2000, "malformed"),  # deep, within MAX_PREAUTH_MESSAGE
+    (b"[" * 100000 + b"]" * 100000, "too_big"),   # before auth, frames are small
 ])
 def test_invalid_input_names_its_error(payload, code):
     srv = Connection(Role.SERVER)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_welch_matches_published_example() -> None:
     v = welch(A1, A2)
     assert v.pvalue == pytest.approx(0.021, abs=0.0015)
     assert v.significant
-    assert v.ratio == pytest.approx(summarize(A2).mean / summarize(A1).mean)
+    assert v.ratio == pytest.approx(statistics.fmean(A2) / statistics.fmean(A1))
     assert v.text() == f"{v.ratio:.2f}x faster, significant"
 
 

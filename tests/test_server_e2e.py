@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from zcnet.bench import protocol as proto
+from zcnet.bench.authtoken import default_token
 from zcnet.bench.client import ClientOptions, Control, run
 from zcnet.errors import ZcnetError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 READY = "zcnet server listening on "
 
@@ -177,11 +178,14 @@ def test_absolute_pins_are_applied_before_the_run(two_servers):
 def test_wrong_token_refused_logged_nothing_run(no_leaks, tmp_path):
     token = tmp_path / "token"
     token.write_text("correct horse battery staple\n")
+    token.chmod(0o600)   # token files others can read are refused
+    default_token(create=True)
     with server(tmp_path, "127.0.0.2", "--token-file", str(token)) as s:
         with pytest.raises(ZcnetError, match="authentication failed"):
             run(ClientOptions(src=s.address, dst=s.address, duration=0.2, token=b"wrong token!"))
         with pytest.raises(ZcnetError, match="authentication failed"):
-            run(ClientOptions(src=s.address, dst=s.address, duration=0.2))  # no token at all
+            # No token given: this user's token file, not the server's secret.
+            run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
         assert wait_for(lambda: s.log_text().count("authentication failed") >= 2, 5)
         assert "worker pid" not in s.log_text()
         res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2,

@@ -10,7 +10,7 @@ import pytest
 from zcnet.bench.client import ClientOptions, lab_servers, run
 from zcnet.errors import ZcnetError
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.root, pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 
 def test_flows_between_lab_namespaces(no_leaks):

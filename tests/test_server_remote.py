@@ -18,7 +18,7 @@ from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.remote import RemoteServer
 from zcnet.errors import ZcnetError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 # Options with an argument, as ssh parses them; then the host, then "--", then the command.
 FAKE_SSH = """#!/bin/sh

@@ -18,7 +18,7 @@ from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
 from zcnet.bench.server import parse_hostport
 from zcnet.errors import UsageError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 OPEN0 = {"type": "open", "flow": 0, "mode": "stream", "engine": "epoll", "read_size": 4096,
          "req_size": 1, "resp_size": 1}
@@ -99,6 +99,7 @@ def test_port_out_of_range_is_a_usage_error(text):
         parse_hostport(text)
 
 
+@pytest.mark.timeout(30)
 def test_client_close_is_bounded_when_the_server_goes_silent(monkeypatch):
     """A server that completes the handshake and then never answers: close() gives up soon."""
     monkeypatch.setattr(client_mod, "CLOSE_TIMEOUT", 0.5, raising=False)
@@ -117,15 +118,13 @@ def test_client_close_is_bounded_when_the_server_goes_silent(monkeypatch):
             conn.receive_data(c.recv(65536))
             conn.next_event()
             c.sendall(conn.send({"type": "auth_ok"}))
-            done.wait(30)   # silent from now on
+            done.wait()   # silent until the test ends
 
     t = threading.Thread(target=fake_server, daemon=True)
     t.start()
     try:
         ctl = Control(f"127.0.0.1:{ls.getsockname()[1]}", None)
-        t0 = time.monotonic()
-        ctl.close()
-        assert time.monotonic() - t0 < 5
+        ctl.close()  # a close that waited for the silent server would hit the test's timeout
     finally:
         done.set()
         t.join(5)

@@ -3,6 +3,9 @@ completion and release each exactly once (poisoning released slots must never re
 
 from __future__ import annotations
 
+import errno
+import functools
+import json
 import os
 import socket
 import subprocess
@@ -15,7 +18,11 @@ import pytest
 from zcnet.errors import UsageError
 from zcnet.lab.netns import in_netns
 from zcnet.tx import sendzc
-from zcnet.tx.senders import KINDS, fill_pattern, make_sender
+from zcnet.tx.senders import KINDS, MsgZerocopySender, fill_pattern, make_sender
+from zcnet.uapi.socket import SO_ZEROCOPY
+
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 CHUNK = 32 << 10
 SENDS = 300
@@ -95,18 +102,24 @@ def test_sends_arrive_intact_and_slots_wait_for_completion(no_leaks, tcp_pair, k
         assert stats.copied == stats.sends >= SENDS and stats.zerocopy == 0
 
 
-def test_msgzc_falls_back_to_copy_with_a_note(no_leaks) -> None:
-    a, b = socket.socketpair()  # AF_UNIX: no SO_ZEROCOPY
-    try:
+class _NoZerocopy(socket.socket):
+    """A TCP socket whose SO_ZEROCOPY is refused, as by a kernel without it (ENOPROTOOPT)."""
+
+    def setsockopt(self, level: int, opt: int, *args: object) -> None:  # type: ignore[override]
+        if (level, opt) == (socket.SOL_SOCKET, SO_ZEROCOPY):
+            raise OSError(errno.ENOPROTOOPT, os.strerror(errno.ENOPROTOOPT))
+        super().setsockopt(level, opt, *args)  # type: ignore[arg-type]
+
+
+def test_msgzc_falls_back_to_copy_with_a_note(no_leaks, tcp_pair) -> None:
+    client, server = tcp_pair
+    with _NoZerocopy(fileno=os.dup(client.fileno())) as a:
         sender = make_sender("msgzc", a, bytearray(4096), slots=2)
         assert sender.send(1000) == 1000
         stats = sender.stats()
         assert stats.path == "copy" and stats.kind == "msgzc" and "SO_ZEROCOPY" in stats.note
-        assert b.recv(4096) == bytes(1000)
+        assert server.recv(4096) == bytes(1000)
         sender.close()
-    finally:
-        a.close()
-        b.close()
 
 
 def test_sendzc_falls_back_when_the_opcode_is_missing(no_leaks, tcp_pair, monkeypatch) -> None:
@@ -182,16 +195,23 @@ def ifb_netns():
         subprocess.run(["ip", "netns", "del", name], check=True)
 
 
+_DATAGRAM_OK = {"msgzc": MsgZerocopySender,
+                "sendzc": functools.partial(sendzc.SendZcSender, fixed=True),
+                "sendzc-plain": functools.partial(sendzc.SendZcSender, fixed=False)}
+
+
 @pytest.mark.root
-@pytest.mark.parametrize("kind", ["msgzc", "sendzc", "sendzc-plain"])
+@pytest.mark.parametrize("kind", sorted(_DATAGRAM_OK))
 def test_true_zero_copy_completions_at_the_device_boundary(no_leaks, ifb_netns, kind) -> None:
     with in_netns(ifb_netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
         sock.connect(("198.18.200.2", 9))
         releases: Counter[int] = Counter()
-        sender = make_sender(kind, sock, bytearray(4 * 4096), slots=4,
-                             on_release=lambda slot, view: releases.update([slot]))
+        # The classes, not make_sender: it takes TCP only, and TCP cannot complete zero-copy
+        # here (a peer on this machine makes the kernel copy; into the ifb no ACK comes back).
+        sender = _DATAGRAM_OK[kind](sock, bytearray(4 * 4096), slots=4,
+                                    on_release=lambda slot, view: releases.update([slot]))
         try:
             for _ in range(100):
                 sender.send(1200)
@@ -202,3 +222,91 @@ def test_true_zero_copy_completions_at_the_device_boundary(no_leaks, ifb_netns, 
     assert stats.path == kind and stats.sends == 100
     assert stats.zerocopy == 100 and stats.copied == 0
     assert sum(releases.values()) == 100
+
+
+ETH_P_ALL = 0x0003
+DGRAM = 1200
+TAP_SENDS = 60
+
+
+@pytest.fixture
+def ifb_tap(ifb_netns):
+    """The ifb namespace, with a token bucket on d0 slow enough that packets wait in it (the
+    kernel transmits, and reads the sender's memory, well after the send call returned) and a
+    packet socket capturing every frame d0 transmits: the bytes a receiver on the wire gets."""
+    subprocess.run(["ip", "netns", "exec", ifb_netns, "tc", "qdisc", "add", "dev", "d0", "root",
+                    "tbf", "rate", "4mbit", "burst", "1600", "latency", "5s"],
+                   check=True, capture_output=True)
+    with in_netns(ifb_netns):
+        tap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    with tap:
+        tap.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        tap.bind(("d0", 0))
+        tap.settimeout(10)
+        yield ifb_netns, tap
+
+
+def _udp_payloads(tap: socket.socket, count: int) -> list[bytes]:
+    """Payloads of the next ``count`` UDP datagrams to 198.18.200.2:9 on the tap, parsed by hand
+    (Ethernet 14 bytes, IPv4 header of IHL words, UDP 8 bytes)."""
+    out = []
+    while len(out) < count:
+        frame = tap.recv(65536)  # socket.timeout fails the test instead of hanging it
+        if len(frame) < 14 + 20 + 8 or frame[12:14] != b"\x08\x00":
+            continue
+        ip = frame[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        if ip[9] != 17 or ip[16:20] != socket.inet_aton("198.18.200.2"):
+            continue
+        udp = ip[ihl:]
+        if int.from_bytes(udp[2:4], "big") == 9:
+            out.append(bytes(udp[8:int.from_bytes(udp[4:6], "big")]))
+    return out
+
+
+def _datagram(seq: int) -> bytes:
+    return seq.to_bytes(4, "big") + bytes((seq + i) % 251 for i in range(DGRAM - 4))
+
+
+@pytest.mark.root
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["msgzc", "sendzc", "sendzc-plain"])
+def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap, kind) -> None:
+    """Each slot is poisoned the moment the sender releases it; the packets wait in the qdisc
+    while the kernel still points at the slots, so a slot released before the kernel is done
+    puts poison on the wire. What the wire got is read from the packet tap, not the sender."""
+    ns, tap = ifb_tap
+    seq = [0]
+
+    def on_fill(slot: int, view: memoryview) -> None:
+        view[:DGRAM] = _datagram(seq[0])
+        seq[0] += 1
+
+    def on_release(slot: int, view: memoryview) -> None:
+        view[:] = bytes([POISON]) * len(view)
+
+    with in_netns(ns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.connect(("198.18.200.2", 9))
+        # The tap sees datagrams one per send, so the sender class is built directly:
+        # make_sender accepts only TCP sockets.
+        sender = KINDS[kind](sock, bytearray(4 * 4096), 4, on_fill, on_release)
+        try:
+            for _ in range(TAP_SENDS):
+                sender.send(DGRAM)
+            sender.flush()
+            stats = sender.stats()
+        finally:
+            sender.close()
+    assert stats.path == kind and not stats.note
+    got = _udp_payloads(tap, TAP_SENDS)
+    for i, payload in enumerate(got):
+        assert payload == _datagram(i), \
+            f"datagram {i} on the wire is not what was sent (poison {POISON:#x}: " \
+            f"{payload.count(POISON)} bytes)"
+    # The window was real: the token bucket held packets back (it counts each time it had to).
+    qd = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev",
+                         "d0"], check=True, capture_output=True, text=True).stdout
+    (tbf,) = [q for q in json.loads(qd) if q["kind"] == "tbf"]
+    assert tbf["overlimits"] > 0 and tbf["packets"] >= TAP_SENDS

@@ -17,6 +17,9 @@ from zcnet.lab.netns import in_netns
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 N = 640
 
 

@@ -23,6 +23,9 @@ from zcnet.tx.udp_modes import (
 )
 from zcnet.uapi.perf_event import PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_SOFTWARE
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def _sender_socket(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

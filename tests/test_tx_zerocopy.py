@@ -33,6 +33,9 @@ from zcnet.uapi.errqueue import (
 )
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def _ee(lo: int, hi: int, *, code: int = 0, origin: int = SO_EE_ORIGIN_ZEROCOPY,
         err: int = 0) -> bytes:

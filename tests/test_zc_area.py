@@ -13,6 +13,9 @@ import pytest
 from zcnet.errors import UsageError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 

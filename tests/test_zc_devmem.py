@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import heapq
+import mmap
 import os
+import random
 import socket
 import struct
+import threading
 
+import numpy as np
 import pytest
 
 from zcnet.errors import Unsupported
 from zcnet.pattern import StreamPattern
 from zcnet.rx.zc.devmem import (
-    MAX_DONTNEED_FRAGS,
-    MAX_DONTNEED_TOKENS,
     bind_rx,
     dontneed_batches,
     parse_cmsgs,
@@ -25,6 +28,20 @@ from zcnet.rx.zc.devmem import (
 from zcnet.rx.zc.provider import Delivery
 from zcnet.uapi import socket as usock
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+# Numbers from asm-generic/socket.h and linux/socket.h, written here rather than taken from
+# zcnet.uapi, so a wrong constant there cannot agree with itself.
+K_SOL_SOCKET = 1
+K_SCM_DEVMEM_LINEAR = 78
+K_SCM_DEVMEM_DMABUF = 79
+K_SO_DEVMEM_DONTNEED = 80
+K_MSG_SOCK_DEVMEM = 0x2000000
+# net/core/sock.c: SO_DEVMEM_DONTNEED takes at most 128 entries and 1024 tokens per call.
+K_DONTNEED_ENTRIES = 128
+K_DONTNEED_TOKENS = 1024
+DMABUF_TOKEN = struct.Struct("=II")  # struct dmabuf_token {token_start, token_count}
 # struct dmabuf_cmsg {__u64 frag_offset; __u32 frag_size; __u32 frag_token; __u32 dmabuf_id;
 # __u32 flags;} -- packed by hand, independently of the ctypes definition the code uses.
 DMABUF_CMSG = struct.Struct("=QIIII")
@@ -32,12 +49,12 @@ assert DMABUF_CMSG.size == ctypes.sizeof(usock.dmabuf_cmsg) == 24
 
 
 def frag(off: int, size: int, token: int, binding: int = 5) -> tuple[int, int, bytes]:
-    return (usock.SOL_SOCKET, usock.SCM_DEVMEM_DMABUF,
+    return (K_SOL_SOCKET, K_SCM_DEVMEM_DMABUF,
             DMABUF_CMSG.pack(off, size, token, binding, 0))
 
 
 def linear(size: int) -> tuple[int, int, bytes]:
-    return (usock.SOL_SOCKET, usock.SCM_DEVMEM_LINEAR, DMABUF_CMSG.pack(0, size, 0, 0, 0))
+    return (K_SOL_SOCKET, K_SCM_DEVMEM_LINEAR, DMABUF_CMSG.pack(0, size, 0, 0, 0))
 
 
 def test_dmabuf_cmsgs_become_fragments_in_order():
@@ -63,14 +80,12 @@ def test_short_cmsg_is_an_error():
     from zcnet.errors import ZcnetError
 
     with pytest.raises(ZcnetError, match="devmem cmsg of 8 bytes"):
-        parse_cmsgs([(usock.SOL_SOCKET, usock.SCM_DEVMEM_DMABUF, b"\0" * 8)], b"", Delivery())
+        parse_cmsgs([(K_SOL_SOCKET, K_SCM_DEVMEM_DMABUF, b"\0" * 8)], b"", Delivery())
 
 
 def _decode(arg: bytes) -> list[tuple[int, int]]:
-    size = ctypes.sizeof(usock.dmabuf_token)
-    assert len(arg) % size == 0
-    return [(t.token_start, t.token_count) for t in
-            (usock.dmabuf_token.from_buffer_copy(arg, i) for i in range(0, len(arg), size))]
+    assert len(arg) % DMABUF_TOKEN.size == 0
+    return list(DMABUF_TOKEN.iter_unpack(arg))
 
 
 def test_dontneed_runs_and_limits():
@@ -83,7 +98,7 @@ def test_dontneed_runs_and_limits():
     assert [len(d) for d in decoded] == [128, 128, 44]
     assert [s for d in decoded for s, _ in d] == list(range(0, 600, 2))
     for d in decoded + [_decode(b) for b in many]:
-        assert len(d) <= MAX_DONTNEED_TOKENS and sum(c for _, c in d) <= MAX_DONTNEED_FRAGS
+        assert len(d) <= K_DONTNEED_ENTRIES and sum(c for _, c in d) <= K_DONTNEED_TOKENS
 
 
 @pytest.fixture
@@ -102,11 +117,11 @@ def test_kernel_accepts_our_dontneed_batches(tcp_pair):
     """The kernel checks the array's size against its own limits: our largest batch passes
     (no token is held here, so none is freed), one entry more is EINVAL."""
     conn, _ = tcp_pair
-    for arg in dontneed_batches(list(range(0, 4 * MAX_DONTNEED_TOKENS, 2))):
-        conn.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, arg)
-    too_many = struct.pack("=II", 0, 1) * (MAX_DONTNEED_TOKENS + 1)
+    for arg in dontneed_batches(list(range(0, 4 * K_DONTNEED_ENTRIES, 2))):
+        conn.setsockopt(K_SOL_SOCKET, K_SO_DEVMEM_DONTNEED, arg)
+    too_many = DMABUF_TOKEN.pack(0, 1) * (K_DONTNEED_ENTRIES + 1)
     with pytest.raises(OSError) as ei:
-        conn.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, too_many)
+        conn.setsockopt(K_SOL_SOCKET, K_SO_DEVMEM_DONTNEED, too_many)
     assert ei.value.errno == errno.EINVAL
 
 
@@ -174,3 +189,591 @@ def test_devmem_without_dmabuf_still_names_the_device_problem(no_leaks):
         ifname = lab.if_a
         open_devmem(-1, 1 << 20, ifname=ifname, queue=0)
     assert f"device {ifname} cannot bind a dma-buf" in ei.value.message
+
+
+# --- a Receiver over the real DevmemProvider ------------------------------------------------------
+#
+PAGE = 4096
+BINDING_ID = 7
+PAT_DEVMEM = StreamPattern(seed=16)
+
+
+class FakeBinding:
+    """Stands in for the netdev bind-rx binding, the one piece loopback cannot give."""
+
+    def __init__(self, ifname: str, fd: int, queues: list[int]) -> None:
+        self.ifname, self.fd, self.queues = ifname, fd, queues
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class DevmemNic:
+    """The kernel side of a devmem socket, around a real loopback TCP socket.
+
+    Every recvmsg really runs on the loopback socket. In "host" calls its bytes come back as they
+    are: host memory, no cmsg, exactly what the kernel does here. In "device" calls they are
+    moved as a bound queue would put them: per skb an optional linear head (copied into the iov
+    and announced by SCM_DEVMEM_LINEAR) and fragments written into the dma-buf through the
+    device's own mapping, each announced by SCM_DEVMEM_DMABUF with a token (lowest free id from
+    1, as the kernel's xarray allocates them). Iov bytes not announced are scribbled over.
+
+    SO_DEVMEM_DONTNEED goes to the real kernel (which checks the limits), and its argument bytes
+    are decoded here: that is what the kernel was given. ``first_token`` 0 models kernels whose
+    tokens are indices into the binding's buffers (0 included). A returned token's page is
+    poisoned and reused first, so a token given back while its chunk is held corrupts that
+    chunk's bytes.
+    """
+
+    def __init__(self, dmabuf_fd: int, size: int, *, device_share: float, seed: int,
+                 first_token: int = 1) -> None:
+        self.mm = mmap.mmap(dmabuf_fd, size, mmap.MAP_SHARED)
+        self.rng = random.Random(seed)
+        self.share = device_share  # of the calls, spread evenly
+        self.credit = 0.0
+        self.free_pages = list(range(size // PAGE))
+        self.free_tokens: list[int] = []
+        self.next_token = first_token
+        self.dontneed_calls = 0
+        self.linear_bytes = 0
+        self.held: dict[int, int] = {}          # token -> page
+        self.given: list[int] = []
+        self.returned: list[int] = []
+        self.placed: dict[int, tuple[int, int]] = {}  # stream position -> (dma-buf offset, size)
+        self.stream = 0
+        self.calls = {"host": 0, "device": 0}
+        self.flags: set[int] = set()
+
+    def socket_class(self) -> type[socket.socket]:
+        nic = self
+
+        class NicSocket(socket.socket):
+            def recvmsg_into(self, buffers, ancbufsize=0, flags=0):  # type: ignore[no-untyped-def]
+                return nic.recvmsg_into(super().recvmsg_into, buffers, ancbufsize, flags)
+
+            def setsockopt(self, level, opt, value, *rest):  # type: ignore[no-untyped-def]
+                super().setsockopt(level, opt, value, *rest)
+                if (level, opt) == (K_SOL_SOCKET, K_SO_DEVMEM_DONTNEED):
+                    nic.dontneed_calls += 1
+                    nic.dontneed(bytes(value))
+
+        return NicSocket
+
+    def _token(self) -> int:
+        if self.free_tokens:
+            return heapq.heappop(self.free_tokens)
+        self.next_token += 1
+        return self.next_token - 1
+
+    def recvmsg_into(self, real, buffers, ancbufsize, flags):  # type: ignore[no-untyped-def]
+        self.flags.add(flags)
+        (iov,) = buffers
+        iov = memoryview(iov).cast("B")
+        self.credit += self.share
+        if self.credit < 1 or len(self.free_pages) < 2:
+            self.calls["host"] += 1
+            # A random share of the iov, so a stream takes many calls of both kinds.
+            n, anc, mflags, addr = real([iov[:self.rng.randint(1, 1 << 16)]], ancbufsize, flags)
+            self.stream += n
+            self.linear_bytes += n
+            return n, anc, mflags, addr
+        self.calls["device"] += 1
+        self.credit -= 1
+        # At most one fragment per free page, and few enough cmsgs for the control buffer.
+        budget = min(len(self.free_pages), 64)
+        scratch = bytearray(min(len(iov), budget * PAGE))
+        n, anc, mflags, addr = real([scratch], ancbufsize, flags)
+        assert not anc, "loopback gave a cmsg"
+        out: list[tuple[int, int, bytes]] = []
+        iov[:n] = b"\xee" * n
+        pos = lin = 0
+        while pos < n:
+            head = min(n - pos, self.rng.choice((0, 0, self.rng.randint(1, 300))))
+            if not self.free_pages:
+                head = n - pos  # no page left: the rest of the skb stays linear
+            if head:
+                iov[lin:lin + head] = scratch[pos:pos + head]
+                self.linear_bytes += head
+                out.append((K_SOL_SOCKET, K_SCM_DEVMEM_LINEAR, DMABUF_CMSG.pack(0, head, 0, 0, 0)))
+                lin += head
+                pos += head
+            for _ in range(self.rng.randint(1, 4)):
+                if pos == n or not self.free_pages:
+                    break
+                page = heapq.heappop(self.free_pages)
+                start = self.rng.choice((0, 0, self.rng.randrange(PAGE)))
+                want = self.rng.choice((PAGE, self.rng.randint(1, PAGE)))
+                size = min(n - pos, PAGE - start, want)
+                off = page * PAGE + start
+                self.mm[off:off + size] = scratch[pos:pos + size]
+                tok = self._token()
+                self.held[tok] = page
+                self.given.append(tok)
+                self.placed[self.stream + pos] = (off, size)
+                out.append((K_SOL_SOCKET, K_SCM_DEVMEM_DMABUF,
+                            DMABUF_CMSG.pack(off, size, tok, BINDING_ID, 0)))
+                pos += size
+        if len(out) * socket.CMSG_SPACE(DMABUF_CMSG.size) > ancbufsize:
+            mflags |= socket.MSG_CTRUNC
+        self.stream += n
+        return n, out, mflags, addr
+
+    def dontneed(self, arg: bytes) -> None:
+        assert len(arg) % DMABUF_TOKEN.size == 0
+        for start, count in DMABUF_TOKEN.iter_unpack(arg):
+            for tok in range(start, start + count):
+                assert tok in self.held, f"token {tok} returned but not held by the user"
+                page = self.held.pop(tok)
+                self.mm[page * PAGE:(page + 1) * PAGE] = b"\xa5" * PAGE
+                heapq.heappush(self.free_pages, page)
+                heapq.heappush(self.free_tokens, tok)
+                self.returned.append(tok)
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+@pytest.fixture
+def devmem_rx(monkeypatch, tcp_pair):
+    """(open(device_share, seed) -> (Receiver, nic, binding), sending socket)."""
+    from zcnet.rx.zc import devmem
+    from zcnet.rx.zc.api import Receiver
+    from zcnet.rx.zc.area import Area
+
+    conn, cli = tcp_pair
+    bindings: list[FakeBinding] = []
+
+    def fake_bind(ifname: str, fd: int, queues: list[int]) -> FakeBinding:
+        bindings.append(FakeBinding(ifname, fd, queues))
+        return bindings[-1]
+
+    monkeypatch.setattr(devmem, "bind_rx", fake_bind)
+    size = 128 * PAGE
+    memfd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, size)
+    opened: list[tuple[Receiver, DevmemNic]] = []
+
+    def open_rx(device_share: float, seed: int = 1,
+                first_token: int = 1) -> tuple[Receiver, DevmemNic, FakeBinding]:
+        nic = DevmemNic(memfd, size, device_share=device_share, seed=seed,
+                        first_token=first_token)
+        sockmod = type("socket_module", (), {"__getattr__": lambda _s, k: getattr(socket, k),
+                                             "socket": nic.socket_class()})()
+        monkeypatch.setattr(devmem, "socket", sockmod)
+        area = Area(size, dmabuf_fd=memfd)
+        provider = devmem.DevmemProvider(conn.fileno(), area, "lo", 3)
+        rx = Receiver(conn, provider)
+        opened.append((rx, nic))
+        return rx, nic, bindings[-1]
+
+    try:
+        yield open_rx, cli
+    finally:
+        for rx, nic in opened:
+            rx.close()
+            nic.close()
+        os.close(memfd)
+
+
+def _send_pattern(cli: socket.socket, total: int) -> threading.Thread:
+    def run() -> None:
+        with cli:
+            for off in range(0, total, 1 << 20):
+                cli.sendall(PAT_DEVMEM.expected(off, min(1 << 20, total - off)))
+            cli.shutdown(socket.SHUT_WR)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.timeout(120)
+def test_receiver_over_devmem_linear_loopback_every_byte_and_offset(devmem_rx):
+    """Only what loopback really delivers (host memory, no cmsg): every byte arrives as a
+    linear copy at its stream offset, and nothing is handed to SO_DEVMEM_DONTNEED."""
+    open_rx, cli = devmem_rx
+    rx, nic, binding = open_rx(device_share=0.0)
+    assert (binding.ifname, binding.fd, binding.queues) == ("lo", rx.area.dmabuf_fd, [3])
+    total = 3 << 20
+    sender = _send_pattern(cli, total)
+    expect = 0
+    for chunk in rx:
+        with chunk:
+            assert chunk.offset == -1 and chunk.stream_offset == expect
+            assert PAT_DEVMEM.matches(expect, np.frombuffer(chunk.data, np.uint8))
+            expect += len(chunk)
+    sender.join()
+    assert expect == total == nic.stream
+    assert rx.provider.linear_bytes == total and rx.stats.linear == total
+    assert nic.calls["host"] and not nic.calls["device"]
+    assert {f & (K_MSG_SOCK_DEVMEM | socket.MSG_DONTWAIT) for f in nic.flags} == \
+        {K_MSG_SOCK_DEVMEM | socket.MSG_DONTWAIT}
+    rx.flush()
+    assert nic.given == nic.returned == []
+    rx.close()
+    assert binding.closed
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("form", ["chunks", "batches"])
+def test_receiver_over_devmem_tokens_return_exactly_once(devmem_rx, form: str):
+    """Real loopback bytes, half of the receives moved into the dma-buf with tokens: every byte
+    and stream offset is right, every area chunk is where the device put it, chunks held across
+    later receives keep their bytes (their tokens are not given back early), and each token
+    handed out reaches SO_DEVMEM_DONTNEED exactly once."""
+    open_rx, cli = devmem_rx
+    # Batches run with tokens from 0, as kernels with index tokens hand them out.
+    rx, nic, binding = open_rx(device_share=0.5, seed=5 if form == "chunks" else 6,
+                               first_token=1 if form == "chunks" else 0)
+    total = 3 << 20
+    sender = _send_pattern(cli, total)
+    rng = random.Random(3)
+    held: list = []
+    expect = 0
+    kinds = {"linear": 0, "area": 0}
+
+    def verify(pieces: list[tuple[int, memoryview]]) -> None:
+        for start, mv in pieces:
+            assert PAT_DEVMEM.matches(start, np.frombuffer(mv, np.uint8)), \
+                f"bytes at stream offset {start} changed while held"
+
+    def pieces_of(item) -> list[tuple[int, memoryview]]:  # type: ignore[no-untyped-def]
+        if form == "chunks":
+            return [(item.stream_offset, item.data)]
+        out, s = [], item.stream_offset
+        for mv in item.views():
+            out.append((s, mv))
+            s += len(mv)
+        return out
+
+    def release_some(keep: int) -> None:
+        rng.shuffle(held)
+        # Holding past the receiver's back-pressure mark would only make recv wait.
+        while len(held) > keep or sum(map(len, held)) > rx.area.size // 2:
+            item = held.pop()
+            verify(pieces_of(item))
+            item.release()
+
+    while True:
+        got = rx.recv(5.0) if form == "chunks" else rx.recv_batch(5.0)
+        if not got:
+            if rx.eof:
+                break
+            release_some(keep=0)  # paused by back-pressure: linear copies count as held too
+            continue
+        items = got if form == "chunks" else [got]
+        for item in items:
+            assert item.stream_offset == expect
+            if form == "chunks":
+                spans = [(item.offset, len(item))]
+            else:
+                spans = list(zip(item.offsets, item.lengths, strict=True))
+            pos = expect
+            assert all(n > 0 for _, n in spans), "an empty fragment: the kernel sends none"
+            for off, n in spans:
+                if off == -1:
+                    kinds["linear"] += 1
+                else:
+                    kinds["area"] += 1
+                    assert nic.placed[pos] == (off, n)
+                pos += n
+            verify(pieces_of(item))
+            expect += len(item)
+            held.append(item)
+        release_some(keep=rng.randint(0, 6))
+    release_some(keep=0)
+    sender.join()
+    assert expect == total == nic.stream
+    assert kinds["linear"] and kinds["area"] and nic.calls["host"] and nic.calls["device"], \
+        (kinds, nic.calls)
+    assert len(nic.given) > 100
+    rx.flush()
+    assert not nic.held, f"tokens never given back: {sorted(nic.held)[:10]}..."
+    assert sorted(nic.returned) == sorted(nic.given)
+    assert rx.stats_dict()["dontneed_calls"] == nic.dontneed_calls > 0
+    assert rx.stats_dict()["linear"] == rx.stats.linear == nic.linear_bytes > 0
+    assert rx.stats.rearms == 0  # devmem has nothing to re-arm
+    if form == "batches":
+        assert 0 in nic.returned
+    rx.close()
+    assert binding.closed
+
+
+@pytest.mark.timeout(60)
+def test_devmem_chunks_held_at_close_stay_readable_and_free_the_area_last(devmem_rx):
+    """Closing the receiver closes the socket (the kernel frees its tokens itself): chunks
+    still held keep their bytes, their release gives nothing to SO_DEVMEM_DONTNEED, and the
+    area goes with the last one."""
+    open_rx, cli = devmem_rx
+    rx, nic, binding = open_rx(device_share=1.0)
+    sender = _send_pattern(cli, 256 << 10)
+    held = []
+    while not held or sum(map(len, held)) < 64 << 10:
+        held += rx.recv(5.0)
+    sender.join()
+    returned = list(nic.returned)
+    rx.close()
+    assert binding.closed and not rx.area.closed
+    for c in held:
+        assert PAT_DEVMEM.matches(c.stream_offset, np.frombuffer(c.data, np.uint8))
+    rx.release_many(held)
+    assert rx.area.closed and nic.returned == returned
+
+
+# --- recv_devmem and the provider, case by case ---------------------------------------------------
+
+
+class ScriptedSocket:
+    """recvmsg_into answers from a script: (bytes for the iov, cmsgs, msg flags[, bytes
+    received: more than the iov got when fragments went to the dma-buf]) or an OSError."""
+
+    def __init__(self, *answers) -> None:  # type: ignore[no-untyped-def]
+        self.answers = list(answers)
+
+    def recvmsg_into(self, buffers, ancbufsize, flags):  # type: ignore[no-untyped-def]
+        if not self.answers:
+            raise BlockingIOError
+        a = self.answers.pop(0)
+        if isinstance(a, OSError):
+            raise a
+        data, anc, mflags, *n = a
+        buffers[0][:len(data)] = data
+        return (n[0] if n else len(data)), anc, mflags, None
+
+
+def test_foreign_cmsgs_between_fragments_are_skipped():
+    out = Delivery()
+    anc = [frag(0, 10, 1), (socket.SOL_SOCKET, socket.SCM_RIGHTS, b"\0" * 4), frag(4096, 20, 2)]
+    parse_cmsgs(anc, b"", out)
+    assert out.offsets == [0, 4096] and out.tokens == [1, 2]
+
+
+def test_unannounced_bytes_after_announced_linear_ones_are_linear_too():
+    """100 bytes, 30 of them announced by SCM_DEVMEM_LINEAR: the other 70 are plain copied data
+    and follow in the iov."""
+    payload = bytes(range(100))
+    sock = ScriptedSocket((payload, [linear(30)], 0))
+    out = Delivery()
+    iov = memoryview(bytearray(256))
+    assert recv_devmem(sock, iov, out) == 100  # type: ignore[arg-type]
+    assert out.lengths == [30, 70] and out.offsets == [-1, -1] and out.tokens == [-1, -1]
+    assert out.linear == {0: payload[:30], 1: payload[30:]}
+
+
+def test_a_receive_of_fragments_only_adds_no_linear_entry():
+    # The count includes the fragments' bytes although the iov stays empty.
+    sock = ScriptedSocket((b"", [frag(0, 4096, 1), frag(8192, 100, 2)], 0, 4196))
+    out = Delivery()
+    assert recv_devmem(sock, memoryview(bytearray(64)), out) == 0  # type: ignore[arg-type]
+    assert out.lengths == [4096, 100] and out.tokens == [1, 2] and out.linear == {}
+
+
+def test_a_stream_error_ends_the_delivery_with_its_errno():
+    sock = ScriptedSocket((b"abc", [], 0), ConnectionResetError(errno.ECONNRESET, "reset"),
+                          (b"never", [], 0))
+    out = Delivery()
+    assert recv_devmem(sock, memoryview(bytearray(64)), out) == 3  # type: ignore[arg-type]
+    assert out.end == -errno.ECONNRESET and out.linear == {0: b"abc"}
+    assert sock.answers == [(b"never", [], 0)]  # no receive after the error
+
+
+def test_a_truncated_control_buffer_is_an_error_naming_the_lost_tokens():
+    from zcnet.errors import ZcnetError
+
+    sock = ScriptedSocket((b"", [frag(0, 100, 1)], socket.MSG_CTRUNC, 100))
+    with pytest.raises(ZcnetError) as ei:
+        recv_devmem(sock, memoryview(bytearray(64)), Delivery())  # type: ignore[arg-type]
+    assert ei.value.message == "devmem control buffer truncated: fragment tokens were lost"
+    assert ei.value.hint == "report this; the control buffer must grow"
+
+
+def test_dontneed_counts_tokens_across_runs_in_one_call():
+    """Runs share a call's 1024-token budget: two runs of 600 split the second at 424."""
+    got = [_decode(b) for b in dontneed_batches([*range(600), *range(1000, 1600)])]
+    assert got == [[(0, 600), (1000, 424)], [(1424, 176)]]
+    got = [_decode(b) for b in dontneed_batches([*range(400), *range(1000, 1400),
+                                                 *range(2000, 2400)])]
+    assert got == [[(0, 400), (1000, 400), (2000, 224)], [(2224, 176)]]
+
+
+@pytest.fixture
+def fake_bind(monkeypatch):
+    """bind_rx recorded instead of asking the device (no NIC here takes a binding)."""
+    from zcnet.rx.zc import devmem
+
+    made: list[FakeBinding] = []
+
+    def bind(ifname: str, fd: int, queues: list[int]) -> FakeBinding:
+        made.append(FakeBinding(ifname, fd, queues))
+        return made[-1]
+
+    monkeypatch.setattr(devmem, "bind_rx", bind)
+    return made
+
+
+@pytest.fixture
+def memfd():
+    fd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
+    os.ftruncate(fd, 1 << 20)
+    yield fd
+    os.close(fd)
+
+
+@pytest.mark.parametrize(("ifname", "queue", "want"), [
+    ("eth7", 2, ("eth7", [2])), (None, None, ("found0", [9])), ("eth7", None, ("eth7", [9])),
+    (None, 2, ("found0", [2]))])
+def test_open_devmem_binds_the_given_or_found_queue(monkeypatch, fake_bind, memfd, tcp_pair,
+                                                    ifname, queue, want):
+    from zcnet.rx.zc import zcrx
+    from zcnet.rx.zc.devmem import open_devmem
+
+    asked = []
+    monkeypatch.setattr(zcrx, "find_queue", lambda fd: asked.append(fd) or ("found0", 9))
+    conn, _ = tcp_pair
+    p = open_devmem(conn.fileno(), 64 << 10, dmabuf_fd=memfd, ifname=ifname, queue=queue)
+    try:
+        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [(*want[:1], memfd, want[1])]
+        assert asked == ([] if ifname and queue is not None else [conn.fileno()])
+        assert p.area.dmabuf_fd == memfd and p.area.size == 1 << 20  # the whole dma-buf
+        assert p.armed and p.can_arm() and p.held_back() == 0
+        assert p.note == f"{want[0]} queue {want[1][0]}, dma-buf fd {memfd}"
+        assert p.extra_stats() == {"linear": 0, "dontneed_calls": 0}
+    finally:
+        p.close()
+        p.area.close()
+    assert fake_bind[0].closed
+
+
+def test_open_devmem_without_udmabuf_probes_the_device_first(monkeypatch):
+    """No dma-buf given and no /dev/udmabuf: the device is asked (fd -1 as u32) before the
+    missing udmabuf is reported."""
+    from zcnet.errors import ZcnetError
+    from zcnet.rx.zc import devmem
+
+    if os.path.exists("/dev/udmabuf"):
+        pytest.skip("udmabuf exists: no probe is needed")
+    asked = []
+
+    def bind(ifname: str, fd: int, queues: list[int]) -> FakeBinding:
+        asked.append((ifname, fd, queues))
+        raise OSError(errno.EBADF, "bad fd")  # the device passed its checks
+
+    monkeypatch.setattr(devmem, "bind_rx", bind)
+    with pytest.raises(ZcnetError, match="/dev/udmabuf does not exist"):
+        devmem.open_devmem(-1, 1 << 20, ifname="eth7", queue=3)
+    assert asked == [("eth7", 0xFFFFFFFF, [3])]
+
+
+@pytest.mark.parametrize("err", [errno.EPERM, errno.ENODEV])
+def test_probe_passes_on_ebadf_only(monkeypatch, err):
+    from zcnet.rx.zc import devmem
+
+    monkeypatch.setattr(devmem, "bind_rx", lambda *a: (_ for _ in ()).throw(OSError(err, "x")))
+    with pytest.raises(OSError) as ei:
+        devmem.probe_device("eth7", 0)
+    assert ei.value.errno == err
+    monkeypatch.setattr(devmem, "bind_rx",
+                        lambda *a: (_ for _ in ()).throw(OSError(errno.EBADF, "x")))
+    assert devmem.probe_device("eth7", 0) is None
+
+
+def test_a_binding_that_fails_closes_the_area(monkeypatch, memfd):
+    """no_leaks (module-wide) sees the dma-buf mapping if open_devmem left it."""
+    from zcnet.rx.zc import devmem
+
+    monkeypatch.setattr(devmem, "bind_rx",
+                        lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
+    with pytest.raises(Unsupported):
+        devmem.open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=0)
+
+
+@pytest.mark.parametrize("extack", ["", "rx queue 0 has no memory provider support"])
+def test_bind_rx_refusal_names_the_device_and_the_fix(monkeypatch, extack):
+    from zcnet.nic import netdev
+    from zcnet.rx.zc.devmem import bind_rx
+
+    def refuse(dev, fd, queues):  # type: ignore[no-untyped-def]
+        e = Unsupported("kernel says no")
+        if extack:
+            e.extack = extack  # type: ignore[attr-defined]
+        raise e
+
+    monkeypatch.setattr(netdev, "bind_rx", refuse)
+    with pytest.raises(Unsupported) as ei:
+        bind_rx("lo", 5, [0, 1])
+    assert ei.value.message == (
+        "device lo cannot bind a dma-buf to queue(s) [0, 1]: it lacks queue management ops, "
+        "DMA or header-data split" + (f" ({extack})" if extack else ""))
+    assert ei.value.hint == ("devmem TCP needs a NIC with the queue API and tcp-data-split on; "
+                             "elsewhere use provider 'soft'")
+
+
+def test_a_devmem_provider_needs_a_dmabuf_area(fake_bind):
+    from zcnet.errors import ZcnetError
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    with Area(1 << 20) as area, pytest.raises(ZcnetError) as ei:
+        DevmemProvider(-1, area, "eth7", 0)
+    assert (ei.value.message, ei.value.hint) == ("devmem needs a dma-buf area",
+                                                 "pass dmabuf_fd or load udmabuf")
+    assert fake_bind == []
+
+
+@pytest.mark.timeout(30)
+def test_provider_reap_waits_for_data_and_unattached_one_is_idle(fake_bind, memfd, tcp_pair,
+                                                                 caplog):
+    """reap(timeout) sleeps in poll until data comes (None: as long as it takes), returns empty
+    when the time is up; the linear warning is logged once with the byte count."""
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    conn, cli = tcp_pair
+    with Area(1 << 20, dmabuf_fd=memfd) as area:
+        idle = DevmemProvider(-1, area, "eth7", 0)
+        assert idle.reap(0.05).lengths == []
+        idle.recycle([1, 2], [10, 10])  # nothing attached: nothing to give back to
+        idle.close()
+        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
+        try:
+            assert p.reap(0.05).lengths == []  # nothing sent: the time runs out
+            for timeout in (5.0, None):
+                timer = threading.Timer(0.2, cli.sendall, (b"x" * 1000,))
+                timer.start()
+                with caplog.at_level("WARNING", logger="zcnet.rx.zc.devmem"):
+                    got = p.reap(timeout)
+                timer.join()
+                assert sum(got.lengths) == 1000, timeout
+            assert p.extra_stats() == {"linear": 2000, "dontneed_calls": 0}
+        finally:
+            p.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "zcnet.rx.zc.devmem"]
+    assert warned == ["devmem: 1000 bytes arrived in host memory (SCM_DEVMEM_LINEAR): header "
+                      "split is off or the flow is not steered to the bound queue"]
+
+
+def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tcp_pair):
+    """fd 0 is a socket like any other (a daemon's stdin may be closed); arming a devmem
+    provider only records that it is armed (the binding delivers regardless)."""
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    conn, cli = tcp_pair
+    saved = os.dup(0)
+    try:
+        os.dup2(conn.fileno(), 0)
+        with Area(1 << 20, dmabuf_fd=memfd) as area:
+            p = DevmemProvider(0, area, "eth7", 0)
+            os.dup2(saved, 0)  # the provider holds its own duplicate
+            try:
+                cli.sendall(b"y" * 100)
+                assert sum(p.reap(5.0).lengths) == 100
+                p.armed = False
+                p.arm()
+                assert p.armed is True
+            finally:
+                p.close()
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)

@@ -10,6 +10,9 @@ import pytest
 from zcnet.pattern import PERIOD, TILED, Verifier
 from zcnet.rx.engines import EngineOptions, engine_names, make_engine
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def options(**kw) -> EngineOptions:
     o = EngineOptions()

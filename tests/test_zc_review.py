@@ -6,6 +6,9 @@ import pytest
 
 from zcnet.rx.zc import open_receiver
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
         no_leaks, tcp_pair) -> None:

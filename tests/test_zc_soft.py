@@ -17,6 +17,9 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.pattern import StreamPattern
 from zcnet.rx.zc import Chunk, open_receiver
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 PAT = StreamPattern(seed=4)
 
 

@@ -11,6 +11,9 @@ from btf import Btf
 from zcnet.uapi import dmabuf, udmabuf
 from zcnet.uapi import socket as usock
 
+# Everything a test here creates must be gone afterwards (see leaks.py).
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 STRUCTS = (dmabuf.dma_buf_sync, udmabuf.udmabuf_create, usock.dmabuf_cmsg, usock.dmabuf_token)
 
 

@@ -29,3 +29,17 @@ class UsageError(ZcnetError):
 
 class Unsupported(ZcnetError):
     """The kernel or device cannot do what was asked; carries the reason."""
+
+
+class ClosedError(ZcnetError, ValueError):
+    """An object used after its ``close()``: a ValueError, like io's "I/O operation on closed
+    file". ``close()`` itself stays callable (it is idempotent), and so do the read-outs an
+    object documents as valid after close (a sender's ``stats()``)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or "it cannot be used after close(); open a new one")
+
+    @classmethod
+    def of(cls, obj: object, method: str) -> ClosedError:
+        """The error for ``obj.method()`` called after ``obj.close()``."""
+        return cls(f"{method}() on a closed {type(obj).__name__}")

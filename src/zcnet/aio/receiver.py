@@ -19,7 +19,7 @@ from typing import Any
 from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
-from zcnet.errors import UsageError
+from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
 
@@ -53,13 +53,13 @@ class AsyncReceiver:
         """One kernel round's worth, sleeping on the loop until there is one (or EOF)."""
         self._owner.check()
         if self._closed:
-            raise ValueError("receiver is closed")
+            raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
         ring = rx.ring
         wake = self._wake
         while True:
             if self._closed:  # by another task while this one slept: the ring is unmapped
-                raise ValueError("receiver was closed while a receive waited")
+                raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
             if (ring is not None and rx.provider.armed and rx.stalled is None
                     and rx.stats.in_flight_bytes <= self._limit):
                 # The common case, without the synchronous receiver's timed wait: a zero

@@ -27,7 +27,7 @@ import numpy as np
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.tx.senders import FLUSH_TIMEOUT, SendStats
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
@@ -161,6 +161,8 @@ class AsyncSender:
             # The send goes on in the kernel; its outcome has no reader any more.
             sent.add_done_callback(_consume)
             raise
+        finally:
+            sent = None  # it holds any error, whose traceback holds this frame: no cycle
         self._stats.bytes += nbytes
         return done
 
@@ -286,7 +288,7 @@ class AsyncSender:
     def _check(self) -> None:
         self._owner.check()
         if self._closed:
-            raise ValueError("sender is closed")
+            raise ClosedError("a closed zcnet.aio sender used")
 
     async def aclose(self) -> None:
         """Wait (bounded) for outstanding notifications, then free the ring."""

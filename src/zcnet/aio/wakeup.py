@@ -115,3 +115,4 @@ class Wakeup:
         if self.efd >= 0:
             os.close(self.efd)
         self.efd = self.fd = -1
+        self._on_ready = None  # a bound method of the owner: no cycle outlives the close

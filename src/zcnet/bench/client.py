@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zcnet.bench import protocol as proto
+from zcnet.bench.authtoken import default_token, default_token_path
 from zcnet.bench.protocol import NEED_DATA, ProtocolError, Role
 from zcnet.bench.rr import PERCENTILES, merge_encoded, summarize
 from zcnet.bench.server import GRACE, parse_hostport
@@ -32,6 +33,7 @@ from zcnet.errors import UsageError, ZcnetError
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 60.0
+MAX_SIZE = proto.SIZE.hi   # one buffer; the server's limits are usually lower
 CLOSE_TIMEOUT = 5.0     # for the goodbye: a silent server must not hold up the exit
 
 
@@ -58,7 +60,7 @@ class ClientOptions:
     rx_app_cpu: int | None = None     # absolute pins; each overrides pin_off for its end
     tx_app_cpu: int | None = None
     tokens: dict[str, bytes] = field(default_factory=dict)  # control host -> token
-    token: bytes | None = None        # for hosts not in ``tokens``
+    token: bytes | None = None        # for hosts not in ``tokens``; None: this user's file
     max_attempts: int = 64
     netns: str | None = None          # reach the servers from inside this namespace (a lab)
     # Called with the placed flows right after start (tests use it to inject faults).
@@ -72,31 +74,82 @@ class ClientOptions:
         if self.data_port is not None and not 1 <= self.data_port <= 65536 - self.flows:
             raise UsageError(f"--data-port {self.data_port} out of range",
                              f"use 1..{65536 - self.flows} (flow N listens on PORT+N)")
-        if not 0.01 <= self.duration <= 1e6:
-            raise UsageError(f"duration {self.duration}", "use -t with a positive number")
+        # The protocol's range for a run's duration (start.duration), so the server never
+        # refuses what the client let through; "not lo <= v <= hi" refuses NaN too.
+        lo, hi = proto.SCHEMA["start"]["duration"].lo, proto.SCHEMA["start"]["duration"].hi
+        if not lo <= self.duration <= hi:
+            raise UsageError(f"duration {self.duration} s out of range",
+                             f"use -t from {lo:g} to {hi:g} seconds")
         for name in ("read_size", "write_size", "req_size", "resp_size"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name.replace('_', '-')} must be >= 1", "give a size in bytes")
+            if not 1 <= getattr(self, name) <= MAX_SIZE:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} out of range",
+                                 f"give a size from 1 byte to {MAX_SIZE >> 30} GiB")
+        for name in ("cpu_min", "cpu_max", "rx_app_cpu", "tx_app_cpu", "pin_off"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= proto.CPU.hi:
+                raise UsageError(f"--{name.replace('_', '-')} {value} out of range",
+                                 "give a CPU number (0 is the first CPU)" if name != "pin_off"
+                                 else "give an offset >= 0 (0 pins on the RX CPU itself)")
         if (self.cpu_min is not None and self.cpu_max is not None
                 and self.cpu_min > self.cpu_max):
             raise UsageError("--cpu-min is above --cpu-max", "swap them")
-        if self.pin_off is not None and self.pin_off < 0:
-            raise UsageError("--pin-off must be >= 0", "0 pins on the RX CPU itself")
-        for name in ("rx_app_cpu", "tx_app_cpu"):
-            if (getattr(self, name) or 0) < 0:
-                raise UsageError(f"--{name.replace('_', '-')} must be >= 0", "give a CPU number")
+        if not 1 <= self.max_attempts <= 10000:
+            raise UsageError(f"--max-attempts {self.max_attempts} out of range",
+                             "give 1..10000 connections per flow")
+        self._check_requests()
+
+    def _check_requests(self) -> None:
+        """What the client will send, checked against the protocol's schema now: a bad engine
+        name, option or data host is a usage error here, not a refusal mid-run."""
+        probe = {"flow": 0, "mode": self.mode, "req_size": self.req_size,
+                 "resp_size": self.resp_size}
+        for msg in ({"type": "open", **probe, "engine": self.rx_engine,
+                     "read_size": self.read_size,
+                     **({"engine_opts": self.engine_opts} if self.engine_opts else {})},
+                    {"type": "connect", **probe, "tx": self.tx, "port": 1,
+                     "host": self.data_host or "127.0.0.1", "write_size": self.write_size}):
+            try:
+                proto.validate(msg)
+            except ProtocolError as e:
+                where, _, what = e.message.partition(": ")
+                option, attr, hint = _REQUEST_FIELDS.get(where, (where, "", "see --help"))
+                value = f" {getattr(self, attr)!r}" if attr else ""
+                raise UsageError(f"{option}{value}: {what}", hint) from None
+
+    def check_cpus(self, side: str, cpus: int) -> None:
+        """CPU numbers against the server that runs them (``cpus`` from its welcome)."""
+        names = (("cpu_min", "rx_app_cpu") if side == "dst" else ("tx_app_cpu",))
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value >= cpus:
+                raise UsageError(f"--{name.replace('_', '-')} {value}: the {side} server has "
+                                 f"{cpus} CPUs", f"give a CPU from 0 to {cpus - 1}")
 
     def wanted(self, cpu: int) -> bool:
         return ((self.cpu_min is None or cpu >= self.cpu_min)
                 and (self.cpu_max is None or cpu <= self.cpu_max))
 
 
+# Request fields the client fills from options: (option, what it takes).
+_REQUEST_FIELDS = {
+    "open.engine": ("--rx-engine", "rx_engine", "an engine name, e.g. epoll, uring, soft-zc"),
+    "open.engine_opts": ("--rx-opt", "engine_opts", "KEY=VALUE, KEY a lowercase word; VALUE an "
+                         "integer within +-2^40, true/false, or a plain word such as eth1 (at "
+                         "most 16 options)"),
+    "connect.tx": ("--tx", "tx", "a send path, e.g. copy, msgzc, sendzc"),
+    "connect.host": ("--data-host", "data_host", "an IP address or host name"),
+}
+
+
 class Control:
     """The client end of one control connection: blocking requests over the sans-I/O protocol."""
 
     def __init__(self, addr: str, token: bytes | None, netns: str | None = None) -> None:
+        """``token``: the server's secret; ``None`` reads this user's token file, which a
+        ``zcnet server`` of the same user without ``--token-file`` uses too."""
         self.addr = addr
         host, port = parse_hostport(addr)
+        key = token if token is not None else default_token(create=False)
         self.host = host
         self.conn = proto.Connection(Role.CLIENT)
         try:
@@ -113,7 +166,7 @@ class Control:
             welcome = self.receive(REQUEST_TIMEOUT)
             self.cpus: int = welcome["cpus"]
             self.limits: dict[str, Any] = welcome["limits"]
-            self.send({"type": "auth", "mac": proto.auth_mac(token or b"", welcome["challenge"])})
+            self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
             auth_ok = self.receive(REQUEST_TIMEOUT)
             self.env: dict[str, Any] = auth_ok.get("host") or welcome.get("host", {})
         except BaseException:
@@ -193,10 +246,13 @@ class ServerRefused(ZcnetError):
 
 def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
     hints = {
-        "auth": "use the same --token-file as the server",
+        "auth": "use the same --token-file as the server (without one, both use the token "
+                f"file of their user, {default_token_path()})",
+        "busy": "wait for other sessions to end, or start another server",
         "limit": "ask for less (fewer flows, shorter run, smaller buffers) or raise the server's "
                  "limits",
-        "unsupported": "pick an engine/tx path the server has",
+        "unsupported": "pick an engine or tx path the server supports (the reason says what "
+                       "is missing there)",
         "version": "run the same zcnet version on both ends",
     }
     return ServerRefused(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]),
@@ -231,6 +287,8 @@ def run(opts: ClientOptions) -> ClientResult:
         else:
             src = Control(opts.src, _token_for(opts, opts.src), opts.netns)
             controls.append(src)
+        opts.check_cpus("dst", dst.cpus)
+        opts.check_cpus("src", src.cpus)
         placed = [_place(opts, src, dst, i) for i in range(opts.flows)]
         for c in reversed(controls):  # receivers (dst) were started first, by convention
             c.send({"type": "start", "duration": float(opts.duration)})

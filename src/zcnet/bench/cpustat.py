@@ -3,6 +3,8 @@
 Some facts about /proc/stat: each ``cpuN`` line counts USER_HZ ticks in user, nice, system, idle,
 iowait, irq, softirq, steal, guest, guest_nice. Guest time is already inside user/nice, so it is
 not added again. A delta over an interval divided by its total gives the shares mpstat prints.
+A CPU whose counters did not move (an interval shorter than a tick, an offline CPU) has no shares:
+callers show n/a for it, never 0%.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ class CpuTimes:
 
 
 def shares(delta: np.ndarray) -> dict[str, float]:
+    """Percent per category; empty when no tick elapsed (nothing was sampled: an unknown share,
+    not an idle CPU)."""
     total = float(delta.sum())
     d = dict(zip(_FIELDS, (float(x) for x in delta), strict=True))
     if total <= 0:
-        return {"usr": 0.0, "sys": 0.0, "iowait": 0.0, "irq": 0.0, "soft": 0.0, "idle": 100.0,
-                "busy": 0.0}
+        return {}
     pct = {
         "usr": 100 * (d["user"] + d["nice"]) / total,
         "sys": 100 * d["system"] / total,

@@ -139,7 +139,7 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
         # mpstat-style shares of the CPUs the cell used, over the measured interval only.
         cpu = row.get("cpu") or {}
         cpus = {str(row[f"{side}_cpu"]): cpu[side] for side in ("tx", "rx")
-                if side in cpu and f"{side}_cpu" in row}
+                if cpu.get(side) and f"{side}_cpu" in row}
         if cpus:
             row.setdefault("cpus", dict(sorted(cpus.items(), key=lambda kv: int(kv[0]))))
     return rows

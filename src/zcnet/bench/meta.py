@@ -20,6 +20,14 @@ from zcnet.errors import ZcnetError
 ENVELOPE_VERSION = 1
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a measuring run; ``doc`` holds what was measured, with ``complete`` False."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        super().__init__()
+        self.doc = doc
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -61,14 +69,28 @@ def envelope(kind: str, env: dict[str, Any], results: list[dict[str, Any]],
     return doc
 
 
-def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
-    """Write atomically, so an interrupted run never leaves half a file."""
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write a regular file atomically (a temporary file renamed over it), so an interrupted run
+    never leaves half a file. Anything else that exists there (``/dev/null``, a FIFO) is written
+    in place: renaming over it would replace the device node itself. Raises OSError."""
     target = Path(path)
+    if target.exists() and not target.is_file():
+        with open(target, "w") as f:
+            f.write(text)
+        return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, target)
-    except OSError as e:
+    except OSError:
         tmp.unlink(missing_ok=True)
-        raise ZcnetError(f"cannot write {target}: {e.strerror}",
+        raise
+
+
+def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """Write atomically, so an interrupted run never leaves half a file."""
+    try:
+        write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    except OSError as e:
+        raise ZcnetError(f"cannot write {path}: {e.strerror or e}",
                          "pass a path in an existing, writable directory") from None

@@ -79,9 +79,10 @@ def _client(argv: list[str], timeout: float, refused: Callable[[str], bool]) -> 
         time.sleep(0.05)
 
 
-def _cpu(before: CpuTimes, rx_cpu: int, tx_cpu: int) -> dict[str, dict[str, float]]:
+def _cpu(before: CpuTimes, rx_cpu: int, tx_cpu: int) -> dict[str, dict[str, float] | None]:
+    """Each side's shares; None for a CPU that was not sampled (n/a, never 0%)."""
     shares = CpuTimes.read().since(before)
-    return {"rx": shares.get(rx_cpu, {}), "tx": shares.get(tx_cpu, {})}
+    return {"rx": shares.get(rx_cpu) or None, "tx": shares.get(tx_cpu) or None}
 
 
 def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,

@@ -27,8 +27,9 @@ Conversation (one outstanding request at a time, the server answers each):
                            <-  results {flows, cpus}     (the run ends every open flow)
     end                    ->  <-  bye
 
-A server without a token uses the empty key, so one code path serves loopback and remote use; a
-server with a token accepts only the right MAC, compared in constant time. Either side may send
+Every server has a token (the per-user default of ``zcnet.bench.authtoken`` when none is given)
+and accepts only the right MAC, compared in constant time; before authentication a peer may send
+frames of at most ``MAX_PREAUTH_MESSAGE`` bytes. Either side may send
 ``error {code, message}`` at any point; the conversation is then over.
 
 Which message may come next is the table ``TRANSITIONS``; which fields a message has and their
@@ -53,6 +54,10 @@ from typing import Any
 PROTOCOL_VERSION = 1
 DEFAULT_PORT = 18323
 MAX_MESSAGE = 1 << 20
+# What an unauthenticated peer may send in one frame (a hello or an auth is a few hundred
+# bytes): a server holding many half-open handshakes then holds little memory for each.
+MAX_PREAUTH_MESSAGE = 4096
+PREAUTH_STATES = frozenset({"hello", "welcome", "auth", "auth_wait"})
 HEADER = struct.Struct("!I")
 CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
 CHALLENGE_BYTES = 32
@@ -330,12 +335,12 @@ class Decoder:
     def pending(self) -> int:
         return len(self._buf)
 
-    def next(self) -> dict[str, Any] | NeedData:
+    def next(self, max_message: int = MAX_MESSAGE) -> dict[str, Any] | NeedData:
         if len(self._buf) < HEADER.size:
             return NEED_DATA
         (length,) = HEADER.unpack_from(self._buf)
-        if length > MAX_MESSAGE:
-            raise RemoteProtocolError("too_big", f"frame of {length} bytes > {MAX_MESSAGE}")
+        if length > max_message:
+            raise RemoteProtocolError("too_big", f"frame of {length} bytes > {max_message}")
         if len(self._buf) < HEADER.size + length:
             return NEED_DATA
         payload = bytes(self._buf[HEADER.size : HEADER.size + length])
@@ -460,7 +465,8 @@ class Connection:
     def next_event(self) -> dict[str, Any] | NeedData:
         if self.closed:
             raise RemoteProtocolError("closed", "connection already closed")
-        msg = self._decoder.next()
+        preauth = self.role is S and self.state in PREAUTH_STATES
+        msg = self._decoder.next(MAX_PREAUTH_MESSAGE if preauth else MAX_MESSAGE)
         if msg is NEED_DATA:
             if self.eof:
                 was, self.state = self.state, "closed"

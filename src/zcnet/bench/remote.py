@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from zcnet.bench.protocol import DEFAULT_PORT
-from zcnet.errors import ZcnetError
+from zcnet.errors import UsageError, ZcnetError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class RemoteServer:
         return [self.ssh, *self.ssh_opts, self.host, "--", shlex.join(remote)]
 
     def start(self) -> RemoteServer:
+        if self.proc is not None:  # a second server would orphan the first one's process
+            raise UsageError(f"the server for {self.host} is already started",
+                             "use the running one (or stop() it first); enter `with` once")
         argv = self.command()
         log.info("starting remote server: %s", shlex.join(argv))
         try:

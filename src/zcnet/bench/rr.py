@@ -34,6 +34,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from zcnet.bench import tcpinfo
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.engines import close_engine
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
@@ -356,6 +357,22 @@ TX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] 
 ROLES: dict[str, Callable[[FlowSpec, Channel], None]] = {"rx": run_rx, "tx": run_tx}
 
 
+# What a flow end may fail with; each becomes an error message naming the cause. A user
+# mistake (ZcnetError: a bad engine option, a CPU that does not exist) keeps its hint.
+WORKER_ERRORS = (ZcnetError, OSError, ValueError, TypeError, RuntimeError, EOFError,
+                 LookupError, ArithmeticError, AttributeError, MemoryError)
+
+
+def describe(spec: FlowSpec) -> str:
+    """Which flow end: its role, and the engine and options (rx) or send path (tx) it runs."""
+    if spec.mode == "rr":
+        return f"{spec.role} worker (rr)"
+    if spec.role == "tx":
+        return f"tx worker (send path {spec.tx})"
+    opts = "".join(f", {k}={v}" for k, v in sorted(spec.engine_opts.items()))
+    return f"rx worker (engine {spec.engine}{opts})"
+
+
 def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
     """Process entry point: one flow end; every failure becomes an error message."""
     spec = FlowSpec(**spec_dict)
@@ -365,7 +382,11 @@ def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
     except EngineUnsupported as e:
         with contextlib.suppress(OSError):
             chan.send({"event": "unsupported", "reason": str(e)})
-    except (OSError, ValueError, TypeError, RuntimeError, EOFError) as e:
+    except WORKER_ERRORS as e:
         log.debug("flow worker %s failed", spec.role, exc_info=True)
+        code = "invalid" if isinstance(e, UsageError) else "worker"
+        what = str(e) or type(e).__name__
+        if not isinstance(e, (ZcnetError, OSError)):   # a bug: its type says most
+            what = f"{type(e).__name__}: {what}"
         with contextlib.suppress(OSError):  # the session is gone; nobody to tell
-            chan.send({"event": "error", "reason": f"{spec.role} worker: {e}"})
+            chan.send({"event": "error", "reason": f"{describe(spec)}: {what}", "code": code})

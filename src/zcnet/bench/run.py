@@ -17,8 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from zcnet.bench.meta import collect_env, envelope, write_json
+from zcnet import quantities
+from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab.rtnl import has_caps
+from zcnet.lab.topology import MTU_MAX
 from zcnet.rx.engines import engine_names
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,8 @@ class BenchOptions:
     engine_opts: dict[str, Any] = field(default_factory=dict)
     peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
     tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
+    # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
+    peer_write_size: int | None = None
 
     def validate(self) -> None:
         names = engine_names()
@@ -53,6 +58,14 @@ class BenchOptions:
 
         if self.tx not in KINDS:
             raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
+        for what, values in (("engine", self.engines), ("placement", self.placements),
+                             ("peer", self.peers), ("MTU", self.mtus or ())):
+            if len(set(values)) != len(values):
+                raise UsageError(f"an {what} repeats in {','.join(map(str, values))}",
+                                 f"give each {what} once")
+        if not (self.engines or self.peers) or not self.placements or self.mtus == ():
+            raise UsageError("nothing to measure: an engine, placement or MTU list is empty",
+                             "give at least one of each (or leave the option out)")
         for e in self.engines:
             if e not in names:
                 raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
@@ -60,16 +73,15 @@ class BenchOptions:
             if p not in PLACEMENTS:
                 raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
         for m in self.mtus or ():
-            if not 576 <= m <= 65536:
-                raise UsageError(f"MTU {m} out of range", "use 576..65536 (e.g. 1500, 4096, 9000)")
-        if not 0.1 <= self.duration <= 3600:
-            raise UsageError(f"duration {self.duration} s out of range", "use 0.1..3600 seconds")
+            quantities.check("mtu", m, "MTU")
+            if self.lab and m > MTU_MAX:
+                raise UsageError(f"MTU {m} is beyond veth's largest, {MTU_MAX}",
+                                 f"use {MTU_MAX} or less in the lab")
+        quantities.check("duration", self.duration, "duration")
 
     def resolved(self) -> BenchOptions:
         """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
         if self.lab is None:
-            from zcnet.lab.rtnl import has_caps
-
             return replace(self, lab=has_caps()).resolved()
         if self.mtus is None:
             return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
@@ -109,7 +121,9 @@ def target(use_lab: bool, mtu: int) -> Iterator[Target]:
 
     if use_lab:
         from zcnet.lab import Lab
+        from zcnet.lab.sweep import before_run
 
+        before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu) as lab, lab_servers(lab) as servers:
             yield Target(servers, lab.set_mtu, lab.env(), lab)
     else:
@@ -120,6 +134,12 @@ def target(use_lab: bool, mtu: int) -> Iterator[Target]:
             yield Target(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
                          None, {"lab": False, "mtu": _lo_mtu(),
                                 "note": "loopback (127.0.0.1), not a lab"})
+
+
+def _to_the_lab() -> str:
+    """How to get the lab instead of loopback: only a process without the capabilities needs
+    root; one that has them was told --no-lab."""
+    return "leave out --no-lab to use the lab" if has_caps() else "run as root to use the lab"
 
 
 def _lo_mtu() -> int:
@@ -152,8 +172,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
         return cell_result(mtu, engine, placement, "unsupported", cpus)
     if t.set_mtu is None and mtu != t.env["mtu"]:
         return cell_result(mtu, engine, placement, "unsupported",
-                           f"loopback fallback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
-                           "run as root to use the lab")
+                           f"loopback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
+                           f"{_to_the_lab()}")
     tx_cpu, rx_cpu = cpus
     if engine in opts.peers:
         return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
@@ -202,7 +222,7 @@ def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
                                              "src": r.cpus.get("host", {})}
     shares = {"rx": sides.get("dst", {}).get(str(rx_cpu), {}),
               "tx": sides.get("src", {}).get(str(tx_cpu), {})}
-    cpu = {role: {k: v.get(k, 0.0) for k in (*CPU_FIELDS, "busy")} for role, v in shares.items()}
+    cpu = {role: _sampled(v) for role, v in shares.items()}
     out = cell_result(mtu, engine, placement, "ok", bytes=f["bytes"], seconds=f["seconds"],
                       gbps=f["gbps"], cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
                       incoming_cpu=f.get("rx_cpu_end"), syscalls=f.get("syscalls"),
@@ -211,11 +231,26 @@ def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
                       tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
     if "verify" in f:
         out["verify"] = f["verify"]
+    missing = [f"{role} CPU {where}" for role, where in (("rx", rx_cpu), ("tx", tx_cpu))
+               if cpu[role] is None]
+    if missing:
+        out["cpu_reason"] = ("no /proc/stat share recorded for the " + " and ".join(missing)
+                             + ": shown as n/a")
     incoming = f.get("rx_cpu_end")
     if placement == "same" and incoming not in (None, -1, rx_cpu):
         out["warning"] = (f"receive softirq ran on CPU {incoming}, not the application's CPU "
                           f"{rx_cpu}")
+    elif placement == "split" and incoming is not None and incoming == rx_cpu:
+        out["warning"] = (f"receive softirq ran on the application's CPU {rx_cpu}: this cell "
+                          "measured same-CPU placement, not split")
     return out
+
+
+def _sampled(shares: dict[str, Any]) -> dict[str, float] | None:
+    """A side's CPU shares, or None when that CPU was not sampled (n/a, never 0%)."""
+    if not shares or "idle" not in shares:
+        return None
+    return {k: shares[k] for k in (*CPU_FIELDS, "busy") if k in shares}
 
 
 def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,
@@ -224,9 +259,10 @@ def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOpt
 
     if t.lab is None:
         return cell_result(mtu, peer, placement, "unsupported",
-                           "peers run inside the lab; run as root without --no-lab")
+                           f"peers run inside the lab; {_to_the_lab()}")
     row = run_peer(peer, t.lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=opts.duration, mtu=mtu,
-                   placement=placement)
+                   placement=placement,
+                   length=opts.peer_write_size if peer == "iperf3" else None)
     if row.get("gbps") is not None:
         row["gbps"] = round(row["gbps"], 3)
     return row
@@ -249,6 +285,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
         by_mtu.setdefault(mtu, []).append((engine, placement))
     assert opts.mtus is not None
     first = opts.mtus[0]
+    doc["complete"] = False
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
@@ -265,6 +302,10 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
                         write_json(opts.json_path, doc)
                     if on_cell:
                         on_cell(res)
+        doc["complete"] = True
+    except KeyboardInterrupt:
+        # Whatever was measured is kept (and written below), marked incomplete.
+        raise Interrupted(doc) from None
     finally:
         if opts.json_path:
             write_json(opts.json_path, doc)

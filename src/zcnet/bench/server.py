@@ -16,21 +16,34 @@ Some facts about lifetimes, and why the code is this way:
   threads, and starts in milliseconds (a ``spawn``ed interpreter takes a second on a loaded 2-CPU
   machine, and RX-CPU discovery may start several). Workers ask for SIGKILL when their parent
   (the forkserver) dies, and the forkserver exits with the server, so even a SIGKILLed server
-  leaves nothing behind.
-- Listening beyond loopback needs a token (HMAC challenge-response, constant-time compare);
-  without one the empty key is used, which only a loopback listener accepts.
+  leaves no process behind; its temporary files (the forkserver's socket) are swept by the next
+  server that starts (``zcnet.bench.scratch``).
+- Every listener authenticates (HMAC challenge-response, constant-time compare), loopback
+  included: without a token the server uses its user's token file (``zcnet.bench.authtoken``),
+  which that user's client reads too. Listening beyond loopback needs an explicit token file.
+- Until a peer authenticates it costs no thread: the accept loop runs every handshake itself,
+  non-blocking, and hands a session thread only to an authenticated client. At most
+  ``MAX_PENDING`` handshakes are held; a new connection beyond that evicts the *oldest* one.
+  So a flood of silent connections cannot keep a real client out: the real client's handshake
+  (two round trips, milliseconds) completes unless the flood opens ``MAX_PENDING`` new
+  connections within that time. A cap per peer address would not do: on loopback every local
+  user is the same peer, so the flood would lock them all out together; answering "busy"
+  would refuse the real client as well.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import itertools
 import logging
 import multiprocessing as mp
 import os
 import selectors
+import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +53,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from zcnet.bench import protocol as proto
+from zcnet.bench import scratch
+from zcnet.bench.authtoken import MIN_TOKEN, default_token
+from zcnet.bench.authtoken import read_token as read_token  # callers import it from here
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.bench.protocol import NEED_DATA, Limits, LocalProtocolError, RemoteProtocolError, Role
 from zcnet.bench.rr import FlowSpec, encode_histogram, flow_main, merge_encoded, tx_paths
@@ -50,8 +66,9 @@ log = logging.getLogger(__name__)
 DEFAULT_LISTEN = ("127.0.0.1", proto.DEFAULT_PORT)
 WORKER_TIMEOUT = 20.0     # a worker's ready / accepted report
 GRACE = 10.0              # beyond a run's duration, for draining and reporting
-MAX_SESSIONS = 64
-HANDSHAKE_TIMEOUT = 5.0  # seconds for hello, then for auth
+MAX_SESSIONS = 64         # authenticated sessions at once; beyond, an error "busy"
+MAX_PENDING = 128         # unauthenticated connections held at once; beyond, the oldest goes
+HANDSHAKE_TIMEOUT = 5.0   # seconds from accept to authenticated
 _ctx = mp.get_context("forkserver")
 
 
@@ -88,15 +105,8 @@ def parse_hostport(text: str, default_port: int = proto.DEFAULT_PORT) -> tuple[s
     return host, number
 
 
-def read_token(path: str) -> bytes:
-    try:
-        token = open(path, "rb").read().strip()  # noqa: SIM115 - closed by refcount at once
-    except OSError as e:
-        raise UsageError(f"cannot read token file {path}: {e.strerror}",
-                         "create it with e.g. `head -c 32 /dev/urandom | base64 > FILE`") from None
-    if len(token) < 8:
-        raise UsageError(f"token in {path} is shorter than 8 bytes", "use a longer secret")
-    return token
+# A worker's error code -> the session's (a usage mistake in the request, or a failure).
+_WORKER_CODES = {"invalid": "invalid", "worker": "worker"}
 
 
 # ---- one flow end ------------------------------------------------------------------------------
@@ -113,6 +123,7 @@ class FlowProc:
         self.proc.start()
         child.close()
         self.cpu: int | None = None
+        self.pinned: int | None = None  # from ``pin``: the worker may be gone when results come
 
     @property
     def pid(self) -> int:
@@ -125,7 +136,8 @@ class FlowProc:
                                f"within {timeout:.0f} s")
         msg = self.recv()
         if msg.get("event") != event:
-            code = "unsupported" if msg.get("event") == "unsupported" else "worker"
+            code = "unsupported" if msg.get("event") == "unsupported" else \
+                _WORKER_CODES.get(msg.get("code"), "worker")
             raise SessionError(code, msg.get("reason") or f"unexpected {msg.get('event')}")
         return msg
 
@@ -135,9 +147,19 @@ class FlowProc:
             msg = self.conn.recv()
         except (EOFError, OSError):
             self.proc.join(1)
-            return {"event": "error",
-                    "reason": f"{self.role} worker died (exit code {self.proc.exitcode})"}
+            return {"event": "error", "reason": f"{self.role} worker died ({self._how()})"}
         return msg if isinstance(msg, dict) else {"event": "error", "reason": "bad message"}
+
+    def _how(self) -> str:
+        code = self.proc.exitcode
+        if code is None:
+            return "its pipe closed"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -149,21 +171,85 @@ class FlowProc:
 
 # ---- one session -------------------------------------------------------------------------------
 
+class Handshake:
+    """One accepted connection until it authenticates, driven by the accept loop (no thread):
+    hello -> welcome, auth -> checked. Non-blocking; ``step`` says how it stands."""
+
+    WAIT, AUTHENTICATED, DROP = "wait", "authenticated", "drop"
+
+    def __init__(self, sock: socket.socket, peer: str, limits: Limits, deadline: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.limits = limits
+        self.deadline = deadline
+        self.conn = proto.Connection(Role.SERVER, limits)
+        self.challenge = proto.new_challenge()
+        sock.setblocking(False)
+
+    def step(self, token: bytes) -> str:
+        """Take what arrived; answer hello, judge auth. Never raises for what the peer does."""
+        try:
+            data = self.sock.recv(4096)
+        except BlockingIOError:
+            return self.WAIT
+        except OSError:
+            data = b""
+        self.conn.receive_data(data)
+        try:
+            while True:
+                ev = self.conn.next_event()
+                if ev is NEED_DATA:
+                    return self.WAIT
+                assert isinstance(ev, dict)
+                if ev["type"] == "error":   # the client may give up at any point, even first
+                    log.warning("%s: client error: %s", self.peer, ev["message"])
+                    return self.DROP
+                if ev["type"] == "hello":
+                    log.info("%s: hello, caps %s", self.peer, ev["caps"])
+                    self._send(self.conn.send({
+                        "type": "welcome", "version": proto.PROTOCOL_VERSION,
+                        "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
+                        "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()}))
+                    continue
+                if not proto.check_mac(token, self.challenge, ev["mac"]):
+                    log.warning("%s: authentication failed, nothing run", self.peer)
+                    self.refuse("auth", "authentication failed")
+                    return self.DROP
+                return self.AUTHENTICATED
+        except RemoteProtocolError as e:
+            if e.code != "eof":
+                log.warning("%s: %s", self.peer, e.message)
+                self.refuse(e.code, e.message)
+            return self.DROP
+        except OSError as e:
+            log.info("%s: connection lost: %s", self.peer, e)
+            return self.DROP
+
+    def _send(self, data: bytes) -> None:
+        # A few hundred bytes into an empty socket buffer: all or the peer is not reading.
+        if self.sock.send(data) != len(data):
+            raise BlockingIOError(errno.EAGAIN, "peer does not read")
+
+    def refuse(self, code: str, message: str) -> None:
+        with contextlib.suppress(OSError, LocalProtocolError):
+            self._send(self.conn.send_error(code, message))
+
+
 @dataclass
 class Session:
+    """An authenticated client: its requests, served in a thread of its own."""
+
     sock: socket.socket
     peer: str
-    token: bytes
-    limits: Limits
+    conn: proto.Connection
     timeout: float
     bind_host: str
     ident: int
     flows: dict[tuple[int, str], FlowProc] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.conn = proto.Connection(Role.SERVER, self.limits)
-        self.challenge = proto.new_challenge()
         self.abort = threading.Event()
+        self.sock.setblocking(True)
 
     # -- transport -------------------------------------------------------------------------------
 
@@ -227,24 +313,7 @@ class Session:
             pass
 
     def _converse(self) -> None:
-        # Until authenticated a peer gets a short leash: idle connections must not hold the
-        # session slots (MAX_SESSIONS) for a whole session timeout and lock real clients out.
-        hello = self._next(min(self.timeout, HANDSHAKE_TIMEOUT))
-        if hello["type"] == "error":   # the client may give up at any point, even first
-            log.warning("session %d: client error: %s", self.ident, hello["message"])
-            return
-        log.info("session %d (%s): hello, caps %s", self.ident, self.peer, hello["caps"])
-        self._send({"type": "welcome", "version": proto.PROTOCOL_VERSION,
-                    "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
-                    "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()})
-        auth = self._next(min(self.timeout, HANDSHAKE_TIMEOUT))
-        if auth["type"] == "error":
-            log.warning("session %d: client error: %s", self.ident, auth["message"])
-            return
-        if not proto.check_mac(self.token, self.challenge, auth["mac"]):
-            log.warning("session %d (%s): authentication failed, nothing run", self.ident,
-                        self.peer)
-            raise SessionError("auth", "authentication failed")
+        """From the authenticated handshake (``Handshake``) on: auth_ok, then requests."""
         self._send({"type": "auth_ok", "host": _host_env(self.bind_host)})
         while not self.conn.closed:
             msg = self._next(self.timeout)
@@ -313,6 +382,7 @@ class Session:
             raise SessionError("invalid", f"no flow {msg['flow']}")
         for fp in ends:
             os.sched_setaffinity(fp.pid, {cpu})
+            fp.pinned = cpu
         return {"type": "pinned", "flow": msg["flow"], "cpu": cpu}
 
     def on_close(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +429,8 @@ class Session:
         for fp in ends:
             r = dict(results.get(id(fp)) or _error(fp, "no result"))
             r.pop("event", None)
-            r.update(flow=fp.flow, role=fp.role, pid=fp.pid, pinned=_pinned(fp))
+            r.update(flow=fp.flow, role=fp.role, pid=fp.pid,
+                     pinned=fp.pinned if fp.pinned is not None else _pinned(fp))
             flows.append(r)
             # Where the flow was placed (fp.cpu, from discovery) and where it ended up.
             watch.update(c for c in (fp.cpu, r.get("incoming_cpu"), r["pinned"])
@@ -442,7 +513,11 @@ HANDLERS: dict[str, Callable[[Session, dict[str, Any]], dict[str, Any]]] = {
 # ---- the server --------------------------------------------------------------------------------
 
 class Server:
-    """Accepts control connections and runs each as a :class:`Session` in its own thread."""
+    """Accepts control connections, authenticates them (:class:`Handshake`) and runs each
+    authenticated one as a :class:`Session` in its own thread.
+
+    ``token``: the shared secret; ``None`` means this user's token file (created on first use).
+    """
 
     def __init__(self, listen: tuple[str, int] = DEFAULT_LISTEN, token: bytes | None = None,
                  limits: Limits | None = None, session_timeout: float = 60.0) -> None:
@@ -451,7 +526,10 @@ class Server:
             raise UsageError(f"listening on {host} without a token would let anyone on the "
                              "network run workers", "pass --token-file FILE (same file for the "
                              "client), or listen on 127.0.0.1")
-        self.token = token or b""
+        if token is not None and len(token) < MIN_TOKEN:
+            raise UsageError(f"a token of {len(token)} bytes is too short",
+                             f"use at least {MIN_TOKEN} bytes of secret")
+        self.token = token if token is not None else default_token(create=True)
         self.limits = limits or Limits()
         self.session_timeout = session_timeout
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -459,22 +537,35 @@ class Server:
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind((host, port))
-            self.sock.listen(64)
+            self.sock.listen(socket.SOMAXCONN)
         except OSError as e:
             self.sock.close()
             raise ZcnetError(f"cannot listen on {host}:{port}: {e.strerror}",
                              "pick another --listen address or port") from None
+        self.sock.setblocking(False)
         self.host = host
         self.port = self.sock.getsockname()[1]
         # Data sockets bind where the control socket listens (all addresses for a wildcard).
         self.bind_host = host
         self._sessions: dict[int, tuple[Session, threading.Thread]] = {}
+        self._pending: dict[socket.socket, Handshake] = {}   # oldest first
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        # Start the forkserver now, while this process has a single thread.
-        _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.pattern"])
-        _start_forkserver()
+        # Start the forkserver now, while this process has a single thread; its temporary
+        # files go to a scratch directory that outlives no server (zcnet.bench.scratch).
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.sock.close)
+            scratch.sweep()
+            _ctx.set_forkserver_preload(["zcnet.bench.rr", "zcnet.rx.engines", "zcnet.pattern"])
+            if scratch.fits():
+                with scratch.Scratch().as_tempdir():
+                    _start_forkserver()
+            else:
+                log.warning("temp directory %s: path too long for a scratch directory; a "
+                            "killed server may leave pymp-* there", tempfile.gettempdir())
+                _start_forkserver()
+            undo.pop_all()
 
     @property
     def address(self) -> str:
@@ -485,31 +576,84 @@ class Server:
         sel.register(self.sock, selectors.EVENT_READ)
         try:
             while not self._stop.is_set():
-                if not sel.select(timeout=0.2):
-                    self._collect()
-                    continue
-                try:
-                    csock, addr = self.sock.accept()
-                except OSError:
-                    continue
+                for key, _ in sel.select(timeout=0.2):
+                    if key.fileobj is self.sock:
+                        self._accept(sel)
+                    elif (hs := self._pending.get(key.fileobj)) is not None:  # type: ignore
+                        self._step(sel, hs)
+                self._expire(sel)
                 self._collect()
-                if len(self._sessions) >= MAX_SESSIONS:
-                    log.warning("refusing %s: %d sessions already", addr[0], MAX_SESSIONS)
-                    csock.close()
-                    continue
-                self._begin(csock, f"{addr[0]}:{addr[1]}")
         finally:
+            for hs in list(self._pending.values()):
+                self._forget(sel, hs)
+                hs.sock.close()
             sel.close()
             self.close()
 
-    def _begin(self, csock: socket.socket, peer: str) -> None:
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        # A bounded batch, so that handshakes in progress are served between batches.
+        for _ in range(MAX_PENDING):
+            try:
+                csock, addr = self.sock.accept()
+            except OSError as e:   # EAGAIN: accepted all; or the peer reset before accept
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    # Out of descriptors: the connection stays queued and the socket readable;
+                    # free one (or wait a moment) rather than spin on it.
+                    log.warning("accept: %s", e.strerror)
+                    if self._pending:
+                        self._evict_oldest(sel)
+                    else:
+                        time.sleep(0.1)
+                return
+            if len(self._pending) >= MAX_PENDING:
+                self._evict_oldest(sel)
+            peer = f"{addr[0]}:{addr[1]}"
+            deadline = time.monotonic() + min(self.session_timeout, HANDSHAKE_TIMEOUT)
+            hs = Handshake(csock, peer, self.limits, deadline)
+            self._pending[csock] = hs
+            sel.register(csock, selectors.EVENT_READ)
+
+    def _evict_oldest(self, sel: selectors.BaseSelector) -> None:
+        oldest = next(iter(self._pending.values()))
+        log.info("%s: evicted, unauthenticated, for a newer connection", oldest.peer)
+        self._forget(sel, oldest)
+        oldest.sock.close()
+
+    def _forget(self, sel: selectors.BaseSelector, hs: Handshake) -> None:
+        del self._pending[hs.sock]
+        sel.unregister(hs.sock)
+
+    def _step(self, sel: selectors.BaseSelector, hs: Handshake) -> None:
+        state = hs.step(self.token)
+        if state == Handshake.WAIT:
+            return
+        self._forget(sel, hs)
+        if state == Handshake.DROP:
+            hs.sock.close()
+            return
+        self._collect()
+        if len(self._sessions) >= MAX_SESSIONS:
+            log.warning("refusing %s: %d sessions already", hs.peer, MAX_SESSIONS)
+            hs.refuse("busy", f"server busy: {MAX_SESSIONS} sessions already")
+            hs.sock.close()
+            return
+        self._begin(hs)
+
+    def _expire(self, sel: selectors.BaseSelector) -> None:
+        now = time.monotonic()
+        for hs in [h for h in self._pending.values() if h.deadline <= now]:
+            log.info("%s: no authentication within %g s", hs.peer, HANDSHAKE_TIMEOUT)
+            self._forget(sel, hs)
+            hs.refuse("timeout", "no authentication in time")
+            hs.sock.close()
+
+    def _begin(self, hs: Handshake) -> None:
         ident = next(self._ids)
-        s = Session(csock, peer, self.token, self.limits, self.session_timeout, self.bind_host,
-                    ident)
+        s = Session(hs.sock, hs.peer, hs.conn, self.session_timeout, self.bind_host, ident)
         t = threading.Thread(target=s.run, name=f"zcnet-session-{ident}", daemon=True)
         with self._lock:
             self._sessions[ident] = (s, t)
-        log.info("session %d from %s", ident, peer)
+        log.info("session %d from %s", ident, hs.peer)
         t.start()
 
     def _collect(self) -> None:

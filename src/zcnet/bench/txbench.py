@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zcnet.bench.meta import collect_env, envelope
+from zcnet import quantities
+from zcnet.bench.meta import Interrupted, collect_env, envelope
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.nic.info import nic_env
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
@@ -117,15 +118,25 @@ def path_payload_limit(sock: socket.socket) -> int:
     return mtu - _HEADERS[sock.family]
 
 
+# One burst's payload buffer, allocated per mode: bounded so that a large burst of large
+# packets is a usage error, not an out-of-memory kill.
+MAX_BURST_BYTES = 256 << 20
+
+
 def burst_lengths(size: int, burst: int, sizes: Sequence[int] | None) -> list[int]:
     """The lengths of one burst: ``size`` each, or ``sizes`` repeated across the burst."""
-    if burst <= 0:
-        raise UsageError(f"burst must be positive, got {burst}", "use --burst 32 or similar")
+    quantities.check("burst", burst, "--burst")
     pattern = list(sizes) if sizes else [size]
-    if min(pattern) <= 0:
-        raise UsageError(f"payload size must be positive, got {min(pattern)}",
-                         "use --size 64 or similar")
-    return [pattern[i % len(pattern)] for i in range(burst)]
+    if not pattern:
+        raise UsageError("--sizes is empty", "give sizes like 64,64,128")
+    for n in pattern:
+        quantities.check("payload", n, "payload size (--size/--sizes)")
+    lengths = [pattern[i % len(pattern)] for i in range(burst)]
+    if burst * max(lengths) > MAX_BURST_BYTES:
+        raise UsageError(f"a burst of {burst} x {max(lengths)} B needs more than "
+                         f"{MAX_BURST_BYTES >> 20} MiB of buffers",
+                         "use a smaller --burst or --size")
+    return lengths
 
 
 def _mean_sd(values: list[float]) -> dict[str, float | None]:
@@ -172,7 +183,7 @@ def _summarize(rows: list[dict[str, Any]], modes: Sequence[str]) -> dict[str, An
         ok = [r for r in mine if r["status"] == "ok"]
         if not ok:
             out[mode] = {"status": mine[0]["status"] if mine else "missing",
-                         "reason": mine[0].get("reason", "") if mine else ""}
+                         "reason": mine[0].get("reason", "") if mine else "not measured"}
             continue
         entry: dict[str, Any] = {"status": "ok"}
         for metric in ("mpps", "ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"):
@@ -204,13 +215,22 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown:
         raise UsageError(f"unknown txbench mode {unknown[0]!r}", f"choose from {ALL_MODES}")
-    if repeat <= 0:
-        raise UsageError(f"repeat must be positive, got {repeat}", "use --repeat 5")
-    if packets is None and (duration is None or duration <= 0):
-        raise UsageError(f"duration must be positive, got {duration}", "use --duration 1")
+    if not modes or len(set(modes)) != len(modes):
+        raise UsageError(f"modes {','.join(modes)!r}: give each mode once, at least one",
+                         f"choose from {','.join(ALL_MODES)}")
+    quantities.check("repeat", repeat, "--repeat")
+    if packets is None:
+        quantities.check("duration", duration, "--duration")
+    else:
+        quantities.check("packets", packets, "--packets")
+    if lab and dst is None:
+        quantities.check("mtu", mtu, "--mtu")
     if packets is not None and packets < burst:
-        raise UsageError(f"packets ({packets}) must be at least one burst ({burst})")
+        raise UsageError(f"packets ({packets}) must be at least one burst ({burst})",
+                         f"use --packets {burst} or more, or a smaller --burst")
     lengths = burst_lengths(size, burst, sizes)
+    if dst is not None:
+        parse_dst(dst)  # a bad address fails before anything is set up
     shape = tuple(sorted(set(lengths)))
     params = {"payload": size if sizes is None else ",".join(map(str, sizes)), "burst": burst}
     with contextlib.ExitStack() as stack:
@@ -222,7 +242,9 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             env_extra["target"] = dst
         elif lab:
             from zcnet.lab import Lab
+            from zcnet.lab.sweep import before_run
 
+            before_run()  # stale labs go; others are announced (log warnings)
             the_lab = stack.enter_context(Lab(mtu=mtu, ipv6=ipv6))
             bind = the_lab.addr6_b if ipv6 else the_lab.addr_b
             if bind is None:
@@ -242,28 +264,39 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
         if hw:
             stack.callback(hw.close)
         env_extra["hw_counters"] = "yes" if hw else NO_COUNTERS
-        rows = _run_modes(stack, modes, target, lengths, sink, hw, duration, packets, repeat,
-                          params)
-        in_lab = bool(env_extra.pop("lab", False))
-        doc = envelope("txbench", collect_env(lab=in_lab, **env_extra), rows)
-        doc["summary"] = _summarize(rows, modes)
-        return doc
+        by_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+
+        def document(complete: bool) -> dict[str, Any]:
+            rows = [row for mode in modes for row in by_mode[mode]]
+            in_lab = bool(env_extra.get("lab", False))
+            extra = {k: v for k, v in env_extra.items() if k != "lab"}
+            doc = envelope("txbench", collect_env(lab=in_lab, **extra), rows, complete=complete)
+            doc["summary"] = _summarize(rows, modes)
+            return doc
+
+        try:
+            _run_modes(stack, by_mode, target, lengths, sink, hw, duration, packets, repeat,
+                       params)
+        except KeyboardInterrupt:
+            raise Interrupted(document(False)) from None
+        return document(True)
 
 
-def _run_modes(stack: contextlib.ExitStack, modes: Sequence[str], target: Target,
-               lengths: list[int], sink: Sink | None, hw: HwCounters | None,
+def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]],
+               target: Target, lengths: list[int], sink: Sink | None, hw: HwCounters | None,
                duration: float | None, packets: int | None, repeat: int,
-               params: dict[str, Any]) -> list[dict[str, Any]]:
+               params: dict[str, Any]) -> None:
     """Repeats go round-robin over the modes (A B C A B C ...), so a load change on the machine
-    spreads over all modes instead of landing on one; rows come back grouped by mode."""
+    spreads over all modes instead of landing on one; each row is appended to ``rows[mode]``
+    as soon as it is measured (an interrupted run keeps them)."""
     senders: dict[str, BurstSender] = {}
-    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    for mode in modes:
+    for mode in rows:
         sock = stack.enter_context(contextlib.closing(open_sender(target)))
         limit = path_payload_limit(sock)
         if max(lengths) > limit:
             raise UsageError(f"payload {max(lengths)} B exceeds the path MTU's limit of {limit} B "
-                             f"to {target.addr}", f"use --size {limit} or less, or raise the MTU")
+                             f"to {target.addr}",
+                             f"use a payload of {limit} B or less, or raise the MTU")
         try:
             senders[mode] = sender = _factory(mode)(sock, lengths)
         except Unsupported as exc:
@@ -281,4 +314,3 @@ def _run_modes(stack: contextlib.ExitStack, modes: Sequence[str], target: Target
             if notes:
                 row["notes"] = list(notes)
             rows[mode].append(row)
-    return [row for mode in modes for row in rows[mode]]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from zcnet import __version__
 from zcnet.errors import ZcnetError
+from zcnet.lab.netns import NeedRoot
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,9 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser,
+               argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, but ``--opt=--`` is an error: argparse drops the ``--`` and would
+    hand the option an empty list instead of a value."""
+    for token in sys.argv[1:] if argv is None else argv:
+        if token.startswith("-") and token.endswith("=--"):
+            parser.error(f"argument {token.split('=', 1)[0]}: '--' is not a value")
+    return parser.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="zcnet: %(levelname)s: %(message)s",
@@ -49,9 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ZcnetError as exc:
+        hint = exc.hint
+        around = getattr(args, "without_lab", None)  # the command's way around the lab
+        if isinstance(exc, NeedRoot) and around:
+            hint = f"{hint}, or pass {around}" if hint else f"pass {around}"
         print(f"zcnet: error: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"zcnet: fix: {exc.hint}", file=sys.stderr)
+        if hint:
+            print(f"zcnet: fix: {hint}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("zcnet: interrupted", file=sys.stderr)

@@ -8,7 +8,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
+from zcnet.bench.meta import Interrupted
+from zcnet.bench.peers import PEERS
 from zcnet.bench.run import (
     DEFAULT_ENGINES,
     PLACEMENTS,
@@ -16,59 +19,51 @@ from zcnet.bench.run import (
     run_bench,
     verify_failed,
 )
+from zcnet.cli._args import (
+    check_ifname,
+    check_output_file,
+    choice_list,
+    number,
+    number_list,
+)
 from zcnet.errors import UsageError
 from zcnet.lab.rtnl import has_caps
 from zcnet.report.bench_table import bench_notes, bench_tables
 from zcnet.rx.engines import engine_names
-
-
-def _csv(kind: str, conv: type = str):  # type: ignore[type-arg]
-    def parse(text: str) -> tuple[Any, ...]:
-        try:
-            return tuple(conv(x) for x in text.split(",") if x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad {kind} list {text!r}") from None
-    return parse
+from zcnet.tx.senders import KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="single-flow TCP receive benchmark (epoll vs io_uring ...)",
                        description=__doc__)
-    p.add_argument("--mtu", type=_csv("MTU", int), default=None,
+    p.add_argument("--mtu", type=number_list("mtu", "MTU"), default=None,
                    help="comma-separated MTUs (default 1500,4096,9000 in the lab; lo's MTU "
                         "on loopback)")
-    p.add_argument("--engine", type=_csv("engine"), default=DEFAULT_ENGINES,
+    p.add_argument("--engine", type=choice_list("engine", engine_names), default=DEFAULT_ENGINES,
                    help=f"comma-separated engines from {','.join(engine_names())} "
                         f"(default {','.join(DEFAULT_ENGINES)})")
-    p.add_argument("--placement", type=_csv("placement"), default=PLACEMENTS,
+    p.add_argument("--placement", type=choice_list("placement", PLACEMENTS), default=PLACEMENTS,
                    help="same (app on the softirq CPU), split (another CPU); default both")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds per cell (default 2)")
+    p.add_argument("--duration", type=number("duration"), default=2.0,
+                   help="seconds per cell (default 2)")
     p.add_argument("--verify", action="store_true",
                    help="check every received byte against the sender's pattern")
-    p.add_argument("--tx", default="copy", metavar="PATH",
+    p.add_argument("--tx", default="copy", choices=tuple(KINDS), metavar="PATH",
                    help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
                         "from a fixed buffer), sendzc-plain (default copy)")
     p.add_argument("--consumer", choices=("same", "thread"), default="same",
                    help="zero-copy engines: release chunks in the ring's thread (same) or hand "
                         "them to a consumer thread (thread), 002's experiment")
     p.add_argument("--ifname", help="zcrx/devmem: NIC whose queue the flow is steered to")
-    p.add_argument("--queue", type=int, help="zcrx/devmem: the queue id on --ifname")
-    p.add_argument("--peers", type=_csv("peer"), default=(),
+    p.add_argument("--queue", type=number("queue"), help="zcrx/devmem: the queue id on --ifname")
+    p.add_argument("--peers", type=choice_list("peer", tuple(PEERS)), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--no-lab", dest="lab", action="store_false", default=None,
                        help="run on loopback instead of a namespace lab")
     where.add_argument("--lab", dest="lab", action="store_true", help="require the lab (root)")
-    p.set_defaults(func=main)
-
-
-def _check_choices(args: argparse.Namespace) -> None:
-    for value, valid, what in ((args.engine, engine_names(), "engine"),
-                               (args.placement, PLACEMENTS, "placement")):
-        bad = [v for v in value if v not in valid]
-        if bad:
-            raise UsageError(f"unknown {what} {bad[0]!r}", f"choose from {', '.join(valid)}")
+    p.set_defaults(func=main, without_lab="--no-lab")
 
 
 def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,35 +76,54 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def print_report(doc: dict[str, Any], console: Console) -> None:
+    """The tables and notes; text from results (reasons, host names) is printed literally."""
+    for table in bench_tables(doc):
+        console.print(table)
+    for note in bench_notes(doc):
+        console.print(Text(note, style="dim"))
+
+
 def main(args: argparse.Namespace) -> int:
-    _check_choices(args)
+    check_output_file(args.json, "--json")
+    check_ifname(args.ifname)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
                         tx=args.tx, engine_opts=_engine_opts(args)).resolved()
     opts.validate()
-    console = Console(stderr=True)
+    if opts.peers and not opts.lab:
+        raise UsageError("--peers run inside the lab, and this run is on loopback",
+                         "leave out --no-lab" if has_caps() else "run as root for the lab")
+    console = Console(stderr=True, markup=False)
     if args.lab is None and not has_caps():
-        console.print("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on 127.0.0.1 "
-                      "(loopback) instead of a lab of network namespaces; MTU is lo's")
+        console.print(Text("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on "
+                           "127.0.0.1 (loopback) instead of a lab of network namespaces; MTU "
+                           "is lo's"))
     total = len(opts.cells())
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
-                  "{task.total}"), TimeRemainingColumn(), console=console,
-                  transient=True) as progress:
+    out = Console(markup=False)
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
+                  console=console, transient=True) as progress:
         task = progress.add_task("bench", total=total)
 
         def on_cell(r: dict[str, Any]) -> None:
             progress.update(task, advance=1,
                             description=f"{r['engine']} mtu {r['mtu']} {r['placement']}")
 
-        doc = run_bench(opts, on_cell)
-    out = Console()
-    for table in bench_tables(doc):
-        out.print(table)
-    for note in bench_notes(doc):
-        out.print(note, style="dim", highlight=False)
+        try:
+            doc = run_bench(opts, on_cell)
+        except Interrupted as stop:
+            progress.stop()
+            print_report(stop.doc, out)
+            kept = len(stop.doc["results"])
+            where = f" in {args.json}" if args.json else " (pass --json to keep them)"
+            print(f"zcnet: interrupted: {kept} of {total} cells measured{where}",
+                  file=sys.stderr)
+            return 130
+    print_report(doc, out)
     if args.json:
-        out.print(f"results written to {args.json}", style="dim")
+        out.print(Text(f"results written to {args.json}", style="dim"))
     if opts.verify and verify_failed(doc):
         print("zcnet: error: received data did not match what was sent", file=sys.stderr)
         return 1

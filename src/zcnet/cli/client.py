@@ -9,6 +9,8 @@ import io
 import re
 from typing import Any
 
+from zcnet import quantities
+from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
 _SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
@@ -20,7 +22,10 @@ def size(text: str) -> int:
     m = _SIZE.match(text.strip())
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 1M)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    value = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if (why := quantities.problem("buffer", value)) is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {why}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="server that receives (default: as --src)")
     p.add_argument("--data-host", metavar="ADDR",
                    help="address the flows connect to on dst (default: dst's control host)")
-    p.add_argument("--data-port", type=int, metavar="PORT",
+    p.add_argument("--data-port", type=number("port"), metavar="PORT",
                    help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
                         "rule steers to the zero-copy queue); default: any free port")
     p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
@@ -44,28 +49,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="send path on src: copy, msgzc, sendzc, sendzc-plain (default copy)")
     p.add_argument("--verify", action="store_true",
                    help="stream: check every received byte against the sent pattern")
-    p.add_argument("-n", "--flows", type=int, default=1)
-    p.add_argument("-t", "--duration", type=float, default=5.0, metavar="S")
+    p.add_argument("-n", "--flows", type=number("flows"), default=1)
+    p.add_argument("-t", "--duration", type=number("duration"), default=5.0, metavar="S")
     p.add_argument("--read-size", type=size, default=1 << 20, metavar="BYTES")
     p.add_argument("--write-size", type=size, default=1 << 20, metavar="BYTES")
     p.add_argument("--rr", action="store_true", help="request/response instead of stream")
     p.add_argument("--req-size", type=size, metavar="BYTES", help="request size (implies --rr)")
     p.add_argument("--resp-size", type=size, metavar="BYTES",
                    help="response size (implies --rr)")
-    p.add_argument("--cpu-min", type=int, help="reconnect until the RX CPU is >= this")
-    p.add_argument("--cpu-max", type=int, help="reconnect until the RX CPU is <= this")
-    p.add_argument("--pin-off", type=int, metavar="K",
+    p.add_argument("--cpu-min", type=number("cpu"), help="reconnect until the RX CPU is >= this")
+    p.add_argument("--cpu-max", type=number("cpu"), help="reconnect until the RX CPU is <= this")
+    p.add_argument("--pin-off", type=number("cpu"), metavar="K",
                    help="pin each application end to its RX CPU + K")
-    p.add_argument("--rx-app-cpu", type=int, metavar="CPU",
+    p.add_argument("--rx-app-cpu", type=number("cpu"), metavar="CPU",
                    help="pin the receiving applications here (overrides --pin-off)")
-    p.add_argument("--tx-app-cpu", type=int, metavar="CPU",
+    p.add_argument("--tx-app-cpu", type=number("cpu"), metavar="CPU",
                    help="pin the sending applications here (overrides --pin-off)")
-    p.add_argument("--max-attempts", type=int, default=64, help="connections tried per flow")
+    p.add_argument("--max-attempts", type=number("attempts"), default=64,
+                   help="connections tried per flow")
     p.add_argument("--token-file", metavar="FILE", help="shared secret of the servers")
     p.add_argument("--ssh", action="append", default=[], metavar="HOST",
                    help="start a server on HOST over ssh for this run (repeatable)")
     p.add_argument("--ssh-cmd", default="ssh", help="ssh program (default ssh)")
-    p.add_argument("--ssh-port", type=int, default=18323, help="port of ssh-started servers")
+    p.add_argument("--ssh-port", type=number("port"), default=18323,
+                   help="port of ssh-started servers")
     p.add_argument("--ssh-python", default="python3", help="python on the remote host")
     p.add_argument("--ssh-listen", default="0.0.0.0", metavar="ADDR",
                    help="address ssh-started servers listen on (default all)")
@@ -87,8 +94,8 @@ def engine_opts(pairs: list[str]) -> dict[str, Any]:
 
 
 def options(args: argparse.Namespace) -> Any:
+    from zcnet.bench.authtoken import read_token
     from zcnet.bench.client import ClientOptions
-    from zcnet.bench.server import read_token
 
     rr = args.rr or args.req_size is not None or args.resp_size is not None
     src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
@@ -111,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
     from zcnet.bench.remote import RemoteServer
     from zcnet.report.export import make_console, print_tables, write_text
 
-    if args.ssh and args.ssh_port == 0:
-        raise UsageError("--ssh-port 0", "give the port the remote server should listen on")
+    if args.ssh and not 1 <= args.ssh_port <= 65535:
+        raise UsageError(f"--ssh-port {args.ssh_port} out of range",
+                         "give the port (1..65535) the remote server should listen on")
     opts = options(args)
     opts.validate()
     console = make_console()

@@ -7,30 +7,52 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.bench import meta
+from zcnet.cli._args import check_output_file
 from zcnet.cli.run import load_result
 from zcnet.report import export
-from zcnet.report.compare import check_comparable, compare, compare_table, row_dict
+from zcnet.report.cells import METRICS
+from zcnet.report.compare import (
+    check_comparable,
+    compare,
+    compare_table,
+    incomplete_notes,
+    row_dict,
+)
 from zcnet.report.export import make_console
 
 
 def _handler(args: argparse.Namespace) -> int:
+    for option in ("json", "csv", "markdown"):
+        check_output_file(getattr(args, option), f"--{option}")
     doc_a, doc_b = load_result(args.a), load_result(args.b)
     diffs = check_comparable(doc_a, doc_b, force=args.force)
     rows = compare(doc_a, doc_b, force=args.force, metric=args.metric)
     table = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
-    export.print_tables(make_console(), [table])
+    table.notes = incomplete_notes(doc_a, doc_b) + table.notes
+    # Files first: whatever happens on the terminal, the comparison is kept; a file that
+    # cannot be written still leaves the table on the terminal.
+    try:
+        _write_files(args, doc_a, doc_b, diffs, rows, table)
+    finally:
+        export.print_tables(make_console(), [table])
+    return 0
+
+
+def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[str, Any],
+                 diffs: list[str], rows: list[Any], table: Any) -> None:
     if args.json:
         env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
         try:
-            meta.write_json(args.json, meta.envelope("compare", env, [row_dict(r) for r in rows],
-                                                     files=[args.a, args.b]))
+            meta.write_json(args.json, meta.envelope(
+                "compare", env, [row_dict(r) for r in rows], files=[args.a, args.b],
+                complete=doc_a.get("complete") is not False and doc_b.get("complete")
+                is not False))
         except OSError as exc:
             raise export.unwritable(args.json, exc) from None
     if args.markdown:
         export.write_text(args.markdown, export.to_markdown([table]))
     if args.csv:
         export.write_text(args.csv, _csv(rows))
-    return 0
 
 
 def _csv(rows: list[Any]) -> str:
@@ -59,7 +81,8 @@ def register(sub: Any) -> None:
     p.add_argument("b", metavar="B.json")
     p.add_argument("--force", action="store_true",
                    help="compare even if kernel, CPU model or NIC differ")
-    p.add_argument("--metric", help="compare this metric (default: each cell's headline metric)")
+    p.add_argument("--metric", choices=tuple(METRICS),
+                   help="compare this metric (default: each cell's headline metric)")
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the comparison as CSV")
     p.add_argument("--markdown", metavar="FILE", help="write the comparison as Markdown")

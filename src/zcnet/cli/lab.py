@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from zcnet.cli._args import number, unique
 from zcnet.lab import Lab
 from zcnet.lab.sweep import LabInfo, lab_status, sweep_stale, take_down
 from zcnet.lab.topology import MTU_MAX, MTU_MIN
@@ -19,7 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions = parser.add_subparsers(dest="lab_action", metavar="ACTION", required=True)
 
     up = actions.add_parser("up", help="create a lab that stays until `zcnet lab down NAME`")
-    up.add_argument("--mtu", type=int, default=1500, help=f"veth MTU, {MTU_MIN}..{MTU_MAX}")
+    up.add_argument("--mtu", type=number("mtu"), default=1500,
+                    help=f"veth MTU, {MTU_MIN}..{MTU_MAX}")
     up.add_argument("--no-ipv6", action="store_true", help="IPv4 addresses only")
     up.set_defaults(func=_up)
 
@@ -42,19 +44,19 @@ def _up(args: argparse.Namespace) -> int:
                                     (lab.ns_b, lab.if_b, lab.addr_b, lab.addr6_b)):
         table.add_row(ns, ifname, f"{addr}/{lab.prefixlen}",
                       f"{addr6}/{lab.prefixlen6}" if addr6 else "-")
-    console = Console()
+    console = Console(markup=False)
     console.print(table)
     console.print(f"run inside: ip netns exec {lab.ns_a} CMD    remove: zcnet lab down {lab.name}")
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(markup=False)
     if not args.names:
         swept = sweep_stale()
         console.print(f"removed stale labs: {' '.join(swept)}" if swept else "no stale labs")
         return 0
-    for name in args.names:
+    for name in unique(args.names):
         console.print(f"removed lab {take_down(name, force=args.force).name}")
     return 0
 
@@ -77,7 +79,7 @@ def _rows(info: LabInfo) -> list[tuple[str, ...]]:
 
 def _status(args: argparse.Namespace) -> int:
     labs = lab_status()
-    console = Console()
+    console = Console(markup=False)
     if not labs:
         console.print("no zcnet labs")
         return 0

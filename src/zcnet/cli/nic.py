@@ -8,10 +8,11 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from zcnet.bench.meta import collect_env, envelope
+from zcnet.cli._args import number, unique
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
 
@@ -36,15 +37,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     doc = actions.add_parser("doctor", help="checklist for zero-copy receive; exit 0 if ready")
     common(doc)
-    doc.add_argument("--queue", type=int, default=1, help="RX queue to receive on (default 1)")
+    doc.add_argument("--queue", type=number("queue"), default=1,
+                     help="RX queue to receive on (default 1)")
     doc.add_argument("--mode", choices=setup.MODES, default="zcrx")
     doc.add_argument("--json", action="store_true", help="JSON envelope on stdout")
     doc.set_defaults(func=_doctor)
 
     st = actions.add_parser("setup", help="apply the zero-copy configuration, saving the old")
     common(st)
-    st.add_argument("--queue", type=int, required=True, help="RX queue to steer the port to")
-    st.add_argument("--port", type=int, required=True, help="TCP destination port")
+    st.add_argument("--queue", type=number("queue"), required=True,
+                    help="RX queue to steer the port to")
+    st.add_argument("--port", type=number("port"), required=True, help="TCP destination port")
     st.add_argument("--mode", choices=setup.MODES, default="zcrx")
     st.add_argument("--rss-context", action="store_true",
                     help="steer through a new RSS context instead of shrinking the default one")
@@ -68,7 +71,7 @@ def _kv_table(title: str, rows: dict[str, Any]) -> Table:
     table.add_column("setting", style="bold")
     table.add_column("value")
     for k, v in rows.items():
-        table.add_row(escape(str(k)), escape(str(v)))
+        table.add_row(str(k), str(v))
     return table
 
 
@@ -78,9 +81,10 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         _json_out("nic-show", [state])
         return 0
-    console = Console()
+    console = Console(markup=False)
     drv = state["driver"]
-    console.print(f"[bold]{state['ifname']}[/] ifindex {state['ifindex']}"
+    console.print(Text(str(state["ifname"]), style="bold"),
+                  f"ifindex {state['ifindex']}"
                   + (f" netns {state['netns']}" if state["netns"] else "")
                   + (f"  driver {drv.get('driver')} {drv.get('version')} firmware "
                      f"{drv.get('firmware') or '-'} bus {drv.get('bus_info') or '-'}"
@@ -134,26 +138,28 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.json:
         _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok)
         return 0 if ok else 1
-    table = Table(title=f"{args.iface}: ready for {args.mode} on queue {args.queue}?",
+    table = Table(title=Text(f"{args.iface}: ready for {args.mode} on queue {args.queue}?"),
                   title_justify="left")
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col)
     for c in checks:
-        table.add_row(escape(c.name), f"[{STATUS_STYLE[c.status]}]{c.status}[/]",
-                      escape(c.detail), escape(c.fix))
-    console = Console()
+        table.add_row(c.name, Text(c.status, style=STATUS_STYLE[c.status]), c.detail, c.fix)
+    console = Console(markup=False)
     console.print(table)
-    console.print("[green]ready[/]" if ok else
-                  f"[red]not ready[/]: {sum(c.status != doctor.PASS for c in checks)} of "
-                  f"{len(checks)} checks did not pass")
+    if ok:
+        console.print(Text("ready", style="green"))
+    else:
+        console.print(Text("not ready", style="red"),
+                      f": {sum(c.status != doctor.PASS for c in checks)} of {len(checks)} "
+                      "checks did not pass", sep="")
     return 0 if ok else 1
 
 
 def _setup(args: argparse.Namespace) -> int:
     cfg = setup.NicConfig(args.iface, args.queue, args.port, args.mode, args.rss_context,
-                          args.netns, tuple(args.flow) if args.flow else ("tcp4", "tcp6"))
+                          args.netns, tuple(unique(args.flow)) if args.flow else ("tcp4", "tcp6"))
     steps = setup.apply(cfg)
-    console = Console()
+    console = Console(markup=False)
     for s in steps:
         console.print(f"done: {s.title}")
     console.print(f"state saved in {setup.state_path(cfg.ifname, cfg.netns)}; undo with "
@@ -164,7 +170,7 @@ def _setup(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     undone = setup.restore(args.iface, args.netns)
-    console = Console()
+    console = Console(markup=False)
     for title in undone:
         console.print(f"undone: {title}")
     console.print(f"{args.iface} restored")

@@ -14,9 +14,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zcnet.cli._args import positive
+from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.export import make_console
+from zcnet.report.cells import check_figures
+from zcnet.report.export import make_console, say
 from zcnet.report.spec import Spec, load_spec
 
 
@@ -25,24 +26,24 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
                    "cell, so an interrupted run keeps what it measured)")
     p.add_argument("--csv", metavar="FILE", help="write one line per cell: mean, stdev, min, max")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs zcnet[plot])")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="write NAME.json, NAME.md, NAME.csv and plots "
-                   "(when matplotlib is installed) into DIR")
-    p.add_argument("--repeat", type=positive(int), metavar="N",
+                   "into DIR")
+    p.add_argument("--repeat", type=number("repeat"), metavar="N",
                    help="measure every cell N times (default: the spec's)")
-    p.add_argument("--duration", type=positive(float), metavar="S",
+    p.add_argument("--duration", type=number("duration"), metavar="S",
                    help="seconds per cell (default: the spec's)")
     p.add_argument("--ifname", help="run on this NIC (the real experiment, no substitutions)")
     p.add_argument("--remote", metavar="HOST[:PORT]",
                    help="with --ifname: the sending host's `zcnet server` (bench experiments) "
                         "or a UDP sink ADDR:PORT reached through the NIC (txbench experiments)")
     p.add_argument("--token-file", metavar="FILE", help="shared secret of the --remote server")
-    p.add_argument("--queue", type=int, metavar="Q",
+    p.add_argument("--queue", type=number("queue"), metavar="Q",
                    help="zcrx/devmem: the --ifname queue prepared with `zcnet nic setup`")
-    p.add_argument("--data-port", type=int, metavar="PORT",
+    p.add_argument("--data-port", type=number("port"), metavar="PORT",
                    help="receive on PORT (the port `zcnet nic setup --port` steers to --queue)")
     add_output_options(p)
 
@@ -66,25 +67,42 @@ def _outputs(args: argparse.Namespace, name: str) -> dict[str, Path | None]:
             "plots": Path(args.plots) if args.plots else out}
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path the user named, checked before anything is measured."""
+    for option in ("json", "csv", "markdown"):
+        check_output_file(getattr(args, option, None), f"--{option}")
+    for option in ("plots", "out"):
+        check_output_dir(getattr(args, option, None), f"--{option}")
+
+
 def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
            name: str | None = None) -> None:
-    """Print the tables and write whatever report files were asked for."""
+    """Write whatever report files were asked for, then print the tables.
+
+    Files come first: a run's results must not depend on the terminal rendering them."""
     from zcnet.report import export
     from zcnet.report.tables import experiment_tables
 
     name = name or (doc.get("experiment") or {}).get("name") or doc.get("kind", "zcnet")
     tables = experiment_tables(doc)
-    export.print_tables(console, tables)
     outs = _outputs(args, name)
-    if outs["csv"]:
-        export.write_text(outs["csv"], export.to_csv(doc.get("results", [])))
-    if outs["markdown"]:
-        export.write_text(outs["markdown"], export.to_markdown(tables))
+    failed: list[ZcnetError] = []
+    for key, render in (("csv", lambda: export.to_csv(doc.get("results", []))),
+                        ("markdown", lambda: export.to_markdown(tables))):
+        if outs[key]:
+            try:
+                export.write_text(outs[key], render())
+            except ZcnetError as exc:  # still show the tables, then fail
+                failed.append(exc)
+                outs[key] = None
+    export.print_tables(console, tables)
+    if failed:
+        raise failed[0]
     if outs["plots"]:
         _plots(doc, outs["plots"], explicit=bool(args.plots), console=console)
     written = [str(p) for k, p in outs.items() if p is not None and k != "plots"]
     if written:
-        console.print("wrote " + ", ".join(written), style="dim", highlight=False)
+        say(console, "wrote " + ", ".join(written), "dim")
 
 
 def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console) -> None:
@@ -96,23 +114,36 @@ def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console
         if explicit:
             raise
         # --out asks for "everything available"; a missing optional extra is a note, not a failure.
-        console.print(f"plots skipped: {exc.message} ({exc.hint})", style="yellow",
-                      highlight=False)
+        say(console, f"plots skipped: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+            "yellow")
         return
     if paths:
-        console.print("plots: " + ", ".join(map(str, paths)), style="dim", highlight=False)
+        say(console, "plots: " + ", ".join(map(str, paths)), "dim")
+
+
+def check_target(args: argparse.Namespace) -> None:
+    """Options that only mean something together, checked before measuring."""
+    check_ifname(args.ifname)
+    if args.remote and not args.ifname:
+        raise UsageError("--remote needs --ifname", "name the NIC that faces the remote host")
+    for option, value in (("--queue", args.queue), ("--data-port", args.data_port)):
+        if value is not None and not args.ifname:
+            raise UsageError(f"{option} needs --ifname", f"name the NIC whose {option[2:]} "
+                             "`zcnet nic setup` prepared, or leave it out in the lab")
+    if args.token_file and not args.remote:
+        raise UsageError("--token-file needs --remote", "it is the --remote server's secret")
 
 
 def execute(spec: Spec, args: argparse.Namespace) -> int:
-    """Run a spec with progress, print and write its reports; 130 when interrupted."""
+    """Run a spec with progress, write and print its reports; 130 when interrupted."""
     import dataclasses
 
     from zcnet.bench.experiments import Target, iter_run, plan
 
+    check_target(args)
+    check_outputs(args)
     if args.duration:
         spec = dataclasses.replace(spec, duration=args.duration)
-    if args.remote and not args.ifname:
-        raise UsageError("--remote needs --ifname", "name the NIC that faces the remote host")
     from zcnet.bench.server import read_token
 
     token = read_token(args.token_file) if args.token_file else None
@@ -123,10 +154,10 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     json_path = _outputs(args, spec.name)["json"]
     the_plan = plan(spec, target)
     for sub in the_plan.substitutions:
-        err.print(f"substituted: {sub['text']}", style="yellow", highlight=False)
+        say(err, f"substituted: {sub['text']}", "yellow")
     doc: dict[str, Any] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
-               "{task.total}"), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(spec.name, total=None)
 
@@ -139,7 +170,10 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
                                     json_path=json_path, progress=progress):
                 doc = partial
         except KeyboardInterrupt:
+            bar.stop()
             kept = len(doc.get("results", []))
+            if kept:
+                report(doc, args, console, spec.name)  # marked incomplete
             where = f" in {json_path}" if json_path else " (pass --out or --json to keep them)"
             print(f"zcnet: interrupted: {kept} measured rows kept{where}", file=sys.stderr)
             return 130
@@ -158,6 +192,13 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
             or not isinstance(doc.get("results"), list):
         raise UsageError(f"{path} is not a zcnet result file", "give a file from --json/--out")
+    for key, kind in (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
+                      ("complete", bool)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
+                             f" but {doc[key]!r}",
+                             "give a file written by --json/--out (not edited by hand)")
+    check_figures(doc, path)
     return doc
 
 
@@ -165,8 +206,9 @@ def _handler(args: argparse.Namespace) -> int:
     if args.report:
         if args.spec:
             raise UsageError("give either SPEC or --report FILE, not both")
-        doc = load_result(args.report)
         args.json = None  # re-rendering never rewrites the source file
+        check_outputs(args)
+        doc = load_result(args.report)
         report(doc, args, make_console())
         return 0
     if not args.spec:

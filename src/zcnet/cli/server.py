@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import signal
 import sys
 import threading
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from zcnet.bench.protocol import Limits
+from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -18,36 +21,60 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("server", help="run the daemon that zcnet client drives (kperf-style)",
-                       description="Serve benchmark sessions: each control connection may open "
-                       "flows, pin their workers and run them. Listens on 127.0.0.1:18323 by "
-                       "default; any other address requires --token-file.")
+                       description="Serve benchmark sessions: each authenticated control "
+                       "connection may open flows, pin their workers and run them. Listens on "
+                       "127.0.0.1:18323 by default. Without --token-file the secret is this "
+                       "user's token file (~/.config/zcnet/token, created on first use), which "
+                       "`zcnet client` of the same user reads; any address beyond loopback "
+                       "requires --token-file.")
     p.add_argument("--listen", default="127.0.0.1:18323", metavar="ADDR:PORT",
                    help="control address (default 127.0.0.1:18323; port 0 picks a free one)")
     p.add_argument("--token-file", metavar="FILE",
-                   help="shared secret for challenge-response auth; '-' reads it from the first "
-                   "line of stdin")
+                   help="shared secret for challenge-response auth (mode 600); '-' reads it "
+                   "from the first line of stdin (default: this user's token file)")
     p.add_argument("--exit-on-eof", action="store_true",
                    help="exit when stdin closes (how an ssh-started server follows its client)")
-    p.add_argument("--session-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--session-timeout", type=number("timeout"), default=60.0, metavar="S",
                    help="reap a session whose client is silent this long (default 60)")
-    p.add_argument("--max-flows", type=int, default=Limits.max_flows, metavar="N")
-    p.add_argument("--max-duration", type=float, default=Limits.max_duration, metavar="S")
-    p.add_argument("--max-memory", type=int, default=Limits.max_memory, metavar="BYTES",
-                   help="sum of a session's buffers")
+    p.add_argument("--max-flows", type=number("flows"), default=Limits.max_flows, metavar="N")
+    p.add_argument("--max-duration", type=number("duration"), default=Limits.max_duration,
+                   metavar="S")
+    p.add_argument("--max-memory", type=number("memory"), default=Limits.max_memory,
+                   metavar="BYTES", help="sum of a session's buffers")
     p.set_defaults(func=run)
 
 
 def _token(path: str | None) -> bytes | None:
-    from zcnet.bench.server import read_token
+    from zcnet.bench.authtoken import MIN_TOKEN, read_token
 
     if path is None:
-        return None
+        return None   # the server uses this user's token file
     if path == "-":
         token = sys.stdin.buffer.readline().strip()
-        if len(token) < 8:
-            raise UsageError("token on stdin is shorter than 8 bytes", "send a longer secret")
+        if len(token) < MIN_TOKEN:
+            raise UsageError(f"token on stdin is shorter than {MIN_TOKEN} bytes",
+                             "send a longer secret")
         return token
     return read_token(path)
+
+
+# One range per quantity; the wire protocol's own bounds where it has them (start.duration,
+# flow numbers), so that nothing the server allows is refused by its own protocol.
+_LIMITS: tuple[tuple[str, str, float, float], ...] = (
+    ("session_timeout", "--session-timeout", 0.1, 86400.0),
+    ("max_duration", "--max-duration", 0.01, 1e6),
+    ("max_flows", "--max-flows", 1, 1 << 16),
+    ("max_memory", "--max-memory", 1, 1 << 40),
+)
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    for attr, option, lo, hi in _LIMITS:
+        value = getattr(args, attr)
+        # "not lo <= v <= hi" also refuses NaN, which compares False with everything.
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise UsageError(f"{option} {value}: out of range",
+                             f"give a number from {lo:g} to {hi:g}")
 
 
 def _watch_stdin(on_eof: Callable[[], None]) -> None:
@@ -59,17 +86,21 @@ def _watch_stdin(on_eof: Callable[[], None]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zcnet.bench.authtoken import default_token_path
     from zcnet.bench.server import Server, parse_hostport
 
-    # "not > 0" so that NaN (which compares False with everything) is refused too.
-    if not all(v > 0 for v in (args.session_timeout, args.max_flows, args.max_duration,
-                               args.max_memory)):
-        raise UsageError("limits must be positive", "e.g. --session-timeout 30 --max-flows 64")
+    _check_limits(args)
     host, port = parse_hostport(args.listen)
     limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
                     max_memory=args.max_memory)
+    token_file = default_token_path()
+    had_token = os.path.lexists(token_file)
     server = Server((host, port), token=_token(args.token_file), limits=limits,
                     session_timeout=args.session_timeout)
+    if args.token_file is None:
+        verb = "using" if had_token else "created"
+        print(f"zcnet server: {verb} token file {token_file} (clients of this user read it; "
+              "give others a copy, mode 600, as --token-file)", file=sys.stderr, flush=True)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         server.stop()

@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from zcnet.bench.meta import write_json
-from zcnet.bench.txbench import ALL_MODES, BASELINE, run_txbench
-from zcnet.cli._args import positive
+from zcnet.bench.meta import Interrupted, write_json
+from zcnet.bench.txbench import ALL_MODES, BASELINE, parse_dst, run_txbench
+from zcnet.cli._args import check_output_file, choice_list, number, number_list
 from zcnet.tx.hwcount import NO_COUNTERS
-
-
-def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ALL_MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"unknown mode {bad[0] if bad else text!r}; "
-                                         f"choose from {','.join(ALL_MODES)}")
-    return modes
-
-
-def _sizes(text: str) -> list[int]:
-    parse = positive(int)
-    return [int(parse(v)) for v in text.split(",")]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,40 +24,67 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "other (or to --dst). Modes: single (send per packet), mmsg (sendmmsg per "
                     "burst), uring (a burst of SEND SQEs, one io_uring_enter), gso (UDP_SEGMENT, "
                     "one send per burst; bursts GSO cannot carry go by mmsg and are counted).")
-    p.add_argument("--mode", type=_modes, default=list(ALL_MODES),
+    p.add_argument("--mode", type=choice_list("mode", ALL_MODES), default=list(ALL_MODES),
                    help=f"comma-separated modes (default {','.join(ALL_MODES)})")
-    p.add_argument("--size", type=positive(int), default=64, help="UDP payload bytes (64)")
-    p.add_argument("--sizes", type=_sizes, default=None,
+    p.add_argument("--size", type=number("payload"), default=64, help="UDP payload bytes (64)")
+    p.add_argument("--sizes", type=number_list("payload", "size", unique=False), default=None,
                    help="mixed payload sizes, repeated across each burst (e.g. 64,64,128)")
-    p.add_argument("--burst", type=positive(int), default=32, help="packets per burst (32)")
-    p.add_argument("--duration", "-t", type=positive(float), default=1.0,
+    p.add_argument("--burst", type=number("burst"), default=32, help="packets per burst (32)")
+    p.add_argument("--duration", "-t", type=number("duration"), default=1.0,
                    help="seconds per mode and repeat (1)")
-    p.add_argument("--packets", type=positive(int), default=None,
+    p.add_argument("--packets", type=number("packets"), default=None,
                    help="send exactly this many packets per repeat instead of --duration")
-    p.add_argument("--repeat", type=positive(int), default=5, help="repeats per mode (5)")
-    p.add_argument("--dst", metavar="ADDR:PORT", default=None,
-                   help="send to this address instead of a lab sink (no received counts)")
-    p.add_argument("--loopback", action="store_true",
-                   help="sink on loopback in this namespace instead of a lab (no root needed)")
-    p.add_argument("--mtu", type=positive(int), default=1500, help="lab veth MTU (1500)")
+    p.add_argument("--repeat", type=number("repeat"), default=5, help="repeats per mode (5)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--dst", metavar="ADDR:PORT", default=None,
+                       help="send to this address instead of a lab sink (no received counts)")
+    where.add_argument("--loopback", action="store_true",
+                       help="sink on loopback in this namespace instead of a lab (no root needed)")
+    p.add_argument("--mtu", type=number("mtu"), default=1500, help="lab veth MTU (1500)")
     p.add_argument("--ipv6", action="store_true", help="use the lab's IPv6 addresses")
     p.add_argument("--json", metavar="PATH", help="write results in the zcnet JSON envelope")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, without_lab="--loopback")
+
+
+def _show(doc: dict[str, Any], console: Console) -> None:
+    console.print(render(doc))
+    for line in seed_lines(doc):
+        console.print(Text(line))
+    if not doc.get("complete", True):
+        console.print(Text("incomplete: interrupted; rows measured before Ctrl-C only",
+                           style="yellow"))
 
 
 def _run(args: argparse.Namespace) -> int:
-    console = Console()
-    with console.status("txbench: sending…"):
-        doc = run_txbench(modes=args.mode, size=args.size, sizes=args.sizes, burst=args.burst,
-                          duration=args.duration, packets=args.packets, repeat=args.repeat,
-                          dst=args.dst, lab=not args.loopback, mtu=args.mtu, ipv6=args.ipv6)
-    console.print(render(doc))
-    for line in seed_lines(doc):
-        console.print(line)
+    check_output_file(args.json, "--json")
+    if args.dst is not None:
+        parse_dst(args.dst)  # a bad address fails before anything is set up
+    console = Console(markup=False)
+    try:
+        with console.status("txbench: sending…"):
+            doc = run_txbench(modes=args.mode, size=args.size, sizes=args.sizes,
+                              burst=args.burst, duration=args.duration, packets=args.packets,
+                              repeat=args.repeat, dst=args.dst, lab=not args.loopback,
+                              mtu=args.mtu, ipv6=args.ipv6)
+    except Interrupted as stop:
+        _save_and_show(args.json, stop.doc, console)
+        kept = len(stop.doc["results"])
+        where = f" in {args.json}" if args.json else " (pass --json to keep them)"
+        print(f"zcnet: interrupted: {kept} measured rows kept{where}", file=sys.stderr)
+        return 130
+    _save_and_show(args.json, doc, console)
     if args.json:
-        write_json(args.json, doc)
-        console.print(f"wrote {args.json}")
+        console.print(Text(f"wrote {args.json}"))
     return 0
+
+
+def _save_and_show(path: str | None, doc: dict[str, Any], console: Console) -> None:
+    """The file first; if it cannot be written, the table is still shown before the error."""
+    try:
+        if path:
+            write_json(path, doc)
+    finally:
+        _show(doc, console)
 
 
 def _pm(stat: dict[str, Any] | None, digits: int) -> str:
@@ -83,8 +98,9 @@ def render(doc: dict[str, Any]) -> Table:
     first = doc["results"][0] if doc["results"] else {}
     hw = doc["env"].get("hw_counters") == "yes"
     repeats = len(doc["results"]) // max(len(summary), 1)
-    table = Table(title=f"txbench: UDP payload {first.get('payload')} B, burst "
-                        f"{first.get('burst')}, {repeats} repeats",
+    title = (f"txbench: UDP payload {first.get('payload')} B, burst {first.get('burst')}, "
+             f"{repeats} repeats" if first else "txbench: nothing measured")
+    table = Table(title=Text(title),
                   box=box.SIMPLE_HEAD, pad_edge=False,
                   caption="ns/pkt: sender thread CPU; drops: sent - sink received; "
                           "bad: damaged payloads; fallbk: packets GSO could not carry")
@@ -96,7 +112,7 @@ def render(doc: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for mode, s in summary.items():
         if s["status"] != "ok":
-            table.add_row(mode, f"[yellow]{s['status']}: {s.get('reason', '')}[/]",
+            table.add_row(mode, Text(f"{s['status']}: {s.get('reason', '')}", style="yellow"),
                           *[""] * (len(columns) - 2))
             continue
         ratio = f"{s['vs_single']:.2f}x" if s.get("vs_single") else "-"
@@ -129,7 +145,8 @@ def seed_lines(doc: dict[str, Any]) -> list[str]:
         return (f"{a['mean']:.{digits}f}{unit} (±{a['stdev']:.{digits}f}) -> "
                 f"{b['mean']:.{digits}f}{unit} (±{b['stdev']:.{digits}f})")
 
-    lines = [f"{BASELINE} -> {mode} ({best['vs_single']:.2f}x):",
+    ratio = f" ({best['vs_single']:.2f}x)" if best.get("vs_single") else ""
+    lines = [f"{BASELINE} -> {mode}{ratio}:",
              f"  Packet rate: {arrow('mpps', ' Mpps', 3)}",
              f"  CPU per packet: {arrow('ns_per_pkt', ' ns', 0)}",
              f"  Instructions per packet: {arrow('instructions_per_pkt', '', 0)}",

@@ -32,7 +32,16 @@ class NeedRoot(ZcnetError):
 
     def __init__(self) -> None:
         super().__init__("network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
-                         "run as root or use --no-lab")
+                         privilege_hint())
+
+
+def privilege_hint() -> str:
+    """What to do when namespaces are refused: root that lacks the capabilities (a container)
+    needs them granted; anyone else needs root. The command adds its own way around the lab."""
+    if os.geteuid() == 0:
+        return ("this root lacks CAP_NET_ADMIN/CAP_SYS_ADMIN or a security policy refused it "
+                "(a container?): grant them")
+    return "run as root"
 
 class NoSuchNetns(ZcnetError):
     """No namespace of that name under /run/netns (never made, or already removed)."""

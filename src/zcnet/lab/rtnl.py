@@ -12,12 +12,10 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import NeedRoot, in_netns
+from zcnet.lab.netns import NeedRoot, in_netns, privilege_hint
 
 # errno -> the fix to suggest; the kernel's own message is kept in the error text.
 _HINTS = {
-    errno.EPERM: "run as root or use --no-lab",
-    errno.EACCES: "run as root or use --no-lab",
     errno.EOPNOTSUPP: "the kernel lacks veth or network namespaces (modprobe veth)",
     errno.ENOENT: "a lab namespace vanished; `zcnet lab status` shows what is left",
     errno.EINVAL: "the kernel rejected the value; check MTU and names",
@@ -49,7 +47,8 @@ def translate(exc: OSError | NetlinkError, what: str) -> ZcnetError:
     detail = getattr(exc, "msg", None) if isinstance(exc, NetlinkError) else None
     if detail and detail != text:
         text = f"{text}: {detail}"
-    return ZcnetError(f"{what} failed: {text}", _HINTS.get(code or 0))
+    hint = privilege_hint() if code in (errno.EPERM, errno.EACCES) else _HINTS.get(code or 0)
+    return ZcnetError(f"{what} failed: {text}", hint)
 
 
 @contextmanager

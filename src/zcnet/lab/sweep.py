@@ -8,6 +8,8 @@ recognised and removed by ``sweep_stale`` without any state file.
 from __future__ import annotations
 
 import errno
+import logging
+import os
 from dataclasses import dataclass, field
 
 from pyroute2.netlink.exceptions import NetlinkError
@@ -17,6 +19,8 @@ from zcnet.lab import names
 from zcnet.lab.netns import NeedRoot, list_netns, netns_exists
 from zcnet.lab.rtnl import rtnl, translate
 from zcnet.lab.topology import delete_veth, remove_netns
+
+log = logging.getLogger(__name__)
 
 # AF_INET, AF_INET6 (linux/socket.h)
 _FAMILY = (2, 10)
@@ -127,6 +131,34 @@ def sweep_stale() -> list[str]:
             remove_lab(info)
             swept.append(name)
     return swept
+
+
+def before_run() -> tuple[list[str], list[LabInfo]]:
+    """Before a measurement in a lab: remove every stale lab (its owner is gone) and announce,
+    as log warnings, the labs of other running processes and persistent ones, whose traffic
+    shares this machine and may disturb the figures. Returns (removed names, others).
+
+    A stale lab that cannot be removed is a warning too: it costs nothing but a namespace.
+    """
+    removed: list[str] = []
+    others: list[LabInfo] = []
+    for name, info in sorted(find_labs().items()):
+        if info.stale:
+            try:
+                remove_lab(info)
+            except (OSError, NetlinkError, ZcnetError) as exc:
+                log.warning("stale lab %s (its process %s is gone) could not be removed: %s",
+                            name, info.owner, exc)
+                continue
+            log.info("removed stale lab %s (its process %s is gone)", name, info.owner)
+            removed.append(name)
+        elif info.owner != os.getpid():
+            others.append(info)
+            whose = (f"persistent (`zcnet lab down {name}` removes it)"
+                     if info.owner is None else f"of running process {info.owner}")
+            log.warning("another lab is up: %s, %s; its traffic shares this machine's CPUs "
+                        "and may disturb the measurement", name, whose)
+    return removed, others
 
 
 def lookup(name: str) -> LabInfo:

@@ -31,7 +31,7 @@ from pyroute2 import netns as pr_netns
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.lab import names, registry
 from zcnet.lab.netns import (
     NeedRoot,
@@ -107,7 +107,9 @@ def delete_veth(ns: str, ifname: str) -> None:
 class Lab:
     """Namespaces ``ns_a``/``ns_b`` with veth ``if_a``/``if_b``, addressed and up.
 
-    Use as a context manager; the lab is gone after the block however it ends. Labs still up at
+    Use as a context manager, entered once (a nested ``with`` on the same lab is refused); the
+    lab is gone after the block however it ends, and ``ns_exec``/``set_mtu`` then raise
+    ClosedError (``up()`` makes a new lab with new names). Labs still up at
     interpreter exit or on SIGTERM/SIGHUP are removed too, and a signal arriving while the lab is
 being changed waits until the change is complete (see ``zcnet.lab.registry``).
     ``persistent=True`` (for ``zcnet lab up``) makes a lab that outlives this process.
@@ -126,6 +128,8 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         self._ipv6 = False
         self._procs: list[subprocess.Popen[Any]] = []
         self._lock = threading.RLock()
+        self._entered = False  # a `with` block owns the lab
+        self._was_up = False
 
     # -- public view ---------------------------------------------------------------------------
 
@@ -155,16 +159,24 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
     # -- lifetime ------------------------------------------------------------------------------
 
     def __enter__(self) -> Lab:
+        # One `with` block owns the lab: a nested one would take it down when the inner block
+        # ends, under the outer block still using it.
+        if self._entered:
+            raise UsageError(f"lab {self.name or '(coming up)'} is already in a `with` block",
+                             "use the lab inside the outer `with` block; do not enter it again")
+        self._entered = True
         try:
             return self.up()
         except BaseException:
             # A signal held during setup is delivered as up() returns, before the `with` body
             # (and so __exit__) is entered: the lab must not outlive that.
+            self._entered = False
             self.down()
             raise
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._entered = False
         self.down()
 
     def up(self) -> Lab:
@@ -210,6 +222,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             name = self.name
             self.name = self.ns_a = self.ns_b = self.if_a = self.if_b = ""
             self._ipv6 = False
+            self._was_up = self._was_up or bool(name)
             registry.unregister(self)
             if failed is not None:
                 # Left for `zcnet lab down` (the sweeper) once this process is gone.
@@ -295,7 +308,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         """Set the MTU on both veth ends (IPv6 addresses follow: dropped below 1280, re-added)."""
         check_mtu(mtu)
         with self._lock, registry.deferred():
-            self._require_up()
+            self._require_up("set_mtu")
             for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
                 try:
                     with rtnl(ns) as ipr:
@@ -309,7 +322,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         """Start ARGV inside NS (``lab.ns_a`` or ``lab.ns_b``). Still running at ``down()``, it
         gets SIGTERM, then SIGKILL after 2 s, and is reaped."""
         with self._lock, registry.deferred():
-            self._require_up()
+            self._require_up("ns_exec")
             if ns not in (self.ns_a, self.ns_b):
                 raise UsageError(f"{ns!r} is not a namespace of lab {self.name}",
                                  f"use {self.ns_a} or {self.ns_b}")
@@ -317,9 +330,13 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             self._procs.append(proc)
             return proc
 
-    def _require_up(self) -> None:
-        if not self.name:
-            raise UsageError("the lab is not up", "use it inside `with Lab() as lab:`")
+    def _require_up(self, method: str) -> None:
+        if self.name:
+            return
+        if self._was_up:
+            raise ClosedError(f"{method}() on a lab that was taken down",
+                              "use it inside its `with Lab() as lab:` block, or up() it again")
+        raise UsageError("the lab is not up", "use it inside `with Lab() as lab:`")
 
     def _stop_procs(self) -> None:
         procs, self._procs = self._procs, []

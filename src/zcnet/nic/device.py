@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import fcntl
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from zcnet.errors import Unsupported, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
@@ -37,9 +38,12 @@ class DeviceUnsupported(Unsupported):
 
 
 # errno -> (message template, hint) for errors that mean the same whatever was asked.
+# Said to root, "run as root" is false: root that is refused lacks the capability (a container).
+_NEED_NET_ADMIN = ("run as root (needs CAP_NET_ADMIN)" if os.geteuid() else
+                   "this root lacks CAP_NET_ADMIN (a container?): grant it")
 _ERRNO_TEXT: dict[int, tuple[str, str]] = {
-    errno_mod.EPERM: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
-    errno_mod.EACCES: ("{what}: permission denied", "run as root (needs CAP_NET_ADMIN)"),
+    errno_mod.EPERM: ("{what}: permission denied", _NEED_NET_ADMIN),
+    errno_mod.EACCES: ("{what}: permission denied", _NEED_NET_ADMIN),
     errno_mod.ENODEV: ("{what}: interface {ifname} is gone", "check 'ip link'"),
 }
 _UNSUPPORTED = {errno_mod.EOPNOTSUPP, errno_mod.ENOTSUP}
@@ -86,8 +90,13 @@ class Device:
             dev.close()
 
     def close(self) -> None:
+        """Release both sockets; idempotent. Afterwards every request raises ClosedError."""
         self.ioctl_sock.close()
         self.genl.close()
+
+    def _check_open(self, method: str) -> None:
+        if self.ioctl_sock.fileno() < 0:
+            raise ClosedError.of(self, method)
 
     @property
     def where(self) -> str:
@@ -97,6 +106,7 @@ class Device:
 
     def ifreq_ioctl(self, request: int, data: ctypes.Structure | ctypes.Array[Any]) -> None:
         """SIOCETHTOOL-style ioctl: ``data`` is the struct the kernel reads and writes."""
+        self._check_open("ifreq_ioctl")
         ifr = bytearray(_IFREQ.pack(self.ifname.encode(), ctypes.addressof(data)))
         fcntl.ioctl(self.ioctl_sock.fileno(), request, ifr, True)
 
@@ -116,6 +126,7 @@ class Device:
 
     def drvinfo(self) -> DrvInfo:
         """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these)."""
+        self._check_open("drvinfo")
         if self._drvinfo is None:
             info = e.ethtool_drvinfo(cmd=e.ETHTOOL_GDRVINFO)
             try:
@@ -164,6 +175,7 @@ class Device:
     def genl_do(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
                 reply: AttrSet | None = None, what: str = "", setting: str | None = None
                 ) -> dict[str, Any] | None:
+        self._check_open("genl_do")
         try:
             return self.genl.do(family, cmd, request, attrs, reply, what)
         except NetlinkError as exc:
@@ -172,6 +184,7 @@ class Device:
     def genl_dump(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
                   reply: AttrSet | None = None, what: str = "", setting: str | None = None
                   ) -> list[dict[str, Any]]:
+        self._check_open("genl_dump")
         try:
             return self.genl.dump(family, cmd, request, attrs, reply, what)
         except NetlinkError as exc:

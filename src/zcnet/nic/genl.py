@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import ClosedError, ZcnetError
 from zcnet.lab.netns import in_netns
 from zcnet.nic import nlattr
 from zcnet.nic.nlattr import T, attrset
@@ -124,15 +124,22 @@ class GenlSocket:
         self.close()
 
     def close(self) -> None:
+        """Release the socket; idempotent. Afterwards every request raises ClosedError."""
         self.sock.close()
 
+    def _check_open(self, method: str) -> None:
+        if self.sock.fileno() < 0:
+            raise ClosedError.of(self, method)
+
     def fileno(self) -> int:
+        self._check_open("fileno")
         return self.sock.fileno()
 
     # ---------------------------------------------------------------- family resolution
 
     def family(self, name: str) -> Family:
         """Resolve a family by name (cached per socket); ``Unsupported``-style error if absent."""
+        self._check_open("family")
         fam = self._families.get(name)
         if fam is not None:
             return fam
@@ -170,6 +177,7 @@ class GenlSocket:
     def do(self, family: str, cmd: int, request: nlattr.AttrSet, attrs: dict[str, Any],
            reply: nlattr.AttrSet | None = None, what: str = "") -> dict[str, Any] | None:
         """One request with NLM_F_ACK; returns the decoded reply, or None for an ack only."""
+        self._check_open("do")
         fam = self.family(family)
         replies = self._transact(fam.id, cmd, fam.version, nlattr.encode_attrs(request, attrs),
                                  NLM_F_REQUEST | NLM_F_ACK, what or f"{family} cmd {cmd}")
@@ -181,6 +189,7 @@ class GenlSocket:
              reply: nlattr.AttrSet | None = None, what: str = "") -> list[dict[str, Any]]:
         """A dump request; returns every decoded object. Retries a dump the kernel marks as
         interrupted (the object list changed while it was being walked)."""
+        self._check_open("dump")
         fam = self.family(family)
         body = nlattr.encode_attrs(request, attrs)
         for _ in range(3):

@@ -1,7 +1,7 @@
 """The seed's table for ``zcnet bench``: rows MTU, columns engine, one block per placement.
 
 A cell reads ``Gbit/s (receiver CPU busy %)``; a cell that did not run reads ``n/a`` and the
-reason goes in a note under the table (and in the JSON).
+reason goes in a note under the table (and in the JSON); `` !`` marks a cell with a warning.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 PLACEMENT_TITLES = {
     "same": "application on the receive-softirq CPU (same)",
@@ -16,17 +17,19 @@ PLACEMENT_TITLES = {
 }
 
 
-def cell_text(r: dict[str, Any] | None) -> str:
+def cell_text(r: dict[str, Any] | None) -> Text:
+    """``Gbit/s (busy %)``; a CPU share that was not sampled is left out, never shown as 0%."""
     if r is None:
-        return "-"
+        return Text("-")
     if r["status"] != "ok":
-        return "n/a" if r["status"] == "unsupported" else "error"
-    busy = r.get("cpu", {}).get("rx", {}).get("busy")
-    text = f"{r['gbps']:.1f} Gbps"
-    if busy is not None:
-        text += f" ({busy:.0f}%)"
-    if r.get("verify", {}).get("mismatches"):
-        text += " [red]MISMATCH[/red]"
+        return Text("n/a" if r["status"] == "unsupported" else "error")
+    busy = ((r.get("cpu") or {}).get("rx") or {}).get("busy")
+    text = Text(f"{r['gbps']:.1f} Gbps")
+    text.append(f" ({busy:.0f}%)" if busy is not None else " (CPU n/a)")
+    if r.get("warning"):
+        text.append(" !", style="yellow")
+    if (r.get("verify") or {}).get("mismatches"):
+        text.append(" MISMATCH", style="red")
     return text
 
 
@@ -36,10 +39,11 @@ def bench_tables(doc: dict[str, Any]) -> list[Table]:
     tables = []
     for placement in dict.fromkeys(r["placement"] for r in results):
         rows = [r for r in results if r["placement"] == placement]
-        t = Table(title=PLACEMENT_TITLES.get(placement, placement), title_justify="left")
+        t = Table(title=Text(PLACEMENT_TITLES.get(placement, str(placement))),
+                  title_justify="left")
         t.add_column("MTU", justify="right")
         for e in engines:
-            t.add_column(e, justify="right")
+            t.add_column(Text(str(e)), justify="right")
         for mtu in dict.fromkeys(r["mtu"] for r in rows):
             by_engine = {r["engine"]: r for r in rows if r["mtu"] == mtu}
             t.add_row(str(mtu), *(cell_text(by_engine.get(e)) for e in engines))
@@ -50,6 +54,9 @@ def bench_tables(doc: dict[str, Any]) -> list[Table]:
 def bench_notes(doc: dict[str, Any]) -> list[str]:
     """Why cells did not run (one line per engine and reason), warnings, verify failures."""
     notes = []
+    if doc.get("complete") is False:
+        notes.append(f"incomplete: interrupted after {len(doc['results'])} cells; the "
+                     "missing cells were not measured")
     tx_notes: dict[str, None] = {}  # the sender's fallbacks (e.g. no SEND_ZC), once each
     not_run: dict[tuple[str, str, str], list[str]] = {}
     for r in doc["results"]:
@@ -58,6 +65,9 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
             not_run.setdefault((r["status"], r["engine"], r["reason"]), []).append(where)
         elif r.get("warning"):
             notes.append(f"warning: {r['engine']} {where}: {r['warning']}")
+        if r["status"] == "ok" and ((r.get("cpu") or {}).get("rx") or {}).get("busy") is None:
+            notes.append(f"CPU n/a: {r['engine']} {where}: the receiving CPU's share was not "
+                         "sampled")
         if (r.get("tx_stats") or {}).get("note"):
             tx_notes.setdefault(r["tx_stats"]["note"], None)
         if r.get("verify", {}).get("mismatches"):

@@ -7,10 +7,13 @@ has, so bench rows (engine, mtu, placement) and txbench rows (mode, payload, bur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from zcnet import quantities
+from zcnet.errors import UsageError
 from zcnet.report.stats import Summary, summarize
 
 # Fields that say *what* was measured; anything else in a row is a measurement or a note.
@@ -119,3 +122,63 @@ def group(rows: Iterable[dict[str, Any]]) -> dict[CellKey, Cell]:
 def metrics_present(cells: Iterable[Cell]) -> list[str]:
     cells = list(cells)
     return [m for m in METRICS if any(c.values(m) for c in cells)]
+
+
+# Fields of a result row read back from a file that are measured figures: never negative,
+# never NaN or infinite.
+FIGURE_FIELDS = ("seconds", "bytes", "sent", "received", *(m for m in METRICS if m != "rx_busy"))
+CPU_SHARE_FIELDS = ("usr", "sys", "iowait", "irq", "soft", "idle", "busy")
+
+
+def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
+    """The first field of ``row`` that is not a valid figure: (field, value, problem)."""
+    for name in FIGURE_FIELDS:
+        v = row.get(name)
+        if v is not None and (why := quantities.problem("figure", v)) is not None:
+            return name, v, why
+    for name in KEY_FIELDS:
+        v = row.get(name)
+        if v is not None and (not isinstance(v, (str, int, float)) or isinstance(v, bool)
+                              or (isinstance(v, float) and not math.isfinite(v))):
+            return name, v, "must be a name or a number"
+    for name in ("status", "reason", "warning"):
+        if not isinstance(row.get(name, ""), str):
+            return name, row[name], "must be text"
+    for name in ("cpu", "cpus", "verify", "tx_stats", "engine_stats", "tcp"):
+        if row.get(name) is not None and not isinstance(row[name], dict):
+            return name, row[name], "must be an object"
+    for name in ("cpu", "cpus"):
+        for key, v in (row.get(name) or {}).items():
+            if v is not None and not isinstance(v, dict):
+                return f"{name}.{key}", v, "must be an object of CPU shares"
+    for name in ("mtu", "burst", "payload"):
+        v = row.get(name)
+        if v is None or (name == "payload" and isinstance(v, str)):  # "64,128": a size pattern
+            continue
+        if (why := quantities.problem(name, v)) is not None:
+            return name, v, why
+    cpus = row.get("cpus") or {}
+    if not isinstance(cpus, dict) or not all(str(c).isdigit() for c in cpus):
+        return "cpus", cpus, "must map CPU numbers to shares"
+    cpu = row.get("cpu") if isinstance(row.get("cpu"), dict) else {}
+    shares = [(f"cpu.{side}.{k}", v.get(k)) for side, v in cpu.items() if isinstance(v, dict)
+              for k in CPU_SHARE_FIELDS if k in v]
+    shares += [(f"cpus.{c}.{k}", v.get(k)) for c, v in (row.get("cpus") or {}).items()
+               if isinstance(v, dict) for k in CPU_SHARE_FIELDS if k in v]
+    for field, v in shares:
+        if (why := quantities.problem("share", v)) is not None:
+            return field, v, why
+    return None
+
+
+def check_figures(doc: dict[str, Any], source: str) -> None:
+    """Refuse a result file whose rows carry NaN, infinite, negative or out-of-range figures
+    (hand-edited or damaged): a report built on them would print nonsense."""
+    for i, row in enumerate(doc.get("results") or []):
+        if not isinstance(row, dict):
+            raise UsageError(f"{source}: results[{i}] is not an object",
+                             "give a file written by --json/--out")
+        if (bad := _bad(row)) is not None:
+            field, value, why = bad
+            raise UsageError(f"{source}: results[{i}].{field} = {value!r}: {why}",
+                             "give a file written by --json/--out (not edited by hand)")

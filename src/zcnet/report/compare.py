@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.cells import METRICS, CellKey, group, key_text
+from zcnet.report.cells import METRICS, CellKey, check_figures, group, key_text
 from zcnet.report.stats import Summary, Verdict, summarize, welch
 from zcnet.report.tables import Table, fmt_summary
 
@@ -59,15 +59,28 @@ def _show(value: Any) -> str:
 
 def check_comparable(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool) -> list[str]:
     """The env differences; raises unless ``force``."""
-    for doc in (doc_a, doc_b):
+    for side, doc in (("A", doc_a), ("B", doc_b)):
         if doc.get("tool") != "zcnet" or not isinstance(doc.get("results"), list):
             raise UsageError("not a zcnet result file (no zcnet envelope)",
                              "pass files written by --json or --out")
+        check_figures(doc, side)
+    kind_a, kind_b = kind_of(doc_a), kind_of(doc_b)
+    if kind_a != kind_b:
+        raise UsageError(f"different kinds of runs: A is {kind_a}, B is {kind_b}",
+                         "compare two results of one command or experiment")
     diffs = env_differences(doc_a.get("env", {}), doc_b.get("env", {}))
     if diffs and not force:
         raise ZcnetError("runs were measured on different systems: " + "; ".join(diffs),
                          "compare runs from one machine, or pass --force")
     return diffs
+
+
+def kind_of(doc: dict[str, Any]) -> str:
+    """What a result file measured: its command, and the experiment's tool for experiments."""
+    kind = str(doc.get("kind", "?"))
+    tool = (doc.get("experiment") or {}).get("tool") if isinstance(doc.get("experiment"),
+                                                                   dict) else None
+    return f"{kind} ({tool})" if tool else kind
 
 
 def pick_metric(rows: list[dict[str, Any]]) -> str | None:
@@ -143,6 +156,12 @@ def compare_table(rows: list[Row], name_a: str = "A", name_b: str = "B",
                        + "; ".join(diffs))
     t.notes += unstable_sides(rows)
     return t
+
+
+def incomplete_notes(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> list[str]:
+    """A warning for each side whose run was interrupted before it measured every cell."""
+    return [f"incomplete: {side} was interrupted; cells it did not reach read 'only in'"
+            for side, doc in (("A", doc_a), ("B", doc_b)) if doc.get("complete") is False]
 
 
 def unstable_sides(rows: list[Row]) -> list[str]:

@@ -1,4 +1,4 @@
-"""PNG plots of result envelopes (matplotlib is an optional extra: ``pip install 'zcnet[plot]'``).
+"""PNG plots of result envelopes (matplotlib, a dependency of zcnet).
 
 Figures have a fixed size and dpi and are saved without tight bounding boxes, so a plot's pixel
 size is known in advance (``FIGSIZE`` x ``DPI``) whatever its labels hold.
@@ -24,18 +24,24 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ZcnetError("plots need matplotlib, which is not installed",
-                         "pip install 'zcnet[plot]'") from None
+        raise ZcnetError("plots need matplotlib, which is not installed (zcnet depends on it)",
+                         "reinstall zcnet with its dependencies, or: pip install matplotlib") \
+            from None
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
     return plt
 
 
+def literal(text: str) -> str:
+    """User text as matplotlib shows it literally: ``$`` would start mathtext otherwise."""
+    return text.replace("$", r"\$")
+
+
 def _figure(plt: Any, title: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     fig.subplots_adjust(bottom=0.22)  # room for two-line, rotated bar labels
-    ax.set_title(title, fontsize=10)
+    ax.set_title(literal(title), fontsize=10)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
     return fig, ax
@@ -85,7 +91,7 @@ def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "
     for name, pts in series.items():
         pts.sort()
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
-                    marker="o", capsize=3, label=name)
+                    marker="o", capsize=3, label=literal(name))
     ax.set_xlabel("MTU (bytes)")
     if series:
         ax.legend()
@@ -117,7 +123,7 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
         heights = [b[1].get(part, 0.0) for b in bars]
         ax.bar(xs, heights, bottom=bottom, label=f"%{part}")
         bottom = [x + h for x, h in zip(bottom, heights, strict=True)]
-    ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=7, rotation=30, ha="right")
+    ax.set_xticks(list(xs), [literal(b[0]) for b in bars], fontsize=7, rotation=30, ha="right")
     ax.set_ylim(0, 115)  # headroom for the legend above the 100% line
     ax.legend(ncol=len(CPU_PARTS), loc="upper center", fontsize=8)
     return _save(plt, fig, path)

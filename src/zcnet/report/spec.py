@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from zcnet import quantities
 from zcnet.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -176,6 +177,8 @@ class _Checker:
         for v in vals:
             if not isinstance(v, str) or v not in choices:
                 raise self.fail(path, f"{v!r} is not one of: {', '.join(choices)}")
+        if len(set(vals)) != len(vals):
+            raise self.fail(path, "values repeat", "give each once")
         return tuple(vals)
 
 
@@ -183,8 +186,13 @@ def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"{v!r} is not one of: {', '.join(choices)}"
 
 
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else f"must be positive, got {v!r}"
+def _quantity(name: str) -> Callable[[Any], str | None]:
+    """The one range of quantity ``name`` (``zcnet.quantities``), as a spec check."""
+    return lambda v: quantities.problem(name, v)
+
+
+# Matrix axes that are amounts of a quantity.
+AXIS_QUANTITIES = {"mtu": "mtu", "payload": "payload", "burst": "burst"}
 
 
 def _axis_values(ck: _Checker, axis: str, vals: Any) -> list[Any]:
@@ -199,10 +207,8 @@ def _axis_values(ck: _Checker, axis: str, vals: Any) -> list[Any]:
             raise ck.fail(path, f"expected a list of {kind.__name__}, found {v!r}")
         if choices is not None and v not in choices:
             raise ck.fail(path, f"{v!r} is not one of: {', '.join(map(str, choices))}")
-        if kind is int and v <= 0:
-            raise ck.fail(path, f"must be positive, got {v!r}")
-    if axis == "mtu" and any(not 68 <= v <= 65535 for v in vals):
-        raise ck.fail(path, "MTU must be within 68..65535")
+        if axis in AXIS_QUANTITIES and (why := quantities.problem(AXIS_QUANTITIES[axis], v)):
+            raise ck.fail(path, why)
     if len(set(vals)) != len(vals):
         raise ck.fail(path, "values repeat")
     return list(vals)
@@ -235,8 +241,9 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
 
     run = ck.table(doc, "run", required=False)
     ck.unknown(run, ("run",), {"duration", "repeat", "peers"})
-    duration = float(ck.get(run, ("run", "duration"), (int, float), 2.0, check=_positive))
-    repeat = ck.get(run, ("run", "repeat"), int, 1, check=_positive)
+    duration = float(ck.get(run, ("run", "duration"), (int, float), 2.0,
+                            check=_quantity("duration")))
+    repeat = ck.get(run, ("run", "repeat"), int, 1, check=_quantity("repeat"))
     peers = ck.str_list(run, ("run", "peers"), ("iperf3", "sockperf"))
 
     subs = []

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import METRICS, Cell, group, key_text
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 
@@ -51,6 +51,13 @@ def unstable_notes(cells: Iterable[Cell], metrics: Iterable[str]) -> list[str]:
     return notes
 
 
+def warning_notes(cells: Iterable[Cell]) -> list[str]:
+    """Each row's warning (e.g. the softirq ran where the placement said it would not), once."""
+    notes = [f"warning: {key_text(c.key)}: {r['warning']}" for c in cells for r in c.rows
+             if r.get("warning")]
+    return list(dict.fromkeys(notes))
+
+
 def na_notes(cells: Iterable[Cell]) -> list[str]:
     return [f"n/a: {key_text(c.key)}: {c.status}" + (f": {c.reason}" if c.reason else "")
             for c in cells if c.status != "ok"]
@@ -64,11 +71,13 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     parts = [fmt_summary(cell.summary(metric), metric)]
     for name in extra:
         s = cell.summary(name)
+        m = METRICS[name]
         if s is not None:
             # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
-            m = METRICS[name]
             unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
             parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
+        else:
+            parts.append(f"n/a {m.short or m.label}")  # not measured: never shown as 0
     return ", ".join(parts)
 
 
@@ -101,7 +110,7 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = na_notes(block) + unstable_notes(block, [metric, *extra])
+        t.notes = na_notes(block) + warning_notes(block) + unstable_notes(block, [metric, *extra])
         tables.append(t)
     return tables
 
@@ -138,7 +147,8 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
         reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
                        for m in missing if r.get(f"{m}_reason")), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
-    t.notes += na_notes(cells) + unstable_notes(cells, [metric, *shown_extra])
+    t.notes += na_notes(cells) + warning_notes(cells) + unstable_notes(cells,
+                                                                    [metric, *shown_extra])
     return t
 
 
@@ -167,7 +177,8 @@ def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
     acc: dict[str, list[dict[str, float]]] = {}
     for row in cell.rows:
         for cpu, shares in (row.get("cpus") or {}).items():
-            acc.setdefault(str(cpu), []).append(shares)
+            if shares and "idle" in shares:  # an unsampled CPU has no shares: n/a, not 0%
+                acc.setdefault(str(cpu), []).append(shares)
     return {cpu: {k: sum(s.get(k, 0.0) for s in lst) / len(lst) for k, _ in MPSTAT_COLUMNS}
             for cpu, lst in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
@@ -205,12 +216,62 @@ def report_section(doc: dict[str, Any]) -> dict[str, Any]:
     return doc.get("report") or DEFAULT_REPORTS.get(doc.get("kind", ""), DEFAULT_REPORTS["bench"])
 
 
+# The shape of a result's ``report`` section: key -> (type, allowed values or None).
+_REPORT_KEYS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "table": (str, ("grid", "ab", "mpstat")), "rows": (str, None), "columns": (str, None),
+    "metric": (str, tuple(METRICS)), "extra": (list, None), "baseline": (dict, None),
+    "per_cpu": (bool, None), "plots": (list, None),
+}
+
+
+def check_report_section(rep: Any) -> None:
+    """A result file's ``report`` section, as a spec would have written it."""
+    def bad(key: str, why: str) -> UsageError:
+        return UsageError(f"the result's report.{key} {why}",
+                          "give a file written by --json/--out (not edited by hand)")
+
+    if not isinstance(rep, dict):
+        raise bad("section", "is not an object")
+    for key, (kind, allowed) in _REPORT_KEYS.items():
+        if key not in rep:
+            continue
+        val = rep[key]
+        if not isinstance(val, kind) or (kind is not bool and isinstance(val, bool)):
+            raise bad(key, f"must be a {kind.__name__}, got {val!r}")
+        if allowed is not None and val not in allowed:
+            raise bad(key, f"{val!r} is not one of: {', '.join(map(str, allowed))}")
+    for m in rep.get("extra", []):
+        if m not in METRICS:
+            raise bad("extra", f"names an unknown metric {m!r}")
+    if not all(isinstance(p, str) for p in rep.get("plots", [])):
+        raise bad("plots", "must list plot names")
+
+
+def check_experiment_section(exp: Any) -> None:
+    """A result file's ``experiment`` section: names and texts, and substitutions with text."""
+    def bad(key: str, why: str) -> UsageError:
+        return UsageError(f"the result's experiment.{key} {why}",
+                          "give a file written by --json/--out (not edited by hand)")
+
+    if not isinstance(exp, dict):
+        raise bad("section", "is not an object")
+    for key in ("name", "title", "tool", "seed", "about", "source"):
+        if key in exp and not isinstance(exp[key], str):
+            raise bad(key, f"must be text, got {exp[key]!r}")
+    subs = exp.get("substitutions", [])
+    if not isinstance(subs, list) or not all(isinstance(x, dict)
+                                             and isinstance(x.get("text"), str) for x in subs):
+        raise bad("substitutions", "must be a list of objects with a text")
+
+
 def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     """All tables of an envelope, as its ``report`` section (or its kind's default) asks."""
     rep = report_section(doc)
     exp = doc.get("experiment") or {}
+    check_experiment_section(exp)
     results = [r for r in doc.get("results", []) if not r.get("peer")]
     title = exp.get("title") or exp.get("name") or doc.get("kind", "results")
+    check_report_section(rep)
     metric = rep.get("metric", "gbps")
     extra = rep.get("extra", [])
     kind = rep.get("table", "grid")
@@ -218,8 +279,8 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
         tables = [ab(title, results, baseline=rep.get("baseline", {}), metric=metric,
                      extra=extra)]
     elif kind == "grid":
-        tables = grid(title, results, rows=rep["rows"], columns=rep["columns"], metric=metric,
-                      extra=extra)
+        tables = grid(title, results, rows=rep.get("rows") or "mtu",
+                      columns=rep.get("columns") or "engine", metric=metric, extra=extra)
     else:
         tables = []
     if rep.get("per_cpu") or kind == "mpstat":
@@ -229,6 +290,11 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     if peers:
         tables.append(peer_table(results, peers, metric))
     subs = [f"substituted: {s['text']}" for s in exp.get("substitutions", [])]
+    if doc.get("complete") is False:
+        subs.insert(0, f"incomplete: the run was interrupted after {len(doc.get('results', []))}"
+                       " measured rows; cells it did not reach are missing")
+        if not tables:
+            tables = [Table(title, [], [])]
     if tables and subs:
         tables[0].notes = subs + tables[0].notes
     return tables

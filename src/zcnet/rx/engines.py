@@ -22,6 +22,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from zcnet.sockcheck import require_tcp
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing, register_buffers, unsupported
 from zcnet.uring.mem import Mapping
@@ -73,7 +74,9 @@ class Engine(Protocol):
 
     def unsupported(self) -> str | None: ...
 
-    def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats: ...
+    def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        """Read the connected TCP socket ``sock`` to EOF (checked first: UsageError for a
+        closed, listening, unconnected or non-TCP socket)."""
 
 
 def close_engine(engine: Engine) -> None:
@@ -107,6 +110,7 @@ class EpollEngine:
         return None
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        require_tcp(sock, f"{self.name} engine")
         st = RxStats()
         buf = np.empty(self.opts.bufsize, dtype=np.uint8)
         mv = memoryview(buf)
@@ -142,6 +146,7 @@ class UringEngine:
         return unsupported(u.IORING_OP_READ_FIXED)
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        require_tcp(sock, f"{self.name} engine")
         st = RxStats()
         sock.setblocking(True)
         fd = sock.fileno()
@@ -175,6 +180,7 @@ class UringMultishotEngine:
         return unsupported(u.IORING_OP_RECV)
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        require_tcp(sock, f"{self.name} engine")
         st = RxStats()
         sock.setblocking(True)
         fd = sock.fileno()

@@ -17,6 +17,7 @@ import os
 import platform
 import struct
 
+from zcnet.errors import ClosedError
 from zcnet.uapi import perf_event as pe
 
 NO_COUNTERS = "n/a: no hardware counters"
@@ -60,6 +61,7 @@ class HwCounters:
 
     def __init__(self, fds: dict[str, int]) -> None:
         self._fds = fds
+        self._closed = False
 
     @classmethod
     def open(cls, events: dict[str, tuple[int, int]] | None = None) -> HwCounters | None:
@@ -74,11 +76,15 @@ class HwCounters:
         return cls(fds)
 
     def start(self) -> None:
+        if self._closed:
+            raise ClosedError.of(self, "start")
         for fd in self._fds.values():
             _ioctl(fd, pe.PERF_EVENT_IOC_RESET)
             _ioctl(fd, pe.PERF_EVENT_IOC_ENABLE)
 
     def stop(self) -> dict[str, int]:
+        if self._closed:  # no counters left: an empty result would read as a measurement
+            raise ClosedError.of(self, "stop")
         out = {}
         for name, fd in self._fds.items():
             _ioctl(fd, pe.PERF_EVENT_IOC_DISABLE)
@@ -86,6 +92,7 @@ class HwCounters:
         return out
 
     def close(self) -> None:
+        self._closed = True
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)

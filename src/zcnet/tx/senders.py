@@ -18,6 +18,11 @@ F_NOTIF CQE), which ``on_release(slot, view)`` observes; ``on_fill(slot, view)``
 slot is sent, so callers that care about content write it there. ``stats()`` counts sends the
 kernel completed truly zero-copy and those it copied after all. When the kernel refuses the
 zero-copy path the sender falls back to ``copy`` and says so in ``stats().note``.
+
+``make_sender`` takes an open, connected TCP socket and says so up front otherwise. The classes
+themselves also take a connected UDP socket (each send one datagram): zero-copy completions are
+the same there, and a UDP flow into a device that frees packets is the one way to see true
+zero-copy on a machine without a NIC (the tests do that).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
+from zcnet.sockcheck import require_connected, require_tcp
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
 
@@ -59,6 +65,9 @@ class SendStats:
 
 
 class Sender(Protocol):
+    """After ``close()`` only ``stats()`` (the final counters) and ``close()`` may be called;
+    everything else raises ClosedError."""
+
     kind: str
 
     def send(self, nbytes: int) -> int: ...
@@ -68,7 +77,11 @@ class Sender(Protocol):
 
 
 def _byte_view(buf: Any) -> memoryview:
-    view = memoryview(buf).cast("B")
+    try:
+        view = memoryview(buf).cast("B")
+    except TypeError:
+        raise UsageError(f"the send buffer must be a writable buffer (bytearray, numpy array, "
+                         f"mmap), not {type(buf).__name__}") from None
     if view.readonly:
         raise UsageError("the send buffer must be writable (slots are refilled)")
     return view
@@ -81,8 +94,9 @@ class _SlotSender:
 
     def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
                  on_release: SlotHook | None) -> None:
-        if slots <= 0:
-            raise UsageError(f"slots must be positive, got {slots}")
+        require_connected(sock, f"{self.kind} sender")
+        if not isinstance(slots, int) or slots <= 0:
+            raise UsageError(f"slots must be a positive integer, got {slots!r}")
         self.sock = sock
         self.view = _byte_view(buf)
         self.slot_size = len(self.view) // slots
@@ -94,6 +108,7 @@ class _SlotSender:
         self.on_fill = on_fill
         self.on_release = on_release
         self._stats = SendStats(self.kind, self.kind)
+        self._closed = False
 
     def _check(self, nbytes: int) -> None:
         if not 0 < nbytes <= self.slot_size:
@@ -132,6 +147,8 @@ class CopySender(_SlotSender):
         self._stats = SendStats(kind, "copy", note=note)
 
     def send(self, nbytes: int) -> int:
+        if self._closed:
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -151,10 +168,11 @@ class CopySender(_SlotSender):
         raise AssertionError("unreachable")
 
     def flush(self) -> None:
-        pass
+        if self._closed:
+            raise ClosedError.of(self, "flush")
 
     def close(self) -> None:
-        pass
+        self._closed = True
 
 
 class MsgZerocopySender(_SlotSender):
@@ -172,6 +190,8 @@ class MsgZerocopySender(_SlotSender):
         self.tracker = ZcTracker()
 
     def send(self, nbytes: int) -> int:
+        if self._closed:
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         view = self.slots[slot]
@@ -213,6 +233,8 @@ class MsgZerocopySender(_SlotSender):
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Wait until every send's notification arrived (all slots free)."""
+        if self._closed:
+            raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.tracker.outstanding:
             if time.monotonic() > deadline:
@@ -221,8 +243,13 @@ class MsgZerocopySender(_SlotSender):
 
     def close(self) -> None:
         """Wait (bounded) for outstanding notifications; the socket belongs to the caller."""
-        with contextlib.suppress(OSError, ZcnetError):
-            self.flush()
+        if self._closed:
+            return
+        try:
+            with contextlib.suppress(OSError, ZcnetError):
+                self.flush()
+        finally:
+            self._closed = True
 
     def stats(self) -> SendStats:
         s = super().stats()
@@ -255,10 +282,12 @@ KINDS: dict[str, Callable[..., Sender]] = {
 
 def make_sender(kind: str, sock: socket.socket, buf: Any, *, slots: int = 8,
                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> Sender:
-    """A sender of ``kind`` over ``sock`` using ``buf``; falls back to copy with a note."""
+    """A sender of ``kind`` over ``sock`` (an open, connected TCP socket: checked here, a
+    UsageError otherwise) using ``buf``; falls back to copy with a note."""
     build = KINDS.get(kind)
     if build is None:
         raise UsageError(f"unknown send kind {kind!r}", f"choose from {', '.join(KINDS)}")
+    require_tcp(sock, f"{kind} sender")
     try:
         return build(sock, buf, slots, on_fill, on_release)
     except Unsupported as exc:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.errors import Unsupported, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.tx.senders import FLUSH_TIMEOUT, SlotHook, _SlotSender, _stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
@@ -67,6 +67,8 @@ class SendZcSender(_SlotSender):
 
     def in_flight(self, slot: int) -> int:
         """CQEs still due for this slot (0 means the kernel is done with its memory)."""
+        if self._closed:
+            raise ClosedError.of(self, "in_flight")
         return self._refs[slot]
 
     def _prep(self, slot: int, offset: int, length: int) -> None:
@@ -80,6 +82,8 @@ class SendZcSender(_SlotSender):
         self._stats.sends += 1
 
     def send(self, nbytes: int) -> int:
+        if self._closed:  # the ring's memory is unmapped: touching it would crash
+            raise ClosedError.of(self, "send")
         self._check(nbytes)
         slot = self._acquire()
         self._want[slot] = nbytes
@@ -137,6 +141,8 @@ class SendZcSender(_SlotSender):
         return sum(self._refs)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
+        if self._closed:
+            raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.outstanding:
             left = deadline - time.monotonic()
@@ -148,13 +154,16 @@ class SendZcSender(_SlotSender):
             self._process()
 
     def close(self) -> None:
-        if self.ring.fd < 0:
+        if self._closed:
             return
-        with contextlib.suppress(OSError, ZcnetError):
-            self.flush()
-        # Closing the ring waits for requests still holding the memory, so the caller may free
-        # the buffer after close() either way.
-        self.ring.close()
+        try:
+            with contextlib.suppress(OSError, ZcnetError):
+                self.flush()
+        finally:  # Ctrl-C in the wait too: closed from here on, and the ring goes
+            self._closed = True
+            # Closing the ring waits for requests still holding the memory, so the caller may
+            # free the buffer after close() either way.
+            self.ring.close()
 
     def stats(self) -> Any:
         s = super().stats()

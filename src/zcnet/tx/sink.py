@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import ClosedError, ZcnetError
 from zcnet.tx.mmsg import MsgBatch, recvmmsg
 from zcnet.tx.payload import Checker
 from zcnet.uapi.socket import SO_RCVBUFFORCE
@@ -127,6 +127,7 @@ class Sink:
                                  "stderr": subprocess.PIPE, "text": True, "bufsize": 1,
                                  "env": env}
         self.bind = bind
+        self._closed = False
         self._proc = spawn(cmd, **pipes)
         try:
             first = self._read()
@@ -150,12 +151,15 @@ class Sink:
 
     def snapshot(self, quiet_ms: int = 100) -> dict[str, int]:
         """Counters after the sink saw no packet for ``quiet_ms`` (cumulative since start)."""
+        if self._closed:
+            raise ClosedError.of(self, "snapshot")
         assert self._proc.stdin is not None
         self._proc.stdin.write(f"snap {quiet_ms}\n")
         self._proc.stdin.flush()
         return self._read()
 
     def close(self) -> None:
+        self._closed = True
         proc = self._proc
         if proc.poll() is None:
             try:

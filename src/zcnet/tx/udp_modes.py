@@ -1,8 +1,8 @@
 """UDP burst senders, one class per txbench mode, all with the same methods.
 
-Every sender owns a connected, non-blocking UDP socket and sends a burst of ``burst`` packets
-per :meth:`send_burst`, stamping sequence numbers (see :mod:`zcnet.tx.payload`). They differ only
-in how many system calls a burst costs:
+Every sender takes a connected, non-blocking UDP socket (checked at construction) and sends a
+burst of ``burst`` packets per :meth:`send_burst`, stamping sequence numbers (see
+:mod:`zcnet.tx.payload`). They differ only in how many system calls a burst costs:
 
 ========  =============================================  ==================
 mode      per burst                                      syscalls per burst
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import ClosedError, ZcnetError
+from zcnet.sockcheck import require_udp
 from zcnet.tx import payload
 from zcnet.tx.mmsg import MsgBatch, sendmmsg
 from zcnet.uapi.udp import SOL_UDP, UDP_SEGMENT
@@ -97,8 +98,9 @@ class BurstSender:
                  counters: SendCounters | None = None) -> None:
         if not len(lengths) or min(lengths) <= 0:
             raise ValueError("a burst needs at least one packet of at least one byte")
+        self.fd = require_udp(sock, f"{self.mode} sender")
         self.sock = sock
-        self.fd = sock.fileno()
+        self._closed = False
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.burst = len(lengths)
         self.burst_bytes = int(self.lengths.sum())
@@ -108,10 +110,13 @@ class BurstSender:
         self._poller.register(self.fd, select.POLLOUT)
 
     def send_burst(self) -> int:
+        """Send one burst; returns its packet count. ClosedError after ``close()``."""
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release what the mode holds beyond the socket (the socket belongs to the caller)."""
+        """Release what the mode holds beyond the socket (the socket belongs to the caller);
+        afterwards ``send_burst`` raises ClosedError. Idempotent."""
+        self._closed = True
 
     def _failed(self, exc: OSError) -> None:
         """Count and wait on a transient error; raise a ZcnetError for a lasting one."""
@@ -171,6 +176,8 @@ class SingleSender(BurstSender, _RowsMixin):
         self._views = [memoryview(self.rows[i, : int(n)]) for i, n in enumerate(self.lengths)]
 
     def send_burst(self) -> int:
+        if self._closed:
+            raise ClosedError.of(self, "send_burst")
         self._stamp(self.seq)
         send = self.sock.send
         calls = 0
@@ -201,6 +208,8 @@ class MmsgSender(BurstSender, _RowsMixin):
         self.batch.set_lengths(self.lengths)
 
     def send_burst(self) -> int:
+        if self._closed:
+            raise ClosedError.of(self, "send_burst")
         self._stamp(self.seq)
         first, left, calls = 0, self.burst, 0
         while left:
@@ -253,6 +262,8 @@ class GsoSender(BurstSender):
             dst[:] = np.frombuffer((seq + i).to_bytes(8, "little"), dtype=np.uint8)
 
     def send_burst(self) -> int:
+        if self._closed:
+            raise ClosedError.of(self, "send_burst")
         if self.fallback is not None:
             self.fallback.seq = self.seq
             self.fallback.send_burst()
@@ -270,6 +281,7 @@ class GsoSender(BurstSender):
         return self._done(1)
 
     def close(self) -> None:
+        super().close()
         if self.fallback is not None:
             self.fallback.close()
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zcnet.errors import Unsupported
+from zcnet.errors import ClosedError, Unsupported
 from zcnet.tx import payload
 from zcnet.tx.udp_modes import BurstSender, SendCounters
 from zcnet.uapi import io_uring as u
@@ -58,6 +58,8 @@ class UringSender(BurstSender):
             payload.stamp(self.rows, seq)
 
     def send_burst(self) -> int:
+        if self._closed:  # the ring's memory is unmapped: touching it would crash
+            raise ClosedError.of(self, "send_burst")
         self._stamp(self.seq)
         todo = self._arange  # user_data = index in the burst
         enters = 0
@@ -78,4 +80,5 @@ class UringSender(BurstSender):
         return self._done(enters)
 
     def close(self) -> None:
+        super().close()
         self.ring.close()

@@ -67,6 +67,12 @@ class Mapping:
         raw = (ctypes.c_char * (count * dt.itemsize)).from_address(self.addr + offset)
         return np.frombuffer(raw, dtype=dt, count=count)
 
+    def memview(self) -> memoryview:
+        """A writable byte memoryview of the whole mapping (release it before ``close``)."""
+        if self.addr == 0:
+            raise ValueError("mapping is closed")
+        return memoryview((ctypes.c_char * self.size).from_address(self.addr)).cast("B")
+
     @property
     def closed(self) -> bool:
         return self.addr == 0

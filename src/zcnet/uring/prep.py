@@ -10,7 +10,7 @@ from zcnet.uring.ring import Ring
 
 
 def prep_nop(ring: Ring, user_data: int = 0) -> int:
-    return ring.prep(u.IORING_OP_NOP, user_data=user_data)
+    return ring.prep(u.IORING_OP_NOP, -1, 0, 0, 0, user_data)
 
 
 def prep_recv(ring: Ring, fd: int, addr: int, length: int, user_data: int = 0,

@@ -7,8 +7,17 @@ Some facts about ordering between us and the kernel:
   kernel may post from another CPU; it writes the CQE before ``ktail`` (smp_store_release). On
   x86 (TSO) loads are not reordered with loads, so reading ``ktail`` and then the CQEs is enough.
   Weakly ordered CPUs would need an acquire load here: ``_acquire_ktail`` is the one place.
-- numpy scalar reads/writes of a u32 in shared memory are single aligned accesses.
+- reads and writes of a u32 through a memoryview cast to "I" are single aligned accesses.
 Fields in shared ring memory have a ``k`` prefix, as in liburing.
+
+Some facts about Python's cost here, which shape the code: a ctypes call costs ~0.35 us over
+the syscall itself, a numpy call on a small array ~0.3-0.5 us, one memoryview item access
+~0.05 us, a ``struct`` pack/unpack ~0.1-0.2 us. So ring indices are read and written through
+memoryview casts, one SQE is one ``pack_into``, a batch of SQEs is staged in a cached template
+array and copied in with one memoryview slice assignment, ``submit`` is one io_uring_enter
+with plain-int arguments, and reaped CQEs are one bytes copy decoded into arrays only when
+read. Every public method checks first that the ring is open: its memory is unmapped by
+``close`` and touching it would kill the interpreter.
 """
 
 from __future__ import annotations
@@ -18,19 +27,37 @@ import errno
 import os
 import struct
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
-from zcnet.uring.syscall import cqe_error, io_uring_enter, io_uring_register, io_uring_setup
+from zcnet.uring.syscall import (
+    cqe_error,
+    enter_fast,
+    io_uring_enter,
+    io_uring_register,
+    io_uring_setup,
+)
 
 # One SQE as written by the scalar prep path: every byte of the 64 is written, so no memset.
 # opcode flags ioprio fd | off | addr | len op_flags | user_data | buf_index personality
 # file_index | addr3 | pad
 _SQE = struct.Struct("<BBHiQQIIQHHIQQ")
 assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
+_CQE = struct.Struct("<QiI")  # user_data res flags: the first 16 bytes of every CQE
+_U32 = 0xFFFFFFFF
+# A CQE as numpy sees it: ``bid`` overlaps the upper half of ``flags`` (the provided-buffer id,
+# IORING_CQE_BUFFER_SHIFT = 16); ``extra`` is the second half of a CQE32.
+_CQE_FIELDS = {"names": ["user_data", "res", "flags", "bid"],
+               "formats": ["<u8", "<i4", "<u4", "<u2"], "offsets": [0, 8, 12, 14]}
+_CQE_DTYPE = np.dtype({**_CQE_FIELDS, "itemsize": 16})
+_CQE32_DTYPE = np.dtype({"names": [*_CQE_FIELDS["names"], "extra"],
+                         "formats": [*_CQE_FIELDS["formats"], ("<u8", 2)],
+                         "offsets": [*_CQE_FIELDS["offsets"], 16], "itemsize": 32})
+_NR_ENTER = u.__NR_io_uring_enter
+_GETEVENTS = u.IORING_ENTER_GETEVENTS
 
 
 
@@ -38,17 +65,76 @@ class _kernel_timespec(ctypes.Structure):
     _fields_ = (("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64))
 
 
-@dataclass(frozen=True)
 class Completions:
-    """Reaped CQEs as arrays (copies: the CQ slots are already handed back to the kernel)."""
+    """Reaped CQEs as arrays: ``user_data`` (uint64), ``res`` (int32), ``flags`` (uint32) and,
+    on a CQE32 ring, ``extra`` (uint64 (n, 2): the second half of each CQE).
 
-    user_data: np.ndarray  # uint64
-    res: np.ndarray        # int32
-    flags: np.ndarray      # uint32
-    extra: np.ndarray | None = None  # uint64 (n, 2): the second half of each CQE32
+    They are a copy (the CQ slots are already handed back to the kernel): the ring takes one
+    bytes copy of the CQEs and the arrays are views decoded from it on first access, so a
+    caller pays only for the fields it reads.
+    """
+
+    __slots__ = ("_cqe32", "_extra", "_flags", "_n", "_raw", "_res", "_ud", "_words")
+
+    def __init__(self, user_data: np.ndarray, res: np.ndarray, flags: np.ndarray,
+                 extra: np.ndarray | None = None) -> None:
+        self._raw = None
+        self._words = None
+        self._n = len(res)
+        self._cqe32 = extra is not None
+        self._ud, self._res, self._flags, self._extra = user_data, res, flags, extra
+
+    @classmethod
+    def _of(cls, raw: bytearray, n: int, cqe32: bool) -> Completions:
+        c = cls.__new__(cls)
+        c._raw, c._n, c._cqe32 = raw, n, cqe32
+        c._words = c._ud = c._res = c._flags = c._extra = None
+        return c
+
+    def _decode(self) -> np.ndarray:
+        w = self._words
+        if w is None:  # one structured view; each field is then a cheap strided view
+            w = self._words = np.frombuffer(self._raw, _CQE32_DTYPE if self._cqe32
+                                            else _CQE_DTYPE)
+        return w
+
+    @property
+    def user_data(self) -> np.ndarray:
+        a = self._ud
+        if a is None:
+            a = self._ud = self._decode()["user_data"]
+        return a
+
+    @property
+    def res(self) -> np.ndarray:
+        a = self._res
+        if a is None:
+            a = self._res = self._decode()["res"]
+        return a
+
+    @property
+    def flags(self) -> np.ndarray:
+        a = self._flags
+        if a is None:
+            a = self._flags = self._decode()["flags"]
+        return a
+
+    @property
+    def extra(self) -> np.ndarray | None:
+        a = self._extra
+        if a is None and self._cqe32:
+            a = self._extra = self._decode()["extra"]
+        return a
+
+    def bids(self) -> np.ndarray:
+        """Provided-buffer ids (the upper 16 bits of ``flags``, meaningful where
+        IORING_CQE_F_BUFFER is set), as a uint16 view: no arithmetic, no copy."""
+        if self._raw is None:  # built from arrays
+            return (self.flags >> u.IORING_CQE_BUFFER_SHIFT).astype(np.uint16)
+        return self._decode()["bid"]
 
     def __len__(self) -> int:
-        return len(self.res)
+        return self._n
 
     def raise_for_errors(self, what: str = "") -> None:
         """Raise OSError for the first negative ``res``: the one place errno is translated."""
@@ -56,9 +142,15 @@ class Completions:
         if len(bad):
             raise cqe_error(int(self.res[bad[0]]), what)
 
+    def __repr__(self) -> str:
+        return f"<Completions n={self._n}>"
+
 
 class Ring:
-    """An io_uring instance. Single-threaded: one owner submits and reaps."""
+    """An io_uring instance. Single-threaded: one owner submits and reaps.
+
+    After ``close()`` every method but ``close`` raises ClosedError.
+    """
 
     def __init__(self, entries: int = 256, *, flags: int = 0,
                  cq_entries: int | None = None) -> None:
@@ -67,8 +159,10 @@ class Ring:
         if cq_entries is not None:
             p.flags |= u.IORING_SETUP_CQSIZE
             p.cq_entries = cq_entries
-        self.fd = io_uring_setup(entries, p)
+        self.fd = -1
         self._maps: list[Mapping] = []
+        self._views: list[memoryview] = []
+        self.fd = io_uring_setup(entries, p)
         try:
             self._map_rings(p)
         except BaseException:
@@ -98,47 +192,53 @@ class Ring:
         sqes = Mapping(p.sq_entries * sqe_size, fd=self.fd, offset=u.IORING_OFF_SQES)
         self._maps.append(sqes)
 
-        sq32 = sq.view(np.uint32, 0, sq_size // 4)
-        cq32 = cq.view(np.uint32, 0, cq_size // 4)
-        self._sq32, self._cq32 = sq32, cq32
+        sq_mv, cq_mv, sqes_mv = sq.memview(), cq.memview(), sqes.memview()
+        self._sqm = sq_mv[:sq_size // 4 * 4].cast("I")  # u32 words of the SQ ring
+        self._cqm = cq_mv[:cq_size // 4 * 4].cast("I")  # u32 words of the CQ ring
+        self._sqes = sqes_mv
+        self._cqes = cq_mv[p.cq_off.cqes:p.cq_off.cqes + p.cq_entries * cqe_size]
+        self._views += [self._sqm, self._cqm, self._cqes, sqes_mv, sq_mv, cq_mv]
         self._khead_i = p.sq_off.head // 4
         self._ktail_i = p.sq_off.tail // 4
         self._ksq_flags_i = p.sq_off.flags // 4
         self._kcq_head_i = p.cq_off.head // 4
         self._kcq_tail_i = p.cq_off.tail // 4
-        self._kcq_overflow_i = p.cq_off.overflow // 4
-        self.sq_mask = int(sq32[p.sq_off.ring_mask // 4])
-        self.cq_mask = int(cq32[p.cq_off.ring_mask // 4])
+        self.sq_mask = self._sqm[p.sq_off.ring_mask // 4]
+        self.cq_mask = self._cqm[p.cq_off.ring_mask // 4]
         # The SQ index array is the identity once: slot i always names SQE i.
         if not p.flags & u.IORING_SETUP_NO_SQARRAY:
             sq.view(np.uint32, p.sq_off.array, p.sq_entries)[:] = np.arange(p.sq_entries)
-        words = sqe_size // 8
-        self.sqe_u64 = sqes.view(np.uint64).reshape(p.sq_entries, words)
-        self.sqe_u32 = sqes.view(np.uint32).reshape(p.sq_entries, words * 2)
-        self.sqe_u16 = sqes.view(np.uint16).reshape(p.sq_entries, words * 4)
-        self.sqe_u8 = sqes.view(np.uint8).reshape(p.sq_entries, words * 8)
-        self._sqe_addr = sqes.addr
         self._sqe_size = sqe_size
-        self._sqes_buf = (ctypes.c_char * sqes.size).from_address(sqes.addr)
-        cwords = cqe_size // 8
-        cqes64 = cq.view(np.uint64, p.cq_off.cqes, p.cq_entries * cwords).reshape(-1, cwords)
-        self._cqe_u64 = cqes64
-        cq_words = cq.view(np.uint32, p.cq_off.cqes, p.cq_entries * cwords * 2)
-        cq_words = cq_words.reshape(p.cq_entries, cwords * 2)
-        self._cqe_res = cq_words.view(np.int32)[:, 2]
-        self._cqe_flags = cq_words[:, 3]
-        self._sq_tail = int(sq32[self._ktail_i])
+        self._cqe_size = cqe_size
+        self._cq_bytes = p.cq_entries * cqe_size
+        # prep_batch stages SQEs here (a template broadcast over the rows, then the per-SQE
+        # columns) and copies them into the ring with one slice assignment.
+        words = sqe_size // 8
+        self._stage = np.zeros((p.sq_entries, words), dtype=np.uint64)
+        self._stage32 = self._stage.view(np.uint32)
+        self._stage_mv = memoryview(self._stage).cast("B")
+        self._stage_key: tuple[object, ...] | None = None
+        self._sq_tail = self._sqm[self._ktail_i]
 
     def close(self) -> None:
         """Unmap and close; idempotent. Registered resources die with the fd."""
+        fd, self.fd = self.fd, -1  # first: every method checks it before touching memory
+        for v in getattr(self, "_views", ()):
+            v.release()
+        self._views = []
         for m in reversed(getattr(self, "_maps", [])):
             m.close()
         self._maps = []
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if fd >= 0:
+            os.close(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
 
     def __enter__(self) -> Ring:
+        if self.fd < 0:
+            raise ClosedError.of(self, "__enter__")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -146,30 +246,35 @@ class Ring:
 
     # -- submission ---------------------------------------------------------------------------
     def sq_space(self) -> int:
-        return self.sq_entries - (self._sq_tail - int(self._sq32[self._khead_i])) % (1 << 32)
+        if self.fd < 0:
+            raise ClosedError.of(self, "sq_space")
+        return self.sq_entries - ((self._sq_tail - self._sqm[self._khead_i]) & _U32)
 
-    def _take(self, n: int) -> int:
-        """Reserve ``n`` SQ slots; returns the first tail value. Submits if the SQ is full."""
+    def _make_room(self, n: int) -> None:
+        """Submit so that ``n`` SQ slots are free (the SQ is full)."""
         if n > self.sq_entries:
             raise ValueError(f"batch of {n} exceeds the SQ size {self.sq_entries}")
+        self.submit()
         if self.sq_space() < n:
-            self.submit()
-            if self.sq_space() < n:
-                raise BlockingIOError(errno.EBUSY, "submission queue full")
-        tail = self._sq_tail
-        self._sq_tail = (tail + n) & 0xFFFFFFFF
-        return tail
+            raise BlockingIOError(errno.EBUSY, "submission queue full")
 
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
              user_data: int = 0, *, flags: int = 0, ioprio: int = 0, op_flags: int = 0,
              buf_index: int = 0, file_index: int = 0, addr3: int = 0) -> int:
         """Fill one SQE (all 64 bytes, one pack_into call). Returns the slot index.
 
-        The named prep_* helpers in zcnet.uring.prep call this.
+        The named prep_* helpers in zcnet.uring.prep call this. The slot is taken only once
+        the SQE is written, so a bad argument leaves no half-written SQE to be submitted.
         """
-        slot = self._take(1) & self.sq_mask
-        _SQE.pack_into(self._sqes_buf, slot * self._sqe_size, opcode, flags, ioprio, fd, off,
+        if self.fd < 0:
+            raise ClosedError.of(self, "prep")
+        tail = self._sq_tail
+        if (tail - self._sqm[self._khead_i]) & _U32 >= self.sq_entries:
+            self._make_room(1)
+        slot = tail & self.sq_mask
+        _SQE.pack_into(self._sqes, slot * self._sqe_size, opcode, flags, ioprio, fd, off,
                        addr, length, op_flags, user_data, buf_index, 0, file_index, addr3, 0)
+        self._sq_tail = (tail + 1) & _U32
         return slot
 
     def prep_batch(self, opcode: int, user_data: np.ndarray, *, fd: int = -1,
@@ -177,28 +282,46 @@ class Ring:
                    ioprio: int = 0, op_flags: int = 0, buf_index: int = 0) -> None:
         """Fill ``len(user_data)`` SQEs of one opcode with numpy, without a Python loop.
 
-        Scalar fields go into one template SQE that is broadcast over the rows (one copy), then
-        the per-SQE columns are written: three or four numpy calls per batch whatever its size.
+        Scalar fields go into a template broadcast over a staging array (kept while the
+        scalars stay the same), the per-SQE columns are written there, and the rows are copied
+        into the ring with one or two slice assignments.
         """
+        if self.fd < 0:
+            raise ClosedError.of(self, "prep_batch")
         n = len(user_data)
-        tail = self._take(n)
-        template = np.zeros(8, dtype=np.uint64)
-        tb = template.view(np.uint8)
-        _SQE.pack_into(tb, 0, opcode, flags, ioprio, fd, 0,
-                       addr if np.isscalar(addr) else 0, length if np.isscalar(length) else 0,
-                       op_flags, 0, buf_index, 0, 0, 0, 0)
-        start = tail & self.sq_mask
-        first = min(n, self.sq_entries - start)
-        for lo, cnt, src in ((start, first, 0), (0, n - first, first)):
-            if cnt <= 0:
-                continue
-            rows = slice(lo, lo + cnt)
-            self.sqe_u64[rows, :8] = template
-            self.sqe_u64[rows, 4] = user_data[src:src + cnt]
-            if not np.isscalar(addr):
-                self.sqe_u64[rows, 2] = addr[src:src + cnt]  # type: ignore[index]
-            if not np.isscalar(length):
-                self.sqe_u32[rows, 6] = length[src:src + cnt]  # type: ignore[index]
+        if n == 0:
+            return
+        tail = self._sq_tail
+        if self.sq_entries - ((tail - self._sqm[self._khead_i]) & _U32) < n:
+            self._make_room(n)
+        addr_v = isinstance(addr, np.ndarray)
+        len_v = isinstance(length, np.ndarray)
+        key = (opcode, fd, flags, ioprio, op_flags, buf_index,
+               None if addr_v else addr, None if len_v else length)
+        stage = self._stage
+        if key != self._stage_key:
+            self._stage_key = None
+            _SQE.pack_into(self._stage_mv, 0, opcode, flags, ioprio, fd, 0,
+                           0 if addr_v else addr, 0 if len_v else length,
+                           op_flags, 0, buf_index, 0, 0, 0, 0)
+            stage[1:] = stage[0]
+            self._stage_key = key
+        stage[:n, 4] = user_data
+        if addr_v:
+            stage[:n, 2] = addr
+        if len_v:
+            self._stage32[:n, 6] = length
+        sz = self._sqe_size
+        start = (tail & self.sq_mask) * sz
+        end = start + n * sz
+        ring_bytes = self.sq_entries * sz
+        if end <= ring_bytes:
+            self._sqes[start:end] = self._stage_mv[:n * sz]
+        else:
+            first = ring_bytes - start
+            self._sqes[start:] = self._stage_mv[:first]
+            self._sqes[:end - ring_bytes] = self._stage_mv[first:n * sz]
+        self._sq_tail = (tail + n) & _U32
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
         """Publish pending SQEs and enter; returns once ``wait_nr`` completions are ready.
@@ -214,10 +337,30 @@ class Ring:
         is read from the kernel's SQ head, never kept in a counter the exception could leave
         stale: an enter asking for more SQEs than exist skips the wait, and every wait loop
         above would spin.
+
+        The common case (no timeout, every SQE taken, the wait satisfied) is one enter and
+        a few memoryview reads; anything else continues in ``_submit_slow``.
         """
-        n0 = self.pending
-        self._sq32[self._ktail_i] = self._sq_tail  # release: see module docstring
-        flags = u.IORING_ENTER_GETEVENTS if wait_nr else 0
+        fd = self.fd
+        if fd < 0:
+            raise ClosedError.of(self, "submit")
+        sq = self._sqm
+        sq[self._ktail_i] = self._sq_tail  # release: see module docstring
+        n = (self._sq_tail - sq[self._khead_i]) & _U32
+        if timeout is None:
+            ret = enter_fast(fd, n, wait_nr, _GETEVENTS if wait_nr else 0, None, 0)
+            if ret >= 0 and not wait_nr:
+                return ret  # the SQEs the kernel consumed (fewer when one failed its prep)
+            if ret == n:
+                cq = self._cqm
+                if (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32 >= wait_nr:
+                    return n
+        return self._submit_slow(n, wait_nr, timeout)
+
+    def _submit_slow(self, n0: int, wait_nr: int, timeout: float | None) -> int:
+        """``submit`` with a timeout, after a signal, a partial submit or an error; ``n0`` is
+        the pending count before the first enter."""
+        flags = _GETEVENTS if wait_nr else 0
         deadline = None
         if timeout is not None and wait_nr:
             deadline = time.monotonic() + timeout
@@ -259,48 +402,69 @@ class Ring:
     def pending(self) -> int:
         """SQEs prepared but not yet consumed by the kernel (it advances ``khead`` inside our
         own enter: no SQPOLL)."""
-        return (self._sq_tail - int(self._sq32[self._khead_i])) & 0xFFFFFFFF
+        if self.fd < 0:
+            raise ClosedError.of(self, "pending")
+        return (self._sq_tail - self._sqm[self._khead_i]) & _U32
 
     def wait(self, wait_nr: int = 1, timeout: float | None = None) -> None:
         """Flush pending SQEs (if any) and wait for completions (at most ``timeout`` s)."""
         self.submit(wait_nr, timeout)
 
     # -- completion ---------------------------------------------------------------------------
-    def _acquire_ktail(self) -> int:
-        return int(self._cq32[self._kcq_tail_i])
-
     def cq_ready(self) -> int:
-        return (self._acquire_ktail() - int(self._cq32[self._kcq_head_i])) & 0xFFFFFFFF
+        if self.fd < 0:
+            raise ClosedError.of(self, "cq_ready")
+        # Acquire of ktail: a plain load on x86 (see the module docstring).
+        cq = self._cqm
+        return (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32
 
     @property
     def cq_overflow(self) -> bool:
-        return bool(int(self._sq32[self._ksq_flags_i]) & u.IORING_SQ_CQ_OVERFLOW)
+        if self.fd < 0:
+            raise ClosedError.of(self, "cq_overflow")
+        return bool(self._sqm[self._ksq_flags_i] & u.IORING_SQ_CQ_OVERFLOW)
 
     def reap(self, max_n: int | None = None) -> Completions:
         """Take every ready CQE (up to ``max_n``) as arrays and hand the slots back."""
-        head = int(self._cq32[self._kcq_head_i])
-        tail = self._acquire_ktail()
-        n = (tail - head) & 0xFFFFFFFF
-        if max_n is not None:
-            n = min(n, max_n)
-        start = head & self.cq_mask
-        if start + n <= self.cq_entries:
-            idx: slice | np.ndarray = slice(start, start + n)
+        if self.fd < 0:
+            raise ClosedError.of(self, "reap")
+        cq = self._cqm
+        head = cq[self._kcq_head_i]
+        n = (cq[self._kcq_tail_i] - head) & _U32  # acquire of ktail: see module docstring
+        if max_n is not None and max_n < n:
+            n = max(0, max_n)
+        sz = self._cqe_size
+        start = (head & self.cq_mask) * sz
+        end = start + n * sz
+        if end <= self._cq_bytes:
+            raw = bytearray(self._cqes[start:end])
         else:
-            idx = (start + np.arange(n)) & self.cq_mask
-        c = Completions(
-            user_data=self._cqe_u64[idx, 0].copy(),
-            res=self._cqe_res[idx].copy(),
-            flags=self._cqe_flags[idx].copy(),
-            extra=self._cqe_u64[idx, 2:4].copy() if self.cqe32 else None,
-        )
-        self._cq32[self._kcq_head_i] = (head + n) & 0xFFFFFFFF
-        return c
+            raw = bytearray(self._cqes[start:])
+            raw += self._cqes[:end - self._cq_bytes]
+        cq[self._kcq_head_i] = (head + n) & _U32  # release: the copy above is done
+        return Completions._of(raw, n, self.cqe32)
+
+    def reap_one(self) -> tuple[int, int, int] | None:
+        """The oldest ready CQE as (user_data, res, flags), or None: the small-batch path,
+        with no arrays. (A CQE32's second half is not returned; use ``reap`` for it.)"""
+        if self.fd < 0:
+            raise ClosedError.of(self, "reap_one")
+        cq = self._cqm
+        head = cq[self._kcq_head_i]
+        if cq[self._kcq_tail_i] == head:
+            return None
+        cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
+        cq[self._kcq_head_i] = (head + 1) & _U32
+        return cqe
 
     def get_events(self) -> None:
         """Enter only to run deferred task work and flush overflowed CQEs into the CQ."""
+        if self.fd < 0:
+            raise ClosedError.of(self, "get_events")
         io_uring_enter(self.fd, 0, 0, u.IORING_ENTER_GETEVENTS)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:
+        if self.fd < 0:
+            raise ClosedError.of(self, "register")
         return io_uring_register(self.fd, opcode, arg, nr_args)

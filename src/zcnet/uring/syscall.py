@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 
 from zcnet.uapi import io_uring as u
@@ -53,6 +54,15 @@ def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int,
         err = ctypes.get_errno()
         if err != errno.EINTR or not retry_eintr:
             raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
+
+
+#: The hot path's io_uring_enter: ``enter_fast(fd, to_submit, min_complete, flags, None, 0)``.
+#: Plain ints (ctypes passes them as C ints, sign-extended to the 64-bit registers), no
+#: argtypes conversion and no Python frame: ~0.35 us over the syscall instead of ~0.8 us.
+#: Returns the raw result; on a negative one, redo the call through ``io_uring_enter``, which
+#: reads errno (the kernel returns an error only when it consumed no SQE, so redoing is safe).
+#: The last two arguments must be given: no EXT_ARG means the kernel reads them as a sigmask.
+enter_fast = functools.partial(_syscall, u.__NR_io_uring_enter)
 
 
 def io_uring_register(fd: int, opcode: int, arg: object, nr_args: int) -> int:

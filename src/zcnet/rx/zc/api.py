@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import math
+import operator
 import os
 import socket
 import threading
@@ -32,10 +34,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.sockcheck import require_tcp
 from zcnet.uring.ring import Ring
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,17 @@ log = logging.getLogger(__name__)
 # Poison written over a released chunk in debug mode, so a stale numpy array reads garbage that
 # is easy to recognise instead of plausible new data.
 POISON = 0xDB
+
+_rx_of = operator.attrgetter("_rx")
+_tok_of = operator.attrgetter("_tok")
+_len_of = operator.attrgetter("length")
+_sum = np.add.reduce
+
+
+def _as_list(seq: Any) -> list[int]:
+    """A provider's offsets/lengths/tokens as a list of ints (providers that vectorize give
+    numpy arrays; the per-chunk paths need Python ints anyway)."""
+    return seq.tolist() if type(seq) is np.ndarray else seq  # type: ignore[no-any-return]
 
 
 class _Held:
@@ -72,7 +86,11 @@ class _Held:
         self._rx = None
         if rx.debug:
             rx._revoke(self)
-        rx._releases.put(self)
+        # ReleaseQueue.put, inlined: this runs once per chunk on the iterator path.
+        q = rx._releases
+        q._q.append(self)
+        if q._waiting:
+            q._signal()
         if rx._closed:
             rx._release_after_close()
 
@@ -159,9 +177,10 @@ class LinearChunk(Chunk):
 
 
 class Batch(_Held):
-    """Everything one kernel round delivered, in stream order, as parallel lists: ``offsets``
-    and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see ``views``).
-    One ``release()`` returns them all."""
+    """Everything one kernel round delivered, in stream order, as parallel sequences:
+    ``offsets`` and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see
+    ``views``). Providers that vectorize (soft) give numpy arrays, so a batch holds no Python
+    object per buffer; others give lists. One ``release()`` returns them all."""
 
     __slots__ = ("_linear", "lengths", "offsets")
 
@@ -182,14 +201,14 @@ class Batch(_Held):
         """Zero-copy memoryviews in stream order; ``coalesce`` merges area neighbours."""
         rx = self._owner()
         v = rx._view
+        offs, lens = _as_list(self.offsets), _as_list(self.lengths)
         if self._linear:
             out = [memoryview(self._linear[i]) if i in self._linear else v[o:o + n]
-                   for i, (o, n) in enumerate(zip(self.offsets, self.lengths, strict=True))]
+                   for i, (o, n) in enumerate(zip(offs, lens, strict=True))]
         elif coalesce:
-            offs, lens = self.offsets, self.lengths
             out = [v[offs[a]:offs[a] + sum(lens[a:b])] for a, b in contiguous_runs(offs, lens)]
         else:
-            out = [v[o:o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
+            out = [v[o:o + n] for o, n in zip(offs, lens, strict=True)]
         if rx.debug:
             for mv in out:
                 rx._track(self, mv)
@@ -259,12 +278,12 @@ class Receiver:
         self._releases.notify(callback)
 
     # --- owner-thread operations ----------------------------------------------------------------
-    def _check_owner(self) -> None:
-        if threading.get_ident() != self._owner_tid:
-            raise ZcnetError("receive called from a thread that did not open the receiver",
-                             "iterate in the opening thread; other threads may only release")
+    def _check_owner(self, method: str) -> None:
         if self._closed:
-            raise ValueError("receiver is closed")
+            raise ClosedError.of(self, method)
+        if threading.get_ident() != self._owner_tid:
+            raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
+                             "iterate in the opening thread; other threads may only release")
 
     def _flush_releases(self) -> None:
         """Give everything released so far back to the kernel in one batch."""
@@ -273,8 +292,20 @@ class Receiver:
             if self.provider.held_back():
                 self.provider.recycle([], [])
             return
-        toks: list[int] = []
-        lens: list[int] = []
+        if len(done) == 1 and type(done[0]) is Batch:  # recv_batch: no per-buffer work
+            b = done[0]
+            self._stats.note_released(len(b._tok), b.length)
+            self.provider.recycle(b._tok, b.lengths)
+            return
+        if set(map(type, done)) == {Chunk}:  # the iterator: one int token per chunk
+            toks: list[int] = list(map(_tok_of, done))
+            lens: list[int] = list(map(_len_of, done))
+            self._stats.note_released(len(toks), sum(lens))
+            self.provider.recycle(toks, lens)
+            return
+        toks, lens = [], []
+        arrays: list[np.ndarray] = []
+        array_lens: list[np.ndarray] = []
         parts = nbytes = 0
         for c in done:
             t = c._tok
@@ -283,17 +314,28 @@ class Receiver:
                 lens.append(c.length)
                 parts += 1
             else:
-                toks.extend(t)
-                lens.extend(c._lens if type(c) is CoalescedChunk else c.lengths)
+                ls = c._lens if type(c) is CoalescedChunk else c.lengths
+                if type(t) is np.ndarray:
+                    arrays.append(t)
+                    array_lens.append(np.asarray(ls))
+                else:
+                    toks.extend(t)
+                    lens.extend(ls)
                 parts += len(t)
             nbytes += c.length
         self._stats.note_released(parts, nbytes)
-        self.provider.recycle(toks, lens)
+        if arrays:  # a vectorizing provider takes arrays (the order of buffers is free)
+            if toks:
+                arrays.append(np.asarray(toks, dtype=arrays[0].dtype))
+                array_lens.append(np.asarray(lens))
+            self.provider.recycle(np.concatenate(arrays), np.concatenate(array_lens))
+        else:
+            self.provider.recycle(toks, lens)
 
     def flush(self) -> None:
         """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
         this itself, so call it only to settle the stats when no more receiving follows."""
-        self._check_owner()
+        self._check_owner("flush")
         self._flush_releases()
 
     def recv(self, timeout: float | None = None) -> list[Chunk]:
@@ -304,25 +346,31 @@ class Receiver:
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
-        d = self._next(timeout)
+        d = self._next(timeout, "recv")
         return [] if d is None else self._chunks(d)
 
     def recv_batch(self, timeout: float | None = None) -> Batch | None:
         """Like ``recv`` but one Batch per kernel round (None instead of [])."""
-        d = self._next(timeout)
+        d = self._next(timeout, "recv_batch")
         if d is None:
             return None
         s = self._stream_off
-        n = sum(d.lengths)
-        self._stats.note_delivered(len(d.lengths), n)
+        lengths = d.lengths
+        n = int(_sum(lengths)) if type(lengths) is np.ndarray else sum(lengths)
+        self._stats.note_delivered(len(lengths), n)
         self._stream_off = s + n
         if d.linear:
             self._stats.linear += sum(map(len, d.linear.values()))
         return Batch(self, d, s, n)
 
-    def _next(self, timeout: float | None) -> Delivery | None:
+    def _next(self, timeout: float | None, method: str) -> Delivery | None:
         """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
-        self._check_owner()
+        self._check_owner(method)
+        if timeout is not None and not 0 <= timeout < math.inf:
+            if timeout != math.inf:  # NaN never reaches a deadline: it would wait forever
+                raise UsageError(f"{method}() timeout must be seconds >= 0 or None, "
+                                 f"got {timeout!r}", "pass None to wait without a limit")
+            timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         warned = False
         while True:
@@ -359,7 +407,7 @@ class Receiver:
             got = self.provider.reap(remaining)
             if got.end is not None:
                 self._end = got.end
-            if got.offsets:
+            if len(got.offsets):
                 return got
             if got.end is not None:
                 return self._finish()
@@ -385,7 +433,7 @@ class Receiver:
         return self._end is not None
 
     def _chunks(self, d: Delivery) -> list[Chunk]:
-        offsets, lengths, tokens = d.offsets, d.lengths, d.tokens
+        offsets, lengths, tokens = _as_list(d.offsets), _as_list(d.lengths), _as_list(d.tokens)
         s = self._stream_off
         if d.linear:
             out: list[Chunk] = []
@@ -423,14 +471,13 @@ class Receiver:
                 if self.eof:
                     return
                 continue
-            given = 0
+            it = iter(got)
             try:
-                for c in got:
-                    given += 1
-                    yield c
+                yield from it
             finally:
-                if given < len(got):
-                    self.release_many(got[given:])
+                rest = list(it)  # what the loop did not get when it was left early
+                if rest:
+                    self.release_many(rest)
 
     # --- any-thread operations ------------------------------------------------------------------
     def release(self, chunk: Chunk | Batch) -> None:
@@ -444,10 +491,11 @@ class Receiver:
         """Release several chunks with one queue operation; all are checked before any is
         released, so a bad one leaves the rest untouched."""
         batch = list(chunks)
-        for c in batch:
-            if c._rx is not self:
-                raise ValueError(f"{c!r} released twice" if c._rx is None
-                                 else "chunk belongs to another receiver")
+        if set(map(_rx_of, batch)) - {self}:  # C-speed check; find the culprit only if needed
+            for c in batch:
+                if c._rx is not self:
+                    raise ValueError(f"{c!r} released twice" if c._rx is None
+                                     else "chunk belongs to another receiver")
         if len(set(map(id, batch))) != len(batch):
             raise ValueError("the same chunk appears twice in one release_many")
         for c in batch:
@@ -493,8 +541,9 @@ class Receiver:
         return d
 
     def close(self) -> None:
-        """Stop receiving and free the kernel side. Chunks still held stay valid; the area is
-        unmapped when the last one is released."""
+        """Stop receiving and free the kernel side. Chunks still held stay valid (and may be
+        released); the area is unmapped when the last one is released. Afterwards receiving
+        raises ClosedError; ``stats``, ``stats_dict`` and ``eof`` still read."""
         if self._closed:
             return
         if threading.get_ident() != self._owner_tid:
@@ -543,7 +592,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   ifname: str | None = None, queue: int | None = None,
                   max_held: float = 0.75, coalesce: bool = False,
                   debug: bool = False, incremental: bool = False) -> Receiver:
-    """Open a zero-copy receiver on a connected TCP socket.
+    """Open a zero-copy receiver on a connected TCP socket (checked first: a closed, listening,
+    unconnected or non-TCP socket is a UsageError naming the problem).
 
     provider: "zcrx" (io_uring zero-copy receive; NIC with header split and queue API),
     "devmem" (devmem TCP into a dma-buf), "soft" (provided buffer ring; any recent kernel) or
@@ -558,7 +608,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     """
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
-    fd = sock if isinstance(sock, int) else sock.fileno()
+    fd = require_tcp(sock, "zero-copy receiver")
     mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
     nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
     soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.uapi import dmabuf as udmabuf_sync
 from zcnet.uapi import udmabuf
 
@@ -76,7 +76,11 @@ class Area:
         self._mm: mmap.mmap | None
         if dmabuf_fd is not None:
             self.kind = "dmabuf"
-            self.size = os.lseek(dmabuf_fd, 0, os.SEEK_END)
+            try:
+                self.size = os.lseek(dmabuf_fd, 0, os.SEEK_END)
+            except OSError as e:  # EBADF: not open; ESPIPE: a pipe or socket
+                raise UsageError(f"dma-buf fd {dmabuf_fd} cannot be used: {e.strerror}",
+                                 "pass an open dma-buf fd (or omit dmabuf_fd)") from None
             if self.size < size:
                 raise UsageError(
                     f"dma-buf fd {dmabuf_fd} holds {self.size} bytes, area needs {size}",
@@ -103,11 +107,11 @@ class Area:
                     "using normal pages (raise /proc/sys/vm/nr_hugepages to get them)",
                     RuntimeWarning, stacklevel=2)
                 self.size = align_up(size, PAGE_SIZE)
-                self._mm = mmap.mmap(-1, self.size, ANON_FLAGS)
+                self._mm = _anon(self.size)
                 self.kind = "anon"
         else:
             self.size = align_up(size, PAGE_SIZE)
-            self._mm = mmap.mmap(-1, self.size, ANON_FLAGS)
+            self._mm = _anon(self.size)
             self.kind = "anon"
         if self._mm is None:
             self.addr = 0
@@ -133,6 +137,8 @@ class Area:
 
     def sync(self, start: bool) -> None:
         """Bracket CPU reads of a dma-buf area (no-op for normal memory)."""
+        if self._closed:  # an fd we owned is closed, and its number may name another file now
+            raise ClosedError.of(self, "sync")
         if self.dmabuf_fd is None:
             return
         flags = udmabuf_sync.DMA_BUF_SYNC_READ | (
@@ -175,6 +181,14 @@ class Area:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _anon(size: int) -> mmap.mmap:
+    try:
+        return mmap.mmap(-1, size, ANON_FLAGS)
+    except OSError as e:
+        raise ZcnetError(f"cannot map an area of {size} bytes: {e.strerror}",
+                         "ask for a smaller area") from None
 
 
 class _Unmapped:

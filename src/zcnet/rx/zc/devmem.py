@@ -26,7 +26,7 @@ import socket
 import struct
 from typing import Any
 
-from zcnet.errors import Unsupported, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
 from zcnet.rx.zc.provider import Delivery
 from zcnet.uapi import socket as usock
@@ -187,6 +187,7 @@ class DevmemProvider:
         self._linear = bytearray(LINEAR_BUF)
         self._linear_mv = memoryview(self._linear)
         self._warned = False
+        self._closed = False
         self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
         if fd >= 0:
             try:
@@ -199,16 +200,24 @@ class DevmemProvider:
         """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
         # The duplicate shares the file's flags with the caller's socket: leave them alone and
         # ask for non-blocking receives per call (MSG_DONTWAIT) instead.
+        if self._closed:
+            raise ClosedError.of(self, "attach")
         self._sock = socket.socket(fileno=os.dup(fd))
         self._poll.register(self._sock.fileno(), select.POLLIN)
 
     def can_arm(self) -> bool:
+        if self._closed:
+            raise ClosedError.of(self, "can_arm")
         return True
 
     def arm(self) -> None:
+        if self._closed:
+            raise ClosedError.of(self, "arm")
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
+        if self._closed:
+            raise ClosedError.of(self, "reap")
         out = Delivery()
         ms = -1 if timeout is None else int(timeout * 1000)
         if self._sock is None or not self._poll.poll(ms):
@@ -226,6 +235,8 @@ class DevmemProvider:
                         "split is off or the flow is not steered to the bound queue", n)
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        if self._closed:
+            raise ClosedError.of(self, "recycle")
         real = [t for t in tokens if t >= 0]
         if self._sock is None:
             return
@@ -240,6 +251,7 @@ class DevmemProvider:
         return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls}
 
     def close(self) -> None:
+        self._closed = True
         try:
             if self._sock is not None:
                 self._sock.close()

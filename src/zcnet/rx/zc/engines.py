@@ -22,10 +22,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from zcnet.errors import ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.engines import Consumer, RxStats
 from zcnet.rx.zc.api import Batch, Receiver
 from zcnet.rx.zc.provider import Provider
+from zcnet.sockcheck import require_tcp
 
 CONSUMERS = ("same", "thread")
 ZC_BUF = 1 << 20
@@ -41,7 +42,7 @@ class _ZcEngine:
     def __init__(self, opts: Any) -> None:
         self.opts = opts
         self.consumer = _opt(opts, "consumer", "same")
-        self.consumer_cpu: int | None = _opt(opts, "consumer_cpu", None)
+        self.consumer_cpu: int | None = _check_cpu(_opt(opts, "consumer_cpu", None))
         # Big buffers: the kernel's per-buffer cost (iovec setup, CQE, ring entry) then stays
         # small next to the copy; measured here, 1 MiB buffers took ~15% less kernel CPU per
         # byte than 64 KiB ones (benchmarks/zc_rx.py prints CPU per GiB).
@@ -58,6 +59,7 @@ class _ZcEngine:
         raise NotImplementedError
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        require_tcp(sock, f"{self.name} engine")
         sock.setblocking(True)
         st = RxStats()
         with self._open(sock) as rx:
@@ -92,9 +94,9 @@ def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
     failed: list[BaseException] = []
 
     def consumer() -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
         try:
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
             while (b := work.get()) is not None:
                 if consume is not None:
                     for a in b.arrays(coalesce=True):
@@ -121,6 +123,18 @@ def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
     if failed:
         raise failed[0]
     st.note(0)  # the stream is done when the consumer is
+
+
+def _check_cpu(cpu: Any) -> int | None:
+    """``consumer_cpu``: None, or a CPU this process may run on (else the consumer thread could
+    never start, and the flow would stall with its buffers unreleased)."""
+    if cpu is None:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in allowed:
+        raise UsageError(f"consumer_cpu {cpu!r} is not a CPU this process may run on",
+                         f"use one of {','.join(map(str, allowed))}")
+    return cpu
 
 
 class SoftZcEngine(_ZcEngine):
@@ -155,8 +169,11 @@ class _NicEngine(_ZcEngine):
     def __init__(self, opts: Any) -> None:
         super().__init__(opts)
         self._prov: Provider | None = None
+        self._closed = False
 
     def unsupported(self) -> str | None:
+        if self._closed:  # it would register the queue again, for nobody to release
+            raise ClosedError.of(self, "unsupported")
         if why := self._check_consumer():
             return why
         ifname, q = _opt(self.opts, "ifname", None), _opt(self.opts, "queue", None)
@@ -168,6 +185,11 @@ class _NicEngine(_ZcEngine):
         except ZcnetError as e:
             return e.message
         return None
+
+    def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
+        if self._closed:
+            raise ClosedError.of(self, "run")
+        return super().run(sock, consume)
 
     def _open(self, sock: socket.socket) -> Receiver:
         if self._prov is None and self.unsupported():
@@ -183,7 +205,9 @@ class _NicEngine(_ZcEngine):
             raise
 
     def close(self) -> None:
-        """Release a registration made by unsupported() that run() never took over."""
+        """Release a registration made by unsupported() that run() never took over; the engine
+        is done then (unsupported and run raise ClosedError)."""
+        self._closed = True
         prov, self._prov = self._prov, None
         if prov is not None:
             prov.close()

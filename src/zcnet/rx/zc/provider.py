@@ -68,7 +68,9 @@ class Provider(Protocol):
         """Provider-specific counters (refill_full, rearms, ...)."""
 
     def close(self) -> None:
-        """Release kernel resources; the area stays mapped (chunks may still be held)."""
+        """Release kernel resources; the area stays mapped (chunks may still be held).
+        Idempotent; afterwards arm, can_arm, reap and recycle raise ClosedError (their memory
+        is unmapped), while held_back and extra_stats still read."""
 
 
 def reap_ready(ring: Ring, timeout: float | None) -> Completions:

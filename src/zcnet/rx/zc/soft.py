@@ -20,13 +20,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
-from zcnet.uring.ring import Ring
+from zcnet.uring.ring import Completions, Ring
 
 RECV_UD = 1
 CANCEL_UD = 2
@@ -37,6 +37,8 @@ RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL)
 # What a final multishot CQE's errno means when it does not end the stream (see note_final).
 STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
+_maximum = np.maximum.reduce
+FEW = 16  # rounds of at most this many CQEs take the plain-Python path
 
 
 def buffer_count(area_size: int, buf_size: int) -> int:
@@ -62,9 +64,12 @@ class SoftProvider:
         self.armed = False
         self._ring: Ring | None = None
         self._buf: BufRing | None = None
+        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
         self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
+        # RECV_UD as the user_data of a full CQ: the hot path compares bytes with it.
+        self._ud_ok = np.full(self._ring.cq_entries, RECV_UD, np.uint64).tobytes()
         try:
             self.bundle = (bool(self._ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
                            if bundle is None else bundle)
@@ -76,32 +81,82 @@ class SoftProvider:
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
-        return self._buf is not None and self._buf.in_ring > 0
+        if self._ring is None or self._buf is None:  # close() drops the ring first
+            raise ClosedError.of(self, "can_arm")
+        return self._buf.in_ring > 0
 
     def arm(self) -> None:
-        assert self._ring is not None
+        if self._ring is None:
+            raise ClosedError.of(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
         self._ring.submit()
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
-        ring = self._ring
-        assert ring is not None and self._buf is not None
+        """What the kernel delivered, as arrays: offsets, lengths and tokens (buffer ids).
+
+        The common round (every CQE is data of our RECV, one buffer each) costs a fixed
+        handful of numpy calls whatever its size; anything else takes ``_take`` (bundles) or
+        the filtering path (other user_data, errors, the final CQE).
+        """
+        ring, buf = self._ring, self._buf
+        if ring is None or buf is None:  # closed: the ring and the buffer ring are unmapped
+            raise ClosedError.of(self, "reap")
         c = reap_ready(ring, timeout)
         out = Delivery()
-        if not len(c):
+        n = len(c)
+        if not n:
+            return out
+        if n <= FEW:
+            self._take_few(c, out)
+            return out
+        res, flags = c.res, c.flags
+        # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
+        # error, no buffers) lacks it: with F_MORE on the last one, every res is data. Without
+        # bundles a CQE fills at most one buffer; with them, the max says whether one did.
+        if (flags.item(n - 1) & u.IORING_CQE_F_MORE
+                and c.user_data.tobytes() == self._ud_ok[:8 * n]
+                and (not self.bundle or _maximum(res) <= self.buf_size)):
+            bids = c.bids()
+            buf.take(bids)
+            out.tokens = bids
+            out.offsets = self._off_of.take(bids)
+            out.lengths = res
             return out
         keep = c.user_data == RECV_UD
-        res = c.res[keep]
-        flags = c.flags[keep]
+        res = res[keep]
+        flags = flags[keep]
         data = res > 0
         if data.any():
             self._take(res[data], flags[data], out)
-        # Only the last CQE of the multishot can lack F_MORE.
         if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
             note_final(out, int(res[-1]), STOPS)
         return out
+
+    def _take_few(self, c: Completions, out: Delivery) -> None:
+        """A round of a few CQEs (big buffers, bundles) in plain Python: each numpy call costs
+        about a microsecond, more with the caches cold from the kernel's copy, so below
+        ``FEW`` CQEs list operations are cheaper than the vectorized path."""
+        buf = self._buf
+        assert buf is not None
+        bs = self.buf_size
+        offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
+        last = None
+        for ud, r, f in zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(), strict=True):
+            if ud != RECV_UD:
+                continue
+            last = (r, f)
+            if r > 0:
+                bids = buf.consumed_ids(r, f >> u.IORING_CQE_BUFFER_SHIFT)
+                tokens += bids
+                offsets += [b * bs for b in bids]
+                lengths += [bs] * (len(bids) - 1)
+                lengths.append(r - (len(bids) - 1) * bs)
+        # Only the last CQE of the multishot can lack F_MORE.
+        if last is not None and not last[1] & u.IORING_CQE_F_MORE:
+            self.armed = False
+            note_final(out, last[0], STOPS)
 
     def _take(self, res: np.ndarray, flags: np.ndarray, out: Delivery) -> None:
         """Turn data CQEs into per-buffer (offset, length, bid), vectorized."""
@@ -118,13 +173,17 @@ class SoftProvider:
             raise RuntimeError("buffer ring out of step with completions")
         lengths = np.full(total, bs, dtype=np.int64)
         lengths[heads + counts - 1] = res - (counts - 1) * bs
-        out.tokens = bids.tolist()
-        out.offsets = (bids.astype(np.int64) * bs).tolist()
-        out.lengths = lengths.tolist()
+        out.tokens = bids
+        out.offsets = self._off_of.take(bids)
+        out.lengths = lengths
 
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if tokens and self._buf is not None:
-            self._buf.provide(np.array(tokens, dtype=np.uint16))
+    def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
+        buf = self._buf
+        if buf is None:
+            raise ClosedError.of(self, "recycle")
+        if len(tokens):
+            buf.provide(tokens if isinstance(tokens, np.ndarray)
+                        else np.array(tokens, dtype=np.uint16))
 
     def held_back(self) -> int:
         return 0

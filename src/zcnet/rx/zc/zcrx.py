@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
@@ -348,27 +348,35 @@ class ZcrxProvider:
 
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
+        if self._ring is None:
+            raise ClosedError.of(self, "attach")
         self.fd = fd
 
     # --- Provider protocol ------------------------------------------------------------------
     def can_arm(self) -> bool:
+        if self._ring is None:
+            raise ClosedError.of(self, "can_arm")
         return True
 
     def arm(self) -> None:
-        assert self._ring is not None
+        if self._ring is None:
+            raise ClosedError.of(self, "arm")
         prep_recv_zc(self._ring, self.fd, self.ifq_id, RECV_UD)
         self._ring.submit()
         self.armed = True
 
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
-        assert ring is not None
+        if ring is None:
+            raise ClosedError.of(self, "reap")
         out = parse_completions(reap_ready(ring, timeout))
         if out.end is not None or out.stopped:
             self.armed = False
         return out
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        if self._ring is None:  # closed: the refill ring is unmapped
+            raise ClosedError.of(self, "recycle")
         self.rq.push(tokens, lengths)
 
     def held_back(self) -> int:

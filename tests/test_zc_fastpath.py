@@ -1,0 +1,147 @@
+"""The soft provider's fast paths keep every check that protects the user.
+
+Rounds of CQEs take one of three paths (plain Python for a few CQEs, the vectorized round of
+one buffer per CQE, the vectorized bundle path); each test runs on each path, forced through
+the ``FEW`` threshold and the bundle setting, with a spy proving which path ran. On each the
+same misuse raises the same error: double release, a foreign chunk or batch, use after close,
+and the receiver or the area closed under a held batch.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from zcnet.errors import ClosedError
+from zcnet.rx.zc import soft
+from zcnet.rx.zc.api import Receiver
+from zcnet.uring.bufring import BufRing
+
+PATHS = {
+    # name: (FEW threshold, bundle, method that must have run)
+    "few": (1 << 30, False, (soft.SoftProvider, "_take_few")),
+    "vector": (0, False, (BufRing, "take")),
+    "vector-bundle": (0, True, (soft.SoftProvider, "_take")),
+}
+PAYLOAD = bytes(range(256)) * 1024  # 256 KiB: 64 buffers of 4 KiB
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request, monkeypatch) -> Iterator[dict[str, int]]:
+    few, bundle, (cls, name) = PATHS[request.param]
+    monkeypatch.setattr(soft, "FEW", few)
+    calls = {"n": 0, "bundle": bundle}
+    orig = getattr(cls, name)
+
+    def spy(*a, **k):
+        calls["n"] += 1
+        return orig(*a, **k)
+
+    monkeypatch.setattr(cls, name, spy)
+    yield calls
+    assert calls["n"], f"the {request.param} path never ran"
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        cli = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+    return conn, cli
+
+
+def _receiver(path: dict[str, int], data: bytes = PAYLOAD,
+              ) -> tuple[Receiver, socket.socket, socket.socket]:
+    """A receiver with ``data`` waiting; the sender stays open (no EOF CQE in the round) and
+    the ring has room for all of it, so rounds end with F_MORE as in a running stream."""
+    conn, cli = _pair()
+    cli.sendall(data)
+    prov = soft.open_soft(conn.fileno(), 2 << 20, 4096, bundle=bool(path["bundle"]))
+    return Receiver(conn, prov), conn, cli
+
+
+def _batch(rx: Receiver):
+    b = rx.recv_batch(timeout=5)
+    assert b is not None and b.parts
+    return b
+
+
+def _bytes(b) -> bytes:
+    return b"".join(bytes(v) for v in b.views())
+
+
+def test_double_release_and_foreign_chunks_and_batches(no_leaks, path) -> None:
+    rx, conn, cli = _receiver(path)
+    rx2, conn2, cli2 = _receiver(path, b"x" * 10_000)
+    with conn, conn2, cli, cli2, rx, rx2:
+        b = _batch(rx)
+        assert _bytes(b) == PAYLOAD[:b.length]
+        cli.sendall(PAYLOAD)
+        theirs = _batch(rx2)
+        with pytest.raises(ValueError, match="another receiver"):
+            rx.release(theirs)
+        with pytest.raises(ValueError, match="another receiver"):
+            rx.release_many([b, theirs])
+        assert rx.stats.in_flight == b.parts  # the failed release_many released nothing
+        b.release()
+        with pytest.raises(ValueError, match="released twice"):
+            b.release()
+        with pytest.raises(ValueError, match="released twice"):
+            rx.release(b)
+        with pytest.raises(ValueError, match="released twice"):
+            rx.release_many([b])
+        with pytest.raises(ValueError, match="used after release"):
+            b.views()
+        chunks = rx.recv(timeout=5)
+        assert chunks
+        with pytest.raises(ValueError, match="twice in one"):
+            rx.release_many([chunks[0], chunks[0]])
+        with pytest.raises(ValueError, match="another receiver"):
+            rx2.release(chunks[0])
+        chunks[0].release()
+        with pytest.raises(ValueError, match="released twice"):
+            chunks[0].release()
+        rx.release_many(chunks[1:])
+        rx2.release(theirs)
+        for r in (rx, rx2):
+            r.flush()
+            assert r.stats.in_flight == 0
+            st = r.stats_dict()
+            assert st["in_ring"] == st["buffers"]  # no buffer went back twice
+
+
+def test_use_after_close(no_leaks, path) -> None:
+    rx, conn, cli = _receiver(path)
+    with conn, cli:
+        with rx:
+            _batch(rx).release()
+        prov = rx.provider
+        for call in (rx.recv_batch, rx.recv, lambda: next(iter(rx)), rx.flush):
+            with pytest.raises(ValueError, match="closed"):
+                call()
+        with pytest.raises(ClosedError):
+            prov.reap(0)
+
+
+def test_receiver_closed_under_a_held_batch(no_leaks, path) -> None:
+    rx, conn, cli = _receiver(path)
+    with conn, cli:
+        b = _batch(rx)
+        rx.close()  # the ring and the buffer ring go; the area stays while b is held
+        assert not rx.area.closed
+        assert _bytes(b) == PAYLOAD[:b.length]
+        b.release()
+        assert rx.area.closed and rx.stats.in_flight == 0
+        with pytest.raises(ValueError, match="used after release"):
+            b.views()
+
+
+def test_area_closed_under_a_held_batch(no_leaks, path) -> None:
+    rx, conn, cli = _receiver(path)
+    with conn, cli, rx:
+        b = _batch(rx)
+        rx.area.close()
+        with pytest.raises(ValueError, match="released memoryview"):
+            b.views()
+        b.release()
