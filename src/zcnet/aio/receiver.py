@@ -84,7 +84,7 @@ class AsyncReceiver:
             try:
                 await wake.wait()
             finally:
-                if stalled is not None:
+                if stalled is not None and not self._closed:
                     rx.on_release(None)
 
     async def recv(self) -> list[Chunk]:

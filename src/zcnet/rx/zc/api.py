@@ -275,6 +275,8 @@ class Receiver:
         """Call ``callback`` once, from the releasing thread, when a chunk is next released (at
         once if one already is); None cancels. How an event loop waits out a pause
         (``stalled``) without blocking."""
+        if self._closed:
+            raise ClosedError.of(self, "on_release")
         self._releases.notify(callback)
 
     # --- owner-thread operations ----------------------------------------------------------------
