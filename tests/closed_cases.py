@@ -214,8 +214,8 @@ SENDER = {"args": {"send": (100,), "in_flight": (0,)}, "allowed": frozenset({"st
 BURST = {"args": {}}
 PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1]},
             "allowed": frozenset({"held_back", "extra_stats"})}
-RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "release": lambda: (CTX["chunk"],),
-                     "release_many": ([],)},
+RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "on_release": (None,),
+                     "release": lambda: (CTX["chunk"],), "release_many": ([],)},
             "allowed": frozenset({"stats_dict", "release", "release_many"}),
             "extra": {"iterate": lambda rx: next(iter(rx))}}
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -32,6 +34,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     vmplugin.runtest_logreport(report)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_asyncio_loop_factories(config, item):
+    """The event loops pytest-asyncio tests may ask for with mark.asyncio(loop_factories=...);
+    zcnet.aio supports both."""
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -39,6 +39,7 @@ from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.provider import Delivery, Provider
 from zcnet.sockcheck import require_tcp
+from zcnet.uring.ring import Ring
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class _Held:
         q = rx._releases
         q._q.append(self)
         if q._waiting:
-            q._event.set()
+            q._signal()
         if rx._closed:
             rx._release_after_close()
 
@@ -261,6 +262,22 @@ class Receiver:
         """The counters, with the provider's refill-ring events folded in (owner thread)."""
         self._stats.refill_full = int(self.provider.extra_stats().get("refill_full", 0))
         return self._stats
+
+    @property
+    def ring(self) -> Ring | None:
+        """The io_uring whose completions deliver this receiver's data, for an event loop to
+        wait on; None when the provider reads the socket itself (devmem). The io_uring
+        providers all keep their ring as ``_ring``; it is None once they are closed."""
+        ring = getattr(self.provider, "_ring", None)
+        return ring if isinstance(ring, Ring) else None
+
+    def on_release(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once, from the releasing thread, when a chunk is next released (at
+        once if one already is); None cancels. How an event loop waits out a pause
+        (``stalled``) without blocking."""
+        if self._closed:
+            raise ClosedError.of(self, "on_release")
+        self._releases.notify(callback)
 
     # --- owner-thread operations ----------------------------------------------------------------
     def _check_owner(self, method: str) -> None:

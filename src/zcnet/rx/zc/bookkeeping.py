@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,24 +26,40 @@ class ReleaseQueue:
 
     ``wait`` lets the owner sleep until something is released (back-pressure, exhaustion); the
     putter signals only while the owner is waiting, so the hot path costs one deque append.
+    An event loop cannot block in ``wait``; it asks with ``notify`` for a callback instead.
     """
 
-    __slots__ = ("_event", "_q", "_waiting")
+    __slots__ = ("_event", "_notify", "_q", "_waiting")
 
     def __init__(self) -> None:
         self._q: deque[Any] = deque()
         self._event = threading.Event()
         self._waiting = False
+        self._notify: Callable[[], None] | None = None
 
     def put(self, item: Any) -> None:
         self._q.append(item)
         if self._waiting:
-            self._event.set()
+            self._signal()
 
     def put_many(self, items: Iterable[Any]) -> None:
         self._q.extend(items)
         if self._waiting:
-            self._event.set()
+            self._signal()
+
+    def _signal(self) -> None:
+        self._event.set()
+        notify, self._notify = self._notify, None
+        if notify is not None:
+            notify()
+
+    def notify(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once, from the thread that puts, at the next put (at once when
+        something is already queued); None cancels. The owner's way to wait without blocking."""
+        self._notify = callback
+        self._waiting = callback is not None
+        if callback is not None and self._q:
+            self._signal()
 
     def drain(self) -> list[Any]:
         """Everything queued so far, oldest first (owner thread only)."""
@@ -70,7 +86,7 @@ class ReleaseQueue:
                 return True
             self._event.wait(timeout)
         finally:
-            self._waiting = False
+            self._waiting = self._notify is not None
         return bool(self._q)
 
 

@@ -1,0 +1,240 @@
+"""zcnet.aio bulk receive against the event-loop receivers Python services use, in one run.
+
+    python benchmarks/aio_stream.py                  # 4 GiB per case, 3 rounds (minutes)
+    python benchmarks/aio_stream.py --gib 0.5 --rounds 1   # a quick look
+
+Receivers, each in its own process on its own loop, fed by a sender process over loopback:
+
+  streams        asyncio streams, ``await reader.read(65536)`` (default asyncio loop)
+  asyncio-proto  asyncio BufferedProtocol into a 256 KiB buffer
+  uvloop-proto   uvloop BufferedProtocol into a 256 KiB buffer
+  zcnet          zcnet.aio, soft provider, ``await rx.recv_batch()`` + release (uvloop loop)
+  zcnet-asyncio  the same on the default asyncio loop
+
+Cases: one stream with the sender and the receiving loop pinned to ONE CPU (the loop's own cost
+decides); the same on two CPUs (all meet at the kernel's copy; compare the receiving process's
+CPU per GiB: user + system time, which includes the kernel's copy into the buffers); 100
+concurrent streams on one loop, one CPU. Each round runs every receiver once in a rotating
+order; medians over rounds are compared, so drift on a shared machine hits all alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import resource
+import selectors
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvloop
+
+from zcnet import aio
+
+BLOCK = bytes(1 << 20)
+PROTO_BUF = 256 << 10
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# --- receivers: each returns the bytes of one connection ---------------------------------------
+async def recv_streams(conn: socket.socket) -> int:
+    reader, writer = await asyncio.open_connection(sock=conn)
+    n = 0
+    while data := await reader.read(65536):
+        n += len(data)
+    writer.close()
+    return n
+
+
+class _Count(asyncio.BufferedProtocol):
+    def __init__(self, done: asyncio.Future[int]) -> None:
+        self.buf = bytearray(PROTO_BUF)
+        self.n = 0
+        self.done = done
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self.buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.n += nbytes
+
+    def eof_received(self) -> bool:
+        self.done.set_result(self.n)
+        return False
+
+
+async def recv_proto(conn: socket.socket) -> int:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+    tr, _ = await loop.connect_accepted_socket(lambda: _Count(done), conn)
+    n = await done
+    tr.close()
+    return n
+
+
+def recv_zcnet(area: int, buf: int) -> Callable[[socket.socket], Any]:
+    async def run(conn: socket.socket) -> int:
+        n = 0
+        async with aio.open_receiver(conn, "soft", own_socket=True, area_size=area,
+                                     buf_size=buf) as rx:
+            while (batch := await rx.recv_batch()) is not None:
+                n += batch.length
+                batch.release()
+        return n
+    return run
+
+
+def receivers(args: argparse.Namespace,
+              streams: int = 1) -> dict[str, tuple[Callable[[], Any], Any]]:
+    # Many streams: a small area each (it is populated at open, per connection).
+    area = args.zc_area if streams == 1 else args.zc_many_area
+    zc = recv_zcnet(area << 20, args.zc_buf << 10)
+    return {
+        "streams": (asyncio.new_event_loop, recv_streams),
+        "asyncio-proto": (asyncio.new_event_loop, recv_proto),
+        "uvloop-proto": (uvloop.new_event_loop, recv_proto),
+        "zcnet": (uvloop.new_event_loop, zc),
+        "zcnet-asyncio": (asyncio.new_event_loop, zc),
+    }
+
+
+def receive_main(name: str, args: argparse.Namespace, srv: socket.socket, streams: int,
+                 cpu: int, out: Any) -> None:
+    os.sched_setaffinity(0, {cpu})
+    new_loop, handler = receivers(args, streams)[name]
+
+    async def main() -> tuple[int, float, float]:
+        loop = asyncio.get_running_loop()
+        srv.setblocking(False)
+        conns = []
+        t0 = c0 = 0.0
+        for i in range(streams):
+            c, _ = await loop.sock_accept(srv)
+            c.setblocking(False)
+            if i == 0:
+                t0, c0 = time.perf_counter(), _cpu()
+            conns.append(c)
+        got = await asyncio.gather(*(handler(c) for c in conns))
+        return sum(got), time.perf_counter() - t0, _cpu() - c0
+
+    with asyncio.Runner(loop_factory=new_loop) as r:
+        out.send(r.run(main()))
+
+
+def send_main(port: int, streams: int, per_stream: int, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
+    mv = memoryview(BLOCK)
+    if streams == 1:
+        s, left = socks[0], per_stream
+        while left:
+            left -= s.send(mv[:min(len(mv), left)])
+        s.close()
+        return
+    sel = selectors.DefaultSelector()
+    left = {}
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_WRITE)
+        left[s] = per_stream
+    while left:
+        for key, _ in sel.select():
+            s = key.fileobj
+            try:
+                left[s] -= s.send(mv[:min(len(mv), left[s])])
+            except BlockingIOError:
+                continue
+            if not left[s]:
+                sel.unregister(s)
+                s.close()
+                del left[s]
+
+
+def measure(name: str, args: argparse.Namespace, streams: int, total: int,
+            cpus: tuple[int, int]) -> dict[str, float]:
+    ctx = mp.get_context("fork")
+    per = total // streams
+    with socket.create_server(("127.0.0.1", 0), backlog=streams) as srv:
+        rd, wr = ctx.Pipe(duplex=False)
+        rp = ctx.Process(target=receive_main, args=(name, args, srv, streams, cpus[0], wr))
+        rp.start()
+        sp = ctx.Process(target=send_main, args=(srv.getsockname()[1], streams, per, cpus[1]))
+        sp.start()
+    nbytes, secs, cpu = rd.recv()
+    rp.join()
+    sp.join()
+    if nbytes != per * streams:
+        raise SystemExit(f"{name}: received {nbytes} of {per * streams} bytes")
+    gib = nbytes / (1 << 30)
+    return {"gbps": nbytes * 8 / secs / 1e9, "cpu_ms_per_gib": cpu / gib * 1e3}
+
+
+def run_case(title: str, args: argparse.Namespace, names: list[str], streams: int,
+             cpus: tuple[int, int]) -> dict[str, dict[str, float]]:
+    total = int(args.gib * (1 << 30)) // streams * streams
+    rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            rows[n].append(measure(n, args, streams, total, cpus))
+    med = {n: {k: statistics.median(x[k] for x in v) for k in v[0]} for n, v in rows.items()}
+    print(f"\n{title}: {total / (1 << 30):.2f} GiB, {streams} stream(s), receiver CPU "
+          f"{cpus[0]}, sender CPU {cpus[1]}, median of {args.rounds}")
+    for n, m in med.items():
+        spread = [f"{x['gbps']:.1f}" for x in rows[n]]
+        print(f"  {n:14s} {m['gbps']:6.2f} Gbit/s  {m['cpu_ms_per_gib']:7.1f} ms CPU/GiB  "
+              f"(rounds: {', '.join(spread)})")
+    return med
+
+
+def target(name: str, value: float, unit: str, goal: str) -> None:
+    print(f"target {name} {value:.2f} {unit} goal {goal}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=4.0, help="bytes per case, GiB (default 4)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--zc-area", type=int, default=32, help="zcnet area, MiB")
+    ap.add_argument("--zc-buf", type=int, default=256, help="zcnet soft buffer size, KiB")
+    ap.add_argument("--zc-many-area", type=int, default=4,
+                    help="zcnet area per stream in the many-stream case, MiB")
+    ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
+    ap.add_argument("--only", help="comma-separated receivers (no targets then)")
+    args = ap.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("needs two CPUs")
+    c0, c1 = sorted(os.sched_getaffinity(0))[:2]
+    names = list(receivers(args))
+    if args.only:
+        for case, cpus in (("one CPU", (c0, c0)), ("two CPUs", (c0, c1))):
+            run_case(case, args, args.only.split(","), 1, cpus)
+        return
+    one = run_case("one CPU", args, names, 1, (c0, c0))
+    two = run_case("two CPUs", args, names, 1, (c0, c1))
+    many = run_case(f"{args.streams} streams, one CPU", args,
+                    ["uvloop-proto", "zcnet", "streams"], args.streams, (c0, c0))
+    print()
+    target("one_cpu_zcnet_vs_streams", one["zcnet"]["gbps"] / one["streams"]["gbps"], "x",
+           ">=1.5")
+    target("one_cpu_zcnet_vs_uvloop_proto",
+           one["zcnet"]["gbps"] / one["uvloop-proto"]["gbps"], "x", ">=1.2")
+    target("two_cpu_loop_cpu_per_gib_zcnet_vs_uvloop_proto",
+           two["zcnet"]["cpu_ms_per_gib"] / two["uvloop-proto"]["cpu_ms_per_gib"], "x", "<=0.8")
+    target(f"{args.streams}_streams_zcnet_vs_uvloop_proto",
+           many["zcnet"]["gbps"] / many["uvloop-proto"]["gbps"], "x", ">=1.2")
+    target(f"{args.streams}_streams_zcnet_loop_cpu_per_gib", many["zcnet"]["cpu_ms_per_gib"],
+           "ms/GiB", "report")
+
+
+if __name__ == "__main__":
+    main()

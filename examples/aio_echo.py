@@ -1,0 +1,135 @@
+"""Echo / request-response service: an ordinary asyncio ``start_server`` handing its
+connections to zcnet.aio in three lines.
+
+    python examples/aio_echo.py                    # self-test: 50 clients x 200 requests
+    python examples/aio_echo.py --listen 127.0.0.1:7000        # serve until Ctrl-C
+
+Protocol: a request is a 4-byte big-endian length and that many bytes; the reply is the same
+frame with the payload upper-cased. The server parses frames straight from the chunks (views
+into the receiver's area) and sends replies with the async sender; it copies only the bytes
+of a frame that straddles two chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import struct
+import time
+
+from zcnet import aio
+from zcnet.errors import ZcnetError
+
+HEADER = struct.Struct("!I")
+MAX_FRAME = 1 << 20
+
+
+class Frames:
+    """Sans-I/O framing: feed views, get complete payloads (bytes) out."""
+
+    def __init__(self) -> None:
+        self.partial = bytearray()
+
+    def feed(self, view: memoryview) -> list[bytes]:
+        out = []
+        if self.partial:
+            self.partial += view
+            view = memoryview(bytes(self.partial))
+            self.partial.clear()
+        while len(view) >= HEADER.size:
+            (n,) = HEADER.unpack_from(view)
+            if n > MAX_FRAME:
+                raise ValueError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+            if len(view) < HEADER.size + n:
+                break
+            out.append(bytes(view[HEADER.size:HEADER.size + n]).upper())
+            view = view[HEADER.size + n:]
+        self.partial += view
+        return out
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    sock, early = await aio.adopt_stream(reader, writer)         # 1: take the connection over
+    rx = aio.open_receiver(sock, "soft", own_socket=True,        # 2: zero-copy receive
+                           area_size=1 << 20, buf_size=16 << 10)
+    async with rx, aio.open_sender(sock, "copy") as tx:          # 3: async send
+        frames = Frames()
+        replies = frames.feed(memoryview(early))
+        with contextlib.suppress(ConnectionResetError):
+            while True:
+                for reply in replies:
+                    await tx.sendall(HEADER.pack(len(reply)) + reply)
+                chunks = await rx.recv()
+                if not chunks:
+                    break
+                replies = []
+                for chunk in chunks:
+                    replies += frames.feed(chunk.data)
+                    chunk.release()
+
+
+async def client(port: int, requests: int) -> list[float]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    rtts = []
+    for i in range(requests):
+        payload = os.urandom(16 + i % 200).hex().encode()
+        t0 = time.perf_counter()
+        writer.write(HEADER.pack(len(payload)) + payload)
+        (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+        reply = await reader.readexactly(n)
+        rtts.append(time.perf_counter() - t0)
+        if reply != payload.upper():
+            raise SystemExit(f"bad reply {reply[:20]!r}")
+    writer.close()
+    await writer.wait_closed()
+    return rtts
+
+
+async def self_test(clients: int, requests: int) -> None:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(*(client(port, requests) for _ in range(clients)))
+        rtts = sorted(t for ts in per_client for t in ts)
+        dt = time.perf_counter() - t0
+    print(f"{len(rtts)} requests from {clients} clients in {dt:.2f} s: "
+          f"p50 {rtts[len(rtts) // 2] * 1e6:.0f} us, p99 {rtts[len(rtts) * 99 // 100] * 1e6:.0f} us"
+          "; every reply checked")
+
+
+async def serve(host: str, port: int) -> None:
+    server = await asyncio.start_server(handle, host, port)
+    print(f"serving on {host}:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--listen", help="HOST:PORT to serve on (default: self-test on loopback)")
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    args = ap.parse_args()
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        coro = serve(host, int(port))
+    else:
+        coro = self_test(args.clients, args.requests)
+    runner = asyncio.run
+    if args.uvloop:
+        import uvloop
+
+        runner = uvloop.run
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            runner(coro)
+    except ZcnetError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The async receiver: zcnet.rx.zc's Receiver driven by the event loop instead of a blocking wait.
+
+Every kernel round is the synchronous receiver's own ``recv(timeout=0)``: one enter that runs
+the ring's task work and reaps, so buffer lifetimes, back-pressure (``max_held``), stats and
+errors are exactly those of :mod:`zcnet.rx.zc.api`. What this module adds is where to sleep:
+on the loop, until the ring's eventfd fires (see :mod:`zcnet.aio.wakeup`) or, while delivery is
+paused because the application holds too much, until a chunk is released.
+
+Cancellation is safe by construction: a task sleeps only where nothing has been reaped, and
+chunks reaped but not yet handed out by ``async for`` wait in the receiver (released at close).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from typing import Any
+
+from zcnet.aio.loop import Owner, running_loop, track, untrack
+from zcnet.aio.sockets import check_tcp_socket
+from zcnet.aio.wakeup import Wakeup
+from zcnet.errors import ClosedError, UsageError
+from zcnet.rx.zc import api
+from zcnet.rx.zc.api import Batch, Chunk, Receiver
+
+#: Defaults sized for many connections per process: the area is populated at open.
+AREA_SIZE = 4 << 20
+BUF_SIZE = 64 << 10
+
+
+class AsyncReceiver:
+    """Zero-copy receive on one TCP socket inside an event loop.
+
+    ``async for chunk in rx`` yields :class:`~zcnet.rx.zc.Chunk` views until EOF and raises the
+    stream's error (ConnectionResetError, ...) after the data before it; ``await rx.recv()``
+    returns the chunks of one kernel round ([] at EOF); ``await rx.recv_batch()`` one Batch (None
+    at EOF). Release as with the synchronous API: ``chunk.release()``, from any thread.
+    """
+
+    def __init__(self, rx: Receiver, sock: socket.socket | None = None, *,
+                 max_held: float = 0.75) -> None:
+        self._owner = Owner("zcnet.aio receiver")
+        self.rx = rx
+        self._limit = int(rx.area.size * max_held)  # the Receiver's back-pressure threshold
+        self.sock = sock
+        self._pending: deque[Chunk] = deque()
+        self._closed = False
+        self._wake = Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd)
+        track(self._owner.loop, self)
+
+    # --- receiving -------------------------------------------------------------------------
+    async def _round(self, batch: bool) -> Any:
+        """One kernel round's worth, sleeping on the loop until there is one (or EOF)."""
+        self._owner.check()
+        if self._closed:
+            raise ClosedError("receive on a closed zcnet.aio receiver")
+        rx = self.rx
+        ring = rx.ring
+        wake = self._wake
+        while True:
+            if self._closed:  # by another task while this one slept: the ring is unmapped
+                raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
+            if (ring is not None and rx.provider.armed and rx.stalled is None
+                    and rx.stats.in_flight_bytes <= self._limit):
+                # The common case, without the synchronous receiver's timed wait: a zero
+                # timeout there still costs the kernel a timer and often a context switch.
+                rx.flush()
+                if not ring.cq_ready():
+                    ring.get_events()  # runs the task work: data lands, CQEs are posted
+                if not ring.cq_ready():
+                    await wake.wait()
+                    continue
+            got = rx.recv_batch(0) if batch else rx.recv(0)
+            if got:
+                wake.swallow()
+                return got
+            if rx.eof:
+                return got
+            stalled = rx.stalled
+            if stalled is None and not rx.provider.armed:
+                continue  # the multishot ended without ending the stream: re-arm now
+            if stalled is not None:
+                rx.on_release(wake.kick_threadsafe)
+            try:
+                await wake.wait()
+            finally:
+                if stalled is not None and not self._closed:
+                    rx.on_release(None)
+
+    async def recv(self) -> list[Chunk]:
+        """The chunks of the next kernel round; [] at EOF."""
+        if self._pending:
+            self._owner.check()
+            out = list(self._pending)
+            self._pending.clear()
+            return out
+        got: list[Chunk] = await self._round(False)
+        return got
+
+    async def recv_batch(self) -> Batch | None:
+        """The next kernel round as one Batch (no object per buffer); None at EOF."""
+        if self._pending:
+            raise UsageError("chunks taken for `async for` are still waiting in the receiver",
+                             "finish the `async for` or drain them with recv() first")
+        got: Batch | None = await self._round(True)
+        return got
+
+    def __aiter__(self) -> AsyncReceiver:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if not self._pending:
+            got = await self.recv()
+            if not got:
+                raise StopAsyncIteration
+            self._pending.extend(got)
+        else:
+            self._owner.check()
+        return self._pending.popleft()
+
+    # --- state ---------------------------------------------------------------------------------
+    @property
+    def eof(self) -> bool:
+        return self.rx.eof and not self._pending
+
+    def flush(self) -> None:
+        """Give released chunks back to the kernel now (receiving does this itself)."""
+        self._owner.check()
+        self.rx.flush()
+
+    @property
+    def stats(self) -> api.Stats:
+        return self.rx.stats
+
+    def stats_dict(self) -> dict[str, Any]:
+        return self.rx.stats_dict()
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop receiving and free the ring, eventfd and (once no chunk is held) the area.
+        Chunks still held stay valid until released. Closes the socket if the receiver was
+        opened on one with ``own_socket``."""
+        if self._closed:
+            return
+        self._owner.check()
+        self._free()
+
+    def _free(self) -> None:
+        self._closed = True
+        untrack(self._owner.loop, self)
+        pending = list(self._pending)
+        self._pending.clear()
+        try:
+            if pending:
+                self.rx.release_many(pending)
+            self._wake.close()
+        finally:
+            try:
+                self.rx.close()
+            finally:
+                if self.sock is not None:
+                    self.sock.close()
+
+    def _shutdown(self) -> None:
+        if not self._closed:
+            self._free()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> AsyncReceiver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<zcnet.aio receiver {self.rx.name} fd={self.rx.fd} {state}>"
+
+
+def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
+                  area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE,
+                  **kw: Any) -> AsyncReceiver:
+    """Open a zero-copy receiver on a connected TCP socket, for use in the running loop::
+
+        async with zcnet.aio.open_receiver(sock, "soft") as rx:
+            async for chunk in rx:
+                consume(chunk.data)
+                chunk.release()
+
+    Options are those of :func:`zcnet.rx.zc.open_receiver` (``provider`` "auto" works too);
+    the default area is small (4 MiB) because a service opens one per connection.
+    ``own_socket``: close ``sock`` with the receiver (what the adopt helpers want).
+    """
+    check_tcp_socket(sock, "zcnet.aio.open_receiver")
+    running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
+    rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
+    try:
+        return AsyncReceiver(rx, sock if own_socket else None,
+                             max_held=kw.get("max_held", 0.75))
+    except BaseException:
+        rx.close()
+        raise

@@ -1,0 +1,92 @@
+"""Sockets for zcnet.aio: checking one at open, and taking one over from asyncio.
+
+Some facts about taking a connection from an asyncio transport:
+
+- A transport (asyncio's or uvloop's) owns its socket's fd: it watches it in the loop and
+  closes it when the transport closes. ``get_extra_info("socket")`` gives a wrapper, not the
+  socket, and anything read through the transport is gone from the kernel's queue.
+- So adopting a connection means: stop the transport reading, ``dup`` the fd into a socket of
+  our own, close the transport (closing its fd; the connection lives on in the dup, and
+  close() without SO_LINGER sends neither FIN nor RST while another fd refers to it).
+- A transport starts reading one loop iteration after ``connection_made``. Adopting inside
+  ``connection_made`` therefore loses nothing; a ``start_server`` handler runs later, and the
+  bytes its StreamReader buffered by then are handed back to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+from typing import Any
+
+from zcnet.errors import UsageError
+
+_FAMILIES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
+
+
+def check_tcp_socket(sock: Any, what: str) -> socket.socket:
+    """``sock`` if it is a connected TCP socket, else a UsageError naming what it is."""
+    if isinstance(sock, asyncio.trsock.TransportSocket) or (
+            not isinstance(sock, socket.socket) and hasattr(sock, "fileno")
+            and hasattr(sock, "getpeername")):
+        raise UsageError(f"{what}: this socket belongs to an asyncio transport, which reads it",
+                         "take the connection over first: zcnet.aio.adopt_transport(transport) "
+                         "in connection_made, or await zcnet.aio.adopt_stream(reader, writer)")
+    if not isinstance(sock, socket.socket):
+        raise UsageError(f"{what} needs a socket.socket, got {type(sock).__name__}")
+    if sock.fileno() < 0:
+        raise UsageError(f"{what}: the socket is closed", "pass an open, connected TCP socket")
+    if sock.type != socket.SOCK_STREAM or sock.family not in _FAMILIES:
+        kind = {socket.SOCK_DGRAM: "UDP" if sock.family in _FAMILIES else "datagram"}.get(
+            sock.type, f"type {sock.type}")
+        fam = _FAMILIES.get(sock.family, getattr(sock.family, "name", str(sock.family)))
+        raise UsageError(f"{what} needs a connected TCP socket, got a {fam} {kind} socket",
+                         "pass an accepted or connected TCP (SOCK_STREAM, AF_INET/AF_INET6) "
+                         "socket")
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        raise UsageError(f"{what} got a listening socket",
+                         "pass the connection accept() returned, not the listener")
+    try:
+        sock.getpeername()
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            raise
+        raise UsageError(f"{what}: the TCP socket is not connected",
+                         "connect it (or accept a connection) first") from None
+    return sock
+
+
+def adopt_transport(transport: asyncio.BaseTransport) -> socket.socket:
+    """Take a TCP connection away from an asyncio (or uvloop) transport and return it as a
+    non-blocking socket that the caller owns. Call it in ``connection_made``: nothing has been
+    read yet then. The transport is closed; its protocol gets ``connection_lost(None)``."""
+    tsock = transport.get_extra_info("socket")
+    if tsock is None:
+        raise UsageError("this transport has no socket (not a TCP connection?)")
+    if isinstance(transport, asyncio.ReadTransport):
+        transport.pause_reading()
+    sock = socket.socket(fileno=os.dup(tsock.fileno()))
+    try:
+        check_tcp_socket(sock, "adopt_transport")
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    transport.close()
+    return sock
+
+
+async def adopt_stream(reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> tuple[socket.socket, bytes]:
+    """Take over the connection of a ``start_server`` handler: returns the socket and the bytes
+    the StreamReader had already buffered (they come first in the stream; usually empty)."""
+    sock = adopt_transport(writer.transport)
+    # StreamReader offers no way to take what it buffered without waiting for more; its
+    # buffer is a bytearray attribute on both asyncio versions we support.
+    buffered = getattr(reader, "_buffer", bytearray())
+    early = bytes(buffered)
+    buffered.clear()
+    writer.close()
+    return sock, early

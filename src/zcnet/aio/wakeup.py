@@ -1,0 +1,118 @@
+"""Waking the event loop when an io_uring has work, through an eventfd the ring signals.
+
+Some facts about ring readiness with DEFER_TASKRUN (the soft and zcrx providers' rings):
+
+- When data arrives the kernel does not post a CQE: it queues task work on the ring, and the
+  CQE appears only inside the owner's next ``io_uring_enter(GETEVENTS)``.
+- ``poll()`` on the ring fd reports EPOLLIN when the CQ has entries *or* task work is pending,
+  but queueing task work does not wake the ring's poll wait queue. A fresh poll()/select()
+  scan sees it; epoll, which only re-checks an fd after a wake-up, is never told. Measured on
+  this kernel (6.18): data arrives, ``select`` says the ring fd is readable, an epoll set
+  holding it stays empty. asyncio and uvloop both sit on epoll, so ``add_reader(ring.fd)``
+  would sleep through data that has arrived.
+- An eventfd registered with IORING_REGISTER_EVENTFD is signalled when task work is queued on
+  an empty list, and when CQEs are posted (our own enter included).
+
+So the loop watches an eventfd, and the rule that loses no wake-up is: sleep only right after
+an enter that found nothing. Work queued after that enter lands on an empty list and signals
+the eventfd. Draining the eventfd at any other moment is safe because another enter comes
+before the next sleep; the receiver drains it right after a productive enter to swallow the
+signal its own CQE posting raised, which would otherwise cost one idle loop iteration.
+
+No helper thread: the loop's own epoll wait is the only place anyone sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+
+from zcnet.uring.eventfd import drain, register_eventfd
+from zcnet.uring.ring import Ring
+
+
+class Wakeup:
+    """Readiness of one fd as awaitable events on one loop.
+
+    With a ring: an eventfd registered with it, watched for the wakeup's whole life and drained
+    on every signal. With ``sock_fd`` instead (a provider that reads the socket itself): the
+    socket is watched only while someone waits, since it stays readable until read.
+    ``on_ready`` runs in the loop on every signal; ``wait`` returns at the next one.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Ring | None, *,
+                 sock_fd: int = -1, on_ready: Callable[[], None] | None = None) -> None:
+        self.loop = loop
+        self._on_ready = on_ready
+        self._waiter: asyncio.Future[None] | None = None
+        self._watching = False
+        if ring is None:
+            self.efd = -1
+            self.fd = sock_fd
+            return
+        self.efd = self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            register_eventfd(ring, self.efd)
+            loop.add_reader(self.efd, self._ready)
+        except BaseException:
+            os.close(self.efd)
+            raise
+        self._watching = True
+
+    def _ready(self) -> None:
+        if self.efd >= 0:
+            drain(self.efd)
+        else:
+            self._unwatch()
+        if self._on_ready is not None:
+            self._on_ready()
+        self.kick()
+
+    def kick(self) -> None:
+        """Wake the waiter, if any (loop thread)."""
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def kick_threadsafe(self) -> None:
+        """Wake the waiter from any thread; a no-op once the loop is closed."""
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self.loop.call_soon_threadsafe(self.kick)
+
+    def swallow(self) -> None:
+        """Drain the eventfd after an enter that posted CQEs (see the module docstring)."""
+        if self.efd >= 0:
+            drain(self.efd)
+
+    async def wait(self) -> None:
+        if self.fd < 0:
+            raise ValueError("wait on a closed wakeup")
+        if not self._watching:
+            self.loop.add_reader(self.fd, self._ready)
+            self._watching = True
+        fut = self._waiter = self.loop.create_future()
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.fd)
+
+    def close(self) -> None:
+        """Stop watching and close the eventfd; a pending ``wait`` is cancelled."""
+        if self.fd < 0:
+            return
+        self._unwatch()
+        w = self._waiter
+        if w is not None and not w.done() and not self.loop.is_closed():
+            w.cancel()
+        if self.efd >= 0:
+            os.close(self.efd)
+        self.efd = self.fd = -1
+        self._on_ready = None  # a bound method of the owner: no cycle outlives the close

@@ -1,0 +1,159 @@
+"""zcnet.aio sender: SEND_ZC completions resolve futures, slots come back, back-pressure waits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
+from zcnet import aio
+from zcnet.errors import ZcnetError
+
+pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
+
+
+@pytest.mark.parametrize("kind", ["sendzc", "copy"])
+def test_stream_arrives_intact_and_every_completion_resolves(loop_kind, kind, no_leaks):
+    size, slot = 3 << 20, 128 << 10
+    data = pattern(9, size)
+
+    async def main() -> tuple[list, dict]:
+        c, s = await tcp_pair()
+        check = StreamCheck(data)
+
+        async def receive() -> None:
+            async with aio.open_receiver(s, own_socket=True) as rx:
+                async for chunk in rx:
+                    check.add(chunk.data, chunk.stream_offset)
+                    chunk.release()
+
+        r = asyncio.create_task(receive())
+        futs = []
+        async with aio.open_sender(c, kind, slots=4, slot_size=slot, own_socket=True) as tx:
+            for off in range(0, size, slot):
+                sl = await tx.acquire()
+                sl.view[:] = data[off:off + slot]
+                futs.append(await tx.send(sl, slot))
+            await tx.flush()
+            stats = tx.stats().as_dict()
+        await r
+        assert check.complete
+        return [f.result() for f in futs], stats
+
+    results, st = run(loop_kind, main)
+    assert len(results) == 24 and all(isinstance(x, bool) for x in results)
+    assert st["bytes"] == size and st["pending"] == 0
+    if st["path"] == "sendzc":
+        assert st["zerocopy"] + st["copied"] == st["sends"] == 24
+        assert all(results) == (st["copied"] == 24)  # loopback copies: future says so
+
+
+# Larger than loopback's socket buffers (tcp_wmem/tcp_rmem maxima, a few MiB) together: a
+# send of a whole slot stays in flight until the peer reads. (Shrinking SO_RCVBUF after the
+# connection opened instead makes the kernel drop and clamp the window to a crawl.)
+BIG_SLOT = 32 << 20
+
+
+def test_acquire_waits_for_a_free_slot_and_cancellation_loses_none(loop_kind, no_leaks):
+    """The only slot is in flight (the peer is not reading): acquire waits. Cancelling the
+    waiting acquire and the task whose send is in flight loses no slot and no byte order:
+    once the peer reads, the slot comes back and the next send follows the first."""
+    slot = BIG_SLOT
+    data = pattern(11, slot)
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        loop = asyncio.get_running_loop()
+        async with aio.open_sender(c, "sendzc", slots=1, slot_size=slot, own_socket=True) as tx:
+            if tx.kind != "sendzc":
+                pytest.skip(tx.stats().note)
+
+            async def first() -> None:
+                sl = await tx.acquire()
+                sl.view[:] = data
+                await tx.send(sl, slot)
+
+            sending = asyncio.create_task(first())
+            waiter = asyncio.create_task(tx.acquire())
+            await asyncio.sleep(0.2)
+            assert not sending.done() and not waiter.done()  # back-pressure
+            waiter.cancel()
+            sending.cancel()
+            await asyncio.gather(waiter, sending, return_exceptions=True)
+            check = StreamCheck(np.concatenate([data, np.frombuffer(b"next", np.uint8)]))
+
+            async def drain() -> None:
+                while not check.complete:
+                    got = await loop.sock_recv(s, 1 << 20)
+                    assert got, "EOF before the whole stream"
+                    check.add(got)
+
+            reader = asyncio.create_task(drain())
+            sl = await asyncio.wait_for(tx.acquire(), 10)
+            sl.view[:4] = b"next"
+            await tx.send(sl, 4)
+            await tx.flush(timeout=10)
+            await asyncio.wait_for(reader, 10)
+            assert tx.outstanding == 0 and len(tx._free) == 1
+        s.close()
+
+    run(loop_kind, main)
+
+
+def test_flush_gives_up_after_its_timeout(loop_kind, no_leaks):
+    slot = BIG_SLOT
+
+    async def main() -> str:
+        c, s = await tcp_pair()
+        async with aio.open_sender(c, "sendzc", slots=1, slot_size=slot, own_socket=True) as tx:
+            if tx.kind != "sendzc":
+                pytest.skip(tx.stats().note)
+            sl = await tx.acquire()
+            t = asyncio.create_task(tx.send(sl, slot))
+            await asyncio.sleep(0.05)
+            with pytest.raises(ZcnetError) as ei:
+                await tx.flush(timeout=0.2)
+            msg = str(ei.value)
+            del ei  # its traceback holds this frame: a cycle keeping the 32 MiB buffer alive
+            s.close()  # the peer goes: the send in flight fails and the slot comes back
+            with pytest.raises(OSError):
+                await t
+            del t  # the task holds the error, whose traceback now holds this frame
+        return msg
+
+    assert "unacknowledged" in run(loop_kind, main)
+
+
+def test_send_error_reaches_the_caller(loop_kind, no_leaks):
+    async def main() -> None:
+        c, s = await tcp_pair()
+        s.close()
+        await asyncio.sleep(0.05)
+        async with aio.open_sender(c, "sendzc", slots=2, slot_size=1 << 16, own_socket=True) as tx:
+            with pytest.raises(OSError):
+                for _ in range(64):  # the first sends may still be accepted before the RST
+                    sl = await tx.acquire()
+                    await tx.send(sl, 1 << 16)
+                    await asyncio.sleep(0.01)
+            await tx.flush(timeout=5)
+            assert len(tx._free) == 2
+
+    run(loop_kind, main)
+
+
+def test_sendall_copies_any_bytes_like(loop_kind, no_leaks):
+    async def main() -> bytes:
+        c, s = await tcp_pair()
+        loop = asyncio.get_running_loop()
+        async with aio.open_sender(c, "sendzc", slots=2, slot_size=1000, own_socket=True) as tx:
+            await tx.sendall(np.arange(2500, dtype=np.uint8))
+            await tx.flush()
+        out = b""
+        while len(out) < 2500:
+            out += await loop.sock_recv(s, 4096)
+        s.close()
+        return out
+
+    assert run(loop_kind, main) == np.arange(2500, dtype=np.uint8).tobytes()
