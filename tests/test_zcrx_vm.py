@@ -257,7 +257,7 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
     assert cell["status"] == "ok", cell.get("reason")
     assert cell["zcrx_mode"] == "copy" and cell["engine_stats"]["zcrx_copy"] == 1
     assert cell["verify"]["mismatches"] == 0 and cell["verify"]["checked_bytes"] > 0
-    assert cell_text(cell).endswith(" copy")
+    assert " copy" in cell_text(cell).plain
     assert any("zcrx copy mode" in n for n in bench_notes(doc))
 
 
