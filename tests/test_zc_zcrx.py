@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import socket
 import struct
 
@@ -549,3 +550,10 @@ def test_memlock_limit_names_limit_and_size(no_leaks):
     assert kern.startswith(f"kernel {errno.ENOMEM} RLIMIT_MEMLOCK is 65536 bytes")
     size = refill_region_size(32768) + (1 << 20)
     assert f"must lock {size} bytes" in kern
+
+
+def test_permission_hint_is_true_for_the_user_who_reads_it():
+    """EPERM at registration: root is told to grant the capability, anyone else to run as root."""
+    hint = zcrx.REGISTER_ERRORS[errno.EPERM][2]
+    assert "CAP_NET_ADMIN" in hint
+    assert ("run as root" in hint) == (os.geteuid() != 0)

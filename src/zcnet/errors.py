@@ -6,6 +6,8 @@ the CLI prints both on one or two lines and exits non-zero, never with a traceba
 
 from __future__ import annotations
 
+import os
+
 
 class ZcnetError(Exception):
     """A failure the user can do something about."""
@@ -43,3 +45,9 @@ class ClosedError(ZcnetError, ValueError):
     def of(cls, obj: object, method: str) -> ClosedError:
         """The error for ``obj.method()`` called after ``obj.close()``."""
         return cls(f"{method}() on a closed {type(obj).__name__}")
+
+
+def cap_hint(cap: str) -> str:
+    """The fix for a refusal that needs ``cap``. Said to root, "run as root" is false: root that
+    is refused lacks the capability (a container, a dropped bounding set)."""
+    return f"run as root (needs {cap})" if os.geteuid() else f"this root lacks {cap}: grant it"

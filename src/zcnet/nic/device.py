@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import fcntl
-import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from zcnet.errors import ClosedError, Unsupported, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, ZcnetError, cap_hint
 from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
@@ -38,9 +37,7 @@ class DeviceUnsupported(Unsupported):
 
 
 # errno -> (message template, hint) for errors that mean the same whatever was asked.
-# Said to root, "run as root" is false: root that is refused lacks the capability (a container).
-_NEED_NET_ADMIN = ("run as root (needs CAP_NET_ADMIN)" if os.geteuid() else
-                   "this root lacks CAP_NET_ADMIN (a container?): grant it")
+_NEED_NET_ADMIN = cap_hint("CAP_NET_ADMIN")
 _ERRNO_TEXT: dict[int, tuple[str, str]] = {
     errno_mod.EPERM: ("{what}: permission denied", _NEED_NET_ADMIN),
     errno_mod.EACCES: ("{what}: permission denied", _NEED_NET_ADMIN),

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
 from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
 from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
 from zcnet.uapi import io_uring as u
@@ -281,7 +281,7 @@ class Registration:
 # errno -> (message, hint); {ifname}, {queue}, {ifindex} are filled in.
 REGISTER_ERRORS: dict[int, tuple[type[ZcnetError], str, str]] = {
     errno.EPERM: (ZcnetError, "zcrx registration needs CAP_NET_ADMIN",
-                  "run as root or grant CAP_NET_ADMIN"),
+                  cap_hint("CAP_NET_ADMIN")),
     errno.EOPNOTSUPP: (Unsupported,
                        "device {ifname} lacks queue management ops or header-data split, "
                        "so zcrx cannot take over its queue {queue}",
