@@ -5,6 +5,7 @@ worker crash, two clients at once)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -394,3 +395,25 @@ def test_server_killed_takes_its_workers_along(no_leaks, tmp_path):
         finally:
             client.kill()
             client.wait()
+
+
+def test_client_ctrl_c_marks_its_file_incomplete(two_servers, tmp_path):
+    """Ctrl-C in the middle of a client run: no traceback, exit 130, and the JSON file says the
+    run is incomplete (flows report only at their end, so it holds no figures)."""
+    s = two_servers[0]
+    out = tmp_path / "client.json"
+    client = subprocess.Popen([sys.executable, "-m", "zcnet", "client", "--src", s.address,
+                               "-n", "1", "-t", "60", "--json", str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(flow_workers(s.proc.pid)) == 2, 30), s.log_text()
+        client.send_signal(signal.SIGINT)
+        _, err = client.communicate(timeout=60)
+    finally:
+        client.kill()
+        client.wait()
+    assert client.returncode == 130 and "Traceback" not in err
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "client" and doc["complete"] is False and doc["results"] == []
+    # The session noticed its client went away: its workers are reaped.
+    assert wait_for(lambda: not flow_workers(s.proc.pid), 10), flow_workers(s.proc.pid)

@@ -7,10 +7,11 @@ import contextlib
 import csv
 import io
 import re
+import sys
 from typing import Any
 
 from zcnet import quantities
-from zcnet.cli._args import number
+from zcnet.cli._args import check_output_file, number
 from zcnet.errors import UsageError
 
 _SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
@@ -123,24 +124,41 @@ def run(args: argparse.Namespace) -> int:
                          "give the port (1..65535) the remote server should listen on")
     opts = options(args)
     opts.validate()
+    check_output_file(args.json, "--json")
+    check_output_file(args.csv, "--csv")
     console = make_console()
-    with contextlib.ExitStack() as stack:
-        for host in args.ssh:
-            remote = stack.enter_context(RemoteServer(host, port=args.ssh_port, ssh=args.ssh_cmd,
-                                                      python=args.ssh_python,
-                                                      listen=args.ssh_listen))
-            opts.tokens[host] = remote.token
-        with console.status(f"{opts.flows} flow(s), {opts.mode}, {opts.duration:g} s ..."):
-            result = client.run(opts)
+
+    def env(servers: Any) -> dict[str, Any]:
+        return collect_env(lab=False, src=opts.src, dst=opts.dst, mode=opts.mode,
+                           placement={"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
+                                      "pin_off": opts.pin_off, "rx_app_cpu": opts.rx_app_cpu,
+                                      "tx_app_cpu": opts.tx_app_cpu},
+                           servers=servers)
+
+    try:
+        with contextlib.ExitStack() as stack:
+            for host in args.ssh:
+                remote = stack.enter_context(RemoteServer(
+                    host, port=args.ssh_port, ssh=args.ssh_cmd, python=args.ssh_python,
+                    listen=args.ssh_listen))
+                opts.tokens[host] = remote.token
+            with console.status(f"{opts.flows} flow(s), {opts.mode}, {opts.duration:g} s ..."):
+                result = client.run(opts)
+    except KeyboardInterrupt:
+        # The flows report only at their end: an interrupted run has no figures to keep, but
+        # its file says so rather than keeping an older run's results or nothing.
+        if args.json:
+            write_json(args.json, envelope("client", env({}), [], complete=False,
+                                           reason="interrupted before the flows reported"))
+        print("zcnet: interrupted: no flow had reported"
+              + (f"; {args.json} marks the run incomplete" if args.json else ""),
+              file=sys.stderr)
+        return 130
     print_tables(console, tables(result))
     if args.json:
-        env = collect_env(lab=False, src=opts.src, dst=opts.dst, mode=opts.mode,
-                          placement={"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
-                                     "pin_off": opts.pin_off, "rx_app_cpu": opts.rx_app_cpu,
-                                     "tx_app_cpu": opts.tx_app_cpu},
-                          servers=result.hosts)
-        write_json(args.json, envelope("client", env, result.flows, summary=result.summary,
-                                       cpus=result.cpus, options=result.options))
+        write_json(args.json, envelope("client", env(result.hosts), result.flows,
+                                       summary=result.summary, cpus=result.cpus,
+                                       options=result.options, complete=True))
     if args.csv:
         write_text(args.csv, flows_csv(result.flows))
     return 0 if result.summary["ok"] == result.summary["flows"] else 1
