@@ -373,3 +373,23 @@ def test_sendzc_close_survives_a_flush_that_gives_up(tcp_pair) -> None:
     s.flush = stuck  # type: ignore[method-assign]
     s.close()
     assert s.ring.fd < 0  # the ring is closed all the same
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["msgzc", "sendzc"])
+def test_one_slot_is_reused_after_each_notification(tcp_pair, kind) -> None:
+    """With a single slot every send waits for the previous one's notification (one CQE), and
+    the data arrives in order."""
+    client, server = tcp_pair
+    reader = Reader(server, 20 * 1000)
+    reader.start()
+    s = make_sender(kind, client, bytearray(4096), slots=1,
+                    on_fill=lambda slot, view: fill_pattern(view, 0))
+    try:
+        for _ in range(20):
+            assert s.send(1000) == 1000
+        s.flush()
+    finally:
+        s.close()
+    reader.join(timeout=30)
+    assert len(reader.data) == 20 * 1000
