@@ -10,8 +10,9 @@ Some facts about reading leaked memory from /proc/self/maps:
 - Other anonymous memory comes and goes for reasons that are no leak: thread stacks (cached by
   glibc after join; a PROT_NONE guard page right below them), glibc's per-thread malloc heaps
   (64 MiB aligned reservations, the unused part PROT_NONE) and CPython's 1 MiB object arenas.
-  The first two are recognised by their shape; the arenas are counted by the interpreter
-  (sys._debugmallocstats) and subtracted.
+  The first two are recognised by their shape, and a live thread's stack also by holding its
+  stack pointer (/proc/self/task/*/syscall; its guard may be merged away); the arenas are
+  counted by the interpreter (sys._debugmallocstats) and subtracted.
 - What is left, new bytes less bytes unmapped since (memory that moved is no leak), is allowed
   to grow by less than 2 MiB (malloc's own mmapped chunks and the arena count's lag churn by up
   to 1 MiB here), so a leaked area of 2 MiB or more is caught, a smaller one may not be; one
@@ -20,6 +21,7 @@ Some facts about reading leaked memory from /proc/self/maps:
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -30,6 +32,8 @@ from pathlib import Path
 ANON_SLACK = 2 << 20
 MALLOC_HEAP_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit
 NETDEVSIM = Path("/sys/bus/netdevsim/devices")
+# Namespaces tests make outside a Lab name their owner too (tests/test_tx_senders.py: ifb).
+_TEST_NETNS = re.compile(r"zctx([1-9][0-9]*)")
 
 
 def _ppid(pid: int) -> int:
@@ -49,9 +53,12 @@ def _foreign(ns: str) -> bool:
     from zcnet.lab.names import parse_netns, pid_alive
 
     lab = parse_netns(ns)
-    if lab is None or lab.owner is None or not pid_alive(lab.owner):
+    owner = lab.owner if lab is not None else None
+    if (m := _TEST_NETNS.fullmatch(ns)) is not None:
+        owner = int(m[1])
+    if owner is None or not pid_alive(owner):
         return False
-    pid, me = lab.owner, os.getpid()
+    pid, me = owner, os.getpid()
     while pid > 1:
         if pid == me:
             return False
@@ -138,7 +145,21 @@ def _mapping_kind(path: str) -> str | None:
     return None
 
 
-def _maps(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
+def _stack_pointers() -> list[int]:
+    """The stack pointer of each of our threads that sits in a system call."""
+    sps = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "syscall").read_text().split()
+        except OSError:
+            continue
+        if len(fields) >= 3 and fields[0] != "running":
+            sps.append(int(fields[-2], 16))
+    return sps
+
+
+def _maps(text: str, stack_pointers: list[int]) -> tuple[tuple[str, ...],
+                                                         tuple[tuple[int, int], ...]]:
     """(kernel-object mappings as 'kind path range', anonymous read-write ranges that are
     neither thread stacks nor malloc heaps) of /proc/self/maps ``text``."""
     rows = []
@@ -163,6 +184,8 @@ def _maps(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
         prev = rows[i - 1] if i else None
         if prev is not None and prev[1] == lo and prev[2].startswith("---") and not prev[3]:
             continue  # a thread stack above its guard page
+        if any(lo <= sp < hi for sp in stack_pointers):
+            continue  # a live thread's stack
         anon.append((lo, hi))
     return tuple(special), tuple(anon)
 
@@ -215,12 +238,15 @@ class Snapshot:
 
     @classmethod
     def take(cls) -> Snapshot:
+        # Garbage in reference cycles (a test's frame kept by its exception's traceback) is no
+        # leak, the collector frees it; collecting first also keeps it out of "before".
+        gc.collect()
         procs, vms = _processes()
         netns, veths, nsim, fds = _netns(), _veths(), _netdevsim(), _fds()
         # Arenas, then the maps at once: arenas made by the work above are in both counts,
         # and nothing between the two reads makes new ones.
         arenas = _py_arenas()
-        special, anon = _maps(Path("/proc/self/maps").read_text())
+        special, anon = _maps(Path("/proc/self/maps").read_text(), _stack_pointers())
         return cls(netns, veths, nsim, procs, vms, fds, special, anon, arenas)
 
     @property

@@ -53,6 +53,7 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
         assert cell.keys() >= OK_KEYS
         assert cell["cpu"]["rx"].keys() >= CPU_KEYS and cell["cpu"]["tx"].keys() >= CPU_KEYS
         assert cell["mtu"] == 9000 and cell["placement"] == "split"
+        # How much a 0.4 s cell moves depends on the machine's load: a speed, not a property.
         assert cell["bytes"] > 0 and cell["gbps"] > 0
         assert cell["verify"]["mismatches"] == 0
         assert cell["verify"]["checked_bytes"] == cell["bytes"]

@@ -7,6 +7,8 @@ import mmap
 import os
 import threading
 
+import pytest
+
 from leaks import Snapshot
 
 
@@ -89,3 +91,20 @@ def test_thread_stacks_and_python_objects_are_not_leaks():
         kept = (kept, [i] * 10)
     assert Snapshot.take().leaked_since(before) == []
     del kept
+
+
+@pytest.mark.root
+def test_namespaces_of_other_live_processes_are_theirs():
+    """Another test run's namespace (named for its live owner) is not our leak; ours is."""
+    import subprocess
+
+    before = Snapshot.take()
+    theirs, ours = "zctx1", f"zctx{os.getpid()}"  # pid 1 is alive and not our descendant
+    for ns in (theirs, ours):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        problems = Snapshot.take().leaked_since(before)
+        assert problems == [f"network namespaces left: ['{ours}']"]
+    finally:
+        for ns in (theirs, ours):
+            subprocess.run(["ip", "netns", "del", ns], check=True)

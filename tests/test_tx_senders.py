@@ -313,3 +313,102 @@ def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap,
                          "d0"], check=True, capture_output=True, text=True).stdout
     (tbf,) = [q for q in json.loads(qd) if q["kind"] == "tbf"]
     assert tbf["overlimits"] > 0 and tbf["packets"] >= TAP_SENDS
+
+
+# --- SendZcSender, case by case ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "fixed_calls"), [({}, 1), ({"fixed": True}, 1),
+                                                     ({"fixed": False}, 0)])
+def test_sendzc_sends_from_the_registered_buffer_unless_told_otherwise(
+        tcp_pair, monkeypatch, kwargs, fixed_calls) -> None:
+    """The default is the registered (fixed) buffer; which SQE is written is the only place
+    the choice shows before the kernel."""
+    calls = Counter()
+    for name in ("prep_send_zc", "prep_send_zc_fixed"):
+        real = getattr(sendzc, name)
+        monkeypatch.setattr(sendzc, name,
+                            lambda *a, _n=name, _r=real, **k: calls.update([_n]) or _r(*a, **k))
+    client, server = tcp_pair
+    s = sendzc.SendZcSender(client, bytearray(8192), 2, **kwargs)
+    try:
+        assert s.send(100) == 100
+        s.flush()
+    finally:
+        s.close()
+    assert server.recv(100) == bytes(100)
+    assert calls == Counter({"prep_send_zc_fixed": fixed_calls, "prep_send_zc": 1 - fixed_calls})
+
+
+def test_sendzc_setup_refusals_fall_back_to_copy_naming_the_reason(tcp_pair, monkeypatch) -> None:
+    client, _ = tcp_pair
+
+    def no_ring(*a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(sendzc, "Ring", no_ring)
+    s = make_sender("sendzc", client, bytearray(8192), slots=2)
+    assert s.stats().note == ("sendzc unavailable, sent by copy: io_uring unavailable: "
+                              f"{os.strerror(errno.ENOSYS)}")
+    monkeypatch.undo()
+
+    def no_register(*a, **k):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(sendzc.bufring, "register_buffers", no_register)
+    s = make_sender("sendzc", client, bytearray(8192), slots=2)
+    assert s.stats().note == ("sendzc unavailable, sent by copy: registering the send buffer "
+                              f"failed: {os.strerror(errno.ENOMEM)}")
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_on_a_shut_down_socket_raises_and_gives_the_slot_back(tcp_pair, fixed) -> None:
+    """A send the kernel refuses at once posts one CQE and no notification: the error names
+    SEND_ZC, and the slot comes back (nothing of it is in flight)."""
+    client, _ = tcp_pair
+    client.shutdown(socket.SHUT_WR)
+    released: list[int] = []
+    s = sendzc.SendZcSender(client, bytearray(8192), 2, None,
+                            lambda slot, view: released.append(slot), fixed=fixed)
+    try:
+        with pytest.raises(OSError) as ei:
+            s.send(100)
+        assert ei.value.errno == errno.EPIPE
+        assert ei.value.strerror == f"SEND_ZC: {os.strerror(errno.EPIPE)}"
+        assert released == [0] and s.outstanding == 0
+    finally:
+        s.close()
+
+
+def test_sendzc_close_survives_a_flush_that_gives_up(tcp_pair) -> None:
+    from zcnet.errors import ZcnetError
+
+    client, _ = tcp_pair
+    s = sendzc.SendZcSender(client, bytearray(8192), 2)
+
+    def stuck() -> None:
+        raise ZcnetError("1 zero-copy sends still unacknowledged after 5 s")
+
+    s.flush = stuck  # type: ignore[method-assign]
+    s.close()
+    assert s.ring.fd < 0  # the ring is closed all the same
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["msgzc", "sendzc"])
+def test_one_slot_is_reused_after_each_notification(tcp_pair, kind) -> None:
+    """With a single slot every send waits for the previous one's notification (one CQE), and
+    the data arrives in order."""
+    client, server = tcp_pair
+    reader = Reader(server, 20 * 1000)
+    reader.start()
+    s = make_sender(kind, client, bytearray(4096), slots=1,
+                    on_fill=lambda slot, view: fill_pattern(view, 0))
+    try:
+        for _ in range(20):
+            assert s.send(1000) == 1000
+        s.flush()
+    finally:
+        s.close()
+    reader.join(timeout=30)
+    assert len(reader.data) == 20 * 1000

@@ -401,6 +401,7 @@ def test_receiver_over_devmem_linear_loopback_every_byte_and_offset(devmem_rx):
     for chunk in rx:
         with chunk:
             assert chunk.offset == -1 and chunk.stream_offset == expect
+            assert len(chunk.data) == len(chunk) > 0
             assert PAT_DEVMEM.matches(expect, np.frombuffer(chunk.data, np.uint8))
             expect += len(chunk)
     sender.join()
@@ -440,11 +441,13 @@ def test_receiver_over_devmem_tokens_return_exactly_once(devmem_rx, form: str):
 
     def pieces_of(item) -> list[tuple[int, memoryview]]:  # type: ignore[no-untyped-def]
         if form == "chunks":
+            assert len(item.data) == len(item)
             return [(item.stream_offset, item.data)]
         out, s = [], item.stream_offset
         for mv in item.views():
             out.append((s, mv))
             s += len(mv)
+        assert s - item.stream_offset == len(item)  # every byte has a view
         return out
 
     def release_some(keep: int) -> None:

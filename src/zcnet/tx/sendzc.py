@@ -97,6 +97,9 @@ class SendZcSender(_SlotSender):
         return nbytes
 
     def _process(self) -> None:
+        # A failed send's notification may come in the same reap as its error: account every
+        # CQE of the reap before raising, or that slot would stay in flight for good.
+        failed: OSError | None = None
         done = self.ring.reap()
         for ud, res, flags in zip(done.user_data.tolist(), done.res.tolist(),
                                   done.flags.tolist(), strict=True):
@@ -112,13 +115,16 @@ class SendZcSender(_SlotSender):
                 self._refs[slot] -= 1  # no notification will follow this request
             if res < 0:
                 self._finish_send(slot)
-                raise cqe_error(res, "SEND_ZC")
+                failed = failed or cqe_error(res, "SEND_ZC")
+                continue
             self._done[slot] += res
             left = self._want[slot] - self._done[slot]
             if left > 0:  # cut short (a signal): send the rest from the same slot
                 self._prep(slot, self._done[slot], left)
             else:
                 self._finish_send(slot)
+        if failed is not None:
+            raise failed
 
     def _finish_send(self, slot: int) -> None:
         self._sending = -1
