@@ -14,6 +14,7 @@ from rich.table import Table
 from zcnet.bench.meta import collect_env, envelope
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
+from zcnet.rx.zc.area import udmabuf_create
 
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
 
@@ -129,7 +130,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
-        checks = doctor.run(dev, args.queue, args.mode)
+        checks = doctor.run(dev, args.queue, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
         _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok)

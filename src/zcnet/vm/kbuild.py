@@ -14,7 +14,9 @@ Some facts that shape this module:
   Debian kernel (``vmlinuz``, ``config``, an empty ``modules.order``, ``kernel.json``), so the VM
   runner boots it unchanged. ``<key>`` hashes (source package version, fragment, patch): each
   key is built once; a lock serialises builders, and the entry appears by an atomic rename, so a
-  failed or interrupted build leaves nothing behind but ``last-failed-build.log``.
+  failed or interrupted build never leaves a usable-looking entry. The build tree
+  (``.build-<key>/``) stays after a failure or Ctrl-C so the next attempt resumes incrementally
+  (markers say whether unpacking and patching completed); it is removed after a success.
 - Kconfig silently drops an option whose dependencies are missing; every option the fragment
   asks for is checked in the final ``.config`` so such a drop is an error, not a kernel that
   boots without netdevsim.
@@ -47,6 +49,8 @@ CONFIG_FRAGMENT = "nsim.config"
 PATCH = "netdevsim-zc.patch"
 BUILD_JSON = "build.json"
 FAILED_LOG = "last-failed-build.log"
+# Markers in the build tree: the step before them completed.
+UNPACKED, PATCHED = ".zcnet-unpacked", ".zcnet-patched"
 LOG_TAIL = 30
 # Programs the build runs, and the apt package that has each.
 TOOLS = {"gcc": "build-essential", "make": "build-essential", "patch": "patch",
@@ -299,44 +303,52 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
     with _lock():
         if (dest / BUILD_JSON).is_file() and not force:
             return Kernel.load(dest), False
-        with ExitStack() as stack:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix=f".build-{key}-", dir=nsim_dir())))
-            log = work / "build.log"
-            builder = _Builder(work / "linux", log, jobs)
-            start = time.monotonic()
-            try:
+        work = nsim_dir() / f".build-{key}"
+        tree = work / "linux"
+        log = work / "build.log"
+        builder = _Builder(tree, log, jobs)
+        start = time.monotonic()
+        try:
+            if not (tree / UNPACKED).is_file():
                 say(f"unpacking {source.tarball.name}")
-                (work / "linux").mkdir()
+                shutil.rmtree(work, ignore_errors=True)
+                tree.mkdir(parents=True)
                 builder.step("unpack", ["tar", "-xf", str(source.tarball),
                                         "--strip-components=1"])
+                (tree / UNPACKED).touch()
+            else:
+                say(f"resuming the build in {work}")
+            if not (tree / PATCHED).is_file():
                 (work / PATCH).write_text(patch)
                 builder.step("patch", ["patch", "-p1", "--forward", "--batch"],
                              stdin=work / PATCH)
-                say("configuring (tinyconfig + nsim.config)")
-                (work / CONFIG_FRAGMENT).write_text(fragment)
-                builder.make("tinyconfig", "tinyconfig")
-                builder.step("merge_config", ["scripts/kconfig/merge_config.sh", "-m",
-                                              ".config", str(work / CONFIG_FRAGMENT)])
-                builder.make("olddefconfig", "olddefconfig")
-                config = (work / "linux/.config").read_text()
-                if bad := config_mismatches(fragment_options(fragment), config):
-                    raise ZcnetError("the kernel config lost options of nsim.config (missing "
-                                     f"dependencies?): {', '.join(bad)}",
-                                     "fix src/zcnet/vm/nsim/nsim.config for this source "
-                                     f"({source.package} {source.package_version})")
-                say(f"building bzImage with make -j{jobs} (minutes; log: {log})")
-                builder.make("bzImage", "bzImage")
-            except _StepFailed as exc:
-                kept = nsim_dir() / FAILED_LOG
-                shutil.copy(log, kept)
-                raise BuildFailed(exc.step, _tail(log), kept) from None
-            release = subprocess.run(["make", "-s", "ARCH=x86_64", "kernelrelease"],
-                                     cwd=work / "linux", capture_output=True, text=True,
-                                     check=False).stdout.strip() or source.version
-            out = work / "kernel"
-            (out / "modules").mkdir(parents=True)
-            shutil.copy(work / "linux/arch/x86/boot/bzImage", out / "vmlinuz")
+                (tree / PATCHED).touch()
+            say("configuring (tinyconfig + nsim.config)")
+            (work / CONFIG_FRAGMENT).write_text(fragment)
+            builder.make("tinyconfig", "tinyconfig")
+            builder.step("merge_config", ["scripts/kconfig/merge_config.sh", "-m",
+                                          ".config", str(work / CONFIG_FRAGMENT)])
+            builder.make("olddefconfig", "olddefconfig")
+            config = (tree / ".config").read_text()
+            if bad := config_mismatches(fragment_options(fragment), config):
+                raise ZcnetError("the kernel config lost options of nsim.config (missing "
+                                 f"dependencies?): {', '.join(bad)}",
+                                 "fix src/zcnet/vm/nsim/nsim.config for this source "
+                                 f"({source.package} {source.package_version})")
+            say(f"building bzImage with make -j{jobs} (minutes; log: {log})")
+            builder.make("bzImage", "bzImage")
+        except _StepFailed as exc:
+            kept = nsim_dir() / FAILED_LOG
+            shutil.copy(log, kept)
+            raise BuildFailed(exc.step, _tail(log), kept) from None
+        release = subprocess.run(["make", "-s", "ARCH=x86_64", "kernelrelease"], cwd=tree,
+                                 capture_output=True, text=True,
+                                 check=False).stdout.strip() or source.version
+        with ExitStack() as stack:
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix=f".entry-{key}-", dir=nsim_dir())))
+            (out / "modules").mkdir()
+            shutil.copy(tree / "arch/x86/boot/bzImage", out / "vmlinuz")
             (out / "config").write_text(config)
             (out / "modules.order").write_text("")
             kernel = Kernel(out, release, release.split("-")[0].split("+")[0],
@@ -349,6 +361,8 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
             if dest.exists():
                 shutil.rmtree(dest)
             out.rename(dest)
+            out.mkdir()  # for the TemporaryDirectory's own cleanup
+        shutil.rmtree(work, ignore_errors=True)
         return Kernel.load(dest), True
 
 
