@@ -15,8 +15,8 @@ Some facts that shape this module:
   runner boots it unchanged. ``<key>`` hashes (source package version, fragment, patch): each
   key is built once; a lock serialises builders, and the entry appears by an atomic rename, so a
   failed or interrupted build never leaves a usable-looking entry. The build tree
-  (``.build-<key>/``) stays after a failure or Ctrl-C so the next attempt resumes incrementally
-  (markers say whether unpacking and patching completed); it is removed after a success.
+  (``.build-<hash of source and patch>/``) stays, so an interrupted build resumes and a changed
+  fragment rebuilds incrementally (markers say whether unpacking and patching completed).
 - Kconfig silently drops an option whose dependencies are missing; every option the fragment
   asks for is checked in the final ``.config`` so such a drop is an error, not a kernel that
   boots without netdevsim.
@@ -303,7 +303,8 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
     with _lock():
         if (dest / BUILD_JSON).is_file() and not force:
             return Kernel.load(dest), False
-        work = nsim_dir() / f".build-{key}"
+        # The tree depends on source and patch only: a changed fragment rebuilds incrementally.
+        work = nsim_dir() / f".build-{cache_key(source.package_version, '', patch)}"
         tree = work / "linux"
         log = work / "build.log"
         builder = _Builder(tree, log, jobs)
@@ -362,7 +363,6 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
                 shutil.rmtree(dest)
             out.rename(dest)
             out.mkdir()  # for the TemporaryDirectory's own cleanup
-        shutil.rmtree(work, ignore_errors=True)
         return Kernel.load(dest), True
 
 
