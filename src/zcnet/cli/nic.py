@@ -100,10 +100,12 @@ def _show(args: argparse.Namespace) -> int:
     queues = state["queues"]
     if isinstance(queues, list):
         table = Table(title="queues", title_justify="left")
-        for col in ("queue", "napi", "irq", "irq cpus", "napi thread cpu", "providers"):
+        for col in ("queue", "napi", "page pools", "irq", "irq cpus", "napi thread cpu",
+                    "providers"):
             table.add_column(col)
         for q in queues:
             table.add_row(f"{q['type']} {q['id']}", str(q.get("napi") or "-"),
+                          " ".join(map(str, q.get("page_pools", []))) or "-",
                           str(q.get("irq") or "-"), q.get("effective") or q.get("affinity")
                           or "-", str(q.get("napi_thread_cpu", "-")),
                           ", ".join(q["providers"]) or "-")
