@@ -181,10 +181,15 @@ def test_unreachable_archive_is_named(tmp_path: Path) -> None:
         assert "fix:" in err
 
 
-def test_closed_vm_refuses(kernel: Kernel, no_leaks) -> None:
+def test_vm_refuses_bad_use_and_use_after_close(kernel: Kernel, no_leaks) -> None:
+    for share in (Path("/"), Path("/run")):
+        with pytest.raises(ZcnetError, match="cannot share"):
+            VM(kernel, share=share)
     vm = VM(kernel, timeout=60)
     tmp = vm._tmp
     assert (tmp / "initramfs.cpio").is_file()
+    with pytest.raises(ZcnetError, match="its own /run"):
+        vm.run(["true"], cwd=Path("/run"))
     vm.close()
     assert not tmp.exists()
     with pytest.raises(VMClosed, match="closed"):

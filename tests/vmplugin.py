@@ -173,8 +173,8 @@ def runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get(RESULTS_ENV)
     if not IN_VM or not path:
         return
-    longrepr = (report.longrepr[2] if isinstance(report.longrepr, tuple)
-                else report.longreprtext)
+    longrepr = (report.longrepr[2].removeprefix("Skipped: ")
+                if isinstance(report.longrepr, tuple) else report.longreprtext)
     with open(path, "a") as fh:
         fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
                              "outcome": report.outcome, "longrepr": str(longrepr)}) + "\n")

@@ -126,13 +126,15 @@ def _status(args: argparse.Namespace) -> int:
     if not kernels:
         console.print(f"no cached kernels in {kernels_dir()}; `zcnet vm fetch` gets one")
         return 0
+    table = Table(title=f"cached kernels in {kernels_dir()}")
+    table.add_column("capability")
     for kernel in kernels:
-        table = Table(title=f"{kernel.release} ({kernel.package_version}) in {kernel.path}")
-        for column in ("capability", "offered", "from", "detail"):
-            table.add_column(column)
-        for cap in capabilities(kernel):
-            table.add_row(cap.name, "yes" if cap.available else "no",
-                          "kernel config" if cap.source == "config" else "inferred from version",
-                          cap.detail)
-        console.print(table)
+        table.add_column(f"{kernel.release}\n{kernel.package_version}")
+    table.add_column("from")
+    rows = [capabilities(k) for k in kernels]
+    for i, cap in enumerate(rows[0]):
+        source = ("kernel config: " if cap.source == "config" else "inferred from version: ")
+        source += cap.detail
+        table.add_row(cap.name, *("yes" if r[i].available else "no" for r in rows), source)
+    console.print(table)
     return 0

@@ -34,6 +34,7 @@ from zcnet.vm.kernels import (
     MIN_VERSION,
     Kernel,
     cache_root,
+    cached_kernels,
     find_cached,
     kernels_dir,
     matches,
@@ -54,9 +55,12 @@ _IMAGE = re.compile(
 
 class ArchiveUnreachable(ZcnetError):
     def __init__(self, mirror: str, detail: str) -> None:
+        cached = [k.release for k in cached_kernels()]
         super().__init__(f"cannot reach the Debian archive at {mirror}: {detail}",
                          "check the network (or set ZCNET_VM_MIRROR to a reachable Debian "
-                         "mirror); a kernel fetched once is cached and needs no network")
+                         "mirror); " + (f"cached kernels need none: --kernel {cached[0]}"
+                                        if cached else
+                                        "a kernel fetched once is cached and needs no network"))
 
 
 class NoSuchKernel(ZcnetError):

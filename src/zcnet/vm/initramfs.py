@@ -2,12 +2,14 @@
 
 ``/init`` loads the modules, mounts the host's ``/`` read-only over 9p as the new root (with
 ``cache=loose``: the host files do not change while the guest runs, and Python imports need the
-page cache to be fast), puts fresh ``proc``/``sys``/``dev`` and tmpfs ``/run``, ``/tmp``,
-``/dev/shm`` over it, throwaway overlays over ``/etc``, ``/var`` and ``/root`` (so programs that
-write there work and the host sees nothing), mounts the read-write share at its host path, then
-runs the command script from the control share inside a chroot. It writes the command's exit
-status to the control share and powers off. The archive is written here in the ``newc`` cpio
-format, uncompressed (the kernel unpacks it faster than it could inflate it under TCG).
+page cache to be fast), puts fresh ``proc``/``sys``/``dev`` and tmpfs ``/run`` and ``/dev/shm``
+over it (``/run`` fresh so that the host's ``/run/netns`` is not seen), throwaway overlays over
+``/etc``, ``/var``, ``/root`` and ``/tmp`` (programs can write there, the host sees nothing, and
+the host's files there stay visible: a pytest rootdir under /tmp works), mounts the read-write
+share at its host path, then runs the command script from the control share inside a chroot.
+It writes the command's exit status to the control share and powers off. The archive is written
+here in the ``newc`` cpio format, uncompressed (the kernel unpacks it faster than it could
+inflate it under TCG).
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ mount -t 9p -o {_P9},cache=none {TAG_CTL} /ctl || die "cannot mount the control 
 mount -t 9p -o {_P9},cache=loose,ro {TAG_HOST} /newroot || die "cannot mount the host's /"
 R=/newroot
 mount -t tmpfs -o mode=0755 tmpfs $R/run || die "no tmpfs on /run"
-mount -t tmpfs -o mode=1777 tmpfs $R/tmp
 mount -t proc proc $R/proc
 mount -t sysfs sysfs $R/sys
 mount -t devtmpfs devtmpfs $R/dev
@@ -56,7 +57,7 @@ mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm
 mount -t bpf bpf $R/sys/fs/bpf 2>/dev/null
 mount -t cgroup2 cgroup2 $R/sys/fs/cgroup 2>/dev/null
 mount -t tmpfs tmpfs /rw
-for d in etc var root; do
+for d in etc var root tmp; do
   [ -d $R/$d ] || continue
   mkdir -p /rw/$d/up /rw/$d/work
   mount -t overlay overlay -o lowerdir=$R/$d,upperdir=/rw/$d/up,workdir=/rw/$d/work $R/$d \\

@@ -171,14 +171,19 @@ class _Pump(threading.Thread):
         self.stream, self.sink = stream, sink
         self.tail: collections.deque[bytes] = collections.deque(maxlen=64)
         self.first_output: float | None = None
+        self.error: OSError | None = None   # the sink failed (a closed pipe): raised later
 
     def run(self) -> None:
+        # Keep draining after a sink error: a full pipe would stall the guest.
         while chunk := os.read(self.stream.fileno(), 65536):
             if self.first_output is None:
                 self.first_output = time.monotonic()
             self.tail.append(chunk)
             if self.sink is not None:
-                self.sink(chunk)
+                try:
+                    self.sink(chunk)
+                except OSError as exc:
+                    self.error, self.sink = exc, None
 
     def text(self) -> bytes:
         return b"".join(self.tail)
@@ -207,6 +212,9 @@ class VM:
         self.share = (share or Path.cwd()).resolve()
         if not self.share.is_dir():
             raise UsageError(f"share {self.share} is not a directory")
+        if self.share == Path("/") or self.share.is_relative_to("/run"):
+            raise UsageError(f"cannot share {self.share} read-write: the guest needs its own "
+                             "/ and /run", "share (or run from) another directory")
         self.qemu = find_qemu()
         busybox = initramfs.find_busybox()
         self.accel: Accel = choose_accel(self.qemu, accel)
@@ -257,6 +265,9 @@ class VM:
         if not argv:
             raise UsageError("no command to run in the VM", "give one after --")
         cwd = (cwd or self.share).resolve()
+        if cwd.is_relative_to("/run"):
+            raise UsageError(f"the guest has its own /run, so {cwd} does not exist there",
+                             "run from another directory")
         start = time.monotonic()
         with ExitStack() as stack:
             ctl = Path(tempfile.mkdtemp(prefix="run-", dir=self._tmp))
@@ -284,6 +295,8 @@ class VM:
                 pump.join(5)
                 raise VMTimeout(self.timeout, self._tails(pump, console_log)) from None
             pump.join(5)
+            if pump.error is not None:
+                raise pump.error
             rc_file = ctl / initramfs.RC_FILE
             if rc_file.is_file() and (text := rc_file.read_text().strip()).isdigit():
                 return RunResult(int(text), time.monotonic() - start, self.accel.name)
