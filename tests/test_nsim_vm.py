@@ -303,3 +303,16 @@ def test_bind_rx_on_a_wrong_queue_fails_with_the_kernels_extack(ready):
     finally:
         os.close(fd)
     assert "out of range" in str(ei.value) or "out of range" in getattr(ei.value, "extack", "")
+
+
+def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
+    out = tmp_path / "bench.json"
+    r = _zcnet("bench", "--lab-device", "netdevsim", "--queue", "1", "--engine", "zcrx,devmem",
+               "--mtu", "1500", "--placement", "same", "--duration", "1", "--verify",
+               "--json", str(out), timeout=900)
+    assert r.returncode == 0, r.stderr
+    cells = {c["engine"]: c for c in json.loads(out.read_text())["results"]}
+    for engine in ("zcrx", "devmem"):
+        assert cells[engine]["status"] == "ok", cells[engine]
+        assert "netdevsim forwards the sender's pages" in cells[engine]["note"]
+    assert _ours() == []
