@@ -276,13 +276,15 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         lab = self._lab_name()
         index = {}
         for side, ns, ifname in (("a", self.ns_a, self.if_a), ("b", self.ns_b, self.if_b)):
-            netdevsim.create(ns, netdevsim.device_id(lab, side), self.queues)
+            dev_id = netdevsim.device_id(lab, side)
+            netdevsim.create(ns, dev_id, self.queues)
             try:
                 with rtnl(ns) as ipr:
-                    port = [m for m in ipr.get_links() if m.get("IFLA_IFNAME") != "lo"]
+                    port = [m for m in ipr.get_links()
+                            if m.get("IFLA_PARENT_DEV_NAME") == f"netdevsim{dev_id}"]
                     if len(port) != 1:
-                        raise ZcnetError(f"expected one netdevsim port in {ns}, found "
-                                         f"{[m.get('IFLA_IFNAME') for m in port]}")
+                        raise ZcnetError(f"expected one port of netdevsim{dev_id} in {ns}, "
+                                         f"found {len(port)}")
                     ipr.link("set", index=port[0]["index"], ifname=ifname)
                     index[ns] = port[0]["index"]
             except NetlinkError as exc:
@@ -330,7 +332,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
             with rtnl(ns) as ipr:
                 idx = ifindex(ipr, ifname)
-                while ipr.link("get", index=idx)[0].get("IFLA_OPERSTATE") != "UP":
+                while not _is_up(ipr.link("get", index=idx)[0]):
                     if time.monotonic() > deadline:
                         raise ZcnetError(f"{self.device} {ifname} did not come up within "
                                          f"{UP_TIMEOUT} s")
@@ -379,6 +381,12 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _is_up(msg: Any) -> bool:
+    """Operstate UP; netdevsim reports UNKNOWN (no link mode) with carrier once linked."""
+    state = msg.get("IFLA_OPERSTATE")
+    return state == "UP" or (state == "UNKNOWN" and msg.get("IFLA_CARRIER") == 1)
 
 
 def _disable_dad(ns: str, ifname: str) -> None:
