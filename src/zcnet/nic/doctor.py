@@ -17,7 +17,9 @@ from zcnet.errors import ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
 from zcnet.nic.setup import STEERED_BY_PEER
+from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
+from zcnet.uring.ring import Ring
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 
@@ -87,9 +89,32 @@ def _kernel_has_symbol(symbol: bytes) -> bool | None:
     return None
 
 
+def _ask_kernel_zcrx() -> bool | None:
+    """Register a zcrx IFQ from a NULL pointer on a ring set up as zcrx needs: a kernel with
+    zcrx checks the ring flags, then fails to copy the argument (EFAULT); one built without it
+    says EOPNOTSUPP, one that predates it EINVAL (unknown opcode). None: cannot tell."""
+    try:
+        ring = Ring(8, flags=u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+                    | u.IORING_SETUP_CQE32)
+    except OSError:
+        return None
+    try:
+        ring.register(u.IORING_REGISTER_ZCRX_IFQ, None, 1)
+    except OSError as exc:
+        return {errno.EFAULT: True, errno.EOPNOTSUPP: False, errno.EINVAL: False}.get(
+            exc.errno or 0)
+    finally:
+        ring.close()
+    return None
+
+
 def check_zcrx(ctx: Context) -> Check:
     name = "kernel: io_uring zcrx"
     found = _kernel_has_symbol(ZCRX_SYMBOL)
+    if found is None and (asked := _ask_kernel_zcrx()) is not None:
+        return (Check(name, PASS, "the kernel took a zcrx registration (probe, EFAULT)")
+                if asked else Check(name, FAIL, "the kernel refused the zcrx registration "
+                                    "opcode", "Linux >= 6.15 built with CONFIG_IO_URING_ZCRX=y"))
     if found is None:
         return Check(name, UNKNOWN, "neither /proc/kallsyms nor BTF readable",
                      "run as root, or check CONFIG_IO_URING_ZCRX in the kernel config")
