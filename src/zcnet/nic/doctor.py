@@ -90,7 +90,7 @@ def _kernel_has_symbol(symbol: bytes) -> bool | None:
 
 
 def _ask_kernel_zcrx() -> bool | None:
-    """Register a zcrx IFQ from a NULL pointer on a ring set up as zcrx needs: a kernel with
+    """Register a zcrx IFQ from an unmapped address on a ring set up as zcrx needs: a kernel with
     zcrx checks the ring flags, then fails to copy the argument (EFAULT); one built without it
     says EOPNOTSUPP, one that predates it EINVAL (unknown opcode). None: cannot tell."""
     try:
@@ -99,7 +99,8 @@ def _ask_kernel_zcrx() -> bool | None:
     except OSError:
         return None
     try:
-        ring.register(u.IORING_REGISTER_ZCRX_IFQ, None, 1)
+        # Not NULL (the generic code refuses a NULL argument with EINVAL): an unmapped page.
+        ring.register(u.IORING_REGISTER_ZCRX_IFQ, 8, 1)
     except OSError as exc:
         return {errno.EFAULT: True, errno.EOPNOTSUPP: False, errno.EINVAL: False}.get(
             exc.errno or 0)
