@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_pkgs=(bpftool iperf3 sockperf iproute2 ethtool kmod util-linux procps python3-venv
-          qemu-system-x86 busybox-static zstd)
+          qemu-system-x86 busybox-static zstd
+          build-essential flex bison bc libelf-dev patch xz-utils)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,9 @@ cannot boot (no QEMU, no kernel and no archive) every ``vm`` item skips naming w
 no inner result fails, so no ``vm`` test passes without having run inside. Inside the VM
 (``ZCNET_IN_VM=1``) the items run normally and each report is appended to the JSON-lines file
 named by ``ZCNET_VM_RESULTS`` on the read-write share.
+
+``@pytest.mark.vm(kernel="nsim")`` items run in a second VM, under zcnet's netdevsim test kernel
+(built on first use by ``zcnet.vm.kbuild``; they skip naming why when it cannot be built).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 from zcnet.errors import ZcnetError
 from zcnet.vm.archive import ArchiveUnreachable, NoSuchKernel, fetch
 from zcnet.vm.initramfs import MissingBusybox
+from zcnet.vm.kbuild import NSIM, BuildFailed, NoSource, NoToolchain, nsim_kernel
 from zcnet.vm.kernels import Kernel, find_cached
 from zcnet.vm.runner import IN_VM_ENV, NoQemu, run_in_vm
 
@@ -30,7 +34,7 @@ RESULTS_ENV = "ZCNET_VM_RESULTS"
 KERNEL_ENV = "ZCNET_VM_KERNEL"        # which kernel the outer run boots (default: newest)
 BATCH_TIMEOUT = float(os.environ.get("ZCNET_VM_TIMEOUT", "900"))
 # The VM cannot boot on this machine: skip, naming the reason, rather than fail.
-CANNOT_BOOT = (NoQemu, MissingBusybox, ArchiveUnreachable, NoSuchKernel)
+CANNOT_BOOT = (NoQemu, MissingBusybox, ArchiveUnreachable, NoSuchKernel, NoToolchain, NoSource)
 IN_VM = os.environ.get(IN_VM_ENV) == "1"
 # Plugins the inner run does without: importing hypothesis's alone takes tens of seconds under
 # TCG over 9p; the cache would be written to the read-only root.
@@ -38,8 +42,11 @@ INNER_OPTIONS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "n
                  "-p", "no:platformdirs")
 
 
-def vm_kernel() -> Kernel:
-    """The kernel vm tests boot: cached, else fetched (raises one of CANNOT_BOOT if impossible)."""
+def vm_kernel(name: str | None = None) -> Kernel:
+    """The kernel vm tests boot: cached, else fetched (raises one of CANNOT_BOOT if impossible);
+    ``nsim``: the netdevsim test kernel, built if not cached."""
+    if name == NSIM:
+        return nsim_kernel()
     wanted = os.environ.get(KERNEL_ENV, "latest")
     return find_cached(wanted) or fetch(wanted)[0]
 
@@ -53,6 +60,7 @@ class Batch:
     """The one VM run of a session and what it reported."""
 
     nodeids: list[str]
+    kernel: str | None = None         # None: the default kernel; "nsim": the netdevsim kernel
     done: bool = False
     skip_reason: str | None = None
     error: str | None = None          # the run itself failed (crash, timeout, exit status)
@@ -61,9 +69,12 @@ class Batch:
     def run(self, rootdir: Path) -> None:
         self.done = True
         try:
-            kernel = vm_kernel()
+            kernel = vm_kernel(self.kernel)
         except CANNOT_BOOT as exc:
             self.skip_reason = f"cannot boot a VM: {exc}"
+            return
+        except BuildFailed as exc:
+            self.error = exc.message
             return
         with tempfile.TemporaryDirectory(prefix="zcnet-vmtests-") as share:
             results = Path(share) / "results.jsonl"
@@ -105,7 +116,12 @@ class Batch:
             raise InnerFailure(f"no passing call reported inside the VM: {reps}")
 
 
-_BATCH = pytest.StashKey[Batch]()
+_BATCH = pytest.StashKey[dict[str | None, Batch]]()
+
+
+def kernel_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("vm")
+    return marker.kwargs.get("kernel") if marker else None
 
 
 class VMItem(pytest.Item):
@@ -119,7 +135,7 @@ class VMItem(pytest.Item):
         self.keywords.update(original.keywords)
 
     def runtest(self) -> None:
-        batch = self.session.stash[_BATCH]
+        batch = self.session.stash[_BATCH][kernel_of(self)]
         if not batch.done:
             batch.run(self.config.rootpath)
         batch.outcome(self.original_nodeid)
@@ -144,8 +160,12 @@ def collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> N
 
 
 def collection_finish(session: pytest.Session) -> None:
-    session.stash[_BATCH] = Batch([i.original_nodeid for i in session.items
-                                   if isinstance(i, VMItem)])
+    batches: dict[str | None, Batch] = {}
+    for item in session.items:
+        if isinstance(item, VMItem):
+            kernel = kernel_of(item)
+            batches.setdefault(kernel, Batch([], kernel)).nodeids.append(item.original_nodeid)
+    session.stash[_BATCH] = batches
 
 
 def runtest_logreport(report: pytest.TestReport) -> None:

@@ -23,6 +23,7 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab.rtnl import has_caps
 from zcnet.lab.topology import MTU_MAX
 from zcnet.rx.engines import engine_names
+from zcnet.rx.zc.devnote import COPYING_DRIVERS
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class BenchOptions:
     tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
     # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
     peer_write_size: int | None = None
+    lab_device: str = "veth"         # the lab's link: veth, or netdevsim (zcnet's test kernel)
 
     def validate(self) -> None:
         names = engine_names()
@@ -116,7 +118,8 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 
 @contextlib.contextmanager
-def target(use_lab: bool, mtu: int) -> Iterator[Target]:
+def target(use_lab: bool, mtu: int, device: str = "veth",
+           queue: int | None = None) -> Iterator[Target]:
     from zcnet.bench.client import LabServers, lab_servers
 
     if use_lab:
@@ -124,7 +127,10 @@ def target(use_lab: bool, mtu: int) -> Iterator[Target]:
         from zcnet.lab.sweep import before_run
 
         before_run()  # stale labs go; others are announced (log warnings)
-        with Lab(mtu=mtu) as lab, lab_servers(lab) as servers:
+        with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
+            if device == "netdevsim" and queue is not None:
+                _netdevsim_queue(stack, lab, queue)
+            servers = stack.enter_context(lab_servers(lab))
             yield Target(servers, lab.set_mtu, lab.env(), lab)
     else:
         from zcnet.bench.remote import LocalServer
@@ -140,6 +146,18 @@ def _to_the_lab() -> str:
     """How to get the lab instead of loopback: only a process without the capabilities needs
     root; one that has them was told --no-lab."""
     return "leave out --no-lab to use the lab" if has_caps() else "run as root to use the lab"
+
+
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Any, queue: int) -> None:
+    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
+    0, channels; restored at exit) and make the sending port transmit on that queue (XPS), which
+    is how netdevsim steers: no ntuple there."""
+    from zcnet.lab import netdevsim
+    from zcnet.nic import setup
+
+    cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
+    stack.enter_context(setup.applied(cfg))
+    netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
 
 
 def _lo_mtu() -> int:
@@ -179,10 +197,14 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
         return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
     engine_opts = dict(opts.engine_opts)
     if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
-        # Register on the lab's veth queue 0: the cell then shows the kernel's own answer
-        # for this device (EOPNOTSUPP on veth), tested up to the device boundary.
-        engine_opts.update(ifname=t.lab.if_b, queue=0)
-    return run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
+        # Register on the lab's receiving port (queue 0 unless --queue): on veth the cell shows
+        # the kernel's own answer (EOPNOTSUPP), tested up to the device boundary; on netdevsim
+        # the registration succeeds and the kernel copies (the cell says so).
+        engine_opts.update(ifname=t.lab.if_b, queue=engine_opts.get("queue") or 0)
+    res = run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
+    if engine in NIC_ENGINES and "netdevsim" in t.env:
+        res["note"] = COPYING_DRIVERS["netdevsim"]
+    return res
 
 
 def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
@@ -300,7 +322,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
-        with target(opts.lab, first) as t:
+        with target(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
             for mtu, cells in by_mtu.items():
                 if t.set_mtu is not None:

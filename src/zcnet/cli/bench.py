@@ -55,7 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="zero-copy engines: release chunks in the ring's thread (same) or hand "
                         "them to a consumer thread (thread), 002's experiment")
     p.add_argument("--ifname", help="zcrx/devmem: NIC whose queue the flow is steered to")
-    p.add_argument("--queue", type=number("queue"), help="zcrx/devmem: the queue id on --ifname")
+    p.add_argument("--queue", type=number("queue"), help="zcrx/devmem: the queue id on --ifname "
+                   "(or on the lab's receiving port with --lab-device netdevsim)")
+    p.add_argument("--lab-device", choices=("veth", "netdevsim"), default="veth",
+                   help="the lab's link; netdevsim needs zcnet's test kernel "
+                        "(`zcnet vm run --kernel nsim -- zcnet bench ...`)")
     p.add_argument("--peers", type=choice_list("peer", tuple(PEERS)), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
@@ -67,12 +71,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
-    if (args.ifname is None) != (args.queue is None):
+    lab_queue = args.lab_device == "netdevsim" and args.ifname is None
+    if (args.ifname is None) != (args.queue is None) and not lab_queue:
         raise UsageError("--ifname and --queue go together", "give both, e.g. --ifname eth2 "
                          "--queue 2 (see `zcnet nic doctor IFACE`)")
     opts: dict[str, Any] = {"consumer": args.consumer}
     if args.ifname is not None:
         opts.update(ifname=args.ifname, queue=args.queue)
+    elif args.queue is not None:
+        opts.update(queue=args.queue)
     return opts
 
 
@@ -90,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
-                        tx=args.tx, engine_opts=_engine_opts(args)).resolved()
+                        tx=args.tx, engine_opts=_engine_opts(args),
+                        lab_device=args.lab_device).resolved()
     opts.validate()
     if opts.peers and not opts.lab:
         raise UsageError("--peers run inside the lab, and this run is on loopback",

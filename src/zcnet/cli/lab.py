@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from rich.console import Console
 from rich.table import Table
 
 from zcnet.cli._args import number, unique
 from zcnet.lab import Lab
+from zcnet.lab.netdevsim import DEFAULT_QUEUES
 from zcnet.lab.sweep import LabInfo, lab_status, sweep_stale, take_down
-from zcnet.lab.topology import MTU_MAX, MTU_MIN
+from zcnet.lab.topology import DEVICES, MTU_MAX, MTU_MIN
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +25,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--mtu", type=number("mtu"), default=1500,
                     help=f"veth MTU, {MTU_MIN}..{MTU_MAX}")
     up.add_argument("--no-ipv6", action="store_true", help="IPv4 addresses only")
+    up.add_argument("--device", choices=DEVICES, default="veth",
+                    help="join the namespaces with a veth pair (default) or two linked "
+                         "netdevsim ports (needs netdevsim: `zcnet vm run --kernel nsim`)")
+    up.add_argument("--queues", type=int, default=DEFAULT_QUEUES,
+                    help=f"netdevsim queues per port (default {DEFAULT_QUEUES})")
+    up.add_argument("--json", action="store_true", help="print the lab as JSON")
     up.set_defaults(func=_up)
 
     down = actions.add_parser("down", help="remove lab NAME; without NAME, labs whose owner died")
@@ -36,7 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    lab = Lab(mtu=args.mtu, ipv6=not args.no_ipv6, persistent=True).up()
+    lab = Lab(mtu=args.mtu, ipv6=not args.no_ipv6, persistent=True, device=args.device,
+              queues=args.queues).up()
+    if args.json:
+        print(json.dumps(lab_json(lab), indent=1))
+        return 0
     table = Table(title=f"lab {lab.name} (MTU {lab.mtu})")
     for column in ("namespace", "interface", "IPv4", "IPv6"):
         table.add_column(column)
@@ -48,6 +60,17 @@ def _up(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"run inside: ip netns exec {lab.ns_a} CMD    remove: zcnet lab down {lab.name}")
     return 0
+
+
+def lab_json(lab: Lab) -> dict[str, object]:
+    sides = [{"namespace": ns, "interface": ifname, "ipv4": f"{addr}/{lab.prefixlen}",
+              "ipv6": f"{addr6}/{lab.prefixlen6}" if addr6 else None}
+             for ns, ifname, addr, addr6 in ((lab.ns_a, lab.if_a, lab.addr_a, lab.addr6_a),
+                                             (lab.ns_b, lab.if_b, lab.addr_b, lab.addr6_b))]
+    return {"name": lab.name, "device": lab.device, "mtu": lab.mtu,
+            "queues": lab.queues if lab.device == "netdevsim" else None,
+            "namespaces": [lab.ns_a, lab.ns_b], "sides": sides,
+            "remove": f"zcnet lab down {lab.name}"}
 
 
 def _down(args: argparse.Namespace) -> int:

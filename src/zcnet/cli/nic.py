@@ -15,6 +15,7 @@ from zcnet.bench.meta import collect_env, envelope
 from zcnet.cli._args import number, unique
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
+from zcnet.rx.zc.area import udmabuf_create
 
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
 
@@ -103,10 +104,12 @@ def _show(args: argparse.Namespace) -> int:
     queues = state["queues"]
     if isinstance(queues, list):
         table = Table(title="queues", title_justify="left")
-        for col in ("queue", "napi", "irq", "irq cpus", "napi thread cpu", "providers"):
+        for col in ("queue", "napi", "page pools", "irq", "irq cpus", "napi thread cpu",
+                    "providers"):
             table.add_column(col)
         for q in queues:
             table.add_row(f"{q['type']} {q['id']}", str(q.get("napi") or "-"),
+                          " ".join(map(str, q.get("page_pools", []))) or "-",
                           str(q.get("irq") or "-"), q.get("effective") or q.get("affinity")
                           or "-", str(q.get("napi_thread_cpu", "-")),
                           ", ".join(q["providers"]) or "-")
@@ -133,7 +136,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
-        checks = doctor.run(dev, args.queue, args.mode)
+        checks = doctor.run(dev, args.queue, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
         _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok)

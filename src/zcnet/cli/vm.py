@@ -14,6 +14,7 @@ from zcnet.errors import UsageError
 from zcnet.vm.accel import choose_accel
 from zcnet.vm.archive import fetch
 from zcnet.vm.caps import capabilities
+from zcnet.vm.kbuild import NSIM, build, nsim_kernel, resolve_source
 from zcnet.vm.kernels import Kernel, cached_kernels, find_cached, kernels_dir
 from zcnet.vm.runner import (
     DEFAULT_CPUS,
@@ -43,7 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                          "current directory (or --share) read-write, runs CMD "
                                          "with this environment and returns its exit status.")
     run.add_argument("--kernel", default=None, metavar="VERSION",
-                     help="the newest cached kernel by default (fetched if none is cached)")
+                     help="the newest cached kernel by default (fetched if none is cached); "
+                          "nsim: the netdevsim test kernel (built if not cached)")
     run.add_argument("--cpus", type=positive(int), default=DEFAULT_CPUS)
     run.add_argument("--mem", default=DEFAULT_MEM, help="guest memory, e.g. 2G or 1536M")
     run.add_argument("--timeout", type=positive(float), default=DEFAULT_TIMEOUT,
@@ -54,11 +56,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
     run.set_defaults(func=_run)
 
+    kbuild = actions.add_parser("build-kernel", help="build the netdevsim test kernel (cached)",
+                                description="Builds a small kernel from Debian's newest "
+                                            "linux-source >= 7.2 with netdevsim (patched to take "
+                                            "zcrx/devmem memory providers), udmabuf and zcrx "
+                                            "built in; `vm run --kernel nsim` boots it.")
+    kbuild.add_argument("--jobs", type=positive(int), default=None,
+                        help="make -j (default: the number of CPUs)")
+    kbuild.add_argument("--force", action="store_true", help="rebuild even if cached")
+    kbuild.set_defaults(func=_build_kernel)
+
     status = actions.add_parser("status", help="cached kernels, KVM, what each kernel offers")
     status.set_defaults(func=_status)
 
 
 def _kernel_for(wanted: str | None, err: Console) -> Kernel:
+    if wanted == NSIM:
+        return nsim_kernel(progress=err.print)
     kernel = find_cached(wanted or "latest")
     if kernel is not None:
         return kernel
@@ -71,6 +85,16 @@ def _fetch(args: argparse.Namespace) -> int:
     kernel, downloaded = fetch(args.kernel)
     verb = "fetched" if downloaded else "already cached:"
     Console().print(f"{verb} {kernel.release} ({kernel.package_version}) in {kernel.path}")
+    return 0
+
+
+def _build_kernel(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    kernel, built = build(resolve_source(progress=err.print), jobs=args.jobs,
+                          progress=err.print, force=args.force)
+    verb = "built" if built else "already built:"
+    Console().print(f"{verb} {kernel.release} (from linux-source {kernel.package_version}) "
+                    f"in {kernel.path}")
     return 0
 
 

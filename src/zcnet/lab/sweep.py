@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.lab import names
+from zcnet.lab import names, netdevsim
 from zcnet.lab.netns import NeedRoot, list_netns, netns_exists
 from zcnet.lab.rtnl import rtnl, translate
 from zcnet.lab.topology import delete_veth, remove_netns
@@ -110,6 +110,7 @@ def lab_status() -> list[LabInfo]:
 def remove_lab(info: LabInfo) -> None:
     """Delete the veth and both namespaces of INFO; whatever is already gone is skipped."""
     lab = names.LabName(info.name, info.owner)
+    netdevsim.delete_lab_devices(lab)
     try:
         for ns in lab.namespaces:
             delete_veth(ns, ns)  # each end is named as its namespace
@@ -124,12 +125,16 @@ def remove_lab(info: LabInfo) -> None:
 
 
 def sweep_stale() -> list[str]:
-    """Remove every lab whose owner process is gone; returns their names."""
+    """Remove every lab whose owner process is gone, and netdevsim devices of labs that are
+    gone; returns their names."""
     swept = []
     for name, info in sorted(find_labs().items()):
         if info.stale:
             remove_lab(info)
             swept.append(name)
+    live = {int(n) % 128 for name, info in find_labs().items()
+            if info.owner is None and (n := name.removeprefix("zcup")).isdigit()}
+    swept += [f"netdevsim{i}" for i in netdevsim.sweep_orphans(live)]
     return swept
 
 

@@ -32,7 +32,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.lab import names, registry
+from zcnet.lab import names, netdevsim, registry
 from zcnet.lab.netns import (
     NeedRoot,
     NoSuchNetns,
@@ -50,6 +50,7 @@ ADDR6_A, ADDR6_B, PREFIX6 = "2001:db8::1", "2001:db8::2", 64
 MTU_MIN, MTU_MAX = 68, 65535  # veth's min_mtu and max_mtu
 IPV6_MIN_MTU = 1280
 UP_TIMEOUT = 5.0
+DEVICES = ("veth", "netdevsim")
 
 _counter = itertools.count(1)
 _counter_lock = threading.Lock()
@@ -107,6 +108,9 @@ def delete_veth(ns: str, ifname: str) -> None:
 class Lab:
     """Namespaces ``ns_a``/``ns_b`` with veth ``if_a``/``if_b``, addressed and up.
 
+    ``device="netdevsim"`` joins them with two linked netdevsim ports of ``queues`` queues each
+    instead (see ``zcnet.lab.netdevsim``; needs a kernel with netdevsim).
+
     Use as a context manager, entered once (a nested ``with`` on the same lab is refused); the
     lab is gone after the block however it ends, and ``ns_exec``/``set_mtu`` then raise
     ClosedError (``up()`` makes a new lab with new names). Labs still up at
@@ -115,8 +119,14 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
     ``persistent=True`` (for ``zcnet lab up``) makes a lab that outlives this process.
     """
 
-    def __init__(self, mtu: int = 1500, *, ipv6: bool = True, persistent: bool = False) -> None:
+    def __init__(self, mtu: int = 1500, *, ipv6: bool = True, persistent: bool = False,
+                 device: str = "veth", queues: int = netdevsim.DEFAULT_QUEUES) -> None:
         self.mtu = check_mtu(mtu)
+        if device not in DEVICES:
+            raise UsageError(f"unknown lab device {device!r}", f"one of {', '.join(DEVICES)}")
+        if not isinstance(queues, int) or not 1 <= queues <= 64:
+            raise UsageError(f"queue count {queues!r} out of range", "choose 1..64")
+        self.device, self.queues = device, queues
         self.persistent = persistent
         self.owner_pid = os.getpid()
         self.name = ""
@@ -151,7 +161,8 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
 
     def env(self) -> dict[str, Any]:
         """Metadata for the JSON envelope."""
-        return {"lab": True, "mtu": self.mtu, "veth": [self.if_a, self.if_b], "ipv6": self._ipv6}
+        return {"lab": True, "mtu": self.mtu, self.device: [self.if_a, self.if_b],
+                "ipv6": self._ipv6}
 
     def __repr__(self) -> str:
         return f"Lab({self.name or 'down'}, mtu={self.mtu}, ipv6={self._ipv6})"
@@ -185,6 +196,8 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
                 return self
             if not has_caps():
                 raise NeedRoot
+            if self.device == "netdevsim":
+                netdevsim.require()
             self.owner_pid = os.getpid()  # whoever brings it up owns it, even a forked child
             if not self.persistent:
                 registry.register(self)
@@ -206,6 +219,12 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
                 return  # a forked child never tears down its parent's lab
             self._stop_procs()
             failed: OSError | None = None
+            if self.name and self.device == "netdevsim":
+                try:
+                    netdevsim.delete_lab_devices(self._lab_name())
+                except ZcnetError as exc:
+                    # Left for `zcnet lab down` (its ID names this lab) if it cannot go now.
+                    log.warning("deleting the netdevsim devices of %s: %s", self.name, exc)
             if self.name:
                 try:
                     delete_veth(self.ns_a, self.if_a)
@@ -252,17 +271,46 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             return
         raise ZcnetError("no free lab name", "`zcnet lab down` sweeps stale labs")
 
+    def _lab_name(self) -> names.LabName:
+        return names.LabName(self.name, None if self.persistent else self.owner_pid)
+
     def _wire(self) -> None:
+        if self.device == "netdevsim":
+            self._wire_netdevsim()
+        else:
+            self._wire_veth()
+        for ns, ifname, addr in ((self.ns_a, self.if_a, ADDR_A), (self.ns_b, self.if_b, ADDR_B)):
+            self._configure_side(ns, ifname, addr)
+        self._ipv6 = self._want_ipv6 and self.mtu >= IPV6_MIN_MTU and self._add_ipv6()
+        self._wait_up()
+
+    def _wire_netdevsim(self) -> None:
+        """One netdevsim device per namespace, its port renamed like the namespace, linked."""
+        lab = self._lab_name()
+        index = {}
+        for side, ns, ifname in (("a", self.ns_a, self.if_a), ("b", self.ns_b, self.if_b)):
+            dev_id = netdevsim.device_id(lab, side)
+            netdevsim.create(ns, dev_id, self.queues)
+            try:
+                with rtnl(ns) as ipr:
+                    port = [m for m in ipr.get_links()
+                            if m.get("IFLA_PARENT_DEV_NAME") == f"netdevsim{dev_id}"]
+                    if len(port) != 1:
+                        raise ZcnetError(f"expected one port of netdevsim{dev_id} in {ns}, "
+                                         f"found {len(port)}")
+                    ipr.link("set", index=port[0]["index"], ifname=ifname)
+                    index[ns] = port[0]["index"]
+            except NetlinkError as exc:
+                raise translate(exc, f"naming the netdevsim port in {ns}") from exc
+        netdevsim.link(self.ns_a, index[self.ns_a], self.ns_b, index[self.ns_b])
+
+    def _wire_veth(self) -> None:
         try:
             with rtnl(self.ns_a) as ipr:
                 ipr.link("add", ifname=self.if_a, kind="veth",
                          peer={"ifname": self.if_b, "net_ns_fd": self.ns_b})
         except NetlinkError as exc:
             raise translate(exc, "creating veth pair") from exc
-        for ns, ifname, addr in ((self.ns_a, self.if_a, ADDR_A), (self.ns_b, self.if_b, ADDR_B)):
-            self._configure_side(ns, ifname, addr)
-        self._ipv6 = self._want_ipv6 and self.mtu >= IPV6_MIN_MTU and self._add_ipv6()
-        self._wait_up()
 
     def _configure_side(self, ns: str, ifname: str, addr: str) -> None:
         _disable_dad(ns, ifname)
@@ -297,9 +345,10 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
             with rtnl(ns) as ipr:
                 idx = ifindex(ipr, ifname)
-                while ipr.link("get", index=idx)[0].get("IFLA_OPERSTATE") != "UP":
+                while not _is_up(ipr.link("get", index=idx)[0]):
                     if time.monotonic() > deadline:
-                        raise ZcnetError(f"veth {ifname} did not come up within {UP_TIMEOUT} s")
+                        raise ZcnetError(f"{self.device} {ifname} did not come up within "
+                                         f"{UP_TIMEOUT} s")
                     time.sleep(0.005)
 
     # -- changes while up ----------------------------------------------------------------------
@@ -349,6 +398,12 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _is_up(msg: Any) -> bool:
+    """Operstate UP; netdevsim reports UNKNOWN (no link mode) with carrier once linked."""
+    state = msg.get("IFLA_OPERSTATE")
+    return state == "UP" or (state == "UNKNOWN" and msg.get("IFLA_CARRIER") == 1)
 
 
 def _disable_dad(ns: str, ifname: str) -> None:

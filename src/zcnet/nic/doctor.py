@@ -5,6 +5,7 @@ and never raises for a missing piece (that is an "unknown" or a "fail" with the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 from collections.abc import Callable
@@ -15,7 +16,10 @@ from typing import Any
 from zcnet.errors import ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
+from zcnet.nic.setup import STEERED_BY_PEER
+from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
+from zcnet.uring.ring import Ring
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 
@@ -29,6 +33,11 @@ ZCRX_SYMBOL = b"io_register_zcrx_ifq"
 BTF = Path("/sys/kernel/btf/vmlinux")
 KALLSYMS = Path("/proc/kallsyms")
 CAP_IPC_LOCK = 14
+PROBE_DMABUF = 1 << 20
+# Refusals the kernel gives only after it found the driver's queue management ops
+# (net/core/netdev_rx_queue.c checks the ops first, then these).
+_AFTER_QOPS = ("tcp-data-split is disabled", "hds-thresh is not zero",
+               "designated queue already memory provider bound")
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,9 @@ class Context:
     queue: int
     mode: str
     _cache: dict[str, Any]
+    # Makes a dma-buf of N bytes (e.g. zcnet.rx.zc.area.udmabuf_create): lets the queue-ops
+    # check ask the kernel with a devmem bind-rx instead of going by the driver's name.
+    dmabuf: Callable[[int], int] | None = None
 
     def get(self, key: str, fn: Callable[[], Any]) -> Any:
         """Read once per run; a refusal is stored as the ZcnetError it raised."""
@@ -77,9 +89,33 @@ def _kernel_has_symbol(symbol: bytes) -> bool | None:
     return None
 
 
+def _ask_kernel_zcrx() -> bool | None:
+    """Register a zcrx IFQ from an unmapped address on a ring set up as zcrx needs: a kernel with
+    zcrx checks the ring flags, then fails to copy the argument (EFAULT); one built without it
+    says EOPNOTSUPP, one that predates it EINVAL (unknown opcode). None: cannot tell."""
+    try:
+        ring = Ring(8, flags=u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+                    | u.IORING_SETUP_CQE32)
+    except OSError:
+        return None
+    try:
+        # Not NULL (the generic code refuses a NULL argument with EINVAL): an unmapped page.
+        ring.register(u.IORING_REGISTER_ZCRX_IFQ, 8, 1)
+    except OSError as exc:
+        return {errno.EFAULT: True, errno.EOPNOTSUPP: False, errno.EINVAL: False}.get(
+            exc.errno or 0)
+    finally:
+        ring.close()
+    return None
+
+
 def check_zcrx(ctx: Context) -> Check:
     name = "kernel: io_uring zcrx"
     found = _kernel_has_symbol(ZCRX_SYMBOL)
+    if found is None and (asked := _ask_kernel_zcrx()) is not None:
+        return (Check(name, PASS, "the kernel took a zcrx registration (probe, EFAULT)")
+                if asked else Check(name, FAIL, "the kernel refused the zcrx registration "
+                                    "opcode", "Linux >= 6.15 built with CONFIG_IO_URING_ZCRX=y"))
     if found is None:
         return Check(name, UNKNOWN, "neither /proc/kallsyms nor BTF readable",
                      "run as root, or check CONFIG_IO_URING_ZCRX in the kernel config")
@@ -97,12 +133,44 @@ def check_devmem(ctx: Context) -> Check:
                  "Linux >= 6.12 built with CONFIG_NET_DEVMEM=y")
 
 
+def _ask_kernel_qmgmt(ctx: Context, name: str) -> Check | None:
+    """Bind a small dma-buf to the queue (devmem bind-rx) and unbind it: the kernel's answer
+    says whether the driver restarts single queues with a memory provider. This restarts the
+    queue twice. None when it cannot ask (no dma-buf, no bind-rx)."""
+    if ctx.dmabuf is None or not netdev.has_op(ctx.dev, nd.NETDEV_CMD_BIND_RX):
+        return None
+    try:
+        fd = ctx.dmabuf(PROBE_DMABUF)
+    except (ZcnetError, OSError):
+        return None
+    try:
+        with netdev.bind_rx(ctx.dev, fd, [ctx.queue]):
+            pass
+        return Check(name, PASS, f"the kernel bound a dma-buf to queue {ctx.queue} "
+                                 "(probe, released at once)")
+    except (ZcnetError, OSError) as exc:
+        extack = getattr(exc, "extack", "") or ""
+        err = getattr(exc, "errno", None)
+        if any(extack.startswith(a) for a in _AFTER_QOPS):
+            return Check(name, PASS, f"the kernel found them, then said: {extack}")
+        if err == errno.EOPNOTSUPP:
+            return Check(name, FAIL, "the kernel refused a dma-buf on queue "
+                         f"{ctx.queue}: {extack or os.strerror(err)}",
+                         "use a NIC whose driver restarts single queues with a memory "
+                         "provider (mlx5, bnxt, gve, fbnic)")
+        return Check(name, UNKNOWN, f"probe bind-rx failed: {exc}")
+    finally:
+        os.close(fd)
+
+
 def check_qmgmt(ctx: Context) -> Check:
     name = "driver: queue management ops"
     drv = ctx.dev.driver
     q = ctx.get("queue", lambda: netdev.queue_get(ctx.dev, ctx.queue))
     if isinstance(q, dict) and ("io-uring" in q or "dmabuf" in q):
         return Check(name, PASS, "a memory provider is bound, so the driver has them")
+    if (asked := _ask_kernel_qmgmt(ctx, name)) is not None:
+        return asked
     if drv in QMGMT_DRIVERS:
         return Check(name, PASS, f"driver {drv} implements them")
     if drv in NO_QMGMT_DRIVERS:
@@ -151,6 +219,9 @@ def check_ntuple(ctx: Context) -> Check:
         return Check(name, UNKNOWN, f.message)
     if "rx-ntuple-filter" in f["active"].value:
         return Check(name, PASS, "rx-ntuple-filter on")
+    if ctx.dev.driver in STEERED_BY_PEER:
+        return Check(name, PASS, f"not needed: {ctx.dev.driver} receives on the queue its peer "
+                                 "transmitted on (steer with XPS on the peer); it has no ntuple")
     if "rx-ntuple-filter" not in f["hw"].value:
         return Check(name, FAIL, f"driver {ctx.dev.driver} cannot turn ntuple filters on",
                      "a NIC with flow steering")
@@ -236,8 +307,9 @@ CHECKS: dict[str, tuple[Callable[[Context], Check], ...]] = {
 }
 
 
-def run(dev: Device, queue: int = 1, mode: str = "zcrx") -> list[Check]:
-    ctx = Context(dev, queue, mode, {})
+def run(dev: Device, queue: int = 1, mode: str = "zcrx",
+        dmabuf: Callable[[int], int] | None = None) -> list[Check]:
+    ctx = Context(dev, queue, mode, {}, dmabuf)
     return [check(ctx) for check in CHECKS[mode]]
 
 

@@ -60,14 +60,21 @@ def thread_cpu(pid: int) -> int | None:
 
 
 def queue_map(dev: Device) -> list[dict[str, Any]]:
-    """RX and TX queues with their NAPI instance, its IRQ and CPUs, and bound providers."""
+    """RX and TX queues with their NAPI instance, its IRQ and CPUs, bound providers, and (RX)
+    the page pools that NAPI allocates from."""
     napis = {n["id"]: n for n in netdev.napis(dev) if "id" in n}
+    pools: dict[int, list[int]] = {}
+    for pool in _section(lambda: netdev.page_pools(dev)) or []:
+        if isinstance(pool, dict) and "napi-id" in pool and "id" in pool:
+            pools.setdefault(pool["napi-id"], []).append(pool["id"])
     rows = []
     for q in netdev.queues(dev):
         row: dict[str, Any] = {"type": q.get("type"), "id": q.get("id"),
                                "napi": q.get("napi-id")}
         providers = [name for name in ("io-uring", "dmabuf", "xsk") if name in q]
         row["providers"] = providers
+        if q.get("type") == "rx":
+            row["page_pools"] = sorted(pools.get(q.get("napi-id", -1), []))
         if "dmabuf" in q:
             row["dmabuf"] = q["dmabuf"]
         napi = napis.get(q.get("napi-id", -1))

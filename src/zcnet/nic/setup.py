@@ -38,6 +38,10 @@ DEFAULT_STATE_DIR = "/run/zcnet"
 MODES = ("zcrx", "devmem")
 NTUPLE = "rx-ntuple-filter"
 HW_GRO = "rx-gro-hw"
+# Drivers without flow steering of their own whose traffic lands on the RX queue the peer
+# chose: a netdevsim port receives on the queue numbered like its linked peer's TX queue, so
+# steering is the sender's (XPS) and setup leaves ntuple, RSS and flow rules out.
+STEERED_BY_PEER = frozenset({"netdevsim"})
 
 
 @dataclass
@@ -222,6 +226,8 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
     steps.append(Step("rings", {"name": "tcp-data-split", "value": "on"}))
     steps.append(Step("rings", {"name": "hds-thresh", "value": 0}))
     feats = ethtool.features_get(dev)
+    if dev.driver in STEERED_BY_PEER and NTUPLE not in feats["hw"].value:
+        return steps
     if HW_GRO in feats["hw"].value and HW_GRO not in feats["active"].value:
         steps.append(Step("feature", {"name": HW_GRO, "on": True}))
     if NTUPLE not in feats["active"].value:

@@ -37,6 +37,7 @@ import numpy as np
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
+from zcnet.rx.zc.devnote import copy_note
 from zcnet.rx.zc.provider import Delivery, Provider
 from zcnet.sockcheck import require_tcp
 from zcnet.uring.ring import Ring
@@ -540,6 +541,7 @@ class Receiver:
         d: dict[str, Any] = self.stats.as_dict()
         d.update(self.provider.extra_stats())
         d["provider"] = self.name
+        d["why"] = self.why
         return d
 
     def close(self) -> None:
@@ -622,6 +624,8 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                                "incremental": incremental, "dmabuf_fd": dmabuf_fd}
 
     def wrap(p: Provider, why: str) -> Receiver:
+        if p.name in ("zcrx", "devmem") and (note := copy_note(getattr(p, "ifname", ifname))):
+            why = f"{why}; {note}"
         try:
             return Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why)
         except BaseException:
