@@ -154,10 +154,11 @@ def test_non_blocking_socket_against_a_slow_reader(no_leaks, tcp_pair, kind: str
     client, server = tcp_pair
     client.setblocking(False)
     client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    # The receive buffer stays as the kernel made it: shrinking it on an established connection
+    # can make the kernel drop a segment and clamp the window, and the stream then crawls.
     sends = 64
-    # 16 slots hold more than both socket buffers together, so the send buffer fills before
-    # the slots run out.
+    # 16 slots hold more than both socket buffers together (64 KiB here, tcp_rmem's 128 KiB
+    # default there while the peer is not reading), so the send buffer fills first.
     sender = make_sender(kind, client, bytearray(16 * CHUNK), slots=16,
                          on_fill=lambda slot, view: fill_pattern(view, slot))
     reader = Reader(server, sends * CHUNK)
