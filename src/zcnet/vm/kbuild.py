@@ -235,6 +235,7 @@ def resolve_source(mirror: Mirror | None = None, progress: Progress | None = Non
         if hit:
             return hit[0]
     say(f"downloading {package} {version}")
+    nsim_dir().mkdir(parents=True, exist_ok=True)  # a fresh machine has no cache yet
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix=".src-", dir=nsim_dir())))
