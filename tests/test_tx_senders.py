@@ -3,14 +3,20 @@ completion and release each exactly once (poisoning released slots must never re
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import functools
 import json
 import os
 import socket
+import struct
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +26,8 @@ from zcnet.lab import names
 from zcnet.lab.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, MsgZerocopySender, fill_pattern, make_sender
-from zcnet.uapi.socket import SO_ZEROCOPY
+from zcnet.uapi.socket import SO_RCVBUFFORCE, SO_ZEROCOPY
+from zcnet.uring.mem import Mapping
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -229,33 +236,46 @@ def test_true_zero_copy_completions_at_the_device_boundary(no_leaks, ifb_netns, 
 
 
 ETH_P_ALL = 0x0003
+SOL_PACKET = 263          # linux/socket.h
+PACKET_STATISTICS = 6     # linux/if_packet.h: struct tpacket_stats {tp_packets, tp_drops}
+MADV_HUGEPAGE = 14
 DGRAM = 1200
 TAP_SENDS = 60
+HUGE = 2 << 20
 
 
 @pytest.fixture
 def ifb_tap(ifb_netns):
     """The ifb namespace, with a token bucket on d0 slow enough that packets wait in it (the
     kernel transmits, and reads the sender's memory, well after the send call returned) and a
-    packet socket capturing every frame d0 transmits: the bytes a receiver on the wire gets."""
+    packet socket capturing every frame d0 transmits: the bytes a receiver on the wire gets.
+
+    The tap's receive buffer is forced far above what its frames need: the kernel charges a
+    captured SEND_ZC frame from a registered buffer PAGE_ALIGN(offset in the folio + length),
+    so a send buffer on a transparent huge page costs up to 2 MiB per 1242-byte frame, and 60
+    of them overflow any rmem_max-capped buffer (frames dropped, never seen)."""
     subprocess.run(["ip", "netns", "exec", ifb_netns, "tc", "qdisc", "add", "dev", "d0", "root",
                     "tbf", "rate", "4mbit", "burst", "1600", "latency", "5s"],
                    check=True, capture_output=True)
     with in_netns(ifb_netns):
         tap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     with tap:
-        tap.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        tap.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, (TAP_SENDS + 4) * (HUGE + 8192))
         tap.bind(("d0", 0))
-        tap.settimeout(10)
         yield ifb_netns, tap
 
 
-def _udp_payloads(tap: socket.socket, count: int) -> list[bytes]:
-    """Payloads of the next ``count`` UDP datagrams to 198.18.200.2:9 on the tap, parsed by hand
-    (Ethernet 14 bytes, IPv4 header of IHL words, UDP 8 bytes)."""
+def _udp_payloads(tap: socket.socket) -> list[bytes]:
+    """Payloads of the UDP datagrams to 198.18.200.2:9 queued on the tap, parsed by hand
+    (Ethernet 14 bytes, IPv4 header of IHL words, UDP 8 bytes). No wait: the tap gets its copy
+    of a frame in the transmit path before the device frees it, and only that free completes
+    the zero-copy send, so after flush() every frame the device sent is already queued."""
     out = []
-    while len(out) < count:
-        frame = tap.recv(65536)  # socket.timeout fails the test instead of hanging it
+    while True:
+        try:
+            frame = tap.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return out
         if len(frame) < 14 + 20 + 8 or frame[12:14] != b"\x08\x00":
             continue
         ip = frame[14:]
@@ -265,24 +285,51 @@ def _udp_payloads(tap: socket.socket, count: int) -> list[bytes]:
         udp = ip[ihl:]
         if int.from_bytes(udp[2:4], "big") == 9:
             out.append(bytes(udp[8:int.from_bytes(udp[4:6], "big")]))
-    return out
 
 
 def _datagram(seq: int) -> bytes:
     return seq.to_bytes(4, "big") + bytes((seq + i) % 251 for i in range(DGRAM - 4))
 
 
+@contextlib.contextmanager
+def _send_buffer(memory: str, size: int) -> Iterator[Any]:
+    """``size`` bytes of sender memory: from the heap, or 1 MiB into a transparent huge page
+    (what a buffer on a heap that numpy marked MADV_HUGEPAGE gets in a long test run)."""
+    if memory == "heap":
+        yield bytearray(size)
+        return
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off on this kernel")
+    with Mapping.anonymous(2 * HUGE, populate=False) as m:
+        start = -m.addr % HUGE
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        if libc.madvise(m.addr + start, HUGE, MADV_HUGEPAGE):
+            pytest.skip(f"madvise(MADV_HUGEPAGE): {os.strerror(ctypes.get_errno())}")
+        m.view(np.uint8, start, HUGE)[:] = 1  # the first touch faults in the huge page
+        if not _anon_huge_kib(m.addr):
+            pytest.skip("no transparent huge page available for the send buffer")
+        yield m.view(np.uint8, start + (1 << 20), size)
+
+
+def _anon_huge_kib(addr: int) -> int:
+    """AnonHugePages of the mapping that starts at ``addr`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and not line.endswith(" kB"):
+            inside = int(line.split("-", 1)[0], 16) == addr
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
 @pytest.mark.root
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", [
-    "msgzc",
-    # Seen once in a full-suite run: the tap timed out waiting for the sendzc datagrams. Not
-    # reproduced alone; skipped with the reason until understood rather than left to flake CI.
-    *(pytest.param(k, marks=pytest.mark.skip(
-        reason="intermittent: the packet tap missed SEND_ZC datagrams in one full-suite run "
-               "(timeout); under investigation")) for k in ("sendzc", "sendzc-plain")),
-])
-def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap, kind) -> None:
+@pytest.mark.parametrize("memory", ["heap", "thp"])
+@pytest.mark.parametrize("kind", sorted(_DATAGRAM_OK))
+def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap, kind,
+                                                              memory) -> None:
     """Each slot is poisoned the moment the sender releases it; the packets wait in the qdisc
     while the kernel still points at the slots, so a slot released before the kernel is done
     puts poison on the wire. What the wire got is read from the packet tap, not the sender."""
@@ -298,11 +345,11 @@ def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap,
 
     with in_netns(ns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with sock:
+    with sock, _send_buffer(memory, 4 * 4096) as buf:
         sock.connect(("198.18.200.2", 9))
         # The tap sees datagrams one per send, so the sender class is built directly:
         # make_sender accepts only TCP sockets.
-        sender = KINDS[kind](sock, bytearray(4 * 4096), 4, on_fill, on_release)
+        sender = KINDS[kind](sock, buf, 4, on_fill, on_release)
         try:
             for _ in range(TAP_SENDS):
                 sender.send(DGRAM)
@@ -311,7 +358,10 @@ def test_released_slots_poisoned_at_once_never_reach_the_wire(no_leaks, ifb_tap,
         finally:
             sender.close()
     assert stats.path == kind and not stats.note
-    got = _udp_payloads(tap, TAP_SENDS)
+    got = _udp_payloads(tap)
+    packets, drops = struct.unpack("II", tap.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+    assert len(got) == TAP_SENDS, \
+        f"the tap holds {len(got)} of {TAP_SENDS} datagrams ({packets} frames, {drops} dropped)"
     for i, payload in enumerate(got):
         assert payload == _datagram(i), \
             f"datagram {i} on the wire is not what was sent (poison {POISON:#x}: " \
