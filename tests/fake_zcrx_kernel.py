@@ -43,6 +43,9 @@ KERNEL_LAYOUTS = {"7.2.13": (0, 4, 64), "7.3.4": (0, 64, 128)}
 CQE32 = struct.Struct("<QiIQQ")  # io_uring_cqe + io_uring_zcrx_cqe
 REQUIRED_FLAGS = u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN | u.IORING_SETUP_CQE32
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1
+# Kernel-internal (io_uring/memmap.h), not uapi: the mmap offset of a kernel-allocated region.
+ZCRX_REGION_MMAP_OFF = 0x30000000
+ZCRX_REGION_ID_SHIFT = 16
 
 
 def _err(code: int) -> OSError:
@@ -100,6 +103,7 @@ class FakeRing:
         self.closed = False
         self.flushes = 0
         self.waits = 0
+        self.wait_timeouts: list[float | None] = []  # what each waiting submit was given
         self._mm: mmap.mmap | None = None
 
     # --- registration ----------------------------------------------------------------------
@@ -143,10 +147,13 @@ class FakeRing:
             raw = (ctypes.c_char * rd.size).from_address(rd.user_addr)
             self.region = np.frombuffer(raw, dtype=np.uint8)
         else:
-            os.ftruncate(self.fd, rd.size)
-            self._mm = mmap.mmap(self.fd, rd.size)
+            # Where the kernel puts it (io_uring/memmap.h: IORING_MAP_OFF_ZCRX_REGION, the
+            # ifq id above IORING_OFF_ZCRX_SHIFT): a mapping at any other offset is other memory.
+            offset = ZCRX_REGION_MMAP_OFF | self.k.next_id << ZCRX_REGION_ID_SHIFT
+            os.ftruncate(self.fd, offset + rd.size)  # sparse: only the region is ever touched
+            self._mm = mmap.mmap(self.fd, rd.size, offset=offset)
             self.region = np.frombuffer(self._mm, dtype=np.uint8)
-            rd.mmap_offset = 0
+            rd.mmap_offset = offset
         self.region[:self.RQES] = 0
         self.entries, self.buf_len = entries, buf_len
         self.area = np.frombuffer((ctypes.c_char * area.len).from_address(area.addr),
@@ -226,6 +233,8 @@ class FakeRing:
         return 0
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
+        if wait_nr:
+            self.wait_timeouts.append(timeout)
         if wait_nr and not self.cq:
             self._wake()
         return 0

@@ -16,7 +16,7 @@ import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
 from test_zc_soft import PAT
-from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Receiver, open_receiver, zcrx
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.zcrx import (
@@ -557,3 +557,175 @@ def test_permission_hint_is_true_for_the_user_who_reads_it():
     hint = zcrx.REGISTER_ERRORS[errno.EPERM][2]
     assert "CAP_NET_ADMIN" in hint
     assert ("run as root" in hint) == (os.geteuid() != 0)
+
+
+# --- behaviour that mutation testing found unchecked (scripts/mutation.sh) ---------------------
+
+def _ring_memory(head: int, tail: int, rqes: int, entries: int, start: int = 0) -> np.ndarray:
+    mem = np.zeros(rqes + 16 * entries, dtype=np.uint8)
+    mem[head:head + 4].view(np.uint32)[0] = start
+    mem[tail:tail + 4].view(np.uint32)[0] = start
+    return mem
+
+
+def _entries(mem: np.ndarray, rqes: int, entries: int) -> list[tuple[int, int, int]]:
+    return [struct.unpack_from("<QII", mem, rqes + 16 * i) for i in range(entries)]
+
+
+def test_refill_ring_fills_holds_and_counts_full_events_at_any_layout():
+    """A layout with head, tail and entries all away from 0 (the ring uses what the kernel
+    says): 6 buffers into 4 entries write 4 and hold 2; nothing more goes in until the kernel's
+    head moves; each push that could not write everything counts one full event."""
+    head, tail, rqes = 128, 192, 256
+    mem = _ring_memory(head, tail, rqes, 4)
+    rq = zcrx.RefillRing(mem, head, tail, rqes, 4, TOKEN)
+    offs = [TOKEN | PAGE_SIZE * i for i in range(6)]
+    assert rq.push(offs, [100 + i for i in range(6)]) == 4
+    assert (rq.held, rq.full_events, rq.space(), rq.tail) == (2, 1, 0, 4)
+    assert struct.unpack_from("<I", mem, tail)[0] == 4
+    assert _entries(mem, rqes, 4) == [(TOKEN | PAGE_SIZE * i, 100 + i, 0) for i in range(4)]
+    assert rq.push([], []) == 0 and (rq.held, rq.full_events) == (2, 2)
+    struct.pack_into("<I", mem, head, 3)  # the kernel consumed three entries
+    assert rq.kernel_head() == 3 and rq.space() == 3
+    assert rq.push([], []) == 2 and (rq.held, rq.full_events, rq.space()) == (0, 2, 1)
+    assert _entries(mem, rqes, 4)[:2] == [(TOKEN | PAGE_SIZE * 4, 104, 0),
+                                          (TOKEN | PAGE_SIZE * 5, 105, 0)]
+    assert rq.push([TOKEN], [7]) == 1 and (rq.full_events, rq.produced) == (2, 7)
+
+
+def test_refill_ring_wraps_its_u32_indices():
+    """Head and tail are free-running u32s: across 2**32 the ring is still full at `entries`."""
+    head, tail, rqes = 0, 4, 64
+    mem = _ring_memory(head, tail, rqes, 4, start=0xFFFFFFFE)
+    rq = zcrx.RefillRing(mem, head, tail, rqes, 4, TOKEN)
+    assert rq.push([TOKEN | PAGE_SIZE * i for i in range(5)], [1] * 5) == 4
+    assert rq.tail == 2 and struct.unpack_from("<I", mem, tail)[0] == 2
+    assert rq.space() == 0 and rq.held == 1
+    assert [e[0] for e in _entries(mem, rqes, 4)] == [TOKEN | PAGE_SIZE * i for i in (2, 3, 0, 1)]
+
+
+def test_refill_ring_entries_must_be_a_power_of_two():
+    mem = _ring_memory(0, 4, 64, 8)
+    assert zcrx.RefillRing(mem, 0, 4, 64, 1, TOKEN).entries == 1  # 2**0 is one
+    with pytest.raises(ValueError, match=r"^refill ring entries must be a power of two$"):
+        zcrx.RefillRing(mem, 0, 4, 64, 6, TOKEN)
+
+
+def test_cqe_of_a_single_byte_is_data_and_cqe16_is_refused():
+    d = parse_completions(kernel_cqes([(1, 1, MORE, TOKEN | 4096 + 17)]))
+    assert (d.offsets, d.lengths, d.tokens) == ([4096 + 17], [1], [TOKEN | 4113])
+    c = kernel_cqes([(1, 1, MORE, 0)])
+    with pytest.raises(AssertionError, match=r"^zcrx needs a CQE32 ring$"):
+        parse_completions(Completions(c.user_data, c.res, c.flags, None))
+
+
+def test_other_errno_and_enomem_are_explained(monkeypatch):
+    e = explain(OSError(errno.ENOTTY, "not a tty"), ifname="eth9", ifindex=9, queue=3,
+                locked=1 << 20)
+    assert e.message == "zcrx registration on eth9 queue 3 failed: not a tty"
+    assert e.errno == errno.ENOTTY  # type: ignore[attr-defined]
+    monkeypatch.setattr(zcrx, "has_cap", lambda cap: True)  # CAP_IPC_LOCK: no limit applies
+    e = _explained(errno.ENOMEM)
+    assert e.message == f"zcrx registration ran out of memory pinning {1 << 20} bytes"
+    assert e.hint is None and e.errno == errno.ENOMEM  # type: ignore[attr-defined]
+    monkeypatch.setattr(zcrx, "has_cap", lambda cap: False)
+    monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (64 << 10, 64 << 10))
+    e = _explained(errno.ENOMEM)
+    assert e.message.startswith(f"RLIMIT_MEMLOCK is 65536 bytes but zcrx must lock {1 << 20}")
+
+
+def test_has_cap_reads_the_effective_set():
+    with open("/proc/self/status") as f:
+        eff = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    if not eff:
+        pytest.skip("this process has no capability to look for")
+    held = eff.bit_length() - 1
+    assert zcrx.has_cap(held)
+    missing = [c for c in range(held) if not eff >> c & 1]
+    assert all(not zcrx.has_cap(c) for c in missing)
+
+
+def test_loopback_socket_queue_is_unknown_and_the_hint_says_what_to_pass(tcp_pair):
+    with pytest.raises(Unsupported) as ei:
+        zcrx.find_queue(tcp_pair[1].fileno())
+    assert ei.value.message == ("the socket has no NAPI id (loopback, or no packet received "
+                                "yet), so its NIC queue is unknown")
+    assert ei.value.hint == "pass ifname and queue"
+
+
+class StrictGenl(FakeGenl):
+    """FakeGenl that answers only what the kernel would: the netdev family, its NAPI and queue
+    attribute sets, the queue dump filtered by ifindex; records what each request was for."""
+
+    def __init__(self, tx_only: bool = False) -> None:
+        self.tx_only = tx_only
+        self.asked: list[str] = []
+
+    def do(self, family, cmd, spec, attrs, what=""):
+        from zcnet.nic import netdev
+        assert family == netdev.FAMILY and spec is netdev.NAPI
+        self.asked.append(what)
+        return super().do(family, cmd, spec, attrs, what)
+
+    def dump(self, family, cmd, spec, attrs, what=""):
+        from zcnet.nic import netdev
+        assert family == netdev.FAMILY and spec is netdev.QUEUE
+        assert attrs == {"ifindex": socket.if_nametoindex("lo")}
+        self.asked.append(what)
+        rows = super().dump(family, cmd, spec, attrs, what)
+        return [r for r in rows if r["type"] == nd.NETDEV_QUEUE_TYPE_TX] if self.tx_only else rows
+
+
+def test_queue_of_napi_asks_the_netdev_family_for_the_rx_queue():
+    g = StrictGenl()
+    assert zcrx.queue_of_napi(g, 42) == ("lo", 3)
+    assert g.asked == ["NAPI 42", "queues"]
+    with pytest.raises(Unsupported) as ei:
+        zcrx.queue_of_napi(StrictGenl(tx_only=True), 42)
+    assert ei.value.message == "no rx queue of lo is served by NAPI 42"
+    assert ei.value.hint == "pass the queue explicitly"
+
+
+def test_provider_defaults_user_region_4096_entries_page_buffers(fake, sock):
+    with Area(8 * PAGE_SIZE) as area:
+        prov = zcrx.ZcrxProvider(sock.fileno(), area, None, None)
+        try:
+            assert prov.rq.entries == 4096 and prov.buf_len == PAGE_SIZE
+            assert prov._reg.region_mem is not None and prov._reg.ifq.rx_buf_len == PAGE_SIZE
+            assert prov.note == f"{zcrx.COPY_NOTE}, 4096 refill entries of {PAGE_SIZE} bytes"
+        finally:
+            prov.close()
+
+
+def test_kernel_region_is_mapped_at_the_offset_the_kernel_returned(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 64 << 10).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, rq_entries=4, copy=True, user_region=False)
+    assert prov._reg.region.mmap_offset != 0
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        assert_stream(drain(rx), 64 << 10)  # 16 buffers' worth through 4: refills were seen
+    assert fake.ring.flushes > 0 and fake.ring.free_count == 4
+
+
+def test_reap_waits_as_long_as_it_is_told(fake, sock):
+    fake.stream = Stream(b"", segment=4096)  # armed, nothing arrives
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    try:
+        prov.arm()
+        assert not prov.reap(0.25).lengths and not prov.reap(None).lengths
+        assert fake.ring.wait_timeouts == [0.25, None]
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_every_call_on_a_closed_provider_names_itself(fake, sock):
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    prov.close()
+    prov.area.close()
+    calls = {"can_arm": lambda: prov.can_arm(), "arm": lambda: prov.arm(),
+             "reap": lambda: prov.reap(0), "recycle": lambda: prov.recycle([TOKEN], [1]),
+             "attach": lambda: prov.attach(sock.fileno())}
+    for name, call in calls.items():
+        with pytest.raises(ClosedError) as ei:
+            call()
+        assert ei.value.message == f"{name}() on a closed ZcrxProvider"
