@@ -729,3 +729,214 @@ def test_every_call_on_a_closed_provider_names_itself(fake, sock):
         with pytest.raises(ClosedError) as ei:
             call()
         assert ei.value.message == f"{name}() on a closed ZcrxProvider"
+
+
+def test_rx_buf_len_refusals_say_what_to_do():
+    offers = Offers(u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3)
+    zcrx.check_rx_buf_len(PAGE_SIZE, offers, copy=True)  # one page: what copy mode fills
+    zcrx.check_rx_buf_len(0, Offers(), copy=False)       # 0: the kernel's default
+    refusals = [
+        ((3 * PAGE_SIZE, offers, False),
+         f"rx_buf_len must be a power of two >= {PAGE_SIZE}, got {3 * PAGE_SIZE}", None),
+        ((2 * PAGE_SIZE, Offers(), False),
+         "this kernel's zcrx has no rx_buf_len (ZCRX_FEATURE_RX_PAGE_SIZE, 7.x kernels)",
+         "leave rx_buf_len out: buffers are one page"),
+        ((2 * PAGE_SIZE, offers, True),
+         f"zcrx copy mode fills {PAGE_SIZE}-byte buffers only; rx_buf_len {2 * PAGE_SIZE} "
+         "needs a NIC queue", "leave rx_buf_len out"),
+    ]
+    for args, message, hint in refusals:
+        with pytest.raises(ZcnetError) as ei:
+            zcrx.check_rx_buf_len(*args)
+        assert (ei.value.message, ei.value.hint) == (message, hint)
+
+
+def test_memlock_error_reads_the_soft_limit_and_rounds_the_hint_up(monkeypatch):
+    monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (1 << 20, 1 << 30))
+    e = memlock_error((2 << 20) + 1, privileged=False)  # soft limit 1 MiB, hard 1 GiB
+    assert e is not None and e.errno == errno.ENOMEM  # type: ignore[attr-defined]
+    assert e.message == (f"RLIMIT_MEMLOCK is {1 << 20} bytes but zcrx must lock "
+                         f"{(2 << 20) + 1} bytes (area and refill ring)")
+    assert e.hint == ("raise the limit to at least 2049 KiB (ulimit -l, LimitMEMLOCK=) or run "
+                      "with CAP_IPC_LOCK")
+    assert memlock_error(1 << 20, privileged=False) is None  # exactly the limit fits
+    assert memlock_error(4 << 20, limit=2 << 20, privileged=False) is not None
+
+
+def test_registration_bounds_rounding_and_release():
+    with Area(1 << 20) as area:
+        for asked, entries in [(1, 1), (3, 4), (IO_RQ_MAX, IO_RQ_MAX)]:
+            reg = Registration.build(area, 1, 0, asked)
+            assert reg.ifq.rq_entries == entries
+            assert reg.locked_bytes() == refill_region_size(entries) + area.size
+            mem = reg.region_mem
+            assert mem is not None and not mem.closed
+            reg.release()
+            reg.release()  # twice is harmless
+            assert reg.region_mem is None and mem.closed
+        with pytest.raises(UsageError) as ei:
+            Registration.build(area, 1, -1, 64)
+        assert ei.value.message == "queue must be >= 0, got -1"
+        for bad in (0, IO_RQ_MAX + 1):
+            with pytest.raises(UsageError) as ei:
+                Registration.build(area, 1, 0, bad)
+            assert ei.value.message == f"refill ring entries must be 1..{IO_RQ_MAX}"
+
+
+IO_RQ_MAX = zcrx.IO_RQ_MAX_ENTRIES
+
+
+class RefusingRing:
+    """A ring whose registration the kernel answers with ``err``."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+
+    def register(self, opcode: int, arg: object, nr_args: int) -> int:
+        raise OSError(self.err, os.strerror(self.err))
+
+
+def test_register_ifq_names_the_interface_queue_index_and_locked_bytes(monkeypatch):
+    monkeypatch.setattr(zcrx, "has_cap", lambda cap: True)
+    with Area(1 << 20) as area:
+        reg = Registration.build(area, 5, 3, 64)
+        try:
+            msgs = {}
+            for err in (errno.ERANGE, errno.ENODEV, errno.ENOMEM):
+                with pytest.raises(ZcnetError) as ei:
+                    register_ifq(RefusingRing(err), reg, ifname="eth9")  # type: ignore[arg-type]
+                msgs[err] = ei.value.message
+            with pytest.raises(ZcnetError) as ei:
+                register_ifq(RefusingRing(errno.ERANGE), reg)  # type: ignore[arg-type]
+        finally:
+            reg.release()
+    assert msgs[errno.ERANGE] == "eth9 has no rx queue 3"
+    assert msgs[errno.ENODEV] == "no interface with index 5 in this network namespace"
+    assert msgs[errno.ENOMEM] == ("zcrx registration ran out of memory pinning "
+                                  f"{refill_region_size(64) + (1 << 20)} bytes")
+    assert ei.value.message == "? has no rx queue 3"
+
+
+def test_copy_mode_refusal_names_no_device(fake, sock, monkeypatch):
+    from fake_zcrx_kernel import FakeRing
+
+    monkeypatch.setattr(FakeRing, "_register_ifq", lambda self, reg: RefusingRing(
+        errno.EINVAL).register(0, reg, 1))
+    with pytest.raises(ZcnetError) as ei:
+        open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    assert ei.value.message.startswith("zcrx registration rejected as invalid (EINVAL): "
+                                       "(no device, copy mode) has tcp-data-split off")
+    assert fake.ring.closed
+
+
+def test_provider_refuses_an_unknown_interface_and_a_memlock_shortfall(fake, sock, monkeypatch):
+    with Area(4 * PAGE_SIZE) as area:
+        with pytest.raises(UsageError) as ei:
+            zcrx.ZcrxProvider(sock.fileno(), area, "nope0", 0)
+        assert ei.value.message == "no interface named 'nope0' in this network namespace"
+        monkeypatch.setattr(zcrx, "has_cap", lambda cap: False)
+        monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (PAGE_SIZE, PAGE_SIZE))
+        with pytest.raises(ZcnetError, match=r"^RLIMIT_MEMLOCK is 4096 bytes") as ei:
+            zcrx.ZcrxProvider(sock.fileno(), area, None, None, rq_entries=8)
+        assert f"must lock {refill_region_size(8) + area.size} bytes" in ei.value.message
+    assert not fake.rings  # refused before any ring was made
+
+
+def test_cq_is_twice_the_refill_ring_and_at_least_1024(fake, sock):
+    for rq_entries, cq in [(8, 1024), (4096, 8192)]:
+        prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, rq_entries=rq_entries, copy=True)
+        try:
+            assert fake.ring.cq_entries == cq
+        finally:
+            prov.close()
+            prov.area.close()
+
+
+def test_open_zcrx_defaults_and_notes(fake, sock):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no hugetlb fallback warning: normal pages by default
+        prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    try:
+        assert prov.area.kind == "anon" and prov.rq.entries == 4096
+        assert prov._reg.region_mem is not None  # the refill ring in our own memory
+        assert prov.note == f"{zcrx.COPY_NOTE}, 4096 refill entries of {PAGE_SIZE} bytes"
+        assert prov.extra_stats() == {"refill_full": 0, "refill_held": 0, "rq_entries": 4096,
+                                      "rx_buf_len": PAGE_SIZE, "zcrx_copy": 1}
+    finally:
+        prov.close()
+        prov.close()  # twice is harmless
+        prov.area.close()
+    dev = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8,
+                    user_region=False)
+    try:
+        assert dev.note == f"lo queue 0, 8 refill entries of {PAGE_SIZE} bytes"
+        assert dev.extra_stats()["zcrx_copy"] == 0
+    finally:
+        dev.close()
+        dev.close()
+        dev.area.close()
+
+
+def test_copy_mode_refusals_say_what_to_do(fake, sock, monkeypatch):
+    with pytest.raises(UsageError) as ei:
+        open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True, dmabuf_fd=99)
+    assert ei.value.message == ("zcrx copy mode cannot fill a dma-buf area (the kernel's copy "
+                                "writes through the CPU)")
+    assert ei.value.hint == "leave dmabuf_fd out in copy mode"
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: Offers())
+    with pytest.raises(Unsupported) as ei:
+        open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
+    assert ei.value.message == ("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x "
+                                "kernels) and no device queue was given")
+    assert ei.value.hint == ("pass ifname and queue of a zcrx-capable NIC, or use provider "
+                             "'soft'")
+    assert not fake.rings
+
+
+@pytest.mark.parametrize(("ifname", "queue", "want"), [
+    ("lo", None, ("lo", 3)), (None, 5, ("lo", 5)), (None, None, ("lo", 3))])
+def test_queue_discovery_fills_in_only_what_was_not_given(fake, sock, monkeypatch, ifname,
+                                                          queue, want):
+    from zcnet.nic import genl
+
+    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)
+    monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname=ifname, queue=queue, copy=False)
+    try:
+        assert (prov.ifname, prov.queue) == want and prov._reg.ifq.if_rxq == want[1]
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_attach_moves_the_next_arm_to_the_new_socket(fake, sock):
+    fake.stream = Stream(b"y" * 10)
+    prov = open_zcrx(-1, 4 * PAGE_SIZE, copy=True)  # registered before the socket exists
+    try:
+        prov.attach(sock.fileno())
+        prov.arm()
+        assert fake.ring.sock_fd == sock.fileno() and prov.reap(0).lengths == [10]
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_device_mode_recycle_after_exhaustion_allows_arming_again(fake, sock):
+    fake.stream = Stream(PAT.expected(0, 8 * 4096).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8)
+    try:
+        prov.arm()
+        tokens: list[int] = []
+        lengths: list[int] = []
+        d = prov.reap(0)
+        while d.stopped is None:
+            tokens, lengths = tokens + d.tokens, lengths + d.lengths
+            d = prov.reap(0)
+        assert d.stopped == "exhausted" and not prov.can_arm() and len(tokens) == 4
+        prov.recycle(tokens[:1], lengths[:1])  # one buffer back: the kernel can fill again
+        assert prov.can_arm()
+    finally:
+        prov.close()
+        prov.area.close()
