@@ -105,9 +105,11 @@ class FakeRing:
         self.waits = 0
         self.wait_timeouts: list[float | None] = []  # what each waiting submit was given
         self._mm: mmap.mmap | None = None
+        self._dmabuf_mm: mmap.mmap | None = None
 
     # --- registration ----------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:
+        ctypes.c_uint(nr_args)  # what the real syscall wrapper passes: a TypeError if not an int
         if opcode == u.IORING_REGISTER_ZCRX_IFQ:
             assert isinstance(arg, u.io_uring_zcrx_ifq_reg) and nr_args == 1
             return self._register_ifq(arg)
@@ -141,7 +143,14 @@ class FakeRing:
         buf_len = reg.rx_buf_len or PAGE_SIZE
         if self.nodev and buf_len != PAGE_SIZE:
             raise _err(errno.EOPNOTSUPP)
-        if area.flags or area.addr % PAGE_SIZE or area.len % buf_len:
+        if area.flags == u.IORING_ZCRX_AREA_DMABUF:
+            # A dma-buf area: addr is the offset into the buffer (0 here); only a device can
+            # fill it, so copy mode has none.
+            if self.nodev or area.addr or os.lseek(area.dmabuf_fd, 0, os.SEEK_END) < area.len:
+                raise _err(errno.EINVAL)
+        elif area.flags or area.addr % PAGE_SIZE:
+            raise _err(errno.EINVAL)
+        if area.len % buf_len:
             raise _err(errno.EINVAL)
         if rd.flags & u.IORING_MEM_REGION_TYPE_USER:
             raw = (ctypes.c_char * rd.size).from_address(rd.user_addr)
@@ -156,8 +165,12 @@ class FakeRing:
             rd.mmap_offset = offset
         self.region[:self.RQES] = 0
         self.entries, self.buf_len = entries, buf_len
-        self.area = np.frombuffer((ctypes.c_char * area.len).from_address(area.addr),
-                                  dtype=np.uint8)
+        if area.flags:  # the "device" writes the dma-buf through a mapping of its own
+            self._dmabuf_mm = mmap.mmap(area.dmabuf_fd, area.len)
+            self.area = np.frombuffer(self._dmabuf_mm, dtype=np.uint8)
+        else:
+            self.area = np.frombuffer((ctypes.c_char * area.len).from_address(area.addr),
+                                      dtype=np.uint8)
         self.niovs = area.len // buf_len
         # A stack like the kernel's freelist: the next buffer is the last one returned.
         self.free = list(range(self.niovs))
@@ -296,8 +309,9 @@ class FakeRing:
         self.closed = True
         self.region = np.empty(0, np.uint8)
         self.area = np.empty(0, np.uint8)
-        if self._mm is not None:
-            self._mm.close()
+        for mm in (self._mm, self._dmabuf_mm):
+            if mm is not None:
+                mm.close()
         os.close(self.fd)
 
     # --- what tests read ------------------------------------------------------------------------

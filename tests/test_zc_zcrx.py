@@ -940,3 +940,56 @@ def test_device_mode_recycle_after_exhaustion_allows_arming_again(fake, sock):
     finally:
         prov.close()
         prov.area.close()
+
+
+@pytest.fixture
+def dmabuf_stand_in():
+    """A memfd where a dma-buf fd goes: the registration structs and the (fake) kernel see an
+    fd with a size, which is all they take from a dma-buf."""
+    fd = os.memfd_create("zcrx-dmabuf-stand-in", os.MFD_CLOEXEC)
+    os.ftruncate(fd, 8 * PAGE_SIZE)
+    yield fd
+    os.close(fd)
+
+
+def test_dmabuf_area_registers_by_fd_and_locks_only_the_ring(dmabuf_stand_in):
+    with Area(8 * PAGE_SIZE, dmabuf_fd=dmabuf_stand_in) as area:
+        reg = Registration.build(area, 1, 0, 64)
+        try:
+            assert reg.area.flags == u.IORING_ZCRX_AREA_DMABUF
+            assert reg.area.dmabuf_fd == dmabuf_stand_in and reg.area.addr == 0
+            assert reg.area.len == 8 * PAGE_SIZE
+            assert reg.locked_bytes() == refill_region_size(64)  # the exporter pins the buffer
+        finally:
+            reg.release()
+
+
+def test_device_mode_takes_a_dmabuf_area_and_a_kernel_region(fake, sock, dmabuf_stand_in):
+    fake.stream = Stream(PAT.expected(0, 4 * 4096).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8,
+                     dmabuf_fd=dmabuf_stand_in)
+    try:
+        assert prov.area.kind == "dmabuf" and prov._reg.area.flags == u.IORING_ZCRX_AREA_DMABUF
+        assert prov._reg.region_mem is not None  # user region by default in device mode too
+        with Receiver(sock, prov) as rx:
+            assert_stream(drain(rx), 4 * 4096)
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+@pytest.mark.parametrize("where", [{"copy": True}, {"ifname": "lo", "queue": 0}],
+                         ids=["copy", "device"])
+def test_hugetlb_area_is_asked_for(fake, sock, where):
+    """hugetlb=True reaches the area: 2 MiB pages, or the warning that there were none."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, hugetlb=True, **where)
+    try:
+        fell_back = any("hugetlb" in str(w.message) for w in caught)
+        assert prov.area.kind == "hugetlb" or (prov.area.kind == "anon" and fell_back)
+    finally:
+        prov.close()
+        prov.area.close()
