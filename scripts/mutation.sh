@@ -106,6 +106,8 @@ print(f"score {mod} {net:.1f} % without {len(excused)} equivalent ({killed} kill
 for name, st in rows:
     if st in ("survived", "no tests") and name not in equivalent:
         print("  survived:", name)
+    elif st == "suspicious":  # the tests died by a signal other than SEGV/KILL: look at it
+        print("  suspicious (not counted as killed):", name)
     elif name in equivalent and st not in ("survived", "no tests"):
         print(f"  listed as equivalent but {st}: {name}")
 PY
