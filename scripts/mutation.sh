@@ -24,14 +24,21 @@ declare -A TESTS=(
   [rx/zc/soft.py]="tests/test_zc_soft.py tests/test_zc_review.py tests/test_zc_engines.py"
   [rx/zc/devmem.py]="tests/test_zc_devmem.py"
   [rx/zc/zcrx.py]="tests/test_zc_zcrx.py"
+  [rx/zc/soft_inc.py]="tests/test_zc_soft.py tests/test_zc_review.py"
+  [rx/zc/area.py]="tests/test_zc_area.py"
+  [rx/zc/bookkeeping.py]="tests/test_zc_api.py tests/test_zc_soft.py"
+  [rx/zc/provider.py]="tests/test_zc_zcrx.py tests/test_zc_soft.py tests/test_zc_devmem.py"
+  [rx/zc/engines.py]="tests/test_zc_engines.py"
   [tx/senders.py]="tests/test_tx_senders.py tests/test_tx_review.py"
   [tx/sendzc.py]="tests/test_tx_senders.py tests/test_tx_review.py"
   [tx/zerocopy.py]="tests/test_tx_zerocopy.py tests/test_tx_senders.py"
   [uring/bufring.py]="tests/test_uring_ring.py"
   [nic/setup.py]="tests/test_nic_setup.py tests/test_nic_codec.py"
 )
-ORDER=(rx/zc/api.py rx/zc/soft.py rx/zc/devmem.py rx/zc/zcrx.py tx/senders.py tx/sendzc.py
-       tx/zerocopy.py uring/bufring.py nic/setup.py)
+# The targets first, then the rest of rx/zc, tx, the ring and the NIC setup.
+ORDER=(rx/zc/api.py rx/zc/soft.py rx/zc/devmem.py rx/zc/zcrx.py tx/sendzc.py
+       rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py rx/zc/engines.py
+       tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py)
 
 python -c "import mutmut" 2>/dev/null || {
   echo "mutmut is not installed: pip install 'mutmut>=3.8,<4'" >&2; exit 2; }
