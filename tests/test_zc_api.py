@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -36,7 +37,7 @@ class ScriptedProvider:
         return self.script.pop(0) if self.script else Delivery(end=0)
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if tokens:
+        if len(tokens):  # a list, or a numpy array from a vectorized batch
             self.recycled.append((list(tokens), list(lengths)))
 
     def held_back(self) -> int:
@@ -156,3 +157,118 @@ def test_release_errors_say_what_went_wrong(rx_for):
     assert str(ei.value) == f"{c1!r} released twice"
     rx.release_many([c2])
     o.release()
+
+
+# --- behaviour that mutation testing found unchecked (scripts/mutation.sh) ---------------------
+
+def test_batch_views_are_per_buffer_unless_coalescing_is_asked(rx_for):
+    rx = rx_for(delivery([0, 100], [100, 50], [1, 2]))
+    b = rx.recv_batch()
+    assert [len(v) for v in b.views()] == [100, 50]
+    assert [len(v) for v in b.views(coalesce=True)] == [150]
+    b.release()
+
+
+def test_vectorized_batch_counts_plain_ints_that_reports_can_serialize(rx_for):
+    import json
+
+    import numpy as np
+
+    d = Delivery(np.array([0, 4096, 8192]), np.array([10, 20, 30]), np.array([1, 2, 3]))
+    rx = rx_for(d)
+    b = rx.recv_batch()
+    assert b.length == 60 and type(b.length) is int and b.parts == 3
+    assert (rx.stats.delivered, rx.stats.delivered_bytes) == (3, 60)
+    b.release()
+    rx.flush()
+    json.dumps(rx.stats_dict())  # a numpy integer in the counters would refuse here
+    assert rx.provider.recycled == [([1, 2, 3], [10, 20, 30])]
+
+
+def test_owner_only_calls_name_themselves(rx_for):
+    import threading
+
+    rx = rx_for(delivery([0], [10], [1]))
+    errors: list[Exception] = []
+
+    def other_thread() -> None:
+        for call in (rx.flush, rx.recv_batch):
+            try:
+                call()
+            except Exception as e:  # collected for the owner to check
+                errors.append(e)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert [e.message for e in errors] == [  # type: ignore[attr-defined]
+        f"{m}() called from a thread that did not open the receiver"
+        for m in ("flush", "recv_batch")]
+    rx.close()
+    for name, call in (("flush", rx.flush), ("recv_batch", rx.recv_batch)):
+        with pytest.raises(ClosedError) as ei:
+            call()
+        assert ei.value.message == f"{name}() on a closed Receiver"
+
+
+def test_debug_release_poisons_exactly_its_bytes_and_counts_live_views():
+    import warnings
+
+    from zcnet.rx.zc.api import POISON
+
+    rx = Receiver(-1, ScriptedProvider(delivery([0, 4096], [100, 50], [1, 2])), debug=True)
+    try:
+        rx.area.array[:8192] = 7
+        a, b = rx.recv()
+        view = a.data
+        arr = a.array  # numpy arrays cannot be revoked, only reported
+        arr2 = a.array
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rx.release(a)
+        (w,) = caught
+        assert w.category is ResourceWarning and w.filename == __file__  # the caller's line
+        assert str(w.message).startswith(f"{a!r} released while 2 array(s)/view(s) over it "
+                                         "are alive")
+        with pytest.raises(ValueError):
+            view[0]  # revoked
+        assert (arr == POISON).all() and (arr2 == POISON).all()
+        assert (rx.area.array[100:8192] == 7).all()  # nothing past the chunk
+        del arr, arr2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no view left: no warning
+            b.release()
+        assert (rx.area.array[4096:4146] == POISON).all() and rx.area.array[4146] == 7
+    finally:
+        rx.close()
+
+
+def test_stats_dict_says_why_this_provider():
+    rx = Receiver(-1, ScriptedProvider(), why="chosen by the test")
+    try:
+        d = rx.stats_dict()
+        assert d["why"] == "chosen by the test" and d["provider"] == "scripted"
+    finally:
+        rx.close()
+
+
+def test_on_release_calls_back_once_on_the_next_release(rx_for):
+    rx = rx_for(delivery([0, 10, 20], [10, 10, 10], [1, 2, 3]))
+    a, b, c = rx.recv()
+    calls: list[str] = []
+    rx.on_release(lambda: calls.append("first"))
+    assert calls == []
+    a.release()
+    b.release()
+    assert calls == ["first"]  # once
+    rx.on_release(lambda: calls.append("at once"))  # b is released and not yet flushed
+    assert calls == ["first", "at once"]
+    rx.flush()
+    rx.on_release(lambda: calls.append("cancelled"))
+    rx.on_release(None)
+    c.release()
+    assert calls == ["first", "at once"]
+    rx.close()
+    with pytest.raises(ClosedError) as ei:
+        rx.on_release(lambda: None)
+    assert ei.value.message == "on_release() on a closed Receiver"
