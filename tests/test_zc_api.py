@@ -4,6 +4,8 @@ by the test rather than by the kernel's timing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from zcnet.errors import ClosedError
@@ -272,3 +274,83 @@ def test_on_release_calls_back_once_on_the_next_release(rx_for):
     with pytest.raises(ClosedError) as ei:
         rx.on_release(lambda: None)
     assert ei.value.message == "on_release() on a closed Receiver"
+
+
+def test_open_receiver_refusals_say_what_to_pass(tcp_pair):
+    from zcnet.errors import UsageError
+    from zcnet.rx.zc import open_receiver
+
+    with pytest.raises(UsageError) as ei:
+        open_receiver(tcp_pair[1], "nope")
+    assert ei.value.message == "unknown zero-copy provider 'nope'"
+    assert ei.value.hint == "choose one of zcrx, devmem, soft, auto"
+    for bad in (0.0, 1.5):
+        with pytest.raises(UsageError) as ei:
+            open_receiver(tcp_pair[1], "soft", max_held=bad)
+        assert ei.value.message == f"max_held must be in (0, 1], got {bad}"
+
+
+def test_open_receiver_soft_takes_the_options_given(tcp_pair):
+    from zcnet.rx.zc import open_receiver
+
+    with open_receiver(tcp_pair[1], "soft", area_size=1 << 20, buf_size=16 << 10, max_held=1.0,
+                       coalesce=True, debug=True) as rx:
+        assert rx.why == "soft provider requested" and rx.name == "soft"
+        assert rx.provider.buf_size == 16 << 10 and rx.area.size == 1 << 20
+        assert rx.coalesce and rx.debug and rx._limit == 1 << 20
+        tcp_pair[0].sendall(b"z" * 1000)
+        got = b""
+        while len(got) < 1000:
+            for c in rx.recv(timeout=5):
+                got += bytes(c.data)
+                c.release()
+        assert got == b"z" * 1000
+
+
+def test_auto_says_why_each_provider_was_passed_over(tcp_pair):
+    from zcnet.rx.zc import open_receiver
+
+    with open_receiver(tcp_pair[1], "auto", area_size=1 << 20) as rx:
+        assert rx.name == "soft"
+        zcrx_part, devmem_part = rx.why.removeprefix("soft, because ").split("; ")
+        assert rx.why.startswith("soft, because zcrx: ") and "NAPI" in zcrx_part
+        assert devmem_part == "devmem: no dma-buf given"
+    fd = os.memfd_create("stand-in-dmabuf", os.MFD_CLOEXEC)  # loopback refuses devmem anyway
+    try:
+        os.ftruncate(fd, 1 << 20)
+        with open_receiver(tcp_pair[1], "auto", area_size=1 << 20, dmabuf_fd=fd) as rx:
+            assert rx.name == "soft" and rx.area.kind == "dmabuf"
+            reasons = rx.why.removeprefix("soft, because ").split("; ")
+            assert reasons[0].startswith("zcrx: ") and reasons[-1].startswith("devmem: ")
+            assert "no dma-buf given" not in rx.why
+    finally:
+        os.close(fd)
+
+
+def test_close_from_another_thread_is_refused_and_repr_names_the_receiver():
+    import threading
+
+    from zcnet.errors import ZcnetError
+
+    rx = Receiver(-1, ScriptedProvider(delivery([0, 100], [100, 50], [1, 2])), coalesce=True)
+    caught: list[Exception] = []
+
+    def close_elsewhere() -> None:
+        try:
+            rx.close()
+        except ZcnetError as e:
+            caught.append(e)
+
+    t = threading.Thread(target=close_elsewhere)
+    t.start()
+    t.join()
+    assert [e.message for e in caught] == [  # type: ignore[attr-defined]
+        "close called from a thread that did not open the receiver"]
+    assert repr(rx) == f"<Receiver scripted fd=-1 area=anon:{1 << 20} in_flight=0>"
+    (c,) = rx.recv()  # two neighbours, one coalesced chunk: two kernel buffers held
+    assert repr(rx) == f"<Receiver scripted fd=-1 area=anon:{1 << 20} in_flight=2>"
+    rx.close()
+    assert not rx.area.closed  # the chunk is still held
+    c.release()  # the last release after close does the accounting and unmaps
+    assert rx.area.closed
+    assert (rx.stats.released, rx.stats.released_bytes) == (2, 150)
