@@ -5,10 +5,13 @@ by the test rather than by the kernel's timing."""
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
+from fake_zcrx_kernel import FakeKernel
 from zcnet.errors import ClosedError
+from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -194,7 +197,7 @@ def test_owner_only_calls_name_themselves(rx_for):
     errors: list[Exception] = []
 
     def other_thread() -> None:
-        for call in (rx.flush, rx.recv_batch):
+        for call in (rx.flush, rx.recv_batch, rx.recv):
             try:
                 call()
             except Exception as e:  # collected for the owner to check
@@ -205,9 +208,9 @@ def test_owner_only_calls_name_themselves(rx_for):
     t.join()
     assert [e.message for e in errors] == [  # type: ignore[attr-defined]
         f"{m}() called from a thread that did not open the receiver"
-        for m in ("flush", "recv_batch")]
+        for m in ("flush", "recv_batch", "recv")]
     rx.close()
-    for name, call in (("flush", rx.flush), ("recv_batch", rx.recv_batch)):
+    for name, call in (("flush", rx.flush), ("recv_batch", rx.recv_batch), ("recv", rx.recv)):
         with pytest.raises(ClosedError) as ei:
             call()
         assert ei.value.message == f"{name}() on a closed Receiver"
@@ -354,3 +357,31 @@ def test_close_from_another_thread_is_refused_and_repr_names_the_receiver():
     c.release()  # the last release after close does the accounting and unmaps
     assert rx.area.closed
     assert (rx.stats.released, rx.stats.released_bytes) == (2, 150)
+
+
+def test_open_receiver_defaults_and_the_socket_check(tcp_pair):
+    from zcnet.errors import UsageError
+    from zcnet.rx.zc import open_receiver
+
+    with open_receiver(tcp_pair[1], area_size=1 << 20) as rx:  # provider "auto"
+        assert rx.why.startswith("soft, because zcrx: ") and not rx.debug
+        assert not rx.coalesce and rx._limit == int(0.75 * rx.area.size)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.connect(("127.0.0.1", 9))
+        with pytest.raises(UsageError) as ei:
+            open_receiver(udp, "soft")
+    assert ei.value.message.startswith("zero-copy receiver")
+
+
+def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
+    from zcnet.rx.zc import open_receiver
+    from zcnet.uapi import io_uring as u
+
+    k = FakeKernel()  # the kernel side of tests/test_zc_zcrx.py, offering copy mode
+    monkeypatch.setattr(zcrx, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
+        u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
+    with open_receiver(tcp_pair[1], "zcrx", area_size=1 << 20) as rx:
+        assert rx.provider.buf_len == zcrx.PAGE_SIZE and rx.provider.mode == "copy"
+        assert rx.why == f"zcrx requested; {rx.provider.note}"
+    assert not k.rejections
