@@ -385,3 +385,27 @@ def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
         assert rx.provider.buf_len == zcrx.PAGE_SIZE and rx.provider.mode == "copy"
         assert rx.why == f"zcrx requested; {rx.provider.note}"
     assert not k.rejections
+
+
+def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypatch):
+    """A zero-copy provider on a device that copies anyway (netdevsim) says so in ``why``; the
+    soft provider, which has no device, never does."""
+    from zcnet.rx.zc import api, open_receiver
+    from zcnet.uapi import io_uring as u
+
+    asked: list[str | None] = []
+
+    def note(ifname: str | None) -> str | None:
+        asked.append(ifname)
+        return "the device copies" if ifname == "lo" else None
+
+    monkeypatch.setattr(api, "copy_note", note)
+    k = FakeKernel()
+    monkeypatch.setattr(zcrx, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
+        u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
+    with open_receiver(tcp_pair[1], "zcrx", area_size=1 << 20, ifname="lo", queue=0) as rx:
+        assert rx.why == f"zcrx requested; {rx.provider.note}; the device copies"
+    with open_receiver(tcp_pair[1], "soft", area_size=1 << 20, ifname="lo") as rx:
+        assert rx.why == "soft provider requested"
+    assert asked == ["lo"]
