@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from fake_zcrx_kernel import FakeKernel
+from fake_zcrx_kernel import FakeKernel, Stream
 from zcnet.errors import ClosedError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
@@ -381,9 +381,13 @@ def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
+    k.stream = Stream(b"q" * 100, end=0)
     with open_receiver(tcp_pair[1], "zcrx", area_size=1 << 20) as rx:
         assert rx.provider.buf_len == zcrx.PAGE_SIZE and rx.provider.mode == "copy"
         assert rx.why == f"zcrx requested; {rx.provider.note}"
+        (c,) = rx.recv(timeout=0)
+        assert bytes(c.data) == b"q" * 100 and k.ring.sock_fd == tcp_pair[1].fileno()
+        c.release()
     assert not k.rejections
 
 
