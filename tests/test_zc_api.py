@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from fake_zcrx_kernel import FakeKernel, Stream
+from test_zc_zcrx import FakeGenl
 from zcnet.errors import ClosedError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
@@ -413,3 +414,27 @@ def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypa
     with open_receiver(tcp_pair[1], "soft", area_size=1 << 20, ifname="lo") as rx:
         assert rx.why == "soft provider requested"
     assert asked == ["lo"]
+
+
+def test_open_receiver_zcrx_passes_memory_queue_and_buffer_options(tcp_pair, monkeypatch):
+    from zcnet.nic import genl
+    from zcnet.rx.zc import api, open_receiver
+    from zcnet.uapi import io_uring as u
+
+    k = FakeKernel()
+    monkeypatch.setattr(zcrx, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
+        u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
+    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)  # lo's queue 3 (FakeGenl)
+    monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
+    monkeypatch.setattr(api, "copy_note", lambda ifname: f"note for {ifname}")
+    fd = os.memfd_create("stand-in-dmabuf", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 1 << 20)
+        with open_receiver(tcp_pair[1], "zcrx", area_size=1 << 20, dmabuf_fd=fd,
+                           rx_buf_len=2 * zcrx.PAGE_SIZE) as rx:
+            assert rx.area.kind == "dmabuf" and rx.provider.buf_len == 2 * zcrx.PAGE_SIZE
+            assert (rx.provider.ifname, rx.provider.queue) == ("lo", 3)
+            assert rx.why.endswith("; note for lo")  # the interface found, not the one given
+    finally:
+        os.close(fd)
