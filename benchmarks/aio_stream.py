@@ -230,7 +230,7 @@ def main() -> None:
     two = run_case("two CPUs", args, names, 1, (c0, c1))
     many = run_case(f"{args.streams} streams, one CPU", args,
                     ["uvloop-proto", "zcnet", "streams"], args.streams, (c0, c0))
-    print()
+    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     target("one_cpu_zcnet_vs_streams", one["zcnet"]["gbps"] / one["streams"]["gbps"], "x",
            ">=1.5")
     target("one_cpu_zcnet_vs_uvloop_proto",

@@ -45,6 +45,32 @@ def test_receivers_share_one_ring_until_the_last_closes(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+def test_a_closed_receivers_group_id_goes_to_the_next(loop_kind, no_leaks):
+    """Buffer group ids are 16 bits: a connection-churning server must get them back."""
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(3)]
+        a, b = (aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs[:2])
+        a_gid = a.rx.provider.member.bgid
+        a.close()  # never armed: nothing to cancel
+        c = aio.open_receiver(pairs[2][1], own_socket=True, **SMALL)
+        assert c.rx.provider.member.bgid == a_gid
+        pairs[1][0].sendall(b"abc")
+        got = await b.recv()  # arms b's receive on the ring
+        b.rx.release_many(got)
+        b_gid = b.rx.provider.member.bgid
+        b.close()  # cancels the armed receive, and sees it end
+        d_client, d_sock = await tcp_pair()
+        pairs.append((d_client, d_sock))
+        d = aio.open_receiver(d_sock, own_socket=True, **SMALL)
+        assert d.rx.provider.member.bgid == b_gid
+        for x in (c, d):
+            x.close()
+        for cl, _ in pairs:
+            cl.close()
+
+    run(loop_kind, main)
+
+
 def test_more_waiting_receivers_than_one_enter_serves(loop_kind, no_leaks):
     """Ping-pong on 64 connections at once: each round the data for every receiver arrives
     while all of them sleep, more task work than one enter runs (the kernel caps it), so the

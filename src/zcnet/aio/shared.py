@@ -94,11 +94,14 @@ class LoopRing:
         return m
 
     def leave(self, m: MemberRing) -> None:
-        if self.members.pop(m.mid, None) is None:
-            return
-        self._free_bgids.append(m.bgid)
-        if not self.members:
+        """``m`` is gone; its buffer group id is reused only once ``free_bgid`` says so."""
+        if self.members.pop(m.mid, None) is not None and not self.members:
             self.close()
+
+    def free_bgid(self, bgid: int) -> None:
+        """The receive that used ``bgid`` has ended: the id may name a new member's group."""
+        if not self.ring.closed:
+            self._free_bgids.append(bgid)
 
     def close(self) -> None:
         if _rings.get(self.loop) is self:
@@ -273,6 +276,15 @@ class SharedSoftProvider(SoftProvider):
         self._ring = member  # type: ignore[assignment]
         self.member = member
 
+    def close(self) -> None:
+        try:
+            super().close()  # cancels the receive, unregisters the group, leaves the ring
+        finally:
+            # A receive whose cancel was not confirmed may still pick buffers from its group
+            # id: that id is never given to another receiver.
+            if not self.armed:
+                self.member.lr.free_bgid(self.member.bgid)
+
 
 _rings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopRing] = (
     weakref.WeakKeyDictionary())
@@ -294,4 +306,5 @@ def open_shared_soft(loop: asyncio.AbstractEventLoop, fd: int, area_size: int, b
             raise
     except BaseException:
         m.close()
+        lr.free_bgid(m.bgid)  # nothing was armed on it
         raise
