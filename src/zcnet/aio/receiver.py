@@ -66,10 +66,13 @@ class AsyncReceiver:
         while True:
             if self._closed:  # by another task while this one slept: the ring is unmapped
                 raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
-            if (rx.provider.armed and rx.stalled is None
+            if m is not None and m.inbox:
+                pass  # completions are here: the round below flushes releases and takes them
+            elif (rx.provider.armed and rx.stalled is None
                     and rx.stats.in_flight_bytes <= self._limit):
                 # The common case, without the synchronous receiver's timed wait: a zero
                 # timeout there still costs the kernel a timer and often a context switch.
+                # Releases go back first, so the kernel has the buffers before it runs.
                 rx.flush()
                 if not (self._data_shared(m) if m is not None else self._data_own()):
                     await self._wait()
