@@ -45,6 +45,7 @@ SQ_ENTRIES = 256
 CQ_ENTRIES = 32768   # CQEs of every receiver between two passes; overflow ends a multishot
 LOCAL_BITS = 8
 LOCAL_MASK = (1 << LOCAL_BITS) - 1
+FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
 
@@ -148,8 +149,11 @@ class LoopRing:
         if _sq_flags(ring) & _WORK:
             ring.get_events()
             entered = True
-        if ring.cq_ready():
+        n = ring.cq_ready()
+        if n > FEW:
             self._dispatch(ring.reap())
+        elif n:
+            self._dispatch_few(ring, n)
         if entered:
             drain(self.efd)
             if self.work():
@@ -183,7 +187,19 @@ class LoopRing:
             idx = order[a:b]
             self._deliver(int(sk[a]), Completions(local[idx], res[idx], flags[idx]))
 
-    def _deliver(self, mid: int, c: Completions) -> None:
+    def _dispatch_few(self, ring: Ring, n: int) -> None:
+        """A few CQEs as Python tuples: cheaper than the ~8 numpy calls of ``_dispatch``."""
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for _ in range(n):
+            cqe = ring.reap_one()
+            if cqe is None:
+                break
+            ud, res, flags = cqe
+            groups.setdefault(ud >> LOCAL_BITS, []).append((ud & LOCAL_MASK, res, flags))
+        for mid, cqes in groups.items():
+            self._deliver(mid, cqes)
+
+    def _deliver(self, mid: int, c: Completions | list[tuple[int, int, int]]) -> None:
         m = self.members.get(mid)
         if m is not None:  # else: a member that left; its cancel completed before it did
             m.inbox.append(c)
@@ -198,7 +214,8 @@ class MemberRing:
         self.lr = lr
         self.mid = mid
         self.bgid = bgid
-        self.inbox: list[Completions] = []
+        # Dispatched completions: arrays, or (user_data, res, flags) tuples for a few.
+        self.inbox: list[Completions | list[tuple[int, int, int]]] = []
         self.waiter: asyncio.Future[None] | None = None
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
@@ -227,14 +244,17 @@ class MemberRing:
 
     def reap(self) -> Completions:
         box = self.inbox
-        if len(box) == 1:
-            return box.pop()
         self.inbox = []
-        if not box:
-            return Completions(np.empty(0, _U64), np.empty(0, np.int32), np.empty(0, np.uint32))
-        return Completions(np.concatenate([c.user_data for c in box]),
-                           np.concatenate([c.res for c in box]),
-                           np.concatenate([c.flags for c in box]))
+        if len(box) == 1 and type(box[0]) is Completions:
+            return box[0]
+        parts = [c if type(c) is Completions else _from_tuples(c) for c in box]
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return _from_tuples([])
+        return Completions(np.concatenate([c.user_data for c in parts]),
+                           np.concatenate([c.res for c in parts]),
+                           np.concatenate([c.flags for c in parts]))
 
     def close(self) -> None:
         self.inbox = []
@@ -253,6 +273,13 @@ class MemberRing:
             await fut
         finally:
             self.waiter = None
+
+
+def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
+    if not cqes:
+        return Completions(np.empty(0, _U64), np.empty(0, np.int32), np.empty(0, np.uint32))
+    ud, res, flags = zip(*cqes, strict=True)
+    return Completions(np.array(ud, _U64), np.array(res, np.int32), np.array(flags, np.uint32))
 
 
 class SharedSoftProvider(SoftProvider):
