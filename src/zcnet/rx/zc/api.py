@@ -38,7 +38,7 @@ from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.devnote import copy_note
-from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.rx.zc.provider import Delivery, Provider, build_or_close
 from zcnet.sockcheck import require_tcp
 from zcnet.uring.ring import Ring
 
@@ -626,12 +626,9 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     def wrap(p: Provider, why: str) -> Receiver:
         if p.name in ("zcrx", "devmem") and (note := copy_note(getattr(p, "ifname", ifname))):
             why = f"{why}; {note}"
-        try:
-            return Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why)
-        except BaseException:
-            p.close()
-            p.area.close()
-            raise
+        return build_or_close(
+            lambda: Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why),
+            p.close, p.area.close)
 
     if provider == "soft":
         return wrap(_open("soft", fd, area_size, **soft_kw), "soft provider requested")

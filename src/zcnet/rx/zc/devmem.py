@@ -28,7 +28,7 @@ from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.provider import Delivery, build_or_close
 from zcnet.uapi import socket as usock
 
 log = logging.getLogger(__name__)
@@ -190,11 +190,7 @@ class DevmemProvider:
         self._closed = False
         self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
         if fd >= 0:
-            try:
-                self.attach(fd)
-            except BaseException:
-                self._binding.close()
-                raise
+            build_or_close(lambda: self.attach(fd), self._binding.close)
 
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
@@ -274,8 +270,4 @@ def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
         probe_device(ifname, queue)
     area = Area(area_size, dmabuf_fd=dmabuf_fd) if dmabuf_fd is not None \
         else Area.udmabuf(area_size)
-    try:
-        return DevmemProvider(fd, area, ifname, queue)
-    except BaseException:
-        area.close()
-        raise
+    return build_or_close(lambda: DevmemProvider(fd, area, ifname, queue), area.close)

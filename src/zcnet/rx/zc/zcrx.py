@@ -59,7 +59,8 @@ import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
 from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
+from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, note_final, reap_ready
+from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import socket as usock
 from zcnet.uring.mem import Mapping
@@ -67,10 +68,7 @@ from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Completions, Ring
 from zcnet.uring.syscall import io_uring_register
 
-RECV_UD = 1
-CANCEL_UD = 2
-RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
-              | u.IORING_SETUP_CQE32 | u.IORING_SETUP_SUBMIT_ALL)
+RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 IO_RQ_MAX_ENTRIES = 32768
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 # A final CQE's errno that does not end the stream: -ENOSPC is a CQ overflow (data intact).
@@ -517,17 +515,15 @@ class ZcrxProvider:
 
     def close(self) -> None:
         ring, self._ring = self._ring, None
-        try:
-            if ring is not None and self.armed:
-                cancel_multishot(ring, RECV_UD, CANCEL_UD)
-                self.armed = False
-        finally:
-            if self._region_map is not None:
-                self._region_map.close()
-                self._region_map = None
+        region, self._region_map = self._region_map, None
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._reg.release)
+            # Closing the ring frees the ifq: the queue gets its normal page pool back.
             if ring is not None:
-                ring.close()  # frees the ifq: the queue gets its normal page pool back
-            self._reg.release()
+                close_ring(ring, self.armed, *(() if region is None else (region.close,)))
+                self.armed = False
+            elif region is not None:
+                region.close()
 
 
 def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
