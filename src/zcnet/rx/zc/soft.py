@@ -16,7 +16,6 @@ Some facts about multishot RECV with a provided buffer ring:
 from __future__ import annotations
 
 import errno
-from typing import Any, cast
 
 import numpy as np
 
@@ -65,7 +64,7 @@ class SoftProvider:
         self.bundle = (bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
                        if bundle is None else bundle)
         self._buf = build_or_close(
-            lambda: BufRing(ring, BGID, self.entries, buf_size, area=cast(Any, area),
+            lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
                             area_offset=0),
             ring.close)
 
@@ -192,12 +191,12 @@ class SoftProvider:
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,
               bundle: bool | None = None, incremental: bool = False,
-              dmabuf_fd: int | None = None) -> Any:
+              dmabuf_fd: int | None = None) -> SoftProvider | IncrementalSoftProvider:
     """The soft provider; ``incremental`` fills big buffers receive after receive
     (IOU_PBUF_RING_INC, see soft_inc), falling back to whole buffers on kernels without it."""
     area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
 
-    def build() -> Any:
+    def build() -> SoftProvider | IncrementalSoftProvider:
         if area.addr == 0:
             raise ZcnetError("the soft provider needs a dma-buf the CPU can map",
                              "use zcrx/devmem for device memory, or omit dmabuf_fd")

@@ -19,8 +19,6 @@ Some facts about incremental buffer consumption:
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import numpy as np
 
 from zcnet.errors import ClosedError
@@ -61,7 +59,7 @@ class IncrementalSoftProvider:
         ring = Ring(64, flags=RING_FLAGS, cq_entries=4096)
         self._ring: Ring | None = ring
         self._buf = build_or_close(
-            lambda: BufRing(ring, BGID, self.entries, buf_size, area=cast(Any, area),
+            lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
                             incremental=True),
             ring.close)
 

@@ -58,12 +58,12 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
-from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
+from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, note_final, reap_ready
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import socket as usock
-from zcnet.uring.mem import Mapping
+from zcnet.uring.mem import Mapping, page_align
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Completions, Ring
 from zcnet.uring.syscall import io_uring_register
@@ -128,7 +128,7 @@ def check_rx_buf_len(rx_buf_len: int, offers: Offers, copy: bool) -> None:
 
 def refill_region_size(rq_entries: int) -> int:
     """Bytes of the refill region: the rqes plus a page for head/tail (liburing's sizing)."""
-    return align_up(rq_entries * ctypes.sizeof(u.io_uring_zcrx_rqe) + PAGE_SIZE, PAGE_SIZE)
+    return page_align(rq_entries * ctypes.sizeof(u.io_uring_zcrx_rqe) + PAGE_SIZE)
 
 
 class RefillRing:
