@@ -27,7 +27,10 @@ import struct
 from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
+from zcnet.nic import netdev
+from zcnet.nic.device import Device
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
+from zcnet.rx.zc.netqueue import find_queue
 from zcnet.rx.zc.provider import Delivery, build_or_close
 from zcnet.uapi import socket as usock
 
@@ -140,9 +143,6 @@ def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
 def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
     """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
     (close it to unbind). Errors name the missing capability."""
-    from zcnet.nic import netdev
-    from zcnet.nic.device import Device
-
     with Device.open(ifname) as dev:
         try:
             return netdev.bind_rx(dev, dmabuf_fd, queues)
@@ -259,8 +259,6 @@ class DevmemProvider:
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
                 hugetlb: bool = False, ifname: str | None = None,
                 queue: int | None = None) -> DevmemProvider:
-    from zcnet.rx.zc.zcrx import find_queue
-
     if ifname is None or queue is None:
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
