@@ -21,15 +21,16 @@ import functools
 import resource
 from dataclasses import dataclass
 
+from zcnet.caps import has_caps
 from zcnet.errors import Unsupported, UsageError, ZcnetError, cap_hint
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.uapi import io_uring as u
+from zcnet.uapi.capability import CAP_IPC_LOCK
 from zcnet.uring.mem import Mapping, page_align
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import io_uring_register
 
 IO_RQ_MAX_ENTRIES = 32768
-CAP_IPC_LOCK = 14
 
 
 @dataclass(frozen=True)
@@ -172,19 +173,11 @@ def explain(err: OSError, *, ifname: str, ifindex: int, queue: int, locked: int)
     return exc
 
 
-def has_cap(cap: int) -> bool:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> cap & 1)
-    return False
-
-
 def memlock_error(needed: int, limit: int | None = None,
                   privileged: bool | None = None) -> ZcnetError | None:
     """The error when ``needed`` locked bytes exceed RLIMIT_MEMLOCK (CAP_IPC_LOCK lifts it)."""
     if privileged is None:
-        privileged = has_cap(CAP_IPC_LOCK)
+        privileged = has_caps(CAP_IPC_LOCK)
     if limit is None:
         limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     if privileged or limit == resource.RLIM_INFINITY or needed <= limit:
