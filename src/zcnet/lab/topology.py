@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -177,14 +178,14 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             raise UsageError(f"lab {self.name or '(coming up)'} is already in a `with` block",
                              "use the lab inside the outer `with` block; do not enter it again")
         self._entered = True
-        try:
-            return self.up()
-        except BaseException:
+        with ExitStack() as undo:
             # A signal held during setup is delivered as up() returns, before the `with` body
             # (and so __exit__) is entered: the lab must not outlive that.
-            self._entered = False
-            self.down()
-            raise
+            undo.callback(self.down)
+            undo.callback(setattr, self, "_entered", False)
+            self.up()
+            undo.pop_all()
+        return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -202,13 +203,11 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             self.owner_pid = os.getpid()  # whoever brings it up owns it, even a forked child
             if not self.persistent:
                 registry.register(self)
-            try:
+            with ExitStack() as undo:
+                undo.callback(self.down)  # also on Ctrl-C mid-setup: whatever was made goes
                 self._create_namespaces()
                 self._wire()
-            except BaseException:
-                # Also on Ctrl-C mid-setup: whatever was made goes again.
-                self.down()
-                raise
+                undo.pop_all()
             log.info("lab %s up: %s/%s mtu %d ipv6 %s", self.name, self.ns_a, self.ns_b,
                      self.mtu, self._ipv6)
             return self
