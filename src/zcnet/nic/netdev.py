@@ -12,15 +12,13 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterable
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zcnet.errors import Unsupported, UsageError
+from zcnet.nic.device import Device
 from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import netdev as n
-
-if TYPE_CHECKING:
-    from zcnet.nic.device import Device
 
 FAMILY = n.NETDEV_FAMILY_NAME
 
