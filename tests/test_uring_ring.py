@@ -400,6 +400,30 @@ def test_prep_fills_every_field_where_the_kernel_reads_it(no_leaks) -> None:
         assert r.pending == 2
 
 
+@pytest.mark.parametrize("ud", [np.arange(5, dtype=np.uint64) << np.uint64(40),
+                                np.arange(5, dtype=np.int64), [7, 8, 9],
+                                np.arange(10, dtype=np.uint64)[::2]])
+def test_prep_batch_writes_what_prep_writes(no_leaks, ud) -> None:
+    """A batch (wrapping the SQ end) holds byte for byte the SQEs ``prep`` writes one by one,
+    whatever the user_data's dtype or layout (the compiled path takes contiguous uint64)."""
+    fields = {"fd": 9, "addr": 0x1000, "length": 77, "flags": 4, "ioprio": 3, "op_flags": 2,
+              "buf_index": 1}
+    with Ring(8, flags=FAST) as r:
+        for i in range(5):  # move the tail so the batch wraps
+            r.prep(u.IORING_OP_NOP, user_data=i)
+        r.submit(5)
+        start = r._sqm[r._ktail_i]
+        r.prep_batch(u.IORING_OP_NOP, ud, **fields)  # a NOP ignores the other fields
+        n = len(ud)
+        batch = [bytes(r._sqes[(start + i) % 8 * 64:][:64]) for i in range(n)]
+        r.submit(n)
+        for i, x in enumerate(ud):
+            slot = r.prep(u.IORING_OP_NOP, fields["fd"], fields["addr"], fields["length"], 0,
+                          int(x), flags=4, ioprio=3, op_flags=2, buf_index=1)
+            assert bytes(r._sqes[slot * 64:(slot + 1) * 64]) == batch[i]
+            r.submit()
+
+
 def test_the_backend_asked_for_is_the_one_that_runs(request: pytest.FixtureRequest) -> None:
     backend = request.getfixturevalue("ring_backend")
     with Ring(4, flags=FAST) as r:

@@ -66,7 +66,7 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 /* Core: the ring's hot methods over its mapped memory, bound on a Ring made with the
- * accelerator (Ring.prep, .submit, .reap_one). The Ring keeps its mappings alive while the Core
+ * accelerator (Ring.prep, .prep_batch, .submit, .reap, .reap_one). The Ring keeps its mappings alive while the Core
  * is open and closes the Core before unmapping; after that every method raises the same
  * ClosedError as the Python methods. Anything off the common path (keywords it does not know,
  * a value out of range, a full SQ, a timeout, a short submit or a failed enter) is handed to
@@ -81,23 +81,29 @@ typedef struct {
     PyObject *ring_ref;     /* weakref to the Ring: its slow paths */
     PyObject *closed_error; /* zcnet.errors.ClosedError */
     PyObject *owner;        /* the Ring's type name, for the error message */
+    PyObject *of;           /* Completions._of(raw, n, cqe32): reap's result */
+    int cqe32;
 } Core;
 
 static void core_dealloc(Core *c) {
     Py_XDECREF(c->ring_ref);
     Py_XDECREF(c->closed_error);
     Py_XDECREF(c->owner);
+    Py_XDECREF(c->of);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
 static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
     unsigned khead, ktail, kcq_head, kcq_tail;
-    PyObject *ring, *err;
-    if (!PyArg_ParseTuple(args, "OOiKIIKIIKIIIKIII", &ring, &err, &c->fd, &sq, &khead, &ktail,
-                          &cq, &kcq_head, &kcq_tail, &sqes, &c->sq_mask, &c->sq_entries,
-                          &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size, &c->closed))
+    PyObject *ring, *err, *of;
+    if (!PyArg_ParseTuple(args, "OOOiiKIIKIIKIIIKIII", &ring, &err, &of, &c->cqe32, &c->fd, &sq,
+                          &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &c->sq_mask,
+                          &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
+                          &c->closed))
         return -1;
+    Py_INCREF(of);
+    Py_XSETREF(c->of, of);
     c->khead = (unsigned *)(uintptr_t)(sq + khead);
     c->ktail = (unsigned *)(uintptr_t)(sq + ktail);
     c->kcq_head = (unsigned *)(uintptr_t)(cq + kcq_head);
@@ -132,91 +138,165 @@ static PyObject *core_delegate(Core *c, const char *name, PyObject *const *args,
     return ret;
 }
 
-static const char *const prep_names[] = {"opcode", "fd", "addr", "length", "off", "user_data",
-                                         "flags", "ioprio", "op_flags", "buf_index",
-                                         "file_index", "addr3"};
-#define PREP_N 12
+static const char *const field_names[] = {"opcode", "fd", "addr", "length", "off",
+                                          "user_data", "flags", "ioprio", "op_flags",
+                                          "buf_index", "file_index", "addr3"};
+enum { F_OPCODE, F_FD, F_ADDR, F_LEN, F_OFF, F_UD, F_FLAGS, F_IOPRIO, F_OPFLAGS, F_BUFINDEX,
+       F_FILEINDEX, F_ADDR3, F_N };
 /* the largest value each field holds; fd is signed (checked separately) */
-static const unsigned long long prep_max[PREP_N] = {
+static const unsigned long long field_max[F_N] = {
     0xFF, 0, ~0ULL, 0xFFFFFFFFULL, ~0ULL, ~0ULL, 0xFF, 0xFFFF, 0xFFFFFFFFULL, 0xFFFF,
     0xFFFFFFFFULL, ~0ULL};
+
+/* Sort the arguments into given[field]: positional ones in the order ``pos``, keywords whose
+ * field is in ``kw_ok``. Returns 0 for anything else (the Python method then decides). */
+static int gather(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const int *pos,
+                  int npos, unsigned kw_ok, PyObject **given) {
+    if (nargs < 1 || nargs > npos)
+        return 0;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[pos[i]] = args[i];
+    if (!kwnames)
+        return 1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int j = F_N;
+        for (int i = 0; i < F_N; i++)
+            if ((kw_ok >> i) & 1 && PyUnicode_CompareWithASCIIString(name, field_names[i]) == 0) {
+                j = i;
+                break;
+            }
+        if (j == F_N || given[j])
+            return 0;
+        given[j] = args[nargs + k];
+    }
+    return 1;
+}
+
+/* Convert the scalar fields (all but ``skip``); 0 when one is not an int or out of range. */
+static int convert(PyObject **given, int skip, unsigned long long *v, int32_t *fd) {
+    *fd = -1;
+    for (int i = 0; i < F_N; i++) {
+        if (!given[i] || i == skip)
+            continue;
+        if (!PyLong_CheckExact(given[i]))
+            return 0;
+        if (i == F_FD) {
+            long long x = PyLong_AsLongLong(given[i]);
+            if ((x == -1 && PyErr_Occurred()) || x < INT32_MIN || x > INT32_MAX) {
+                PyErr_Clear();
+                return 0;
+            }
+            *fd = (int32_t)x;
+            continue;
+        }
+        v[i] = PyLong_AsUnsignedLongLong(given[i]);
+        if ((v[i] == (unsigned long long)-1 && PyErr_Occurred()) || v[i] > field_max[i]) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The 64-byte struct io_uring_sqe, every byte written (as the Python path does). */
+static void write_sqe(unsigned char *s, const unsigned long long *v, int32_t fd) {
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+    u8 = (uint8_t)v[F_OPCODE]; memcpy(s + 0, &u8, 1);
+    u8 = (uint8_t)v[F_FLAGS]; memcpy(s + 1, &u8, 1);
+    u16 = (uint16_t)v[F_IOPRIO]; memcpy(s + 2, &u16, 2);
+    memcpy(s + 4, &fd, 4);
+    u64 = v[F_OFF]; memcpy(s + 8, &u64, 8);
+    u64 = v[F_ADDR]; memcpy(s + 16, &u64, 8);
+    u32 = (uint32_t)v[F_LEN]; memcpy(s + 24, &u32, 4);
+    u32 = (uint32_t)v[F_OPFLAGS]; memcpy(s + 28, &u32, 4);
+    u64 = v[F_UD]; memcpy(s + 32, &u64, 8);
+    u16 = (uint16_t)v[F_BUFINDEX]; memcpy(s + 40, &u16, 2);
+    u16 = 0; memcpy(s + 42, &u16, 2); /* personality */
+    u32 = (uint32_t)v[F_FILEINDEX]; memcpy(s + 44, &u32, 4);
+    u64 = v[F_ADDR3]; memcpy(s + 48, &u64, 8);
+    u64 = 0; memcpy(s + 56, &u64, 8);
+}
+
+static const int prep_pos[] = {F_OPCODE, F_FD, F_ADDR, F_LEN, F_OFF, F_UD};
 
 /* prep(opcode, fd=-1, addr=0, length=0, off=0, user_data=0, *, flags=0, ioprio=0,
  *      op_flags=0, buf_index=0, file_index=0, addr3=0) -> slot */
 static PyObject *core_prep(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    unsigned long long v[PREP_N] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    long long fd = -1;
-    PyObject *given[PREP_N] = {NULL};
+    unsigned long long v[F_N] = {0};
+    PyObject *given[F_N] = {NULL};
+    int32_t fd;
     if (c->closed)
         return core_closed(c, "prep");
-    if (nargs < 1 || nargs > 6)
+    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, prep_pos, 6, ((1u << F_N) - 1) & ~1u,
+                given) || !convert(given, -1, v, &fd))
         goto slow;
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        given[i] = args[i];
-    if (kwnames) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t k = 0; k < nk; k++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-            int j = PREP_N;
-            for (int i = 1; i < PREP_N; i++)
-                if (PyUnicode_CompareWithASCIIString(name, prep_names[i]) == 0) {
-                    j = i;
-                    break;
-                }
-            if (j == PREP_N || given[j] || (j < 6 && j < nargs))
-                goto slow;
-            given[j] = args[nargs + k];
-        }
-    }
-    for (int i = 0; i < PREP_N; i++) {
-        if (!given[i])
-            continue;
-        if (!PyLong_CheckExact(given[i]))
-            goto slow;
-        if (i == 1) {
-            fd = PyLong_AsLongLong(given[i]);
-            if ((fd == -1 && PyErr_Occurred()) || fd < INT32_MIN || fd > INT32_MAX)
-                goto slow_clear;
-            continue;
-        }
-        v[i] = PyLong_AsUnsignedLongLong(given[i]);
-        if ((v[i] == (unsigned long long)-1 && PyErr_Occurred()) || v[i] > prep_max[i])
-            goto slow_clear;
-    }
     unsigned tail = *c->ktail;
     if (tail - __atomic_load_n(c->khead, __ATOMIC_RELAXED) >= c->sq_entries)
         goto slow; /* full: the Python method submits to make room */
     unsigned slot = tail & c->sq_mask;
-    unsigned char *s = (unsigned char *)c->sqes + (size_t)slot * c->sqe_size;
-    /* the 64-byte struct io_uring_sqe, every byte written (as the Python path does) */
-    uint8_t u8;
-    uint16_t u16;
-    int32_t i32 = (int32_t)fd;
-    uint32_t u32;
-    uint64_t u64;
-    u8 = (uint8_t)v[0]; memcpy(s + 0, &u8, 1);          /* opcode */
-    u8 = (uint8_t)v[6]; memcpy(s + 1, &u8, 1);          /* flags */
-    u16 = (uint16_t)v[7]; memcpy(s + 2, &u16, 2);       /* ioprio */
-    memcpy(s + 4, &i32, 4);                             /* fd */
-    u64 = v[4]; memcpy(s + 8, &u64, 8);                 /* off */
-    u64 = v[2]; memcpy(s + 16, &u64, 8);                /* addr */
-    u32 = (uint32_t)v[3]; memcpy(s + 24, &u32, 4);      /* len */
-    u32 = (uint32_t)v[8]; memcpy(s + 28, &u32, 4);      /* op_flags */
-    u64 = v[5]; memcpy(s + 32, &u64, 8);                /* user_data */
-    u16 = (uint16_t)v[9]; memcpy(s + 40, &u16, 2);      /* buf_index */
-    u16 = 0; memcpy(s + 42, &u16, 2);                   /* personality */
-    u32 = (uint32_t)v[10]; memcpy(s + 44, &u32, 4);     /* file_index */
-    u64 = v[11]; memcpy(s + 48, &u64, 8);               /* addr3 */
-    u64 = 0; memcpy(s + 56, &u64, 8);                   /* pad */
+    write_sqe((unsigned char *)c->sqes + (size_t)slot * c->sqe_size, v, fd);
     /* The kernel reads ktail only inside our own io_uring_enter, so publishing it here is
      * the same as publishing it at submit. */
     __atomic_store_n(c->ktail, tail + 1, __ATOMIC_RELEASE);
     return PyLong_FromUnsignedLong(slot);
-slow_clear:
-    PyErr_Clear();
 slow:
     return core_delegate(c, "_prep_py", args, nargsf, kwnames);
+}
+
+static const int batch_pos[] = {F_OPCODE, F_UD};
+
+/* prep_batch(opcode, user_data, *, fd=-1, addr=0, length=0, flags=0, ioprio=0, op_flags=0,
+ *            buf_index=0): user_data a contiguous 1-D buffer of 8-byte unsigned ints; array
+ * addr or length (and anything else) go to the Python method. */
+static PyObject *core_prep_batch(Core *c, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    unsigned long long v[F_N] = {0};
+    PyObject *given[F_N] = {NULL};
+    int32_t fd;
+    Py_buffer ud;
+    if (c->closed)
+        return core_closed(c, "prep_batch");
+    unsigned kw_ok = 1u << F_UD | 1u << F_FD | 1u << F_ADDR | 1u << F_LEN | 1u << F_FLAGS |
+                     1u << F_IOPRIO | 1u << F_OPFLAGS | 1u << F_BUFINDEX;
+    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, batch_pos, 2, kw_ok, given) ||
+        !given[F_UD] || !convert(given, F_UD, v, &fd))
+        goto slow;
+    if (PyObject_GetBuffer(given[F_UD], &ud, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        goto slow;
+    }
+    const char *f = ud.format ? ud.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (ud.ndim != 1 || ud.itemsize != 8 || !(f[0] == 'Q' || f[0] == 'L') || f[1]) {
+        PyBuffer_Release(&ud);
+        goto slow;
+    }
+    Py_ssize_t n = ud.shape[0];
+    unsigned tail = *c->ktail;
+    if (n == 0 || (Py_ssize_t)(c->sq_entries - (tail - __atomic_load_n(c->khead,
+                                                                        __ATOMIC_RELAXED))) < n) {
+        PyBuffer_Release(&ud);
+        goto slow; /* nothing to do, or the Python method submits to make room */
+    }
+    unsigned char tmpl[64];
+    write_sqe(tmpl, v, fd);
+    const uint64_t *uds = ud.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char *s = (unsigned char *)c->sqes + (size_t)((tail + i) & c->sq_mask) *
+                                                          c->sqe_size;
+        memcpy(s, tmpl, 64);
+        memcpy(s + 32, &uds[i], 8);
+    }
+    PyBuffer_Release(&ud);
+    __atomic_store_n(c->ktail, tail + (unsigned)n, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+slow:
+    return core_delegate(c, "_prep_batch_py", args, nargsf, kwnames);
 }
 
 static long sys_enter(Core *c, unsigned n, unsigned wait_nr) {
@@ -308,6 +388,49 @@ static PyObject *core_reap_one(Core *c, PyObject *unused) {
     return t;
 }
 
+/* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy */
+static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (c->closed)
+        return core_closed(c, "reap");
+    unsigned head = *c->kcq_head;
+    unsigned n = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
+    if (kwnames || nargs > 1)
+        return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+    if (nargs == 1 && args[0] != Py_None) {
+        if (!PyLong_CheckExact(args[0]))
+            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        long long m = PyLong_AsLongLong(args[0]);
+        if (m == -1 && PyErr_Occurred())
+            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        if (m < (long long)n)
+            n = m < 0 ? 0 : (unsigned)m;
+    }
+    size_t sz = c->cqe_size, ring_bytes = (size_t)(c->cq_mask + 1) * sz;
+    size_t start = (size_t)(head & c->cq_mask) * sz, len = (size_t)n * sz;
+    PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!raw)
+        return NULL;
+    char *dst = PyByteArray_AS_STRING(raw);
+    if (start + len <= ring_bytes) {
+        memcpy(dst, c->cqes + start, len);
+    } else {
+        memcpy(dst, c->cqes + start, ring_bytes - start);
+        memcpy(dst + (ring_bytes - start), c->cqes, len - (ring_bytes - start));
+    }
+    __atomic_store_n(c->kcq_head, head + n, __ATOMIC_RELEASE); /* the copy above is done */
+    PyObject *pn = PyLong_FromUnsignedLong(n);
+    if (!pn) {
+        Py_DECREF(raw);
+        return NULL;
+    }
+    PyObject *call[3] = {raw, pn, c->cqe32 ? Py_True : Py_False};
+    PyObject *ret = PyObject_Vectorcall(c->of, call, 3, NULL);
+    Py_DECREF(raw);
+    Py_DECREF(pn);
+    return ret;
+}
+
 /* close(): from now on every method raises ClosedError (call before unmapping) */
 static PyObject *core_close(Core *c, PyObject *unused) {
     c->closed = 1;
@@ -319,6 +442,10 @@ static PyMethodDef core_methods[] = {
      "Fill one SQE; returns the slot index (Ring.prep)."},
     {"submit", (PyCFunction)(void (*)(void))core_submit, METH_FASTCALL | METH_KEYWORDS,
      "Publish pending SQEs and enter (Ring.submit)."},
+    {"prep_batch", (PyCFunction)(void (*)(void))core_prep_batch, METH_FASTCALL | METH_KEYWORDS,
+     "Fill len(user_data) SQEs of one opcode (Ring.prep_batch)."},
+    {"reap", (PyCFunction)(void (*)(void))core_reap, METH_FASTCALL | METH_KEYWORDS,
+     "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
     {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
      "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
     {"close", (PyCFunction)core_close, METH_NOARGS, "Refuse every later call."},
@@ -330,7 +457,7 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
+    .tp_doc = "Core(ring, closed_error, completions_of, cqe32, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
               "sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,

@@ -24,7 +24,8 @@ read. Every public method checks first that the ring is open: its memory is unma
 ``close`` and touching it would kill the interpreter.
 
 With the compiled accelerator (zcnet.uring._accel, built at install when a compiler exists;
-``ZCNET_PURE=1`` turns it off) ``prep``, ``submit`` and ``reap_one`` are its Core's methods,
+``ZCNET_PURE=1`` turns it off) ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one``
+are its Core's methods,
 bound on the instance: one C call each instead of a Python frame, a ctypes call and a struct
 pack (batch 1 about 3x faster). Off their common path they call the Python methods below, so
 checks and errors are the same on both paths.
@@ -234,16 +235,18 @@ class Ring:
             self._bind_accel(sq, cq, sqes, p)
 
     def _bind_accel(self, sq: Mapping, cq: Mapping, sqes: Mapping, p: u.io_uring_params) -> None:
-        """Run ``prep``, ``submit`` and ``reap_one`` in the compiled Core: its methods are
-        bound on the instance, over the class's Python methods (which stay its slow paths)."""
+        """Run ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one`` in the compiled
+        Core: its methods are bound on the instance, over the class's Python methods (which
+        stay its slow paths)."""
         from zcnet.uring import _accel  # present: backend() said "c"
 
-        core = _accel.Core(self, ClosedError, self.fd, sq.addr, p.sq_off.head, p.sq_off.tail,
+        core = _accel.Core(self, ClosedError, Completions._of, int(self._cqe_size == 32),
+                           self.fd, sq.addr, p.sq_off.head, p.sq_off.tail,
                            cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
                            self.sq_mask, p.sq_entries, self._sqe_size,
                            cq.addr + p.cq_off.cqes, self.cq_mask, self._cqe_size, 0)
-        self.__dict__.update(_core=core, prep=core.prep, submit=core.submit,
-                             reap_one=core.reap_one)
+        self.__dict__.update(_core=core, prep=core.prep, prep_batch=core.prep_batch,
+                             submit=core.submit, reap=core.reap, reap_one=core.reap_one)
 
     def close(self) -> None:
         """Unmap and close; idempotent. Registered resources die with the fd."""
@@ -356,6 +359,8 @@ class Ring:
             self._sqes[start:] = self._stage_mv[:first]
             self._sqes[:end - ring_bytes] = self._stage_mv[first:n * sz]
         sq[self._ktail_i] = (tail + n) & _U32
+
+    _prep_batch_py = prep_batch  # the compiled Core's slow path
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
         """Publish pending SQEs and enter; returns once ``wait_nr`` completions are ready.
@@ -478,6 +483,8 @@ class Ring:
             raw += self._cqes[:end - self._cq_bytes]
         cq[self._kcq_head_i] = (head + n) & _U32  # release: the copy above is done
         return Completions._of(raw, n, self.cqe32)
+
+    _reap_py = reap  # the compiled Core's slow path
 
     def reap_one(self) -> tuple[int, int, int] | None:
         """The oldest ready CQE as (user_data, res, flags), or None: the small-batch path,
