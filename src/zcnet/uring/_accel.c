@@ -10,6 +10,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -465,9 +466,106 @@ static PyTypeObject CoreType = {
     .tp_methods = core_methods,
 };
 
+/* make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)
+ *
+ * The iterator path's per-buffer objects: one ``cls`` instance per buffer (a class with
+ * __slots__ _rx, offset, length, _tok, stream_offset, all set here as its __init__ would),
+ * stream offsets running from ``start``. Allocating them from C skips a Python __init__ frame
+ * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length. */
+static Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
+    PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
+    if (!d)
+        return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
+                     name);
+    return off;
+}
+
+static void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
+    PyObject **p = (PyObject **)((char *)o + off);
+    PyObject *old = *p;
+    *p = v; /* the reference passed in is stolen */
+    Py_XDECREF(old);
+}
+
+static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyType_Check(args[0]) || !PyList_Check(args[2]) ||
+        !PyList_Check(args[3]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make_chunks(cls, rx, offsets: list, lengths: list, tokens: list, start)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *rx = args[1], *offs = args[2], *lens = args[3], *toks = args[4];
+    Py_ssize_t n = PyList_GET_SIZE(offs);
+    if (PyList_GET_SIZE(lens) != n || PyList_GET_SIZE(toks) != n) {
+        PyErr_SetString(PyExc_ValueError, "make_chunks: offsets, lengths and tokens differ in "
+                                          "length");
+        return NULL;
+    }
+    long long s = PyLong_AsLongLong(args[5]);
+    if (s == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "offset"),
+               o_len = slot_offset(cls, "length"), o_tok = slot_offset(cls, "_tok"),
+               o_so = slot_offset(cls, "stream_offset");
+    if (o_rx < 0 || o_off < 0 || o_len < 0 || o_tok < 0 || o_so < 0)
+        return NULL;
+    PyObject *out = PyList_New(n);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ln = PyList_GET_ITEM(lens, i);
+        long long l = PyLong_AsLongLong(ln);
+        if (l == -1 && PyErr_Occurred())
+            goto fail;
+        PyObject *so = PyLong_FromLongLong(s);
+        if (!so)
+            goto fail;
+        PyObject *c = cls->tp_alloc(cls, 0);
+        if (!c) {
+            Py_DECREF(so);
+            goto fail;
+        }
+        Py_INCREF(rx);
+        set_slot(c, o_rx, rx);
+        Py_INCREF(PyList_GET_ITEM(offs, i));
+        set_slot(c, o_off, PyList_GET_ITEM(offs, i));
+        Py_INCREF(ln);
+        set_slot(c, o_len, ln);
+        Py_INCREF(PyList_GET_ITEM(toks, i));
+        set_slot(c, o_tok, PyList_GET_ITEM(toks, i));
+        set_slot(c, o_so, so);
+        PyList_SET_ITEM(out, i, c);
+        s += l;
+    }
+    {
+        PyObject *end = PyLong_FromLongLong(s);
+        if (!end)
+            goto fail;
+        PyObject *r = PyTuple_Pack(2, out, end);
+        Py_DECREF(out);
+        Py_DECREF(end);
+        return r;
+    }
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+    {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
+     "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
     {NULL, NULL, 0, NULL},
 };
 

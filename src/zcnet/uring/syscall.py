@@ -8,6 +8,7 @@ import errno
 import functools
 import os
 from collections.abc import Callable
+from types import ModuleType
 
 from zcnet.uapi import io_uring as u
 
@@ -85,6 +86,12 @@ def backend() -> str:
     if _accel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
         return "pure"
     return "c"
+
+
+def accel_for(kind: str) -> ModuleType | None:
+    """The compiled accelerator module when backend ``kind`` is "c" (else None): for callers
+    above the ring with a hot loop of their own (the zero-copy receiver's chunks)."""
+    return _accel if kind == "c" else None
 
 
 def enter_fast_for(kind: str) -> Callable[[int, int, int, int, None, int], int]:
