@@ -66,6 +66,31 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromLong(ret);
 }
 
+/* The byte offset of __slots__ member ``name`` of ``cls`` (-1 and TypeError if it is not one). */
+static Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
+    PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
+    if (!d)
+        return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
+                     name);
+    return off;
+}
+
+static void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
+    PyObject **p = (PyObject **)((char *)o + off);
+    PyObject *old = *p;
+    *p = v; /* the reference passed in is stolen */
+    Py_XDECREF(old);
+}
+
 /* Core: the ring's hot methods over its mapped memory, bound on a Ring made with the
  * accelerator (Ring.prep, .prep_batch, .submit, .reap, .reap_one). The Ring keeps its mappings alive while the Core
  * is open and closes the Core before unmapping; after that every method raises the same
@@ -82,29 +107,46 @@ typedef struct {
     PyObject *ring_ref;     /* weakref to the Ring: its slow paths */
     PyObject *closed_error; /* zcnet.errors.ClosedError */
     PyObject *owner;        /* the Ring's type name, for the error message */
-    PyObject *of;           /* Completions._of(raw, n, cqe32): reap's result */
+    PyTypeObject *comp;     /* zcnet.uring.ring.Completions: reap's result */
+    Py_ssize_t comp_off[8]; /* its slots, in comp_slots order */
+    PyObject *keep;         /* the ring's mappings: alive while any bound method is */
     int cqe32;
 } Core;
+
+/* Completions' slots: the three reap sets, then the lazily decoded ones (None) */
+static const char *const comp_slots[8] = {"_raw", "_n", "_cqe32", "_words", "_ud", "_res",
+                                          "_flags", "_extra"};
 
 static void core_dealloc(Core *c) {
     Py_XDECREF(c->ring_ref);
     Py_XDECREF(c->closed_error);
     Py_XDECREF(c->owner);
-    Py_XDECREF(c->of);
+    Py_XDECREF(c->comp);
+    Py_XDECREF(c->keep);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
 static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
     unsigned khead, ktail, kcq_head, kcq_tail;
-    PyObject *ring, *err, *of;
-    if (!PyArg_ParseTuple(args, "OOOiiKIIKIIKIIIKIII", &ring, &err, &of, &c->cqe32, &c->fd, &sq,
+    PyObject *ring, *err, *of, *keep;
+    if (!PyArg_ParseTuple(args, "OOOOiiKIIKIIKIIIKIII", &ring, &err, &of, &keep, &c->cqe32,
+                          &c->fd, &sq,
                           &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &c->sq_mask,
                           &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
                           &c->closed))
         return -1;
+    if (!PyType_Check(of)) {
+        PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
+        return -1;
+    }
+    for (int i = 0; i < 8; i++)
+        if ((c->comp_off[i] = slot_offset((PyTypeObject *)of, comp_slots[i])) < 0)
+            return -1;
     Py_INCREF(of);
-    Py_XSETREF(c->of, of);
+    Py_XSETREF(c->comp, (PyTypeObject *)of);
+    Py_INCREF(keep);
+    Py_XSETREF(c->keep, keep);
     c->khead = (unsigned *)(uintptr_t)(sq + khead);
     c->ktail = (unsigned *)(uintptr_t)(sq + ktail);
     c->kcq_head = (unsigned *)(uintptr_t)(cq + kcq_head);
@@ -421,14 +463,18 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
     }
     __atomic_store_n(c->kcq_head, head + n, __ATOMIC_RELEASE); /* the copy above is done */
     PyObject *pn = PyLong_FromUnsignedLong(n);
-    if (!pn) {
+    PyObject *ret = pn ? c->comp->tp_alloc(c->comp, 0) : NULL;
+    if (!ret) {
+        Py_XDECREF(pn);
         Py_DECREF(raw);
         return NULL;
     }
-    PyObject *call[3] = {raw, pn, c->cqe32 ? Py_True : Py_False};
-    PyObject *ret = PyObject_Vectorcall(c->of, call, 3, NULL);
-    Py_DECREF(raw);
-    Py_DECREF(pn);
+    /* as Completions._of: the copy, its count and kind; the rest decoded on first use */
+    set_slot(ret, c->comp_off[0], raw);
+    set_slot(ret, c->comp_off[1], pn);
+    set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
+    for (int i = 3; i < 8; i++)
+        set_slot(ret, c->comp_off[i], Py_NewRef(Py_None));
     return ret;
 }
 
@@ -458,7 +504,7 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, completions_of, cqe32, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
+    .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
               "sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
@@ -472,30 +518,6 @@ static PyTypeObject CoreType = {
  * __slots__ _rx, offset, length, _tok, stream_offset, all set here as its __init__ would),
  * stream offsets running from ``start``. Allocating them from C skips a Python __init__ frame
  * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length. */
-static Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
-    PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
-    if (!d)
-        return -1;
-    Py_ssize_t off = -1;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
-            off = m->offset;
-    }
-    Py_DECREF(d);
-    if (off < 0)
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
-                     name);
-    return off;
-}
-
-static void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
-    PyObject **p = (PyObject **)((char *)o + off);
-    PyObject *old = *p;
-    *p = v; /* the reference passed in is stolen */
-    Py_XDECREF(old);
-}
-
 static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyType_Check(args[0]) || !PyList_Check(args[2]) ||
         !PyList_Check(args[3]) || !PyList_Check(args[4])) {

@@ -96,6 +96,7 @@ class Completions:
 
     @classmethod
     def _of(cls, raw: bytearray, n: int, cqe32: bool) -> Completions:
+        # The compiled reap (zcnet.uring._accel) sets these same slots itself.
         c = cls.__new__(cls)
         c._raw, c._n, c._cqe32 = raw, n, cqe32
         c._words = c._ud = c._res = c._flags = c._extra = None
@@ -240,7 +241,8 @@ class Ring:
         stay its slow paths)."""
         from zcnet.uring import _accel  # present: backend() said "c"
 
-        core = _accel.Core(self, ClosedError, Completions._of, int(self._cqe_size == 32),
+        core = _accel.Core(self, ClosedError, Completions, tuple(self._maps),
+                           int(self._cqe_size == 32),
                            self.fd, sq.addr, p.sq_off.head, p.sq_off.tail,
                            cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
                            self.sq_mask, p.sq_entries, self._sqe_size,
