@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
-from test_zc_soft import PAT
+from zc_helpers import PAT
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_reg
 from zcnet.rx.zc.area import PAGE_SIZE, Area

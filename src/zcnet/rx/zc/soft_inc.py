@@ -13,8 +13,8 @@ Some facts about incremental buffer consumption:
   back to back: consecutive chunks are neighbours in the area (coalescing), and a 100-byte
   message costs 100 bytes of area, not a whole buffer.
 - A buffer goes back to the ring only when the kernel is done with it and every chunk in it is
-  released: a per-buffer count of held chunks, updated only by the owner thread (the 002
-  lesson), decremented in batches when releases are drained.
+  released: a per-buffer count of held chunks, written only by the owner thread (one writer
+  per counter, see bookkeeping.py), decremented in batches when releases are drained.
 """
 
 from __future__ import annotations
