@@ -45,6 +45,7 @@ from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
 from zcnet.uring.syscall import (
+    accel_for,
     backend,
     cqe_error,
     enter_fast_for,
@@ -239,9 +240,9 @@ class Ring:
         """Run ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one`` in the compiled
         Core: its methods are bound on the instance, over the class's Python methods (which
         stay its slow paths)."""
-        from zcnet.uring import _accel  # present: backend() said "c"
-
-        core = _accel.Core(self, ClosedError, Completions, tuple(self._maps),
+        accel = accel_for("c")
+        assert accel is not None  # backend() said "c"
+        core = accel.Core(self, ClosedError, Completions, tuple(self._maps),
                            int(self._cqe_size == 32),
                            self.fd, sq.addr, p.sq_off.head, p.sq_off.tail,
                            cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
