@@ -27,12 +27,14 @@ import itertools
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
 from zcnet.rx.zc.soft import RECV_UD, SoftProvider, buffer_count
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
@@ -48,11 +50,6 @@ LOCAL_MASK = (1 << LOCAL_BITS) - 1
 FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
-
-
-def _sq_flags(ring: Ring) -> int:
-    # The SQ ring's flags word, which the kernel writes; Ring exposes only its overflow bit.
-    return int(ring._sqm[ring._ksq_flags_i])
 
 
 class LoopRing:
@@ -134,7 +131,7 @@ class LoopRing:
     def work(self) -> bool:
         """Whether a pass would find anything: SQEs to submit, task work or CQEs."""
         ring = self.ring
-        return bool(ring.pending or ring.cq_ready() or _sq_flags(ring) & _WORK)
+        return bool(ring.pending or ring.cq_ready() or ring.sq_flags & _WORK)
 
     def poll(self, *, signalled: bool = False) -> None:
         """Submit, run the task work, reap and dispatch; drain the eventfd when it may be set.
@@ -146,7 +143,7 @@ class LoopRing:
         if ring.pending:
             ring.submit()
             entered = True
-        if _sq_flags(ring) & _WORK:
+        if ring.sq_flags & _WORK:
             ring.get_events()
             entered = True
         n = ring.cq_ready()
@@ -203,7 +200,10 @@ class LoopRing:
         m = self.members.get(mid)
         if m is not None:  # else: a member that left; its cancel completed before it did
             m.inbox.append(c)
-            m.kick()
+            if m.on_ready is not None:
+                m.on_ready()
+            else:
+                m.kick()
 
 
 class MemberRing:
@@ -217,6 +217,8 @@ class MemberRing:
         # Dispatched completions: arrays, or (user_data, res, flags) tuples for a few.
         self.inbox: list[Completions | list[tuple[int, int, int]]] = []
         self.waiter: asyncio.Future[None] | None = None
+        #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
+        self.on_ready: Callable[[], None] | None = None
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
@@ -302,6 +304,18 @@ class SharedSoftProvider(SoftProvider):
                             area_offset=0)
         self._ring = member  # type: ignore[assignment]
         self.member = member
+
+    def reap(self, timeout: float | None) -> Delivery:
+        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
+        provider's small-round path as they are, with no arrays built and taken apart."""
+        m = self.member
+        box = m.inbox
+        if len(box) == 1 and type(box[0]) is list and self._buf is not None:
+            m.inbox = []
+            out = Delivery()
+            self._take_few(box[0], out)
+            return out
+        return super().reap(timeout)
 
     def close(self) -> None:
         try:

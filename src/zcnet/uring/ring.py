@@ -462,6 +462,14 @@ class Ring:
         return (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32
 
     @property
+    def sq_flags(self) -> int:
+        """The SQ ring's flags word, which the kernel writes (IORING_SQ_TASKRUN with
+        IORING_SETUP_TASKRUN_FLAG, IORING_SQ_CQ_OVERFLOW, IORING_SQ_NEED_WAKEUP)."""
+        if self.fd < 0:
+            raise ClosedError.of(self, "sq_flags")
+        return self._sqm[self._ksq_flags_i]
+
+    @property
     def cq_overflow(self) -> bool:
         if self.fd < 0:
             raise ClosedError.of(self, "cq_overflow")
