@@ -151,6 +151,8 @@ class LoopRing:
             self._dispatch(ring.reap())
         elif n:
             self._dispatch_few(ring, n)
+        if ring.closed:  # its last member left during the dispatch (a protocol's close)
+            return
         if entered:
             drain(self.efd)
             if self.work():
