@@ -63,6 +63,7 @@ class LoopRing:
         self._free_bgids: list[int] = []
         self._bgids = 0
         self._scheduled = False
+        self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -131,7 +132,7 @@ class LoopRing:
     def work(self) -> bool:
         """Whether a pass would find anything: SQEs to submit, task work or CQEs."""
         ring = self.ring
-        return bool(ring.pending or ring.cq_ready() or ring.sq_flags & _WORK)
+        return bool(self.prepped or ring.cq_ready() or ring.sq_flags & _WORK)
 
     def poll(self, *, signalled: bool = False) -> None:
         """Submit, run the task work, reap and dispatch; drain the eventfd when it may be set.
@@ -140,7 +141,8 @@ class LoopRing:
         if ring.closed:
             return
         entered = signalled
-        if ring.pending:
+        if self.prepped:
+            self.prepped = False
             ring.submit()
             entered = True
         if ring.sq_flags & _WORK:
@@ -232,7 +234,10 @@ class MemberRing:
             addr |= tag  # the target's user_data
         if kw.get("flags", 0) & u.IOSQE_BUFFER_SELECT:
             kw["buf_index"] = self.bgid
-        return self.lr.ring.prep(opcode, fd, addr, length, off, tag | user_data, **kw)
+        lr = self.lr
+        slot = lr.ring.prep(opcode, fd, addr, length, off, tag | user_data, **kw)
+        lr.prepped = True
+        return slot
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
         """No wait: submitted with everyone's at the end of this loop iteration. A wait with a

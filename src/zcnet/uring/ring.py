@@ -512,9 +512,11 @@ class Ring:
 
     def get_events(self) -> None:
         """Enter only to run deferred task work and flush overflowed CQEs into the CQ."""
-        if self.fd < 0:
+        fd = self.fd
+        if fd < 0:
             raise ClosedError.of(self, "get_events")
-        io_uring_enter(self.fd, 0, 0, u.IORING_ENTER_GETEVENTS)
+        if self._enter(fd, 0, 0, _GETEVENTS, None, 0) < 0:  # the fast enter; errno below
+            io_uring_enter(fd, 0, 0, _GETEVENTS)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:

@@ -172,7 +172,10 @@ class SoftProvider:
         buf = self._buf
         if buf is None:
             raise ClosedError.of(self, "recycle")
-        if len(tokens):
+        if type(tokens) is list and len(tokens) <= FEW:
+            if tokens:
+                buf.provide_few(tokens)
+        elif len(tokens):
             buf.provide(tokens if isinstance(tokens, np.ndarray)
                         else np.array(tokens, dtype=np.uint16))
 
