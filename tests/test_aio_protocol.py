@@ -250,6 +250,35 @@ def test_reset_by_peer_reaches_connection_lost(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+def test_a_failed_send_reaches_connection_lost_and_later_writes_drop(loop_kind, no_leaks):
+    """The peer reset before the reply: the send error ends the connection through
+    connection_lost, and a write after it in the same callback raises nothing."""
+    class Replier(Recorder):
+        def chunk_received(self, chunk) -> None:
+            super().chunk_received(chunk)
+            self.transport.write(b"reply")
+            self.transport.write(b"more")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seen: list[dict] = []
+        loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        c, s = await tcp_pair()
+        p = Replier(pattern(11, 100))
+        tr = aio.start_protocol(s, p, **SMALL)
+        tr.pause_reading()
+        await send_all(c, pattern(11, 100), close=False)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        c.close()  # RST before the server looks
+        await asyncio.sleep(0.05)
+        tr.resume_reading()
+        exc = await asyncio.wait_for(p.lost, 10)
+        assert isinstance(exc, (BrokenPipeError, ConnectionResetError)), exc
+        assert not seen, [x["message"] for x in seen]
+
+    run(loop_kind, main)
+
+
 def test_protocols_and_async_receivers_share_the_loops_ring(loop_kind, no_leaks):
     size = 512 << 10
 

@@ -90,6 +90,7 @@ class ZcTransport:
         self._paused = False    # pause_reading()
         self._waiting_release = False
         self._eof = False
+        self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
         track(self.loop, self)
 
@@ -186,6 +187,8 @@ class ZcTransport:
         """Send ``data``: at once as far as the socket takes it, the rest copied and sent when
         it becomes writable. ``data`` may be a chunk's view; release the chunk afterwards."""
         if self._closing:
+            if self._failed:
+                return  # the send error reaches connection_lost; the bytes have nowhere to go
             raise ClosedError("write on a closing zcnet.aio transport")
         if self._wbuf:
             self._wbuf += data
@@ -197,9 +200,9 @@ class ZcTransport:
             sent = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError as e:
+        except OSError as e:  # the peer reset or shut down: drop the connection
+            self._closing = self._failed = True
             self.loop.call_soon(self._teardown, e)
-            self._closing = True
             return
         if sent < n:
             self._wbuf += memoryview(data)[sent:]
