@@ -61,6 +61,13 @@ async def recv_exactly(c: socket.socket, n: int) -> bytes:
     return bytes(got)
 
 
+def exceptions_seen() -> list[dict]:
+    """The contexts the running loop's exception handler gets from now on."""
+    seen: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    return seen
+
+
 def test_stream_arrives_whole_and_in_order_then_eof(loop_kind, no_leaks):
     size = (3 << 20) + 123
 
@@ -216,9 +223,7 @@ def test_a_failing_callback_is_reported_and_drops_the_connection(loop_kind, no_l
             raise ValueError("bad frame")
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        seen: list[dict] = []
-        loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        seen = exceptions_seen()
         c, s = await tcp_pair()
         p = Boom(pattern(6, 1000))
         tr = aio.start_protocol(s, p, **SMALL)
@@ -260,9 +265,7 @@ def test_a_failed_send_reaches_connection_lost_and_later_writes_drop(loop_kind, 
             self.transport.write(b"more")
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        seen: list[dict] = []
-        loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        seen = exceptions_seen()
         c, s = await tcp_pair()
         p = Replier(pattern(11, 100))
         tr = aio.start_protocol(s, p, **SMALL)
