@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from test_proto_state import OPEN, deliver, handshake
-from zcnet.bench import protocol as p
-from zcnet.bench.protocol import Connection, Limits, RemoteProtocolError, Role
+from zcnet.bench import proto as p
+from zcnet.bench.proto import Connection, Limits, RemoteProtocolError, Role
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -51,7 +53,7 @@ def test_flows_end_with_their_run_so_a_session_can_run_again():
 def test_results_flows_are_objects_with_a_flow_and_role(flows):
     cli, srv = handshake()
     deliver(cli, srv, {"type": "start", "duration": 0.1})
-    cli.receive_data(_frame(p.json.dumps({"type": "results", "flows": flows, "cpus": {},
+    cli.receive_data(_frame(json.dumps({"type": "results", "flows": flows, "cpus": {},
                                           "seconds": 0.1})))
     with pytest.raises(RemoteProtocolError):
         cli.next_event()

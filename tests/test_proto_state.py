@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from zcnet.bench import protocol as p
-from zcnet.bench.protocol import (
+from zcnet.bench import proto as p
+from zcnet.bench.proto import (
     NEED_DATA,
     Connection,
     Limits,

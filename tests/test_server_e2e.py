@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from zcnet.bench import protocol as proto
+from zcnet.bench import proto as proto
 from zcnet.bench.authtoken import default_token
 from zcnet.bench.client import ClientOptions, Control, run
 from zcnet.errors import ZcnetError

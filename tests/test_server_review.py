@@ -13,7 +13,7 @@ import pytest
 
 from test_server_e2e import ServerProc, _raw_session, _read_frame, flow_workers, server, wait_for
 from zcnet.bench import client as client_mod
-from zcnet.bench import protocol as proto
+from zcnet.bench import proto as proto
 from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
 from zcnet.bench.server import parse_hostport
 from zcnet.errors import UsageError

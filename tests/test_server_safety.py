@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from test_server_e2e import READY, ServerProc, _raw_session, _read_frame, server, wait_for
-from zcnet.bench import protocol as proto
+from zcnet.bench import proto as proto
 from zcnet.bench.authtoken import default_token, default_token_path, read_token
 from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
 from zcnet.bench.server import MAX_PENDING

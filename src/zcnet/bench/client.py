@@ -18,14 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from zcnet.bench import protocol as proto
+from zcnet.bench import proto
 from zcnet.bench.authtoken import default_token, default_token_path
-from zcnet.bench.protocol import NEED_DATA, ProtocolError, Role
+from zcnet.bench.proto import Channel, ProtocolError, Role
 from zcnet.bench.rr import PERCENTILES, merge_encoded, summarize
 from zcnet.bench.server import GRACE, parse_hostport
 from zcnet.errors import UsageError, ZcnetError
@@ -160,6 +159,7 @@ class Control:
             raise ZcnetError(f"cannot reach zcnet server at {host}:{port}: {e.strerror or e}",
                              "start `zcnet server` there (or pass --ssh HOST)") from None
         self.sock.settimeout(REQUEST_TIMEOUT)
+        self.chan = Channel(self.sock, self.conn)
         try:
             self.send({"type": "hello", "version": proto.PROTOCOL_VERSION,
                        "caps": list(proto.CAPABILITIES)})
@@ -175,33 +175,20 @@ class Control:
 
     def send(self, msg: dict[str, Any]) -> None:
         try:
-            self.sock.sendall(self.conn.send(msg))
+            self.chan.send(msg)
         except OSError as e:
             raise ZcnetError(f"server {self.addr}: connection lost ({e})") from None
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                ev = self.conn.next_event()
-            except ProtocolError as e:
-                raise ZcnetError(f"server {self.addr}: {e.message}") from None
-            if ev is not NEED_DATA:
-                assert isinstance(ev, dict)
-                if ev["type"] == "error":
-                    raise _server_error(self.addr, ev)
-                return ev
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ZcnetError(f"server {self.addr}: no answer within {timeout:.0f} s")
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(1 << 16)
-            except TimeoutError:
-                continue
-            except OSError:
-                data = b""
-            self.conn.receive_data(data)
+        try:
+            ev = self.chan.receive(timeout)
+        except ProtocolError as e:
+            raise ZcnetError(f"server {self.addr}: {e.message}") from None
+        if ev is None:
+            raise ZcnetError(f"server {self.addr}: no answer within {timeout:.0f} s")
+        if ev["type"] == "error":
+            raise _server_error(self.addr, ev)
+        return ev
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.send(msg)

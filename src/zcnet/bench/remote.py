@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from zcnet.bench.protocol import DEFAULT_PORT
+from zcnet.bench.proto import DEFAULT_PORT
 from zcnet.errors import UsageError, ZcnetError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Each session runs in a thread of the server and owns the flow workers it started: one process per
 flow end (``zcnet.bench.rr.flow_main``), pinned where the client asks. The session speaks the
-sans-I/O protocol of ``zcnet.bench.protocol`` over its socket; any invalid message gets an
+protocol of ``zcnet.bench.proto`` over its socket; any invalid message gets an
 ``error`` reply and ends that session only.
 
 Some facts about lifetimes, and why the code is this way:
@@ -52,12 +52,18 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from zcnet.bench import protocol as proto
-from zcnet.bench import scratch
+from zcnet.bench import proto, scratch
 from zcnet.bench.authtoken import MIN_TOKEN, default_token
 from zcnet.bench.authtoken import read_token as read_token  # callers import it from here
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.protocol import NEED_DATA, Limits, LocalProtocolError, RemoteProtocolError, Role
+from zcnet.bench.proto import (
+    NEED_DATA,
+    Channel,
+    Limits,
+    LocalProtocolError,
+    RemoteProtocolError,
+    Role,
+)
 from zcnet.bench.rr import FlowSpec, encode_histogram, flow_main, merge_encoded, tx_paths
 from zcnet.errors import UsageError, ZcnetError
 
@@ -250,35 +256,17 @@ class Session:
     def __post_init__(self) -> None:
         self.abort = threading.Event()
         self.sock.setblocking(True)
-
-    # -- transport -------------------------------------------------------------------------------
+        self.chan = Channel(self.sock, self.conn)
 
     def _send(self, msg: dict[str, Any]) -> None:
-        self.sock.sendall(self.conn.send(msg))
-
-    def _read_into_conn(self, timeout: float) -> None:
-        """Feed what arrives within ``timeout`` (possibly nothing) to the protocol."""
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(65536)
-        except TimeoutError:
-            return
-        except ConnectionError:
-            data = b""
-        self.conn.receive_data(data)
+        self.chan.send(msg)
 
     def _next(self, timeout: float) -> dict[str, Any]:
         # Reads in slices of at most a second, so a server shutdown (abort) is seen promptly.
-        deadline = time.monotonic() + timeout
-        while True:
-            ev = self.conn.next_event()
-            if ev is not NEED_DATA:
-                assert isinstance(ev, dict)
-                return ev
-            left = deadline - time.monotonic()
-            if left <= 0 or self.abort.is_set():
-                raise SessionError("timeout", f"no message for {timeout:g} s")
-            self._read_into_conn(min(left, 1.0))
+        ev = self.chan.receive(timeout, slice_s=1.0, stop=self.abort.is_set)
+        if ev is None:
+            raise SessionError("timeout", f"no message for {timeout:g} s")
+        return ev
 
     # -- conversation ----------------------------------------------------------------------------
 
@@ -306,11 +294,7 @@ class Session:
             self.sock.close()
 
     def _try_error(self, code: str, message: str) -> None:
-        try:
-            self.sock.settimeout(1.0)
-            self.sock.sendall(self.conn.send_error(code, message))
-        except OSError:
-            pass
+        self.chan.send_error(code, message)
 
     def _converse(self) -> None:
         """From the authenticated handshake (``Handshake``) on: auth_ok, then requests."""
@@ -447,11 +431,8 @@ class Session:
 
     def _control_during_run(self) -> None:
         """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
-        self._read_into_conn(1.0)
-        try:
-            ev = self.conn.next_event()
-        except RemoteProtocolError:
-            raise
+        self.chan.read(1.0)
+        ev = self.conn.next_event()   # RemoteProtocolError ("eof") when it vanished
         if ev is not NEED_DATA:
             raise SessionError("aborted", "client ended the session during the run")
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from zcnet.bench.protocol import Limits
+from zcnet.bench.proto import Limits
 from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
