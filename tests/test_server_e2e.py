@@ -22,7 +22,8 @@ import pytest
 
 from zcnet.bench import proto as proto
 from zcnet.bench.authtoken import default_token
-from zcnet.bench.client import ClientOptions, Control, run
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import Control
 from zcnet.errors import ZcnetError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 from test_server_e2e import ServerProc, _raw_session, _read_frame, flow_workers, server, wait_for
-from zcnet.bench import client as client_mod
+from zcnet.bench import control as control_mod
 from zcnet.bench import proto as proto
-from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
-from zcnet.bench.server import parse_hostport
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import Control, ServerRefused
+from zcnet.bench.endpoint import parse_hostport
 from zcnet.errors import UsageError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
@@ -102,7 +103,7 @@ def test_port_out_of_range_is_a_usage_error(text):
 @pytest.mark.timeout(30)
 def test_client_close_is_bounded_when_the_server_goes_silent(monkeypatch):
     """A server that completes the handshake and then never answers: close() gives up soon."""
-    monkeypatch.setattr(client_mod, "CLOSE_TIMEOUT", 0.5, raising=False)
+    monkeypatch.setattr(control_mod, "CLOSE_TIMEOUT", 0.5)
     ls = socket.create_server(("127.0.0.1", 0))
     done = threading.Event()
 
@@ -198,7 +199,7 @@ def test_ready_line_split_across_reads_gives_the_whole_address(no_leaks, tmp_pat
 def test_unauthenticated_idle_connection_is_dropped_long_before_the_session_timeout(tmp_path):
     """Idle, unauthenticated peers must not hold the 64 session slots for a whole session
     timeout: the handshake has its own short deadline (HANDSHAKE_TIMEOUT)."""
-    from zcnet.bench.server import HANDSHAKE_TIMEOUT
+    from zcnet.bench.session import HANDSHAKE_TIMEOUT
 
     with server(tmp_path, "127.0.0.1", "--session-timeout", "600") as s, \
             _raw_session(s.address) as c:

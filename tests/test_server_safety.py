@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from test_server_e2e import READY, ServerProc, _raw_session, _read_frame, server, wait_for
 from zcnet.bench import proto as proto
 from zcnet.bench.authtoken import default_token, default_token_path, read_token
-from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import Control, ServerRefused
 from zcnet.bench.server import MAX_PENDING
 from zcnet.errors import UsageError
 

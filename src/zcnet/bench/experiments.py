@@ -161,7 +161,8 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
 def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
     """One cell between this host (receiving, on ``target.ifname``) and the sending host's
     ``zcnet server`` (``target.remote``): the real experiment, through the client."""
-    from zcnet.bench.client import ClientOptions, ServerRefused, run
+    from zcnet.bench.client import ClientOptions, run
+    from zcnet.bench.control import ServerRefused
     from zcnet.bench.remote import LocalServer
     from zcnet.bench.run import NIC_ENGINES, flow_cell
 

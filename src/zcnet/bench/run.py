@@ -210,7 +210,8 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
 def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
                     engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
-    from zcnet.bench.client import ServerRefused, run
+    from zcnet.bench.client import run
+    from zcnet.bench.control import ServerRefused
 
     copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
                               verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,

@@ -190,7 +190,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 
 def tables(result: Any) -> list[Any]:
-    from zcnet.bench.client import PERCENTILE_KEYS
+    from zcnet.bench.hist import PERCENTILE_KEYS
     from zcnet.report.tables import MPSTAT_COLUMNS, Table
 
     rr = result.summary["mode"] == "rr"

@@ -144,7 +144,7 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     check_outputs(args)
     if args.duration:
         spec = dataclasses.replace(spec, duration=args.duration)
-    from zcnet.bench.server import read_token
+    from zcnet.bench.authtoken import read_token
 
     token = read_token(args.token_file) if args.token_file else None
     target = Target(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,

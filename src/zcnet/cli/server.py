@@ -87,7 +87,8 @@ def _watch_stdin(on_eof: Callable[[], None]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zcnet.bench.authtoken import default_token_path
-    from zcnet.bench.server import Server, parse_hostport
+    from zcnet.bench.endpoint import parse_hostport
+    from zcnet.bench.server import Server
 
     _check_limits(args)
     host, port = parse_hostport(args.listen)

@@ -45,6 +45,7 @@ from zcnet.bench.proto.schema import (
     CPU,
     DEFAULT_PORT,
     FLOW,
+    GRACE,
     MAX_MESSAGE,
     MAX_PREAUTH_MESSAGE,
     MODES,
@@ -58,7 +59,8 @@ from zcnet.bench.proto.schema import (
 from zcnet.bench.proto.state import PREAUTH_STATES, REQUESTS, STATES, TRANSITIONS, Role
 
 __all__ = [
-    "CAPABILITIES", "CHALLENGE_BYTES", "CPU", "DEFAULT_PORT", "FLOW", "HEADER", "MAX_MESSAGE",
+    "CAPABILITIES", "CHALLENGE_BYTES", "CPU", "DEFAULT_PORT", "FLOW", "GRACE", "HEADER",
+    "MAX_MESSAGE",
     "MAX_PREAUTH_MESSAGE", "MODES", "NEED_DATA", "PORT", "PREAUTH_STATES", "PROTOCOL_VERSION",
     "REQUESTS", "SCHEMA", "SIZE", "STATES", "TRANSITIONS", "Channel", "Connection", "Decoder",
     "Field", "Limits", "LocalProtocolError", "NeedData", "ProtocolError", "RemoteProtocolError",

@@ -20,6 +20,8 @@ MAX_MESSAGE = 1 << 20
 # What an unauthenticated peer may send in one frame (a hello or an auth is a few hundred
 # bytes): a server holding many half-open handshakes then holds little memory for each.
 MAX_PREAUTH_MESSAGE = 4096
+# How long after a run's duration a server may take to drain and send its results.
+GRACE = 10.0
 CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
