@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from zcnet.bench.experiments import Target, plan, run_experiment
+from zcnet.bench.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.cli import main
 from zcnet.errors import Unsupported
-from zcnet.report.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.report.tables import experiment_tables
 
 # Everything a test here creates must be gone afterwards (see leaks.py).

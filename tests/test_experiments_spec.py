@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zcnet.cli import main
-from zcnet.report.spec import (
+from zcnet.bench.spec import (
     SpecError,
     builtin_names,
     builtin_spec,
@@ -16,6 +15,7 @@ from zcnet.report.spec import (
     load_spec,
     parse_spec,
 )
+from zcnet.cli import main
 
 BUILTINS = ("mlx5-zcrx", "tx-mpwqe", "zcrx-refs")
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from zcnet.bench.experiments import iter_run
+from zcnet.bench.spec import SpecError, builtin_spec, parse_spec
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report.export import write_text
-from zcnet.report.spec import SpecError, builtin_spec, parse_spec
 from zcnet.report.stats import welch
 from zcnet.report.tables import experiment_tables
 

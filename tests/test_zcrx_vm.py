@@ -265,7 +265,7 @@ def test_mlx5_zcrx_plan_measures_zcrx_here():
     if not kernel_offers().copy_mode:
         pytest.skip("this kernel has no zcrx copy mode; run under `zcnet vm run`")
     from zcnet.bench.experiments import Target, plan
-    from zcnet.report.spec import builtin_spec
+    from zcnet.bench.spec import builtin_spec
 
     p = plan(builtin_spec("mlx5-zcrx"), Target())
     assert not p.substitutions

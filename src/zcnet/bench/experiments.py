@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.bench import meta
+from zcnet.bench.spec import Spec
 from zcnet.errors import Unsupported, ZcnetError
-from zcnet.report.spec import Spec
 
 log = logging.getLogger(__name__)
 

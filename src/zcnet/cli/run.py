@@ -14,11 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from zcnet.bench.spec import Spec, load_spec
 from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import check_figures
 from zcnet.report.export import make_console, say
-from zcnet.report.spec import Spec, load_spec
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:

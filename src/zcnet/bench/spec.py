@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -281,8 +282,6 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
     rep = ck.table(doc, "report", required=False)
     ck.unknown(rep, ("report",), {"table", "rows", "columns", "metric", "extra", "baseline",
                                   "per_cpu", "plots"})
-    from zcnet.report.cells import METRICS  # the metric names a table can show
-
     metric_names = tuple(METRICS)
     table = ck.get(rep, ("report", "table"), str, "grid", check=_one_of(TABLES))
     axis_names = tuple(matrix)
