@@ -35,8 +35,9 @@ KERNEL_OFFERS: dict[str, Callable[[], bool]] = {"zcrx_copy": _zcrx_copy}
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where the experiment runs: the lab (nothing given) or a real NIC and peer host."""
+class Testbed:
+    """The testbed an experiment runs on: the lab (nothing given), or a real NIC on this host
+    and the peer host's server or UDP sink, with the token, queue and port that reach it."""
 
     ifname: str | None = None
     remote: str | None = None       # bench: the sending host's `zcnet server`; txbench: UDP sink
@@ -62,12 +63,12 @@ def _sub_text(axis: str, value: Any, lab: Any, why: str) -> str:
     return f"{axis} {value} runs as {lab}: {why}"
 
 
-def plan(spec: Spec, target: Target) -> Plan:
-    """The cells to measure on this target, and which rows were substituted and why."""
+def plan(spec: Spec, testbed: Testbed) -> Plan:
+    """The cells to measure on this testbed, and which rows were substituted and why."""
     matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
     subs: list[dict[str, Any]] = []
     for s in spec.substitutes:
-        if any(target.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
+        if any(testbed.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
             continue
         vals = matrix[s.axis]
         vals[vals.index(s.value)] = s.lab
@@ -76,7 +77,7 @@ def plan(spec: Spec, target: Target) -> Plan:
                      "text": _sub_text(s.axis, s.value, s.lab, s.why)})
     baseline = dict(spec.baseline)
     if spec.private_flag:
-        if target.ifname:
+        if testbed.ifname:
             # The seed's own A/B: the driver flag off (baseline) then on, every mode under both.
             matrix = {"variant": [f"{spec.private_flag}=off", f"{spec.private_flag}=on"],
                       **matrix}
@@ -99,16 +100,16 @@ def plan(spec: Spec, target: Target) -> Plan:
 
 
 # A measurer runs one cell once and returns its result rows (bench-cell shaped).
-Measure = Callable[[Spec, dict[str, Any], Target], list[dict[str, Any]]]
+Measure = Callable[[Spec, dict[str, Any], Testbed], list[dict[str, Any]]]
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+def _measure_bench(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
     from zcnet.bench.run import BenchOptions, pick_cpus, run_bench
     from zcnet.rx.engines import EngineOptions, engine_names
 
-    if target.ifname:
-        return _measure_bench_nic(spec, cell, target)
+    if testbed.ifname:
+        return _measure_bench_nic(spec, cell, testbed)
     engine = cell["engine"]
     if "peer" not in cell and engine not in engine_names():
         raise Unsupported(f"engine {engine} is not in this build",
@@ -158,20 +159,20 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    """One cell between this host (receiving, on ``target.ifname``) and the sending host's
-    ``zcnet server`` (``target.remote``): the real experiment, through the client."""
+def _measure_bench_nic(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
+    """One cell between this host (receiving, on ``testbed.ifname``) and the sending host's
+    ``zcnet server`` (``testbed.remote``): the real experiment, through the client."""
     from zcnet.bench.client import ClientOptions, run
     from zcnet.bench.control import ServerRefused
     from zcnet.bench.remote import LocalServer
     from zcnet.bench.run import NIC_ENGINES, flow_cell
 
-    ifname = target.ifname
+    ifname = testbed.ifname
     assert ifname is not None
     if "peer" in cell:
         raise Unsupported("the C peers run in the lab only",
                           f"run {cell['peer']} between the two hosts by hand to compare")
-    if not target.remote:
+    if not testbed.remote:
         raise Unsupported(f"a bench on {ifname} needs the sending host",
                           "start `zcnet server --listen 0.0.0.0:18323 --token-file F` there and "
                           "pass --remote HOST --token-file F")
@@ -184,8 +185,8 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
         engine_opts["consumer"] = cell["consumer"]
-    if engine in NIC_ENGINES and target.queue is not None:
-        engine_opts.update(ifname=ifname, queue=target.queue)
+    if engine in NIC_ENGINES and testbed.queue is not None:
+        engine_opts.update(ifname=ifname, queue=testbed.queue)
     from zcnet.nic.info import ipv4_of
 
     local_ip = ipv4_of(ifname)
@@ -194,10 +195,10 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
                          f"give {ifname} an address the remote host can reach")
     with LocalServer(local_ip) as local:
         assert local.address is not None
-        opts = ClientOptions(src=target.remote, dst=local.address, data_port=target.data_port,
+        opts = ClientOptions(src=testbed.remote, dst=local.address, data_port=testbed.data_port,
                              rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
                              tx=cell.get("tx", "copy"), pin_off=0 if placement == "same" else 1,
-                             tokens={local_ip: local.token}, token=target.token)
+                             tokens={local_ip: local.token}, token=testbed.token)
         try:
             r = run(opts)
         except ServerRefused as e:
@@ -206,7 +207,7 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))
-    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": target.remote}
+    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": testbed.remote}
     return _bench_rows(cell, [row])
 
 
@@ -216,7 +217,7 @@ def _nic_env(ifname: str) -> dict[str, Any]:
     return nic_env(ifname)
 
 
-def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+def _measure_txbench(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
     from zcnet.bench.txbench import run_txbench
 
     kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
@@ -224,13 +225,13 @@ def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[d
         kwargs["size"] = cell["payload"]
     if "burst" in cell:
         kwargs["burst"] = cell["burst"]
-    if target.ifname and not target.remote:
+    if testbed.ifname and not testbed.remote:
         # Toggling the NIC's flag while the packets go through the lab's veth measures nothing.
-        raise Unsupported(f"the A/B on {target.ifname} needs traffic through it",
+        raise Unsupported(f"the A/B on {testbed.ifname} needs traffic through it",
                           "give --remote ADDR:PORT, a UDP port reachable through that NIC")
-    if target.remote:
-        kwargs["dst"] = target.remote
-    with _private_flag(target.ifname, cell.get("variant")):
+    if testbed.remote:
+        kwargs["dst"] = testbed.remote
+    with _private_flag(testbed.ifname, cell.get("variant")):
         doc = run_txbench(**kwargs)
     why = doc.get("env", {}).get("hw_counters")
     rows = list(doc["results"])
@@ -270,8 +271,8 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
 MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_txbench}
 
 
-def new_document(spec: Spec, target: Target, the_plan: Plan, repeat: int) -> dict[str, Any]:
-    env = meta.collect_env(lab=target.ifname is None, nic=target.ifname, remote=target.remote)
+def new_document(spec: Spec, testbed: Testbed, the_plan: Plan, repeat: int) -> dict[str, Any]:
+    env = meta.collect_env(lab=testbed.ifname is None, nic=testbed.ifname, remote=testbed.remote)
     return meta.envelope(
         "experiment", env, [],
         experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
@@ -291,15 +292,15 @@ def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
                          "give a path in an existing, writable directory") from None
 
 
-def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = None,
+def iter_run(spec: Spec, *, testbed: Testbed | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
              progress: Progress | None = None) -> Iterator[dict[str, Any]]:
     """Measure the spec; yields the document after each cell (complete=True at the end)."""
-    target = target or Target()
+    testbed = testbed or Testbed()
     repeat = repeat or spec.repeat
-    the_plan = plan(spec, target)
+    the_plan = plan(spec, testbed)
     measure = measure or MEASURERS[spec.tool]
-    doc = new_document(spec, target, the_plan, repeat)
+    doc = new_document(spec, testbed, the_plan, repeat)
     total = repeat * len(the_plan.cells)
     done = 0
     if json_path is not None:
@@ -310,7 +311,7 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
                 if progress:
                     progress(done, total, cell)
                 try:
-                    rows = measure(spec, cell, target)
+                    rows = measure(spec, cell, testbed)
                 except ZcnetError as exc:
                     # One cell the machine cannot run must not end the experiment.
                     rows = [{**cell, "status": "unsupported", "reason": str(exc)}]

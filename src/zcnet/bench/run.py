@@ -96,9 +96,10 @@ class BenchOptions:
 
 
 @dataclass
-class Target:
-    """Where the flow runs: the lab's two namespaces, or loopback; either way between zcnet
-    servers (client.LabServers), the code path of a run between two hosts."""
+class BenchSite:
+    """The site a bench flow runs on: the zcnet servers at its two ends (client.LabServers, in
+    the lab's two namespaces or both on loopback: the code path of a run between two hosts), how
+    to change the MTU there (None on loopback), its env for the JSON, and the lab if any."""
 
     servers: Any
     set_mtu: Callable[[int], None] | None
@@ -118,8 +119,8 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 
 @contextlib.contextmanager
-def target(use_lab: bool, mtu: int, device: str = "veth",
-           queue: int | None = None) -> Iterator[Target]:
+def bench_site(use_lab: bool, mtu: int, device: str = "veth",
+               queue: int | None = None) -> Iterator[BenchSite]:
     from zcnet.bench.client import LabServers, lab_servers
 
     if use_lab:
@@ -131,13 +132,13 @@ def target(use_lab: bool, mtu: int, device: str = "veth",
             if device == "netdevsim" and queue is not None:
                 _netdevsim_queue(stack, lab, queue)
             servers = stack.enter_context(lab_servers(lab))
-            yield Target(servers, lab.set_mtu, lab.env(), lab)
+            yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
     else:
         from zcnet.bench.remote import LocalServer
 
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
-            yield Target(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
+            yield BenchSite(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
                          None, {"lab": False, "mtu": _lo_mtu(),
                                 "note": "loopback (127.0.0.1), not a lab"})
 
@@ -167,7 +168,7 @@ def _lo_mtu() -> int:
         return 65536
 
 
-def _nic_env(t: Target) -> dict[str, Any]:
+def _nic_env(t: BenchSite) -> dict[str, Any]:
     """Driver, rings, HDS and offloads of the receiving interface, for the JSON env."""
     from zcnet.nic.info import nic_env
 
@@ -184,7 +185,8 @@ def cell_result(mtu: int, engine: str, placement: str, status: str, reason: str 
     return doc
 
 
-def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions) -> dict[str, Any]:
+def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
+            opts: BenchOptions) -> dict[str, Any]:
     cpus = pick_cpus(placement)
     if isinstance(cpus, str):
         return cell_result(mtu, engine, placement, "unsupported", cpus)
@@ -207,7 +209,7 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     return res
 
 
-def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
+def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: BenchOptions,
                     engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
     from zcnet.bench.client import run
@@ -287,7 +289,7 @@ def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
     return "copy" if engine_stats["zcrx_copy"] else "device"
 
 
-def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,
+def run_peer_cell(t: BenchSite, mtu: int, peer: str, placement: str, opts: BenchOptions,
                   rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
     from zcnet.bench.peers import run_peer
 
@@ -323,7 +325,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
-        with target(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
+        with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
             for mtu, cells in by_mtu.items():
                 if t.set_mtu is not None:

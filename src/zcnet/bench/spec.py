@@ -44,7 +44,7 @@ AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
 }
 
 
-# What a substitution's ``unless`` may name (bench.experiments.Target.has answers each).
+# What a substitution's ``unless`` may name (bench.experiments.Testbed.has answers each).
 UNLESS = ("ifname", "remote", "zcrx_copy")
 
 

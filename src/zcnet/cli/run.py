@@ -138,7 +138,7 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     """Run a spec with progress, write and print its reports; 130 when interrupted."""
     import dataclasses
 
-    from zcnet.bench.experiments import Target, iter_run, plan
+    from zcnet.bench.experiments import Testbed, iter_run, plan
 
     check_target(args)
     check_outputs(args)
@@ -147,12 +147,12 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     from zcnet.bench.authtoken import read_token
 
     token = read_token(args.token_file) if args.token_file else None
-    target = Target(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,
+    testbed = Testbed(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,
                     data_port=args.data_port)
     console = make_console()
     err = make_console(stderr=True)
     json_path = _outputs(args, spec.name)["json"]
-    the_plan = plan(spec, target)
+    the_plan = plan(spec, testbed)
     for sub in the_plan.substitutions:
         say(err, f"substituted: {sub['text']}", "yellow")
     doc: dict[str, Any] = {}
@@ -166,7 +166,7 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=f"{spec.name} {text}")
 
         try:
-            for partial in iter_run(spec, target=target, repeat=args.repeat,
+            for partial in iter_run(spec, testbed=testbed, repeat=args.repeat,
                                     json_path=json_path, progress=progress):
                 doc = partial
         except KeyboardInterrupt:
