@@ -19,8 +19,8 @@ import pytest
 import zcnet
 from zcnet.errors import ClosedError, UsageError
 from zcnet.lab import Lab, names
-from zcnet.lab.netns import netns_exists
 from zcnet.lab.sweep import before_run
+from zcnet.netns import netns_exists
 
 pytestmark = pytest.mark.root
 

@@ -13,7 +13,7 @@ import pytest
 
 import zcnet
 from zcnet.lab import Lab, names
-from zcnet.lab.netns import NoSuchNetns, in_netns, netns_exists
+from zcnet.netns import NoSuchNetns, in_netns, netns_exists
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -86,7 +86,7 @@ def test_bad_namespace_names(bad: str) -> None:
 @pytest.mark.root
 def test_enter_netns_moves_a_fresh_process(no_leaks: None) -> None:
     with Lab() as lab:
-        code = ("import os, sys; from zcnet.lab.netns import enter_netns; enter_netns(sys.argv[1]);"
+        code = ("import os, sys; from zcnet.netns import enter_netns; enter_netns(sys.argv[1]);"
                 "print(os.readlink('/proc/self/ns/net'))")
         out = subprocess.run([sys.executable, "-c", code, lab.ns_b], capture_output=True,
                              text=True, timeout=30, env={**os.environ, "PYTHONPATH": SRC},
@@ -101,7 +101,7 @@ def test_without_capabilities_errors_name_the_fix(no_leaks: None) -> None:
         pytest.skip("setpriv (util-linux) not installed")
     with Lab() as lab:
         code = ("import sys; from zcnet.errors import ZcnetError\n"
-                "from zcnet.lab import Lab\nfrom zcnet.lab.netns import enter_netns\n"
+                "from zcnet.lab import Lab\nfrom zcnet.netns import enter_netns\n"
                 "for step in (lambda: enter_netns(sys.argv[1]), lambda: Lab().up()):\n"
                 "    try: step()\n"
                 "    except ZcnetError as e: print(type(e).__name__, e.hint)\n")

@@ -17,7 +17,7 @@ import pytest
 
 from zcnet.errors import UsageError
 from zcnet.lab import names
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, MsgZerocopySender, fill_pattern, make_sender
 from zcnet.uapi.socket import SO_ZEROCOPY

@@ -13,7 +13,7 @@ from zcnet.cli import main
 from zcnet.cli.txbench import render, seed_lines
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
 

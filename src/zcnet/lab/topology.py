@@ -33,15 +33,16 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.lab import names, netdevsim, registry
-from zcnet.lab.netns import (
+from zcnet.lab.rtnl import ifindex, rtnl, translate
+from zcnet.netns import (
     NeedRoot,
     NoSuchNetns,
+    can_create_netns,
     in_netns,
     netns_exists,
     netns_path,
     netns_popen,
 )
-from zcnet.lab.rtnl import has_caps, ifindex, rtnl, translate
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         with self._lock, registry.deferred():
             if self.name:
                 return self
-            if not has_caps():
+            if not can_create_netns():
                 raise NeedRoot
             if self.device == "netdevsim":
                 netdevsim.require()

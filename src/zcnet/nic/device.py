@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError, cap_hint
-from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
+from zcnet.netns import in_netns
+from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
 
@@ -63,7 +64,7 @@ class Device:
         self.netns = netns
         self.genl = GenlSocket(netns, timeout)
         try:
-            with opened_in(netns):
+            with in_netns(netns):
                 self.ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM
                                                 | socket.SOCK_CLOEXEC)
         except BaseException:

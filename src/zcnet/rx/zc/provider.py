@@ -4,16 +4,18 @@ A provider owns the kernel side: the ring or socket that fills the area, and the
 take back to the kernel. It knows nothing of chunks, threads or statistics; the Receiver does the
 bookkeeping and calls the provider only from the owner thread.
 
-The helpers at the end are the pieces the io_uring providers (soft, soft_inc, zcrx) share:
-waiting for and reaping completions, reading the final CQE of a multishot receive, and
-cancelling one before the ring goes.
+The helpers at the end are the pieces the providers share: building an object on top of one
+that must be closed when the build fails (``build_or_close``), and for the io_uring providers
+(soft, soft_inc, zcrx) waiting for and reaping completions, reading the final CQE of a multishot
+receive, and cancelling one before the ring goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from zcnet.rx.zc.area import Area
 from zcnet.uapi import io_uring as u
@@ -71,6 +73,21 @@ class Provider(Protocol):
         """Release kernel resources; the area stays mapped (chunks may still be held).
         Idempotent; afterwards arm, can_arm, reap and recycle raise ClosedError (their memory
         is unmapped), while held_back and extra_stats still read."""
+
+
+T = TypeVar("T")
+
+
+def build_or_close(build: Callable[[], T], *cleanups: Callable[[], object]) -> T:
+    """``build()``; when it raises, run ``cleanups`` in the order given (each one even when an
+    earlier one fails) and re-raise. Used as "allocate, then build on it": the allocation is
+    released exactly when nothing took it over."""
+    with contextlib.ExitStack() as undo:
+        for cleanup in reversed(cleanups):
+            undo.callback(cleanup)
+        built = build()
+        undo.pop_all()
+    return built
 
 
 def reap_ready(ring: Ring, timeout: float | None) -> Completions:
