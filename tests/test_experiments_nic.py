@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_server_e2e import server
+from server_util import server
 from zcnet.bench.control import Control
 
 # Everything a test here creates must be gone afterwards (see leaks.py).

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_server_e2e import server
+from server_util import server
 from zcnet.bench import proto as p
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.proto import NEED_DATA, Connection, Decoder, ProtocolError, Role

@@ -264,9 +264,9 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
 def test_mlx5_zcrx_plan_measures_zcrx_here():
     if not kernel_offers().copy_mode:
         pytest.skip("this kernel has no zcrx copy mode; run under `zcnet vm run`")
-    from zcnet.bench.experiments import Testbed, plan
+    from zcnet.bench.experiments import ExperimentRig, plan
     from zcnet.bench.spec import builtin_spec
 
-    p = plan(builtin_spec("mlx5-zcrx"), Testbed())
+    p = plan(builtin_spec("mlx5-zcrx"), ExperimentRig())
     assert not p.substitutions
     assert {c["engine"] for c in p.cells if "peer" not in c} == {"epoll", "uring", "zcrx"}

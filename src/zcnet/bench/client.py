@@ -25,8 +25,11 @@ from zcnet.bench import proto
 from zcnet.bench.control import Control
 from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.hist import merge_encoded, summarize
-from zcnet.bench.proto import GRACE, ProtocolError
+from zcnet.bench.proto import GRACE, OptionValue, ProtocolError
+from zcnet.bench.remote import NetnsServer
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab import Lab
+from zcnet.rx.engine import EngineOptions
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class ClientOptions:
     flows: int = 1
     duration: float = 5.0
     rx_engine: str = "epoll"
-    engine_opts: dict[str, Any] = field(default_factory=dict)  # e.g. ifname, queue for zcrx
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False              # stream: check every byte received against the pattern
     tx: str = "copy"
     read_size: int = 1 << 20
@@ -111,6 +114,7 @@ class ClientOptions:
                 option, attr, hint = _REQUEST_FIELDS.get(where, (where, "", "see --help"))
                 value = f" {getattr(self, attr)!r}" if attr else ""
                 raise UsageError(f"{option}{value}: {what}", hint) from None
+        EngineOptions.from_mapping(self.engine_opts)  # names and types, before any server runs
 
     def check_cpus(self, side: str, cpus: int) -> None:
         """CPU numbers against the server that runs them (``cpus`` from its welcome)."""
@@ -156,14 +160,15 @@ def _token_for(opts: ClientOptions, addr: str) -> bytes | None:
 def run(opts: ClientOptions) -> ClientResult:
     opts.validate()
     same = parse_hostport(opts.src) == parse_hostport(opts.dst)
-    controls: list[Control] = []
-    try:
+    with contextlib.ExitStack() as stack:
         dst = Control(opts.dst, _token_for(opts, opts.dst), opts.netns)
-        controls.append(dst)
+        stack.callback(dst.close)
+        controls = [dst]
         if same:
             src = dst
         else:
             src = Control(opts.src, _token_for(opts, opts.src), opts.netns)
+            stack.callback(src.close)
             controls.append(src)
         opts.check_cpus("dst", dst.cpus)
         opts.check_cpus("src", src.cpus)
@@ -177,9 +182,6 @@ def run(opts: ClientOptions) -> ClientResult:
         result = _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
         result.hosts = {"src": src.env, "dst": dst.env}
         return result
-    finally:
-        for c in controls:
-            c.close()
 
 
 def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[str, Any]:
@@ -303,12 +305,10 @@ class LabServers:
 
 
 @contextlib.contextmanager
-def lab_servers(lab: Any) -> Iterator[LabServers]:
+def lab_servers(lab: Lab) -> Iterator[LabServers]:
     """``with lab_servers(lab) as ls: run(ls.options(flows=2))``: the lab's sending side
     (``ns_a``) and receiving side (``ns_b``) each get a server (with a fresh token, as any
     non-loopback listener must), stopped when the block ends."""
-    from zcnet.bench.remote import NetnsServer
-
     with NetnsServer(lab.addr_a, netns=lab.ns_a) as a, NetnsServer(lab.addr_b, netns=lab.ns_b) as b:
         assert a.address and b.address
         yield LabServers(a.address, b.address, {lab.addr_a: a.token, lab.addr_b: b.token},

@@ -13,7 +13,7 @@ from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.flow_worker import UNSUPPORTED_HERE
 from zcnet.bench.proto import Channel, ProtocolError, Role
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 
 REQUEST_TIMEOUT = 60.0
 CLOSE_TIMEOUT = 5.0     # for the goodbye: a silent server must not hold up the exit
@@ -32,14 +32,15 @@ class Control:
         self.conn = proto.Connection(Role.CLIENT)
         try:
             # A socket belongs to the namespace it was created in, whatever the thread does next.
-            with _namespace(netns):
+            with in_netns(netns):
                 self.sock = socket.create_connection((host, port), timeout=10)
         except OSError as e:
             raise ZcnetError(f"cannot reach zcnet server at {host}:{port}: {e.strerror or e}",
                              "start `zcnet server` there (or pass --ssh HOST)") from None
         self.sock.settimeout(REQUEST_TIMEOUT)
         self.chan = Channel(self.sock, self.conn)
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.sock.close)   # unless the handshake completes
             self.send({"type": "hello", "version": proto.PROTOCOL_VERSION,
                        "caps": list(proto.CAPABILITIES)})
             welcome = self.receive(REQUEST_TIMEOUT)
@@ -47,10 +48,8 @@ class Control:
             self.limits: dict[str, Any] = welcome["limits"]
             self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
             auth_ok = self.receive(REQUEST_TIMEOUT)
-            self.env: dict[str, Any] = auth_ok.get("host") or welcome.get("host", {})
-        except BaseException:
-            self.sock.close()
-            raise
+            self.env: dict[str, Any] = auth_ok.get("host") or {}
+            undo.pop_all()
 
     def send(self, msg: dict[str, Any]) -> None:
         try:
@@ -84,12 +83,6 @@ class Control:
             pass
         finally:
             self.sock.close()
-
-
-def _namespace(netns: str | None) -> contextlib.AbstractContextManager[None]:
-    if netns is None:
-        return contextlib.nullcontext()
-    return in_netns(netns)
 
 
 class ServerRefused(ZcnetError):

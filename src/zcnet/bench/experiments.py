@@ -8,7 +8,6 @@ drift of the machine (other load, thermal state) spreads over every cell instead
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -18,15 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.bench import meta
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import ServerRefused
+from zcnet.bench.remote import LocalServer
+from zcnet.bench.run import NIC_ENGINES, BenchOptions, flow_cell, pick_cpus, run_bench
 from zcnet.bench.spec import Spec
+from zcnet.bench.txbench import run_txbench
 from zcnet.errors import Unsupported, ZcnetError
+from zcnet.nic.device import Device
+from zcnet.nic.ethtool import privflags_get, privflags_set
+from zcnet.nic.info import ipv4_of, nic_env
+from zcnet.rx.registry import engine_names
+from zcnet.rx.zc.zcrx import kernel_offers
 
 log = logging.getLogger(__name__)
 
 
 def _zcrx_copy() -> bool:
-    from zcnet.rx.zc.zcrx import kernel_offers
-
     return kernel_offers().copy_mode
 
 
@@ -35,8 +42,8 @@ KERNEL_OFFERS: dict[str, Callable[[], bool]] = {"zcrx_copy": _zcrx_copy}
 
 
 @dataclass(frozen=True)
-class Testbed:
-    """The testbed an experiment runs on: the lab (nothing given), or a real NIC on this host
+class ExperimentRig:
+    """The rig an experiment runs on: the lab (nothing given), or a real NIC on this host
     and the peer host's server or UDP sink, with the token, queue and port that reach it."""
 
     ifname: str | None = None
@@ -63,12 +70,12 @@ def _sub_text(axis: str, value: Any, lab: Any, why: str) -> str:
     return f"{axis} {value} runs as {lab}: {why}"
 
 
-def plan(spec: Spec, testbed: Testbed) -> Plan:
-    """The cells to measure on this testbed, and which rows were substituted and why."""
+def plan(spec: Spec, rig: ExperimentRig) -> Plan:
+    """The cells to measure on this rig, and which rows were substituted and why."""
     matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
     subs: list[dict[str, Any]] = []
     for s in spec.substitutes:
-        if any(testbed.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
+        if any(rig.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
             continue
         vals = matrix[s.axis]
         vals[vals.index(s.value)] = s.lab
@@ -77,7 +84,7 @@ def plan(spec: Spec, testbed: Testbed) -> Plan:
                      "text": _sub_text(s.axis, s.value, s.lab, s.why)})
     baseline = dict(spec.baseline)
     if spec.private_flag:
-        if testbed.ifname:
+        if rig.ifname:
             # The seed's own A/B: the driver flag off (baseline) then on, every mode under both.
             matrix = {"variant": [f"{spec.private_flag}=off", f"{spec.private_flag}=on"],
                       **matrix}
@@ -100,30 +107,22 @@ def plan(spec: Spec, testbed: Testbed) -> Plan:
 
 
 # A measurer runs one cell once and returns its result rows (bench-cell shaped).
-Measure = Callable[[Spec, dict[str, Any], Testbed], list[dict[str, Any]]]
+Measure = Callable[[Spec, dict[str, Any], ExperimentRig], list[dict[str, Any]]]
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-def _measure_bench(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
-    from zcnet.bench.run import BenchOptions, pick_cpus, run_bench
-    from zcnet.rx.engines import EngineOptions, engine_names
-
-    if testbed.ifname:
-        return _measure_bench_nic(spec, cell, testbed)
+def _measure_bench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
+    if rig.ifname:
+        return _measure_bench_nic(spec, cell, rig)
     engine = cell["engine"]
     if "peer" not in cell and engine not in engine_names():
         raise Unsupported(f"engine {engine} is not in this build",
                           f"engines here: {', '.join(engine_names())}")
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
-        known = {f.name for f in dataclasses.fields(EngineOptions)}
-        if "consumer" not in known and cell["consumer"] != "same":
-            raise Unsupported("this build's engines cannot release in a consumer thread",
-                              "update zcnet (zero-copy receive with --consumer)")
-        if "consumer" in known:
-            engine_opts["consumer"] = cell["consumer"]
-        if cell["consumer"] == "thread" and "consumer_cpu" in known:
-            # 002's point is the release crossing CPUs: pin the consumer away from the ring.
+        engine_opts["consumer"] = cell["consumer"]
+        if cell["consumer"] == "thread":
+            # zcrx-refs measures the release crossing CPUs: pin the consumer away from the ring.
             cpus = pick_cpus(cell.get("placement", "split"))
             if not isinstance(cpus, str):
                 others = sorted(os.sched_getaffinity(0) - {cpus[1]})
@@ -159,20 +158,16 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def _measure_bench_nic(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
-    """One cell between this host (receiving, on ``testbed.ifname``) and the sending host's
-    ``zcnet server`` (``testbed.remote``): the real experiment, through the client."""
-    from zcnet.bench.client import ClientOptions, run
-    from zcnet.bench.control import ServerRefused
-    from zcnet.bench.remote import LocalServer
-    from zcnet.bench.run import NIC_ENGINES, flow_cell
-
-    ifname = testbed.ifname
+def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
+                       rig: ExperimentRig) -> list[dict[str, Any]]:
+    """One cell between this host (receiving, on ``rig.ifname``) and the sending host's
+    ``zcnet server`` (``rig.remote``): the real experiment, through the client."""
+    ifname = rig.ifname
     assert ifname is not None
     if "peer" in cell:
         raise Unsupported("the C peers run in the lab only",
                           f"run {cell['peer']} between the two hosts by hand to compare")
-    if not testbed.remote:
+    if not rig.remote:
         raise Unsupported(f"a bench on {ifname} needs the sending host",
                           "start `zcnet server --listen 0.0.0.0:18323 --token-file F` there and "
                           "pass --remote HOST --token-file F")
@@ -185,20 +180,18 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> li
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
         engine_opts["consumer"] = cell["consumer"]
-    if engine in NIC_ENGINES and testbed.queue is not None:
-        engine_opts.update(ifname=ifname, queue=testbed.queue)
-    from zcnet.nic.info import ipv4_of
-
+    if engine in NIC_ENGINES and rig.queue is not None:
+        engine_opts.update(ifname=ifname, queue=rig.queue)
     local_ip = ipv4_of(ifname)
     if local_ip is None:
         raise ZcnetError(f"{ifname} has no IPv4 address",
                          f"give {ifname} an address the remote host can reach")
     with LocalServer(local_ip) as local:
         assert local.address is not None
-        opts = ClientOptions(src=testbed.remote, dst=local.address, data_port=testbed.data_port,
+        opts = ClientOptions(src=rig.remote, dst=local.address, data_port=rig.data_port,
                              rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
                              tx=cell.get("tx", "copy"), pin_off=0 if placement == "same" else 1,
-                             tokens={local_ip: local.token}, token=testbed.token)
+                             tokens={local_ip: local.token}, token=rig.token)
         try:
             r = run(opts)
         except ServerRefused as e:
@@ -207,31 +200,27 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> li
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))
-    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": testbed.remote}
+    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": rig.remote}
     return _bench_rows(cell, [row])
 
 
 def _nic_env(ifname: str) -> dict[str, Any]:
-    from zcnet.nic.info import nic_env
-
     return nic_env(ifname)
 
 
-def _measure_txbench(spec: Spec, cell: dict[str, Any], testbed: Testbed) -> list[dict[str, Any]]:
-    from zcnet.bench.txbench import run_txbench
-
+def _measure_txbench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
     kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
     if "payload" in cell:
         kwargs["size"] = cell["payload"]
     if "burst" in cell:
         kwargs["burst"] = cell["burst"]
-    if testbed.ifname and not testbed.remote:
+    if rig.ifname and not rig.remote:
         # Toggling the NIC's flag while the packets go through the lab's veth measures nothing.
-        raise Unsupported(f"the A/B on {testbed.ifname} needs traffic through it",
+        raise Unsupported(f"the A/B on {rig.ifname} needs traffic through it",
                           "give --remote ADDR:PORT, a UDP port reachable through that NIC")
-    if testbed.remote:
-        kwargs["dst"] = testbed.remote
-    with _private_flag(testbed.ifname, cell.get("variant")):
+    if rig.remote:
+        kwargs["dst"] = rig.remote
+    with _private_flag(rig.ifname, cell.get("variant")):
         doc = run_txbench(**kwargs)
     why = doc.get("env", {}).get("hw_counters")
     rows = list(doc["results"])
@@ -249,9 +238,6 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
         yield
         return
     flag, _, state = variant.partition("=")
-    from zcnet.nic.device import Device
-    from zcnet.nic.ethtool import privflags_get, privflags_set
-
     with Device.open(ifname) as dev:
         try:
             before = privflags_get(dev)
@@ -271,8 +257,8 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
 MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_txbench}
 
 
-def new_document(spec: Spec, testbed: Testbed, the_plan: Plan, repeat: int) -> dict[str, Any]:
-    env = meta.collect_env(lab=testbed.ifname is None, nic=testbed.ifname, remote=testbed.remote)
+def new_document(spec: Spec, rig: ExperimentRig, the_plan: Plan, repeat: int) -> dict[str, Any]:
+    env = meta.collect_env(lab=rig.ifname is None, nic=rig.ifname, remote=rig.remote)
     return meta.envelope(
         "experiment", env, [],
         experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
@@ -292,15 +278,15 @@ def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
                          "give a path in an existing, writable directory") from None
 
 
-def iter_run(spec: Spec, *, testbed: Testbed | None = None, repeat: int | None = None,
+def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
              progress: Progress | None = None) -> Iterator[dict[str, Any]]:
     """Measure the spec; yields the document after each cell (complete=True at the end)."""
-    testbed = testbed or Testbed()
+    rig = rig or ExperimentRig()
     repeat = repeat or spec.repeat
-    the_plan = plan(spec, testbed)
+    the_plan = plan(spec, rig)
     measure = measure or MEASURERS[spec.tool]
-    doc = new_document(spec, testbed, the_plan, repeat)
+    doc = new_document(spec, rig, the_plan, repeat)
     total = repeat * len(the_plan.cells)
     done = 0
     if json_path is not None:
@@ -311,7 +297,7 @@ def iter_run(spec: Spec, *, testbed: Testbed | None = None, repeat: int | None =
                 if progress:
                     progress(done, total, cell)
                 try:
-                    rows = measure(spec, cell, testbed)
+                    rows = measure(spec, cell, rig)
                 except ZcnetError as exc:
                     # One cell the machine cannot run must not end the experiment.
                     rows = [{**cell, "status": "unsupported", "reason": str(exc)}]

@@ -10,7 +10,7 @@ reconnect before anything is measured:
     any <- {"cmd": "start", "duration": D}
     any -> {"event": "result", ...} | {"event": "error", "reason": "..."}
 
-Stream: the receiver reads to EOF with a shared rx engine (``zcnet.rx.engines``), the sender
+Stream: the receiver reads to EOF with an rx engine of ``zcnet.rx.registry``, the sender
 sends the shared verification pattern for D seconds, then shuts down its half. Request/response:
 the sender writes ``req_size`` bytes and waits for ``resp_size`` back, timing each transaction;
 latencies go into a list and are moved into an HDR histogram a batch at a time (one vectorized
@@ -34,8 +34,13 @@ import numpy as np
 
 from zcnet.bench import tcpinfo
 from zcnet.bench.hist import encode_histogram, new_histogram, record_batch, summarize
+from zcnet.bench.proto import OptionValue
+from zcnet.bench.stream import send_stream
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.rx.engines import close_engine
+from zcnet.pattern import Verifier
+from zcnet.rx.engine import Engine, EngineOptions, close_engine
+from zcnet.rx.registry import make_engine
+from zcnet.tx.senders import KINDS
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,7 @@ class FlowSpec:
     req_size: int = 1
     resp_size: int = 1
     name: str = "zcnet-flow"
-    engine_opts: dict[str, Any] = field(default_factory=dict)  # ifname, queue, consumer ...
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False    # stream: check every received byte against the sent pattern
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,19 +147,11 @@ def _wait_start(chan: Channel) -> float | None:
 
 # ---- receiving end -----------------------------------------------------------------------------
 
-def _engine(spec: FlowSpec) -> Any:
-    """The rx engine, checked. Zero-copy engines read extra options by attribute (ifname, queue,
-    consumer ...), so those ride along on the options object."""
-    from zcnet.rx.engines import EngineOptions, make_engine
-
-    known = set(EngineOptions.__dataclass_fields__)
+def _engine(spec: FlowSpec) -> Engine:
+    """The rx engine, checked; an unknown option or a value of the wrong type is a UsageError."""
     # read_size is the buffer size the server checked against its limits: it wins over a
-    # "bufsize" engine option (which would also be a second value for one keyword).
-    extra = {k: v for k, v in spec.engine_opts.items() if k != "bufsize"}
-    opts = EngineOptions(bufsize=spec.read_size, **{k: v for k, v in extra.items() if k in known})
-    for k, v in extra.items():
-        if k not in known:
-            setattr(opts, k, v)
+    # "bufsize" engine option.
+    opts = EngineOptions.from_mapping(spec.engine_opts, bufsize=spec.read_size)
     engine = make_engine(spec.engine, opts)
     why = engine.unsupported()
     if why:
@@ -163,8 +160,6 @@ def _engine(spec: FlowSpec) -> Any:
 
 
 def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
-    from zcnet.pattern import Verifier
-
     verifier = Verifier() if spec.verify else None
     stats = engine.run(conn, verifier.check if verifier else None)
     out = {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
@@ -230,8 +225,6 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
 def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
     """The pattern by copy or by a zcnet.tx path (zcnet.bench.stream), so the receiver can
     verify every byte."""
-    from zcnet.bench.stream import send_stream
-
     t0 = time.monotonic()
     sent, tx_stats = send_stream(sock, tx=spec.tx, duration=duration, chunk=spec.write_size,
                                  verify=spec.verify)
@@ -241,8 +234,6 @@ def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[s
 
 
 def tx_paths() -> tuple[str, ...]:
-    from zcnet.tx.senders import KINDS
-
     return tuple(KINDS)
 
 

@@ -18,19 +18,30 @@ from pathlib import Path
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.client import ClientResult, LabServers, lab_servers, run
+from zcnet.bench.control import ServerRefused
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
+from zcnet.bench.peers import parse_peers, run_peer
+from zcnet.bench.proto import OptionValue
+from zcnet.bench.remote import LocalServer
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.lab.rtnl import has_caps
+from zcnet.lab import Lab, netdevsim
+from zcnet.lab.sweep import before_run
 from zcnet.lab.topology import MTU_MAX
-from zcnet.rx.engines import engine_names
+from zcnet.netns import can_create_netns
+from zcnet.nic import setup
+from zcnet.nic.info import nic_env
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import ENGINES, default_engines, engine_names
 from zcnet.rx.zc.devnote import COPYING_DRIVERS
+from zcnet.tx.senders import KINDS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MTUS = (1500, 4096, 9000)
-DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx")
+DEFAULT_ENGINES = default_engines()
 PLACEMENTS = ("same", "split")
-NIC_ENGINES = ("zcrx", "devmem")  # need a NIC queue with header-data split
+NIC_ENGINES = tuple(name for name, info in ENGINES.items() if info.needs_nic)
 CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
 
 
@@ -43,7 +54,7 @@ class BenchOptions:
     verify: bool = False
     lab: bool | None = None          # None: lab when root, else loopback
     json_path: str | None = None
-    engine_opts: dict[str, Any] = field(default_factory=dict)
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
     tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
     # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
@@ -53,11 +64,7 @@ class BenchOptions:
     def validate(self) -> None:
         names = engine_names()
         if self.peers:
-            from zcnet.bench.peers import parse_peers
-
             parse_peers(",".join(self.peers))
-        from zcnet.tx.senders import KINDS
-
         if self.tx not in KINDS:
             raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
         for what, values in (("engine", self.engines), ("placement", self.placements),
@@ -80,11 +87,12 @@ class BenchOptions:
                 raise UsageError(f"MTU {m} is beyond veth's largest, {MTU_MAX}",
                                  f"use {MTU_MAX} or less in the lab")
         quantities.check("duration", self.duration, "duration")
+        EngineOptions.from_mapping(self.engine_opts)  # names and types, before the lab is built
 
     def resolved(self) -> BenchOptions:
         """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
         if self.lab is None:
-            return replace(self, lab=has_caps()).resolved()
+            return replace(self, lab=can_create_netns()).resolved()
         if self.mtus is None:
             return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
         return self
@@ -101,10 +109,10 @@ class BenchSite:
     the lab's two namespaces or both on loopback: the code path of a run between two hosts), how
     to change the MTU there (None on loopback), its env for the JSON, and the lab if any."""
 
-    servers: Any
+    servers: LabServers
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
-    lab: Any = None  # the Lab, for peers that run inside it
+    lab: Lab | None = None  # for peers that run inside it
 
 
 def pick_cpus(placement: str) -> tuple[int, int] | str:
@@ -121,12 +129,7 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 @contextlib.contextmanager
 def bench_site(use_lab: bool, mtu: int, device: str = "veth",
                queue: int | None = None) -> Iterator[BenchSite]:
-    from zcnet.bench.client import LabServers, lab_servers
-
     if use_lab:
-        from zcnet.lab import Lab
-        from zcnet.lab.sweep import before_run
-
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
             if device == "netdevsim" and queue is not None:
@@ -134,8 +137,6 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
             servers = stack.enter_context(lab_servers(lab))
             yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
     else:
-        from zcnet.bench.remote import LocalServer
-
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
             yield BenchSite(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
@@ -146,16 +147,15 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
 def _to_the_lab() -> str:
     """How to get the lab instead of loopback: only a process without the capabilities needs
     root; one that has them was told --no-lab."""
-    return "leave out --no-lab to use the lab" if has_caps() else "run as root to use the lab"
+    if can_create_netns():
+        return "leave out --no-lab to use the lab"
+    return "run as root to use the lab"
 
 
-def _netdevsim_queue(stack: contextlib.ExitStack, lab: Any, queue: int) -> None:
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
     """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
     0, channels; restored at exit) and make the sending port transmit on that queue (XPS), which
     is how netdevsim steers: no ntuple there."""
-    from zcnet.lab import netdevsim
-    from zcnet.nic import setup
-
     cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
     stack.enter_context(setup.applied(cfg))
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
@@ -170,8 +170,6 @@ def _lo_mtu() -> int:
 
 def _nic_env(t: BenchSite) -> dict[str, Any]:
     """Driver, rings, HDS and offloads of the receiving interface, for the JSON env."""
-    from zcnet.nic.info import nic_env
-
     if t.lab is not None:
         return nic_env(t.lab.if_b, t.lab.ns_b)
     return nic_env("lo")
@@ -212,9 +210,6 @@ def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
 def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: BenchOptions,
                     engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
-    from zcnet.bench.client import run
-    from zcnet.bench.control import ServerRefused
-
     copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
                               verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,
                               tx_app_cpu=tx_cpu)
@@ -230,7 +225,7 @@ def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: B
                      consumer=engine_opts.get("consumer", "same"))
 
 
-def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
+def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str,
               consumer: str) -> dict[str, Any]:
     """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts).
 
@@ -291,8 +286,6 @@ def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
 
 def run_peer_cell(t: BenchSite, mtu: int, peer: str, placement: str, opts: BenchOptions,
                   rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
-    from zcnet.bench.peers import run_peer
-
     if t.lab is None:
         return cell_result(mtu, peer, placement, "unsupported",
                            f"peers run inside the lab; {_to_the_lab()}")

@@ -99,7 +99,7 @@ class Server:
             undo.callback(self.sock.close)
             scratch.sweep()
             CTX.set_forkserver_preload([
-                "zcnet.bench.flow_worker", "zcnet.rx.engines", "zcnet.pattern"])
+                "zcnet.bench.flow_worker", "zcnet.rx.registry", "zcnet.pattern"])
             if scratch.fits():
                 with scratch.Scratch().as_tempdir():
                     _start_forkserver()

@@ -33,7 +33,7 @@ from zcnet.bench.proto import (
 )
 from zcnet.bench.worker import FlowProc, SessionError
 from zcnet.nic.info import ifname_for_address, nic_env
-from zcnet.rx.engines import engine_names
+from zcnet.rx.registry import engine_names
 
 log = logging.getLogger("zcnet.bench.server")
 

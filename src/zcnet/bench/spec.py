@@ -19,6 +19,7 @@ from typing import Any
 from zcnet import quantities
 from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
+from zcnet.rx.registry import engine_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOOLS = ("bench", "txbench")
-ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem")
+ENGINES = engine_names()
 TX_MODES = ("single", "mmsg", "uring", "gso")
 TABLES = ("grid", "ab", "mpstat")
 PLOTS = ("throughput-vs-mtu", "cpu-breakdown", "pps-per-mode")
@@ -44,7 +45,7 @@ AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
 }
 
 
-# What a substitution's ``unless`` may name (bench.experiments.Testbed.has answers each).
+# What a substitution's ``unless`` may name (bench.experiments.ExperimentRig.has answers each).
 UNLESS = ("ifname", "remote", "zcrx_copy")
 
 

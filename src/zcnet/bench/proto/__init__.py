@@ -54,6 +54,7 @@ from zcnet.bench.proto.schema import (
     SCHEMA,
     SIZE,
     Field,
+    OptionValue,
     validate,
 )
 from zcnet.bench.proto.state import PREAUTH_STATES, REQUESTS, STATES, TRANSITIONS, Role
@@ -63,6 +64,7 @@ __all__ = [
     "MAX_MESSAGE",
     "MAX_PREAUTH_MESSAGE", "MODES", "NEED_DATA", "PORT", "PREAUTH_STATES", "PROTOCOL_VERSION",
     "REQUESTS", "SCHEMA", "SIZE", "STATES", "TRANSITIONS", "Channel", "Connection", "Decoder",
-    "Field", "Limits", "LocalProtocolError", "NeedData", "ProtocolError", "RemoteProtocolError",
+    "Field", "Limits", "LocalProtocolError", "NeedData", "OptionValue", "ProtocolError",
+    "RemoteProtocolError",
     "Role", "auth_mac", "buffer_sizes", "check_mac", "encode", "new_challenge", "validate",
 ]

@@ -6,7 +6,6 @@ connection also enforces the server's :class:`Limits` on what the client asks fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +13,9 @@ from zcnet.bench.proto.errors import LocalProtocolError, RemoteProtocolError
 from zcnet.bench.proto.framing import NEED_DATA, Decoder, NeedData, encode
 from zcnet.bench.proto.schema import MAX_MESSAGE, MAX_PREAUTH_MESSAGE, PROTOCOL_VERSION, validate
 from zcnet.bench.proto.state import PREAUTH_STATES, TRANSITIONS, C, Role, S
+from zcnet.rx.copying import UringMultishotEngine
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import ENGINES
 
 
 @dataclass(frozen=True)
@@ -31,28 +33,18 @@ class Limits:
 
 _BUFFERS = {"open": ("read_size", "req_size", "resp_size"),
             "connect": ("write_size", "req_size", "resp_size")}
-# Engine options that size memory the server allocates (a zero-copy area, provided buffers).
-def _int_opt(opts: dict[str, Any], key: str, default: int) -> int:
-    v = opts.get(key, default)
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
+# Engine options that size memory the server allocates beyond read_size; their defaults and the
+# sizing are EngineOptions'. A zero-copy engine always registers an area, uring-mshot always a
+# provided-buffer ring; any engine is charged for one when the open names its options.
+_AREA_OPTS = ("zc_area", "zc_buf")
+_RING_OPTS = ("mshot_buf", "mshot_entries")
+_ZERO_COPY = frozenset(name for name, info in ENGINES.items() if info.zero_copy)
 
 
-def _zc_area(o: dict[str, Any]) -> int:
-    return _int_opt(o, "zc_area", 0) or 16 * (_int_opt(o, "zc_buf", 0) or 1 << 20)
-
-
-def _mshot_ring(o: dict[str, Any]) -> int:
-    return _int_opt(o, "mshot_buf", 64 << 10) * _int_opt(o, "mshot_entries", 256)
-
-
-# (options, engines, size): memory an engine allocates beyond read_size, counted when the open
-# names one of the options or one of the engines (which then allocate it even with no options).
-# Defaults are EngineOptions' and the zero-copy providers' (1 MiB buffers, areas of 16).
-_Sizer = Callable[[dict[str, Any]], int]
-_OPT_MEMORY: tuple[tuple[tuple[str, ...], tuple[str, ...], _Sizer], ...] = (
-    (("zc_area", "zc_buf"), ("soft-zc", "zcrx", "devmem"), _zc_area),
-    (("mshot_buf", "mshot_entries"), ("uring-mshot",), _mshot_ring),
-)
+def _sizing(opts: dict[str, Any]) -> EngineOptions:
+    """The options that size memory, those of them the open gives as integers."""
+    return EngineOptions(**{k: v for k in (*_AREA_OPTS, *_RING_OPTS)
+                            if type(v := opts.get(k)) is int})
 
 
 def buffer_sizes(msg: dict[str, Any]) -> list[int]:
@@ -60,8 +52,11 @@ def buffer_sizes(msg: dict[str, Any]) -> list[int]:
     sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
     opts = msg.get("engine_opts") or {}
     engine = msg.get("engine")
-    sizes += [max(0, size(opts)) for keys, engines, size in _OPT_MEMORY
-              if engine in engines or any(k in opts for k in keys)]
+    sizing = _sizing(opts)
+    if engine in _ZERO_COPY or any(k in opts for k in _AREA_OPTS):
+        sizes.append(max(0, sizing.area_bytes()))
+    if engine == UringMultishotEngine.name or any(k in opts for k in _RING_OPTS):
+        sizes.append(max(0, sizing.mshot_ring_bytes()))
     return sizes
 
 

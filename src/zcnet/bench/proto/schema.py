@@ -22,6 +22,8 @@ MAX_MESSAGE = 1 << 20
 MAX_PREAUTH_MESSAGE = 4096
 # How long after a run's duration a server may take to drain and send its results.
 GRACE = 10.0
+# What an engine option may hold on the wire (and in the client's and bench's options).
+OptionValue = bool | int | str
 CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
@@ -93,8 +95,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "challenge": Field(str, pattern=_HEX64),
         "cpus": _int(1, 1 << 16),
         "limits": Field(dict, check=_json_obj),
-        # Older servers sent their host details here, before authentication; now in auth_ok.
-        "host": Field(dict, required=False, check=_json_obj),
     },
     "auth": {"mac": Field(str, pattern=_HEX64)},
     # What the server runs on (kernel, CPU model, hostname ...): results carry both hosts'.
