@@ -25,4 +25,6 @@ fi
 source scripts/env.sh
 "$ZCNET_PY" -m pip install -q --disable-pip-version-check -e '.[test]'
 "$ZCNET_PY" -m ruff check src tests benchmarks examples
+# The layer contracts in pyproject.toml ([tool.importlinter]); lint-imports has no -m entry.
+"$ZCNET_PY" -c 'import sys; from importlinter.cli import lint_imports_command as li; sys.exit(li())'
 exec "$ZCNET_PY" -m pytest -q "$@"

@@ -2,7 +2,7 @@
 
 A stale lab (its owner died by SIGKILL) is removed when `zcnet bench` starts; a lab of another
 running process is left alone and announced. A nested `with` on one Lab is refused: the inner
-exit used to take the lab down under the outer block."""
+exit would take the lab down under the outer block."""
 
 from __future__ import annotations
 

@@ -69,6 +69,15 @@ def test_in_netns_restores_on_exception(no_leaks: None) -> None:
         assert _thread_ns() == home
 
 
+def test_in_netns_none_stays_in_this_namespace(no_leaks: None) -> None:
+    home = _thread_ns()
+    with in_netns(None):
+        assert _thread_ns() == home
+    with pytest.raises(KeyError), in_netns(None):
+        raise KeyError("inside")
+    assert _thread_ns() == home
+
+
 def test_unknown_namespace(no_leaks: None) -> None:
     home = _thread_ns()
     with pytest.raises(NoSuchNetns), in_netns("zc-no-such-namespace"):

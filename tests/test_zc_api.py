@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from zcnet.rx.zc import open_receiver
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -156,3 +157,26 @@ def test_release_errors_say_what_went_wrong(rx_for):
     assert str(ei.value) == f"{c1!r} released twice"
     rx.release_many([c2])
     o.release()
+
+
+def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
+        no_leaks, tcp_pair) -> None:
+    """Ctrl-C while the provider cancels its receive must not leak the area (and the provider
+    must still release its ring)."""
+    client, server = tcp_pair
+    rx = open_receiver(server, "soft", area_size=1 << 20, buf_size=64 << 10)
+    client.sendall(b"x" * 1000)
+    got = rx.recv(timeout=2)
+    assert got
+    rx.release_many(got)
+    rx.flush()
+    real_close = rx.provider.close
+
+    def interrupted() -> None:
+        real_close()
+        raise KeyboardInterrupt
+
+    rx.provider.close = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        rx.close()
+    assert rx.area.closed

@@ -15,19 +15,17 @@ import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
-from test_zc_soft import PAT
+from zc_helpers import PAT
 from zcnet.errors import Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, open_receiver, zcrx
+from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_reg
 from zcnet.rx.zc.area import PAGE_SIZE, Area
-from zcnet.rx.zc.zcrx import (
-    RING_FLAGS,
+from zcnet.rx.zc.zcrx import RING_FLAGS, open_zcrx, parse_completions
+from zcnet.rx.zc.zcrx_reg import (
     Offers,
     Registration,
     explain,
     kernel_offers,
     memlock_error,
-    open_zcrx,
-    parse_completions,
     refill_region_size,
     register_ifq,
 )
@@ -419,7 +417,7 @@ class FakeGenl:
 def test_queue_discovery_registers_the_rx_queue_of_the_socket_napi(fake, sock, monkeypatch):
     from zcnet.nic import genl
 
-    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)
+    monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
     prov = open_zcrx(sock.fileno(), 1 << 20, copy=False)
     try:
@@ -554,6 +552,6 @@ def test_memlock_limit_names_limit_and_size(no_leaks):
 
 def test_permission_hint_is_true_for_the_user_who_reads_it():
     """EPERM at registration: root is told to grant the capability, anyone else to run as root."""
-    hint = zcrx.REGISTER_ERRORS[errno.EPERM][2]
+    hint = zcrx_reg.REGISTER_ERRORS[errno.EPERM][2]
     assert "CAP_NET_ADMIN" in hint
     assert ("run as root" in hint) == (os.geteuid() != 0)

@@ -1,6 +1,6 @@
-"""Re-export of ``zcnet.netns``, the namespace helper below ``lab`` and ``nic``, for callers
-that still import it from here (bench/client.py, bench/remote.py, bench/txbench.py,
-cli/__init__.py, tests and benchmarks/txbench_modes.py)."""
+"""Re-export of ``zcnet.netns``, the namespace helper below ``lab`` and ``nic``, for the callers
+that import it from here: bench/client.py, bench/remote.py, bench/txbench.py, cli/__init__.py,
+lab/netdevsim.py, benchmarks/txbench_modes.py and the tests of bench, vm, nsim and zc."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,17 +95,16 @@ class GenlSocket:
     """
 
     def __init__(self, netns: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
-        with in_netns(netns):
-            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                                      NETLINK_GENERIC)
-        try:
+        with ExitStack() as undo:
+            with in_netns(netns):
+                self.sock = socket.socket(socket.AF_NETLINK,
+                                          socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
+            undo.callback(self.sock.close)
             self.sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
             self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
             self.sock.bind((0, 0))
             self.sock.settimeout(timeout)
-        except OSError:
-            self.sock.close()
-            raise
+            undo.pop_all()
         self.netns = netns
         self.timeout = timeout
         self._seq = 0

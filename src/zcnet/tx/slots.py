@@ -49,6 +49,7 @@ class Sender(Protocol):
 
 
 def byte_view(buf: Any) -> memoryview:
+    """``buf`` as writable bytes; a UsageError naming what it got otherwise."""
     try:
         view = memoryview(buf).cast("B")
     except TypeError:

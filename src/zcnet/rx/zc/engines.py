@@ -22,9 +22,10 @@ from typing import ClassVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats
-from zcnet.rx.zc.api import Batch, Receiver
+from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.provider import Provider, build_or_close
+from zcnet.rx.zc.receiver import Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
 from zcnet.sockcheck import require_tcp
