@@ -30,6 +30,7 @@ from zcnet.bench.remote import NetnsServer
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab
 from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import engine_names
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class ClientOptions:
 
 # Request fields the client fills from options: (option, what it takes).
 _REQUEST_FIELDS = {
-    "open.engine": ("--rx-engine", "rx_engine", "an engine name, e.g. epoll, uring, soft-zc"),
+    "open.engine": ("--rx-engine", "rx_engine", f"one of {', '.join(engine_names())}"),
     "open.engine_opts": ("--rx-opt", "engine_opts", "KEY=VALUE, KEY a lowercase word; VALUE an "
                          "integer within +-2^40, true/false, or a plain word such as eth1 (at "
                          "most 16 options)"),

@@ -22,6 +22,7 @@ from zcnet.cli._args import check_output_file, number
 from zcnet.errors import UsageError
 from zcnet.report.export import make_console, print_tables, write_text
 from zcnet.report.tables import MPSTAT_COLUMNS, Table
+from zcnet.rx.registry import engine_names
 
 _SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -52,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-port", type=number("port"), metavar="PORT",
                    help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
                         "rule steers to the zero-copy queue); default: any free port")
-    p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
+    p.add_argument("--rx-engine", default="epoll",
+                   help=f"receive engine on dst: {', '.join(engine_names())} (default epoll)")
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
     p.add_argument("--tx", default="copy",
