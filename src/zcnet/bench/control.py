@@ -10,8 +10,7 @@ from typing import Any
 from zcnet.bench import proto
 from zcnet.bench.authtoken import default_token, default_token_path
 from zcnet.bench.endpoint import parse_hostport
-from zcnet.bench.flow_worker import UNSUPPORTED_HERE
-from zcnet.bench.proto import Channel, ProtocolError, Role
+from zcnet.bench.proto import UNSUPPORTED_HERE, Channel, ProtocolError, Role
 from zcnet.errors import ZcnetError
 from zcnet.netns import in_netns
 

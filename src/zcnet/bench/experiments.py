@@ -19,8 +19,9 @@ from typing import Any
 from zcnet.bench import meta
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.control import ServerRefused
+from zcnet.bench.matrix import NIC_ENGINES, BenchOptions
 from zcnet.bench.remote import LocalServer
-from zcnet.bench.run import NIC_ENGINES, BenchOptions, flow_cell, pick_cpus, run_bench
+from zcnet.bench.run import flow_cell, pick_cpus, run_bench
 from zcnet.bench.spec import Spec
 from zcnet.bench.txbench import run_txbench
 from zcnet.errors import Unsupported, ZcnetError

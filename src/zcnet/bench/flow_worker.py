@@ -34,7 +34,7 @@ import numpy as np
 
 from zcnet.bench import tcpinfo
 from zcnet.bench.hist import encode_histogram, new_histogram, record_batch, summarize
-from zcnet.bench.proto import OptionValue
+from zcnet.bench.proto import UNSUPPORTED_HERE, OptionValue
 from zcnet.bench.stream import send_stream
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.pattern import Verifier
@@ -46,7 +46,6 @@ from zcnet.uapi.socket import SO_INCOMING_CPU
 log = logging.getLogger(__name__)
 
 
-UNSUPPORTED_HERE = " unsupported here: "  # joins the engine and the kernel's reason
 
 
 class EngineUnsupported(RuntimeError):

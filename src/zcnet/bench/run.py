@@ -13,95 +13,36 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from zcnet import quantities
 from zcnet.bench.client import ClientResult, LabServers, lab_servers, run
 from zcnet.bench.control import ServerRefused
+from zcnet.bench.matrix import (
+    CPU_FIELDS,
+    DEFAULT_ENGINES,
+    NIC_ENGINES,
+    PLACEMENTS,
+    BenchOptions,
+    lo_mtu,
+)
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
-from zcnet.bench.peers import parse_peers, run_peer
-from zcnet.bench.proto import OptionValue
+from zcnet.bench.peers import run_peer
 from zcnet.bench.remote import LocalServer
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab, netdevsim
 from zcnet.lab.sweep import before_run
-from zcnet.lab.topology import MTU_MAX
 from zcnet.netns import can_create_netns
 from zcnet.nic import setup
 from zcnet.nic.info import nic_env
-from zcnet.rx.engine import EngineOptions
-from zcnet.rx.registry import ENGINES, default_engines, engine_names
 from zcnet.rx.zc.devnote import COPYING_DRIVERS
-from zcnet.tx.senders import KINDS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MTUS = (1500, 4096, 9000)
-DEFAULT_ENGINES = default_engines()
-PLACEMENTS = ("same", "split")
-NIC_ENGINES = tuple(name for name, info in ENGINES.items() if info.needs_nic)
-CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
-
-
-@dataclass
-class BenchOptions:
-    mtus: tuple[int, ...] | None = None  # None: 1500,4096,9000 in the lab, lo's MTU otherwise
-    engines: tuple[str, ...] = DEFAULT_ENGINES
-    placements: tuple[str, ...] = PLACEMENTS
-    duration: float = 2.0
-    verify: bool = False
-    lab: bool | None = None          # None: lab when root, else loopback
-    json_path: str | None = None
-    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
-    peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
-    tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
-    # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
-    peer_write_size: int | None = None
-    lab_device: str = "veth"         # the lab's link: veth, or netdevsim (zcnet's test kernel)
-
-    def validate(self) -> None:
-        names = engine_names()
-        if self.peers:
-            parse_peers(",".join(self.peers))
-        if self.tx not in KINDS:
-            raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
-        for what, values in (("engine", self.engines), ("placement", self.placements),
-                             ("peer", self.peers), ("MTU", self.mtus or ())):
-            if len(set(values)) != len(values):
-                raise UsageError(f"an {what} repeats in {','.join(map(str, values))}",
-                                 f"give each {what} once")
-        if not (self.engines or self.peers) or not self.placements or self.mtus == ():
-            raise UsageError("nothing to measure: an engine, placement or MTU list is empty",
-                             "give at least one of each (or leave the option out)")
-        for e in self.engines:
-            if e not in names:
-                raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
-        for p in self.placements:
-            if p not in PLACEMENTS:
-                raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
-        for m in self.mtus or ():
-            quantities.check("mtu", m, "MTU")
-            if self.lab and m > MTU_MAX:
-                raise UsageError(f"MTU {m} is beyond veth's largest, {MTU_MAX}",
-                                 f"use {MTU_MAX} or less in the lab")
-        quantities.check("duration", self.duration, "duration")
-        EngineOptions.from_mapping(self.engine_opts)  # names and types, before the lab is built
-
-    def resolved(self) -> BenchOptions:
-        """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
-        if self.lab is None:
-            return replace(self, lab=can_create_netns()).resolved()
-        if self.mtus is None:
-            return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
-        return self
-
-    def cells(self) -> list[tuple[int, str, str]]:
-        """(mtu, engine-or-peer, placement) in run order: MTU outermost (few MTU changes)."""
-        return [(m, e, p) for m in self.resolved().mtus or () for p in self.placements
-                for e in (*self.engines, *self.peers)]
-
+# The options and their defaults live in zcnet.bench.matrix (the CLI reads them without loading
+# the runner); they are part of this API too.
+__all__ = ["DEFAULT_ENGINES", "PLACEMENTS", "BenchOptions", "BenchSite", "bench_site",
+           "cell_result", "flow_cell", "pick_cpus", "run_bench", "run_one", "zcrx_mode"]
 
 @dataclass
 class BenchSite:
@@ -140,7 +81,7 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
             yield BenchSite(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
-                         None, {"lab": False, "mtu": _lo_mtu(),
+                         None, {"lab": False, "mtu": lo_mtu(),
                                 "note": "loopback (127.0.0.1), not a lab"})
 
 
@@ -159,13 +100,6 @@ def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
     cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
     stack.enter_context(setup.applied(cfg))
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
-
-
-def _lo_mtu() -> int:
-    try:
-        return int(Path("/sys/class/net/lo/mtu").read_text())
-    except (OSError, ValueError):
-        return 65536
 
 
 def _nic_env(t: BenchSite) -> dict[str, Any]:
@@ -339,23 +273,3 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
         if opts.json_path:
             write_json(opts.json_path, doc)
     return doc
-
-
-def peer_ratios(doc: dict[str, Any], peer: str = "iperf3") -> list[dict[str, Any]]:
-    """Best zcnet engine vs ``peer`` per (MTU, placement), for the notes and the closing table."""
-    out = []
-    ok = [r for r in doc["results"] if r["status"] == "ok" and r.get("gbps")]
-    for key in dict.fromkeys((r["mtu"], r["placement"]) for r in ok):
-        rows = [r for r in ok if (r["mtu"], r["placement"]) == key]
-        ref = next((r for r in rows if r["engine"] == peer), None)
-        ours = [r for r in rows if not r.get("peer")]
-        if ref and ours:
-            best = max(ours, key=lambda r: r["gbps"])
-            out.append({"mtu": key[0], "placement": key[1], "engine": best["engine"],
-                        "gbps": best["gbps"], "peer": peer, "peer_gbps": ref["gbps"],
-                        "ratio": round(best["gbps"] / ref["gbps"], 3)})
-    return out
-
-
-def verify_failed(doc: dict[str, Any]) -> int:
-    return sum(r.get("verify", {}).get("mismatches", 0) for r in doc["results"])

@@ -10,16 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from zcnet.bench.matrix import DEFAULT_ENGINES, PLACEMENTS, BenchOptions, verify_failed
 from zcnet.bench.meta import Interrupted
 from zcnet.bench.peers import PEERS
 from zcnet.bench.proto import OptionValue
-from zcnet.bench.run import (
-    DEFAULT_ENGINES,
-    PLACEMENTS,
-    BenchOptions,
-    run_bench,
-    verify_failed,
-)
 from zcnet.cli._args import (
     check_ifname,
     check_output_file,
@@ -94,6 +88,10 @@ def print_report(doc: dict[str, Any], console: Console) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `zcnet bench` needs the runner (servers, labs, clients).
+    from zcnet.bench.run import run_bench
+
     check_output_file(args.json, "--json")
     check_ifname(args.ifname)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,

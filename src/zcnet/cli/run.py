@@ -6,6 +6,7 @@ Also the shared machinery of `zcnet reproduce`: options, progress bar, report ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zcnet.bench.authtoken import read_token
-from zcnet.bench.experiments import ExperimentRig, iter_run, plan
 from zcnet.bench.spec import Spec, load_spec
 from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
@@ -135,7 +135,9 @@ def check_target(args: argparse.Namespace) -> None:
 
 def execute(spec: Spec, args: argparse.Namespace) -> int:
     """Run a spec with progress, write and print its reports; 130 when interrupted."""
-    import dataclasses
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `run` and `reproduce` need the experiment runner (servers, labs, NICs).
+    from zcnet.bench.experiments import ExperimentRig, iter_run, plan
 
     check_target(args)
     check_outputs(args)

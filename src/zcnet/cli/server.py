@@ -15,7 +15,6 @@ from types import FrameType
 from zcnet.bench.authtoken import MIN_TOKEN, default_token_path, read_token
 from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.proto import Limits
-from zcnet.bench.server import Server
 from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
@@ -88,6 +87,10 @@ def _watch_stdin(on_eof: Callable[[], None]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_limits(args)
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `zcnet server` needs the server (sessions, workers, forkserver).
+    from zcnet.bench.server import Server
+
     host, port = parse_hostport(args.listen)
     limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
                     max_memory=args.max_memory)

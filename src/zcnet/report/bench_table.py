@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from zcnet.bench.run import peer_ratios
+from zcnet.bench.matrix import peer_ratios
 
 ZCRX_COPY_NOTE = ("zcrx copy mode: no NIC queue here, so the kernel copied every byte into the "
                   "zcrx area; the zcrx protocol ran for real (RECV_ZC, area offsets, refill ring),"

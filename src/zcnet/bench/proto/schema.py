@@ -22,6 +22,9 @@ MAX_MESSAGE = 1 << 20
 MAX_PREAUTH_MESSAGE = 4096
 # How long after a run's duration a server may take to drain and send its results.
 GRACE = 10.0
+# An "unsupported" reason names the engine, then this, then the host's own reason; the client
+# shows the host's reason alone where the engine is already named.
+UNSUPPORTED_HERE = " unsupported here: "
 # What an engine option may hold on the wire (and in the client's and bench's options).
 OptionValue = bool | int | str
 CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
