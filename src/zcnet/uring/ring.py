@@ -248,8 +248,10 @@ class Ring:
                            cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
                            self.sq_mask, p.sq_entries, self._sqe_size,
                            cq.addr + p.cq_off.cqes, self.cq_mask, self._cqe_size, 0)
-        self.__dict__.update(_core=core, prep=core.prep, prep_batch=core.prep_batch,
-                             submit=core.submit, reap=core.reap, reap_one=core.reap_one)
+        self._core = core
+        for name in ("prep", "prep_batch", "submit", "reap", "reap_one"):
+            if getattr(type(self), name) is getattr(Ring, name):  # not overridden: take it
+                self.__dict__[name] = getattr(core, name)
 
     def close(self) -> None:
         """Unmap and close; idempotent. Registered resources die with the fd."""
