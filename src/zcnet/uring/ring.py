@@ -25,10 +25,9 @@ read. Every public method checks first that the ring is open: its memory is unma
 
 With the compiled accelerator (zcnet.uring._accel, built at install when a compiler exists;
 ``ZCNET_PURE=1`` turns it off) ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one``
-are its Core's methods,
-bound on the instance: one C call each instead of a Python frame, a ctypes call and a struct
-pack (batch 1 about 3x faster). Off their common path they call the Python methods below, so
-checks and errors are the same on both paths.
+are its Core's methods, bound on the instance: one C call each instead of a Python frame, a
+ctypes call and a struct pack (batch-1 NOP CPU per op 1.7 -> 0.5 us). Off their common path
+they call the Python methods below, so checks and errors are the same on both paths.
 """
 
 from __future__ import annotations
