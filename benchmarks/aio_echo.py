@@ -76,6 +76,7 @@ class Client(asyncio.Protocol):
                  first: asyncio.Future[None], done: asyncio.Future[None]) -> None:
         self.rtts, self.state, self.first, self.done = rtts, state, first, done
         self.got = 0
+        state.setdefault("replies", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.tr = transport
@@ -90,6 +91,7 @@ class Client(asyncio.Protocol):
         if self.got < MSG:
             return
         self.got -= MSG
+        self.state["replies"] += 1
         if not self.first.done():
             self.first.set_result(None)
         if self.state["record"]:
@@ -110,10 +112,10 @@ def client_main(port: int, clients: int, seconds: float, warmup: float, cpu: int
     connection up), warm up, then record for ``seconds``."""
     os.sched_setaffinity(0, {cpu})
 
-    async def main() -> list[int]:
+    async def main() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()
         rtts: list[int] = []
-        state = {"record": False, "run": True}
+        state: dict[str, Any] = {"record": False, "run": True}
         firsts, dones = [], []
         for _ in range(clients):
             f: asyncio.Future[None] = loop.create_future()
@@ -129,7 +131,7 @@ def client_main(port: int, clients: int, seconds: float, warmup: float, cpu: int
         await asyncio.sleep(seconds)
         state["record"] = state["run"] = False
         await asyncio.gather(*dones)
-        return rtts
+        return rtts, state.get("replies", 0)
 
     out.send(uvloop.run(main()))
 
@@ -144,15 +146,24 @@ def measure(name: str, clients: int, args: argparse.Namespace,
     cp = ctx.Process(target=client_main, args=(srv.getsockname()[1], clients, args.seconds,
                                               args.warmup, cpus[1], wr))
     cp.start()
-    rtts = np.asarray(rd.recv(), dtype=np.float64) / 1e3
+    got, replies = rd.recv()
+    rtts = np.asarray(got, dtype=np.float64) / 1e3
     cp.join()
+    server_cpu = _process_cpu(sp.pid)  # every reply the server sent, warm-up included
     sp.kill()
     sp.join()
     srv.close()
     if not len(rtts):
         raise SystemExit(f"{name}: no round trips completed")
     return {"p50": float(np.percentile(rtts, 50)), "p99": float(np.percentile(rtts, 99)),
-            "rps": len(rtts) / args.seconds}
+            "rps": len(rtts) / args.seconds, "cpu_us": server_cpu / max(1, replies) * 1e6}
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system CPU seconds a live process has used (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -178,8 +189,8 @@ def main() -> None:
               f"median of {args.rounds} x {args.seconds:g} s")
         for k, m in med.items():
             print(f"  {k:13s} p50 {m['p50']:7.1f} us  p99 {m['p99']:7.1f} us  "
-                  f"{m['rps']:9.0f} req/s")
-    print()
+                  f"{m['rps']:9.0f} req/s  server CPU {m['cpu_us']:5.1f} us/request")
+    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for n, med in results.items():
         for q in ("p50", "p99"):
             ratio = med["zcnet"][q] / med["uvloop-proto"][q]

@@ -12,15 +12,15 @@ of a frame that straddles two chunks.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
 import struct
 import time
 
+import aio_common
+
 from zcnet import aio
-from zcnet.errors import ZcnetError
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 20
@@ -108,27 +108,11 @@ async def serve(host: str, port: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--listen", help="HOST:PORT to serve on (default: self-test on loopback)")
+    ap = aio_common.parser(__doc__)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
     args = ap.parse_args()
-    if args.listen:
-        host, _, port = args.listen.rpartition(":")
-        coro = serve(host, int(port))
-    else:
-        coro = self_test(args.clients, args.requests)
-    runner = asyncio.run
-    if args.uvloop:
-        import uvloop
-
-        runner = uvloop.run
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            runner(coro)
-    except ZcnetError as e:
-        raise SystemExit(f"error: {e}") from None
+    aio_common.run(args, serve, lambda: self_test(args.clients, args.requests))
 
 
 if __name__ == "__main__":

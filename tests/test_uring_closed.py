@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.ring import Ring
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from zcnet import __version__
 from zcnet.errors import ZcnetError
+from zcnet.uring.syscall import backend
 
 ENVELOPE_VERSION = 1
 
@@ -46,6 +47,7 @@ def collect_env(*, lab: bool, **extra: Any) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "arch": platform.machine(),
         "python": platform.python_version(),
+        "hot_path": backend(),  # the ring's hot path: "c" (compiled accelerator) or "pure"
         "lab": lab,
         "hostname": platform.node(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -25,6 +25,7 @@ from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, LinearChunk, _as_list, _Held
 from zcnet.rx.zc.provider import Delivery, Provider
 from zcnet.uring.ring import Ring
+from zcnet.uring.syscall import accel_for, backend
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class Receiver:
         self._view = self.area.view
         self.debug = debug
         self.coalesce = coalesce
+        accel = accel_for(backend())  # the compiled per-chunk constructor, unless ZCNET_PURE
+        self._make_chunks = accel.make_chunks if accel is not None else None
         self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
@@ -268,6 +271,9 @@ class Receiver:
                     self._stats.coalesced += b - a - 1
                 out.append(c)
                 s += c.length
+        elif self._make_chunks is not None:
+            # The per-buffer hot path: every Chunk made in C, with no __init__ frame each.
+            out, s = self._make_chunks(Chunk, self, offsets, lengths, tokens, s)
         else:
             # One C-level map instead of a Python loop: this is the per-buffer hot path.
             starts = list(itertools.accumulate(lengths, initial=s))
