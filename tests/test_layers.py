@@ -18,12 +18,10 @@ import zcnet
 
 SRC = Path(zcnet.__file__).parent
 FUNCTION_IMPORT_LIMIT = 10
-# The packages whose helper has finished issue 13; the whole-package count below is xfail
-# (strict) until the bench/report/cli side is merged too, and then must pass.
+# Packages with no function-level import of zcnet modules at all (bench and cli keep a few, each
+# with its reason; the whole-package limit below covers them).
 CLEAN = ("zcnet.tx", "zcnet.nic", "zcnet.lab", "zcnet.uapi", "zcnet.netns",
          "zcnet.caps", "zcnet.errors", "zcnet.sockcheck", "zcnet.quantities")
-PENDING = pytest.mark.xfail(strict=True, reason="bench, report and cli still import zcnet "
-                            "modules inside functions until their issue-13 branch merges")
 
 
 def _imports(package: str) -> dict[str, set[str]]:
@@ -141,13 +139,10 @@ def test_no_module_import_cycles() -> None:
     assert _module_cycles() == []
 
 
-@pytest.mark.xfail(strict=True, reason="bench imports report (bench/experiments.py) until the "
-                   "bench side of issue 13 merges")
 def test_no_package_import_cycles() -> None:
     assert _package_cycles() == []
 
 
-@PENDING
 def test_few_function_level_imports_each_with_a_reason() -> None:
     found = _function_imports()
     assert len(found) <= FUNCTION_IMPORT_LIMIT, (

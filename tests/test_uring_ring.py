@@ -432,6 +432,19 @@ def test_the_backend_asked_for_is_the_one_that_runs(request: pytest.FixtureReque
         assert compiled == (backend == "c")
 
 
+def test_a_subclass_override_is_not_shadowed_by_the_compiled_methods(no_leaks) -> None:
+    calls: list[int] = []
+
+    class Counting(Ring):
+        def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
+            calls.append(wait_nr)
+            return super().submit(wait_nr, timeout)
+
+    with Counting(4, flags=FAST) as r:
+        r.prep(u.IORING_OP_NOP, user_data=9)
+        assert r.submit(1) == 1 and calls == [1] and r.reap_one() == (9, 0, 0)
+
+
 @pytest.mark.parametrize(("name", "call"), [("prep", lambda r: r.prep(0, user_data=1)),
                                             ("submit", lambda r: r.submit(1)),
                                             ("submit", lambda r: r.wait(1, 0.01)),

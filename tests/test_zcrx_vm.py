@@ -9,13 +9,20 @@ from __future__ import annotations
 import errno
 import platform
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS
-from zc_helpers import PAT, Sender, check, check_to_eof, hold_until_stalled, release_in_thread
+from zc_helpers import (
+    PAT,
+    Sender,
+    check,
+    check_to_eof,
+    hold_until_stalled,
+    mapped,
+    release_in_thread,
+)
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Chunk, Receiver, open_receiver
 from zcnet.rx.zc.area import PAGE_SIZE, Area
@@ -39,15 +46,6 @@ def pair(no_leaks, tcp_pair):
                     "under `zcnet vm run`")
     client, server = tcp_pair
     return server, client
-
-
-def mapped(addr: int) -> bool:
-    """Whether ``addr`` lies in any mapping of this process (anonymous ones included)."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        if lo <= addr < hi:
-            return True
-    return False
 
 
 def receiver(sock, area_size: int, *, rq_entries: int = 4096, max_held: float = 0.75,
@@ -237,9 +235,9 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
 def test_mlx5_zcrx_plan_measures_zcrx_here():
     if not kernel_offers().copy_mode:
         pytest.skip("this kernel has no zcrx copy mode; run under `zcnet vm run`")
-    from zcnet.bench.experiments import Target, plan
-    from zcnet.report.spec import builtin_spec
+    from zcnet.bench.experiments import ExperimentRig, plan
+    from zcnet.bench.spec import builtin_spec
 
-    p = plan(builtin_spec("mlx5-zcrx"), Target())
+    p = plan(builtin_spec("mlx5-zcrx"), ExperimentRig())
     assert not p.substitutions
     assert {c["engine"] for c in p.cells if "peer" not in c} == {"epoll", "uring", "zcrx"}

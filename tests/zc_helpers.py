@@ -7,6 +7,7 @@ import queue
 import socket
 import struct
 import threading
+from pathlib import Path
 
 from zcnet.pattern import StreamPattern
 from zcnet.rx.zc import Chunk, Receiver
@@ -95,3 +96,12 @@ def check_to_eof(rx: Receiver) -> int:
         got += len(c)
         c.release()
     return got
+
+
+def mapped(addr: int) -> bool:
+    """Whether ``addr`` lies in any mapping of this process (anonymous ones included)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return True
+    return False

@@ -28,8 +28,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from zcnet.bench.protocol import DEFAULT_PORT
+from zcnet.bench.proto import DEFAULT_PORT
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.netns import netns_popen
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ class RemoteServer:
         except OSError as e:
             raise ZcnetError(f"cannot run {self.ssh}: {e.strerror}",
                              "install an ssh client or pass --ssh-cmd") from None
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.stop)   # unless the server comes up
             assert self.proc.stdin is not None
             try:
                 self.proc.stdin.write(self.token + b"\n")
@@ -87,9 +89,7 @@ class RemoteServer:
                                                                 self.stderr_tail),
                                            name="zcnet-remote-stderr", daemon=True)
             self._drain.start()
-        except BaseException:
-            self.stop()
-            raise
+            undo.pop_all()
         log.info("remote server on %s is up at %s", self.host, self.address)
         return self
 
@@ -190,8 +190,6 @@ class NetnsServer(RemoteServer):
                 "--exit-on-eof", *self.server_args]
 
     def _launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
-        from zcnet.lab.netns import netns_popen
-
         return netns_popen(self.netns, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
 

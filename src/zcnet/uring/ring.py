@@ -25,10 +25,9 @@ read. Every public method checks first that the ring is open: its memory is unma
 
 With the compiled accelerator (zcnet.uring._accel, built at install when a compiler exists;
 ``ZCNET_PURE=1`` turns it off) ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one``
-are its Core's methods,
-bound on the instance: one C call each instead of a Python frame, a ctypes call and a struct
-pack (batch 1 about 3x faster). Off their common path they call the Python methods below, so
-checks and errors are the same on both paths.
+are its Core's methods, bound on the instance: one C call each instead of a Python frame, a
+ctypes call and a struct pack (batch-1 NOP CPU per op 1.7 -> 0.5 us). Off their common path
+they call the Python methods below, so checks and errors are the same on both paths.
 """
 
 from __future__ import annotations
@@ -248,8 +247,10 @@ class Ring:
                            cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
                            self.sq_mask, p.sq_entries, self._sqe_size,
                            cq.addr + p.cq_off.cqes, self.cq_mask, self._cqe_size, 0)
-        self.__dict__.update(_core=core, prep=core.prep, prep_batch=core.prep_batch,
-                             submit=core.submit, reap=core.reap, reap_one=core.reap_one)
+        self._core = core
+        for name in ("prep", "prep_batch", "submit", "reap", "reap_one"):
+            if getattr(type(self), name) is getattr(Ring, name):  # not overridden: take it
+                self.__dict__[name] = getattr(core, name)
 
     def close(self) -> None:
         """Unmap and close; idempotent. Registered resources die with the fd."""

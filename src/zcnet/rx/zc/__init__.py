@@ -1,10 +1,11 @@
 """Zero-copy receive: zcrx, devmem and a software provider behind one buffer-lifetime API.
 
 The public API is ``api`` (re-exported here). Beneath it: ``chunks`` (what is handed out),
-``receiver`` (the Receiver and its release path), ``opener`` (choosing a provider), ``bookkeeping``
-(release queue, stats), ``area`` (the registered memory); ``provider`` is the contract between the
-Receiver and the providers ``soft``/``soft_inc``, ``zcrx`` (with ``zcrx_reg``) and ``devmem``;
-``netqueue`` finds the NIC queue of a socket; ``engines`` runs them as ``zcnet bench`` engines.
+``receiver`` (the Receiver and its release path), ``debugviews`` (its debug mode), ``opener``
+(choosing a provider), ``bookkeeping`` (release queue, stats), ``area`` (the registered memory);
+``provider`` is the contract between the Receiver and the providers ``soft``/``soft_inc``,
+``zcrx`` (with ``zcrx_reg``) and ``devmem``; ``netqueue`` finds the NIC queue of a socket;
+``engines`` runs them as ``zcnet bench`` engines.
 """
 
 from zcnet.rx.zc.area import Area

@@ -107,7 +107,9 @@ class Area:
         # The exporter of every view: a subclass of the ctypes array type, so it can carry the
         # finalizer that unmaps once neither the area nor any view holds it.
         raw = type("_AreaBytes", (ctypes.c_char * self.size,), {}).from_address(self.addr)
-        weakref.finalize(raw, self._mapping.close)
+        # Not at interpreter exit: a daemon thread may still read a view then, and the process
+        # exit unmaps anyway.
+        weakref.finalize(raw, self._mapping.close).atexit = False
         self.view = memoryview(raw).cast("B")
         self.array = np.frombuffer(raw, dtype=np.uint8)
 

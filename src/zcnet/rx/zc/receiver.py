@@ -12,8 +12,6 @@ import os
 import socket
 import threading
 import time
-import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -23,15 +21,13 @@ from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, LinearChunk, _as_list, _Held
+from zcnet.rx.zc.debugviews import DebugViews
 from zcnet.rx.zc.provider import Delivery, Provider
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import accel_for, backend
 
 log = logging.getLogger(__name__)
 
-# Poison written over a released chunk in debug mode, so a stale numpy array reads garbage that
-# is easy to recognise instead of plausible new data.
-POISON = 0xDB
 
 _rx_of = operator.attrgetter("_rx")
 _tok_of = operator.attrgetter("_tok")
@@ -39,7 +35,7 @@ _len_of = operator.attrgetter("length")
 _sum = np.add.reduce
 
 
-class Receiver:
+class Receiver(DebugViews):
     """Zero-copy receiver bound to one socket and one provider; see the module docstring.
 
     ``max_held`` is the share of the area the application may hold before the receiver stops
@@ -71,7 +67,7 @@ class Receiver:
         self._closed = False
         self._close_lock = threading.Lock()
         self._armed_once = False
-        self._debug_views: dict[int, list[Any]] = {}
+        self._debug_views = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
 
     @property
@@ -328,31 +324,6 @@ class Receiver:
         self._releases.put_many(batch)
         if self._closed:
             self._release_after_close()
-
-    # --- debug mode ------------------------------------------------------------------------------
-    def _track(self, held: _Held, view: Any) -> None:
-        self._debug_views.setdefault(id(held), []).append(view)
-
-    def _revoke(self, held: _Held) -> None:
-        """Debug mode: invalidate views handed out for ``held`` and poison its bytes."""
-        alive = 0
-        for v in self._debug_views.pop(id(held), ()):
-            if isinstance(v, weakref.ref):
-                alive += v() is not None  # a numpy array cannot be revoked, only reported
-                continue
-            try:
-                v.release()
-            except BufferError:
-                alive += 1  # something still exports it
-        spans = ([(held.offset, held.length)] if isinstance(held, Chunk)
-                 else zip(held.offsets, held.lengths, strict=True))  # type: ignore[attr-defined]
-        for off, n in spans:
-            if off >= 0:
-                self.area.array[off:off + n] = POISON
-        if alive:
-            warnings.warn(f"{held!r} released while {alive} array(s)/view(s) over it are alive; "
-                          f"they now read poison bytes ({POISON:#x}) and later reused data",
-                          ResourceWarning, stacklevel=4)
 
     # --- lifetime ------------------------------------------------------------------------------
     def stats_dict(self) -> dict[str, Any]:
