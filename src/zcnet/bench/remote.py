@@ -36,6 +36,24 @@ log = logging.getLogger(__name__)
 READY_PREFIX = "zcnet server listening on "
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
+# A factor on START_TIMEOUT for slow machines: `zcnet vm run` sets it in an emulated (TCG) guest,
+# where a Python server takes many times longer to come up.
+TIMEOUT_SCALE_ENV = "ZCNET_TIMEOUT_SCALE"
+
+
+def start_timeout() -> float:
+    """START_TIMEOUT times ``$ZCNET_TIMEOUT_SCALE`` (a number >= 1; unset: 1)."""
+    text = os.environ.get(TIMEOUT_SCALE_ENV, "").strip()
+    if not text:
+        return START_TIMEOUT
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not scale >= 1 or scale == float("inf"):
+        raise UsageError(f"{TIMEOUT_SCALE_ENV}={text!r} is not a number >= 1",
+                         f"unset it, or set e.g. {TIMEOUT_SCALE_ENV}=10 on a slow machine")
+    return START_TIMEOUT * scale
 
 
 @dataclass
@@ -101,7 +119,7 @@ class RemoteServer:
         assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + start_timeout()
         line = b""
         try:
             while time.monotonic() < deadline:
