@@ -164,6 +164,7 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
     from zcnet.bench.client import ClientOptions, ServerRefused, run
     from zcnet.bench.remote import LocalServer
     from zcnet.bench.run import NIC_ENGINES, flow_cell
+    from zcnet.rx.zc.devnote import copy_note
 
     ifname = target.ifname
     assert ifname is not None
@@ -205,6 +206,8 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))
+    if engine in NIC_ENGINES and (note := copy_note(ifname)):
+        row["note"] = note  # a driver that copies (netdevsim): registration real, DMA not
     row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": target.remote}
     return _bench_rows(cell, [row])
 
