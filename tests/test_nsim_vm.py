@@ -273,7 +273,7 @@ def test_zcrx_on_an_rx_queue_receives_verified_data(ready):
         sender.join()
     assert len(got) == PAYLOAD, stats
     assert got == payload
-    assert stats["released_bytes"] == PAYLOAD and stats["rearms"] >= 1, stats  # ran dry, refilled
+    assert stats["rearms"] >= 1, stats  # the area ran dry and was refilled
     with Device.open(lab.if_b, lab.ns_b) as dev:
         assert "io-uring" not in netdev.queue_get(dev, QUEUE)
 

@@ -58,6 +58,7 @@ from zcnet.bench.authtoken import MIN_TOKEN, default_token
 from zcnet.bench.authtoken import read_token as read_token  # callers import it from here
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.bench.protocol import NEED_DATA, Limits, LocalProtocolError, RemoteProtocolError, Role
+from zcnet.bench.remote import timeout_scale
 from zcnet.bench.rr import FlowSpec, encode_histogram, flow_main, merge_encoded, tx_paths
 from zcnet.errors import UsageError, ZcnetError
 
@@ -130,7 +131,9 @@ class FlowProc:
         assert self.proc.pid is not None
         return self.proc.pid
 
-    def expect(self, event: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
+    def expect(self, event: str, timeout: float | None = None) -> dict[str, Any]:
+        if timeout is None:
+            timeout = WORKER_TIMEOUT * timeout_scale()  # slow machines (a TCG guest) scale it
         if not self.conn.poll(timeout):
             raise SessionError("worker", f"flow {self.flow} {self.role} worker: no {event} "
                                f"within {timeout:.0f} s")
