@@ -6,8 +6,10 @@
 Servers (each in its own process, on uvloop):
 
   uvloop-proto  ``data_received`` -> ``transport.write`` (the usual asyncio echo server)
-  zcnet         zcnet.aio: ``async for chunk in rx`` -> ``await tx.sendall(chunk.data)`` ->
+  zcnet         task style: ``async for chunk in rx`` -> ``await tx.sendall(chunk.data)`` ->
                 ``chunk.release()`` (soft provider, copy sender: 64 B gains nothing from SEND_ZC)
+  zcnet-proto   callback style: ``ZcProtocol.chunk_received`` -> ``transport.write(chunk.data)``
+                -> ``chunk.release()``, called from the shared ring's dispatch (no Task)
 
 The client process (uvloop, one Protocol per connection) keeps one 64-byte request in flight per
 connection and records each round trip once every connection has had its first reply and a
@@ -50,6 +52,15 @@ async def zc_echo(conn: socket.socket) -> None:
             chunk.release()
 
 
+class ZcEcho(aio.ZcProtocol):
+    def connection_made(self, transport: aio.ZcTransport) -> None:
+        self.tr = transport
+
+    def chunk_received(self, chunk: Any) -> None:
+        self.tr.write(chunk.data)
+        chunk.release()
+
+
 def server_main(name: str, srv: socket.socket, cpu: int) -> None:
     os.sched_setaffinity(0, {cpu})
 
@@ -63,6 +74,8 @@ def server_main(name: str, srv: socket.socket, cpu: int) -> None:
             c.setblocking(False)
             if name == "zcnet":
                 tasks.append(asyncio.create_task(zc_echo(c)))
+            elif name == "zcnet-proto":
+                aio.start_protocol(c, ZcEcho(), area_size=1 << 20, buf_size=4096)
             else:
                 await loop.connect_accepted_socket(EchoProto, c)
 
@@ -76,6 +89,7 @@ class Client(asyncio.Protocol):
                  first: asyncio.Future[None], done: asyncio.Future[None]) -> None:
         self.rtts, self.state, self.first, self.done = rtts, state, first, done
         self.got = 0
+        state.setdefault("replies", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.tr = transport
@@ -90,6 +104,7 @@ class Client(asyncio.Protocol):
         if self.got < MSG:
             return
         self.got -= MSG
+        self.state["replies"] += 1
         if not self.first.done():
             self.first.set_result(None)
         if self.state["record"]:
@@ -110,10 +125,10 @@ def client_main(port: int, clients: int, seconds: float, warmup: float, cpu: int
     connection up), warm up, then record for ``seconds``."""
     os.sched_setaffinity(0, {cpu})
 
-    async def main() -> list[int]:
+    async def main() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()
         rtts: list[int] = []
-        state = {"record": False, "run": True}
+        state: dict[str, Any] = {"record": False, "run": True}
         firsts, dones = [], []
         for _ in range(clients):
             f: asyncio.Future[None] = loop.create_future()
@@ -129,7 +144,7 @@ def client_main(port: int, clients: int, seconds: float, warmup: float, cpu: int
         await asyncio.sleep(seconds)
         state["record"] = state["run"] = False
         await asyncio.gather(*dones)
-        return rtts
+        return rtts, state.get("replies", 0)
 
     out.send(uvloop.run(main()))
 
@@ -144,15 +159,24 @@ def measure(name: str, clients: int, args: argparse.Namespace,
     cp = ctx.Process(target=client_main, args=(srv.getsockname()[1], clients, args.seconds,
                                               args.warmup, cpus[1], wr))
     cp.start()
-    rtts = np.asarray(rd.recv(), dtype=np.float64) / 1e3
+    got, replies = rd.recv()
+    rtts = np.asarray(got, dtype=np.float64) / 1e3
     cp.join()
+    server_cpu = _process_cpu(sp.pid)  # every reply the server sent, warm-up included
     sp.kill()
     sp.join()
     srv.close()
     if not len(rtts):
         raise SystemExit(f"{name}: no round trips completed")
     return {"p50": float(np.percentile(rtts, 50)), "p99": float(np.percentile(rtts, 99)),
-            "rps": len(rtts) / args.seconds}
+            "rps": len(rtts) / args.seconds, "cpu_us": server_cpu / max(1, replies) * 1e6}
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system CPU seconds a live process has used (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -165,12 +189,12 @@ def main() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two CPUs")
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
-    names = ["uvloop-proto", "zcnet"]
+    names = ["uvloop-proto", "zcnet", "zcnet-proto"]
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in map(int, args.clients.split(",")):
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
         for r in range(args.rounds):
-            for k in names[r % 2:] + names[:r % 2]:
+            for k in names[r % len(names):] + names[:r % len(names)]:
                 rows[k].append(measure(k, n, args, (c0, c1)))
         med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in rows.items()}
         results[n] = med
@@ -178,12 +202,14 @@ def main() -> None:
               f"median of {args.rounds} x {args.seconds:g} s")
         for k, m in med.items():
             print(f"  {k:13s} p50 {m['p50']:7.1f} us  p99 {m['p99']:7.1f} us  "
-                  f"{m['rps']:9.0f} req/s")
-    print()
+                  f"{m['rps']:9.0f} req/s  server CPU {m['cpu_us']:5.1f} us/request")
+    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for n, med in results.items():
         for q in ("p50", "p99"):
-            ratio = med["zcnet"][q] / med["uvloop-proto"][q]
-            print(f"target echo_{n}_clients_{q}_zcnet_vs_uvloop {ratio:.2f} x goal <=1.0")
+            for k, style in (("zcnet", "task"), ("zcnet-proto", "callback")):
+                ratio = med[k][q] / med["uvloop-proto"][q]
+                print(f"target echo_{n}_clients_{q}_zcnet_{style}_vs_uvloop {ratio:.2f} x "
+                      "goal <=1.0")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,10 @@ BLOCK = bytes(1 << 20)
 PROTO_BUF = 256 << 10
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return r.ru_utime, r.ru_stime
 
 
 # --- receivers: each returns the bytes of one connection ---------------------------------------
@@ -96,8 +97,9 @@ def recv_zcnet(area: int, buf: int) -> Callable[[socket.socket], Any]:
 def receivers(args: argparse.Namespace,
               streams: int = 1) -> dict[str, tuple[Callable[[], Any], Any]]:
     # Many streams: a small area each (it is populated at open, per connection).
-    area = args.zc_area if streams == 1 else args.zc_many_area
-    zc = recv_zcnet(area << 20, args.zc_buf << 10)
+    area, buf = ((args.zc_area, args.zc_buf) if streams == 1
+                 else (args.zc_many_area, args.zc_many_buf))
+    zc = recv_zcnet(area << 10, buf << 10)
     return {
         "streams": (asyncio.new_event_loop, recv_streams),
         "asyncio-proto": (asyncio.new_event_loop, recv_proto),
@@ -112,11 +114,12 @@ def receive_main(name: str, args: argparse.Namespace, srv: socket.socket, stream
     os.sched_setaffinity(0, {cpu})
     new_loop, handler = receivers(args, streams)[name]
 
-    async def main() -> tuple[int, float, float]:
+    async def main() -> tuple[int, float, float, float]:
         loop = asyncio.get_running_loop()
         srv.setblocking(False)
         conns = []
-        t0 = c0 = 0.0
+        t0 = 0.0
+        c0 = (0.0, 0.0)
         for i in range(streams):
             c, _ = await loop.sock_accept(srv)
             c.setblocking(False)
@@ -124,7 +127,8 @@ def receive_main(name: str, args: argparse.Namespace, srv: socket.socket, stream
                 t0, c0 = time.perf_counter(), _cpu()
             conns.append(c)
         got = await asyncio.gather(*(handler(c) for c in conns))
-        return sum(got), time.perf_counter() - t0, _cpu() - c0
+        c1 = _cpu()
+        return sum(got), time.perf_counter() - t0, c1[0] - c0[0], c1[1] - c0[1]
 
     with asyncio.Runner(loop_factory=new_loop) as r:
         out.send(r.run(main()))
@@ -169,13 +173,14 @@ def measure(name: str, args: argparse.Namespace, streams: int, total: int,
         rp.start()
         sp = ctx.Process(target=send_main, args=(srv.getsockname()[1], streams, per, cpus[1]))
         sp.start()
-    nbytes, secs, cpu = rd.recv()
+    nbytes, secs, user, system = rd.recv()
     rp.join()
     sp.join()
     if nbytes != per * streams:
         raise SystemExit(f"{name}: received {nbytes} of {per * streams} bytes")
     gib = nbytes / (1 << 30)
-    return {"gbps": nbytes * 8 / secs / 1e9, "cpu_ms_per_gib": cpu / gib * 1e3}
+    return {"gbps": nbytes * 8 / secs / 1e9, "cpu_ms_per_gib": (user + system) / gib * 1e3,
+            "user_ms_per_gib": user / gib * 1e3}
 
 
 def run_case(title: str, args: argparse.Namespace, names: list[str], streams: int,
@@ -191,8 +196,8 @@ def run_case(title: str, args: argparse.Namespace, names: list[str], streams: in
           f"{cpus[0]}, sender CPU {cpus[1]}, median of {args.rounds}")
     for n, m in med.items():
         spread = [f"{x['gbps']:.1f}" for x in rows[n]]
-        print(f"  {n:14s} {m['gbps']:6.2f} Gbit/s  {m['cpu_ms_per_gib']:7.1f} ms CPU/GiB  "
-              f"(rounds: {', '.join(spread)})")
+        print(f"  {n:14s} {m['gbps']:6.2f} Gbit/s  {m['cpu_ms_per_gib']:7.1f} ms CPU/GiB "
+              f"({m['user_ms_per_gib']:6.1f} user)  (rounds: {', '.join(spread)})")
     return med
 
 
@@ -204,10 +209,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=4.0, help="bytes per case, GiB (default 4)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--zc-area", type=int, default=32, help="zcnet area, MiB")
+    ap.add_argument("--zc-area", type=int, default=32 << 10, help="zcnet area, KiB")
     ap.add_argument("--zc-buf", type=int, default=256, help="zcnet soft buffer size, KiB")
-    ap.add_argument("--zc-many-area", type=int, default=4,
-                    help="zcnet area per stream in the many-stream case, MiB")
+    ap.add_argument("--zc-many-area", type=int, default=1024,
+                    help="zcnet area per stream in the many-stream case, KiB")
+    ap.add_argument("--zc-many-buf", type=int, default=64,
+                    help="zcnet soft buffer size in the many-stream case, KiB")
     ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
     ap.add_argument("--only", help="comma-separated receivers (no targets then)")
     args = ap.parse_args()
@@ -223,7 +230,7 @@ def main() -> None:
     two = run_case("two CPUs", args, names, 1, (c0, c1))
     many = run_case(f"{args.streams} streams, one CPU", args,
                     ["uvloop-proto", "zcnet", "streams"], args.streams, (c0, c0))
-    print()
+    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     target("one_cpu_zcnet_vs_streams", one["zcnet"]["gbps"] / one["streams"]["gbps"], "x",
            ">=1.5")
     target("one_cpu_zcnet_vs_uvloop_proto",

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from zcnet.bench.client import ClientOptions, run
-from zcnet.bench.rr import FlowSpec, flow_main
+from zcnet.bench.flow_worker import FlowSpec, flow_main
 from zcnet.rx.engines import EngineOptions, make_engine
 
 RX_CPU, TX_CPU = 1, 0

@@ -28,6 +28,7 @@ import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, StreamPattern, Verifier, pattern_view
 from zcnet.rx.engines import EngineOptions, make_engine
+from zcnet.uring.syscall import backend
 
 
 def sender(port: int, total: int, chunk: int) -> None:
@@ -118,7 +119,8 @@ def main() -> int:
             results[key].append(gbps)
             cpu[key].append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime))
     print(f"loopback, {args.mib} MiB per run, {args.rounds} rounds, verify={args.verify}, "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, ring hot path {backend()}, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     med = {k: statistics.median(v) for k, v in results.items()}
     usr_ms: dict[str, float] = {}
     for k, v in results.items():

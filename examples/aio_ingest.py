@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import socket
 import time
 from pathlib import Path
 
+import aio_common
 import numpy as np
 
 from zcnet import aio
-from zcnet.errors import ZcnetError
 
 
 async def ingest(sock: socket.socket, out: Path | None, name: str,
@@ -116,33 +115,19 @@ async def self_test(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--listen", help="HOST:PORT to serve on (default: self-test on loopback)")
+    ap = aio_common.parser(__doc__)
     ap.add_argument("--streams", type=int, default=64, help="streams (0: serve forever)")
     ap.add_argument("--mib", type=int, default=16, help="self-test MiB per stream")
     ap.add_argument("--out", type=Path, help="write each stream to a file in this directory")
-    ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
     ap.add_argument("--provider", default="soft",
                     help="zero-copy provider: soft, zcrx, devmem or auto (auto probes the NIC "
                          "per connection, which costs time at open)")
     args = ap.parse_args()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    if args.listen:
-        host, _, port = args.listen.rpartition(":")
-        coro = serve((host, int(port)), args.out, args.streams, args.provider)
-    else:
-        coro = self_test(args)
-    runner = asyncio.run
-    if args.uvloop:
-        import uvloop
-
-        runner = uvloop.run
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            runner(coro)
-    except ZcnetError as e:
-        raise SystemExit(f"error: {e}") from None
+    aio_common.run(args, lambda host, port: serve((host, port), args.out, args.streams,
+                                                  args.provider),
+                   lambda: self_test(args))
 
 
 if __name__ == "__main__":

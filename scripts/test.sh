@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 apt_pkgs=(bpftool iperf3 sockperf iproute2 ethtool kmod util-linux procps python3-venv
           qemu-system-x86 busybox-static zstd
-          build-essential flex bison bc libelf-dev patch xz-utils)
+          build-essential flex bison bc libelf-dev patch xz-utils
+          python3-dev)  # headers for the compiled hot path (zcnet.uring._accel)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,5 +25,13 @@ fi
 
 source scripts/env.sh
 "$ZCNET_PY" -m pip install -q --disable-pip-version-check -e '.[test]'
+# The install builds the compiled hot path when a compiler exists; the tests then run both
+# paths (tests/uring_backends.py). A compiler with no accelerator means the build failed.
+if command -v cc >/dev/null && ! "$ZCNET_PY" -c 'import zcnet.uring._accel' 2>/dev/null; then
+  echo "error: a C compiler exists but zcnet.uring._accel did not build: run pip install -v -e . to see why" >&2
+  exit 1
+fi
 "$ZCNET_PY" -m ruff check src tests benchmarks examples
+# The layer contracts in pyproject.toml ([tool.importlinter]); lint-imports has no -m entry.
+"$ZCNET_PY" -c 'import sys; from importlinter.cli import lint_imports_command as li; sys.exit(li())'
 exec "$ZCNET_PY" -m pytest -q "$@"

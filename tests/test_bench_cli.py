@@ -39,7 +39,7 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["tool"] == "zcnet" and doc["kind"] == "bench" and doc["version"]
-    assert {"kernel", "cpus", "cpu_model", "python", "lab"} <= doc["env"].keys()
+    assert {"kernel", "cpus", "cpu_model", "python", "hot_path", "lab"} <= doc["env"].keys()
     assert doc["env"]["lab"] is True
     assert [c["engine"] for c in doc["results"]] == list(DEFAULT_ENGINES)
     zcrx = next(c for c in doc["results"] if c["engine"] == "zcrx")

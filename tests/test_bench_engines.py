@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from zcnet.pattern import PERIOD, TILED, Verifier, pattern_view
-from zcnet.rx.engines import EngineOptions, engine_names, make_engine
+from zcnet.rx.engine import EngineOptions, close_engine
+from zcnet.rx.registry import engine_names, make_engine
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -106,8 +107,6 @@ class _StubProvider:
 
 
 def test_nic_engine_releases_a_registration_that_run_never_took() -> None:
-    from zcnet.rx.engines import close_engine
-
     eng = make_engine("zcrx")
     stub = _StubProvider()
     eng._prov = stub  # type: ignore[attr-defined]

@@ -27,11 +27,11 @@ from rich.console import Console
 from zcnet import quantities
 from zcnet.bench.cpustat import shares
 from zcnet.bench.run import flow_cell
+from zcnet.bench.spec import SpecError, builtin_text, parse_spec, tomllib
 from zcnet.cli import build_parser, main, parse_args
 from zcnet.cli.bench import print_report
 from zcnet.cli.txbench import render
 from zcnet.report.bench_table import bench_notes, cell_text
-from zcnet.report.spec import SpecError, builtin_text, parse_spec, tomllib
 
 ZCNET = [sys.executable, "-m", "zcnet"]
 FIX = Path(__file__).parent / "fixtures"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from test_server_e2e import server
-from zcnet.bench.client import Control
+from server_util import server
+from zcnet.bench.control import Control
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from zcnet.bench.experiments import Target, plan, run_experiment
+from zcnet.bench.experiments import ExperimentRig, iter_run, plan, run_experiment
+from zcnet.bench.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.cli import main
-from zcnet.errors import Unsupported
-from zcnet.report.spec import Spec, builtin_spec, builtin_text, parse_spec
+from zcnet.errors import Unsupported, ZcnetError
 from zcnet.report.tables import experiment_tables
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 def test_lab_substitutes_zero_copy_engine() -> None:
-    p = plan(builtin_spec("mlx5-zcrx"), Target())
+    p = plan(builtin_spec("mlx5-zcrx"), ExperimentRig())
     engines = [c for c in p.cells if "peer" not in c]
     assert {c["engine"] for c in engines} == {"epoll", "uring", "soft-zc"}
     assert len(engines) == 9
@@ -33,17 +33,17 @@ def test_lab_substitutes_zero_copy_engine() -> None:
 
 
 def test_real_nic_runs_the_real_thing() -> None:
-    p = plan(builtin_spec("mlx5-zcrx"), Target(ifname="eth2"))
+    p = plan(builtin_spec("mlx5-zcrx"), ExperimentRig(ifname="eth2"))
     assert {c["engine"] for c in p.cells if "peer" not in c} == {"epoll", "uring", "zcrx"}
     assert p.substitutions == []
 
 
 def test_tx_mpwqe_ab_is_the_private_flag_on_a_nic() -> None:
     spec = builtin_spec("tx-mpwqe")
-    lab = plan(spec, Target())
+    lab = plan(spec, ExperimentRig())
     assert [c["mode"] for c in lab.cells] == ["single", "mmsg", "uring", "gso"]
     assert "skb_tx_mpwqe private flag needs an mlx5 NIC" in lab.substitutions[0]["text"]
-    nic = plan(spec, Target(ifname="eth2"))
+    nic = plan(spec, ExperimentRig(ifname="eth2"))
     assert len(nic.cells) == 8
     assert {c["variant"] for c in nic.cells} == {"skb_tx_mpwqe=off", "skb_tx_mpwqe=on"}
     assert nic.baseline == {"mode": "single", "variant": "skb_tx_mpwqe=off"}
@@ -58,7 +58,7 @@ def test_interrupted_run_keeps_measured_cells(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     calls: list[dict[str, Any]] = []
 
-    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
         if len(calls) == 2:
             raise KeyboardInterrupt
         calls.append(cell)
@@ -82,7 +82,7 @@ def test_json_is_rewritten_after_every_cell(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     seen: list[int] = []
 
-    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
         seen.append(len(json.loads(out.read_text())["results"]) if out.exists() else 0)
         return _fake_rows(cell, 5.0)
 
@@ -96,7 +96,7 @@ def test_json_is_rewritten_after_every_cell(tmp_path: Path) -> None:
 
 
 def test_a_cell_that_cannot_run_does_not_end_the_run() -> None:
-    def measure(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
         if cell["engine"] == "uring":
             raise Unsupported("io_uring is disabled", "sysctl kernel.io_uring_disabled=0")
         return _fake_rows(cell, 7.0)
@@ -218,10 +218,24 @@ def test_private_flag_ab_refuses_a_nic_without_the_flag(no_leaks: None) -> None:
     try:
         spec = dataclasses.replace(builtin_spec("tx-mpwqe"), matrix={
             "mode": ["single"], "payload": [64], "burst": [32]})
-        doc = run_experiment(spec, target=Target(ifname=name, remote="198.18.0.2:9"), repeat=1)
+        doc = run_experiment(spec, rig=ExperimentRig(ifname=name, remote="198.18.0.2:9"), repeat=1)
     finally:
         subprocess.run(["ip", "link", "del", name], check=True)
     assert [(r["variant"], r["status"]) for r in doc["results"]] == \
         [("skb_tx_mpwqe=off", "unsupported"), ("skb_tx_mpwqe=on", "unsupported")]
     reason = doc["results"][0]["reason"]
     assert "skb_tx_mpwqe" in reason and name in reason, reason
+
+
+def test_unwritable_json_fails_before_the_first_cell(tmp_path: Path) -> None:
+    measured = []
+
+    def measure(spec: Any, cell: dict[str, Any], target: Any) -> list[dict[str, Any]]:
+        measured.append(cell)
+        return [{"status": "ok", "gbps": 1.0}]
+
+    spec = builtin_spec(next(iter(["zcrx-refs"])))
+    with pytest.raises(ZcnetError):
+        for _ in iter_run(spec, json_path=tmp_path / "missing" / "r.json", measure=measure):
+            pass
+    assert measured == []  # no minutes of measuring thrown away at the first write

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zcnet.cli import main
-from zcnet.report.spec import (
+from zcnet.bench.spec import (
     SpecError,
     builtin_names,
     builtin_spec,
@@ -16,6 +15,7 @@ from zcnet.report.spec import (
     load_spec,
     parse_spec,
 )
+from zcnet.cli import main
 
 BUILTINS = ("mlx5-zcrx", "tx-mpwqe", "zcrx-refs")
 
@@ -131,3 +131,22 @@ def test_cli_bad_spec_is_one_line_error(tmp_path: Path,
     assert "Traceback" not in err
     assert main(["reproduce", "no-such-thing"]) == 2
     assert "choose one of: mlx5-zcrx, tx-mpwqe, zcrx-refs" in capsys.readouterr().err
+
+
+SPEC = """[experiment]
+name = "x"
+title = "t"
+tool = "bench"
+[matrix]
+engine = ["epoll"]
+mtu = [1500]
+[report]
+rows = "engine"
+columns = "mtu"
+"""
+
+
+@pytest.mark.parametrize("subs", ["substitute = [1]", 'substitute = ["epoll"]'])
+def test_substitute_entries_must_be_tables(subs: str) -> None:
+    with pytest.raises(SpecError, match=r"substitute\[0\]"):
+        parse_spec(subs + "\n" + SPEC)

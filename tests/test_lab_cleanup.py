@@ -17,8 +17,8 @@ from pyroute2 import netns as pr_netns
 
 import zcnet
 from zcnet.lab import Lab, names
-from zcnet.lab.netns import netns_exists
 from zcnet.lab.sweep import find_labs, sweep_stale
+from zcnet.netns import netns_exists
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
@@ -108,7 +108,7 @@ def test_sigint_tears_down(body: str, no_leaks: None) -> None:
 def test_forked_children_leave_parent_lab_alone(no_leaks: None) -> None:
     body = """
     import multiprocessing
-    from zcnet.lab.netns import netns_exists
+    from zcnet.netns import netns_exists
     lab = Lab().up()
     print(lab.name, flush=True)
     # a child that exits through sys.exit runs the inherited atexit hooks

@@ -9,9 +9,9 @@ import pytest
 
 from zcnet.cli import main
 from zcnet.lab import Lab
-from zcnet.lab.netns import netns_exists
 from zcnet.lab.rtnl import rtnl
 from zcnet.lab.sweep import find_labs, take_down
+from zcnet.netns import netns_exists
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 

@@ -2,7 +2,7 @@
 
 A stale lab (its owner died by SIGKILL) is removed when `zcnet bench` starts; a lab of another
 running process is left alone and announced. A nested `with` on one Lab is refused: the inner
-exit used to take the lab down under the outer block."""
+exit would take the lab down under the outer block."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 import zcnet
 from zcnet.errors import ClosedError, UsageError
 from zcnet.lab import Lab, names
-from zcnet.lab.netns import netns_exists
 from zcnet.lab.sweep import before_run
+from zcnet.netns import netns_exists
 
 pytestmark = pytest.mark.root
 

@@ -13,7 +13,7 @@ import pytest
 
 import zcnet
 from zcnet.lab import Lab, names
-from zcnet.lab.netns import NoSuchNetns, in_netns, netns_exists
+from zcnet.netns import NoSuchNetns, in_netns, netns_exists
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -69,6 +69,15 @@ def test_in_netns_restores_on_exception(no_leaks: None) -> None:
         assert _thread_ns() == home
 
 
+def test_in_netns_none_stays_in_this_namespace(no_leaks: None) -> None:
+    home = _thread_ns()
+    with in_netns(None):
+        assert _thread_ns() == home
+    with pytest.raises(KeyError), in_netns(None):
+        raise KeyError("inside")
+    assert _thread_ns() == home
+
+
 def test_unknown_namespace(no_leaks: None) -> None:
     home = _thread_ns()
     with pytest.raises(NoSuchNetns), in_netns("zc-no-such-namespace"):
@@ -86,7 +95,7 @@ def test_bad_namespace_names(bad: str) -> None:
 @pytest.mark.root
 def test_enter_netns_moves_a_fresh_process(no_leaks: None) -> None:
     with Lab() as lab:
-        code = ("import os, sys; from zcnet.lab.netns import enter_netns; enter_netns(sys.argv[1]);"
+        code = ("import os, sys; from zcnet.netns import enter_netns; enter_netns(sys.argv[1]);"
                 "print(os.readlink('/proc/self/ns/net'))")
         out = subprocess.run([sys.executable, "-c", code, lab.ns_b], capture_output=True,
                              text=True, timeout=30, env={**os.environ, "PYTHONPATH": SRC},
@@ -101,7 +110,7 @@ def test_without_capabilities_errors_name_the_fix(no_leaks: None) -> None:
         pytest.skip("setpriv (util-linux) not installed")
     with Lab() as lab:
         code = ("import sys; from zcnet.errors import ZcnetError\n"
-                "from zcnet.lab import Lab\nfrom zcnet.lab.netns import enter_netns\n"
+                "from zcnet.lab import Lab\nfrom zcnet.netns import enter_netns\n"
                 "for step in (lambda: enter_netns(sys.argv[1]), lambda: Lab().up()):\n"
                 "    try: step()\n"
                 "    except ZcnetError as e: print(type(e).__name__, e.hint)\n")

@@ -15,8 +15,8 @@ from pyroute2 import netns as pr_netns
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab, names, topology
-from zcnet.lab.netns import in_netns, netns_exists
 from zcnet.lab.rtnl import rtnl
+from zcnet.netns import in_netns, netns_exists
 from zcnet.uapi.errqueue import IP_MTU
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]

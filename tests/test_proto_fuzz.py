@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_server_e2e import server
-from zcnet.bench import protocol as p
+from server_util import server
+from zcnet.bench import proto as p
 from zcnet.bench.client import ClientOptions, run
-from zcnet.bench.protocol import NEED_DATA, Connection, Decoder, ProtocolError, Role
+from zcnet.bench.proto import NEED_DATA, Connection, Decoder, ProtocolError, Role
 
 FAST = settings(max_examples=800, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
+from report_docs import FIX
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report.compare import compare, key_text
-
-FIX = Path(__file__).parent / "fixtures"
 
 
 def load(name: str) -> dict[str, Any]:
@@ -117,3 +116,14 @@ def test_cli_rejects_non_result_files(tmp_path: Path, capsys: pytest.CaptureFixt
     junk.write_text('{"hello": 1}')
     assert main(["compare", str(junk), str(FIX / "bench-a.json")]) == 2
     assert "not a zcnet result file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--csv", "--markdown", "--json"])
+def test_compare_to_a_missing_directory_is_an_error_not_a_traceback(
+        tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "missing" / "out"
+    rc = main(["compare", str(FIX / "bench-a.json"), str(FIX / "bench-b.json"), option,
+               str(target)])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "zcnet: error:" in err and str(target) in err

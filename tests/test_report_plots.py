@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from report_docs import FIX, load
+from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report import plots
 
-FIX = Path(__file__).parent / "fixtures"
 WIDTH, HEIGHT = int(plots.FIGSIZE[0] * plots.DPI), int(plots.FIGSIZE[1] * plots.DPI)
 
 
@@ -49,3 +50,25 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
     assert "matplotlib" in info.value.message
     # matplotlib is a dependency: the fix is to install it, not an extra that no longer exists.
     assert "pip install matplotlib" in (info.value.hint or "")
+
+
+def test_plots_into_an_uncreatable_directory(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = main(["run", "--report", str(FIX / "mlx5-zcrx.json"), "--plots", str(blocker / "p")])
+    assert rc != 0
+    assert "zcnet: error:" in capsys.readouterr().err
+
+
+def test_plot_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from zcnet.report.plots import plot_all
+
+    doc = load("mlx5-zcrx")
+    first = doc["report"]["plots"][0]
+    (tmp_path / f"{doc['experiment']['name']}-{first}.png").mkdir()
+    with pytest.raises(ZcnetError):
+        plot_all(doc, tmp_path, [first])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

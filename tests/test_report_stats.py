@@ -86,3 +86,12 @@ def test_verdict_without_scipy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ZcnetError, match="scipy") as info:
         welch([1.0, 2.0], [3.0, 4.0])
     assert info.value.hint == "pip install scipy"
+
+
+def test_verdict_against_a_zero_mean_names_the_right_direction() -> None:
+    v = welch([0.0, 0.0, 0.0], [10.0, 11.0, 12.0])
+    assert v.significant
+    assert "nan" not in v.text()
+    assert "faster" in v.text()
+    v = welch([10.0, 11.0, 12.0], [0.0, 0.0, 0.0])
+    assert "nan" not in v.text() and "slower" in v.text()

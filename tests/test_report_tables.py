@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
-import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from report_docs import FIX, load
 from zcnet.cli import main
-from zcnet.report.export import to_csv, to_markdown, to_text
+from zcnet.errors import ZcnetError
+from zcnet.report.export import to_csv, to_markdown, to_text, write_text
 from zcnet.report.tables import experiment_tables
 
-FIX = Path(__file__).parent / "fixtures"
 RECORDED = ("mlx5-zcrx", "tx-mpwqe", "zcrx-refs")
 
-
-def load(name: str) -> dict[str, Any]:
-    return json.loads((FIX / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("name", RECORDED)
@@ -105,3 +104,46 @@ def test_ab_table_without_scipy_keeps_the_ratio(monkeypatch: pytest.MonkeyPatch)
     (table,) = experiment_tables(load("tx-mpwqe"))
     gso = next(r for r in table.rows if r[0] == "gso")
     assert gso[-1].endswith("x (no verdict: scipy not installed)")
+
+
+def test_run_report_into_an_uncreatable_out_dir(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = main(["run", "--report", str(FIX / "mlx5-zcrx.json"), "--out", str(blocker / "sub")])
+    assert rc != 0
+    assert "zcnet: error:" in capsys.readouterr().err
+
+
+def test_write_text_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ZcnetError):
+        write_text(tmp_path / "d", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def _tx_doc() -> dict[str, Any]:
+    return copy.deepcopy(load("tx-mpwqe"))
+
+
+def test_ab_cell_without_the_metric_is_na_not_a_crash() -> None:
+    doc = _tx_doc()
+    for row in doc["results"]:
+        if row.get("mode") == "gso":
+            row.pop("mpps", None)
+    (table,) = experiment_tables(doc)
+    gso = next(r for r in table.rows if r[0] == "gso")
+    assert gso[1] == "n/a"
+
+
+@pytest.mark.parametrize("scipy", [True, False])
+def test_ab_against_a_zero_baseline(monkeypatch: pytest.MonkeyPatch, scipy: bool) -> None:
+    if not scipy:
+        monkeypatch.setitem(sys.modules, "scipy", None)
+    doc = _tx_doc()
+    for row in doc["results"]:
+        if row.get("mode") == "single":
+            row["mpps"] = 0.0
+    (table,) = experiment_tables(doc)
+    text = " ".join(" ".join(r) for r in table.rows)
+    assert "nan" not in text and "inf" not in text

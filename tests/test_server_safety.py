@@ -23,10 +23,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from test_server_e2e import READY, ServerProc, _raw_session, _read_frame, server, wait_for
-from zcnet.bench import protocol as proto
+from server_util import READY, ServerProc, raw_session, read_frame, server, wait_for
+from zcnet.bench import proto as proto
 from zcnet.bench.authtoken import default_token, default_token_path, read_token
-from zcnet.bench.client import ClientOptions, Control, ServerRefused, run
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import Control, ServerRefused
 from zcnet.bench.server import MAX_PENDING
 from zcnet.errors import UsageError
 
@@ -219,7 +220,7 @@ def _flood(address: str, n: int, rng: random.Random) -> list[socket.socket]:
     or garbage that keeps the connection open."""
     socks = []
     for i in range(n):
-        c = _raw_session(address)
+        c = raw_session(address)
         kind = i % 4
         if kind == 1:
             c.sendall(HELLO)
@@ -262,7 +263,7 @@ def test_garbage_from_peers_never_hurts_the_server(srv):
     for i in range(120):
         junk = frames[i % len(frames)] if i < 2 * len(frames) else rng.randbytes(
             rng.randrange(1, 300))
-        with _raw_session(srv.address) as c:
+        with raw_session(srv.address) as c:
             c.sendall(junk)
             c.shutdown(socket.SHUT_WR)
             c.settimeout(10)
@@ -275,9 +276,9 @@ def test_garbage_from_peers_never_hurts_the_server(srv):
 
 
 def test_unauthenticated_peer_cannot_send_a_large_frame(srv):
-    with _raw_session(srv.address) as c:
+    with raw_session(srv.address) as c:
         c.sendall(struct.pack("!I", proto.MAX_PREAUTH_MESSAGE + 1) + b"x" * 100)
-        reply = _read_frame(c)
+        reply = read_frame(c)
     assert reply["type"] == "error" and reply["code"] == "too_big"
 
 

@@ -9,6 +9,7 @@ import errno
 import functools
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -21,9 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.tx import sendzc
 from zcnet.tx.senders import KINDS, MsgZerocopySender, fill_pattern, make_sender
 from zcnet.uapi.socket import SO_RCVBUFFORCE, SO_ZEROCOPY
@@ -470,3 +471,77 @@ def test_one_slot_is_reused_after_each_notification(tcp_pair, kind) -> None:
         s.close()
     reader.join(timeout=30)
     assert len(reader.data) == 20 * 1000
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _alarm(_sig: int, _frame: object) -> None:
+    raise _Interrupted
+
+
+@pytest.fixture
+def stalled_pair():
+    """A loopback TCP pair whose receiver never reads, with small buffers on both sides."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.connect(ls.getsockname())
+    server, _ = ls.accept()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ls.close()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    yield client, server
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+    client.close()
+    server.close()
+
+
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_flush_and_close_end_by_their_deadline_when_the_peer_stalls(
+        no_leaks, stalled_pair, fixed: bool) -> None:
+    client, _server = stalled_pair
+    buf = bytearray(8 << 20)
+    s = sendzc.SendZcSender(client, buf, slots=1, fixed=fixed)
+    try:
+        # The send cannot complete (nobody reads): interrupt it as Ctrl-C would.
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(_Interrupted):
+            s.send(len(buf))
+        assert s.outstanding
+        # flush(timeout) must give up after about that long, not wait for the peer forever.
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # the failure guard
+        enters = _count_calls(s.ring, "submit")
+        with pytest.raises(ZcnetError) as stuck:
+            s.flush(timeout=0.3)
+        assert stuck.value.message == \
+            f"{s.outstanding} zero-copy sends still unacknowledged after 0.3 s"
+        assert s.outstanding >= 1
+        # One enter that sleeps out the deadline, perhaps one more if the kernel woke early; a
+        # flush that spun instead of sleeping in the kernel would enter over and over.
+        assert 1 <= enters[0] <= 3, f"flush entered the kernel {enters[0]} times"
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        # Giving up on the connection ends the parked send, so close() returns at once.
+        client.shutdown(socket.SHUT_RDWR)
+        signal.setitimer(signal.ITIMER_REAL, 10.0)
+        s.close()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _count_calls(obj: object, name: str) -> list[int]:
+    """Count calls of ``obj.name`` from now on (the count is element 0 of the returned list)."""
+    count = [0]
+    real = getattr(obj, name)
+
+    def counted(*a: object, **kw: object) -> object:
+        count[0] += 1
+        return real(*a, **kw)
+
+    setattr(obj, name, counted)
+    return count

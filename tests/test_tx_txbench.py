@@ -4,6 +4,8 @@ envelope, and bad input / unreachable targets ending in clear errors."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -13,7 +15,7 @@ from zcnet.cli import main
 from zcnet.cli.txbench import render, seed_lines
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
 
@@ -125,3 +127,17 @@ def test_table_shows_unsupported_modes_and_counters() -> None:
     text = console.export_text()
     assert "instr/pkt" in text and "unsupported: io_uring disabled" in text
     assert seed_lines(doc) == []  # no batched mode ran: nothing to compare
+
+
+def _garbled_sink(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
+    """A 'sink' that prints something other than its JSON port line, then lingers."""
+    code = "print('Warning: not json', flush=True); import time; time.sleep(3600)"
+    return subprocess.Popen([sys.executable, "-c", code], **kw)  # type: ignore[call-overload]
+
+
+@pytest.mark.timeout(60)
+def test_sink_start_failure_is_an_error_and_stops_the_process(no_leaks) -> None:
+    """The sink lingers for an hour: waiting for it would hit the timeout; no_leaks checks
+    that it was stopped."""
+    with pytest.raises(ZcnetError, match="sink"):
+        Sink("127.0.0.1", (64,), spawn=_garbled_sink)

@@ -9,6 +9,8 @@ import struct
 import numpy as np
 import pytest
 
+from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
+from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing, probe, register_buffers, unregister_buffers, unsupported
 from zcnet.uring.mem import Mapping
@@ -365,6 +367,105 @@ def test_a_bad_prep_argument_leaves_no_sqe_behind(no_leaks) -> None:
         assert r.submit(1) == 1 and r.reap_one() == (5, 0, 0) and r.reap_one() is None
 
 
+@pytest.mark.parametrize("bad", [{"fd": 1 << 40}, {"fd": -(1 << 31) - 1}, {"user_data": -1},
+                                 {"user_data": 1 << 64}, {"flags": 256}, {"ioprio": 1 << 16},
+                                 {"length": 1 << 32}, {"buf_index": -1}, {"addr": "0"}])
+def test_every_out_of_range_prep_field_raises_the_same_error(no_leaks, bad) -> None:
+    """Each backend refuses a value its SQE field cannot hold with the pure path's own error
+    (the compiled prep hands such calls to it), and takes no slot."""
+    with Ring(4, flags=FAST) as r:
+        with pytest.raises(struct.error):
+            r.prep(u.IORING_OP_NOP, **bad)
+        with pytest.raises(struct.error):
+            r.prep(256)
+        assert r.pending == 0
+
+
+def test_prep_fills_every_field_where_the_kernel_reads_it(no_leaks) -> None:
+    """All twelve fields, positionally and by keyword, land at their uapi offsets (the
+    compiled prep writes the SQE itself: its layout must be the pure path's)."""
+    with Ring(4, flags=FAST) as r:
+        slot = r.prep(u.IORING_OP_RECV, 7, 0x1122334455667788, 0x99AABBCC, 0xDEADBEEF00000001,
+                      0xFEEDFACECAFEBEEF, flags=0x81, ioprio=0x1234, op_flags=0x55667788,
+                      buf_index=0xABCD, file_index=0x01020304, addr3=0x0102030405060708)
+        sqe = u.io_uring_sqe.from_buffer_copy(r._sqes[slot * 64:(slot + 1) * 64])
+        assert (sqe.opcode, sqe.flags, sqe.ioprio, sqe.fd) == (u.IORING_OP_RECV, 0x81, 0x1234, 7)
+        assert (sqe.off, sqe.addr, sqe.len) == (0xDEADBEEF00000001, 0x1122334455667788,
+                                                0x99AABBCC)
+        assert (sqe.rw_flags, sqe.user_data, sqe.buf_index) == (0x55667788,
+                                                                 0xFEEDFACECAFEBEEF, 0xABCD)
+        assert (sqe.splice_fd_in, sqe.addr3, sqe.personality) == (0x01020304,
+                                                                  0x0102030405060708, 0)
+        r.prep(u.IORING_OP_NOP, user_data=3)  # the previous SQE is never submitted: fd 7
+        assert r.pending == 2
+
+
+@pytest.mark.parametrize("ud", [np.arange(5, dtype=np.uint64) << np.uint64(40),
+                                np.arange(5, dtype=np.int64), [7, 8, 9],
+                                np.arange(10, dtype=np.uint64)[::2]])
+def test_prep_batch_writes_what_prep_writes(no_leaks, ud) -> None:
+    """A batch (wrapping the SQ end) holds byte for byte the SQEs ``prep`` writes one by one,
+    whatever the user_data's dtype or layout (the compiled path takes contiguous uint64)."""
+    fields = {"fd": 9, "addr": 0x1000, "length": 77, "flags": 4, "ioprio": 3, "op_flags": 2,
+              "buf_index": 1}
+    with Ring(8, flags=FAST) as r:
+        for i in range(5):  # move the tail so the batch wraps
+            r.prep(u.IORING_OP_NOP, user_data=i)
+        r.submit(5)
+        start = r._sqm[r._ktail_i]
+        r.prep_batch(u.IORING_OP_NOP, ud, **fields)  # a NOP ignores the other fields
+        n = len(ud)
+        batch = [bytes(r._sqes[(start + i) % 8 * 64:][:64]) for i in range(n)]
+        r.submit(n)
+        for i, x in enumerate(ud):
+            slot = r.prep(u.IORING_OP_NOP, fields["fd"], fields["addr"], fields["length"], 0,
+                          int(x), flags=4, ioprio=3, op_flags=2, buf_index=1)
+            assert bytes(r._sqes[slot * 64:(slot + 1) * 64]) == batch[i]
+            r.submit()
+
+
+def test_the_backend_asked_for_is_the_one_that_runs(request: pytest.FixtureRequest) -> None:
+    backend = request.getfixturevalue("ring_backend")
+    with Ring(4, flags=FAST) as r:
+        assert r.backend == backend
+        compiled = not hasattr(r.submit, "__func__")  # a builtin, not a bound Python method
+        assert compiled == (backend == "c")
+
+
+def test_a_subclass_override_is_not_shadowed_by_the_compiled_methods(no_leaks) -> None:
+    calls: list[int] = []
+
+    class Counting(Ring):
+        def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
+            calls.append(wait_nr)
+            return super().submit(wait_nr, timeout)
+
+    with Counting(4, flags=FAST) as r:
+        r.prep(u.IORING_OP_NOP, user_data=9)
+        assert r.submit(1) == 1 and calls == [1] and r.reap_one() == (9, 0, 0)
+
+
+@pytest.mark.parametrize(("name", "call"), [("prep", lambda r: r.prep(0, user_data=1)),
+                                            ("submit", lambda r: r.submit(1)),
+                                            ("submit", lambda r: r.wait(1, 0.01)),
+                                            ("reap_one", lambda r: r.reap_one())])
+def test_use_after_close_raises_the_same_closed_error(no_leaks, name, call) -> None:
+    r = Ring(4, flags=FAST)
+    r.prep(0)
+    r.close()
+    with pytest.raises(ClosedError) as ei:
+        call(r)
+    assert str(ei.value) == str(ClosedError.of(r, name))
+
+
+def test_prep_on_a_full_sq_submits_to_make_room(no_leaks) -> None:
+    with Ring(2, flags=FAST, cq_entries=8) as r:
+        for i in range(5):
+            r.prep(u.IORING_OP_NOP, user_data=i)
+        r.submit(1)
+        assert sorted(r.reap().user_data.tolist()) == [0, 1, 2, 3, 4]
+
+
 def test_prep_batch_templates_follow_the_scalar_fields(no_leaks) -> None:
     """prep_batch caches its template while the scalars stay the same: switching opcode or fd
     and back must give each batch its own SQEs (NOP res 0, RECV on a bad fd -EBADF)."""
@@ -411,3 +512,24 @@ def test_buffer_ring_accounting_refuses_completions_out_of_step(no_leaks) -> Non
         with pytest.raises(IndexError):
             br.provide(np.array([99], dtype=np.uint16))  # an id outside the ring
         assert br.in_ring == 7
+
+
+def test_provide_few_writes_the_entries_provide_writes(no_leaks) -> None:
+    """The list path for a few ids leaves the ring exactly as ``provide`` does (across the
+    wrap), and refuses what ``provide`` refuses."""
+    with Ring(4) as r, BufRing(r, 6, 8, 4096) as a, BufRing(r, 7, 8, 4096) as b:
+        for br in (a, b):
+            br.take(np.arange(0, 6, dtype=np.uint16))  # the tail is 8 (mask 7): next ones wrap
+        a.provide(np.array([5, 2, 4], dtype=np.uint16))
+        b.provide_few([5, 2, 4])
+        a.provide(np.array([0, 1, 3], dtype=np.uint16))
+        b.provide_few([0, 1, 3])
+        assert a.in_ring == b.in_ring == 8 and a._tail == b._tail
+        assert (a._bid.tolist(), a._len.tolist()) == (b._bid.tolist(), b._len.tolist())
+        assert (a._addr - np.uint64(a.base)).tolist() == (b._addr - np.uint64(b.base)).tolist()
+        with pytest.raises(ValueError, match="double release"):
+            b.provide_few([0])
+        b.take(np.array([6, 7, 5], dtype=np.uint16))
+        with pytest.raises(IndexError):
+            b.provide_few([99])  # an id outside the ring
+        assert b.in_ring == 5

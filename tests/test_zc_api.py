@@ -12,7 +12,7 @@ import pytest
 from fake_zcrx_kernel import FakeKernel, Stream
 from test_zc_zcrx import FakeGenl
 from zcnet.errors import ClosedError
-from zcnet.rx.zc import zcrx
+from zcnet.rx.zc import netqueue, open_receiver, zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -395,7 +395,7 @@ def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
 def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypatch):
     """A zero-copy provider on a device that copies anyway (netdevsim) says so in ``why``; the
     soft provider, which has no device, never does."""
-    from zcnet.rx.zc import api, open_receiver
+    from zcnet.rx.zc import open_receiver, opener
     from zcnet.uapi import io_uring as u
 
     asked: list[str | None] = []
@@ -404,7 +404,7 @@ def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypa
         asked.append(ifname)
         return "the device copies" if ifname == "lo" else None
 
-    monkeypatch.setattr(api, "copy_note", note)
+    monkeypatch.setattr(opener, "copy_note", note)
     k = FakeKernel()
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
@@ -418,16 +418,16 @@ def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypa
 
 def test_open_receiver_zcrx_passes_memory_queue_and_buffer_options(tcp_pair, monkeypatch):
     from zcnet.nic import genl
-    from zcnet.rx.zc import api, open_receiver
+    from zcnet.rx.zc import open_receiver, opener
     from zcnet.uapi import io_uring as u
 
     k = FakeKernel()
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
-    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)  # lo's queue 3 (FakeGenl)
+    monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)  # lo's queue 3 (FakeGenl)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
-    monkeypatch.setattr(api, "copy_note", lambda ifname: f"note for {ifname}")
+    monkeypatch.setattr(opener, "copy_note", lambda ifname: f"note for {ifname}")
     fd = os.memfd_create("stand-in-dmabuf", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, 1 << 20)
@@ -438,3 +438,26 @@ def test_open_receiver_zcrx_passes_memory_queue_and_buffer_options(tcp_pair, mon
             assert rx.why.endswith("; note for lo")  # the interface found, not the one given
     finally:
         os.close(fd)
+
+
+def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
+        no_leaks, tcp_pair) -> None:
+    """Ctrl-C while the provider cancels its receive must not leak the area (and the provider
+    must still release its ring)."""
+    client, server = tcp_pair
+    rx = open_receiver(server, "soft", area_size=1 << 20, buf_size=64 << 10)
+    client.sendall(b"x" * 1000)
+    got = rx.recv(timeout=2)
+    assert got
+    rx.release_many(got)
+    rx.flush()
+    real_close = rx.provider.close
+
+    def interrupted() -> None:
+        real_close()
+        raise KeyboardInterrupt
+
+    rx.provider.close = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        rx.close()
+    assert rx.area.closed

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zc_helpers import mapped
 from zcnet.errors import UsageError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 
@@ -49,6 +50,22 @@ def test_area_outlives_close_while_views_exist(no_leaks):
     assert a.close() is False  # still mapped: the slice would otherwise point at nothing
     assert bytes(piece[:3]) == b"abc"
     del piece
+
+
+@pytest.mark.parametrize("kind", ["memoryview", "numpy"])
+def test_area_is_unmapped_when_its_last_view_dies(no_leaks, kind):
+    a = Area(4 * PAGE_SIZE)
+    addr = a.addr
+    piece = a.view[PAGE_SIZE:PAGE_SIZE + 10] if kind == "memoryview" else a.array[5:9]
+    assert a.close() is False and a.closed and mapped(addr)
+    piece[0] = 1
+    assert piece[0] == 1
+    del piece
+    assert not mapped(addr)
+    with Area(PAGE_SIZE) as b:  # no view outlives the area: close unmaps at once
+        addr = b.addr
+        assert mapped(addr)
+    assert not mapped(addr)
 
 
 def test_bad_size():

@@ -628,11 +628,11 @@ def memfd():
     (None, 2, ("found0", [2]))])
 def test_open_devmem_binds_the_given_or_found_queue(monkeypatch, fake_bind, memfd, tcp_pair,
                                                     ifname, queue, want):
-    from zcnet.rx.zc import zcrx
+    from zcnet.rx.zc import devmem
     from zcnet.rx.zc.devmem import open_devmem
 
     asked = []
-    monkeypatch.setattr(zcrx, "find_queue", lambda fd: asked.append(fd) or ("found0", 9))
+    monkeypatch.setattr(devmem, "find_queue", lambda fd: asked.append(fd) or ("found0", 9))
     conn, _ = tcp_pair
     p = open_devmem(conn.fileno(), 64 << 10, dmabuf_fd=memfd, ifname=ifname, queue=queue)
     try:

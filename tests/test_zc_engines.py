@@ -1,4 +1,4 @@
-"""The zero-copy engines behind zcnet.rx.engines' interface, on real loopback TCP."""
+"""The zero-copy engines behind zcnet.rx.engine's contract, on real loopback TCP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from zcnet.pattern import PERIOD, TILED, Verifier
-from zcnet.rx.engines import EngineOptions, engine_names, make_engine
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import engine_names, make_engine
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")

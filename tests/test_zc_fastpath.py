@@ -4,7 +4,8 @@ Rounds of CQEs take one of three paths (plain Python for a few CQEs, the vectori
 one buffer per CQE, the vectorized bundle path); each test runs on each path, forced through
 the ``FEW`` threshold and the bundle setting, with a spy proving which path ran. On each the
 same misuse raises the same error: double release, a foreign chunk or batch, use after close,
-and the receiver or the area closed under a held batch.
+and the receiver or the area closed under a held batch. Each also runs on both ring hot
+paths (the compiled accelerator and pure Python, see uring_backends.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
 from zcnet.errors import ClosedError
 from zcnet.rx.zc import soft
 from zcnet.rx.zc.api import Receiver

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import queue
 import socket
-import struct
 import threading
 import warnings
 from collections.abc import Iterator
@@ -13,45 +11,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from zc_helpers import PAT, Sender, check, check_to_eof, hold_until_stalled, release_in_thread
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.pattern import StreamPattern
-from zcnet.rx.zc import Chunk, open_receiver
+from zcnet.rx.zc import Chunk, open_receiver, provider, soft
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-PAT = StreamPattern(seed=4)
-
-
-class Sender(threading.Thread):
-    """Sends ``total`` pattern bytes, then closes (or resets when ``reset_after`` is set and the
-    receiver signals ``go_reset``)."""
-
-    def __init__(self, sock: socket.socket, total: int, *, piece: int = 1 << 20,
-                 reset: bool = False) -> None:
-        super().__init__(daemon=True)
-        self.sock, self.total, self.piece, self.reset = sock, total, piece, reset
-        self.go_reset = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            off = 0
-            while off < self.total:
-                n = min(self.piece, self.total - off)
-                self.sock.sendall(PAT.expected(off, n))
-                off += n
-            if self.reset:
-                self.go_reset.wait(10)
-                # SO_LINGER {on, 0}: close sends RST instead of FIN.
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            else:
-                self.sock.shutdown(socket.SHUT_WR)
-        except OSError as e:
-            self.error = e
-        finally:
-            self.sock.close()
-
 
 @pytest.fixture
 def tcp_pair(no_leaks) -> Iterator[tuple[socket.socket, socket.socket]]:
@@ -65,12 +30,6 @@ def tcp_pair(no_leaks) -> Iterator[tuple[socket.socket, socket.socket]]:
         conn.close()
         if cli.fileno() >= 0:
             cli.close()
-
-
-def check(chunk: Chunk) -> None:
-    assert PAT.matches(chunk.stream_offset, chunk.array), (
-        f"bad byte at stream offset {chunk.stream_offset}"
-        f"+{PAT.first_mismatch(chunk.stream_offset, chunk.array)}")
 
 
 def test_256mib_verified_same_thread(tcp_pair):
@@ -98,33 +57,13 @@ def test_cross_thread_release_through_queue(tcp_pair):
     total = 64 << 20
     snd = Sender(cli, total)
     snd.start()
-    work: queue.Queue[Chunk | None] = queue.Queue()
-    verified = [0]
-    errors: list[BaseException] = []
-
-    def consume() -> None:
-        try:
-            while (c := work.get()) is not None:
-                check(c)
-                verified[0] += len(c)
-                c.release()
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
-
-    th = threading.Thread(target=consume)
-    th.start()
     with open_receiver(conn, "soft", area_size=4 << 20, buf_size=32 << 10) as rx:
-        try:
-            for c in rx:
-                work.put(c)
-        finally:
-            work.put(None)
-            th.join()
+        verified, errors = release_in_thread(rx)
         rx.recv(timeout=0)  # EOF again: drains the last releases made by the consumer
         assert not errors, errors
         assert rx.stats.released == rx.stats.delivered
     snd.join()
-    assert verified[0] == total
+    assert verified == total
 
 
 def test_coalesced_chunks_cover_stream(tcp_pair):
@@ -134,25 +73,12 @@ def test_coalesced_chunks_cover_stream(tcp_pair):
     snd.start()
     got = 0
     with open_receiver(conn, "soft", area_size=4 << 20, buf_size=16 << 10, coalesce=True) as rx:
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stats.delivered == rx.stats.released
         merged = rx.stats.coalesced
     snd.join()
     assert got == total
     assert merged > 0, "bulk loopback stream never produced neighbouring buffers"
-
-
-def hold_until_stalled(rx, want: str) -> list[Chunk]:
-    held: list[Chunk] = []
-    for _ in range(10_000):
-        got = rx.recv(timeout=0.2)
-        held.extend(got)
-        if not got and rx.stalled == want:
-            return held
-    raise AssertionError(f"receiver never reported {want}; stalled={rx.stalled}")
 
 
 def test_exhaustion_then_resume(tcp_pair):
@@ -170,10 +96,7 @@ def test_exhaustion_then_resume(tcp_pair):
             check(c)
         got = sum(len(c) for c in held)
         rx.release_many(held)
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stats.rearms >= 1
     snd.join()
     assert got == total
@@ -195,10 +118,7 @@ def test_backpressure_pauses_and_resumes(tcp_pair):
         got = sum(len(c) for c in held)
         # Release from another thread while the owner waits: the owner wakes and resumes.
         threading.Timer(0.05, rx.release_many, args=(held,)).start()
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stalled is None
     snd.join()
     assert got == total
@@ -483,10 +403,7 @@ def test_incremental_exhaustion_then_resume(tcp_pair):
             check(c)
             got += len(c)
         rx.release_many(held)
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stats.coalesced > 0
     snd.join()
     assert got == total
@@ -502,10 +419,7 @@ def test_non_blocking_socket_streams_and_keeps_its_flags(tcp_pair):
     got = 0
     with open_receiver(conn, "soft", area_size=1 << 20, buf_size=16 << 10) as rx:
         assert rx.recv(timeout=0.05) == [] and not rx.eof
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
     snd.join()
     assert got == 4 << 20 and conn.getblocking() is False
 
@@ -535,3 +449,23 @@ def test_fd_backed_area(tcp_pair):
         assert got == 8 << 20
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_provider_close_interrupted_in_cancel_still_frees_its_buffer_ring(
+        no_leaks, tcp_pair, monkeypatch, incremental: bool) -> None:
+    server, _client = tcp_pair
+    prov = soft.open_soft(server.fileno(), 1 << 20, 64 << 10, incremental=incremental)
+    try:
+        prov.arm()
+        buf = prov._buf
+
+        def interrupted(*_a: object) -> bool:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(provider, "cancel_multishot", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            prov.close()
+        assert buf._mem.closed  # the buffer ring's memory went with the ring
+    finally:
+        prov.area.close()

@@ -15,19 +15,17 @@ import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
-from test_zc_soft import PAT
+from zc_helpers import PAT
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, open_receiver, zcrx
+from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_reg
 from zcnet.rx.zc.area import PAGE_SIZE, Area
-from zcnet.rx.zc.zcrx import (
-    RING_FLAGS,
+from zcnet.rx.zc.zcrx import RING_FLAGS, open_zcrx, parse_completions
+from zcnet.rx.zc.zcrx_reg import (
     Offers,
     Registration,
     explain,
     kernel_offers,
     memlock_error,
-    open_zcrx,
-    parse_completions,
     refill_region_size,
     register_ifq,
 )
@@ -198,6 +196,52 @@ def test_cqe32_data_offsets_lengths_tokens_other_requests_ignored():
     assert d.lengths == [4096, 1000, 1448]
     assert d.tokens == [TOKEN, TOKEN | 8288, TOKEN | 12288]
     assert d.end is None and d.stopped is None
+
+
+def test_a_round_of_only_our_data_parses_to_arrays():
+    """The common round (every CQE ours, F_MORE on the last) takes the vectorized path: arrays,
+    no Python object per buffer, the same values as the filtering path gives."""
+    cqes = [(1, 4096 - i, MORE, TOKEN | i * 4096) for i in range(40)]
+    d = parse_completions(kernel_cqes(cqes))
+    assert all(type(x) is np.ndarray for x in (d.offsets, d.lengths, d.tokens))
+    assert d.offsets.tolist() == [i * 4096 for i in range(40)]
+    assert d.lengths.tolist() == [4096 - i for i in range(40)]
+    assert d.tokens.tolist() == [TOKEN | i * 4096 for i in range(40)]
+    assert d.end is None and d.stopped is None
+
+
+@pytest.mark.parametrize("kind", [list, np.array])
+def test_refill_ring_push_wraps_holds_and_keeps_order(kind):
+    """Entries go in ring order across the end of the ring; what does not fit is held and
+    sent first next time, for lists (the iterator) and arrays (batches) alike."""
+    entries, rqes = 8, 128
+    mem = np.zeros(rqes + entries * 16, dtype=np.uint8)
+    rq = zcrx.RefillRing(mem, 0, 64, rqes, entries, TOKEN)
+    khead = mem[0:4].view(np.uint32)
+    rqe = mem[rqes:].view(np.uint64).reshape(entries, 2)
+    sent: list[int] = []
+
+    def push(offs: list[int]) -> int:
+        return rq.push(kind([TOKEN | o for o in offs]), kind([o // 4096 + 1 for o in offs]))
+
+    def kernel_takes(n: int) -> None:
+        h = int(khead[0])
+        for i in range(h, h + n):
+            off, ln = int(rqe[i % entries, 0]), int(rqe[i % entries, 1]) & 0xFFFFFFFF
+            assert off >> u.IORING_ZCRX_AREA_SHIFT == AREA_ID
+            sent.append(off & zcrx.OFF_MASK)
+            assert ln == sent[-1] // 4096 + 1
+        khead[0] = h + n
+
+    assert push([i * 4096 for i in range(6)]) == 6
+    kernel_takes(4)
+    assert push([i * 4096 for i in range(6, 12)]) == 6  # wraps past the ring's end
+    assert push([i * 4096 for i in range(12, 15)]) == 0 and rq.held == 3
+    kernel_takes(8)
+    assert push([15 * 4096]) == 4 and rq.held == 0  # the held ones first
+    kernel_takes(4)
+    assert sent == [i * 4096 for i in range(16)]
+    assert rq.produced == 16 and rq.full_events == 1
 
 
 @pytest.mark.parametrize("res,end,stopped", [
@@ -419,7 +463,7 @@ class FakeGenl:
 def test_queue_discovery_registers_the_rx_queue_of_the_socket_napi(fake, sock, monkeypatch):
     from zcnet.nic import genl
 
-    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)
+    monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
     prov = open_zcrx(sock.fileno(), 1 << 20, copy=False)
     try:
@@ -554,7 +598,7 @@ def test_memlock_limit_names_limit_and_size(no_leaks):
 
 def test_permission_hint_is_true_for_the_user_who_reads_it():
     """EPERM at registration: root is told to grant the capability, anyone else to run as root."""
-    hint = zcrx.REGISTER_ERRORS[errno.EPERM][2]
+    hint = zcrx_reg.REGISTER_ERRORS[errno.EPERM][2]
     assert "CAP_NET_ADMIN" in hint
     assert ("run as root" in hint) == (os.geteuid() != 0)
 
@@ -624,12 +668,12 @@ def test_other_errno_and_enomem_are_explained(monkeypatch):
                 locked=1 << 20)
     assert e.message == "zcrx registration on eth9 queue 3 failed: not a tty"
     assert e.errno == errno.ENOTTY  # type: ignore[attr-defined]
-    monkeypatch.setattr(zcrx, "has_cap", lambda cap: True)  # CAP_IPC_LOCK: no limit applies
+    monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: True)  # CAP_IPC_LOCK: no limit applies
     e = _explained(errno.ENOMEM)
     assert e.message == f"zcrx registration ran out of memory pinning {1 << 20} bytes"
     assert e.hint is None and e.errno == errno.ENOMEM  # type: ignore[attr-defined]
-    monkeypatch.setattr(zcrx, "has_cap", lambda cap: False)
-    monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (64 << 10, 64 << 10))
+    monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: False)
+    monkeypatch.setattr(zcrx_reg.resource, "getrlimit", lambda which: (64 << 10, 64 << 10))
     e = _explained(errno.ENOMEM)
     assert e.message.startswith(f"RLIMIT_MEMLOCK is 65536 bytes but zcrx must lock {1 << 20}")
 
@@ -640,14 +684,14 @@ def test_has_cap_reads_the_effective_set():
     if not eff:
         pytest.skip("this process has no capability to look for")
     held = eff.bit_length() - 1
-    assert zcrx.has_cap(held)
+    assert zcrx_reg.has_caps(held)
     missing = [c for c in range(held) if not eff >> c & 1]
-    assert all(not zcrx.has_cap(c) for c in missing)
+    assert all(not zcrx_reg.has_caps(c) for c in missing)
 
 
 def test_loopback_socket_queue_is_unknown_and_the_hint_says_what_to_pass(tcp_pair):
     with pytest.raises(Unsupported) as ei:
-        zcrx.find_queue(tcp_pair[1].fileno())
+        netqueue.find_queue(tcp_pair[1].fileno())
     assert ei.value.message == ("the socket has no NAPI id (loopback, or no packet received "
                                 "yet), so its NIC queue is unknown")
     assert ei.value.hint == "pass ifname and queue"
@@ -678,10 +722,10 @@ class StrictGenl(FakeGenl):
 
 def test_queue_of_napi_asks_the_netdev_family_for_the_rx_queue():
     g = StrictGenl()
-    assert zcrx.queue_of_napi(g, 42) == ("lo", 3)
+    assert netqueue.queue_of_napi(g, 42) == ("lo", 3)
     assert g.asked == ["NAPI 42", "queues"]
     with pytest.raises(Unsupported) as ei:
-        zcrx.queue_of_napi(StrictGenl(tx_only=True), 42)
+        netqueue.queue_of_napi(StrictGenl(tx_only=True), 42)
     assert ei.value.message == "no rx queue of lo is served by NAPI 42"
     assert ei.value.hint == "pass the queue explicitly"
 
@@ -752,7 +796,7 @@ def test_rx_buf_len_refusals_say_what_to_do():
 
 
 def test_memlock_error_reads_the_soft_limit_and_rounds_the_hint_up(monkeypatch):
-    monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (1 << 20, 1 << 30))
+    monkeypatch.setattr(zcrx_reg.resource, "getrlimit", lambda which: (1 << 20, 1 << 30))
     e = memlock_error((2 << 20) + 1, privileged=False)  # soft limit 1 MiB, hard 1 GiB
     assert e is not None and e.errno == errno.ENOMEM  # type: ignore[attr-defined]
     assert e.message == (f"RLIMIT_MEMLOCK is {1 << 20} bytes but zcrx must lock "
@@ -783,7 +827,7 @@ def test_registration_bounds_rounding_and_release():
             assert ei.value.message == f"refill ring entries must be 1..{IO_RQ_MAX}"
 
 
-IO_RQ_MAX = zcrx.IO_RQ_MAX_ENTRIES
+IO_RQ_MAX = zcrx_reg.IO_RQ_MAX_ENTRIES
 
 
 class RefusingRing:
@@ -797,7 +841,7 @@ class RefusingRing:
 
 
 def test_register_ifq_names_the_interface_queue_index_and_locked_bytes(monkeypatch):
-    monkeypatch.setattr(zcrx, "has_cap", lambda cap: True)
+    monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: True)
     with Area(1 << 20) as area:
         reg = Registration.build(area, 5, 3, 64)
         try:
@@ -834,8 +878,8 @@ def test_provider_refuses_an_unknown_interface_and_a_memlock_shortfall(fake, soc
         with pytest.raises(UsageError) as ei:
             zcrx.ZcrxProvider(sock.fileno(), area, "nope0", 0)
         assert ei.value.message == "no interface named 'nope0' in this network namespace"
-        monkeypatch.setattr(zcrx, "has_cap", lambda cap: False)
-        monkeypatch.setattr(zcrx.resource, "getrlimit", lambda which: (PAGE_SIZE, PAGE_SIZE))
+        monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: False)
+        monkeypatch.setattr(zcrx_reg.resource, "getrlimit", lambda which: (PAGE_SIZE, PAGE_SIZE))
         with pytest.raises(ZcnetError, match=r"^RLIMIT_MEMLOCK is 4096 bytes") as ei:
             zcrx.ZcrxProvider(sock.fileno(), area, None, None, rq_entries=8)
         assert f"must lock {refill_region_size(8) + area.size} bytes" in ei.value.message
@@ -901,7 +945,7 @@ def test_queue_discovery_fills_in_only_what_was_not_given(fake, sock, monkeypatc
                                                           queue, want):
     from zcnet.nic import genl
 
-    monkeypatch.setattr(zcrx, "incoming_napi_id", lambda fd: 42)
+    monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname=ifname, queue=queue, copy=False)
     try:
@@ -932,7 +976,7 @@ def test_device_mode_recycle_after_exhaustion_allows_arming_again(fake, sock):
         lengths: list[int] = []
         d = prov.reap(0)
         while d.stopped is None:
-            tokens, lengths = tokens + d.tokens, lengths + d.lengths
+            tokens, lengths = [*tokens, *d.tokens], [*lengths, *d.lengths]  # lists or arrays
             d = prov.reap(0)
         assert d.stopped == "exhausted" and not prov.can_arm() and len(tokens) == 4
         prov.recycle(tokens[:1], lengths[:1])  # one buffer back: the kernel can fill again

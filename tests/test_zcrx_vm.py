@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import errno
 import platform
-import queue
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS
-from test_zc_soft import PAT, Sender, check, hold_until_stalled
+from zc_helpers import (
+    PAT,
+    Sender,
+    check,
+    check_to_eof,
+    hold_until_stalled,
+    mapped,
+    release_in_thread,
+)
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Chunk, Receiver, open_receiver
 from zcnet.rx.zc.area import PAGE_SIZE, Area
@@ -40,15 +46,6 @@ def pair(no_leaks, tcp_pair):
                     "under `zcnet vm run`")
     client, server = tcp_pair
     return server, client
-
-
-def mapped(addr: int) -> bool:
-    """Whether ``addr`` lies in any mapping of this process (anonymous ones included)."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        if lo <= addr < hi:
-            return True
-    return False
 
 
 def receiver(sock, area_size: int, *, rq_entries: int = 4096, max_held: float = 0.75,
@@ -103,32 +100,12 @@ def test_release_from_another_thread(pair):
     total = 32 << 20
     snd = Sender(cli, total)
     snd.start()
-    work: queue.SimpleQueue[Chunk | None] = queue.SimpleQueue()
-    verified = [0]
-    errors: list[BaseException] = []
-
-    def consume() -> None:
-        try:
-            while (c := work.get()) is not None:
-                check(c)
-                verified[0] += len(c)
-                c.release()
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
-
-    t = threading.Thread(target=consume)
-    t.start()
     with receiver(conn, 1 << 20) as rx:
-        try:
-            for c in rx:
-                work.put(c)
-        finally:
-            work.put(None)
-            t.join()
+        verified, errors = release_in_thread(rx)
         rx.flush()
         assert rx.stats.in_flight == 0 and rx.stats.released_bytes == total
     snd.join()
-    assert not errors and verified[0] == total
+    assert not errors and verified == total
 
 
 def test_held_chunks_backpressure_then_release(pair):
@@ -144,10 +121,7 @@ def test_held_chunks_backpressure_then_release(pair):
             check(c)
         got = sum(map(len, held))
         threading.Timer(0.05, rx.release_many, args=(held,)).start()
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stalled is None
     snd.join()
     assert got == total
@@ -167,10 +141,7 @@ def test_multishot_ends_when_area_is_exhausted_and_rearms(pair):
         for c in held:
             check(c)
         rx.release_many(held)
-        for c in rx:
-            check(c)
-            got += len(c)
-            c.release()
+        got += check_to_eof(rx)
         assert rx.stats.rearms >= 1 and rx.eof
     snd.join()
     assert got == total
@@ -264,9 +235,9 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
 def test_mlx5_zcrx_plan_measures_zcrx_here():
     if not kernel_offers().copy_mode:
         pytest.skip("this kernel has no zcrx copy mode; run under `zcnet vm run`")
-    from zcnet.bench.experiments import Target, plan
-    from zcnet.report.spec import builtin_spec
+    from zcnet.bench.experiments import ExperimentRig, plan
+    from zcnet.bench.spec import builtin_spec
 
-    p = plan(builtin_spec("mlx5-zcrx"), Target())
+    p = plan(builtin_spec("mlx5-zcrx"), ExperimentRig())
     assert not p.substitutions
     assert {c["engine"] for c in p.cells if "peer" not in c} == {"epoll", "uring", "zcrx"}

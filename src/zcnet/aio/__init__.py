@@ -11,6 +11,8 @@
         done = await tx.send(slot, n)       # the kernel took the bytes
         copied = await done                 # the kernel released the slot
 
+    zcnet.aio.start_protocol(sock, MyProtocol())  # callbacks: chunk_received(chunk), no Task
+
 Design decisions, and why:
 
 - **Waking the loop: an eventfd registered with the ring (IORING_REGISTER_EVENTFD), not the ring
@@ -22,9 +24,14 @@ Design decisions, and why:
   queued on an empty list. Details and the no-lost-wake-up rule: :mod:`zcnet.aio.wakeup`.
 - **Polling is a plain GETEVENTS enter**, not ``Receiver.recv(timeout=0)``: a zero timeout
   makes the kernel arm a timer and often switch context, 10-20x the cost of the enter.
-- **The receive task itself enters the kernel** (the eventfd callback only wakes it): nothing
-  is reaped while a task sleeps, so cancelling a task that awaits a chunk loses nothing;
-  chunks reaped but not yet handed out by ``async for`` wait in the receiver.
+- **One io_uring per loop for soft receivers** (:mod:`zcnet.aio.shared`): one eventfd, one
+  reader callback and one enter per pass for every connection, completions dispatched by
+  user_data, arms submitted together once per loop iteration, and no enter that finds
+  nothing (IORING_SETUP_TASKRUN_FLAG). Other providers keep a ring of their own
+  (:mod:`zcnet.aio.wakeup`).
+- **Cancelling loses nothing**: what the kernel delivered waits in the receiver (completions
+  dispatched to it, chunks reaped but not yet handed out by ``async for``), never in the
+  task; a task sleeps only when nothing is there for it.
 - **Release semantics are those of zcnet.rx.zc**: any task or thread may release; the loop
   returns buffers to the kernel in batches. While delivery is paused (``max_held``, or no
   buffers left) the receiver sleeps until a release calls it back (``Receiver.on_release``).
@@ -41,15 +48,17 @@ Design decisions, and why:
   :func:`adopt_stream` (in a ``start_server`` handler) take the connection from the transport.
 
 Loops: the default asyncio loop and uvloop (both tested). anyio on its asyncio backend works as
-it is (it runs on an asyncio loop). trio would need another Wakeup: ``await
-trio.lowlevel.wait_readable(efd)`` in place of ``add_reader``, the owner check against
-``trio.lowlevel.current_trio_token()``, and a system task instead of the shutdown guard; the
-receive/send logic above is loop-neutral. Not built: trio is not installed here to test it.
+it is (it runs on an asyncio loop). trio is not built; docs/aio.md lists the loop touch points
+it would replace (``trio.lowlevel.wait_readable(efd)`` for ``add_reader``, the trio token for
+the owner check, a system task for the batched pass and the shutdown guard); the receive/send
+logic above is loop-neutral.
 """
 
+from zcnet.aio.protocol import ZcProtocol, ZcTransport, start_protocol
 from zcnet.aio.receiver import AsyncReceiver, open_receiver
 from zcnet.aio.sender import AsyncSender, Slot, open_sender
 from zcnet.aio.sockets import adopt_stream, adopt_transport, check_tcp_socket
 
-__all__ = ["AsyncReceiver", "AsyncSender", "Slot", "adopt_stream", "adopt_transport",
-           "check_tcp_socket", "open_receiver", "open_sender"]
+__all__ = ["AsyncReceiver", "AsyncSender", "Slot", "ZcProtocol", "ZcTransport", "adopt_stream",
+           "adopt_transport", "check_tcp_socket", "open_receiver", "open_sender",
+           "start_protocol"]

@@ -12,11 +12,13 @@ chunks reaped but not yet handed out by ``async for`` wait in the receiver (rele
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections import deque
 from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
+from zcnet.aio.shared import MemberRing, SharedSoftProvider, open_shared_soft
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
@@ -45,7 +47,12 @@ class AsyncReceiver:
         self.sock = sock
         self._pending: deque[Chunk] = deque()
         self._closed = False
-        self._wake = Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd)
+        provider = rx.provider
+        self._member: MemberRing | None = (provider.member
+                                           if isinstance(provider, SharedSoftProvider) else None)
+        self._wake = (None if self._member is not None
+                      else Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd))
+        self._kick = self._member.kick if self._wake is None else self._wake.kick
         track(self._owner.loop, self)
 
     # --- receiving -------------------------------------------------------------------------
@@ -55,24 +62,25 @@ class AsyncReceiver:
         if self._closed:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
-        ring = rx.ring
-        wake = self._wake
+        m = self._member
         while True:
             if self._closed:  # by another task while this one slept: the ring is unmapped
                 raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
-            if (ring is not None and rx.provider.armed and rx.stalled is None
+            if m is not None and m.inbox:
+                pass  # completions are here: the round below flushes releases and takes them
+            elif (rx.provider.armed and rx.stalled is None
                     and rx.stats.in_flight_bytes <= self._limit):
                 # The common case, without the synchronous receiver's timed wait: a zero
                 # timeout there still costs the kernel a timer and often a context switch.
+                # Releases go back first, so the kernel has the buffers before it runs.
                 rx.flush()
-                if not ring.cq_ready():
-                    ring.get_events()  # runs the task work: data lands, CQEs are posted
-                if not ring.cq_ready():
-                    await wake.wait()
+                if not (self._data_shared(m) if m is not None else self._data_own()):
+                    await self._wait()
                     continue
             got = rx.recv_batch(0) if batch else rx.recv(0)
             if got:
-                wake.swallow()
+                if self._wake is not None:
+                    self._wake.swallow()
                 return got
             if rx.eof:
                 return got
@@ -80,12 +88,40 @@ class AsyncReceiver:
             if stalled is None and not rx.provider.armed:
                 continue  # the multishot ended without ending the stream: re-arm now
             if stalled is not None:
-                rx.on_release(wake.kick_threadsafe)
+                rx.on_release(self._kick_threadsafe)
             try:
-                await wake.wait()
+                await self._wait()
             finally:
                 if stalled is not None and not self._closed:
                     rx.on_release(None)
+
+    @staticmethod
+    def _data_shared(m: MemberRing) -> bool:
+        """Completions for us are waiting, or a pass of the loop's ring (only when the kernel
+        flags work for it) brought some."""
+        if not m.inbox and m.lr.work():
+            m.lr.poll()
+        return bool(m.inbox)
+
+    def _data_own(self) -> bool:
+        ring = self.rx.ring
+        if ring is None:  # the provider reads the socket itself (devmem): ask it
+            return True
+        if not ring.cq_ready():
+            ring.get_events()  # runs the task work: data lands, CQEs are posted
+        return bool(ring.cq_ready())
+
+    async def _wait(self) -> None:
+        if self._member is not None:
+            await self._member.wait()
+        else:
+            assert self._wake is not None
+            await self._wake.wait()
+
+    def _kick_threadsafe(self) -> None:
+        """Wake the waiting task from any thread (a release); a no-op once the loop closed."""
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self._owner.loop.call_soon_threadsafe(self._kick)
 
     async def recv(self) -> list[Chunk]:
         """The chunks of the next kernel round; [] at EOF."""
@@ -153,7 +189,10 @@ class AsyncReceiver:
         try:
             if pending:
                 self.rx.release_many(pending)
-            self._wake.close()
+            if self._wake is not None:
+                self._wake.close()
+            elif self._member is not None:
+                self._member.kick()  # a task waiting on it sees the receiver closed
         finally:
             try:
                 self.rx.close()
@@ -179,8 +218,31 @@ class AsyncReceiver:
         return f"<zcnet.aio receiver {self.rx.name} fd={self.rx.fd} {state}>"
 
 
+#: Options the shared-ring soft receiver takes; any other sends it down the own-ring path.
+_SHARED_OPTIONS = frozenset({"hugetlb", "max_held", "coalesce", "debug"})
+
+
+def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
+                         kw: dict[str, Any], what: str) -> Receiver:
+    """A soft-provider Receiver on the running loop's shared ring; ``kw`` holds only
+    ``_SHARED_OPTIONS``."""
+    loop = running_loop(what)  # a clear error before anything is allocated
+    extra = set(kw) - _SHARED_OPTIONS
+    if extra:
+        raise UsageError(f"{what} does not take {', '.join(sorted(extra))}",
+                         f"it takes area_size, buf_size, {', '.join(sorted(_SHARED_OPTIONS))}")
+    p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False))
+    try:
+        return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=kw.get("debug", False),
+                        coalesce=kw.get("coalesce", False), why="soft provider requested")
+    except BaseException:
+        p.close()
+        p.area.close()
+        raise
+
+
 def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
-                  area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE,
+                  area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, shared_ring: bool = True,
                   **kw: Any) -> AsyncReceiver:
     """Open a zero-copy receiver on a connected TCP socket, for use in the running loop::
 
@@ -192,13 +254,19 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     Options are those of :func:`zcnet.rx.zc.open_receiver` (``provider`` "auto" works too);
     the default area is small (4 MiB) because a service opens one per connection.
     ``own_socket``: close ``sock`` with the receiver (what the adopt helpers want).
+    ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
+    False gives this one a ring of its own, as the other providers (and ``incremental`` or
+    ``dmabuf_fd``) always have.
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
-    running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
-    rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
+    max_held = kw.get("max_held", 0.75)
+    if provider == "soft" and shared_ring and set(kw) <= _SHARED_OPTIONS:
+        rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver")
+    else:
+        running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
+        rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
     try:
-        return AsyncReceiver(rx, sock if own_socket else None,
-                             max_held=kw.get("max_held", 0.75))
+        return AsyncReceiver(rx, sock if own_socket else None, max_held=max_held)
     except BaseException:
         rx.close()
         raise

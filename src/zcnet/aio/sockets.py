@@ -16,18 +16,21 @@ Some facts about taking a connection from an asyncio transport:
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import socket
 from typing import Any
 
 from zcnet.errors import UsageError
-
-_FAMILIES = {socket.AF_INET: "IPv4", socket.AF_INET6: "IPv6"}
+from zcnet.sockcheck import require_tcp
 
 
 def check_tcp_socket(sock: Any, what: str) -> socket.socket:
-    """``sock`` if it is a connected TCP socket, else a UsageError naming what it is."""
+    """``sock`` if it is a connected TCP socket, else a UsageError naming what it is.
+
+    The kind, open/connected and listening checks are :func:`zcnet.sockcheck.require_tcp`'s;
+    what is added here is the event loop's case: a transport's socket wrapper, which asyncio
+    reads itself, is refused with the way to take the connection over.
+    """
     if isinstance(sock, asyncio.trsock.TransportSocket) or (
             not isinstance(sock, socket.socket) and hasattr(sock, "fileno")
             and hasattr(sock, "getpeername")):
@@ -35,26 +38,9 @@ def check_tcp_socket(sock: Any, what: str) -> socket.socket:
                          "take the connection over first: zcnet.aio.adopt_transport(transport) "
                          "in connection_made, or await zcnet.aio.adopt_stream(reader, writer)")
     if not isinstance(sock, socket.socket):
-        raise UsageError(f"{what} needs a socket.socket, got {type(sock).__name__}")
-    if sock.fileno() < 0:
-        raise UsageError(f"{what}: the socket is closed", "pass an open, connected TCP socket")
-    if sock.type != socket.SOCK_STREAM or sock.family not in _FAMILIES:
-        kind = {socket.SOCK_DGRAM: "UDP" if sock.family in _FAMILIES else "datagram"}.get(
-            sock.type, f"type {sock.type}")
-        fam = _FAMILIES.get(sock.family, getattr(sock.family, "name", str(sock.family)))
-        raise UsageError(f"{what} needs a connected TCP socket, got a {fam} {kind} socket",
-                         "pass an accepted or connected TCP (SOCK_STREAM, AF_INET/AF_INET6) "
-                         "socket")
-    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-        raise UsageError(f"{what} got a listening socket",
-                         "pass the connection accept() returned, not the listener")
-    try:
-        sock.getpeername()
-    except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            raise
-        raise UsageError(f"{what}: the TCP socket is not connected",
-                         "connect it (or accept a connection) first") from None
+        raise UsageError(f"{what} needs a socket.socket, got {type(sock).__name__}",
+                         "pass the connected TCP socket (accept() or connect() gives one)")
+    require_tcp(sock, what)
     return sock
 
 

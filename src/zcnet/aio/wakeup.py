@@ -25,7 +25,6 @@ No helper thread: the loop's own epoll wait is the only place anyone sleeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable
 
@@ -75,11 +74,6 @@ class Wakeup:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
-
-    def kick_threadsafe(self) -> None:
-        """Wake the waiter from any thread; a no-op once the loop is closed."""
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            self.loop.call_soon_threadsafe(self.kick)
 
     def swallow(self) -> None:
         """Drain the eventfd after an enter that posted CQEs (see the module docstring)."""

@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from zcnet.bench import protocol as proto
-from zcnet.bench.authtoken import default_token, default_token_path
-from zcnet.bench.protocol import NEED_DATA, ProtocolError, Role
-from zcnet.bench.rr import PERCENTILES, merge_encoded, summarize
-from zcnet.bench.server import GRACE, parse_hostport
+from zcnet.bench import proto
+from zcnet.bench.control import Control
+from zcnet.bench.endpoint import parse_hostport
+from zcnet.bench.hist import merge_encoded, summarize
+from zcnet.bench.proto import GRACE, OptionValue, ProtocolError
+from zcnet.bench.remote import NetnsServer
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab import Lab
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import engine_names
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 60.0
 MAX_SIZE = proto.SIZE.hi   # one buffer; the server's limits are usually lower
-CLOSE_TIMEOUT = 5.0     # for the goodbye: a silent server must not hold up the exit
 
 
 @dataclass
@@ -47,7 +47,7 @@ class ClientOptions:
     flows: int = 1
     duration: float = 5.0
     rx_engine: str = "epoll"
-    engine_opts: dict[str, Any] = field(default_factory=dict)  # e.g. ifname, queue for zcrx
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False              # stream: check every byte received against the pattern
     tx: str = "copy"
     read_size: int = 1 << 20
@@ -115,6 +115,7 @@ class ClientOptions:
                 option, attr, hint = _REQUEST_FIELDS.get(where, (where, "", "see --help"))
                 value = f" {getattr(self, attr)!r}" if attr else ""
                 raise UsageError(f"{option}{value}: {what}", hint) from None
+        EngineOptions.from_mapping(self.engine_opts)  # names and types, before any server runs
 
     def check_cpus(self, side: str, cpus: int) -> None:
         """CPU numbers against the server that runs them (``cpus`` from its welcome)."""
@@ -132,131 +133,13 @@ class ClientOptions:
 
 # Request fields the client fills from options: (option, what it takes).
 _REQUEST_FIELDS = {
-    "open.engine": ("--rx-engine", "rx_engine", "an engine name, e.g. epoll, uring, soft-zc"),
+    "open.engine": ("--rx-engine", "rx_engine", f"one of {', '.join(engine_names())}"),
     "open.engine_opts": ("--rx-opt", "engine_opts", "KEY=VALUE, KEY a lowercase word; VALUE an "
                          "integer within +-2^40, true/false, or a plain word such as eth1 (at "
                          "most 16 options)"),
     "connect.tx": ("--tx", "tx", "a send path, e.g. copy, msgzc, sendzc"),
     "connect.host": ("--data-host", "data_host", "an IP address or host name"),
 }
-
-
-class Control:
-    """The client end of one control connection: blocking requests over the sans-I/O protocol."""
-
-    def __init__(self, addr: str, token: bytes | None, netns: str | None = None) -> None:
-        """``token``: the server's secret; ``None`` reads this user's token file, which a
-        ``zcnet server`` of the same user without ``--token-file`` uses too."""
-        self.addr = addr
-        host, port = parse_hostport(addr)
-        key = token if token is not None else default_token(create=False)
-        self.host = host
-        self.conn = proto.Connection(Role.CLIENT)
-        try:
-            # A socket belongs to the namespace it was created in, whatever the thread does next.
-            with _namespace(netns):
-                self.sock = socket.create_connection((host, port), timeout=10)
-        except OSError as e:
-            raise ZcnetError(f"cannot reach zcnet server at {host}:{port}: {e.strerror or e}",
-                             "start `zcnet server` there (or pass --ssh HOST)") from None
-        self.sock.settimeout(REQUEST_TIMEOUT)
-        try:
-            self.send({"type": "hello", "version": proto.PROTOCOL_VERSION,
-                       "caps": list(proto.CAPABILITIES)})
-            welcome = self.receive(REQUEST_TIMEOUT)
-            self.cpus: int = welcome["cpus"]
-            self.limits: dict[str, Any] = welcome["limits"]
-            self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
-            auth_ok = self.receive(REQUEST_TIMEOUT)
-            self.env: dict[str, Any] = auth_ok.get("host") or welcome.get("host", {})
-        except BaseException:
-            self.sock.close()
-            raise
-
-    def send(self, msg: dict[str, Any]) -> None:
-        try:
-            self.sock.sendall(self.conn.send(msg))
-        except OSError as e:
-            raise ZcnetError(f"server {self.addr}: connection lost ({e})") from None
-
-    def receive(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                ev = self.conn.next_event()
-            except ProtocolError as e:
-                raise ZcnetError(f"server {self.addr}: {e.message}") from None
-            if ev is not NEED_DATA:
-                assert isinstance(ev, dict)
-                if ev["type"] == "error":
-                    raise _server_error(self.addr, ev)
-                return ev
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ZcnetError(f"server {self.addr}: no answer within {timeout:.0f} s")
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(1 << 16)
-            except TimeoutError:
-                continue
-            except OSError:
-                data = b""
-            self.conn.receive_data(data)
-
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self.send(msg)
-        return self.receive(REQUEST_TIMEOUT)
-
-    def close(self) -> None:
-        """Say goodbye when the conversation allows it; close the socket in any case."""
-        try:
-            if self.conn.state in ("ready", "running"):
-                self.sock.settimeout(CLOSE_TIMEOUT)
-                self.send({"type": "end"})
-                self.receive(CLOSE_TIMEOUT)
-        except (ZcnetError, OSError, ProtocolError):
-            pass
-        finally:
-            self.sock.close()
-
-
-def _namespace(netns: str | None) -> contextlib.AbstractContextManager[None]:
-    if netns is None:
-        return contextlib.nullcontext()
-    from zcnet.lab.netns import in_netns
-
-    return in_netns(netns)
-
-
-class ServerRefused(ZcnetError):
-    """A server's error reply; ``code`` says why (auth, limit, unsupported, version, worker)."""
-
-    def __init__(self, message: str, hint: str | None, *, code: str, reason: str) -> None:
-        super().__init__(message, hint)
-        self.code = code
-        self.reason = reason
-
-    @property
-    def cause(self) -> str:
-        """The reason without the engine prefix, for a table cell that already names it."""
-        from zcnet.bench.rr import UNSUPPORTED_HERE
-
-        return self.reason.split(UNSUPPORTED_HERE, 1)[-1]
-
-
-def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
-    hints = {
-        "auth": "use the same --token-file as the server (without one, both use the token "
-                f"file of their user, {default_token_path()})",
-        "busy": "wait for other sessions to end, or start another server",
-        "limit": "ask for less (fewer flows, shorter run, smaller buffers) or raise the server's "
-                 "limits",
-        "unsupported": "pick an engine or tx path the server supports (the reason says what "
-                       "is missing there)",
-        "version": "run the same zcnet version on both ends",
-    }
-    return ServerRefused(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]),
-                         code=ev["code"], reason=ev["message"])
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -278,14 +161,15 @@ def _token_for(opts: ClientOptions, addr: str) -> bytes | None:
 def run(opts: ClientOptions) -> ClientResult:
     opts.validate()
     same = parse_hostport(opts.src) == parse_hostport(opts.dst)
-    controls: list[Control] = []
-    try:
+    with contextlib.ExitStack() as stack:
         dst = Control(opts.dst, _token_for(opts, opts.dst), opts.netns)
-        controls.append(dst)
+        stack.callback(dst.close)
+        controls = [dst]
         if same:
             src = dst
         else:
             src = Control(opts.src, _token_for(opts, opts.src), opts.netns)
+            stack.callback(src.close)
             controls.append(src)
         opts.check_cpus("dst", dst.cpus)
         opts.check_cpus("src", src.cpus)
@@ -299,9 +183,6 @@ def run(opts: ClientOptions) -> ClientResult:
         result = _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
         result.hosts = {"src": src.env, "dst": dst.env}
         return result
-    finally:
-        for c in controls:
-            c.close()
 
 
 def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[str, Any]:
@@ -425,12 +306,10 @@ class LabServers:
 
 
 @contextlib.contextmanager
-def lab_servers(lab: Any) -> Iterator[LabServers]:
+def lab_servers(lab: Lab) -> Iterator[LabServers]:
     """``with lab_servers(lab) as ls: run(ls.options(flows=2))``: the lab's sending side
     (``ns_a``) and receiving side (``ns_b``) each get a server (with a fresh token, as any
     non-loopback listener must), stopped when the block ends."""
-    from zcnet.bench.remote import NetnsServer
-
     with NetnsServer(lab.addr_a, netns=lab.ns_a) as a, NetnsServer(lab.addr_b, netns=lab.ns_b) as b:
         assert a.address and b.address
         yield LabServers(a.address, b.address, {lab.addr_a: a.token, lab.addr_b: b.token},
@@ -449,6 +328,3 @@ def _side_cpus(res: dict[str, Any], placed: list[dict[str, Any]],
                     roles.setdefault(str(p[key]), set()).add(label)
     return {cpu: {**shares, "roles": sorted(roles.get(cpu, ()))}
             for cpu, shares in res.get("cpus", {}).items()}
-
-
-PERCENTILE_KEYS = tuple(f"p{p:g}_us" for p in PERCENTILES)

@@ -8,7 +8,6 @@ drift of the machine (other load, thermal state) spreads over every cell instead
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -18,15 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.bench import meta
+from zcnet.bench.client import ClientOptions, run
+from zcnet.bench.control import ServerRefused
+from zcnet.bench.matrix import NIC_ENGINES, BenchOptions
+from zcnet.bench.remote import LocalServer
+from zcnet.bench.run import flow_cell, pick_cpus, run_bench
+from zcnet.bench.spec import Spec
+from zcnet.bench.txbench import run_txbench
 from zcnet.errors import Unsupported, ZcnetError
-from zcnet.report.spec import Spec
+from zcnet.nic.device import Device
+from zcnet.nic.ethtool import privflags_get, privflags_set
+from zcnet.nic.info import ipv4_of, nic_env
+from zcnet.rx.registry import engine_names
+from zcnet.rx.zc.devnote import copy_note
+from zcnet.rx.zc.zcrx import kernel_offers
 
 log = logging.getLogger(__name__)
 
 
 def _zcrx_copy() -> bool:
-    from zcnet.rx.zc.zcrx import kernel_offers
-
     return kernel_offers().copy_mode
 
 
@@ -35,8 +44,9 @@ KERNEL_OFFERS: dict[str, Callable[[], bool]] = {"zcrx_copy": _zcrx_copy}
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where the experiment runs: the lab (nothing given) or a real NIC and peer host."""
+class ExperimentRig:
+    """The rig an experiment runs on: the lab (nothing given), or a real NIC on this host
+    and the peer host's server or UDP sink, with the token, queue and port that reach it."""
 
     ifname: str | None = None
     remote: str | None = None       # bench: the sending host's `zcnet server`; txbench: UDP sink
@@ -62,12 +72,12 @@ def _sub_text(axis: str, value: Any, lab: Any, why: str) -> str:
     return f"{axis} {value} runs as {lab}: {why}"
 
 
-def plan(spec: Spec, target: Target) -> Plan:
-    """The cells to measure on this target, and which rows were substituted and why."""
+def plan(spec: Spec, rig: ExperimentRig) -> Plan:
+    """The cells to measure on this rig, and which rows were substituted and why."""
     matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
     subs: list[dict[str, Any]] = []
     for s in spec.substitutes:
-        if any(target.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
+        if any(rig.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
             continue
         vals = matrix[s.axis]
         vals[vals.index(s.value)] = s.lab
@@ -76,7 +86,7 @@ def plan(spec: Spec, target: Target) -> Plan:
                      "text": _sub_text(s.axis, s.value, s.lab, s.why)})
     baseline = dict(spec.baseline)
     if spec.private_flag:
-        if target.ifname:
+        if rig.ifname:
             # The seed's own A/B: the driver flag off (baseline) then on, every mode under both.
             matrix = {"variant": [f"{spec.private_flag}=off", f"{spec.private_flag}=on"],
                       **matrix}
@@ -99,30 +109,22 @@ def plan(spec: Spec, target: Target) -> Plan:
 
 
 # A measurer runs one cell once and returns its result rows (bench-cell shaped).
-Measure = Callable[[Spec, dict[str, Any], Target], list[dict[str, Any]]]
+Measure = Callable[[Spec, dict[str, Any], ExperimentRig], list[dict[str, Any]]]
 Progress = Callable[[int, int, dict[str, Any]], None]
 
 
-def _measure_bench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    from zcnet.bench.run import BenchOptions, pick_cpus, run_bench
-    from zcnet.rx.engines import EngineOptions, engine_names
-
-    if target.ifname:
-        return _measure_bench_nic(spec, cell, target)
+def _measure_bench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
+    if rig.ifname:
+        return _measure_bench_nic(spec, cell, rig)
     engine = cell["engine"]
     if "peer" not in cell and engine not in engine_names():
         raise Unsupported(f"engine {engine} is not in this build",
                           f"engines here: {', '.join(engine_names())}")
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
-        known = {f.name for f in dataclasses.fields(EngineOptions)}
-        if "consumer" not in known and cell["consumer"] != "same":
-            raise Unsupported("this build's engines cannot release in a consumer thread",
-                              "update zcnet (zero-copy receive with --consumer)")
-        if "consumer" in known:
-            engine_opts["consumer"] = cell["consumer"]
-        if cell["consumer"] == "thread" and "consumer_cpu" in known:
-            # 002's point is the release crossing CPUs: pin the consumer away from the ring.
+        engine_opts["consumer"] = cell["consumer"]
+        if cell["consumer"] == "thread":
+            # zcrx-refs measures the release crossing CPUs: pin the consumer away from the ring.
             cpus = pick_cpus(cell.get("placement", "split"))
             if not isinstance(cpus, str):
                 others = sorted(os.sched_getaffinity(0) - {cpus[1]})
@@ -158,19 +160,16 @@ def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    """One cell between this host (receiving, on ``target.ifname``) and the sending host's
-    ``zcnet server`` (``target.remote``): the real experiment, through the client."""
-    from zcnet.bench.client import ClientOptions, ServerRefused, run
-    from zcnet.bench.remote import LocalServer
-    from zcnet.bench.run import NIC_ENGINES, flow_cell
-
-    ifname = target.ifname
+def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
+                       rig: ExperimentRig) -> list[dict[str, Any]]:
+    """One cell between this host (receiving, on ``rig.ifname``) and the sending host's
+    ``zcnet server`` (``rig.remote``): the real experiment, through the client."""
+    ifname = rig.ifname
     assert ifname is not None
     if "peer" in cell:
         raise Unsupported("the C peers run in the lab only",
                           f"run {cell['peer']} between the two hosts by hand to compare")
-    if not target.remote:
+    if not rig.remote:
         raise Unsupported(f"a bench on {ifname} needs the sending host",
                           "start `zcnet server --listen 0.0.0.0:18323 --token-file F` there and "
                           "pass --remote HOST --token-file F")
@@ -183,20 +182,18 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
     engine_opts: dict[str, Any] = {}
     if "consumer" in cell:
         engine_opts["consumer"] = cell["consumer"]
-    if engine in NIC_ENGINES and target.queue is not None:
-        engine_opts.update(ifname=ifname, queue=target.queue)
-    from zcnet.nic.info import ipv4_of
-
+    if engine in NIC_ENGINES and rig.queue is not None:
+        engine_opts.update(ifname=ifname, queue=rig.queue)
     local_ip = ipv4_of(ifname)
     if local_ip is None:
         raise ZcnetError(f"{ifname} has no IPv4 address",
                          f"give {ifname} an address the remote host can reach")
     with LocalServer(local_ip) as local:
         assert local.address is not None
-        opts = ClientOptions(src=target.remote, dst=local.address, data_port=target.data_port,
+        opts = ClientOptions(src=rig.remote, dst=local.address, data_port=rig.data_port,
                              rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
                              tx=cell.get("tx", "copy"), pin_off=0 if placement == "same" else 1,
-                             tokens={local_ip: local.token}, token=target.token)
+                             tokens={local_ip: local.token}, token=rig.token)
         try:
             r = run(opts)
         except ServerRefused as e:
@@ -205,31 +202,29 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any], target: Target) -> list
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))
-    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": target.remote}
+    if engine in NIC_ENGINES and (note := copy_note(ifname)):
+        row["note"] = note  # a driver that copies (netdevsim): registration real, DMA not
+    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": rig.remote}
     return _bench_rows(cell, [row])
 
 
 def _nic_env(ifname: str) -> dict[str, Any]:
-    from zcnet.nic.info import nic_env
-
     return nic_env(ifname)
 
 
-def _measure_txbench(spec: Spec, cell: dict[str, Any], target: Target) -> list[dict[str, Any]]:
-    from zcnet.bench.txbench import run_txbench
-
+def _measure_txbench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
     kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
     if "payload" in cell:
         kwargs["size"] = cell["payload"]
     if "burst" in cell:
         kwargs["burst"] = cell["burst"]
-    if target.ifname and not target.remote:
+    if rig.ifname and not rig.remote:
         # Toggling the NIC's flag while the packets go through the lab's veth measures nothing.
-        raise Unsupported(f"the A/B on {target.ifname} needs traffic through it",
+        raise Unsupported(f"the A/B on {rig.ifname} needs traffic through it",
                           "give --remote ADDR:PORT, a UDP port reachable through that NIC")
-    if target.remote:
-        kwargs["dst"] = target.remote
-    with _private_flag(target.ifname, cell.get("variant")):
+    if rig.remote:
+        kwargs["dst"] = rig.remote
+    with _private_flag(rig.ifname, cell.get("variant")):
         doc = run_txbench(**kwargs)
     why = doc.get("env", {}).get("hw_counters")
     rows = list(doc["results"])
@@ -247,9 +242,6 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
         yield
         return
     flag, _, state = variant.partition("=")
-    from zcnet.nic.device import Device
-    from zcnet.nic.ethtool import privflags_get, privflags_set
-
     with Device.open(ifname) as dev:
         try:
             before = privflags_get(dev)
@@ -269,8 +261,8 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
 MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_txbench}
 
 
-def new_document(spec: Spec, target: Target, the_plan: Plan, repeat: int) -> dict[str, Any]:
-    env = meta.collect_env(lab=target.ifname is None, nic=target.ifname, remote=target.remote)
+def new_document(spec: Spec, rig: ExperimentRig, the_plan: Plan, repeat: int) -> dict[str, Any]:
+    env = meta.collect_env(lab=rig.ifname is None, nic=rig.ifname, remote=rig.remote)
     return meta.envelope(
         "experiment", env, [],
         experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
@@ -290,15 +282,15 @@ def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
                          "give a path in an existing, writable directory") from None
 
 
-def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = None,
+def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
              progress: Progress | None = None) -> Iterator[dict[str, Any]]:
     """Measure the spec; yields the document after each cell (complete=True at the end)."""
-    target = target or Target()
+    rig = rig or ExperimentRig()
     repeat = repeat or spec.repeat
-    the_plan = plan(spec, target)
+    the_plan = plan(spec, rig)
     measure = measure or MEASURERS[spec.tool]
-    doc = new_document(spec, target, the_plan, repeat)
+    doc = new_document(spec, rig, the_plan, repeat)
     total = repeat * len(the_plan.cells)
     done = 0
     if json_path is not None:
@@ -309,7 +301,7 @@ def iter_run(spec: Spec, *, target: Target | None = None, repeat: int | None = N
                 if progress:
                     progress(done, total, cell)
                 try:
-                    rows = measure(spec, cell, target)
+                    rows = measure(spec, cell, rig)
                 except ZcnetError as exc:
                     # One cell the machine cannot run must not end the experiment.
                     rows = [{**cell, "status": "unsupported", "reason": str(exc)}]

@@ -6,6 +6,7 @@ what makes two runs comparable (kernel, CPU, Python, lab or not, NIC settings wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -16,6 +17,7 @@ from typing import Any
 
 from zcnet import __version__
 from zcnet.errors import ZcnetError
+from zcnet.uring.syscall import backend
 
 ENVELOPE_VERSION = 1
 
@@ -46,6 +48,7 @@ def collect_env(*, lab: bool, **extra: Any) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "arch": platform.machine(),
         "python": platform.python_version(),
+        "hot_path": backend(),  # the ring's hot path: "c" (compiled accelerator) or "pure"
         "lab": lab,
         "hostname": platform.node(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -79,12 +82,11 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
             f.write(text)
         return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(tmp.unlink, missing_ok=True)   # unless renamed into place
         tmp.write_text(text)
         os.replace(tmp, target)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+        undo.pop_all()
 
 
 def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:

@@ -13,97 +13,47 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from zcnet import quantities
+from zcnet.bench.client import ClientResult, LabServers, lab_servers, run
+from zcnet.bench.control import ServerRefused
+from zcnet.bench.matrix import (
+    CPU_FIELDS,
+    DEFAULT_ENGINES,
+    NIC_ENGINES,
+    PLACEMENTS,
+    BenchOptions,
+    lo_mtu,
+)
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
+from zcnet.bench.peers import run_peer
+from zcnet.bench.remote import LocalServer
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.lab.rtnl import has_caps
-from zcnet.lab.topology import MTU_MAX
-from zcnet.rx.engines import engine_names
+from zcnet.lab import Lab, netdevsim
+from zcnet.lab.sweep import before_run
+from zcnet.netns import can_create_netns
+from zcnet.nic import setup
+from zcnet.nic.info import nic_env
 from zcnet.rx.zc.devnote import COPYING_DRIVERS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MTUS = (1500, 4096, 9000)
-DEFAULT_ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx")
-PLACEMENTS = ("same", "split")
-NIC_ENGINES = ("zcrx", "devmem")  # need a NIC queue with header-data split
-CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
-
+# The options and their defaults live in zcnet.bench.matrix (the CLI reads them without loading
+# the runner); they are part of this API too.
+__all__ = ["DEFAULT_ENGINES", "PLACEMENTS", "BenchOptions", "BenchSite", "bench_site",
+           "cell_result", "flow_cell", "pick_cpus", "run_bench", "run_one", "zcrx_mode"]
 
 @dataclass
-class BenchOptions:
-    mtus: tuple[int, ...] | None = None  # None: 1500,4096,9000 in the lab, lo's MTU otherwise
-    engines: tuple[str, ...] = DEFAULT_ENGINES
-    placements: tuple[str, ...] = PLACEMENTS
-    duration: float = 2.0
-    verify: bool = False
-    lab: bool | None = None          # None: lab when root, else loopback
-    json_path: str | None = None
-    engine_opts: dict[str, Any] = field(default_factory=dict)
-    peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
-    tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
-    # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
-    peer_write_size: int | None = None
-    lab_device: str = "veth"         # the lab's link: veth, or netdevsim (zcnet's test kernel)
+class BenchSite:
+    """The site a bench flow runs on: the zcnet servers at its two ends (client.LabServers, in
+    the lab's two namespaces or both on loopback: the code path of a run between two hosts), how
+    to change the MTU there (None on loopback), its env for the JSON, and the lab if any."""
 
-    def validate(self) -> None:
-        names = engine_names()
-        if self.peers:
-            from zcnet.bench.peers import parse_peers
-
-            parse_peers(",".join(self.peers))
-        from zcnet.tx.senders import KINDS
-
-        if self.tx not in KINDS:
-            raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
-        for what, values in (("engine", self.engines), ("placement", self.placements),
-                             ("peer", self.peers), ("MTU", self.mtus or ())):
-            if len(set(values)) != len(values):
-                raise UsageError(f"an {what} repeats in {','.join(map(str, values))}",
-                                 f"give each {what} once")
-        if not (self.engines or self.peers) or not self.placements or self.mtus == ():
-            raise UsageError("nothing to measure: an engine, placement or MTU list is empty",
-                             "give at least one of each (or leave the option out)")
-        for e in self.engines:
-            if e not in names:
-                raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
-        for p in self.placements:
-            if p not in PLACEMENTS:
-                raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
-        for m in self.mtus or ():
-            quantities.check("mtu", m, "MTU")
-            if self.lab and m > MTU_MAX:
-                raise UsageError(f"MTU {m} is beyond veth's largest, {MTU_MAX}",
-                                 f"use {MTU_MAX} or less in the lab")
-        quantities.check("duration", self.duration, "duration")
-
-    def resolved(self) -> BenchOptions:
-        """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
-        if self.lab is None:
-            return replace(self, lab=has_caps()).resolved()
-        if self.mtus is None:
-            return replace(self, mtus=DEFAULT_MTUS if self.lab else (_lo_mtu(),))
-        return self
-
-    def cells(self) -> list[tuple[int, str, str]]:
-        """(mtu, engine-or-peer, placement) in run order: MTU outermost (few MTU changes)."""
-        return [(m, e, p) for m in self.resolved().mtus or () for p in self.placements
-                for e in (*self.engines, *self.peers)]
-
-
-@dataclass
-class Target:
-    """Where the flow runs: the lab's two namespaces, or loopback; either way between zcnet
-    servers (client.LabServers), the code path of a run between two hosts."""
-
-    servers: Any
+    servers: LabServers
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
-    lab: Any = None  # the Lab, for peers that run inside it
+    lab: Lab | None = None  # for peers that run inside it
 
 
 def pick_cpus(placement: str) -> tuple[int, int] | str:
@@ -118,59 +68,42 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 
 @contextlib.contextmanager
-def target(use_lab: bool, mtu: int, device: str = "veth",
-           queue: int | None = None) -> Iterator[Target]:
-    from zcnet.bench.client import LabServers, lab_servers
-
+def bench_site(use_lab: bool, mtu: int, device: str = "veth",
+               queue: int | None = None) -> Iterator[BenchSite]:
     if use_lab:
-        from zcnet.lab import Lab
-        from zcnet.lab.sweep import before_run
-
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
             if device == "netdevsim" and queue is not None:
                 _netdevsim_queue(stack, lab, queue)
             servers = stack.enter_context(lab_servers(lab))
-            yield Target(servers, lab.set_mtu, lab.env(), lab)
+            yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
     else:
-        from zcnet.bench.remote import LocalServer
-
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
-            yield Target(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
-                         None, {"lab": False, "mtu": _lo_mtu(),
+            yield BenchSite(LabServers(srv.address, srv.address, {"127.0.0.1": srv.token}, None),
+                         None, {"lab": False, "mtu": lo_mtu(),
                                 "note": "loopback (127.0.0.1), not a lab"})
 
 
 def _to_the_lab() -> str:
     """How to get the lab instead of loopback: only a process without the capabilities needs
     root; one that has them was told --no-lab."""
-    return "leave out --no-lab to use the lab" if has_caps() else "run as root to use the lab"
+    if can_create_netns():
+        return "leave out --no-lab to use the lab"
+    return "run as root to use the lab"
 
 
-def _netdevsim_queue(stack: contextlib.ExitStack, lab: Any, queue: int) -> None:
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
     """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
     0, channels; restored at exit) and make the sending port transmit on that queue (XPS), which
     is how netdevsim steers: no ntuple there."""
-    from zcnet.lab import netdevsim
-    from zcnet.nic import setup
-
     cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
     stack.enter_context(setup.applied(cfg))
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
 
 
-def _lo_mtu() -> int:
-    try:
-        return int(Path("/sys/class/net/lo/mtu").read_text())
-    except (OSError, ValueError):
-        return 65536
-
-
-def _nic_env(t: Target) -> dict[str, Any]:
+def _nic_env(t: BenchSite) -> dict[str, Any]:
     """Driver, rings, HDS and offloads of the receiving interface, for the JSON env."""
-    from zcnet.nic.info import nic_env
-
     if t.lab is not None:
         return nic_env(t.lab.if_b, t.lab.ns_b)
     return nic_env("lo")
@@ -184,7 +117,8 @@ def cell_result(mtu: int, engine: str, placement: str, status: str, reason: str 
     return doc
 
 
-def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions) -> dict[str, Any]:
+def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
+            opts: BenchOptions) -> dict[str, Any]:
     cpus = pick_cpus(placement)
     if isinstance(cpus, str):
         return cell_result(mtu, engine, placement, "unsupported", cpus)
@@ -207,11 +141,9 @@ def run_one(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions
     return res
 
 
-def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: BenchOptions,
+def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: BenchOptions,
                     engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
-    from zcnet.bench.client import ServerRefused, run
-
     copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
                               verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,
                               tx_app_cpu=tx_cpu)
@@ -227,7 +159,7 @@ def run_via_servers(t: Target, mtu: int, engine: str, placement: str, opts: Benc
                      consumer=engine_opts.get("consumer", "same"))
 
 
-def flow_cell(r: Any, mtu: int, engine: str, placement: str, *, tx: str,
+def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str,
               consumer: str) -> dict[str, Any]:
     """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts).
 
@@ -286,10 +218,8 @@ def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
     return "copy" if engine_stats["zcrx_copy"] else "device"
 
 
-def run_peer_cell(t: Target, mtu: int, peer: str, placement: str, opts: BenchOptions,
+def run_peer_cell(t: BenchSite, mtu: int, peer: str, placement: str, opts: BenchOptions,
                   rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
-    from zcnet.bench.peers import run_peer
-
     if t.lab is None:
         return cell_result(mtu, peer, placement, "unsupported",
                            f"peers run inside the lab; {_to_the_lab()}")
@@ -322,7 +252,7 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
-        with target(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
+        with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
             for mtu, cells in by_mtu.items():
                 if t.set_mtu is not None:
@@ -343,23 +273,3 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
         if opts.json_path:
             write_json(opts.json_path, doc)
     return doc
-
-
-def peer_ratios(doc: dict[str, Any], peer: str = "iperf3") -> list[dict[str, Any]]:
-    """Best zcnet engine vs ``peer`` per (MTU, placement), for the notes and the closing table."""
-    out = []
-    ok = [r for r in doc["results"] if r["status"] == "ok" and r.get("gbps")]
-    for key in dict.fromkeys((r["mtu"], r["placement"]) for r in ok):
-        rows = [r for r in ok if (r["mtu"], r["placement"]) == key]
-        ref = next((r for r in rows if r["engine"] == peer), None)
-        ours = [r for r in rows if not r.get("peer")]
-        if ref and ours:
-            best = max(ours, key=lambda r: r["gbps"])
-            out.append({"mtu": key[0], "placement": key[1], "engine": best["engine"],
-                        "gbps": best["gbps"], "peer": peer, "peer_gbps": ref["gbps"],
-                        "ratio": round(best["gbps"] / ref["gbps"], 3)})
-    return out
-
-
-def verify_failed(doc: dict[str, Any]) -> int:
-    return sum(r.get("verify", {}).get("mismatches", 0) for r in doc["results"])

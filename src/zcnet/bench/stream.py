@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, pattern_view
+from zcnet.tx.senders import make_sender
 
 
 def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, dict[str, Any]]:
@@ -33,8 +34,6 @@ def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, d
 
 def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
               verify: bool) -> tuple[int, dict[str, Any]]:
-    from zcnet.tx.senders import make_sender
-
     slots, chunk = 8, min(chunk, 256 << 10)
     buf = np.empty(slots * chunk, dtype=np.uint8)
     for i in range(slots):

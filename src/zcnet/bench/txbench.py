@@ -19,13 +19,16 @@ import functools
 import ipaddress
 import socket
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zcnet import quantities
 from zcnet.bench.meta import Interrupted, collect_env, envelope
 from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.lab import Lab
+from zcnet.lab.sweep import before_run
+from zcnet.netns import in_netns
 from zcnet.nic.info import nic_env
 from zcnet.tx.hwcount import NO_COUNTERS, HwCounters
 from zcnet.tx.sink import Sink
@@ -42,8 +45,9 @@ _WARMUP_S = 0.1
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where packets go: an address, and the namespace the sender's socket lives in."""
+class UdpDestination:
+    """Where txbench's UDP packets go: an address and port, and the namespace the sender's
+    socket lives in."""
 
     addr: str
     port: int
@@ -70,6 +74,8 @@ def parse_dst(text: str) -> tuple[str, int]:
 
 def _uring_factory(sock: socket.socket, lengths: Sequence[int]) -> BurstSender:
     try:
+        # Kept here: the io_uring sender is the one mode that may be missing from a build
+        # (ImportError), and the other modes must still run.
         from zcnet.tx.uring_send import UringSender
     except ImportError as exc:
         raise Unsupported(f"io_uring send is not available: {exc}") from exc
@@ -80,33 +86,22 @@ def _factory(mode: str) -> SenderFactory:
     return _uring_factory if mode == "uring" else MODES[mode]
 
 
-def open_sender(target: Target) -> socket.socket:
-    """A connected, non-blocking UDP socket in the target's sender namespace."""
-    with _maybe_netns(target.sender_netns):
-        sock = socket.socket(target.family, socket.SOCK_DGRAM)
+def open_sender(dest: UdpDestination) -> socket.socket:
+    """A connected, non-blocking UDP socket in the dest's sender namespace."""
+    with in_netns(dest.sender_netns):
+        sock = socket.socket(dest.family, socket.SOCK_DGRAM)
     try:
         try:
             sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, _SNDBUF)
         except PermissionError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
-        sock.connect((target.addr, target.port))
+        sock.connect((dest.addr, dest.port))
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
-        raise ZcnetError(f"cannot reach {target.addr}:{target.port}: {exc.strerror}",
+        raise ZcnetError(f"cannot reach {dest.addr}:{dest.port}: {exc.strerror}",
                          "check the address, and that a route to it exists") from exc
     return sock
-
-
-@contextlib.contextmanager
-def _maybe_netns(name: str | None) -> Iterator[None]:
-    if name is None:
-        yield
-        return
-    from zcnet.lab.netns import in_netns
-
-    with in_netns(name):
-        yield
 
 
 def path_payload_limit(sock: socket.socket) -> int:
@@ -238,12 +233,9 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
         env_extra: dict[str, Any] = {}
         if dst is not None:
             addr, port = parse_dst(dst)
-            target = Target(addr, port)
+            dest = UdpDestination(addr, port)
             env_extra["target"] = dst
         elif lab:
-            from zcnet.lab import Lab
-            from zcnet.lab.sweep import before_run
-
             before_run()  # stale labs go; others are announced (log warnings)
             the_lab = stack.enter_context(Lab(mtu=mtu, ipv6=ipv6))
             bind = the_lab.addr6_b if ipv6 else the_lab.addr_b
@@ -251,13 +243,13 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
                 raise Unsupported("IPv6 is not available in the lab", "run without --ipv6")
             sink = stack.enter_context(
                 Sink(bind, shape, spawn=functools.partial(the_lab.ns_exec, the_lab.ns_b)))
-            target = Target(bind, sink.port, sender_netns=the_lab.ns_a)
+            dest = UdpDestination(bind, sink.port, sender_netns=the_lab.ns_a)
             env_extra.update(the_lab.env())
             env_extra["nic"] = nic_env(the_lab.if_a, the_lab.ns_a)  # the sending interface
         else:
             bind = "::1" if ipv6 else "127.0.0.1"
             sink = stack.enter_context(Sink(bind, shape))
-            target = Target(bind, sink.port)
+            dest = UdpDestination(bind, sink.port)
             env_extra["target"] = "loopback"
             env_extra["nic"] = nic_env("lo")
         hw = HwCounters.open()
@@ -275,7 +267,7 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             return doc
 
         try:
-            _run_modes(stack, by_mode, target, lengths, sink, hw, duration, packets, repeat,
+            _run_modes(stack, by_mode, dest, lengths, sink, hw, duration, packets, repeat,
                        params)
         except KeyboardInterrupt:
             raise Interrupted(document(False)) from None
@@ -283,7 +275,7 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
 
 
 def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]],
-               target: Target, lengths: list[int], sink: Sink | None, hw: HwCounters | None,
+               dest: UdpDestination, lengths: list[int], sink: Sink | None, hw: HwCounters | None,
                duration: float | None, packets: int | None, repeat: int,
                params: dict[str, Any]) -> None:
     """Repeats go round-robin over the modes (A B C A B C ...), so a load change on the machine
@@ -291,11 +283,11 @@ def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]
     as soon as it is measured (an interrupted run keeps them)."""
     senders: dict[str, BurstSender] = {}
     for mode in rows:
-        sock = stack.enter_context(contextlib.closing(open_sender(target)))
+        sock = stack.enter_context(contextlib.closing(open_sender(dest)))
         limit = path_payload_limit(sock)
         if max(lengths) > limit:
             raise UsageError(f"payload {max(lengths)} B exceeds the path MTU's limit of {limit} B "
-                             f"to {target.addr}",
+                             f"to {dest.addr}",
                              f"use a payload of {limit} B or less, or raise the MTU")
         try:
             senders[mode] = sender = _factory(mode)(sock, lengths)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from zcnet import __version__
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import NeedRoot
+from zcnet.netns import NeedRoot
 
 
 def build_parser() -> argparse.ArgumentParser:

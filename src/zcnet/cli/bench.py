@@ -10,15 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from zcnet.bench.matrix import DEFAULT_ENGINES, PLACEMENTS, BenchOptions, verify_failed
 from zcnet.bench.meta import Interrupted
 from zcnet.bench.peers import PEERS
-from zcnet.bench.run import (
-    DEFAULT_ENGINES,
-    PLACEMENTS,
-    BenchOptions,
-    run_bench,
-    verify_failed,
-)
+from zcnet.bench.proto import OptionValue
 from zcnet.cli._args import (
     check_ifname,
     check_output_file,
@@ -27,9 +22,10 @@ from zcnet.cli._args import (
     number_list,
 )
 from zcnet.errors import UsageError
-from zcnet.lab.rtnl import has_caps
+from zcnet.netns import can_create_netns
 from zcnet.report.bench_table import bench_notes, bench_tables
-from zcnet.rx.engines import engine_names
+from zcnet.rx.engine import CONSUMERS
+from zcnet.rx.registry import engine_names
 from zcnet.tx.senders import KINDS
 
 
@@ -51,9 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tx", default="copy", choices=tuple(KINDS), metavar="PATH",
                    help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
                         "from a fixed buffer), sendzc-plain (default copy)")
-    p.add_argument("--consumer", choices=("same", "thread"), default="same",
+    p.add_argument("--consumer", choices=CONSUMERS, default="same",
                    help="zero-copy engines: release chunks in the ring's thread (same) or hand "
-                        "them to a consumer thread (thread), 002's experiment")
+                        "them to a consumer thread (thread), the zcrx-refs experiment")
     p.add_argument("--ifname", help="zcrx/devmem: NIC whose queue the flow is steered to")
     p.add_argument("--queue", type=number("queue"), help="zcrx/devmem: the queue id on --ifname "
                    "(or on the lab's receiving port with --lab-device netdevsim)")
@@ -70,12 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=main, without_lab="--no-lab")
 
 
-def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
+def _engine_opts(args: argparse.Namespace) -> dict[str, OptionValue]:
     lab_queue = args.lab_device == "netdevsim" and args.ifname is None
     if (args.ifname is None) != (args.queue is None) and not lab_queue:
         raise UsageError("--ifname and --queue go together", "give both, e.g. --ifname eth2 "
                          "--queue 2 (see `zcnet nic doctor IFACE`)")
-    opts: dict[str, Any] = {"consumer": args.consumer}
+    opts: dict[str, OptionValue] = {"consumer": args.consumer}
     if args.ifname is not None:
         opts.update(ifname=args.ifname, queue=args.queue)
     elif args.queue is not None:
@@ -92,6 +88,10 @@ def print_report(doc: dict[str, Any], console: Console) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `zcnet bench` needs the runner (servers, labs, clients).
+    from zcnet.bench.run import run_bench
+
     check_output_file(args.json, "--json")
     check_ifname(args.ifname)
     opts = BenchOptions(mtus=args.mtu, engines=args.engine, placements=args.placement,
@@ -102,9 +102,9 @@ def main(args: argparse.Namespace) -> int:
     opts.validate()
     if opts.peers and not opts.lab:
         raise UsageError("--peers run inside the lab, and this run is on loopback",
-                         "leave out --no-lab" if has_caps() else "run as root for the lab")
+                         "leave out --no-lab" if can_create_netns() else "run as root for the lab")
     console = Console(stderr=True, markup=False)
-    if args.lab is None and not has_caps():
+    if args.lab is None and not can_create_netns():
         console.print(Text("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on "
                            "127.0.0.1 (loopback) instead of a lab of network namespaces; MTU "
                            "is lo's"))

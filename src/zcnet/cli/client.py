@@ -11,8 +11,18 @@ import sys
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench import client
+from zcnet.bench.authtoken import read_token
+from zcnet.bench.client import ClientOptions, ClientResult
+from zcnet.bench.hist import PERCENTILE_KEYS
+from zcnet.bench.meta import collect_env, envelope, write_json
+from zcnet.bench.proto import OptionValue
+from zcnet.bench.remote import RemoteServer
 from zcnet.cli._args import check_output_file, number
 from zcnet.errors import UsageError
+from zcnet.report.export import make_console, print_tables, write_text
+from zcnet.report.tables import MPSTAT_COLUMNS, Table
+from zcnet.rx.registry import engine_names
 
 _SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -43,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-port", type=number("port"), metavar="PORT",
                    help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
                         "rule steers to the zero-copy queue); default: any free port")
-    p.add_argument("--rx-engine", default="epoll", help="receive engine on dst (default epoll)")
+    p.add_argument("--rx-engine", default="epoll",
+                   help=f"receive engine on dst: {', '.join(engine_names())} (default epoll)")
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
     p.add_argument("--tx", default="copy",
@@ -82,8 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def engine_opts(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def engine_opts(pairs: list[str]) -> dict[str, OptionValue]:
+    out: dict[str, OptionValue] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -94,10 +105,7 @@ def engine_opts(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def options(args: argparse.Namespace) -> Any:
-    from zcnet.bench.authtoken import read_token
-    from zcnet.bench.client import ClientOptions
-
+def options(args: argparse.Namespace) -> ClientOptions:
     rr = args.rr or args.req_size is not None or args.resp_size is not None
     src = args.src or (f"{args.ssh[0]}:{args.ssh_port}" if args.ssh else "127.0.0.1")
     return ClientOptions(
@@ -114,11 +122,6 @@ def options(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zcnet.bench import client
-    from zcnet.bench.meta import collect_env, envelope, write_json
-    from zcnet.bench.remote import RemoteServer
-    from zcnet.report.export import make_console, print_tables, write_text
-
     if args.ssh and not 1 <= args.ssh_port <= 65535:
         raise UsageError(f"--ssh-port {args.ssh_port} out of range",
                          "give the port (1..65535) the remote server should listen on")
@@ -189,10 +192,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def tables(result: Any) -> list[Any]:
-    from zcnet.bench.client import PERCENTILE_KEYS
-    from zcnet.report.tables import MPSTAT_COLUMNS, Table
-
+def tables(result: ClientResult) -> list[Table]:
     rr = result.summary["mode"] == "rr"
     perf = ["tps", *PERCENTILE_KEYS] if rr else ["gbps"]
     heads = ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app",

@@ -8,9 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from zcnet.bench.spec import builtin_names, builtin_spec, builtin_text
 from zcnet.cli.run import add_run_options, execute
 from zcnet.report.export import make_console
-from zcnet.report.spec import builtin_names, builtin_spec, builtin_text
 
 
 def _list(console: Console) -> int:

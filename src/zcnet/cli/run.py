@@ -6,6 +6,7 @@ Also the shared machinery of `zcnet reproduce`: options, progress bar, report ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,11 +15,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from zcnet.bench.authtoken import read_token
+from zcnet.bench.spec import Spec, load_spec
 from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.report import export, plots
 from zcnet.report.cells import check_figures
 from zcnet.report.export import make_console, say
-from zcnet.report.spec import Spec, load_spec
+from zcnet.report.tables import experiment_tables
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
@@ -80,9 +84,6 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
     """Write whatever report files were asked for, then print the tables.
 
     Files come first: a run's results must not depend on the terminal rendering them."""
-    from zcnet.report import export
-    from zcnet.report.tables import experiment_tables
-
     name = name or (doc.get("experiment") or {}).get("name") or doc.get("kind", "zcnet")
     tables = experiment_tables(doc)
     outs = _outputs(args, name)
@@ -106,8 +107,6 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
 
 
 def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console) -> None:
-    from zcnet.report import plots
-
     try:
         paths = plots.plot_all(doc, where)
     except ZcnetError as exc:
@@ -136,23 +135,21 @@ def check_target(args: argparse.Namespace) -> None:
 
 def execute(spec: Spec, args: argparse.Namespace) -> int:
     """Run a spec with progress, write and print its reports; 130 when interrupted."""
-    import dataclasses
-
-    from zcnet.bench.experiments import Target, iter_run, plan
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `run` and `reproduce` need the experiment runner (servers, labs, NICs).
+    from zcnet.bench.experiments import ExperimentRig, iter_run, plan
 
     check_target(args)
     check_outputs(args)
     if args.duration:
         spec = dataclasses.replace(spec, duration=args.duration)
-    from zcnet.bench.server import read_token
-
     token = read_token(args.token_file) if args.token_file else None
-    target = Target(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,
-                    data_port=args.data_port)
+    rig = ExperimentRig(ifname=args.ifname, remote=args.remote, token=token, queue=args.queue,
+                        data_port=args.data_port)
     console = make_console()
     err = make_console(stderr=True)
     json_path = _outputs(args, spec.name)["json"]
-    the_plan = plan(spec, target)
+    the_plan = plan(spec, rig)
     for sub in the_plan.substitutions:
         say(err, f"substituted: {sub['text']}", "yellow")
     doc: dict[str, Any] = {}
@@ -166,7 +163,7 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=f"{spec.name} {text}")
 
         try:
-            for partial in iter_run(spec, target=target, repeat=args.repeat,
+            for partial in iter_run(spec, rig=rig, repeat=args.repeat,
                                     json_path=json_path, progress=progress):
                 doc = partial
         except KeyboardInterrupt:

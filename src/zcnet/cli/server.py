@@ -12,7 +12,9 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from zcnet.bench.protocol import Limits
+from zcnet.bench.authtoken import MIN_TOKEN, default_token_path, read_token
+from zcnet.bench.endpoint import parse_hostport
+from zcnet.bench.proto import Limits
 from zcnet.cli._args import number
 from zcnet.errors import UsageError
 
@@ -45,8 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _token(path: str | None) -> bytes | None:
-    from zcnet.bench.authtoken import MIN_TOKEN, read_token
-
     if path is None:
         return None   # the server uses this user's token file
     if path == "-":
@@ -86,10 +86,11 @@ def _watch_stdin(on_eof: Callable[[], None]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zcnet.bench.authtoken import default_token_path
-    from zcnet.bench.server import Server, parse_hostport
-
     _check_limits(args)
+    # Imported here, not at the top: every `zcnet` command loads this module to build its
+    # parser, and only `zcnet server` needs the server (sessions, workers, forkserver).
+    from zcnet.bench.server import Server
+
     host, port = parse_hostport(args.listen)
     limits = Limits(max_duration=args.max_duration, max_flows=args.max_flows,
                     max_memory=args.max_memory)

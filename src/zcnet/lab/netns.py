@@ -1,141 +1,33 @@
-"""Entering named network namespaces (the ``ip netns`` kind, bind-mounted under /run/netns).
-
-Some facts about setns(2) and network namespaces:
-
-- ``setns(fd, CLONE_NEWNET)`` moves only the *calling thread*. A freshly started, single-threaded
-  worker that calls it is therefore wholly inside the namespace; a busy multi-threaded process
-  is not, which is why ``in_netns`` saves and restores the thread's own namespace.
-- A socket belongs to the namespace its creating thread was in, for its whole life. So it is
-  enough to be inside the namespace while the socket (or netlink socket) is opened.
-- /proc/thread-self/ns/net names the calling thread's namespace; /proc/self names the thread
-  group leader's, which is the wrong one once a non-main thread has moved.
-- Python 3.12 added os.setns; on 3.10/3.11 the libc wrapper is called through ctypes.
-"""
+"""Re-export of ``zcnet.netns``, the namespace helper below ``lab`` and ``nic``, for the callers
+that import it from here: bench/client.py, bench/remote.py, bench/txbench.py, cli/__init__.py,
+lab/netdevsim.py, benchmarks/txbench_modes.py and the tests of bench, vm, nsim and zc."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import subprocess
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
+from zcnet.netns import (
+    NETNS_RUN_DIR,
+    NeedRoot,
+    NoSuchNetns,
+    can_create_netns,
+    enter_netns,
+    in_netns,
+    list_netns,
+    netns_exists,
+    netns_path,
+    netns_popen,
+    privilege_hint,
+)
 
-from zcnet.errors import ZcnetError
-from zcnet.uapi.sched import CLONE_NEWNET
-
-NETNS_RUN_DIR = Path("/run/netns")
-
-class NeedRoot(ZcnetError):
-    """The process lacks the capabilities namespaces and veths need."""
-
-    def __init__(self) -> None:
-        super().__init__("network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)",
-                         privilege_hint())
-
-
-def privilege_hint() -> str:
-    """What to do when namespaces are refused: root that lacks the capabilities (a container)
-    needs them granted; anyone else needs root. The command adds its own way around the lab."""
-    if os.geteuid() == 0:
-        return ("this root lacks CAP_NET_ADMIN/CAP_SYS_ADMIN or a security policy refused it "
-                "(a container?): grant them")
-    return "run as root"
-
-class NoSuchNetns(ZcnetError):
-    """No namespace of that name under /run/netns (never made, or already removed)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no network namespace named {name!r}",
-                         "`zcnet lab status` lists the labs, `ip netns list` all namespaces")
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    setns = getattr(os, "setns", None)
-    try:
-        if setns is not None:
-            setns(fd, CLONE_NEWNET)
-        elif _libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-    except PermissionError:
-        raise NeedRoot from None
-
-
-def netns_path(name: str) -> Path:
-    if not name or "/" in name or name in (".", ".."):
-        raise ZcnetError(f"bad network namespace name {name!r}")
-    return NETNS_RUN_DIR / name
-
-
-def netns_exists(name: str) -> bool:
-    """True if /run/netns/NAME is a mounted namespace (not just a leftover empty file)."""
-    path = netns_path(name)
-    try:
-        # A bound namespace lives on nsfs, so its device differs from the directory's.
-        return path.stat().st_dev != NETNS_RUN_DIR.stat().st_dev
-    except FileNotFoundError:
-        return False
-
-
-def list_netns() -> list[str]:
-    try:
-        return sorted(p.name for p in NETNS_RUN_DIR.iterdir())
-    except FileNotFoundError:
-        return []
-
-
-def _open_netns(name: str) -> int:
-    try:
-        return os.open(netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NoSuchNetns(name) from None
-
-
-def enter_netns(name: str) -> None:
-    """Move the calling thread into namespace NAME for good.
-
-    Meant for a freshly started worker process (one thread, so the whole process moves)."""
-    fd = _open_netns(name)
-    try:
-        _setns(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def in_netns(name: str) -> Iterator[None]:
-    """Run the block with this thread inside namespace NAME; other threads are unaffected,
-    but threads started inside the block inherit NAME (clone copies the namespaces)."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        target = _open_netns(name)
-        try:
-            _setns(target)
-        finally:
-            os.close(target)
-        try:
-            yield
-        finally:
-            # If this fails the thread is stranded in the wrong namespace; let it raise.
-            _setns(home)
-    finally:
-        os.close(home)
-
-
-def netns_popen(name: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-    """Start ARGV inside namespace NAME and return its Popen (same pid as the command).
-
-    ``ip netns exec`` execs the command in place after setns and also remounts /sys, so tools
-    that read /sys/class/net see the namespace's interfaces."""
-    if not netns_exists(name):
-        raise NoSuchNetns(name)
-    try:
-        return subprocess.Popen(["ip", "netns", "exec", name, *argv], **popen_kwargs)
-    except FileNotFoundError:
-        raise ZcnetError("the `ip` command is missing",
-                         "install iproute2 (apt-get install iproute2)") from None
+__all__ = [
+    "NETNS_RUN_DIR",
+    "NeedRoot",
+    "NoSuchNetns",
+    "can_create_netns",
+    "enter_netns",
+    "in_netns",
+    "list_netns",
+    "netns_exists",
+    "netns_path",
+    "netns_popen",
+    "privilege_hint",
+]

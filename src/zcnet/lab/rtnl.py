@@ -6,13 +6,12 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import ZcnetError
-from zcnet.lab.netns import NeedRoot, in_netns, privilege_hint
+from zcnet.netns import NeedRoot, can_create_netns, in_netns, privilege_hint
 
 # errno -> the fix to suggest; the kernel's own message is kept in the error text.
 _HINTS = {
@@ -22,26 +21,14 @@ _HINTS = {
     errno.EEXIST: "a leftover lab collides; `zcnet lab down` sweeps stale labs",
 }
 
-# capability bits (linux/capability.h): veth and addresses need NET_ADMIN, the netns bind mount
-# under /run/netns needs SYS_ADMIN.
-CAP_NET_ADMIN = 12
-CAP_SYS_ADMIN = 21
-
-
-def has_caps() -> bool:
-    """True if this process may create namespaces and veths."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            eff = int(line.split()[1], 16)
-            need = (1 << CAP_NET_ADMIN) | (1 << CAP_SYS_ADMIN)
-            return eff & need == need
-    return os.geteuid() == 0
+# What bench/run.py and cli/bench.py import as ``has_caps``: may this process build a lab.
+has_caps = can_create_netns
 
 
 def translate(exc: OSError | NetlinkError, what: str) -> ZcnetError:
     """One ZcnetError for a failed lab step, keeping errno and the kernel's message."""
     code = exc.code if isinstance(exc, NetlinkError) else exc.errno
-    if code in (errno.EPERM, errno.EACCES) and not has_caps():
+    if code in (errno.EPERM, errno.EACCES) and not can_create_netns():
         return NeedRoot()
     text = os.strerror(code) if code else str(exc)
     detail = getattr(exc, "msg", None) if isinstance(exc, NetlinkError) else None

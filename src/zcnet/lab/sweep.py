@@ -16,9 +16,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names, netdevsim
-from zcnet.lab.netns import NeedRoot, list_netns, netns_exists
+from zcnet.lab.plumbing import delete_veth, remove_netns
 from zcnet.lab.rtnl import rtnl, translate
-from zcnet.lab.topology import delete_veth, remove_netns
+from zcnet.netns import NeedRoot, list_netns, netns_exists
 
 log = logging.getLogger(__name__)
 

@@ -23,25 +23,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
 
-from pyroute2 import netns as pr_netns
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.lab import names, netdevsim, registry
-from zcnet.lab.netns import (
-    NeedRoot,
-    NoSuchNetns,
-    in_netns,
-    netns_exists,
-    netns_path,
-    netns_popen,
-)
-from zcnet.lab.rtnl import has_caps, ifindex, rtnl, translate
+from zcnet.lab.plumbing import create_netns, delete_veth, disable_dad, is_up, remove_netns
+from zcnet.lab.rtnl import ifindex, rtnl, translate
+from zcnet.netns import NeedRoot, can_create_netns, netns_popen
 
 log = logging.getLogger(__name__)
 
@@ -61,48 +54,6 @@ def check_mtu(mtu: int) -> int:
         raise UsageError(f"MTU {mtu!r} is out of range for veth",
                          f"choose {MTU_MIN}..{MTU_MAX}")
     return mtu
-
-
-def remove_netns(ns: str) -> bool:
-    """Unmount and unlink /run/netns/NS; False if it was already gone."""
-    try:
-        pr_netns.remove(ns)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _create_netns(ns: str) -> bool:
-    """Create and bind /run/netns/NS; False if the name is taken."""
-    # Checked first because pyroute2 does not reap its helper process when creation fails;
-    # only two processes racing for one name (two `lab up` at once) still get there.
-    if os.path.lexists(netns_path(ns)):
-        return False
-    try:
-        pr_netns.create(ns)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        raise translate(exc, f"creating namespace {ns}") from exc
-    except RuntimeError as exc:  # pyroute2's helper process died before answering
-        raise ZcnetError(f"creating namespace {ns} failed: {exc}") from exc
-    return True
-
-
-def delete_veth(ns: str, ifname: str) -> None:
-    """Delete the veth end IFNAME in NS (and so its peer); quiet if either is already gone."""
-    if not netns_exists(ns):
-        return
-    try:
-        with rtnl(ns) as ipr:
-            found = ipr.link_lookup(ifname=ifname)
-            if found:
-                ipr.link("del", index=found[0])
-    except NoSuchNetns:
-        return  # removed meanwhile (a concurrent sweeper, or our own signal handler)
-    except NetlinkError as exc:
-        if exc.code != errno.ENODEV:  # deleted meanwhile, e.g. via its peer
-            raise
 
 
 class Lab:
@@ -176,14 +127,14 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             raise UsageError(f"lab {self.name or '(coming up)'} is already in a `with` block",
                              "use the lab inside the outer `with` block; do not enter it again")
         self._entered = True
-        try:
-            return self.up()
-        except BaseException:
+        with ExitStack() as undo:
             # A signal held during setup is delivered as up() returns, before the `with` body
             # (and so __exit__) is entered: the lab must not outlive that.
-            self._entered = False
-            self.down()
-            raise
+            undo.callback(self.down)
+            undo.callback(setattr, self, "_entered", False)
+            self.up()
+            undo.pop_all()
+        return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -194,20 +145,18 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         with self._lock, registry.deferred():
             if self.name:
                 return self
-            if not has_caps():
+            if not can_create_netns():
                 raise NeedRoot
             if self.device == "netdevsim":
                 netdevsim.require()
             self.owner_pid = os.getpid()  # whoever brings it up owns it, even a forked child
             if not self.persistent:
                 registry.register(self)
-            try:
+            with ExitStack() as undo:
+                undo.callback(self.down)  # also on Ctrl-C mid-setup: whatever was made goes
                 self._create_namespaces()
                 self._wire()
-            except BaseException:
-                # Also on Ctrl-C mid-setup: whatever was made goes again.
-                self.down()
-                raise
+                undo.pop_all()
             log.info("lab %s up: %s/%s mtu %d ipv6 %s", self.name, self.ns_a, self.ns_b,
                      self.mtu, self._ipv6)
             return self
@@ -260,10 +209,10 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             lab = self._next_name(attempt)
             if not names.fits(lab):
                 raise ZcnetError(f"lab name {lab.name} is too long for an interface name")
-            if not _create_netns(lab.ns_a):
+            if not create_netns(lab.ns_a):
                 continue
             self.name, self.ns_a, self.if_a = lab.name, lab.ns_a, lab.ns_a
-            if not _create_netns(lab.ns_b):
+            if not create_netns(lab.ns_b):
                 remove_netns(lab.ns_a)
                 self.name = self.ns_a = self.if_a = ""
                 continue
@@ -313,7 +262,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             raise translate(exc, "creating veth pair") from exc
 
     def _configure_side(self, ns: str, ifname: str, addr: str) -> None:
-        _disable_dad(ns, ifname)
+        disable_dad(ns, ifname)
         try:
             with rtnl(ns) as ipr:
                 ipr.link("set", index=ifindex(ipr, "lo"), state="up")
@@ -345,7 +294,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         for ns, ifname in ((self.ns_a, self.if_a), (self.ns_b, self.if_b)):
             with rtnl(ns) as ipr:
                 idx = ifindex(ipr, ifname)
-                while not _is_up(ipr.link("get", index=idx)[0]):
+                while not is_up(ipr.link("get", index=idx)[0]):
                     if time.monotonic() > deadline:
                         raise ZcnetError(f"{self.device} {ifname} did not come up within "
                                          f"{UP_TIMEOUT} s")
@@ -398,19 +347,3 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def _is_up(msg: Any) -> bool:
-    """Operstate UP; netdevsim reports UNKNOWN (no link mode) with carrier once linked."""
-    state = msg.get("IFLA_OPERSTATE")
-    return state == "UP" or (state == "UNKNOWN" and msg.get("IFLA_CARRIER") == 1)
-
-
-def _disable_dad(ns: str, ifname: str) -> None:
-    """accept_dad=0 so the link-local address is usable at once too. /proc/sys/net shows the
-    namespace of the thread that opens it, hence in_netns."""
-    with in_netns(ns):
-        try:
-            Path(f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad").write_text("0\n")
-        except OSError as exc:
-            log.debug("accept_dad on %s: %s", ifname, exc)

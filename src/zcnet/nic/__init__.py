@@ -5,5 +5,8 @@
 - ``device``: ``Device``, one interface's sockets in its namespace and error translation;
 - ``ethtool``, ``netdev``, ``ntuple``: the families and the ioctl, one function per operation;
 - ``info``: ``show`` and ``nic_env`` (metadata for a result's JSON env);
-- ``doctor``: the readiness checklist; ``setup``: ``NicConfig``, ``apply``, ``restore``.
+- ``doctor``: the readiness checklist; ``setup``: ``NicConfig``, ``apply``, ``restore``;
+  ``steps``: the setup steps, each an apply and an undo.
+
+Sockets open in the namespace ``--netns`` names through ``zcnet.netns``.
 """

@@ -10,12 +10,13 @@ import fcntl
 import socket
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError, cap_hint
-from zcnet.nic.genl import GenlSocket, NetlinkError, opened_in
+from zcnet.netns import in_netns
+from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
 
@@ -61,30 +62,23 @@ class Device:
     def __init__(self, ifname: str, netns: str | None = None, timeout: float = 5.0) -> None:
         self.ifname = ifname
         self.netns = netns
-        self.genl = GenlSocket(netns, timeout)
-        try:
-            with opened_in(netns):
+        self._drvinfo: DrvInfo | None = None
+        with ExitStack() as undo:
+            self.genl = GenlSocket(netns, timeout)
+            undo.callback(self.genl.close)
+            with in_netns(netns):
                 self.ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM
                                                 | socket.SOCK_CLOEXEC)
-        except BaseException:
-            self.genl.close()
-            raise
-        try:
+            undo.callback(self.ioctl_sock.close)
             self.ifindex = self._ifindex()
-            self._drvinfo: DrvInfo | None = None
-        except BaseException:
-            self.close()
-            raise
+            undo.pop_all()
 
     @classmethod
     @contextmanager
     def open(cls, ifname: str, netns: str | None = None,
              timeout: float = 5.0) -> Iterator[Device]:
-        dev = cls(ifname, netns, timeout)
-        try:
+        with closing(cls(ifname, netns, timeout)) as dev:
             yield dev
-        finally:
-            dev.close()
 
     def close(self) -> None:
         """Release both sockets; idempotent. Afterwards every request raises ClosedError."""

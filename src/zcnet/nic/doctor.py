@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zcnet.caps import has_caps
 from zcnet.errors import ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
 from zcnet.nic.setup import STEERED_BY_PEER
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
+from zcnet.uapi.capability import CAP_IPC_LOCK
 from zcnet.uring.ring import Ring
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
@@ -32,7 +34,6 @@ MEMLOCK_NEEDED = 64 << 20  # a few MiB of area plus refill ring; below this zcrx
 ZCRX_SYMBOL = b"io_register_zcrx_ifq"
 BTF = Path("/sys/kernel/btf/vmlinux")
 KALLSYMS = Path("/proc/kallsyms")
-CAP_IPC_LOCK = 14
 PROBE_DMABUF = 1 << 20
 # Refusals the kernel gives only after it found the driver's queue management ops
 # (net/core/netdev_rx_queue.c checks the ops first, then these).
@@ -257,22 +258,12 @@ def check_queue_free(ctx: Context) -> Check:
     return Check(name, PASS, "no io-uring, dmabuf or xsk provider")
 
 
-def _has_cap(cap: int) -> bool:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> cap & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
 def check_memlock(ctx: Context) -> Check:
     name = "RLIMIT_MEMLOCK"
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     if soft == resource.RLIM_INFINITY:
         return Check(name, PASS, "unlimited")
-    if _has_cap(CAP_IPC_LOCK):
+    if has_caps(CAP_IPC_LOCK):
         return Check(name, PASS, f"{soft >> 10} KiB, but CAP_IPC_LOCK lifts it")
     if soft >= MEMLOCK_NEEDED:
         return Check(name, PASS, f"{soft >> 20} MiB")

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zcnet.errors import UsageError
+from zcnet.nic.device import Device
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import ethtool as e
-
-if TYPE_CHECKING:
-    from zcnet.nic.device import Device
 
 FAMILY = e.ETHTOOL_GENL_NAME
 

@@ -2,7 +2,7 @@
 
 Errors keep the kernel's errno and its extack message (``NetlinkError``); every receive has a
 timeout so a silent kernel or a lost reply cannot hang the caller. The socket is bound to the
-network namespace it was opened in, which is how ``--netns`` works (see ``zcnet.nic.netns``).
+network namespace it was opened in, which is how ``--netns`` works (see ``zcnet.netns``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from zcnet.errors import ClosedError, ZcnetError
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.nic import nlattr
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import genetlink as g
@@ -41,11 +41,6 @@ log = logging.getLogger(__name__)
 
 RECV_BUF = 1 << 18  # the kernel sizes dump skbs to the reader's buffer, up to 32 KiB+; be roomy
 DEFAULT_TIMEOUT = 5.0
-
-
-def opened_in(netns: str | None) -> AbstractContextManager[None]:
-    """Context in which sockets are created inside ``netns`` (None: the current namespace)."""
-    return nullcontext() if netns is None else in_netns(netns)
 
 
 class NetlinkError(OSError, ZcnetError):
@@ -100,17 +95,16 @@ class GenlSocket:
     """
 
     def __init__(self, netns: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
-        with opened_in(netns):
-            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                                      NETLINK_GENERIC)
-        try:
+        with ExitStack() as undo:
+            with in_netns(netns):
+                self.sock = socket.socket(socket.AF_NETLINK,
+                                          socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
+            undo.callback(self.sock.close)
             self.sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
             self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
             self.sock.bind((0, 0))
             self.sock.settimeout(timeout)
-        except OSError:
-            self.sock.close()
-            raise
+            undo.pop_all()
         self.netns = netns
         self.timeout = timeout
         self._seq = 0

@@ -7,6 +7,9 @@ Every section is read independently; a section the driver or kernel lacks become
 
 from __future__ import annotations
 
+import fcntl
+import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 from zcnet.errors import ZcnetError
 from zcnet.nic import ethtool, netdev, ntuple
 from zcnet.nic.device import Device
+from zcnet.uapi.ethtool import IFNAMSIZ, SIOCGIFADDR
 
 # Features zcnet cares about: kernel name -> short label.
 KEY_FEATURES = {
@@ -193,12 +197,6 @@ def nic_env(ifname: str, netns: str | None = None) -> dict[str, Any]:
 
 def ipv4_of(ifname: str) -> str | None:
     """The IPv4 address of ``ifname`` (SIOCGIFADDR), or None when it has none."""
-    import fcntl
-    import socket
-    import struct
-
-    from zcnet.uapi.ethtool import IFNAMSIZ, SIOCGIFADDR
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR,
@@ -210,6 +208,4 @@ def ipv4_of(ifname: str) -> str | None:
 
 def ifname_for_address(addr: str) -> str | None:
     """The interface that holds IPv4 address ``addr`` (where a server listens), or None."""
-    import socket
-
     return next((name for _, name in socket.if_nameindex() if ipv4_of(name) == addr), None)

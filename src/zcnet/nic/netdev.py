@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from contextlib import ExitStack
+from typing import Any
 
 from zcnet.errors import Unsupported, UsageError
+from zcnet.nic.device import Device
 from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.nlattr import T, attrset
 from zcnet.uapi import netdev as n
-
-if TYPE_CHECKING:
-    from zcnet.nic.device import Device
 
 FAMILY = n.NETDEV_FAMILY_NAME
 
@@ -241,8 +240,10 @@ def bind_rx_request(ifindex: int, dmabuf_fd: int, queue_ids: Iterable[int]) -> d
 def bind_rx(dev: Device, dmabuf_fd: int, queue_ids: Iterable[int]) -> DmabufBinding:
     """Bind a dma-buf to RX queues of ``dev`` (devmem TCP); returns the live binding."""
     qids = list(queue_ids)
-    sock = GenlSocket(dev.netns, dev.genl.timeout)
-    try:
+    with ExitStack() as undo:
+        # The binding lives as long as this socket: it is the caller's on success only.
+        sock = GenlSocket(dev.netns, dev.genl.timeout)
+        undo.callback(sock.close)
         try:
             r = sock.do(FAMILY, n.NETDEV_CMD_BIND_RX, DMABUF,
                         bind_rx_request(dev.ifindex, dmabuf_fd, qids),
@@ -251,7 +252,6 @@ def bind_rx(dev: Device, dmabuf_fd: int, queue_ids: Iterable[int]) -> DmabufBind
             dev.translate(exc, f"bind dma-buf to queues {qids}", "devmem (bind-rx)")
         if not r or "id" not in r:
             raise NetlinkError(5, f"bind dma-buf to queues {qids}: no binding id in reply")
-        return DmabufBinding(sock, int(r["id"]), dev.ifindex, qids)
-    except BaseException:
-        sock.close()
-        raise
+        binding = DmabufBinding(sock, int(r["id"]), dev.ifindex, qids)
+        undo.pop_all()
+    return binding

@@ -5,12 +5,9 @@ these yet, so this is the one ioctl path of the control plane."""
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
 
+from zcnet.nic.device import Device
 from zcnet.uapi import ethtool as e
-
-if TYPE_CHECKING:
-    from zcnet.nic.device import Device
 
 FLOW_TYPES = {"tcp4": e.TCP_V4_FLOW, "tcp6": e.TCP_V6_FLOW}
 

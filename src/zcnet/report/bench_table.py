@@ -13,6 +13,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from zcnet.bench.matrix import peer_ratios
+
 ZCRX_COPY_NOTE = ("zcrx copy mode: no NIC queue here, so the kernel copied every byte into the "
                   "zcrx area; the zcrx protocol ran for real (RECV_ZC, area offsets, refill ring),"
                   " zero copy did not")
@@ -92,8 +94,6 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
     copied = list(dict.fromkeys(r["engine"] for r in doc["results"]
                                 if r.get("zcrx_mode") == "copy"))
     notes += [f"{e} copy: {ZCRX_COPY_NOTE}" for e in copied]
-    from zcnet.bench.run import peer_ratios
-
     for r in peer_ratios(doc):
         notes.append(f"mtu {r['mtu']} {r['placement']}: best zcnet engine {r['engine']} "
                      f"{r['gbps']:.1f} Gbps = {r['ratio']:.2f}x {r['peer']} ({r['peer_gbps']:.1f})")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
 from zcnet.report.stats import Summary, summarize
 
@@ -20,28 +21,6 @@ from zcnet.report.stats import Summary, summarize
 KEY_FIELDS = ("experiment", "variant", "engine", "mode", "tx", "consumer", "placement", "mtu",
               "payload", "burst", "peer")
 
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    label: str
-    unit: str
-    higher_is_better: bool
-    digits: int = 2
-    short: str = ""  # how an extra reads after its value in a table cell: "95% CPU"
-
-
-# Metrics a report knows how to show; rows may carry any subset.
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("gbps", "throughput", "Gbit/s", True),
-    Metric("mbps", "throughput", "MB/s", True, 0),
-    Metric("mpps", "packet rate", "Mpps", True),
-    Metric("ns_per_pkt", "CPU per packet", "ns", False, 1, "/pkt"),
-    Metric("instructions_per_pkt", "instructions per packet", "", False, 0, "insn/pkt"),
-    Metric("cycles_per_pkt", "cycles per packet", "", False, 0, "cycles/pkt"),
-    Metric("latency_us", "latency", "us", False, 1, "latency"),
-    Metric("rx_busy", "receiver CPU busy", "%", False, 0, "CPU"),
-)}
 
 CellKey = tuple[tuple[str, Any], ...]
 

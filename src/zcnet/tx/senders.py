@@ -33,109 +33,26 @@ import select
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.sockcheck import require_connected, require_tcp
+from zcnet.sockcheck import require_tcp
+from zcnet.tx.sendzc import SendZcSender
+from zcnet.tx.slots import FLUSH_TIMEOUT, Sender, SendStats, SlotHook, SlotSender, stuck
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
 
-SlotHook = Callable[[int, memoryview], None]
+# Part of this module's interface: callers type and time their senders with these.
+__all__ = ["FLUSH_TIMEOUT", "KINDS", "CopySender", "MsgZerocopySender", "SendStats",
+           "SendZcSender", "Sender", "SlotHook", "fill_pattern", "make_sender"]
+
 _WAIT_MS = 1000
-FLUSH_TIMEOUT = 5.0
 
 
-@dataclass
-class SendStats:
-    kind: str            # what was asked for
-    path: str            # what actually ran ("copy" after a fallback)
-    sends: int = 0       # send operations issued (calls or SQEs)
-    bytes: int = 0
-    zerocopy: int = 0    # completions the kernel reported as zero-copy
-    copied: int = 0      # completions reported as copied after all (COPIED / USAGE_ZC_COPIED)
-    pending: int = 0     # sends whose completion has not arrived yet
-    retries: int = 0     # ENOBUFS/EAGAIN waits
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Sender(Protocol):
-    """After ``close()`` only ``stats()`` (the final counters) and ``close()`` may be called;
-    everything else raises ClosedError."""
-
-    kind: str
-
-    def send(self, nbytes: int) -> int: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
-    def stats(self) -> SendStats: ...
-
-
-def _byte_view(buf: Any) -> memoryview:
-    try:
-        view = memoryview(buf).cast("B")
-    except TypeError:
-        raise UsageError(f"the send buffer must be a writable buffer (bytearray, numpy array, "
-                         f"mmap), not {type(buf).__name__}") from None
-    if view.readonly:
-        raise UsageError("the send buffer must be writable (slots are refilled)")
-    return view
-
-
-class _SlotSender:
-    """Buffer slots, hooks and stats shared by every kind."""
-
-    kind = ""
-
-    def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
-                 on_release: SlotHook | None) -> None:
-        require_connected(sock, f"{self.kind} sender")
-        if not isinstance(slots, int) or slots <= 0:
-            raise UsageError(f"slots must be a positive integer, got {slots!r}")
-        self.sock = sock
-        self.view = _byte_view(buf)
-        self.slot_size = len(self.view) // slots
-        if self.slot_size <= 0:
-            raise UsageError(f"buffer of {len(self.view)} B cannot hold {slots} slots")
-        self.slots = [self.view[i * self.slot_size:(i + 1) * self.slot_size]
-                      for i in range(slots)]
-        self.free = list(range(slots - 1, -1, -1))  # a stack: the warmest slot first
-        self.on_fill = on_fill
-        self.on_release = on_release
-        self._stats = SendStats(self.kind, self.kind)
-        self._closed = False
-
-    def _check(self, nbytes: int) -> None:
-        if not 0 < nbytes <= self.slot_size:
-            raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot",
-                             "give a larger buffer or fewer slots")
-
-    def _acquire(self) -> int:
-        while not self.free:
-            self._wait_some()
-        slot = self.free.pop()
-        if self.on_fill:
-            self.on_fill(slot, self.slots[slot])
-        return slot
-
-    def _release(self, slot: int) -> None:
-        if self.on_release:
-            self.on_release(slot, self.slots[slot])
-        self.free.append(slot)
-
-    def _wait_some(self) -> None:
-        raise NotImplementedError
-
-    def stats(self) -> SendStats:
-        return SendStats(**asdict(self._stats))
-
-
-class CopySender(_SlotSender):
+class CopySender(SlotSender):
     """Plain send(): the buffer is the kernel's copy source only during the call."""
 
     kind = "copy"
@@ -175,7 +92,7 @@ class CopySender(_SlotSender):
         self._closed = True
 
 
-class MsgZerocopySender(_SlotSender):
+class MsgZerocopySender(SlotSender):
     """send(MSG_ZEROCOPY); slots come back when their error-queue notification arrives."""
 
     kind = "msgzc"
@@ -238,7 +155,7 @@ class MsgZerocopySender(_SlotSender):
         deadline = time.monotonic() + timeout
         while self.tracker.outstanding:
             if time.monotonic() > deadline:
-                raise _stuck(self.tracker.outstanding, timeout)
+                raise stuck(self.tracker.outstanding, timeout)
             self._reap(wait=True)
 
     def close(self) -> None:
@@ -258,25 +175,11 @@ class MsgZerocopySender(_SlotSender):
         return s
 
 
-def _stuck(pending: int, timeout: float) -> ZcnetError:
-    return ZcnetError(f"{pending} zero-copy sends still unacknowledged after {timeout:g} s",
-                      "the peer stopped reading; close the socket to give up on them")
-
-
-def _sendzc(fixed: bool) -> Callable[..., Sender]:
-    def build(sock: socket.socket, buf: Any, slots: int = 8, on_fill: SlotHook | None = None,
-              on_release: SlotHook | None = None) -> Sender:
-        from zcnet.tx.sendzc import SendZcSender
-
-        return SendZcSender(sock, buf, slots, on_fill, on_release, fixed=fixed)
-    return build
-
-
 KINDS: dict[str, Callable[..., Sender]] = {
     "copy": CopySender,
     "msgzc": MsgZerocopySender,
-    "sendzc": _sendzc(fixed=True),
-    "sendzc-plain": _sendzc(fixed=False),
+    "sendzc": partial(SendZcSender, fixed=True),
+    "sendzc-plain": partial(SendZcSender, fixed=False),
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
-from zcnet.tx.senders import FLUSH_TIMEOUT, SlotHook, _SlotSender, _stuck
+from zcnet.tx.slots import FLUSH_TIMEOUT, SendStats, SlotHook, SlotSender, stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
 from zcnet.uring import bufring
@@ -34,7 +34,7 @@ from zcnet.uring.syscall import cqe_error
 _COPIED = u.IORING_NOTIF_USAGE_ZC_COPIED
 
 
-class SendZcSender(_SlotSender):
+class SendZcSender(SlotSender):
     kind = "sendzc"
 
     def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
@@ -153,7 +153,7 @@ class SendZcSender(_SlotSender):
         while self.outstanding:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _stuck(self.outstanding, timeout)
+                raise stuck(self.outstanding, timeout)
             # The wait itself carries the deadline: a send parked on a peer that stopped
             # reading posts nothing, and close() (Ctrl-C) must not block on it forever.
             self.ring.submit(wait_nr=1, timeout=left)
@@ -171,7 +171,7 @@ class SendZcSender(_SlotSender):
             # free the buffer after close() either way.
             self.ring.close()
 
-    def stats(self) -> Any:
+    def stats(self) -> SendStats:
         s = super().stats()
         s.pending = self.outstanding
         return s

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from zcnet.errors import ClosedError, ZcnetError
@@ -129,16 +130,14 @@ class Sink:
         self.bind = bind
         self._closed = False
         self._proc = spawn(cmd, **pipes)
-        try:
-            first = self._read()
-            self.port = int(first["port"])
-        except (KeyError, TypeError, ValueError) as exc:
-            self.close()
-            raise ZcnetError(f"txbench sink started but did not report its port: {exc!r}",
-                             "something else writes to the sink's stdout") from exc
-        except BaseException:  # ZcnetError, Ctrl-C: the process must not outlive us
-            self.close()
-            raise
+        with ExitStack() as undo:
+            undo.callback(self.close)  # on any failure, Ctrl-C included: no orphaned sink
+            try:
+                self.port = int(self._read()["port"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ZcnetError(f"txbench sink started but did not report its port: {exc!r}",
+                                 "something else writes to the sink's stdout") from exc
+            undo.pop_all()
 
     def _read(self) -> dict[str, Any]:
         assert self._proc.stdout is not None

@@ -98,6 +98,15 @@ class BufRing:
         return self.area.view(np.uint8, self.area_offset + bid * self.buf_size,
                                self.buf_size if length is None else length)
 
+    def _spans(self, start: int, n: int) -> tuple[tuple[int, int], ...]:
+        """Ring index ranges [lo, hi) of ``n`` entries from ``start``: one, or two where the
+        ring wraps."""
+        lo = start & self.mask
+        hi = lo + n
+        if hi <= self.entries:
+            return ((lo, hi),)
+        return ((lo, self.entries), (0, hi - self.entries))
+
     def provide(self, bids: np.ndarray) -> None:
         """Give buffers (back) to the kernel: slice writes of the entries, then one tail store."""
         if not self._registered or self.ring.fd < 0:
@@ -107,14 +116,13 @@ class BufRing:
             return
         if self.in_ring + n > self.entries:
             raise ValueError("more buffers provided than the ring holds (double release?)")
-        t = self._tail & self.mask
-        end = t + n
-        if end <= self.entries:
-            self._put(t, end, bids)
-        else:
-            k = self.entries - t
-            self._put(t, self.entries, bids[:k])
-            self._put(0, end - self.entries, bids[k:])
+        k = 0
+        for lo, hi in self._spans(self._tail, n):
+            part = bids[k:k + hi - lo]
+            self._addr[lo:hi] = self._addr_of.take(part)  # IndexError: an id outside the ring
+            self._len[lo:hi] = self.buf_size  # the kernel may have shortened it (bundles, inc)
+            self._bid[lo:hi] = part
+            k += hi - lo
         if self._pos is not None:
             pos = self._pos
             for b in np.asarray(bids).tolist():
@@ -123,74 +131,77 @@ class BufRing:
         self.in_ring += n
         self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
 
-    def _put(self, lo: int, hi: int, bids: np.ndarray) -> None:
-        self._addr[lo:hi] = self._addr_of.take(bids)  # IndexError for an id outside the ring
-        self._len[lo:hi] = self.buf_size  # the kernel may have shortened it (bundles, inc)
-        self._bid[lo:hi] = bids
+    def provide_few(self, bids: list[int]) -> None:
+        """``provide`` for a few ids in a list: element stores, no numpy call, which costs more
+        than the work itself for a handful of buffers (request/response traffic)."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
+        n = len(bids)
+        if self.in_ring + n > self.entries:
+            raise ValueError("more buffers provided than the ring holds (double release?)")
+        addr, length, bid, addr_of = self._addr, self._len, self._bid, self._addr_of
+        mask, size, pos = self.mask, self.buf_size, self._pos
+        t = self._tail
+        for b in bids:
+            i = t & mask
+            addr[i] = addr_of[b]  # IndexError: an id outside the ring
+            length[i] = size
+            bid[i] = b
+            t += 1
+            if pos is not None:
+                pos[b] = 0
+        self._tail = t & 0xFFFF
+        self.in_ring += n
+        self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
+
+    def _next(self, count: int) -> tuple[tuple[int, int], ...]:
+        """Where the next ``count`` buffers in ring order are (whole-buffer accounting): the
+        ones the kernel consumed, if we are in step with it. Checks, then ``_spans``."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
+        if self.incremental:
+            raise ValueError("an incremental buffer ring is accounted with filled()")
+        if count > self.in_ring:
+            raise RuntimeError(f"buffer ring out of step: {count} buffers consumed, "
+                               f"{self.in_ring} were in the ring")
+        return self._spans(self._head, count)
+
+    def _retire(self, count: int) -> None:
+        self._head = (self._head + count) & 0xFFFF
+        self.in_ring -= count
 
     def take(self, bids: np.ndarray) -> None:
         """Account completions that consumed exactly the buffers ``bids`` (one whole buffer
         each, no bundles): they must be the next ones in ring order."""
-        if not self._registered or self.ring.fd < 0:
-            self._check_open()
-        if self.incremental:
-            raise ValueError("an incremental buffer ring is accounted with filled()")
         n = len(bids)
-        h = self._head & self.mask
-        end = h + n
-        if n > self.in_ring:
-            raise RuntimeError(f"buffer ring out of step: {n} buffers consumed, "
-                               f"{self.in_ring} were in the ring")
-        want = np.asarray(bids, np.uint16).tobytes()
-        if end <= self.entries:
-            ok = self._bid[h:end].tobytes() == want
-        else:
-            ok = self._bid[h:].tobytes() + self._bid[:end - self.entries].tobytes() == want
-        if not ok:
+        spans = self._next(n)
+        got = b"".join([self._bid[lo:hi].tobytes() for lo, hi in spans])
+        if got != np.asarray(bids, np.uint16).tobytes():
             raise RuntimeError("buffer ring out of step with completions")
-        self._head = (self._head + n) & 0xFFFF
-        self.in_ring -= n
+        self._retire(n)
+
+    def _consume(self, nbytes: int, first_bid: int) -> tuple[tuple[int, int], ...]:
+        """Retire the buffers a completion of ``nbytes`` from ``first_bid`` consumed; where
+        their ids are in the ring."""
+        count = max(1, -(-nbytes // self.buf_size))
+        spans = self._next(count)
+        expected = int(self._bid[spans[0][0]])
+        if expected != first_bid:
+            raise RuntimeError(f"buffer ring out of step: expected bid {expected}, "
+                               f"got {first_bid}")
+        self._retire(count)
+        return spans
 
     def consumed(self, nbytes: int, first_bid: int) -> np.ndarray:
         """Buffer ids a completion of ``nbytes`` consumed starting at ``first_bid`` (bundles)."""
-        if not self._registered or self.ring.fd < 0:
-            self._check_open()
-        if self.incremental:
-            raise ValueError("an incremental buffer ring is accounted with filled()")
-        count = max(1, -(-nbytes // self.buf_size))
-        if count > self.in_ring:
-            raise RuntimeError(f"buffer ring out of step: {count} buffers consumed, "
-                               f"{self.in_ring} were in the ring")
-        slots = (self._head + np.arange(count)) & self.mask
-        bids = self._bid[slots]
-        if int(bids[0]) != first_bid:
-            raise RuntimeError(f"buffer ring out of step: expected bid {bids[0]}, got {first_bid}")
-        self._head = (self._head + count) & 0xFFFF
-        self.in_ring -= count
-        return bids
+        return np.concatenate([self._bid[lo:hi] for lo, hi in self._consume(nbytes, first_bid)])
 
     def consumed_ids(self, nbytes: int, first_bid: int) -> list[int]:
-        """``consumed`` as a list, with no per-call numpy arithmetic: for rounds of a few
-        completions, where a handful of list operations beat numpy's per-call cost."""
-        if not self._registered or self.ring.fd < 0:
-            self._check_open()
-        if self.incremental:
-            raise ValueError("an incremental buffer ring is accounted with filled()")
-        count = max(1, -(-nbytes // self.buf_size))
-        if count > self.in_ring:
-            raise RuntimeError(f"buffer ring out of step: {count} buffers consumed, "
-                               f"{self.in_ring} were in the ring")
-        h = self._head & self.mask
-        end = h + count
-        if end <= self.entries:
-            bids: list[int] = self._bid[h:end].tolist()
-        else:
-            bids = self._bid[h:].tolist() + self._bid[:end - self.entries].tolist()
-        if bids[0] != first_bid:
-            raise RuntimeError(f"buffer ring out of step: expected bid {bids[0]}, "
-                               f"got {first_bid}")
-        self._head = (self._head + count) & 0xFFFF
-        self.in_ring -= count
+        """``consumed`` as a list, with no numpy arithmetic: for rounds of a few completions,
+        where a handful of list operations beat numpy's per-call cost."""
+        bids: list[int] = []
+        for lo, hi in self._consume(nbytes, first_bid):
+            bids += self._bid[lo:hi].tolist()
         return bids
 
     def filled(self, nbytes: int, bid: int, more: bool) -> int:

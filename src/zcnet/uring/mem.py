@@ -15,19 +15,27 @@ import os
 
 import numpy as np
 
+from zcnet.uapi.mman import (
+    MAP_ANONYMOUS,
+    MAP_HUGE_2MB,
+    MAP_HUGETLB,
+    MAP_POPULATE,
+    MAP_PRIVATE,
+    MAP_SHARED,
+    PROT_READ,
+    PROT_WRITE,
+)
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                        ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _libc.munmap.restype = ctypes.c_int
-_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 MAP_FAILED = ctypes.c_void_p(-1).value
-MAP_HUGETLB = 0x40000
-MAP_HUGE_2MB = 21 << 26
-MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
 PAGE_SIZE = mmap.PAGESIZE
+HUGE_PAGE_SIZE = 2 << 20  # the hugetlb page size Mapping.anonymous asks for (MAP_HUGE_2MB)
 
 
 def page_align(n: int, page: int = PAGE_SIZE) -> int:
@@ -38,10 +46,10 @@ class Mapping:
     """One mmap'd range; ``close()`` is idempotent."""
 
     def __init__(self, size: int, *, fd: int = -1, offset: int = 0, flags: int = 0,
-                 prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> None:
+                 prot: int = PROT_READ | PROT_WRITE) -> None:
         if size <= 0:
             raise ValueError("mapping size must be positive")
-        base = mmap.MAP_SHARED if fd >= 0 else mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        base = MAP_SHARED if fd >= 0 else MAP_PRIVATE | MAP_ANONYMOUS
         addr = _libc.mmap(None, size, prot, base | flags, fd, offset)
         if addr in (None, MAP_FAILED):
             err = ctypes.get_errno()
@@ -52,7 +60,7 @@ class Mapping:
     @classmethod
     def anonymous(cls, size: int, *, hugetlb: bool = False, populate: bool = True) -> Mapping:
         flags = (MAP_POPULATE if populate else 0) | (MAP_HUGETLB | MAP_HUGE_2MB if hugetlb else 0)
-        return cls(page_align(size, 2 << 20 if hugetlb else PAGE_SIZE), flags=flags)
+        return cls(page_align(size, HUGE_PAGE_SIZE if hugetlb else PAGE_SIZE), flags=flags)
 
     def view(self, dtype: np.typing.DTypeLike = np.uint8, offset: int = 0,
              count: int | None = None) -> np.ndarray:

@@ -7,6 +7,8 @@ import ctypes.util
 import errno
 import functools
 import os
+from collections.abc import Callable
+from types import ModuleType
 
 from zcnet.uapi import io_uring as u
 
@@ -56,13 +58,49 @@ def io_uring_enter(fd: int, to_submit: int, min_complete: int, flags: int,
             raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
 
 
-#: The hot path's io_uring_enter: ``enter_fast(fd, to_submit, min_complete, flags, None, 0)``.
+#: The pure-Python hot path's io_uring_enter: ``fn(fd, to_submit, min_complete, flags, None, 0)``.
 #: Plain ints (ctypes passes them as C ints, sign-extended to the 64-bit registers), no
 #: argtypes conversion and no Python frame: ~0.35 us over the syscall instead of ~0.8 us.
 #: Returns the raw result; on a negative one, redo the call through ``io_uring_enter``, which
 #: reads errno (the kernel returns an error only when it consumed no SQE, so redoing is safe).
 #: The last two arguments must be given: no EXT_ARG means the kernel reads them as a sigmask.
-enter_fast = functools.partial(_syscall, u.__NR_io_uring_enter)
+_enter_pure = functools.partial(_syscall, u.__NR_io_uring_enter)
+
+try:  # the optional compiled accelerator (setup.py builds it when a compiler exists)
+    from zcnet.uring import _accel
+except ImportError:  # not built: the pure path runs
+    _accel = None  # type: ignore[assignment]
+
+
+def accel_available() -> bool:
+    """Whether the compiled accelerator was built and imports."""
+    return _accel is not None
+
+
+def backend() -> str:
+    """The hot path a Ring made now runs: "c" (the accelerator) or "pure" (Python only).
+
+    ZCNET_PURE=1 in the environment selects "pure" even when the accelerator is built. Read
+    when a Ring is made, so a test can make rings of both kinds in one process.
+    """
+    if _accel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
+        return "pure"
+    return "c"
+
+
+def accel_for(kind: str) -> ModuleType | None:
+    """The compiled accelerator module when backend ``kind`` is "c" (else None): for callers
+    above the ring with a hot loop of their own (the zero-copy receiver's chunks)."""
+    return _accel if kind == "c" else None
+
+
+def enter_fast_for(kind: str) -> Callable[[int, int, int, int, None, int], int]:
+    """The hot io_uring_enter of backend ``kind``: ``fn(fd, to_submit, min_complete, flags,
+    None, 0)`` returns the result, or a negative number on failure (then redo the call through
+    ``io_uring_enter`` for the errno; safe, as the kernel consumed no SQE)."""
+    if kind == "c" and _accel is not None:
+        return _accel.enter  # type: ignore[no-any-return]
+    return _enter_pure  # type: ignore[return-value]
 
 
 def io_uring_register(fd: int, opcode: int, arg: object, nr_args: int) -> int:

@@ -14,52 +14,40 @@ Some facts about the memory kinds:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import logging
-import mmap
 import os
 import warnings
+import weakref
 
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.uapi import dmabuf as udmabuf_sync
 from zcnet.uapi import udmabuf
+from zcnet.uring.mem import HUGE_PAGE_SIZE, PAGE_SIZE, Mapping, page_align
+
+__all__ = ["HUGE_2MB", "PAGE_SIZE", "UDMABUF_DEV", "Area", "udmabuf_create"]
 
 log = logging.getLogger(__name__)
 
-PAGE_SIZE = mmap.PAGESIZE
-HUGE_2MB = 2 << 20
-# mman-common.h / mman.h: not exported by Python's mmap module.
-MAP_HUGETLB = 0x40000
-MAP_HUGE_SHIFT = 26
-MAP_HUGE_2MB = 21 << MAP_HUGE_SHIFT
-# Fault the pages in at creation: otherwise the kernel's first copies into the area each take a
-# page fault, which shows up as a slow first second in every benchmark.
-MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0x8000)
-ANON_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_POPULATE
-
+HUGE_2MB = HUGE_PAGE_SIZE
 UDMABUF_DEV = "/dev/udmabuf"
 
 
-def align_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def buffer_address(buf: mmap.mmap) -> int:
-    """Address of an mmap's first byte; the temporary export is dropped at once so the mmap can
-    still be closed later."""
-    c = ctypes.c_char.from_buffer(buf)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c
-
-
 class Area:
-    """Page-aligned memory the receive path writes into; ``view`` is a writable memoryview."""
+    """Page-aligned memory the receive path writes into; ``view`` is a writable memoryview and
+    ``array`` a uint8 numpy view of all of it.
+
+    Some facts about its lifetime: slices of ``view`` and ``array`` handed to the application
+    (chunks, and whatever the application made of them) all hold the one ctypes object that
+    exports the mapping. ``close()`` drops the area's own references; the mapping is unmapped
+    when that object dies, at once when nothing else holds it, else when the last view does,
+    so memory never vanishes under a live view.
+    """
 
     def __init__(
         self,
@@ -73,7 +61,7 @@ class Area:
         self.dmabuf_fd: int | None = None
         self._owns_fd = False
         self._closed = False
-        self._mm: mmap.mmap | None
+        self._mapping: Mapping | None
         if dmabuf_fd is not None:
             self.kind = "dmabuf"
             try:
@@ -88,49 +76,59 @@ class Area:
                 )
             self.dmabuf_fd = dmabuf_fd
             try:
-                self._mm = mmap.mmap(dmabuf_fd, self.size, mmap.MAP_SHARED,
-                                     mmap.PROT_READ | mmap.PROT_WRITE)
+                self._mapping = Mapping(self.size, fd=dmabuf_fd)
             except OSError as e:
                 # Device memory (a GPU's, say) may refuse CPU mappings: the area still works
                 # for zcrx/devmem, chunks then carry offsets for the device's own API.
                 log.info("dma-buf fd %d cannot be mapped by the CPU (%s)", dmabuf_fd, e.strerror)
-                self._mm = None
+                self._mapping = None
         elif hugetlb:
-            self.size = align_up(size, HUGE_2MB)
             try:
-                self._mm = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-                                     | MAP_HUGETLB | MAP_HUGE_2MB | MAP_POPULATE)
+                self._mapping = Mapping.anonymous(size, hugetlb=True)
                 self.kind = "hugetlb"
             except OSError as e:
                 warnings.warn(
-                    f"no 2 MiB hugetlb pages for a {self.size >> 20} MiB area ({e.strerror}); "
-                    "using normal pages (raise /proc/sys/vm/nr_hugepages to get them)",
-                    RuntimeWarning, stacklevel=2)
-                self.size = align_up(size, PAGE_SIZE)
-                self._mm = _anon(self.size)
+                    f"no 2 MiB hugetlb pages for a {page_align(size, HUGE_2MB) >> 20} MiB area "
+                    f"({e.strerror}); using normal pages (raise /proc/sys/vm/nr_hugepages to get "
+                    "them)", RuntimeWarning, stacklevel=2)
+                self._mapping = _anon(size)
                 self.kind = "anon"
+            self.size = self._mapping.size
         else:
-            self.size = align_up(size, PAGE_SIZE)
-            self._mm = _anon(self.size)
+            self._mapping = _anon(size)
+            self.size = self._mapping.size
             self.kind = "anon"
-        if self._mm is None:
+        if self._mapping is None:
             self.addr = 0
             self.view = _Unmapped(self.size)  # type: ignore[assignment]
             self.array = np.empty(0, np.uint8)
             return
-        self.addr = buffer_address(self._mm)
-        self.view = memoryview(self._mm)
-        self.array = np.frombuffer(self._mm, dtype=np.uint8)
+        self.addr = self._mapping.addr
+        # The exporter of every view: a subclass of the ctypes array type, so it can carry the
+        # finalizer that unmaps once neither the area nor any view holds it.
+        raw = type("_AreaBytes", (ctypes.c_char * self.size,), {}).from_address(self.addr)
+        # Not at interpreter exit: a daemon thread may still read a view then, and the process
+        # exit unmaps anyway.
+        weakref.finalize(raw, self._mapping.close).atexit = False
+        self.view = memoryview(raw).cast("B")
+        self.array = np.frombuffer(raw, dtype=np.uint8)
+
+    @property
+    def mapping(self) -> Mapping:
+        """The CPU mapping (for a buffer ring over the area); ZcnetError when there is none."""
+        if self._mapping is None:
+            raise ZcnetError("this dma-buf cannot be mapped by the CPU",
+                             "use zcrx/devmem for device memory")
+        return self._mapping
 
     @classmethod
     def udmabuf(cls, size: int) -> Area:
         """An area backed by a memfd turned into a dma-buf through /dev/udmabuf."""
-        fd = udmabuf_create(align_up(size, PAGE_SIZE))
-        try:
+        fd = udmabuf_create(page_align(size))
+        with contextlib.ExitStack() as undo:
+            undo.callback(os.close, fd)
             area = cls(size, dmabuf_fd=fd)
-        except BaseException:
-            os.close(fd)
-            raise
+            undo.pop_all()
         area.kind = "udmabuf"
         area._owns_fd = True
         return area
@@ -151,24 +149,21 @@ class Area:
         return self._closed
 
     def close(self) -> bool:
-        """Unmap; returns False (and leaves the mapping to the garbage collector) while views
-        handed to the application are still alive, so their memory never vanishes under them."""
+        """Drop the area's views; True when that unmapped it, False when views handed to the
+        application are still alive (the last one to go unmaps it)."""
         if self._closed:
             return True
         self._closed = True
-        if self._mm is None:
-            self._close_fd()
-            return True
-        self.array = np.empty(0, np.uint8)
-        self.view.release()
-        try:
-            self._mm.close()
-        except BufferError:
-            log.debug("area %#x still exported by application views; unmapped when they die",
-                      self.addr)
-            return False
-        finally:
-            self._close_fd()
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._close_fd)
+            if self._mapping is None:
+                return True
+            self.array = np.empty(0, np.uint8)
+            self.view.release()
+            if not self._mapping.closed:
+                log.debug("area %#x still exported by application views; unmapped when they die",
+                          self.addr)
+                return False
         return True
 
     def _close_fd(self) -> None:
@@ -183,9 +178,9 @@ class Area:
         self.close()
 
 
-def _anon(size: int) -> mmap.mmap:
+def _anon(size: int) -> Mapping:
     try:
-        return mmap.mmap(-1, size, ANON_FLAGS)
+        return Mapping.anonymous(size)
     except OSError as e:
         raise ZcnetError(f"cannot map an area of {size} bytes: {e.strerror}",
                          "ask for a smaller area") from None

@@ -27,8 +27,11 @@ import struct
 from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
+from zcnet.nic import netdev
+from zcnet.nic.device import Device
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.netqueue import find_queue
+from zcnet.rx.zc.provider import Delivery, build_or_close
 from zcnet.uapi import socket as usock
 
 log = logging.getLogger(__name__)
@@ -140,9 +143,6 @@ def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
 def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
     """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
     (close it to unbind). Errors name the missing capability."""
-    from zcnet.nic import netdev
-    from zcnet.nic.device import Device
-
     with Device.open(ifname) as dev:
         try:
             return netdev.bind_rx(dev, dmabuf_fd, queues)
@@ -190,11 +190,7 @@ class DevmemProvider:
         self._closed = False
         self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
         if fd >= 0:
-            try:
-                self.attach(fd)
-            except BaseException:
-                self._binding.close()
-                raise
+            build_or_close(lambda: self.attach(fd), self._binding.close)
 
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
@@ -263,8 +259,6 @@ class DevmemProvider:
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
                 hugetlb: bool = False, ifname: str | None = None,
                 queue: int | None = None) -> DevmemProvider:
-    from zcnet.rx.zc.zcrx import find_queue
-
     if ifname is None or queue is None:
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
@@ -274,8 +268,4 @@ def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
         probe_device(ifname, queue)
     area = Area(area_size, dmabuf_fd=dmabuf_fd) if dmabuf_fd is not None \
         else Area.udmabuf(area_size)
-    try:
-        return DevmemProvider(fd, area, ifname, queue)
-    except BaseException:
-        area.close()
-        raise
+    return build_or_close(lambda: DevmemProvider(fd, area, ifname, queue), area.close)

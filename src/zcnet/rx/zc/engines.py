@@ -1,19 +1,15 @@
-"""Zero-copy receive engines for ``zcnet bench``: soft-zc, zcrx, devmem.
-
-They follow zcnet.rx.engines' Engine interface (``name``, ``unsupported()``, ``run(sock,
-consume)``); that module merges ``ENGINES`` into its table. Options are read from the shared
-EngineOptions with defaults, so older option sets still work:
+"""Zero-copy receive engines (soft-zc, zcrx, devmem) behind :mod:`zcnet.rx.engine`'s contract.
 
 - ``consumer``: "same" releases in the ring's thread; "thread" hands each batch to a consumer
-  thread that reads and releases it (002's experiment: the release crosses threads through the
-  single-producer queue); ``consumer_cpu`` pins that thread.
+  thread that reads and releases it (the release crosses threads through the single-producer
+  queue); ``consumer_cpu`` pins that thread.
 - ``ifname``/``queue``: the NIC queue for zcrx and devmem. Their registration happens in
   ``unsupported()`` (the worker calls it in the receiving namespace before the connection
   exists), so a refusal becomes an ``unsupported`` cell with the kernel's reason translated.
   zcrx on a device that cannot do it, or with no queue given, takes the kernel's copy mode
   where the kernel offers it (7.x); the cell's ``zcrx_copy`` stat says so.
 - ``zc_rx_buf_len``: zcrx receive buffer size (rx_buf_len; 0: one page).
-- ``zc_buf``/``zc_area``: soft provider buffer size (1 MiB) and area (16 buffers).
+- ``zc_buf``/``zc_area``: soft provider buffer size and the area (EngineOptions.area_bytes()).
 """
 
 from __future__ import annotations
@@ -22,36 +18,31 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.rx.engines import Consumer, RxStats
-from zcnet.rx.zc.api import Batch, Receiver
-from zcnet.rx.zc.provider import Provider
+from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats
+from zcnet.rx.zc.chunks import Batch
+from zcnet.rx.zc.devmem import open_devmem
+from zcnet.rx.zc.provider import Provider, build_or_close
+from zcnet.rx.zc.receiver import Receiver
+from zcnet.rx.zc.soft import open_soft
+from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
 from zcnet.sockcheck import require_tcp
-
-CONSUMERS = ("same", "thread")
-ZC_BUF = 1 << 20
-
-
-def _opt(opts: Any, name: str, default: Any) -> Any:
-    return getattr(opts, name, default)
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import unsupported
 
 
 class _ZcEngine:
     name: ClassVar[str] = ""
 
-    def __init__(self, opts: Any) -> None:
+    def __init__(self, opts: EngineOptions) -> None:
         self.opts = opts
-        self.consumer = _opt(opts, "consumer", "same")
-        self.consumer_cpu: int | None = _check_cpu(_opt(opts, "consumer_cpu", None))
-        # Big buffers: the kernel's per-buffer cost (iovec setup, CQE, ring entry) then stays
-        # small next to the copy; measured here, 1 MiB buffers took ~15% less kernel CPU per
-        # byte than 64 KiB ones (benchmarks/zc_rx.py prints CPU per GiB).
-        self.buf_size = int(_opt(opts, "zc_buf", 0) or ZC_BUF)
-        self.area_size = int(_opt(opts, "zc_area", 0) or 16 * self.buf_size)
-        self.debug = bool(_opt(opts, "zc_debug", False))
+        self.consumer = opts.consumer
+        self.consumer_cpu = _check_cpu(opts.consumer_cpu)
+        self.buf_size = opts.zc_buf_bytes()
+        self.area_size = opts.area_bytes()
+        self.debug = opts.zc_debug
 
     def _check_consumer(self) -> str | None:
         if self.consumer not in CONSUMERS:
@@ -128,7 +119,7 @@ def _run_thread(rx: Receiver, consume: Consumer | None, st: RxStats,
     st.note(0)  # the stream is done when the consumer is
 
 
-def _check_cpu(cpu: Any) -> int | None:
+def _check_cpu(cpu: object) -> int | None:
     """``consumer_cpu``: None, or a CPU this process may run on (else the consumer thread could
     never start, and the flow would stall with its buffers unreleased)."""
     if cpu is None:
@@ -145,23 +136,17 @@ class SoftZcEngine(_ZcEngine):
 
     name: ClassVar[str] = "soft-zc"
 
-    def unsupported(self) -> str | None:
-        from zcnet.uapi import io_uring as u
-        from zcnet.uring.bufring import unsupported
+    def close(self) -> None:
+        """The soft provider lives inside run() only."""
 
+    def unsupported(self) -> str | None:
         return self._check_consumer() or unsupported(u.IORING_OP_RECV)
 
     def _open(self, sock: socket.socket) -> Receiver:
-        from zcnet.rx.zc.soft import open_soft
-
         prov = open_soft(sock.fileno(), self.area_size, self.buf_size,
-                         incremental=bool(_opt(self.opts, "zc_incremental", False)))
-        try:
-            return Receiver(sock, prov, debug=self.debug, why="soft-zc engine")
-        except BaseException:
-            prov.close()
-            prov.area.close()
-            raise
+                         incremental=self.opts.zc_incremental)
+        return build_or_close(lambda: Receiver(sock, prov, debug=self.debug, why="soft-zc engine"),
+                              prov.close, prov.area.close)
 
 
 class _NicEngine(_ZcEngine):
@@ -169,7 +154,7 @@ class _NicEngine(_ZcEngine):
 
     provider: ClassVar[str] = ""
 
-    def __init__(self, opts: Any) -> None:
+    def __init__(self, opts: EngineOptions) -> None:
         super().__init__(opts)
         self._prov: Provider | None = None
         self._closed = False
@@ -179,23 +164,24 @@ class _NicEngine(_ZcEngine):
             raise ClosedError.of(self, "unsupported")
         if why := self._check_consumer():
             return why
-        ifname, q = _opt(self.opts, "ifname", None), _opt(self.opts, "queue", None)
-        kw: dict[str, Any] = {"ifname": ifname, "queue": q}
-        if self.provider == "zcrx":
-            kw["rx_buf_len"] = int(_opt(self.opts, "zc_rx_buf_len", 0) or 0)
+        ifname, q = self.opts.ifname, self.opts.queue
+        copy = False
         if ifname is None or q is None:
             why = (f"{self.provider} needs --ifname and --queue naming a queue of a NIC with "
                    "header-data split and the queue API (none given)")
             if self.provider != "zcrx":
                 return why
-            if not _zcrx_copy_offered():
+            if not kernel_offers().copy_mode:
                 return why + ", and this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x)"
-            kw["copy"] = True  # no queue named: the kernel's copy mode
+            copy = True  # no queue named: the kernel's copy mode
         try:
-            self._prov = _OPEN[self.provider](-1, self.area_size, **kw)
+            self._prov = self._open_provider(ifname, q, copy)
         except ZcnetError as e:
             return e.message
         return None
+
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+        raise NotImplementedError
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         if self._closed:
@@ -207,12 +193,13 @@ class _NicEngine(_ZcEngine):
             raise ZcnetError(f"{self.provider} is not available here")
         assert self._prov is not None
         prov, self._prov = self._prov, None
-        try:
+
+        def attach() -> Receiver:
             prov.attach(sock.fileno())  # type: ignore[attr-defined]
             return Receiver(sock, prov, debug=self.debug, why=f"{self.provider}: {prov.note}")
-        except BaseException:
-            prov.close()  # the queue registration must not outlive a failed open
-            raise
+
+        # The queue registration must not outlive a failed open.
+        return build_or_close(attach, prov.close)
 
     def close(self) -> None:
         """Release a registration made by unsupported() that run() never took over; the engine
@@ -223,39 +210,18 @@ class _NicEngine(_ZcEngine):
             prov.close()
 
 
-def _open_zcrx(fd: int, size: int, **kw: Any) -> Provider:
-    from zcnet.rx.zc.zcrx import open_zcrx
-
-    return open_zcrx(fd, size, **kw)
-
-
-def _zcrx_copy_offered() -> bool:
-    from zcnet.rx.zc.zcrx import kernel_offers
-
-    return kernel_offers().copy_mode
-
-
-def _open_devmem(fd: int, size: int, **kw: Any) -> Provider:
-    from zcnet.rx.zc.devmem import open_devmem
-
-    return open_devmem(fd, size, **kw)
-
-
-_OPEN: dict[str, Callable[..., Provider]] = {"zcrx": _open_zcrx, "devmem": _open_devmem}
-
-
 class ZcrxEngine(_NicEngine):
     name: ClassVar[str] = "zcrx"
     provider: ClassVar[str] = "zcrx"
+
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+        return open_zcrx(-1, self.area_size, ifname=ifname, queue=q, copy=copy or None,
+                         rx_buf_len=self.opts.zc_rx_buf_len)
 
 
 class DevmemEngine(_NicEngine):
     name: ClassVar[str] = "devmem"
     provider: ClassVar[str] = "devmem"
 
-
-ENGINES: dict[str, Callable[[Any], Any]] = {
-    SoftZcEngine.name: SoftZcEngine,
-    ZcrxEngine.name: ZcrxEngine,
-    DevmemEngine.name: DevmemEngine,
-}
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+        return open_devmem(-1, self.area_size, ifname=ifname, queue=q)

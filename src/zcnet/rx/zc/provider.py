@@ -4,21 +4,40 @@ A provider owns the kernel side: the ring or socket that fills the area, and the
 take back to the kernel. It knows nothing of chunks, threads or statistics; the Receiver does the
 bookkeeping and calls the provider only from the owner thread.
 
-The helpers at the end are the pieces the io_uring providers (soft, soft_inc, zcrx) share:
-waiting for and reaping completions, reading the final CQE of a multishot receive, and
-cancelling one before the ring goes.
+The rest is what the providers share: building an object on top of one that must be closed
+when the build fails (``build_or_close``); for the io_uring providers (soft, soft_inc, zcrx) the
+request ids, ring flags, waiting for and reaping completions, reading the final CQE of a
+multishot receive, and cancelling one before the ring goes (``close_ring``); for the two soft
+providers their buffer ring's group, sizing and stop reasons.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import errno
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from zcnet.errors import UsageError
 from zcnet.rx.zc.area import Area
 from zcnet.uapi import io_uring as u
 from zcnet.uring.prep import prep_cancel
 from zcnet.uring.ring import Completions, Ring
+
+# user_data of the one multishot receive request, and of its cancel.
+RECV_UD = 1
+CANCEL_UD = 2
+# Every io_uring provider's ring: completions are posted only inside our own io_uring_enter
+# (zcrx requires it, and it is the cheapest mode), and a failing SQE does not stop the batch.
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+              | u.IORING_SETUP_SUBMIT_ALL)
+
+# The soft providers' buffer ring: its group id, its largest size, and what a final multishot
+# CQE's errno means when it does not end the stream (see note_final).
+BGID = 0
+MAX_ENTRIES = 32768
+SOFT_STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
 
 
 @dataclass
@@ -73,6 +92,21 @@ class Provider(Protocol):
         is unmapped), while held_back and extra_stats still read."""
 
 
+T = TypeVar("T")
+
+
+def build_or_close(build: Callable[[], T], *cleanups: Callable[[], object]) -> T:
+    """``build()``; when it raises, run ``cleanups`` in the order given (each one even when an
+    earlier one fails) and re-raise. Used as "allocate, then build on it": the allocation is
+    released exactly when nothing took it over."""
+    with contextlib.ExitStack() as undo:
+        for cleanup in reversed(cleanups):
+            undo.callback(cleanup)
+        built = build()
+        undo.pop_all()
+    return built
+
+
 def reap_ready(ring: Ring, timeout: float | None) -> Completions:
     """The completions that are ready; when none are, first wait up to ``timeout`` seconds
     (None: until one arrives) in one enter, which also runs the deferred task work."""
@@ -94,6 +128,30 @@ def note_final(out: Delivery, res: int, stops: Mapping[int, str]) -> None:
         out.stopped = why
     else:
         out.end = res
+
+
+def buffer_count(area_size: int, buf_size: int) -> int:
+    """Largest power of two of whole buffers that fit (the buffer ring's size rule)."""
+    if buf_size <= 0 or buf_size % 64:
+        raise UsageError(f"buffer size must be a positive multiple of 64, got {buf_size}")
+    n = min(area_size // buf_size, MAX_ENTRIES)
+    if n < 2:
+        raise UsageError(f"area of {area_size} bytes holds fewer than 2 buffers of {buf_size}",
+                         "grow the area or shrink the buffer size")
+    return 1 << (n.bit_length() - 1)
+
+
+def close_ring(ring: Ring, armed: bool, *closers: Callable[[], object]) -> bool:
+    """Close an io_uring provider's ring: cancel the receive when ``armed`` (see
+    cancel_multishot), run ``closers`` in order (what maps memory the kernel writes: a buffer
+    ring, a refill region), then close the ring. Every step runs even when an earlier one
+    fails (Ctrl-C in the cancel wait), so no mapping outlives close. True when the receive is
+    known to be over."""
+    with contextlib.ExitStack() as undo:
+        undo.callback(ring.close)
+        for close in reversed(closers):
+            undo.callback(close)
+        return not armed or cancel_multishot(ring, RECV_UD, CANCEL_UD)
 
 
 def cancel_multishot(ring: Ring, user_data: int, cancel_user_data: int) -> bool:

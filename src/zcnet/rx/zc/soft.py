@@ -16,40 +16,32 @@ Some facts about multishot RECV with a provided buffer ring:
 from __future__ import annotations
 
 import errno
-from typing import Any, cast
+from collections.abc import Iterable
 
 import numpy as np
 
-from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
+from zcnet.rx.zc.provider import (
+    BGID,
+    RECV_UD,
+    RING_FLAGS,
+    Delivery,
+    buffer_count,
+    build_or_close,
+    close_ring,
+    note_final,
+    reap_ready,
+)
+from zcnet.rx.zc.provider import SOFT_STOPS as STOPS
+from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
-from zcnet.uring.ring import Completions, Ring
+from zcnet.uring.ring import Ring
 
-RECV_UD = 1
-CANCEL_UD = 2
-BGID = 0
-MAX_ENTRIES = 32768
-
-RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
-              | u.IORING_SETUP_SUBMIT_ALL)
-# What a final multishot CQE's errno means when it does not end the stream (see note_final).
-STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
 _maximum = np.maximum.reduce
 FEW = 16  # rounds of at most this many CQEs take the plain-Python path
-
-
-def buffer_count(area_size: int, buf_size: int) -> int:
-    """Largest power of two of whole buffers that fit (the buffer ring's size rule)."""
-    if buf_size <= 0 or buf_size % 64:
-        raise UsageError(f"buffer size must be a positive multiple of 64, got {buf_size}")
-    n = min(area_size // buf_size, MAX_ENTRIES)
-    if n < 2:
-        raise UsageError(f"area of {area_size} bytes holds fewer than 2 buffers of {buf_size}",
-                         "grow the area or shrink the buffer size")
-    return 1 << (n.bit_length() - 1)
 
 
 class SoftProvider:
@@ -67,17 +59,15 @@ class SoftProvider:
         self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
-        self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
+        self._ring = ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
         # RECV_UD as the user_data of a full CQ: the hot path compares bytes with it.
-        self._ud_ok = np.full(self._ring.cq_entries, RECV_UD, np.uint64).tobytes()
-        try:
-            self.bundle = (bool(self._ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
-                           if bundle is None else bundle)
-            self._buf = BufRing(self._ring, BGID, self.entries, buf_size,
-                                area=cast(Any, area), area_offset=0)
-        except BaseException:
-            self._ring.close()
-            raise
+        self._ud_ok = np.full(ring.cq_entries, RECV_UD, np.uint64).tobytes()
+        self.bundle = (bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
+                       if bundle is None else bundle)
+        self._buf = build_or_close(
+            lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
+                            area_offset=0),
+            ring.close)
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
@@ -108,7 +98,8 @@ class SoftProvider:
         if not n:
             return out
         if n <= FEW:
-            self._take_few(c, out)
+            self._take_few(zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(),
+                               strict=True), out)
             return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
@@ -134,7 +125,7 @@ class SoftProvider:
             note_final(out, int(res[-1]), STOPS)
         return out
 
-    def _take_few(self, c: Completions, out: Delivery) -> None:
+    def _take_few(self, cqes: Iterable[tuple[int, int, int]], out: Delivery) -> None:
         """A round of a few CQEs (big buffers, bundles) in plain Python: each numpy call costs
         about a microsecond, more with the caches cold from the kernel's copy, so below
         ``FEW`` CQEs list operations are cheaper than the vectorized path."""
@@ -143,7 +134,7 @@ class SoftProvider:
         bs = self.buf_size
         offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
         last = None
-        for ud, r, f in zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(), strict=True):
+        for ud, r, f in cqes:  # (user_data, res, flags)
             if ud != RECV_UD:
                 continue
             last = (r, f)
@@ -181,7 +172,10 @@ class SoftProvider:
         buf = self._buf
         if buf is None:
             raise ClosedError.of(self, "recycle")
-        if len(tokens):
+        if type(tokens) is list and len(tokens) <= FEW:
+            if tokens:
+                buf.provide_few(tokens)
+        elif len(tokens):
             buf.provide(tokens if isinstance(tokens, np.ndarray)
                         else np.array(tokens, dtype=np.uint16))
 
@@ -196,40 +190,30 @@ class SoftProvider:
         ring, self._ring = self._ring, None
         if ring is None:
             return
-        try:
-            if self.armed:
-                self.armed = not cancel_multishot(ring, RECV_UD, CANCEL_UD)
-        finally:  # Ctrl-C in the cancel wait: the buffer ring's memory still goes
-            try:
-                if self._buf is not None:
-                    self._buf.close()
-                    self._buf = None
-            finally:
-                ring.close()
+        buf, self._buf = self._buf, None
+        self.armed = not close_ring(ring, self.armed, *(() if buf is None else (buf.close,)))
 
 
 def open_soft(fd: int, area_size: int, buf_size: int, *, hugetlb: bool = False,
               bundle: bool | None = None, incremental: bool = False,
-              dmabuf_fd: int | None = None) -> Any:
+              dmabuf_fd: int | None = None) -> SoftProvider | IncrementalSoftProvider:
     """The soft provider; ``incremental`` fills big buffers receive after receive
     (IOU_PBUF_RING_INC, see soft_inc), falling back to whole buffers on kernels without it."""
     area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
-    try:
+
+    def build() -> SoftProvider | IncrementalSoftProvider:
         if area.addr == 0:
             raise ZcnetError("the soft provider needs a dma-buf the CPU can map",
                              "use zcrx/devmem for device memory, or omit dmabuf_fd")
         if incremental:
-            from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
-
             try:
                 return IncrementalSoftProvider(fd, area, buf_size)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
         return SoftProvider(fd, area, buf_size, bundle=bundle)
-    except BaseException:
-        area.close()
-        raise
+
+    return build_or_close(build, area.close)
 
 
 __all__ = ["SoftProvider", "buffer_count", "open_soft"]

@@ -13,20 +13,28 @@ Some facts about incremental buffer consumption:
   back to back: consecutive chunks are neighbours in the area (coalescing), and a 100-byte
   message costs 100 bytes of area, not a whole buffer.
 - A buffer goes back to the ring only when the kernel is done with it and every chunk in it is
-  released: a per-buffer count of held chunks, updated only by the owner thread (the 002
-  lesson), decremented in batches when releases are drained.
+  released: a per-buffer count of held chunks, written only by the owner thread (one writer
+  per counter, see bookkeeping.py), decremented in batches when releases are drained.
 """
 
 from __future__ import annotations
-
-from typing import Any, cast
 
 import numpy as np
 
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
-from zcnet.rx.zc.soft import BGID, CANCEL_UD, RECV_UD, RING_FLAGS, STOPS, buffer_count
+from zcnet.rx.zc.provider import (
+    BGID,
+    RECV_UD,
+    RING_FLAGS,
+    SOFT_STOPS,
+    Delivery,
+    buffer_count,
+    build_or_close,
+    close_ring,
+    note_final,
+    reap_ready,
+)
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
@@ -48,13 +56,12 @@ class IncrementalSoftProvider:
         # index costs tens of nanoseconds and a numpy call a microsecond.
         self._refs = [0] * self.entries
         self._done = [False] * self.entries
-        self._ring: Ring | None = Ring(64, flags=RING_FLAGS, cq_entries=4096)
-        try:
-            self._buf = BufRing(self._ring, BGID, self.entries, buf_size,
-                                area=cast(Any, area), incremental=True)
-        except BaseException:
-            self._ring.close()
-            raise
+        ring = Ring(64, flags=RING_FLAGS, cq_entries=4096)
+        self._ring: Ring | None = ring
+        self._buf = build_or_close(
+            lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
+                            incremental=True),
+            ring.close)
 
     def can_arm(self) -> bool:
         if self._ring is None:
@@ -93,7 +100,7 @@ class IncrementalSoftProvider:
                 done[bid] = True
         if res and not flags[-1] & u.IORING_CQE_F_MORE:
             self.armed = False
-            note_final(out, res[-1], STOPS)
+            note_final(out, res[-1], SOFT_STOPS)
         return out
 
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
@@ -123,12 +130,5 @@ class IncrementalSoftProvider:
         ring, self._ring = self._ring, None
         if ring is None:
             return
-        try:
-            if self.armed:
-                cancel_multishot(ring, RECV_UD, CANCEL_UD)
-                self.armed = False
-        finally:  # Ctrl-C in the cancel wait: the buffer ring's memory still goes
-            try:
-                self._buf.close()
-            finally:
-                ring.close()
+        close_ring(ring, self.armed, self._buf.close)
+        self.armed = False

@@ -1,5 +1,8 @@
 """Provider "zcrx": io_uring zero-copy receive (IORING_REGISTER_ZCRX_IFQ + RECV_ZC).
 
+Registration, its errors and what the kernel offers are in zcrx_reg.py; finding the NIC queue
+of a socket is in netqueue.py.
+
 Some facts about zcrx that shape this module:
 
 - The ring must be SINGLE_ISSUER | DEFER_TASKRUN with 32-byte CQEs: each data CQE carries an
@@ -9,12 +12,6 @@ Some facts about zcrx that shape this module:
   either our own page-aligned memory (IORING_MEM_REGION_TYPE_USER) or kernel memory we mmap at
   the ``mmap_offset`` the kernel returns. The kernel returns the ring layout in ``offsets``: a u32
   head, a u32 tail, then ``rq_entries`` 16-byte ``io_uring_zcrx_rqe``; we use what it returns.
-- The kernel validates in this order: CAP_NET_ADMIN (EPERM), ring flags and reserved fields
-  (EINVAL), the region, the interface (ENODEV), the device's DMA parent (EOPNOTSUPP: veth and lo
-  have none), the area (pins pages, RLIMIT_MEMLOCK -> ENOMEM), then the queue API:
-  EOPNOTSUPP without queue management ops, ERANGE past the last queue, EINVAL with
-  tcp-data-split off or hds-thresh non-zero, EEXIST when the queue already has a memory provider
-  (an earlier zcrx or devmem binding not yet torn down) or an XDP program, EBUSY under AF_XDP.
 - Each data CQE grants the application one reference on a net_iov (a buffer of rx_buf_len
   bytes, one page by default; several CQEs may share one when a NIC packs it); giving it back
   is an rqe ``{off & ~MASK | area_token, len}`` at ``tail & mask`` followed by the release store
@@ -36,8 +33,6 @@ Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
 - ``rx_buf_len`` (ZCRX_FEATURE_RX_PAGE_SIZE) asks a device for larger buffers: a power of two
   >= PAGE_SIZE; copy mode takes only PAGE_SIZE (EOPNOTSUPP otherwise). The kernel writes back
   the size it uses.
-- What a kernel offers is asked with IORING_REGISTER_QUERY (IO_URING_QUERY_ZCRX, no ring
-  needed); kernels before 7.x answer with a negative result or an error, read as "nothing".
 - The refill ring's layout is whatever ``offsets`` says, and it changes between releases:
   a 7.2.13 registration returned head 0, tail 4, entries at 64; a 7.3.4 one head 0, tail 64,
   entries at 128 (head and tail on their own cache lines).
@@ -46,91 +41,42 @@ Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
-import os
-import resource
 import socket
-from dataclasses import dataclass
-from typing import Any
+import struct
 
 import numpy as np
 
-from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
-from zcnet.rx.zc.area import PAGE_SIZE, Area, align_up
-from zcnet.rx.zc.provider import Delivery, cancel_multishot, note_final, reap_ready
+from zcnet.errors import ClosedError, Unsupported, UsageError
+from zcnet.rx.zc.area import PAGE_SIZE, Area
+from zcnet.rx.zc.netqueue import find_queue
+from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, note_final, reap_ready
+from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
+from zcnet.rx.zc.zcrx_reg import (
+    Offers,
+    Registration,
+    check_rx_buf_len,
+    kernel_offers,
+    memlock_error,
+    register_ifq,
+)
 from zcnet.uapi import io_uring as u
-from zcnet.uapi import socket as usock
 from zcnet.uring.mem import Mapping
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Completions, Ring
-from zcnet.uring.syscall import io_uring_register
 
-RECV_UD = 1
-CANCEL_UD = 2
-RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
-              | u.IORING_SETUP_CQE32 | u.IORING_SETUP_SUBMIT_ALL)
-IO_RQ_MAX_ENTRIES = 32768
+RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
+_OFF_MASK = np.uint64(OFF_MASK)
+_NO_OFFS = np.zeros(0, dtype=np.uint64)
+_NO_LENS = np.zeros(0, dtype=np.uint32)
+_UD_BYTES: dict[int, bytes] = {}
 # A final CQE's errno that does not end the stream: -ENOSPC is a CQ overflow (data intact).
 # -ENOMEM: no free buffer in the area for the kernel's copy (the data waits in the socket).
 STOPS = {errno.ENOSPC: "rearm", errno.ECANCELED: "rearm", errno.ENOMEM: "exhausted"}
-CAP_IPC_LOCK = 14
 MODES = ("device", "copy")
 COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the zcrx area "
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
-
-
-@dataclass(frozen=True)
-class Offers:
-    """What this kernel's zcrx takes (IO_URING_QUERY_ZCRX); all zero before 7.x."""
-
-    register_flags: int = 0
-    features: int = 0
-    nr_ctrl_opcodes: int = 0
-
-    @property
-    def copy_mode(self) -> bool:
-        return bool(self.register_flags & u.ZCRX_REG_NODEV) and self.nr_ctrl_opcodes > 0
-
-    @property
-    def rx_buf_len(self) -> bool:
-        return bool(self.features & u.ZCRX_FEATURE_RX_PAGE_SIZE)
-
-
-@functools.cache
-def kernel_offers() -> Offers:
-    """Ask the running kernel (once per process) what its zcrx supports."""
-    q = u.io_uring_query_zcrx()
-    hdr = u.io_uring_query_hdr(query_data=ctypes.addressof(q), query_op=u.IO_URING_QUERY_ZCRX,
-                               size=ctypes.sizeof(q))
-    try:
-        io_uring_register(-1, u.IORING_REGISTER_QUERY, hdr, 0)
-    except OSError:  # no query opcode (before 6.18): no copy mode either
-        return Offers()
-    if hdr.result < 0:  # 6.18 knows the query but not its zcrx op (EOPNOTSUPP)
-        return Offers()
-    return Offers(int(q.register_flags), int(q.features), int(q.nr_ctrl_opcodes))
-
-
-def check_rx_buf_len(rx_buf_len: int, offers: Offers, copy: bool) -> None:
-    """UsageError/Unsupported for an rx_buf_len the kernel would refuse (0: its default)."""
-    if not rx_buf_len:
-        return
-    if rx_buf_len < PAGE_SIZE or rx_buf_len & (rx_buf_len - 1):
-        raise UsageError(f"rx_buf_len must be a power of two >= {PAGE_SIZE}, got {rx_buf_len}")
-    if not offers.rx_buf_len:
-        raise Unsupported("this kernel's zcrx has no rx_buf_len (ZCRX_FEATURE_RX_PAGE_SIZE, "
-                          "7.x kernels)", "leave rx_buf_len out: buffers are one page")
-    if copy and rx_buf_len != PAGE_SIZE:
-        raise Unsupported(f"zcrx copy mode fills {PAGE_SIZE}-byte buffers only; rx_buf_len "
-                          f"{rx_buf_len} needs a NIC queue", "leave rx_buf_len out")
-
-
-def refill_region_size(rq_entries: int) -> int:
-    """Bytes of the refill region: the rqes plus a page for head/tail (liburing's sizing)."""
-    return align_up(rq_entries * ctypes.sizeof(u.io_uring_zcrx_rqe) + PAGE_SIZE, PAGE_SIZE)
 
 
 class RefillRing:
@@ -152,10 +98,11 @@ class RefillRing:
         ring = mem[rqes:rqes + entries * 16]
         self._rqe_off = ring.view(np.uint64).reshape(entries, 2)[:, 0]
         self._rqe_len = ring.view(np.uint32).reshape(entries, 4)[:, 2]
-        self._rqe_pad = ring.view(np.uint32).reshape(entries, 4)[:, 3]
+        ring.view(np.uint32).reshape(entries, 4)[:, 3] = 0  # pad: zero once, never written
         self._tail = int(self._ktail[0])
-        self._held_off: list[int] = []
-        self._held_len: list[int] = []
+        self._token = np.uint64(area_token)
+        self._held_off = _NO_OFFS  # what did not fit yet, sent first next time
+        self._held_len = _NO_LENS
         self.full_events = 0
         self.produced = 0  # entries written over the ring's life
 
@@ -185,36 +132,69 @@ class RefillRing:
     def held(self) -> int:
         return len(self._held_off)
 
-    def push(self, offs: list[int], lens: list[int]) -> int:
-        """Queue buffers (their CQE ``off`` values and lengths) for the kernel; returns how many
-        were written now. The rest stay held and go first next time."""
-        if self._held_off:
-            offs = self._held_off + offs
-            lens = self._held_len + lens
-        n = min(self.space(), len(offs))
-        if n < len(offs):
+    def push(self, offs: list[int] | np.ndarray, lens: list[int] | np.ndarray) -> int:
+        """Queue buffers (their CQE ``off`` values and lengths, lists or arrays) for the
+        kernel; returns how many were written now. The rest stay held and go first next time.
+
+        Vectorized: the entries are written with a few slice operations (two where the ring
+        wraps), no Python object per buffer for arrays."""
+        o = np.asarray(offs, dtype=np.uint64)
+        ln = np.asarray(lens, dtype=np.uint32)
+        if len(self._held_off):
+            o = np.concatenate((self._held_off, o))
+            ln = np.concatenate((self._held_len, ln))
+        total = len(o)
+        n = min(self.space(), total)
+        if n < total:
             self.full_events += 1
-            self._held_off, self._held_len = offs[n:], lens[n:]
-        else:
-            self._held_off, self._held_len = [], []
+            self._held_off, self._held_len = o[n:].copy(), ln[n:].copy()
+        elif len(self._held_off):
+            self._held_off, self._held_len = _NO_OFFS, _NO_LENS
         if n:
-            slots = (self._tail + np.arange(n, dtype=np.uint64)) & np.uint64(self.mask)
-            o = np.array(offs[:n], dtype=np.uint64)
-            self._rqe_off[slots] = (o & np.uint64(OFF_MASK)) | np.uint64(self.area_token)
-            self._rqe_len[slots] = lens[:n]
-            self._rqe_pad[slots] = 0
+            t = self._tail & self.mask
+            k = min(n, self.entries - t)  # up to the ring's end, the rest from its start
+            for lo, src in ((t, slice(0, k)), (0, slice(k, n))):
+                m = src.stop - src.start
+                if m:
+                    dst = self._rqe_off[lo:lo + m]
+                    np.bitwise_and(o[src], _OFF_MASK, out=dst)
+                    np.bitwise_or(dst, self._token, out=dst)
+                    self._rqe_len[lo:lo + m] = ln[src]
             self._tail = (self._tail + n) & 0xFFFFFFFF
             self._release_ktail()
             self.produced += n
         return n
 
 
+def _repeated(user_data: int, n: int) -> bytes:
+    """``n`` copies of ``user_data`` as the CQEs hold it (cached: one compare per round)."""
+    b = _UD_BYTES.get(user_data, b"")
+    if len(b) < 8 * n:
+        b = _UD_BYTES[user_data] = struct.pack("<Q", user_data) * max(n, 1024)
+    return b if len(b) == 8 * n else b[:8 * n]
+
+
 def parse_completions(c: Completions, user_data: int = RECV_UD) -> Delivery:
-    """Data fragments and the stream's state from CQE32 completions of one RECV_ZC."""
+    """Data fragments and the stream's state from CQE32 completions of one RECV_ZC.
+
+    The common round (every CQE is data of our RECV_ZC) gives arrays with a fixed handful of
+    numpy calls and no Python object per buffer: tokens (the CQEs' ``off``), offsets and
+    lengths. Anything else (other user_data, the final CQE) takes the filtering path."""
     out = Delivery()
-    if not len(c):
+    n = len(c)
+    if not n:
         return out
-    assert c.extra is not None, "zcrx needs a CQE32 ring"
+    extra = c.extra
+    assert extra is not None, "zcrx needs a CQE32 ring"
+    # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it lacks it:
+    # with F_MORE on the last one every res is data.
+    if c.flags.item(n - 1) & u.IORING_CQE_F_MORE and (
+            c.user_data.tobytes() == _repeated(user_data, n)):
+        off = extra[:, 0]
+        out.tokens = off
+        out.offsets = off & _OFF_MASK
+        out.lengths = c.res
+        return out
     keep = c.user_data == user_data
     res, flags, extra = c.res[keep], c.flags[keep], c.extra[keep]
     data = res > 0
@@ -226,175 +206,6 @@ def parse_completions(c: Completions, user_data: int = RECV_UD) -> Delivery:
     if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
         note_final(out, int(res[-1]), STOPS)
     return out
-
-
-# --- registration ----------------------------------------------------------------------------
-
-
-@dataclass
-class Registration:
-    """The structs of one IORING_REGISTER_ZCRX_IFQ call, kept alive (the kernel writes back)."""
-
-    ifq: u.io_uring_zcrx_ifq_reg
-    area: u.io_uring_zcrx_area_reg
-    region: u.io_uring_region_desc
-    region_mem: Mapping | None  # our memory for a user region, None for a kernel one
-
-    @classmethod
-    def build(cls, area: Area, ifindex: int, queue: int, rq_entries: int,
-              user_region: bool = True, *, nodev: bool = False,
-              rx_buf_len: int = 0) -> Registration:
-        """``nodev``: copy mode (ifindex and queue must be 0, the kernel insists)."""
-        if queue < 0:
-            raise UsageError(f"queue must be >= 0, got {queue}")
-        if not 0 < rq_entries <= IO_RQ_MAX_ENTRIES:
-            raise UsageError(f"refill ring entries must be 1..{IO_RQ_MAX_ENTRIES}")
-        entries = 1 << (rq_entries - 1).bit_length()  # the kernel rounds up the same way
-        size = refill_region_size(entries)
-        areg = u.io_uring_zcrx_area_reg(len=area.size)
-        if area.dmabuf_fd is not None:
-            areg.flags = u.IORING_ZCRX_AREA_DMABUF
-            areg.dmabuf_fd = area.dmabuf_fd  # addr is the offset into the dma-buf: 0
-        else:
-            areg.addr = area.addr
-        rd = u.io_uring_region_desc(size=size)
-        mem = None
-        if user_region:
-            mem = Mapping.anonymous(size)
-            rd.user_addr = mem.addr
-            rd.flags = u.IORING_MEM_REGION_TYPE_USER
-        ifq = u.io_uring_zcrx_ifq_reg(if_idx=ifindex, if_rxq=queue, rq_entries=entries,
-                                      area_ptr=ctypes.addressof(areg),
-                                      region_ptr=ctypes.addressof(rd), rx_buf_len=rx_buf_len,
-                                      flags=u.ZCRX_REG_NODEV if nodev else 0)
-        return cls(ifq, areg, rd, mem)
-
-    def locked_bytes(self) -> int:
-        return int(self.region.size) + (0 if self.area.flags else int(self.area.len))
-
-    def release(self) -> None:
-        if self.region_mem is not None:
-            self.region_mem.close()
-            self.region_mem = None
-
-
-# errno -> (message, hint); {ifname}, {queue}, {ifindex} are filled in.
-REGISTER_ERRORS: dict[int, tuple[type[ZcnetError], str, str]] = {
-    errno.EPERM: (ZcnetError, "zcrx registration needs CAP_NET_ADMIN",
-                  cap_hint("CAP_NET_ADMIN")),
-    errno.EOPNOTSUPP: (Unsupported,
-                       "device {ifname} lacks queue management ops or header-data split, "
-                       "so zcrx cannot take over its queue {queue}",
-                       "use a NIC whose driver supports zcrx (queue API and tcp-data-split), "
-                       "or provider 'soft'"),
-    errno.EEXIST: (ZcnetError,
-                   "queue {queue} of {ifname} is still bound to an earlier memory provider (a "
-                   "zcrx or devmem binding not yet released) or the device runs an XDP program",
-                   "close the earlier receiver and its ring (the kernel unbinds when the ring "
-                   "is freed), or detach XDP"),
-    errno.EBUSY: (ZcnetError, "queue {queue} of {ifname} is in use by an AF_XDP socket",
-                  "close the AF_XDP socket or pick another queue"),
-    errno.ERANGE: (UsageError, "{ifname} has no rx queue {queue}",
-                   "pick a queue below the channel count (ethtool -l {ifname})"),
-    errno.ENODEV: (UsageError, "no interface with index {ifindex} in this network namespace",
-                   "register from the namespace that holds the NIC"),
-    errno.EINVAL: (ZcnetError,
-                   "zcrx registration rejected as invalid (EINVAL): {ifname} has "
-                   "tcp-data-split off or hds-thresh above 0, or the request is malformed",
-                   "ethtool -G {ifname} tcp-data-split on hds-thresh 0"),
-}
-
-
-def explain(err: OSError, *, ifname: str, ifindex: int, queue: int, locked: int) -> ZcnetError:
-    """The user-facing error for a failed registration; errno kept on ``.errno``."""
-    if err.errno == errno.ENOMEM:
-        exc = memlock_error(locked) or ZcnetError(
-            f"zcrx registration ran out of memory pinning {locked} bytes", None)
-    elif err.errno in REGISTER_ERRORS:
-        cls, msg, hint = REGISTER_ERRORS[err.errno]
-        fill = {"ifname": ifname, "queue": queue, "ifindex": ifindex}
-        exc = cls(msg.format(**fill), hint.format(**fill))
-    else:
-        exc = ZcnetError(f"zcrx registration on {ifname} queue {queue} failed: {err.strerror}")
-    exc.errno = err.errno  # type: ignore[attr-defined]
-    return exc
-
-
-def has_cap(cap: int) -> bool:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> cap & 1)
-    return False
-
-
-def memlock_error(needed: int, limit: int | None = None,
-                  privileged: bool | None = None) -> ZcnetError | None:
-    """The error when ``needed`` locked bytes exceed RLIMIT_MEMLOCK (CAP_IPC_LOCK lifts it)."""
-    if privileged is None:
-        privileged = has_cap(CAP_IPC_LOCK)
-    if limit is None:
-        limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-    if privileged or limit == resource.RLIM_INFINITY or needed <= limit:
-        return None
-    e = ZcnetError(f"RLIMIT_MEMLOCK is {limit} bytes but zcrx must lock {needed} bytes "
-                   "(area and refill ring)",
-                   f"raise the limit to at least {-(-needed // 1024)} KiB (ulimit -l, "
-                   "LimitMEMLOCK=) or run with CAP_IPC_LOCK")
-    e.errno = errno.ENOMEM  # type: ignore[attr-defined]
-    return e
-
-
-def register_ifq(ring: Ring, reg: Registration, *, ifname: str = "?") -> None:
-    """IORING_REGISTER_ZCRX_IFQ with errors translated (see REGISTER_ERRORS)."""
-    try:
-        ring.register(u.IORING_REGISTER_ZCRX_IFQ, reg.ifq, 1)
-    except OSError as e:
-        raise explain(e, ifname=ifname, ifindex=reg.ifq.if_idx, queue=reg.ifq.if_rxq,
-                      locked=reg.locked_bytes()) from e
-
-
-def find_queue(fd: int) -> tuple[str, int]:
-    """(ifname, rx queue) that delivered this socket's packets, from SO_INCOMING_NAPI_ID and the
-    netdev family's NAPI and queue listings."""
-    from zcnet.nic.genl import GenlSocket
-
-    napi_id = incoming_napi_id(fd)
-    if not napi_id:
-        raise Unsupported("the socket has no NAPI id (loopback, or no packet received yet), so "
-                          "its NIC queue is unknown", "pass ifname and queue")
-    with GenlSocket() as g:
-        return queue_of_napi(g, napi_id)
-
-
-def incoming_napi_id(fd: int) -> int:
-    sk = socket.socket(fileno=os.dup(fd))
-    try:
-        return int(sk.getsockopt(usock.SOL_SOCKET, usock.SO_INCOMING_NAPI_ID))
-    finally:
-        sk.close()
-
-
-def queue_of_napi(g: Any, napi_id: int) -> tuple[str, int]:
-    """(ifname, rx queue) served by NAPI ``napi_id``, asked over the netdev family (``g``: a
-    GenlSocket). A NAPI also serves TX queues, often with other ids: only RX counts."""
-    from zcnet.nic import netdev
-    from zcnet.uapi import netdev as nd
-
-    napi = g.do(netdev.FAMILY, nd.NETDEV_CMD_NAPI_GET, netdev.NAPI, {"id": napi_id},
-                what=f"NAPI {napi_id}") or {}
-    ifindex = int(napi.get("ifindex", 0))
-    rows = g.dump(netdev.FAMILY, nd.NETDEV_CMD_QUEUE_GET, netdev.QUEUE, {"ifindex": ifindex},
-                  what="queues")
-    ifname = socket.if_indextoname(ifindex)
-    for q in rows:
-        if q.get("napi-id") == napi_id and q.get("type") == nd.NETDEV_QUEUE_TYPE_RX:
-            return ifname, int(q["id"])
-    raise Unsupported(f"no rx queue of {ifname} is served by NAPI {napi_id}",
-                      "pass the queue explicitly")
-
-
-# --- provider --------------------------------------------------------------------------------
 
 
 class ZcrxProvider:
@@ -487,21 +298,30 @@ class ZcrxProvider:
         if out.end is not None or out.stopped:
             self.armed = False
             self._starved = out.stopped == "exhausted"
+            if self._starved and not self.copy and (self.rq.held
+                                                    or self.rq.space() < self.rq.entries):
+                self._flush_all()  # buffers released before the stop wait unread in the ring
         return out
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
         if self._ring is None:  # closed: the refill ring is unmapped
             raise ClosedError.of(self, "recycle")
-        if not self.copy:
-            if self.rq.push(tokens, lengths):
-                self._starved = False
-            return
-        # Copy mode: the flush empties the ring, so write and flush until nothing is held.
         n = self.rq.push(tokens, lengths)
-        while n:
+        if (self.copy and n) or (not self.copy and self._starved):
+            self._flush_all()
+        # Otherwise (a device, not starved) its page pool reads the ring as it allocates.
+
+    def _flush_all(self) -> None:
+        """Return the ring's entries to the area's free list, then those held back, until none
+        is held (the flush empties the ring). Copy mode needs this after every write. So does a
+        device whose receive stopped with -ENOMEM: the kernel's copies take buffers from the
+        free list, and a page pool that does not allocate (netdevsim forwards the sender's
+        pages, so it copies every byte) never reads the ring."""
+        while True:
             self._flush_rq()
             self._starved = False
-            n = self.rq.push([], []) if self.rq.held else 0
+            if not (self.rq.held and self.rq.push([], [])):
+                return
 
     def _flush_rq(self) -> None:
         assert self._ring is not None
@@ -517,17 +337,15 @@ class ZcrxProvider:
 
     def close(self) -> None:
         ring, self._ring = self._ring, None
-        try:
-            if ring is not None and self.armed:
-                cancel_multishot(ring, RECV_UD, CANCEL_UD)
-                self.armed = False
-        finally:
-            if self._region_map is not None:
-                self._region_map.close()
-                self._region_map = None
+        region, self._region_map = self._region_map, None
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._reg.release)
+            # Closing the ring frees the ifq: the queue gets its normal page pool back.
             if ring is not None:
-                ring.close()  # frees the ifq: the queue gets its normal page pool back
-            self._reg.release()
+                close_ring(ring, self.armed, *(() if region is None else (region.close,)))
+                self.armed = False
+            elif region is not None:
+                region.close()
 
 
 def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,

@@ -1,4 +1,4 @@
-"""Flow workers run by ``zcnet server``: request/response at both ends, and the stream ends.
+"""Flow workers: the process at each end of one flow of ``zcnet server`` (stream or rr).
 
 A server session starts one worker process per flow end and drives it with dict messages over a
 pipe, with a step between accept and start so that the client can discover the receive CPU and
@@ -10,7 +10,7 @@ reconnect before anything is measured:
     any <- {"cmd": "start", "duration": D}
     any -> {"event": "result", ...} | {"event": "error", "reason": "..."}
 
-Stream: the receiver reads to EOF with a shared rx engine (``zcnet.rx.engines``), the sender
+Stream: the receiver reads to EOF with an rx engine of ``zcnet.rx.registry``, the sender
 sends the shared verification pattern for D seconds, then shuts down its half. Request/response:
 the sender writes ``req_size`` bytes and waits for ``resp_size`` back, timing each transaction;
 latencies go into a list and are moved into an HDR histogram a batch at a time (one vectorized
@@ -31,17 +31,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from hdrh.histogram import HdrHistogram
 
 from zcnet.bench import tcpinfo
+from zcnet.bench.hist import encode_histogram, new_histogram, record_batch, summarize
+from zcnet.bench.proto import UNSUPPORTED_HERE, OptionValue
+from zcnet.bench.stream import send_stream
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.rx.engines import close_engine
+from zcnet.pattern import Verifier
+from zcnet.rx.engine import Engine, EngineOptions, close_engine
+from zcnet.rx.registry import make_engine
+from zcnet.tx.senders import KINDS
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
 log = logging.getLogger(__name__)
 
 
-UNSUPPORTED_HERE = " unsupported here: "  # joins the engine and the kernel's reason
 
 
 class EngineUnsupported(RuntimeError):
@@ -49,9 +53,6 @@ class EngineUnsupported(RuntimeError):
 
 ACCEPT_TIMEOUT = 30.0
 BATCH = 4096
-PERCENTILES = (50.0, 90.0, 99.0, 99.9)
-# 1 ns .. 100 s at 3 significant digits: 0.1 % resolution, the usual choice for latency.
-HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 100_000_000_000, 3
 
 
 class Channel(Protocol):
@@ -73,61 +74,11 @@ class FlowSpec:
     req_size: int = 1
     resp_size: int = 1
     name: str = "zcnet-flow"
-    engine_opts: dict[str, Any] = field(default_factory=dict)  # ifname, queue, consumer ...
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False    # stream: check every received byte against the sent pattern
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# ---- HDR histogram, filled in batches ----------------------------------------------------------
-
-def new_histogram() -> HdrHistogram:
-    return HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
-
-
-def record_batch(hist: HdrHistogram, values: np.ndarray) -> None:
-    """Add many values at once: bucket them with numpy, then one call per distinct bucket.
-
-    A value's HDR bucket is fixed by its top bits (``sub_bucket_half_count_magnitude + 1`` of
-    them); clearing the bits below gives the bucket's lowest equivalent value, so values that
-    share a bucket collapse under ``np.unique`` and the histogram sees each bucket once.
-    """
-    v = np.asarray(values, dtype=np.int64)
-    v = v[(v >= 0) & (v <= hist.highest_trackable_value)]
-    if not v.size:
-        return
-    width = np.zeros(v.shape, dtype=np.int64)
-    big = v > 0
-    width[big] = np.floor(np.log2(v[big])).astype(np.int64) + 1      # bit length
-    shift = np.maximum(width - (hist.sub_bucket_half_count_magnitude + 1) - hist.unit_magnitude,
-                       0) + hist.unit_magnitude
-    low = (v >> shift) << shift
-    vals, counts = np.unique(low, return_counts=True)
-    for value, count in zip(vals.tolist(), counts.tolist(), strict=True):
-        hist.record_value(value, count)
-
-
-def summarize(hist: HdrHistogram) -> dict[str, float]:
-    """Percentiles in microseconds (the unit people compare RR latencies in)."""
-    if hist.get_total_count() == 0:
-        return {}
-    out = {f"p{p:g}_us": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
-    out["mean_us"] = hist.get_mean_value() / 1000
-    out["max_us"] = hist.get_max_value() / 1000
-    out["min_us"] = hist.get_min_value() / 1000
-    return {k: round(v, 3) for k, v in out.items()}
-
-
-def encode_histogram(hist: HdrHistogram) -> str:
-    return hist.encode().decode("ascii")
-
-
-def merge_encoded(encoded: list[str]) -> HdrHistogram:
-    total = new_histogram()
-    for e in encoded:
-        total.decode_and_add(e)
-    return total
 
 
 # ---- process plumbing --------------------------------------------------------------------------
@@ -195,19 +146,11 @@ def _wait_start(chan: Channel) -> float | None:
 
 # ---- receiving end -----------------------------------------------------------------------------
 
-def _engine(spec: FlowSpec) -> Any:
-    """The rx engine, checked. Zero-copy engines read extra options by attribute (ifname, queue,
-    consumer ...), so those ride along on the options object."""
-    from zcnet.rx.engines import EngineOptions, make_engine
-
-    known = set(EngineOptions.__dataclass_fields__)
+def _engine(spec: FlowSpec) -> Engine:
+    """The rx engine, checked; an unknown option or a value of the wrong type is a UsageError."""
     # read_size is the buffer size the server checked against its limits: it wins over a
-    # "bufsize" engine option (which would also be a second value for one keyword).
-    extra = {k: v for k, v in spec.engine_opts.items() if k != "bufsize"}
-    opts = EngineOptions(bufsize=spec.read_size, **{k: v for k, v in extra.items() if k in known})
-    for k, v in extra.items():
-        if k not in known:
-            setattr(opts, k, v)
+    # "bufsize" engine option.
+    opts = EngineOptions.from_mapping(spec.engine_opts, bufsize=spec.read_size)
     engine = make_engine(spec.engine, opts)
     why = engine.unsupported()
     if why:
@@ -216,8 +159,6 @@ def _engine(spec: FlowSpec) -> Any:
 
 
 def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
-    from zcnet.pattern import Verifier
-
     verifier = Verifier() if spec.verify else None
     stats = engine.run(conn, verifier.check if verifier else None)
     out = {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
@@ -283,8 +224,6 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
 def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
     """The pattern by copy or by a zcnet.tx path (zcnet.bench.stream), so the receiver can
     verify every byte."""
-    from zcnet.bench.stream import send_stream
-
     t0 = time.monotonic()
     sent, tx_stats = send_stream(sock, tx=spec.tx, duration=duration, chunk=spec.write_size,
                                  verify=spec.verify)
@@ -294,8 +233,6 @@ def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[s
 
 
 def tx_paths() -> tuple[str, ...]:
-    from zcnet.tx.senders import KINDS
-
     return tuple(KINDS)
 
 

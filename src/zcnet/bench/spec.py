@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
+from zcnet.rx.registry import engine_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOOLS = ("bench", "txbench")
-ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem")
+ENGINES = engine_names()
 TX_MODES = ("single", "mmsg", "uring", "gso")
 TABLES = ("grid", "ab", "mpstat")
 PLOTS = ("throughput-vs-mtu", "cpu-breakdown", "pps-per-mode")
@@ -43,7 +45,7 @@ AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
 }
 
 
-# What a substitution's ``unless`` may name (bench.experiments.Target.has answers each).
+# What a substitution's ``unless`` may name (bench.experiments.ExperimentRig.has answers each).
 UNLESS = ("ifname", "remote", "zcrx_copy")
 
 
@@ -281,8 +283,6 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
     rep = ck.table(doc, "report", required=False)
     ck.unknown(rep, ("report",), {"table", "rows", "columns", "metric", "extra", "baseline",
                                   "per_cpu", "plots"})
-    from zcnet.report.cells import METRICS  # the metric names a table can show
-
     metric_names = tuple(METRICS)
     table = ck.get(rep, ("report", "table"), str, "grid", check=_one_of(TABLES))
     axis_names = tuple(matrix)

@@ -1,0 +1,358 @@
+"""One io_uring per event loop, shared by every soft-provider receiver opened on that loop.
+
+Some facts that shape it:
+
+- A receiver with a ring of its own costs the loop, per wakeup and per receiver, an eventfd
+  read, an ``io_uring_enter`` and a reader callback. With 100 streams that is paid 100 times
+  per loop iteration. One ring per loop pays it once: one eventfd, one reader callback, one
+  enter that runs the task work of every receiver, completions dispatched by ``user_data``.
+- Provided-buffer rings belong to a ring and are named by a 16-bit group id, so each receiver
+  registers its own group on the loop's ring. Its requests carry ``member id << 8 | local
+  user_data``; the provider (:class:`SoftProvider`, unchanged) sees only its local values
+  through :class:`MemberRing`, its view of the shared ring.
+- IORING_SETUP_TASKRUN_FLAG: the kernel sets IORING_SQ_TASKRUN in the SQ ring's flags when it
+  queues task work (DEFER_TASKRUN: arriving data), before it signals the eventfd. Reading that
+  word says whether an enter would find anything: no enter ever finds nothing.
+- No lost wake-up: after a pass the eventfd is drained (a syscall, ordered with the kernel's
+  signal) and only then the flag and the CQ are read. Work queued before the drain shows in
+  them (and the pass repeats); work queued after it leaves the eventfd signalled.
+- Submissions are batched: a receiver that arms (or re-arms) leaves its SQE in the SQ and asks
+  for one pass at the end of the loop's current iteration, which submits them all at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from zcnet.errors import ClosedError, ZcnetError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.soft import RECV_UD, SoftProvider, buffer_count
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing
+from zcnet.uring.eventfd import drain, register_eventfd
+from zcnet.uring.ring import Completions, Ring
+
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+              | u.IORING_SETUP_SUBMIT_ALL | u.IORING_SETUP_TASKRUN_FLAG)
+SQ_ENTRIES = 256
+CQ_ENTRIES = 32768   # CQEs of every receiver between two passes; overflow ends a multishot
+LOCAL_BITS = 8
+LOCAL_MASK = (1 << LOCAL_BITS) - 1
+FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
+_WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
+_U64 = np.uint64
+
+
+class LoopRing:
+    """The shared ring of one event loop; opened with its first member, closed with its last."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ring = Ring(SQ_ENTRIES, flags=RING_FLAGS, cq_entries=CQ_ENTRIES)
+        self.members: dict[int, MemberRing] = {}
+        self._next_id = 1
+        self._free_bgids: list[int] = []
+        self._bgids = 0
+        self._scheduled = False
+        self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
+        try:
+            self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except BaseException:
+            self.ring.close()
+            raise
+        try:
+            register_eventfd(self.ring, self.efd)
+            loop.add_reader(self.efd, self._on_eventfd)
+        except BaseException:
+            os.close(self.efd)
+            self.ring.close()
+            raise
+
+    # --- members ---------------------------------------------------------------------------
+    def join(self) -> MemberRing:
+        mid = self._next_id
+        self._next_id += 1
+        if self._free_bgids:
+            bgid = self._free_bgids.pop()
+        elif self._bgids <= 0xFFFF:
+            bgid = self._bgids
+            self._bgids += 1
+        else:
+            raise ZcnetError("65536 receivers already share this event loop's io_uring",
+                             "close some, or open with shared_ring=False")
+        m = self.members[mid] = MemberRing(self, mid, bgid)
+        return m
+
+    def leave(self, m: MemberRing) -> None:
+        """``m`` is gone; its buffer group id is reused only once ``free_bgid`` says so."""
+        if self.members.pop(m.mid, None) is not None and not self.members:
+            self.close()
+
+    def free_bgid(self, bgid: int) -> None:
+        """The receive that used ``bgid`` has ended: the id may name a new member's group."""
+        if not self.ring.closed:
+            self._free_bgids.append(bgid)
+
+    def close(self) -> None:
+        if _rings.get(self.loop) is self:
+            del _rings[self.loop]
+        if self.efd >= 0:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.efd)
+            os.close(self.efd)
+            self.efd = -1
+        self.ring.close()
+
+    # --- passes --------------------------------------------------------------------------------
+    def _on_eventfd(self) -> None:
+        self.poll(signalled=True)
+
+    def schedule(self) -> None:
+        """One pass at the end of the loop's current iteration (batched submission)."""
+        if self.loop.is_closed():  # closing at shutdown: nothing runs later
+            self.poll()
+        elif not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._scheduled_poll)
+
+    def _scheduled_poll(self) -> None:
+        self._scheduled = False
+        if not self.ring.closed:
+            self.poll()
+
+    def work(self) -> bool:
+        """Whether a pass would find anything: SQEs to submit, task work or CQEs."""
+        ring = self.ring
+        return bool(self.prepped or ring.cq_ready() or ring.sq_flags & _WORK)
+
+    def poll(self, *, signalled: bool = False) -> None:
+        """Submit, run the task work, reap and dispatch; drain the eventfd when it may be set.
+        One pass; if the kernel queued more meanwhile, another pass is scheduled."""
+        ring = self.ring
+        if ring.closed:
+            return
+        entered = signalled
+        if self.prepped:
+            self.prepped = False
+            ring.submit()
+            entered = True
+        if ring.sq_flags & _WORK:
+            ring.get_events()
+            entered = True
+        n = ring.cq_ready()
+        if n > FEW:
+            self._dispatch(ring.reap())
+        elif n:
+            self._dispatch_few(ring, n)
+        if ring.closed:  # its last member left during the dispatch (a protocol's close)
+            return
+        if entered:
+            drain(self.efd)
+            if self.work():
+                self.schedule()
+
+    def wait(self, m: MemberRing, timeout: float) -> None:
+        """Block up to ``timeout`` s until ``m`` has a completion (only close() waits so)."""
+        ring = self.ring
+        deadline = time.monotonic() + timeout
+        while not m.inbox and not ring.closed:
+            self.poll(signalled=True)
+            left = deadline - time.monotonic()
+            if m.inbox or left <= 0:
+                return
+            if not ring.cq_ready():
+                ring.submit(1, min(left, 0.1))
+
+    def _dispatch(self, c: Completions) -> None:
+        ud = c.user_data
+        keys = ud >> LOCAL_BITS
+        local = ud & _U64(LOCAL_MASK)
+        res, flags = c.res, c.flags
+        first = int(keys[0])
+        if keys.tobytes() == np.full(len(keys), first, _U64).tobytes():
+            self._deliver(first, Completions(local, res, flags))
+            return
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        cuts = [0, *(np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist(), len(sk)]
+        for a, b in itertools.pairwise(cuts):
+            idx = order[a:b]
+            self._deliver(int(sk[a]), Completions(local[idx], res[idx], flags[idx]))
+
+    def _dispatch_few(self, ring: Ring, n: int) -> None:
+        """A few CQEs as Python tuples: cheaper than the ~8 numpy calls of ``_dispatch``."""
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for _ in range(n):
+            cqe = ring.reap_one()
+            if cqe is None:
+                break
+            ud, res, flags = cqe
+            groups.setdefault(ud >> LOCAL_BITS, []).append((ud & LOCAL_MASK, res, flags))
+        for mid, cqes in groups.items():
+            self._deliver(mid, cqes)
+
+    def _deliver(self, mid: int, c: Completions | list[tuple[int, int, int]]) -> None:
+        m = self.members.get(mid)
+        if m is not None:  # else: a member that left; its cancel completed before it did
+            m.inbox.append(c)
+            if m.on_ready is not None:
+                m.on_ready()
+            else:
+                m.kick()
+
+
+class MemberRing:
+    """One receiver's view of the loop's ring, shaped like the slice of :class:`Ring` that
+    :class:`SoftProvider` and the provider helpers use, in the member's local user_data."""
+
+    def __init__(self, lr: LoopRing, mid: int, bgid: int) -> None:
+        self.lr = lr
+        self.mid = mid
+        self.bgid = bgid
+        # Dispatched completions: arrays, or (user_data, res, flags) tuples for a few.
+        self.inbox: list[Completions | list[tuple[int, int, int]]] = []
+        self.waiter: asyncio.Future[None] | None = None
+        #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
+        self.on_ready: Callable[[], None] | None = None
+
+    # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
+    def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
+             user_data: int = 0, **kw: Any) -> int:
+        if self.lr.ring.closed:
+            raise ClosedError("the event loop's shared io_uring is closed")
+        tag = self.mid << LOCAL_BITS
+        if opcode == u.IORING_OP_ASYNC_CANCEL:
+            addr |= tag  # the target's user_data
+        if kw.get("flags", 0) & u.IOSQE_BUFFER_SELECT:
+            kw["buf_index"] = self.bgid
+        lr = self.lr
+        slot = lr.ring.prep(opcode, fd, addr, length, off, tag | user_data, **kw)
+        lr.prepped = True
+        return slot
+
+    def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
+        """No wait: submitted with everyone's at the end of this loop iteration. A wait with a
+        timeout (closing: the cancel's final CQE) blocks up to that long."""
+        if wait_nr and timeout:
+            self.lr.wait(self, timeout)
+        else:
+            self.lr.schedule()
+        return 0
+
+    def cq_ready(self) -> int:
+        return sum(map(len, self.inbox))
+
+    def reap(self) -> Completions:
+        box = self.inbox
+        self.inbox = []
+        if len(box) == 1 and type(box[0]) is Completions:
+            return box[0]
+        parts = [c if type(c) is Completions else _from_tuples(c) for c in box]
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return _from_tuples([])
+        return Completions(np.concatenate([c.user_data for c in parts]),
+                           np.concatenate([c.res for c in parts]),
+                           np.concatenate([c.flags for c in parts]))
+
+    def close(self) -> None:
+        self.inbox = []
+        self.kick()
+        self.lr.leave(self)
+
+    # --- the receiver's side ---------------------------------------------------------------------
+    def kick(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        fut = self.waiter = self.lr.loop.create_future()
+        try:
+            await fut
+        finally:
+            self.waiter = None
+
+
+def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
+    if not cqes:
+        return Completions(np.empty(0, _U64), np.empty(0, np.int32), np.empty(0, np.uint32))
+    ud, res, flags = zip(*cqes, strict=True)
+    return Completions(np.array(ud, _U64), np.array(res, np.int32), np.array(flags, np.uint32))
+
+
+class SharedSoftProvider(SoftProvider):
+    """The soft provider with its buffer group on the loop's ring instead of a ring of its own;
+    everything else (reaping, recycling, cancelling) is SoftProvider's own code."""
+
+    def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing) -> None:
+        self.fd = fd
+        self.area = area
+        self.buf_size = buf_size
+        self.entries = buffer_count(area.size, buf_size)
+        self.note = f"{self.entries} buffers of {buf_size} bytes, on the loop's shared io_uring"
+        self.armed = False
+        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size
+        ring = member.lr.ring
+        self.bundle = bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
+        # One member's round holds at most a CQE per buffer plus the final one.
+        self._ud_ok = np.full(2 * self.entries + 8, RECV_UD, _U64).tobytes()
+        self._buf = BufRing(ring, member.bgid, self.entries, buf_size, area=area,
+                            area_offset=0)
+        self._ring = member  # type: ignore[assignment]
+        self.member = member
+
+    def reap(self, timeout: float | None) -> Delivery:
+        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
+        provider's small-round path as they are, with no arrays built and taken apart."""
+        m = self.member
+        box = m.inbox
+        if len(box) == 1 and type(box[0]) is list and self._buf is not None:
+            m.inbox = []
+            out = Delivery()
+            self._take_few(box[0], out)
+            return out
+        return super().reap(timeout)
+
+    def close(self) -> None:
+        try:
+            super().close()  # cancels the receive, unregisters the group, leaves the ring
+        finally:
+            # A receive whose cancel was not confirmed may still pick buffers from its group
+            # id: that id is never given to another receiver.
+            if not self.armed:
+                self.member.lr.free_bgid(self.member.bgid)
+
+
+_rings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopRing] = (
+    weakref.WeakKeyDictionary())
+
+
+def open_shared_soft(loop: asyncio.AbstractEventLoop, fd: int, area_size: int, buf_size: int,
+                     hugetlb: bool) -> SharedSoftProvider:
+    """A soft provider on ``loop``'s shared ring (opened now if this is its first member)."""
+    lr = _rings.get(loop)
+    if lr is None or lr.ring.closed:
+        lr = _rings[loop] = LoopRing(loop)
+    m = lr.join()
+    try:
+        area = Area(area_size, hugetlb=hugetlb)
+        try:
+            return SharedSoftProvider(fd, area, buf_size, m)
+        except BaseException:
+            area.close()
+            raise
+    except BaseException:
+        m.close()
+        lr.free_bgid(m.bgid)  # nothing was armed on it
+        raise

@@ -1,0 +1,111 @@
+"""What ``zcnet bench`` measures: its options (MTUs, engines, placements ...) checked, the cells
+they make, and what a finished document says (peer ratios, verify failures). The runner is
+``zcnet.bench.run``; this module loads none of it, so the CLI can build its parser cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from zcnet import quantities
+from zcnet.bench.peers import parse_peers
+from zcnet.bench.proto import OptionValue
+from zcnet.errors import UsageError
+from zcnet.lab.topology import MTU_MAX
+from zcnet.netns import can_create_netns
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import ENGINES, default_engines, engine_names
+from zcnet.tx.senders import KINDS
+
+DEFAULT_MTUS = (1500, 4096, 9000)
+DEFAULT_ENGINES = default_engines()
+PLACEMENTS = ("same", "split")
+NIC_ENGINES = tuple(name for name, info in ENGINES.items() if info.needs_nic)
+CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
+
+
+@dataclass
+class BenchOptions:
+    mtus: tuple[int, ...] | None = None  # None: 1500,4096,9000 in the lab, lo's MTU otherwise
+    engines: tuple[str, ...] = DEFAULT_ENGINES
+    placements: tuple[str, ...] = PLACEMENTS
+    duration: float = 2.0
+    verify: bool = False
+    lab: bool | None = None          # None: lab when root, else loopback
+    json_path: str | None = None
+    engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
+    peers: tuple[str, ...] = ()      # C tools run in the same lab/placement: iperf3, sockperf
+    tx: str = "copy"                 # sender's send path (zcnet.tx.senders kinds)
+    # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
+    peer_write_size: int | None = None
+    lab_device: str = "veth"         # the lab's link: veth, or netdevsim (zcnet's test kernel)
+
+    def validate(self) -> None:
+        names = engine_names()
+        if self.peers:
+            parse_peers(",".join(self.peers))
+        if self.tx not in KINDS:
+            raise UsageError(f"unknown send path {self.tx!r}", f"choose from {', '.join(KINDS)}")
+        for what, values in (("engine", self.engines), ("placement", self.placements),
+                             ("peer", self.peers), ("MTU", self.mtus or ())):
+            if len(set(values)) != len(values):
+                raise UsageError(f"an {what} repeats in {','.join(map(str, values))}",
+                                 f"give each {what} once")
+        if not (self.engines or self.peers) or not self.placements or self.mtus == ():
+            raise UsageError("nothing to measure: an engine, placement or MTU list is empty",
+                             "give at least one of each (or leave the option out)")
+        for e in self.engines:
+            if e not in names:
+                raise UsageError(f"unknown engine {e!r}", f"choose from {', '.join(names)}")
+        for p in self.placements:
+            if p not in PLACEMENTS:
+                raise UsageError(f"unknown placement {p!r}", f"choose from {', '.join(PLACEMENTS)}")
+        for m in self.mtus or ():
+            quantities.check("mtu", m, "MTU")
+            if self.lab and m > MTU_MAX:
+                raise UsageError(f"MTU {m} is beyond veth's largest, {MTU_MAX}",
+                                 f"use {MTU_MAX} or less in the lab")
+        quantities.check("duration", self.duration, "duration")
+        EngineOptions.from_mapping(self.engine_opts)  # names and types, before the lab is built
+
+    def resolved(self) -> BenchOptions:
+        """A copy with the lab decided (capabilities) and default MTUs filled in for it."""
+        if self.lab is None:
+            return replace(self, lab=can_create_netns()).resolved()
+        if self.mtus is None:
+            return replace(self, mtus=DEFAULT_MTUS if self.lab else (lo_mtu(),))
+        return self
+
+    def cells(self) -> list[tuple[int, str, str]]:
+        """(mtu, engine-or-peer, placement) in run order: MTU outermost (few MTU changes)."""
+        return [(m, e, p) for m in self.resolved().mtus or () for p in self.placements
+                for e in (*self.engines, *self.peers)]
+
+
+def lo_mtu() -> int:
+    try:
+        return int(Path("/sys/class/net/lo/mtu").read_text())
+    except (OSError, ValueError):
+        return 65536
+
+
+def peer_ratios(doc: dict[str, Any], peer: str = "iperf3") -> list[dict[str, Any]]:
+    """Best zcnet engine vs ``peer`` per (MTU, placement), for the notes and the closing table."""
+    out = []
+    ok = [r for r in doc["results"] if r["status"] == "ok" and r.get("gbps")]
+    for key in dict.fromkeys((r["mtu"], r["placement"]) for r in ok):
+        rows = [r for r in ok if (r["mtu"], r["placement"]) == key]
+        ref = next((r for r in rows if r["engine"] == peer), None)
+        ours = [r for r in rows if not r.get("peer")]
+        if ref and ours:
+            best = max(ours, key=lambda r: r["gbps"])
+            out.append({"mtu": key[0], "placement": key[1], "engine": best["engine"],
+                        "gbps": best["gbps"], "peer": peer, "peer_gbps": ref["gbps"],
+                        "ratio": round(best["gbps"] / ref["gbps"], 3)})
+    return out
+
+
+def verify_failed(doc: dict[str, Any]) -> int:
+    return sum(r.get("verify", {}).get("mismatches", 0) for r in doc["results"])

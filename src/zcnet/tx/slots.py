@@ -1,0 +1,114 @@
+"""The slot machinery every sender shares: a caller's buffer cut into equal slots, a slot
+reused only once the kernel is done with it, fill/release hooks and the counters.
+
+``SlotSender`` is the base of the senders in ``zcnet.tx.senders`` and ``zcnet.tx.sendzc``;
+a subclass sets ``kind`` and implements ``_wait_some`` (block until a slot comes back),
+``send``, ``flush`` and ``close``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from zcnet.errors import UsageError, ZcnetError
+from zcnet.sockcheck import require_connected
+
+SlotHook = Callable[[int, memoryview], None]
+FLUSH_TIMEOUT = 5.0  # seconds flush() and close() wait for outstanding completions
+
+
+@dataclass
+class SendStats:
+    kind: str            # what was asked for
+    path: str            # what actually ran ("copy" after a fallback)
+    sends: int = 0       # send operations issued (calls or SQEs)
+    bytes: int = 0
+    zerocopy: int = 0    # completions the kernel reported as zero-copy
+    copied: int = 0      # completions reported as copied after all (COPIED / USAGE_ZC_COPIED)
+    pending: int = 0     # sends whose completion has not arrived yet
+    retries: int = 0     # ENOBUFS/EAGAIN waits
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sender(Protocol):
+    """After ``close()`` only ``stats()`` (the final counters) and ``close()`` may be called;
+    everything else raises ClosedError."""
+
+    kind: str
+
+    def send(self, nbytes: int) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def stats(self) -> SendStats: ...
+
+
+def byte_view(buf: Any) -> memoryview:
+    """``buf`` as writable bytes; a UsageError naming what it got otherwise."""
+    try:
+        view = memoryview(buf).cast("B")
+    except TypeError:
+        raise UsageError(f"the send buffer must be a writable buffer (bytearray, numpy array, "
+                         f"mmap), not {type(buf).__name__}") from None
+    if view.readonly:
+        raise UsageError("the send buffer must be writable (slots are refilled)")
+    return view
+
+
+class SlotSender:
+    """Buffer slots, hooks and stats shared by every kind."""
+
+    kind = ""
+
+    def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
+                 on_release: SlotHook | None) -> None:
+        require_connected(sock, f"{self.kind} sender")
+        if not isinstance(slots, int) or slots <= 0:
+            raise UsageError(f"slots must be a positive integer, got {slots!r}")
+        self.sock = sock
+        self.view = byte_view(buf)
+        self.slot_size = len(self.view) // slots
+        if self.slot_size <= 0:
+            raise UsageError(f"buffer of {len(self.view)} B cannot hold {slots} slots")
+        self.slots = [self.view[i * self.slot_size:(i + 1) * self.slot_size]
+                      for i in range(slots)]
+        self.free = list(range(slots - 1, -1, -1))  # a stack: the warmest slot first
+        self.on_fill = on_fill
+        self.on_release = on_release
+        self._stats = SendStats(self.kind, self.kind)
+        self._closed = False
+
+    def _check(self, nbytes: int) -> None:
+        if not 0 < nbytes <= self.slot_size:
+            raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot",
+                             "give a larger buffer or fewer slots")
+
+    def _acquire(self) -> int:
+        while not self.free:
+            self._wait_some()
+        slot = self.free.pop()
+        if self.on_fill:
+            self.on_fill(slot, self.slots[slot])
+        return slot
+
+    def _release(self, slot: int) -> None:
+        if self.on_release:
+            self.on_release(slot, self.slots[slot])
+        self.free.append(slot)
+
+    def _wait_some(self) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> SendStats:
+        return SendStats(**asdict(self._stats))
+
+
+def stuck(pending: int, timeout: float) -> ZcnetError:
+    """The error for zero-copy sends the kernel still holds when flush() gives up."""
+    return ZcnetError(f"{pending} zero-copy sends still unacknowledged after {timeout:g} s",
+                      "the peer stopped reading; close the socket to give up on them")

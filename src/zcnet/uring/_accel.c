@@ -1,0 +1,619 @@
+/* zcnet.uring._accel: the optional compiled half of the ring's hot path.
+ *
+ * Only what pure Python cannot do fast enough lives here: io_uring_enter without ctypes'
+ * argument conversion (about 0.35 us per call), the Ring's hot methods (Core: one C call each
+ * instead of a Python frame, a ctypes call and a struct pack), and the zero-copy iterator's
+ * per-chunk objects (make_chunks). The Core works on the ring's mapped memory through raw
+ * pointers, so it checks its own closed flag before every access and the Ring closes it before
+ * unmapping; anything unusual goes back to the Python methods, whose checks and errors are
+ * then the user's. Private to zcnet.uring.ring and zcnet.rx.zc.receiver: they pass it valid
+ * addresses.
+ *
+ * Built at install time when a C compiler exists (setup.py, optional); without it, or with
+ * ZCNET_PURE=1 in the environment, zcnet runs the pure-Python path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+
+static int as_long(PyObject *o, long *out) {
+    *out = PyLong_AsLong(o);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+/* enter(fd, to_submit, min_complete, flags, arg, argsz) -> int
+ *
+ * One io_uring_enter. ``arg`` is None or the address of the extended argument. Returns the
+ * kernel's result, or -errno on failure (never raises for a kernel error: the caller redoes
+ * the call on its slow path, which translates errno). The GIL is released while the kernel
+ * may wait for completions (min_complete > 0), so other threads run during a blocking wait. */
+static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long v[4], argsz = 0;
+    void *arg = NULL;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "enter(fd, to_submit, min_complete, flags, arg, argsz)");
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++)
+        if (!as_long(args[i], &v[i]))
+            return NULL;
+    if (args[4] != Py_None) {
+        arg = PyLong_AsVoidPtr(args[4]);
+        if (arg == NULL && PyErr_Occurred())
+            return NULL;
+    }
+    if (!as_long(args[5], &argsz))
+        return NULL;
+    long ret;
+    if (v[2] > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        ret = syscall(__NR_io_uring_enter, (int)v[0], (unsigned)v[1], (unsigned)v[2],
+                      (unsigned)v[3], arg, (size_t)argsz);
+        if (ret < 0)
+            ret = -errno;
+        Py_END_ALLOW_THREADS
+    } else {
+        ret = syscall(__NR_io_uring_enter, (int)v[0], (unsigned)v[1], (unsigned)v[2],
+                      (unsigned)v[3], arg, (size_t)argsz);
+        if (ret < 0)
+            ret = -errno;
+    }
+    return PyLong_FromLong(ret);
+}
+
+/* The byte offset of __slots__ member ``name`` of ``cls`` (-1 and TypeError if it is not one). */
+static Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
+    PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
+    if (!d)
+        return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
+                     name);
+    return off;
+}
+
+static void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
+    PyObject **p = (PyObject **)((char *)o + off);
+    PyObject *old = *p;
+    *p = v; /* the reference passed in is stolen */
+    Py_XDECREF(old);
+}
+
+/* Core: the ring's hot methods over its mapped memory, bound on a Ring made with the
+ * accelerator (Ring.prep, .prep_batch, .submit, .reap, .reap_one). The Ring keeps its
+ * mappings alive while the Core is open and closes the Core before unmapping; after that
+ * every method raises the same
+ * ClosedError as the Python methods. Anything off the common path (keywords it does not know,
+ * a value out of range, a full SQ, a timeout, a short submit or a failed enter) is handed to
+ * the Ring's Python method of the same job, so errors and their messages are the Python
+ * path's own. */
+typedef struct {
+    PyObject_HEAD
+    int fd, closed;
+    unsigned *khead, *ktail, *kcq_head, *kcq_tail;
+    char *sqes, *cqes;
+    unsigned sq_mask, cq_mask, sq_entries, sqe_size, cqe_size;
+    PyObject *ring_ref;     /* weakref to the Ring: its slow paths */
+    PyObject *closed_error; /* zcnet.errors.ClosedError */
+    PyObject *owner;        /* the Ring's type name, for the error message */
+    PyTypeObject *comp;     /* zcnet.uring.ring.Completions: reap's result */
+    Py_ssize_t comp_off[8]; /* its slots, in comp_slots order */
+    PyObject *keep;         /* the ring's mappings: alive while any bound method is */
+    int cqe32;
+} Core;
+
+/* Completions' slots: the three reap sets, then the lazily decoded ones (None) */
+static const char *const comp_slots[8] = {"_raw", "_n", "_cqe32", "_words", "_ud", "_res",
+                                          "_flags", "_extra"};
+
+static void core_dealloc(Core *c) {
+    Py_XDECREF(c->ring_ref);
+    Py_XDECREF(c->closed_error);
+    Py_XDECREF(c->owner);
+    Py_XDECREF(c->comp);
+    Py_XDECREF(c->keep);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static int core_init(Core *c, PyObject *args, PyObject *kw) {
+    unsigned long long sq, cq, sqes, cqes;
+    unsigned khead, ktail, kcq_head, kcq_tail;
+    PyObject *ring, *err, *of, *keep;
+    if (!PyArg_ParseTuple(args, "OOOOiiKIIKIIKIIIKIII", &ring, &err, &of, &keep, &c->cqe32,
+                          &c->fd, &sq,
+                          &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &c->sq_mask,
+                          &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
+                          &c->closed))
+        return -1;
+    if (!PyType_Check(of)) {
+        PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
+        return -1;
+    }
+    for (int i = 0; i < 8; i++)
+        if ((c->comp_off[i] = slot_offset((PyTypeObject *)of, comp_slots[i])) < 0)
+            return -1;
+    Py_INCREF(of);
+    Py_XSETREF(c->comp, (PyTypeObject *)of);
+    Py_INCREF(keep);
+    Py_XSETREF(c->keep, keep);
+    c->khead = (unsigned *)(uintptr_t)(sq + khead);
+    c->ktail = (unsigned *)(uintptr_t)(sq + ktail);
+    c->kcq_head = (unsigned *)(uintptr_t)(cq + kcq_head);
+    c->kcq_tail = (unsigned *)(uintptr_t)(cq + kcq_tail);
+    c->sqes = (char *)(uintptr_t)sqes;
+    c->cqes = (char *)(uintptr_t)cqes;
+    Py_XSETREF(c->ring_ref, PyWeakref_NewRef(ring, NULL));
+    if (!c->ring_ref)
+        return -1;
+    Py_INCREF(err);
+    Py_XSETREF(c->closed_error, err);
+    Py_XSETREF(c->owner, PyUnicode_FromString(Py_TYPE(ring)->tp_name));
+    return c->owner ? 0 : -1;
+}
+
+static PyObject *core_closed(Core *c, const char *method) {
+    PyErr_Format(c->closed_error, "%s() on a closed %U", method, c->owner);
+    return NULL;
+}
+
+/* Call the Ring's Python method ``name`` with these arguments (the slow path). */
+static PyObject *core_delegate(Core *c, const char *name, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    PyObject *ring = PyWeakref_GetObject(c->ring_ref); /* borrowed */
+    if (ring == Py_None)
+        return core_closed(c, name);
+    Py_INCREF(ring);
+    PyObject *meth = PyObject_GetAttrString(ring, name);
+    Py_DECREF(ring);
+    if (!meth)
+        return NULL;
+    PyObject *ret = PyObject_Vectorcall(meth, args, nargsf, kwnames);
+    Py_DECREF(meth);
+    return ret;
+}
+
+static const char *const field_names[] = {"opcode", "fd", "addr", "length", "off",
+                                          "user_data", "flags", "ioprio", "op_flags",
+                                          "buf_index", "file_index", "addr3"};
+enum { F_OPCODE, F_FD, F_ADDR, F_LEN, F_OFF, F_UD, F_FLAGS, F_IOPRIO, F_OPFLAGS, F_BUFINDEX,
+       F_FILEINDEX, F_ADDR3, F_N };
+/* the largest value each field holds; fd is signed (checked separately) */
+static const unsigned long long field_max[F_N] = {
+    0xFF, 0, ~0ULL, 0xFFFFFFFFULL, ~0ULL, ~0ULL, 0xFF, 0xFFFF, 0xFFFFFFFFULL, 0xFFFF,
+    0xFFFFFFFFULL, ~0ULL};
+
+/* Sort the arguments into given[field]: positional ones in the order ``pos``, keywords whose
+ * field is in ``kw_ok``. Returns 0 for anything else (the Python method then decides). */
+static int gather(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const int *pos,
+                  int npos, unsigned kw_ok, PyObject **given) {
+    if (nargs < 1 || nargs > npos)
+        return 0;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[pos[i]] = args[i];
+    if (!kwnames)
+        return 1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int j = F_N;
+        for (int i = 0; i < F_N; i++)
+            if ((kw_ok >> i) & 1 && PyUnicode_CompareWithASCIIString(name, field_names[i]) == 0) {
+                j = i;
+                break;
+            }
+        if (j == F_N || given[j])
+            return 0;
+        given[j] = args[nargs + k];
+    }
+    return 1;
+}
+
+/* Convert the scalar fields (all but ``skip``); 0 when one is not an int or out of range. */
+static int convert(PyObject **given, int skip, unsigned long long *v, int32_t *fd) {
+    *fd = -1;
+    for (int i = 0; i < F_N; i++) {
+        if (!given[i] || i == skip)
+            continue;
+        if (!PyLong_CheckExact(given[i]))
+            return 0;
+        if (i == F_FD) {
+            long long x = PyLong_AsLongLong(given[i]);
+            if ((x == -1 && PyErr_Occurred()) || x < INT32_MIN || x > INT32_MAX) {
+                PyErr_Clear();
+                return 0;
+            }
+            *fd = (int32_t)x;
+            continue;
+        }
+        v[i] = PyLong_AsUnsignedLongLong(given[i]);
+        if ((v[i] == (unsigned long long)-1 && PyErr_Occurred()) || v[i] > field_max[i]) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The 64-byte struct io_uring_sqe, every byte written (as the Python path does). */
+static void write_sqe(unsigned char *s, const unsigned long long *v, int32_t fd) {
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+    u8 = (uint8_t)v[F_OPCODE]; memcpy(s + 0, &u8, 1);
+    u8 = (uint8_t)v[F_FLAGS]; memcpy(s + 1, &u8, 1);
+    u16 = (uint16_t)v[F_IOPRIO]; memcpy(s + 2, &u16, 2);
+    memcpy(s + 4, &fd, 4);
+    u64 = v[F_OFF]; memcpy(s + 8, &u64, 8);
+    u64 = v[F_ADDR]; memcpy(s + 16, &u64, 8);
+    u32 = (uint32_t)v[F_LEN]; memcpy(s + 24, &u32, 4);
+    u32 = (uint32_t)v[F_OPFLAGS]; memcpy(s + 28, &u32, 4);
+    u64 = v[F_UD]; memcpy(s + 32, &u64, 8);
+    u16 = (uint16_t)v[F_BUFINDEX]; memcpy(s + 40, &u16, 2);
+    u16 = 0; memcpy(s + 42, &u16, 2); /* personality */
+    u32 = (uint32_t)v[F_FILEINDEX]; memcpy(s + 44, &u32, 4);
+    u64 = v[F_ADDR3]; memcpy(s + 48, &u64, 8);
+    u64 = 0; memcpy(s + 56, &u64, 8);
+}
+
+static const int prep_pos[] = {F_OPCODE, F_FD, F_ADDR, F_LEN, F_OFF, F_UD};
+
+/* prep(opcode, fd=-1, addr=0, length=0, off=0, user_data=0, *, flags=0, ioprio=0,
+ *      op_flags=0, buf_index=0, file_index=0, addr3=0) -> slot */
+static PyObject *core_prep(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    unsigned long long v[F_N] = {0};
+    PyObject *given[F_N] = {NULL};
+    int32_t fd;
+    if (c->closed)
+        return core_closed(c, "prep");
+    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, prep_pos, 6, ((1u << F_N) - 1) & ~1u,
+                given) || !convert(given, -1, v, &fd))
+        goto slow;
+    unsigned tail = *c->ktail;
+    if (tail - __atomic_load_n(c->khead, __ATOMIC_RELAXED) >= c->sq_entries)
+        goto slow; /* full: the Python method submits to make room */
+    unsigned slot = tail & c->sq_mask;
+    write_sqe((unsigned char *)c->sqes + (size_t)slot * c->sqe_size, v, fd);
+    /* The kernel reads ktail only inside our own io_uring_enter, so publishing it here is
+     * the same as publishing it at submit. */
+    __atomic_store_n(c->ktail, tail + 1, __ATOMIC_RELEASE);
+    return PyLong_FromUnsignedLong(slot);
+slow:
+    return core_delegate(c, "_prep_py", args, nargsf, kwnames);
+}
+
+static const int batch_pos[] = {F_OPCODE, F_UD};
+
+/* prep_batch(opcode, user_data, *, fd=-1, addr=0, length=0, flags=0, ioprio=0, op_flags=0,
+ *            buf_index=0): user_data a contiguous 1-D buffer of 8-byte unsigned ints; array
+ * addr or length (and anything else) go to the Python method. */
+static PyObject *core_prep_batch(Core *c, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    unsigned long long v[F_N] = {0};
+    PyObject *given[F_N] = {NULL};
+    int32_t fd;
+    Py_buffer ud;
+    if (c->closed)
+        return core_closed(c, "prep_batch");
+    unsigned kw_ok = 1u << F_UD | 1u << F_FD | 1u << F_ADDR | 1u << F_LEN | 1u << F_FLAGS |
+                     1u << F_IOPRIO | 1u << F_OPFLAGS | 1u << F_BUFINDEX;
+    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, batch_pos, 2, kw_ok, given) ||
+        !given[F_UD] || !convert(given, F_UD, v, &fd))
+        goto slow;
+    if (PyObject_GetBuffer(given[F_UD], &ud, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        goto slow;
+    }
+    const char *f = ud.format ? ud.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    if (ud.ndim != 1 || ud.itemsize != 8 || !(f[0] == 'Q' || f[0] == 'L') || f[1]) {
+        PyBuffer_Release(&ud);
+        goto slow;
+    }
+    Py_ssize_t n = ud.shape[0];
+    unsigned tail = *c->ktail;
+    if (n == 0 || (Py_ssize_t)(c->sq_entries - (tail - __atomic_load_n(c->khead,
+                                                                        __ATOMIC_RELAXED))) < n) {
+        PyBuffer_Release(&ud);
+        goto slow; /* nothing to do, or the Python method submits to make room */
+    }
+    unsigned char tmpl[64];
+    write_sqe(tmpl, v, fd);
+    const uint64_t *uds = ud.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char *s = (unsigned char *)c->sqes + (size_t)((tail + i) & c->sq_mask) *
+                                                          c->sqe_size;
+        memcpy(s, tmpl, 64);
+        memcpy(s + 32, &uds[i], 8);
+    }
+    PyBuffer_Release(&ud);
+    __atomic_store_n(c->ktail, tail + (unsigned)n, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+slow:
+    return core_delegate(c, "_prep_batch_py", args, nargsf, kwnames);
+}
+
+static long sys_enter(Core *c, unsigned n, unsigned wait_nr) {
+    long ret;
+    unsigned flags = wait_nr ? 1u /* IORING_ENTER_GETEVENTS */ : 0u;
+    if (wait_nr) {
+        Py_BEGIN_ALLOW_THREADS
+        ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
+        Py_END_ALLOW_THREADS
+    } else {
+        ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
+    }
+    return ret;
+}
+
+/* submit(wait_nr=0, timeout=None) -> SQEs the kernel consumed */
+static PyObject *core_submit(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (c->closed)
+        return core_closed(c, "submit");
+    if (kwnames || nargs > 2 || (nargs == 2 && args[1] != Py_None))
+        goto slow;
+    unsigned long wait_nr = 0;
+    if (nargs >= 1) {
+        if (!PyLong_CheckExact(args[0]))
+            goto slow;
+        wait_nr = PyLong_AsUnsignedLong(args[0]);
+        if ((wait_nr == (unsigned long)-1 && PyErr_Occurred()) || wait_nr > 0xFFFFFFFFUL) {
+            PyErr_Clear();
+            goto slow;
+        }
+    }
+    unsigned n = *c->ktail - __atomic_load_n(c->khead, __ATOMIC_RELAXED);
+    long ret = sys_enter(c, n, (unsigned)wait_nr);
+    if (c->closed) /* closed by another thread while we waited without the GIL: unmapped */
+        return core_closed(c, "submit");
+    if (ret >= 0 && !wait_nr)
+        return PyLong_FromLong(ret);
+    if (ret == (long)n &&
+        __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - *c->kcq_head >= wait_nr)
+        return PyLong_FromLong(ret);
+    /* a signal, a short submit, an error: the Python slow path, from the count before */
+    {
+        PyObject *pyargs[3] = {NULL, NULL, NULL};
+        pyargs[0] = PyLong_FromUnsignedLong(n);
+        pyargs[1] = PyLong_FromUnsignedLong(wait_nr);
+        pyargs[2] = Py_None;
+        if (!pyargs[0] || !pyargs[1]) {
+            Py_XDECREF(pyargs[0]);
+            Py_XDECREF(pyargs[1]);
+            return NULL;
+        }
+        PyObject *r = core_delegate(c, "_submit_slow", pyargs, 3, NULL);
+        Py_DECREF(pyargs[0]);
+        Py_DECREF(pyargs[1]);
+        return r;
+    }
+slow:
+    return core_delegate(c, "_submit_py", args, nargsf, kwnames);
+}
+
+/* reap_one() -> (user_data, res, flags) or None */
+static PyObject *core_reap_one(Core *c, PyObject *unused) {
+    if (c->closed)
+        return core_closed(c, "reap_one");
+    unsigned head = *c->kcq_head;
+    if (__atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) == head)
+        Py_RETURN_NONE;
+    const char *cqe = c->cqes + (size_t)(head & c->cq_mask) * c->cqe_size;
+    uint64_t ud;
+    int32_t res;
+    uint32_t flags;
+    memcpy(&ud, cqe, 8);
+    memcpy(&res, cqe + 8, 4);
+    memcpy(&flags, cqe + 12, 4);
+    __atomic_store_n(c->kcq_head, head + 1, __ATOMIC_RELEASE);
+    PyObject *t = PyTuple_New(3);
+    if (!t)
+        return NULL;
+    PyObject *a = PyLong_FromUnsignedLongLong(ud), *b = PyLong_FromLong(res),
+             *f = PyLong_FromUnsignedLong(flags);
+    if (!a || !b || !f) {
+        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(f); Py_DECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    PyTuple_SET_ITEM(t, 2, f);
+    return t;
+}
+
+/* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy */
+static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (c->closed)
+        return core_closed(c, "reap");
+    unsigned head = *c->kcq_head;
+    unsigned n = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
+    if (kwnames || nargs > 1)
+        return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+    if (nargs == 1 && args[0] != Py_None) {
+        if (!PyLong_CheckExact(args[0]))
+            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        long long m = PyLong_AsLongLong(args[0]);
+        if (m == -1 && PyErr_Occurred())
+            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        if (m < (long long)n)
+            n = m < 0 ? 0 : (unsigned)m;
+    }
+    size_t sz = c->cqe_size, ring_bytes = (size_t)(c->cq_mask + 1) * sz;
+    size_t start = (size_t)(head & c->cq_mask) * sz, len = (size_t)n * sz;
+    PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!raw)
+        return NULL;
+    char *dst = PyByteArray_AS_STRING(raw);
+    if (start + len <= ring_bytes) {
+        memcpy(dst, c->cqes + start, len);
+    } else {
+        memcpy(dst, c->cqes + start, ring_bytes - start);
+        memcpy(dst + (ring_bytes - start), c->cqes, len - (ring_bytes - start));
+    }
+    __atomic_store_n(c->kcq_head, head + n, __ATOMIC_RELEASE); /* the copy above is done */
+    PyObject *pn = PyLong_FromUnsignedLong(n);
+    PyObject *ret = pn ? c->comp->tp_alloc(c->comp, 0) : NULL;
+    if (!ret) {
+        Py_XDECREF(pn);
+        Py_DECREF(raw);
+        return NULL;
+    }
+    /* as Completions._of: the copy, its count and kind; the rest decoded on first use */
+    set_slot(ret, c->comp_off[0], raw);
+    set_slot(ret, c->comp_off[1], pn);
+    set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
+    for (int i = 3; i < 8; i++)
+        set_slot(ret, c->comp_off[i], Py_NewRef(Py_None));
+    return ret;
+}
+
+/* close(): from now on every method raises ClosedError (call before unmapping) */
+static PyObject *core_close(Core *c, PyObject *unused) {
+    c->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef core_methods[] = {
+    {"prep", (PyCFunction)(void (*)(void))core_prep, METH_FASTCALL | METH_KEYWORDS,
+     "Fill one SQE; returns the slot index (Ring.prep)."},
+    {"submit", (PyCFunction)(void (*)(void))core_submit, METH_FASTCALL | METH_KEYWORDS,
+     "Publish pending SQEs and enter (Ring.submit)."},
+    {"prep_batch", (PyCFunction)(void (*)(void))core_prep_batch, METH_FASTCALL | METH_KEYWORDS,
+     "Fill len(user_data) SQEs of one opcode (Ring.prep_batch)."},
+    {"reap", (PyCFunction)(void (*)(void))core_reap, METH_FASTCALL | METH_KEYWORDS,
+     "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
+    {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
+     "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
+    {"close", (PyCFunction)core_close, METH_NOARGS, "Refuse every later call."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "zcnet.uring._accel.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
+              "sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)core_init,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_methods = core_methods,
+};
+
+/* make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)
+ *
+ * The iterator path's per-buffer objects: one ``cls`` instance per buffer (a class with
+ * __slots__ _rx, offset, length, _tok, stream_offset, all set here as its __init__ would),
+ * stream offsets running from ``start``. Allocating them from C skips a Python __init__ frame
+ * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length. */
+static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyType_Check(args[0]) || !PyList_Check(args[2]) ||
+        !PyList_Check(args[3]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make_chunks(cls, rx, offsets: list, lengths: list, tokens: list, start)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *rx = args[1], *offs = args[2], *lens = args[3], *toks = args[4];
+    Py_ssize_t n = PyList_GET_SIZE(offs);
+    if (PyList_GET_SIZE(lens) != n || PyList_GET_SIZE(toks) != n) {
+        PyErr_SetString(PyExc_ValueError, "make_chunks: offsets, lengths and tokens differ in "
+                                          "length");
+        return NULL;
+    }
+    long long s = PyLong_AsLongLong(args[5]);
+    if (s == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "offset"),
+               o_len = slot_offset(cls, "length"), o_tok = slot_offset(cls, "_tok"),
+               o_so = slot_offset(cls, "stream_offset");
+    if (o_rx < 0 || o_off < 0 || o_len < 0 || o_tok < 0 || o_so < 0)
+        return NULL;
+    PyObject *out = PyList_New(n);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ln = PyList_GET_ITEM(lens, i);
+        long long l = PyLong_AsLongLong(ln);
+        if (l == -1 && PyErr_Occurred())
+            goto fail;
+        PyObject *so = PyLong_FromLongLong(s);
+        if (!so)
+            goto fail;
+        PyObject *c = cls->tp_alloc(cls, 0);
+        if (!c) {
+            Py_DECREF(so);
+            goto fail;
+        }
+        Py_INCREF(rx);
+        set_slot(c, o_rx, rx);
+        Py_INCREF(PyList_GET_ITEM(offs, i));
+        set_slot(c, o_off, PyList_GET_ITEM(offs, i));
+        Py_INCREF(ln);
+        set_slot(c, o_len, ln);
+        Py_INCREF(PyList_GET_ITEM(toks, i));
+        set_slot(c, o_tok, PyList_GET_ITEM(toks, i));
+        set_slot(c, o_so, so);
+        PyList_SET_ITEM(out, i, c);
+        s += l;
+    }
+    {
+        PyObject *end = PyLong_FromLongLong(s);
+        if (!end)
+            goto fail;
+        PyObject *r = PyTuple_Pack(2, out, end);
+        Py_DECREF(out);
+        Py_DECREF(end);
+        return r;
+    }
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef accel_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
+     "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+    {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
+     "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef accel_module = {
+    PyModuleDef_HEAD_INIT, "zcnet.uring._accel",
+    "The optional compiled half of zcnet's io_uring hot path.", -1, accel_methods,
+};
+
+PyMODINIT_FUNC PyInit__accel(void) {
+    if (PyType_Ready(&CoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&accel_module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

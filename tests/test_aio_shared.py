@@ -1,0 +1,247 @@
+"""The io_uring one event loop shares among its soft receivers (zcnet.aio.shared)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
+from zcnet import aio
+from zcnet.aio import shared
+from zcnet.aio.shared import SharedSoftProvider
+from zcnet.rx.zc.soft import SoftProvider
+
+pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
+
+SMALL = {"area_size": 256 << 10, "buf_size": 16 << 10}
+
+
+def test_receivers_share_one_ring_until_the_last_closes(loop_kind, no_leaks):
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(3)]
+        rxs = [aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs]
+        providers = [rx.rx.provider for rx in rxs]
+        assert all(type(p) is SharedSoftProvider for p in providers)
+        lr = providers[0].member.lr
+        assert all(p.member.lr is lr for p in providers)
+        assert len({p.member.bgid for p in providers}) == 3
+        own = aio.open_receiver(pairs[0][0], shared_ring=False, **SMALL)
+        assert type(own.rx.provider) is SoftProvider  # a ring of its own
+        own.close()
+        for rx in rxs[:2]:
+            rx.close()
+        assert not lr.ring.closed  # the third still uses it
+        for c, _ in pairs[1:]:
+            c.sendall(b"still here")
+            c.close()
+        pairs[0][0].close()
+        got = b"".join([bytes(ch.data) for ch in await rxs[2].recv()])
+        assert got == b"still here"[:len(got)] and got
+        rxs[2].close()
+        assert lr.ring.closed and lr.efd == -1  # closed with its last member
+
+    run(loop_kind, main)
+
+
+def test_a_closed_receivers_group_id_goes_to_the_next(loop_kind, no_leaks):
+    """Buffer group ids are 16 bits: a connection-churning server must get them back."""
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(3)]
+        a, b = (aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs[:2])
+        a_gid = a.rx.provider.member.bgid
+        a.close()  # never armed: nothing to cancel
+        c = aio.open_receiver(pairs[2][1], own_socket=True, **SMALL)
+        assert c.rx.provider.member.bgid == a_gid
+        pairs[1][0].sendall(b"abc")
+        got = await b.recv()  # arms b's receive on the ring
+        b.rx.release_many(got)
+        b_gid = b.rx.provider.member.bgid
+        b.close()  # cancels the armed receive, and sees it end
+        d_client, d_sock = await tcp_pair()
+        pairs.append((d_client, d_sock))
+        d = aio.open_receiver(d_sock, own_socket=True, **SMALL)
+        assert d.rx.provider.member.bgid == b_gid
+        for x in (c, d):
+            x.close()
+        for cl, _ in pairs:
+            cl.close()
+
+    run(loop_kind, main)
+
+
+def test_more_waiting_receivers_than_one_enter_serves(loop_kind, no_leaks):
+    """Ping-pong on 64 connections at once: each round the data for every receiver arrives
+    while all of them sleep, more task work than one enter runs (the kernel caps it), so the
+    rest must be picked up without a new arrival to signal it."""
+    n_conn, rounds = 64, 20
+
+    async def main() -> int:
+        pairs = [await tcp_pair() for _ in range(n_conn)]
+        rxs = [aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs]
+        done = 0
+        try:
+            for r in range(rounds):
+                msgs = [bytes([r, i % 251]) * 32 for i in range(n_conn)]
+                waits = [asyncio.ensure_future(rx.recv()) for rx in rxs]
+                await asyncio.sleep(0)  # every receiver is asleep before the data comes
+                for (c, _), m in zip(pairs, msgs, strict=True):
+                    c.send(m)
+                got = await asyncio.wait_for(asyncio.gather(*waits), 30)  # hang guard only
+                for rx, chunks, m in zip(rxs, got, msgs, strict=True):
+                    data = b"".join(bytes(ch.data) for ch in chunks)
+                    rx.rx.release_many(chunks)
+                    while len(data) < len(m):  # a message may come in two rounds
+                        more = await asyncio.wait_for(rx.recv(), 30)
+                        data += b"".join(bytes(ch.data) for ch in more)
+                        rx.rx.release_many(more)
+                    assert data == m
+                    done += 1
+        finally:
+            for (c, _), rx in zip(pairs, rxs, strict=True):
+                c.close()
+                rx.close()
+        return done
+
+    assert run(loop_kind, main) == n_conn * rounds
+
+
+@pytest.mark.parametrize("shared_ring", [True, False])
+def test_streams_alongside_a_ring_of_its_own(loop_kind, shared_ring, no_leaks):
+    """Shared and own-ring receivers on one loop at once, each stream checked byte by byte."""
+    size = 2 << 20
+
+    async def main() -> None:
+        async def one(i: int, shared: bool) -> None:
+            c, s = await tcp_pair()
+            check = StreamCheck(pattern(i, size))
+
+            async def send() -> None:
+                await asyncio.get_running_loop().sock_sendall(c, memoryview(pattern(i, size)))
+                c.close()
+
+            sender = asyncio.create_task(send())
+            async with aio.open_receiver(s, own_socket=True, shared_ring=shared, **SMALL) as rx:
+                async for chunk in rx:
+                    check.add(chunk.data, chunk.stream_offset)
+                    chunk.release()
+            await sender
+            assert check.complete
+
+        await asyncio.gather(*(one(i, shared_ring if i % 2 else not shared_ring)
+                               for i in range(8)))
+
+    run(loop_kind, main)
+
+
+def test_peer_reset_ends_one_stream_and_not_its_neighbours(loop_kind, no_leaks):
+    """A reset on one connection of the shared ring ends that receiver with the error; the
+    others sharing the ring keep receiving."""
+    async def main() -> list[int]:
+        pairs = [await tcp_pair() for _ in range(4)]
+        rxs = [aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs]
+        bad_c = pairs[0][0]
+        bad_c.send(b"x" * 100)
+        bad_c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        bad_c.close()  # RST
+        with pytest.raises(ConnectionResetError):
+            async for chunk in rxs[0]:
+                chunk.release()
+        got = []
+        for (c, _), rx in zip(pairs[1:], rxs[1:], strict=True):
+            c.sendall(np.arange(1000, dtype=np.uint8).tobytes())
+            c.close()
+            n = 0
+            async for chunk in rx:
+                n += chunk.length
+                chunk.release()
+            got.append(n)
+        for rx in rxs:
+            rx.close()
+        return got
+
+    assert run(loop_kind, main) == [1000] * 3
+
+
+def test_backpressure_resumes_on_release_from_another_thread(loop_kind, no_leaks):
+    """Delivery pauses while the application holds too much; a worker thread releasing the
+    chunks wakes the receiver through the loop (no polling)."""
+    size = 2 << 20
+
+    async def main() -> dict:
+        c, s = await tcp_pair()
+        check = StreamCheck(pattern(6, size))
+        held: queue.Queue = queue.Queue()
+
+        def worker() -> None:
+            while (chunk := held.get()) is not None:
+                time.sleep(0.0005)
+                chunk.release()
+
+        t = threading.Thread(target=worker)
+        t.start()
+
+        async def send() -> None:
+            await asyncio.get_running_loop().sock_sendall(c, memoryview(pattern(6, size)))
+            c.close()
+
+        sender = asyncio.create_task(send())
+        try:
+            async with aio.open_receiver(s, own_socket=True, max_held=0.5, **SMALL) as rx:
+                async for chunk in rx:
+                    check.add(chunk.data, chunk.stream_offset)
+                    held.put(chunk)
+                held.put(None)
+                await asyncio.get_running_loop().run_in_executor(None, t.join)
+                rx.flush()
+                stats = rx.stats_dict()
+        finally:
+            held.put(None)
+            t.join()
+        await sender
+        assert check.complete
+        return stats
+
+    st = run(loop_kind, main)
+    assert st["backpressure"] >= 1 and st["in_flight"] == 0
+
+
+def test_completion_queue_overflow_loses_no_byte(loop_kind, no_leaks, monkeypatch):
+    """More completions than the shared CQ holds arrive between two passes: the kernel keeps
+    the overflow and ends the multishot receives it could not post for; every byte still
+    arrives, in order (the receivers re-arm)."""
+    monkeypatch.setattr(shared, "SQ_ENTRIES", 8)
+    monkeypatch.setattr(shared, "CQ_ENTRIES", 16)
+    n_conn, size = 16, 256 << 10
+
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(n_conn)]
+        rxs = [aio.open_receiver(s, own_socket=True, area_size=256 << 10, buf_size=4096)
+               for _, s in pairs]
+        for rx in rxs:  # arm every receive before any data comes
+            assert rx.rx.provider.member.lr.ring.cq_entries == 16
+        first = [asyncio.ensure_future(rx.recv()) for rx in rxs]
+        await asyncio.sleep(0)
+        for i, (c, _) in enumerate(pairs):  # all of it lands before the loop runs a pass
+            c.setblocking(True)
+            c.sendall(pattern(i, size).tobytes())
+            c.close()
+        checks = [StreamCheck(pattern(i, size)) for i in range(n_conn)]
+        for rx, check, fut in zip(rxs, checks, first, strict=True):
+            for ch in await fut:
+                check.add(ch.data, ch.stream_offset)
+                ch.release()
+            async for ch in rx:
+                check.add(ch.data, ch.stream_offset)
+                ch.release()
+            assert check.complete
+            stats = rx.stats_dict()
+            rx.close()
+        assert stats["rearms"] >= 1
+
+    run(loop_kind, main)

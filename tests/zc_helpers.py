@@ -1,0 +1,107 @@
+"""Helpers for the zero-copy receive tests (soft provider here, zcrx copy mode in the vm):
+a pattern sender, checks against the pattern, and the receive loops the tests share."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import struct
+import threading
+from pathlib import Path
+
+from zcnet.pattern import StreamPattern
+from zcnet.rx.zc import Chunk, Receiver
+
+PAT = StreamPattern(seed=4)
+
+
+class Sender(threading.Thread):
+    """Sends ``total`` pattern bytes, then closes (or resets when ``reset`` is set and the receiver
+    signals ``go_reset``)."""
+
+    def __init__(self, sock: socket.socket, total: int, *, piece: int = 1 << 20,
+                 reset: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.sock, self.total, self.piece, self.reset = sock, total, piece, reset
+        self.go_reset = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            off = 0
+            while off < self.total:
+                n = min(self.piece, self.total - off)
+                self.sock.sendall(PAT.expected(off, n))
+                off += n
+            if self.reset:
+                self.go_reset.wait(10)
+                # SO_LINGER {on, 0}: close sends RST instead of FIN.
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                self.sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            self.error = e
+        finally:
+            self.sock.close()
+
+
+def check(chunk: Chunk) -> None:
+    assert PAT.matches(chunk.stream_offset, chunk.array), (
+        f"bad byte at stream offset {chunk.stream_offset}"
+        f"+{PAT.first_mismatch(chunk.stream_offset, chunk.array)}")
+
+
+def hold_until_stalled(rx, want: str) -> list[Chunk]:
+    held: list[Chunk] = []
+    for _ in range(10_000):
+        got = rx.recv(timeout=0.2)
+        held.extend(got)
+        if not got and rx.stalled == want:
+            return held
+    raise AssertionError(f"receiver never reported {want}; stalled={rx.stalled}")
+
+
+def release_in_thread(rx: Receiver) -> tuple[int, list[BaseException]]:
+    """Iterate ``rx`` to EOF in this (the owner) thread while a consumer thread checks every
+    chunk against PAT and releases it; (bytes verified, the consumer's errors)."""
+    work: queue.SimpleQueue[Chunk | None] = queue.SimpleQueue()
+    verified = [0]
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            while (c := work.get()) is not None:
+                check(c)
+                verified[0] += len(c)
+                c.release()
+        except BaseException as e:  # reported by the caller
+            errors.append(e)
+
+    th = threading.Thread(target=consume)
+    th.start()
+    try:
+        for c in rx:
+            work.put(c)
+    finally:
+        work.put(None)
+        th.join()
+    return verified[0], errors
+
+
+def check_to_eof(rx: Receiver) -> int:
+    """Iterate ``rx`` to EOF, checking every chunk against PAT and releasing it; the bytes."""
+    got = 0
+    for c in rx:
+        check(c)
+        got += len(c)
+        c.release()
+    return got
+
+
+def mapped(addr: int) -> bool:
+    """Whether ``addr`` lies in any mapping of this process (anonymous ones included)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return True
+    return False
