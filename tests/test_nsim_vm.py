@@ -21,7 +21,7 @@ import pytest
 
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.nic import ethtool, info, netdev, setup
 from zcnet.nic.device import Device
 from zcnet.rx.zc import open_receiver

@@ -10,7 +10,7 @@ import pytest
 
 from leaks import Snapshot
 from zcnet.lab import Lab
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.uring.prep import prep_nop
 from zcnet.uring.ring import Ring
 from zcnet.vm.kernels import MIN_VERSION, version_tuple

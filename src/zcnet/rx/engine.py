@@ -6,7 +6,7 @@ an optional :data:`Consumer` as a uint8 numpy view, in stream order, before the 
 benchmark cell starts, so the table shows ``n/a``); ``close()`` releases what it acquired before
 ``run()`` (zcrx and devmem register a NIC queue in ``unsupported()``).
 
-Engines live in :mod:`zcnet.rx.engines` (copying engines) and :mod:`zcnet.rx.zc.engines`
+Engines live in :mod:`zcnet.rx.copying` (copying engines) and :mod:`zcnet.rx.zc.engines`
 (zero-copy engines); :mod:`zcnet.rx.registry` lists them. Both sides of the benchmark (the CLI
 that checks options, the server that sizes memory, the worker that runs the engine) use
 :class:`EngineOptions` from here, so an option and its default are spelled once.
