@@ -6,8 +6,10 @@
 Servers (each in its own process, on uvloop):
 
   uvloop-proto  ``data_received`` -> ``transport.write`` (the usual asyncio echo server)
-  zcnet         zcnet.aio: ``async for chunk in rx`` -> ``await tx.sendall(chunk.data)`` ->
+  zcnet         task style: ``async for chunk in rx`` -> ``await tx.sendall(chunk.data)`` ->
                 ``chunk.release()`` (soft provider, copy sender: 64 B gains nothing from SEND_ZC)
+  zcnet-proto   callback style: ``ZcProtocol.chunk_received`` -> ``transport.write(chunk.data)``
+                -> ``chunk.release()``, called from the shared ring's dispatch (no Task)
 
 The client process (uvloop, one Protocol per connection) keeps one 64-byte request in flight per
 connection and records each round trip once every connection has had its first reply and a
@@ -50,6 +52,15 @@ async def zc_echo(conn: socket.socket) -> None:
             chunk.release()
 
 
+class ZcEcho(aio.ZcProtocol):
+    def connection_made(self, transport: aio.ZcTransport) -> None:
+        self.tr = transport
+
+    def chunk_received(self, chunk: Any) -> None:
+        self.tr.write(chunk.data)
+        chunk.release()
+
+
 def server_main(name: str, srv: socket.socket, cpu: int) -> None:
     os.sched_setaffinity(0, {cpu})
 
@@ -63,6 +74,8 @@ def server_main(name: str, srv: socket.socket, cpu: int) -> None:
             c.setblocking(False)
             if name == "zcnet":
                 tasks.append(asyncio.create_task(zc_echo(c)))
+            elif name == "zcnet-proto":
+                aio.start_protocol(c, ZcEcho(), area_size=1 << 20, buf_size=4096)
             else:
                 await loop.connect_accepted_socket(EchoProto, c)
 
@@ -176,12 +189,12 @@ def main() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two CPUs")
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
-    names = ["uvloop-proto", "zcnet"]
+    names = ["uvloop-proto", "zcnet", "zcnet-proto"]
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in map(int, args.clients.split(",")):
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
         for r in range(args.rounds):
-            for k in names[r % 2:] + names[:r % 2]:
+            for k in names[r % len(names):] + names[:r % len(names)]:
                 rows[k].append(measure(k, n, args, (c0, c1)))
         med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in rows.items()}
         results[n] = med
@@ -193,8 +206,10 @@ def main() -> None:
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for n, med in results.items():
         for q in ("p50", "p99"):
-            ratio = med["zcnet"][q] / med["uvloop-proto"][q]
-            print(f"target echo_{n}_clients_{q}_zcnet_vs_uvloop {ratio:.2f} x goal <=1.0")
+            for k, style in (("zcnet", "task"), ("zcnet-proto", "callback")):
+                ratio = med[k][q] / med["uvloop-proto"][q]
+                print(f"target echo_{n}_clients_{q}_zcnet_{style}_vs_uvloop {ratio:.2f} x "
+                      "goal <=1.0")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,16 @@ connections to zcnet.aio in three lines.
 
     python examples/aio_echo.py                    # self-test: 50 clients x 200 requests
     python examples/aio_echo.py --listen 127.0.0.1:7000        # serve until Ctrl-C
+    python examples/aio_echo.py --callbacks        # the same service as a zcnet.aio.ZcProtocol
 
 Protocol: a request is a 4-byte big-endian length and that many bytes; the reply is the same
 frame with the payload upper-cased. The server parses frames straight from the chunks (views
 into the receiver's area) and sends replies with the async sender; it copies only the bytes
 of a frame that straddles two chunks.
+
+Two styles of the same server: a task per connection (``handle``: ``await rx.recv()``, ``await
+tx.sendall``), and ``--callbacks`` (``FrameProtocol``: ``chunk_received`` called from the loop's
+shared io_uring, replies written from the callback; no task wake-up per request).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import os
 import struct
 import time
+from typing import Any
 
 import aio_common
 
@@ -70,6 +76,33 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     chunk.release()
 
 
+class FrameProtocol(aio.ZcProtocol):
+    """The callback style: frames parsed and answered inside ``chunk_received``."""
+
+    def __init__(self, early: bytes) -> None:
+        self.frames = Frames()
+        self.early = early
+
+    def connection_made(self, transport: aio.ZcTransport) -> None:
+        self.tr = transport
+        self.reply(self.frames.feed(memoryview(self.early)))
+
+    def chunk_received(self, chunk: Any) -> None:
+        try:
+            self.reply(self.frames.feed(chunk.data))
+        finally:
+            chunk.release()
+
+    def reply(self, replies: list[bytes]) -> None:
+        for r in replies:
+            self.tr.write(HEADER.pack(len(r)) + r)
+
+
+async def handle_callbacks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    sock, early = await aio.adopt_stream(reader, writer)
+    aio.start_protocol(sock, FrameProtocol(early), area_size=1 << 20, buf_size=16 << 10)
+
+
 async def client(port: int, requests: int) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     rtts = []
@@ -87,8 +120,9 @@ async def client(port: int, requests: int) -> list[float]:
     return rtts
 
 
-async def self_test(clients: int, requests: int) -> None:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+async def self_test(clients: int, requests: int, callbacks: bool) -> None:
+    server = await asyncio.start_server(handle_callbacks if callbacks else handle,
+                                        "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server:
         t0 = time.perf_counter()
@@ -100,8 +134,8 @@ async def self_test(clients: int, requests: int) -> None:
           "; every reply checked")
 
 
-async def serve(host: str, port: int) -> None:
-    server = await asyncio.start_server(handle, host, port)
+async def serve(host: str, port: int, callbacks: bool) -> None:
+    server = await asyncio.start_server(handle_callbacks if callbacks else handle, host, port)
     print(f"serving on {host}:{server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -111,8 +145,11 @@ def main() -> None:
     ap = aio_common.parser(__doc__)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--callbacks", action="store_true",
+                    help="serve with a zcnet.aio.ZcProtocol instead of a task per connection")
     args = ap.parse_args()
-    aio_common.run(args, serve, lambda: self_test(args.clients, args.requests))
+    aio_common.run(args, lambda host, port: serve(host, port, args.callbacks),
+                   lambda: self_test(args.clients, args.requests, args.callbacks))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import os
@@ -10,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -39,7 +37,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_asyncio_loop_factories(config, item):
     """The event loops pytest-asyncio tests may ask for with mark.asyncio(loop_factories=...);
-    zcnet.aio supports both."""
+    zcnet.aio supports both. Imported here: a run without asyncio tests (the one inside a VM)
+    does without both."""
+    import asyncio
+
+    import uvloop
+
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
@@ -47,7 +50,13 @@ def pytest_asyncio_loop_factories(config, item):
 def _libraries_warm() -> None:
     """scipy (BLAS buffers, 64 MiB and more) and matplotlib (font files kept open, caches) set
     up memory and fds of their own the first time they are used, for the life of the process:
-    use them once before any test, so no_leaks does not take that for a test's leak."""
+    use them once before any test, so no_leaks does not take that for a test's leak.
+
+    Not inside a VM: the vm tests use neither, and importing them there over 9p under TCG takes
+    tens of seconds (a vm test that did use them would see no_leaks report their first use)."""
+    if vmplugin.IN_VM:
+        Snapshot.take()
+        return
     with contextlib.suppress(ImportError):
         from scipy import stats
 

@@ -16,6 +16,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
     ["aio_ingest.py", "--streams", "4", "--mib", "1", "--uvloop", "--out", "{tmp}"],
     ["aio_echo.py", "--clients", "5", "--requests", "20"],
     ["aio_echo.py", "--clients", "3", "--requests", "20", "--uvloop"],
+    ["aio_echo.py", "--clients", "5", "--requests", "20", "--callbacks"],
+    ["aio_echo.py", "--clients", "3", "--requests", "20", "--callbacks", "--uvloop"],
 ])
 def test_example_runs(argv, tmp_path, no_leaks):
     args = [a.format(tmp=tmp_path) for a in argv]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -14,6 +15,8 @@ import pytest
 
 from zcnet.errors import ZcnetError
 from zcnet.vm import kbuild
+from zcnet.vm.archive import Apt, ArchiveUnreachable
+from zcnet.vm.sources import Mirror
 
 
 @pytest.fixture
@@ -76,6 +79,80 @@ def _fake_source(cache: Path, body: dict[str, bytes]) -> kbuild.Source:
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return kbuild.Source("linux-source-7.9", "0.0-test", tar)
+
+
+class ScriptedApt(Apt):
+    """The real ``Apt`` with its one boundary, running apt-get/apt-cache (with the private
+    configuration), answered from a script:
+    an archive offering ``linux-source-7.9`` (and an older one) as the real .deb ``deb``."""
+
+    def __init__(self, state: Path, deb: Path, reachable: bool = True) -> None:
+        super().__init__(Mirror("http://archive.invalid/debian", None), state)
+        self.deb, self.reachable = deb, reachable
+        self.calls: list[tuple[str, ...]] = []
+
+    def _run(self, tool: str, *args: str,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = (tool, *args)
+        self.calls.append(cmd)
+        out, rc = "", 0
+        if not self.reachable:
+            out, rc = "E: Failed to fetch http://archive.invalid/debian", 100
+        elif cmd[1:] == ("pkgnames", "linux-source-"):
+            out = "linux-source-6.12\nlinux-source-7.9\n"
+        elif cmd[1:] == ("show", "--no-all-versions", "linux-source-7.9"):
+            out = "Package: linux-source-7.9\nVersion: 7.9.1-1\n"
+        elif cmd[-2:] == ("download", "linux-source-7.9"):
+            assert cwd is not None
+            shutil.copy(self.deb, cwd)
+        elif cmd[-1] != "update":
+            raise AssertionError(f"unexpected apt call {cmd}")
+        return subprocess.CompletedProcess([tool, *args], rc, out, out if rc else "")
+
+
+def _source_deb(tmp_path: Path, tarball: bytes) -> Path:
+    """A real linux-source-7.9 package carrying ``tarball`` where Debian puts it."""
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: linux-source-7.9\nVersion: 7.9.1-1\nArchitecture: all\n"
+        "Maintainer: zcnet tests <tests@example.invalid>\nDescription: test source\n")
+    (root / "usr/src").mkdir(parents=True)
+    (root / "usr/src/linux-source-7.9.tar.xz").write_bytes(tarball)
+    deb = tmp_path / "linux-source-7.9_7.9.1-1_all.deb"
+    subprocess.run(["dpkg-deb", "--build", str(root), str(deb)], check=True,
+                   capture_output=True)
+    return deb
+
+
+def test_resolve_source_on_a_fresh_machine_downloads_once_then_reuses(cache, tmp_path):
+    """From an empty cache root (no zcnet cache directory at all): the newest source >= 7.2 is
+    downloaded, unpacked into the cache, then reused without a download; with the archive gone
+    the cached one is used."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("no dpkg-deb")
+    payload = os.urandom(4096)
+    deb = _source_deb(tmp_path, payload)
+    assert not cache.parent.exists()
+    apt = ScriptedApt(tmp_path / "apt", deb)
+    src = kbuild.resolve_source(apt=apt)
+    assert (src.package, src.package_version, src.version) == ("linux-source-7.9", "7.9.1-1", "7.9")
+    assert src.tarball == cache / "src" / "7.9.1-1" / "linux-source-7.9.tar.xz"
+    assert src.tarball.read_bytes() == payload
+    assert sorted(p.name for p in cache.iterdir()) == ["src"]   # no temp dir left behind
+    assert sum(c[-2:] == ("download", "linux-source-7.9") for c in apt.calls) == 1
+    again = ScriptedApt(tmp_path / "apt", deb)
+    assert kbuild.resolve_source(apt=again) == src
+    assert not any("download" in c for c in again.calls)
+    offline = ScriptedApt(tmp_path / "apt", deb, reachable=False)
+    assert kbuild.resolve_source(apt=offline) == src
+
+
+def test_resolve_source_offline_with_nothing_cached_names_the_archive(cache, tmp_path):
+    offline = ScriptedApt(tmp_path / "apt", tmp_path / "none.deb", reachable=False)
+    with pytest.raises(ArchiveUnreachable, match=r"archive\.invalid") as ei:
+        kbuild.resolve_source(apt=offline)
+    assert "ZCNET_VM_MIRROR" in (ei.value.hint or "")
 
 
 def test_failed_build_shows_the_log_and_leaves_no_entry(cache):

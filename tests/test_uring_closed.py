@@ -26,6 +26,7 @@ RING_CALLS = {
     "reap": "o.reap()",
     "reap_one": "o.reap_one()",
     "register": "o.register(u.IORING_REGISTER_PROBE, None, 0)",
+    "sq_flags": "o.sq_flags",
     "sq_space": "o.sq_space()",
     "submit": "o.submit(1)",
     "wait": "o.wait(1, 0.01)",
@@ -37,6 +38,7 @@ BUFRING_CALLS = {
     "consumed_ids": "o.consumed_ids(4096, 0)",
     "filled": "o.filled(10, 0, True)",
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
+    "provide_few": "o.provide_few([0])",
     "take": "o.take(np.array([0], dtype=np.uint16))",
 }
 # Not uses of the object: closing again, and asking whether it is closed.

@@ -512,3 +512,24 @@ def test_buffer_ring_accounting_refuses_completions_out_of_step(no_leaks) -> Non
         with pytest.raises(IndexError):
             br.provide(np.array([99], dtype=np.uint16))  # an id outside the ring
         assert br.in_ring == 7
+
+
+def test_provide_few_writes_the_entries_provide_writes(no_leaks) -> None:
+    """The list path for a few ids leaves the ring exactly as ``provide`` does (across the
+    wrap), and refuses what ``provide`` refuses."""
+    with Ring(4) as r, BufRing(r, 6, 8, 4096) as a, BufRing(r, 7, 8, 4096) as b:
+        for br in (a, b):
+            br.take(np.arange(0, 6, dtype=np.uint16))  # the tail is 8 (mask 7): next ones wrap
+        a.provide(np.array([5, 2, 4], dtype=np.uint16))
+        b.provide_few([5, 2, 4])
+        a.provide(np.array([0, 1, 3], dtype=np.uint16))
+        b.provide_few([0, 1, 3])
+        assert a.in_ring == b.in_ring == 8 and a._tail == b._tail
+        assert (a._bid.tolist(), a._len.tolist()) == (b._bid.tolist(), b._len.tolist())
+        assert (a._addr - np.uint64(a.base)).tolist() == (b._addr - np.uint64(b.base)).tolist()
+        with pytest.raises(ValueError, match="double release"):
+            b.provide_few([0])
+        b.take(np.array([6, 7, 5], dtype=np.uint16))
+        with pytest.raises(IndexError):
+            b.provide_few([99])  # an id outside the ring
+        assert b.in_ring == 5

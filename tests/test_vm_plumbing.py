@@ -9,8 +9,6 @@ import threading
 import pytest
 
 from leaks import Snapshot
-from zcnet.lab import Lab
-from zcnet.netns import in_netns
 from zcnet.uring.prep import prep_nop
 from zcnet.uring.ring import Ring
 from zcnet.vm.kernels import MIN_VERSION, version_tuple
@@ -38,6 +36,11 @@ def test_io_uring_nop_round_trip(no_leaks) -> None:
 
 
 def test_lab_netns_veth_carries_tcp(no_leaks) -> None:
+    # zcnet.lab (pyroute2) is imported by the tests that use it: at collection it would cost
+    # seconds under TCG before the first vm test runs.
+    from zcnet.lab import Lab
+    from zcnet.netns import in_netns
+
     payload = os.urandom(1 << 20)
     with Lab() as lab:
         with in_netns(lab.ns_b):
@@ -66,6 +69,8 @@ def test_lab_netns_veth_carries_tcp(no_leaks) -> None:
 
 def test_no_leaks_sees_a_leak_inside(no_leaks) -> None:
     """The leak checker works in the guest: a lab made here shows up until it is taken down."""
+    from zcnet.lab import Lab
+
     before = Snapshot.take()
     lab = Lab().up()
     try:

@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 
 import vmplugin
-from zcnet.errors import ZcnetError
+from zcnet.bench import remote
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.vm import archive, bootimage, initramfs
 from zcnet.vm.accel import choose_accel, probe_kvm
 from zcnet.vm.archive import Candidate, NoSuchKernel, choose, packages_for
 from zcnet.vm.kernels import Kernel
 from zcnet.vm.runner import (
+    TCG_TIMEOUT_SCALE,
+    TIMEOUT_SCALE_ENV,
     VM,
     VMClosed,
     command_script,
@@ -83,7 +86,7 @@ def kernel() -> Kernel:
         find_qemu()
         initramfs.find_busybox()
         return vmplugin.vm_kernel()
-    except vmplugin.CANNOT_BOOT as exc:
+    except vmplugin.cannot_boot() as exc:
         pytest.skip(f"cannot boot a VM: {exc}")
 
 
@@ -119,6 +122,23 @@ def test_guest_environment() -> None:
     assert env["PATH"] == f"{here}:/usr/bin:/bin"
     assert env["PYTHONPATH"] == "/x/src" and env["A"] == "1" and "DISPLAY" not in env
     assert env["ZCNET_IN_VM"] == "1" and env["ZCNET_VM_HOST_RELEASE"] == os.uname().release
+    assert TIMEOUT_SCALE_ENV not in env
+
+
+def test_tcg_guest_scales_server_start_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under TCG the guest's environment stretches zcnet.bench.remote's start timeout; a value
+    the caller set wins; a bad one is a clear error."""
+    assert TIMEOUT_SCALE_ENV == remote.TIMEOUT_SCALE_ENV
+    tcg = guest_env({"PATH": "/bin"}, "tcg")
+    assert guest_env({"PATH": "/bin", TIMEOUT_SCALE_ENV: "3"}, "tcg")[TIMEOUT_SCALE_ENV] == "3"
+    monkeypatch.delenv(TIMEOUT_SCALE_ENV, raising=False)
+    assert remote.start_timeout() == remote.START_TIMEOUT
+    monkeypatch.setenv(TIMEOUT_SCALE_ENV, tcg[TIMEOUT_SCALE_ENV])
+    assert remote.start_timeout() == remote.START_TIMEOUT * TCG_TIMEOUT_SCALE
+    for bad in ("0.5", "ten", "nan", "inf"):
+        monkeypatch.setenv(TIMEOUT_SCALE_ENV, bad)
+        with pytest.raises(UsageError, match=TIMEOUT_SCALE_ENV):
+            remote.start_timeout()
 
 
 def test_system_sources_both_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

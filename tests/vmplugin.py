@@ -20,31 +20,53 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from zcnet.errors import ZcnetError
-from zcnet.vm.archive import ArchiveUnreachable, NoSuchKernel, fetch
-from zcnet.vm.initramfs import MissingBusybox
-from zcnet.vm.kbuild import NSIM, BuildFailed, NoSource, NoToolchain, nsim_kernel
-from zcnet.vm.kernels import Kernel, find_cached
-from zcnet.vm.runner import IN_VM_ENV, NoQemu, run_in_vm
+from zcnet.vm.runner import IN_VM_ENV
+
+if TYPE_CHECKING:
+    from zcnet.vm.kernels import Kernel
 
 RESULTS_ENV = "ZCNET_VM_RESULTS"
 KERNEL_ENV = "ZCNET_VM_KERNEL"        # which kernel the outer run boots (default: newest)
 BATCH_TIMEOUT = float(os.environ.get("ZCNET_VM_TIMEOUT", "900"))
-# The VM cannot boot on this machine: skip, naming the reason, rather than fail.
-CANNOT_BOOT = (NoQemu, MissingBusybox, ArchiveUnreachable, NoSuchKernel, NoToolchain, NoSource)
 IN_VM = os.environ.get(IN_VM_ENV) == "1"
-# Plugins the inner run does without: importing hypothesis's alone takes tens of seconds under
-# TCG over 9p; the cache would be written to the read-only root.
-INNER_OPTIONS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark",
-                 "-p", "no:platformdirs")
+# The inner run loads only the plugins it uses: no entry-point plugins (scanning every installed
+# distribution's metadata, and importing hypothesis's, pytest-asyncio's and the benchmark's
+# plugins, costs seconds over 9p under TCG; no vm test uses them), pytest-timeout by name, and
+# no cache (it would be written to the read-only root).
+# Temp dirs on the guest's own tmpfs: under /tmp pytest would list (and prune) the host's
+# pytest-of-* directories through the overlay.
+INNER_OPTIONS = ("--disable-plugin-autoload", "-p", "pytest_timeout", "-p", "no:cacheprovider",
+                 "--basetemp=/run/zcnet-pytest")
+
+
+def inner_argv(nodeids: list[str], timeout: float = BATCH_TIMEOUT) -> list[str]:
+    """The pytest command the VM runs for a batch (benchmarks/vm_boot.py times this same one)."""
+    return [sys.executable, "-m", "pytest", "-q", "-m", "vm", *INNER_OPTIONS,
+            f"--timeout={timeout:.0f}", *nodeids]
+
+
+def cannot_boot() -> tuple[type[Exception], ...]:
+    """The errors meaning the VM cannot boot on this machine: skip, naming the reason, rather
+    than fail. Imported here, not at the top: the run inside the VM needs none of this."""
+    from zcnet.vm.archive import ArchiveUnreachable, NoSuchKernel
+    from zcnet.vm.initramfs import MissingBusybox
+    from zcnet.vm.kbuild import NoSource, NoToolchain
+    from zcnet.vm.runner import NoQemu
+
+    return (NoQemu, MissingBusybox, ArchiveUnreachable, NoSuchKernel, NoToolchain, NoSource)
 
 
 def vm_kernel(name: str | None = None) -> Kernel:
-    """The kernel vm tests boot: cached, else fetched (raises one of CANNOT_BOOT if impossible);
-    ``nsim``: the netdevsim test kernel, built if not cached."""
+    """The kernel vm tests boot: cached, else fetched (raises one of cannot_boot() if
+    impossible); ``nsim``: the netdevsim test kernel, built if not cached."""
+    from zcnet.vm.archive import fetch
+    from zcnet.vm.kbuild import NSIM, nsim_kernel
+    from zcnet.vm.kernels import find_cached
+
     if name == NSIM:
         return nsim_kernel()
     wanted = os.environ.get(KERNEL_ENV, "latest")
@@ -67,10 +89,15 @@ class Batch:
     reports: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def run(self, rootdir: Path) -> None:
+        from zcnet.errors import ZcnetError
+        from zcnet.vm.kbuild import BuildFailed
+        from zcnet.vm.runner import run_in_vm
+
         self.done = True
+        cannot = cannot_boot()
         try:
             kernel = vm_kernel(self.kernel)
-        except CANNOT_BOOT as exc:
+        except cannot as exc:
             self.skip_reason = f"cannot boot a VM: {exc}"
             return
         except BuildFailed as exc:
@@ -79,8 +106,7 @@ class Batch:
         with tempfile.TemporaryDirectory(prefix="zcnet-vmtests-") as share:
             results = Path(share) / "results.jsonl"
             env = dict(os.environ, **{RESULTS_ENV: str(results)})
-            argv = [sys.executable, "-m", "pytest", "-q", "-m", "vm", *INNER_OPTIONS,
-                    f"--timeout={BATCH_TIMEOUT:.0f}", *self.nodeids]
+            argv = inner_argv(self.nodeids)
             log = Path(share) / "console.txt"
             with open(log, "wb") as out:
                 try:
@@ -88,7 +114,7 @@ class Batch:
                                        share=Path(share), timeout=BATCH_TIMEOUT)
                     if result.returncode not in (0, 1):
                         self.error = f"inner pytest exited {result.returncode}"
-                except CANNOT_BOOT as exc:
+                except cannot as exc:
                     self.skip_reason = f"cannot boot a VM: {exc}"
                 except ZcnetError as exc:
                     self.error = exc.message

@@ -11,6 +11,8 @@
         done = await tx.send(slot, n)       # the kernel took the bytes
         copied = await done                 # the kernel released the slot
 
+    zcnet.aio.start_protocol(sock, MyProtocol())  # callbacks: chunk_received(chunk), no Task
+
 Design decisions, and why:
 
 - **Waking the loop: an eventfd registered with the ring (IORING_REGISTER_EVENTFD), not the ring
@@ -52,9 +54,11 @@ the owner check, a system task for the batched pass and the shutdown guard); the
 logic above is loop-neutral.
 """
 
+from zcnet.aio.protocol import ZcProtocol, ZcTransport, start_protocol
 from zcnet.aio.receiver import AsyncReceiver, open_receiver
 from zcnet.aio.sender import AsyncSender, Slot, open_sender
 from zcnet.aio.sockets import adopt_stream, adopt_transport, check_tcp_socket
 
-__all__ = ["AsyncReceiver", "AsyncSender", "Slot", "adopt_stream", "adopt_transport",
-           "check_tcp_socket", "open_receiver", "open_sender"]
+__all__ = ["AsyncReceiver", "AsyncSender", "Slot", "ZcProtocol", "ZcTransport", "adopt_stream",
+           "adopt_transport", "check_tcp_socket", "open_receiver", "open_sender",
+           "start_protocol"]

@@ -222,6 +222,25 @@ class AsyncReceiver:
 _SHARED_OPTIONS = frozenset({"hugetlb", "max_held", "coalesce", "debug"})
 
 
+def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
+                         kw: dict[str, Any], what: str) -> Receiver:
+    """A soft-provider Receiver on the running loop's shared ring; ``kw`` holds only
+    ``_SHARED_OPTIONS``."""
+    loop = running_loop(what)  # a clear error before anything is allocated
+    extra = set(kw) - _SHARED_OPTIONS
+    if extra:
+        raise UsageError(f"{what} does not take {', '.join(sorted(extra))}",
+                         f"it takes area_size, buf_size, {', '.join(sorted(_SHARED_OPTIONS))}")
+    p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False))
+    try:
+        return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=kw.get("debug", False),
+                        coalesce=kw.get("coalesce", False), why="soft provider requested")
+    except BaseException:
+        p.close()
+        p.area.close()
+        raise
+
+
 def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
                   area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, shared_ring: bool = True,
                   **kw: Any) -> AsyncReceiver:
@@ -240,18 +259,11 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``dmabuf_fd``) always have.
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
-    loop = running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
     max_held = kw.get("max_held", 0.75)
     if provider == "soft" and shared_ring and set(kw) <= _SHARED_OPTIONS:
-        p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False))
-        try:
-            rx = Receiver(sock, p, max_held=max_held, debug=kw.get("debug", False),
-                          coalesce=kw.get("coalesce", False), why="soft provider requested")
-        except BaseException:
-            p.close()
-            p.area.close()
-            raise
+        rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver")
     else:
+        running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
         rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
     try:
         return AsyncReceiver(rx, sock if own_socket else None, max_held=max_held)

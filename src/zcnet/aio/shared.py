@@ -27,12 +27,14 @@ import itertools
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import Delivery
 from zcnet.rx.zc.soft import RECV_UD, SoftProvider, buffer_count
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
@@ -50,11 +52,6 @@ _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
 
 
-def _sq_flags(ring: Ring) -> int:
-    # The SQ ring's flags word, which the kernel writes; Ring exposes only its overflow bit.
-    return int(ring._sqm[ring._ksq_flags_i])
-
-
 class LoopRing:
     """The shared ring of one event loop; opened with its first member, closed with its last."""
 
@@ -66,6 +63,7 @@ class LoopRing:
         self._free_bgids: list[int] = []
         self._bgids = 0
         self._scheduled = False
+        self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -134,7 +132,7 @@ class LoopRing:
     def work(self) -> bool:
         """Whether a pass would find anything: SQEs to submit, task work or CQEs."""
         ring = self.ring
-        return bool(ring.pending or ring.cq_ready() or _sq_flags(ring) & _WORK)
+        return bool(self.prepped or ring.cq_ready() or ring.sq_flags & _WORK)
 
     def poll(self, *, signalled: bool = False) -> None:
         """Submit, run the task work, reap and dispatch; drain the eventfd when it may be set.
@@ -143,10 +141,11 @@ class LoopRing:
         if ring.closed:
             return
         entered = signalled
-        if ring.pending:
+        if self.prepped:
+            self.prepped = False
             ring.submit()
             entered = True
-        if _sq_flags(ring) & _WORK:
+        if ring.sq_flags & _WORK:
             ring.get_events()
             entered = True
         n = ring.cq_ready()
@@ -154,6 +153,8 @@ class LoopRing:
             self._dispatch(ring.reap())
         elif n:
             self._dispatch_few(ring, n)
+        if ring.closed:  # its last member left during the dispatch (a protocol's close)
+            return
         if entered:
             drain(self.efd)
             if self.work():
@@ -203,7 +204,10 @@ class LoopRing:
         m = self.members.get(mid)
         if m is not None:  # else: a member that left; its cancel completed before it did
             m.inbox.append(c)
-            m.kick()
+            if m.on_ready is not None:
+                m.on_ready()
+            else:
+                m.kick()
 
 
 class MemberRing:
@@ -217,6 +221,8 @@ class MemberRing:
         # Dispatched completions: arrays, or (user_data, res, flags) tuples for a few.
         self.inbox: list[Completions | list[tuple[int, int, int]]] = []
         self.waiter: asyncio.Future[None] | None = None
+        #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
+        self.on_ready: Callable[[], None] | None = None
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
@@ -228,7 +234,10 @@ class MemberRing:
             addr |= tag  # the target's user_data
         if kw.get("flags", 0) & u.IOSQE_BUFFER_SELECT:
             kw["buf_index"] = self.bgid
-        return self.lr.ring.prep(opcode, fd, addr, length, off, tag | user_data, **kw)
+        lr = self.lr
+        slot = lr.ring.prep(opcode, fd, addr, length, off, tag | user_data, **kw)
+        lr.prepped = True
+        return slot
 
     def submit(self, wait_nr: int = 0, timeout: float | None = None) -> int:
         """No wait: submitted with everyone's at the end of this loop iteration. A wait with a
@@ -302,6 +311,18 @@ class SharedSoftProvider(SoftProvider):
                             area_offset=0)
         self._ring = member  # type: ignore[assignment]
         self.member = member
+
+    def reap(self, timeout: float | None) -> Delivery:
+        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
+        provider's small-round path as they are, with no arrays built and taken apart."""
+        m = self.member
+        box = m.inbox
+        if len(box) == 1 and type(box[0]) is list and self._buf is not None:
+            m.inbox = []
+            out = Delivery()
+            self._take_few(box[0], out)
+            return out
+        return super().reap(timeout)
 
     def close(self) -> None:
         try:

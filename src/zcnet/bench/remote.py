@@ -37,6 +37,30 @@ log = logging.getLogger(__name__)
 READY_PREFIX = "zcnet server listening on "
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
+# A factor on start-up timeouts for slow machines (this one, and the server's wait for a flow
+# worker to come up): `zcnet vm run` sets it in an emulated (TCG) guest, where a Python process
+# takes many times longer to start.
+TIMEOUT_SCALE_ENV = "ZCNET_TIMEOUT_SCALE"
+
+
+def timeout_scale() -> float:
+    """``$ZCNET_TIMEOUT_SCALE``: a number >= 1 (unset: 1)."""
+    text = os.environ.get(TIMEOUT_SCALE_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not scale >= 1 or scale == float("inf"):
+        raise UsageError(f"{TIMEOUT_SCALE_ENV}={text!r} is not a number >= 1",
+                         f"unset it, or set e.g. {TIMEOUT_SCALE_ENV}=10 on a slow machine")
+    return scale
+
+
+def start_timeout() -> float:
+    """START_TIMEOUT times ``timeout_scale()``."""
+    return START_TIMEOUT * timeout_scale()
 
 
 @dataclass
@@ -101,7 +125,7 @@ class RemoteServer:
         assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + start_timeout()
         line = b""
         try:
             while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from zcnet.bench.flow_worker import FlowSpec, flow_main
+from zcnet.bench.remote import timeout_scale
 
 WORKER_TIMEOUT = 20.0     # a worker's ready / accepted report
 CTX = mp.get_context("forkserver")
@@ -48,7 +49,9 @@ class FlowProc:
         assert self.proc.pid is not None
         return self.proc.pid
 
-    def expect(self, event: str, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
+    def expect(self, event: str, timeout: float | None = None) -> dict[str, Any]:
+        if timeout is None:
+            timeout = WORKER_TIMEOUT * timeout_scale()  # slow machines (a TCG guest) scale it
         if not self.conn.poll(timeout):
             raise SessionError("worker", f"flow {self.flow} {self.role} worker: no {event} "
                                f"within {timeout:.0f} s")

@@ -328,6 +328,14 @@ class Ring:
         return (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32
 
     @property
+    def sq_flags(self) -> int:
+        """The SQ ring's flags word, which the kernel writes (IORING_SQ_TASKRUN with
+        IORING_SETUP_TASKRUN_FLAG, IORING_SQ_CQ_OVERFLOW, IORING_SQ_NEED_WAKEUP)."""
+        if self.fd < 0:
+            raise ClosedError.of(self, "sq_flags")
+        return self._sqm[self._ksq_flags_i]
+
+    @property
     def cq_overflow(self) -> bool:
         if self.fd < 0:
             raise ClosedError.of(self, "cq_overflow")
@@ -372,9 +380,11 @@ class Ring:
 
     def get_events(self) -> None:
         """Enter only to run deferred task work and flush overflowed CQEs into the CQ."""
-        if self.fd < 0:
+        fd = self.fd
+        if fd < 0:
             raise ClosedError.of(self, "get_events")
-        io_uring_enter(self.fd, 0, 0, u.IORING_ENTER_GETEVENTS)
+        if self._enter(fd, 0, 0, _GETEVENTS, None, 0) < 0:  # the fast enter; errno below
+            io_uring_enter(fd, 0, 0, _GETEVENTS)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:

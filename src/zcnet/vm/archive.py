@@ -116,6 +116,10 @@ class Apt:
             raise ZcnetError(f"`{tool}` is missing: fetching kernels needs apt",
                              "run on a Debian/Ubuntu system with apt") from None
 
+    def query(self, *args: str) -> str:
+        """``apt-cache ARGS`` against the private lists: its standard output."""
+        return self._run("apt-cache", *args).stdout
+
     def update(self) -> None:
         proc = self._run("apt-get", "-q", "--error-on=any", "update")
         if proc.returncode != 0:
@@ -126,14 +130,13 @@ class Apt:
 
     def candidates(self) -> list[Candidate]:
         """Image packages of our flavour, >= 7.2, that the archive offers; newest first."""
-        names = self._run("apt-cache", "pkgnames", "linux-image-").stdout.split()
+        names = self.query("pkgnames", "linux-image-").split()
         wanted = [n for n in names if (m := _IMAGE.match(n))
                   and version_tuple(m.group("version")) >= MIN_VERSION]
         if not wanted:
             return []
         found = []
-        for record in self._run("apt-cache", "show", "--no-all-versions",
-                                *wanted).stdout.split("\n\n"):
+        for record in self.query("show", "--no-all-versions", *wanted).split("\n\n"):
             fields = _fields(record)
             m = _IMAGE.match(fields.get("Package", ""))
             if m is None or "Version" not in fields:
@@ -150,6 +153,11 @@ class Apt:
             raise ArchiveUnreachable(self.mirror.uri, (proc.stderr.strip().splitlines()
                                                        or ["apt-get download failed"])[-1])
         return sorted(into.glob("*.deb"))
+
+
+def extract_deb(deb: Path, tree: Path) -> None:
+    """Unpack the files of the package ``deb`` under ``tree`` (``dpkg-deb -x``)."""
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True, capture_output=True)
 
 
 def _fields(record: str) -> dict[str, str]:
@@ -223,8 +231,7 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
 def _unpack(cand: Candidate, debs: list[Path], work: Path) -> Kernel:
     tree = work / "tree"
     for deb in debs:
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True,
-                       capture_output=True)
+        extract_deb(deb, tree)
     moddir = next((p for p in (tree / "usr/lib/modules" / cand.release,
                                tree / "lib/modules" / cand.release) if p.is_dir()), None)
     vmlinuz = _first(tree, [f"boot/vmlinuz-{cand.release}",

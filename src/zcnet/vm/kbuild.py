@@ -40,7 +40,7 @@ from importlib import resources
 from pathlib import Path
 
 from zcnet.errors import ZcnetError
-from zcnet.vm.archive import Apt, ArchiveUnreachable
+from zcnet.vm.archive import Apt, ArchiveUnreachable, extract_deb
 from zcnet.vm.kernels import MIN_VERSION, Kernel, cache_root, version_tuple
 from zcnet.vm.sources import Mirror, system_mirror
 
@@ -195,30 +195,28 @@ def _cached_sources() -> list[Source]:
 
 def _newest_source_package(apt: Apt) -> tuple[str, str]:
     """(package, Debian version) of the newest linux-source-X.Y >= 7.2 the archive offers."""
-    def run(*args: str) -> str:
-        return subprocess.run(["apt-cache", *apt.options, *args], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, check=False).stdout
-
-    names = [n for n in run("pkgnames", "linux-source-").split()
+    names = [n for n in apt.query("pkgnames", "linux-source-").split()
              if (m := _SOURCE.match(n)) and version_tuple(m.group("version")) >= MIN_VERSION]
     if not names:
         raise NoSource(f"the archive offers no linux-source >= "
                        f"{'.'.join(map(str, MIN_VERSION))}",
                        "set ZCNET_VM_MIRROR to a Debian mirror carrying trixie-backports or sid")
     best = max(names, key=lambda n: version_tuple(n.removeprefix("linux-source-")))
-    m = re.search(r"^Version:\s*(\S+)", run("show", "--no-all-versions", best), re.M)
+    m = re.search(r"^Version:\s*(\S+)", apt.query("show", "--no-all-versions", best), re.M)
     if m is None:
         raise NoSource(f"apt-cache show {best} gave no version", "retry; check the mirror")
     return best, m.group(1)
 
 
-def resolve_source(mirror: Mirror | None = None, progress: Progress | None = None) -> Source:
+def resolve_source(mirror: Mirror | None = None, progress: Progress | None = None,
+                   apt: Apt | None = None) -> Source:
     """The newest linux-source >= 7.2: downloaded once, then reused from the cache.
 
-    Without a reachable archive the newest cached tarball is used."""
+    Without a reachable archive the newest cached tarball is used. ``apt``: the archive to ask
+    (default: the private configuration on ``mirror``, else the system's mirror)."""
     say = progress or (lambda _msg: None)
     try:
-        apt = Apt(mirror or system_mirror(), cache_root() / "apt")
+        apt = apt or Apt(mirror or system_mirror(), cache_root() / "apt")
         apt.update()
         package, version = _newest_source_package(apt)
     except ArchiveUnreachable:
@@ -241,8 +239,7 @@ def resolve_source(mirror: Mirror | None = None, progress: Progress | None = Non
             prefix=".src-", dir=nsim_dir())))
         (work / "debs").mkdir()
         debs = apt.download([package], work / "debs")
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(work / "tree")], check=True,
-                       capture_output=True)
+        extract_deb(debs[0], work / "tree")
         tars = sorted((work / "tree/usr/src").glob("linux-source-*.tar.*"))
         if not tars:
             raise NoSource(f"{package} {version} holds no source tarball",

@@ -47,6 +47,11 @@ from zcnet.vm.kernels import Kernel
 QEMU = "qemu-system-x86_64"
 IN_VM_ENV = "ZCNET_IN_VM"
 HOST_RELEASE_ENV = "ZCNET_VM_HOST_RELEASE"   # the host's ``uname -r``, for the guest to compare
+# How much longer than on the host zcnet's start-up timeouts may take in the guest (read by
+# zcnet.bench.remote, which must not import this package): under TCG every Python process starts
+# ten to forty times slower than on the host.
+TIMEOUT_SCALE_ENV = "ZCNET_TIMEOUT_SCALE"
+TCG_TIMEOUT_SCALE = 10
 DEFAULT_CPUS = 2
 DEFAULT_MEM = "2G"
 DEFAULT_TIMEOUT = 600.0
@@ -121,10 +126,13 @@ def parse_mem(text: str) -> str:
     return f"{mib}M"
 
 
-def guest_env(env: Mapping[str, str]) -> dict[str, str]:
+def guest_env(env: Mapping[str, str], accel: str = "kvm") -> dict[str, str]:
     """The caller's environment for the guest. ``python`` there is this interpreter: version
-    shims (pyenv's are shell scripts that exec a dozen processes) cost seconds each over 9p."""
+    shims (pyenv's are shell scripts that exec a dozen processes) cost seconds each over 9p.
+    Under TCG start-up timeouts are scaled (``TIMEOUT_SCALE_ENV``) unless the caller set that."""
     out = {k: v for k, v in env.items() if k not in _ENV_DROP and k.isidentifier()}
+    if accel == "tcg":
+        out.setdefault(TIMEOUT_SCALE_ENV, str(TCG_TIMEOUT_SCALE))
     here = os.path.dirname(sys.executable)
     out["PATH"] = os.pathsep.join([here, *(p for p in out.get("PATH", os.defpath).split(
         os.pathsep) if p != here)])
@@ -284,7 +292,8 @@ class VM:
             stack.callback(shutil.rmtree, ctl, ignore_errors=True)
             (ctl / initramfs.WORK_PATH).write_text(f"{self.share}\n")
             (ctl / initramfs.CMD_SCRIPT).write_text(
-                command_script(argv, guest_env(os.environ if env is None else env), cwd))
+                command_script(argv, guest_env(os.environ if env is None else env, self.accel.name),
+                               cwd))
             console_log = self._tmp / f"{ctl.name}.console.log"
             stack.callback(console_log.unlink, missing_ok=True)
             qemu_err = stack.enter_context(open(self._tmp / f"{ctl.name}.qemu.log", "w+b"))

@@ -16,6 +16,7 @@ Some facts about multishot RECV with a provided buffer ring:
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
-from zcnet.uring.ring import Completions, Ring
+from zcnet.uring.ring import Ring
 
 _maximum = np.maximum.reduce
 FEW = 16  # rounds of at most this many CQEs take the plain-Python path
@@ -97,7 +98,8 @@ class SoftProvider:
         if not n:
             return out
         if n <= FEW:
-            self._take_few(c, out)
+            self._take_few(zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(),
+                               strict=True), out)
             return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
@@ -123,7 +125,7 @@ class SoftProvider:
             note_final(out, int(res[-1]), STOPS)
         return out
 
-    def _take_few(self, c: Completions, out: Delivery) -> None:
+    def _take_few(self, cqes: Iterable[tuple[int, int, int]], out: Delivery) -> None:
         """A round of a few CQEs (big buffers, bundles) in plain Python: each numpy call costs
         about a microsecond, more with the caches cold from the kernel's copy, so below
         ``FEW`` CQEs list operations are cheaper than the vectorized path."""
@@ -132,7 +134,7 @@ class SoftProvider:
         bs = self.buf_size
         offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
         last = None
-        for ud, r, f in zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(), strict=True):
+        for ud, r, f in cqes:  # (user_data, res, flags)
             if ud != RECV_UD:
                 continue
             last = (r, f)
@@ -170,7 +172,10 @@ class SoftProvider:
         buf = self._buf
         if buf is None:
             raise ClosedError.of(self, "recycle")
-        if len(tokens):
+        if type(tokens) is list and len(tokens) <= FEW:
+            if tokens:
+                buf.provide_few(tokens)
+        elif len(tokens):
             buf.provide(tokens if isinstance(tokens, np.ndarray)
                         else np.array(tokens, dtype=np.uint16))
 

@@ -298,21 +298,30 @@ class ZcrxProvider:
         if out.end is not None or out.stopped:
             self.armed = False
             self._starved = out.stopped == "exhausted"
+            if self._starved and not self.copy and (self.rq.held
+                                                    or self.rq.space() < self.rq.entries):
+                self._flush_all()  # buffers released before the stop wait unread in the ring
         return out
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
         if self._ring is None:  # closed: the refill ring is unmapped
             raise ClosedError.of(self, "recycle")
-        if not self.copy:
-            if self.rq.push(tokens, lengths):
-                self._starved = False
-            return
-        # Copy mode: the flush empties the ring, so write and flush until nothing is held.
         n = self.rq.push(tokens, lengths)
-        while n:
+        if (self.copy and n) or (not self.copy and self._starved):
+            self._flush_all()
+        # Otherwise (a device, not starved) its page pool reads the ring as it allocates.
+
+    def _flush_all(self) -> None:
+        """Return the ring's entries to the area's free list, then those held back, until none
+        is held (the flush empties the ring). Copy mode needs this after every write. So does a
+        device whose receive stopped with -ENOMEM: the kernel's copies take buffers from the
+        free list, and a page pool that does not allocate (netdevsim forwards the sender's
+        pages, so it copies every byte) never reads the ring."""
+        while True:
             self._flush_rq()
             self._starved = False
-            n = self.rq.push([], []) if self.rq.held else 0
+            if not (self.rq.held and self.rq.push([], [])):
+                return
 
     def _flush_rq(self) -> None:
         assert self._ring is not None

@@ -1,0 +1,325 @@
+"""Callback-style zero-copy receive: a protocol whose methods the loop's shared ring calls.
+
+    class Echo(zcnet.aio.ZcProtocol):
+        def connection_made(self, transport):
+            self.transport = transport
+        def chunk_received(self, chunk):        # a view into the receiver's area
+            self.transport.write(chunk.data)    # sent (or copied into the write buffer) now
+            chunk.release()
+
+    transport = zcnet.aio.start_protocol(sock, Echo())
+
+Why next to ``async for``: handing a chunk to a task costs a Future, a Task wake-up and a loop
+iteration per message, which for request/response traffic is most of the server's CPU. Here
+the shared ring's dispatch (:mod:`zcnet.aio.shared`) calls the receiver's round directly, and
+the round calls ``chunk_received`` for each chunk: no Task, no Future.
+
+Release semantics are those of every zcnet chunk: valid until released, from any thread.
+Releasing inside the callback is the fast path (the buffer goes back to the kernel with the
+next round). A protocol that keeps chunks holds area space; once it holds ``max_held`` of the
+area delivery pauses until a release, then resumes by itself.
+
+Sending: ``transport.write`` sends at once with a non-blocking ``send``; what the socket does
+not take is copied into a write buffer and sent when it becomes writable (as asyncio
+transports do), so a chunk's view may be written and the chunk released straight after.
+
+Only the soft provider on the loop's shared ring drives callbacks (other providers: use
+:func:`~zcnet.aio.open_receiver`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+from zcnet.aio.loop import Owner, track, untrack
+from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
+from zcnet.aio.sockets import check_tcp_socket
+from zcnet.errors import ClosedError
+from zcnet.rx.zc.api import Chunk, Receiver, Stats
+
+
+class ZcProtocol:
+    """Base class for callback-style receivers; override what you need.
+
+    ``chunk_received(chunk)`` gets each received chunk; the default passes ``chunk.data`` to
+    ``data_received`` and releases the chunk when that returns (the view is then invalid:
+    copy what must outlive the call). ``eof_received`` returning true keeps the transport open
+    for writing; otherwise it closes. ``connection_lost(exc)`` comes once, last (exc None on a
+    clean close, the stream's error or the callback's exception otherwise).
+    """
+
+    def connection_made(self, transport: ZcTransport) -> None:
+        """The transport exists and receiving is armed."""
+
+    def chunk_received(self, chunk: Chunk) -> None:
+        try:
+            self.data_received(chunk.data)
+        finally:
+            chunk.release()
+
+    def data_received(self, data: memoryview) -> None:
+        raise NotImplementedError("a ZcProtocol overrides chunk_received or data_received")
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """The transport is closed: no more callbacks."""
+
+
+class ZcTransport:
+    """The connection of one :class:`ZcProtocol`: zero-copy receive, buffered send.
+
+    Owns the socket (closed with the transport). Use from the loop that started it.
+    """
+
+    def __init__(self, sock: socket.socket, rx: Receiver, protocol: ZcProtocol) -> None:
+        self._owner = Owner("zcnet.aio transport")
+        self.loop = self._owner.loop
+        self.sock = sock
+        self.rx = rx
+        self.protocol = protocol
+        self._fd = sock.fileno()
+        self._member = rx.provider.member  # type: ignore[attr-defined]
+        self._wbuf = bytearray()
+        self._writing = False   # add_writer is on
+        self._closing = False   # close() asked; teardown once the write buffer is sent
+        self._closed = False    # torn down: the receiver and socket are closed
+        self._paused = False    # pause_reading()
+        self._waiting_release = False
+        self._eof = False
+        self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
+        self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
+        track(self.loop, self)
+
+    # --- receiving ----------------------------------------------------------------------------
+    def _on_ready(self) -> None:
+        """One or more kernel rounds for this connection, each chunk to the protocol. Called by
+        the shared ring's dispatch (completions arrived), at start, and after a pause."""
+        rx = self.rx
+        m = self._member
+        proto = self.protocol
+        try:
+            while not self._closing and not self._paused and not self._eof:
+                if self._waiting_release:
+                    self._waiting_release = False
+                    rx.on_release(None)
+                chunks = rx.recv(0)
+                if chunks:
+                    it = iter(chunks)
+                    for c in it:
+                        proto.chunk_received(c)
+                        if self._closing or self._paused:  # by the protocol, in the callback
+                            self._put_back(list(it))
+                            return
+                    if m.inbox or not rx.provider.armed:
+                        continue  # more is here, or the receive must be re-armed
+                    return
+                if rx.eof:
+                    self._eof = True
+                    if not proto.eof_received():
+                        self.close()
+                    return
+                if rx.stalled is not None:  # the protocol holds max_held of the area
+                    self._waiting_release = True
+                    rx.on_release(self._release_seen)
+                    return
+                if rx.provider.armed:
+                    return  # nothing yet: the next dispatch calls again
+        except OSError as e:  # the stream's error (ConnectionResetError, ...)
+            self._teardown(e)
+        except Exception as e:  # the protocol's: report it as asyncio does, drop the connection
+            self.loop.call_exception_handler({
+                "message": "zcnet.aio protocol callback failed", "exception": e,
+                "protocol": proto, "transport": self})
+            self._teardown(e)
+
+    def _put_back(self, rest: list[Chunk]) -> None:
+        """The chunks of a round after the protocol closed (released) or paused (given on
+        resume) inside ``chunk_received``."""
+        if self._closing:
+            if rest:
+                self.rx.release_many(rest)
+        else:
+            self._held = rest
+
+    def _release_seen(self) -> None:
+        """A chunk was released while delivery was paused (any thread): resume in the loop."""
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self.loop.call_soon_threadsafe(self._resume)
+
+    def _resume(self) -> None:
+        if not self._closed:
+            self._on_ready()
+
+    def pause_reading(self) -> None:
+        """No ``chunk_received`` until ``resume_reading`` (the kernel keeps filling buffers)."""
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        if self._paused:
+            self._paused = False
+            self.loop.call_soon(self._resume_held)
+
+    def _resume_held(self) -> None:
+        held, self._held = self._held, []
+        try:
+            for i, c in enumerate(held):
+                if self._closing or self._paused:
+                    self._put_back(held[i:])
+                    return
+                self.protocol.chunk_received(c)
+        except Exception as e:
+            self.loop.call_exception_handler({
+                "message": "zcnet.aio protocol callback failed", "exception": e,
+                "protocol": self.protocol, "transport": self})
+            self._teardown(e)
+            return
+        self._resume()
+
+    def is_reading(self) -> bool:
+        return not (self._paused or self._closing)
+
+    # --- sending ------------------------------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data``: at once as far as the socket takes it, the rest copied and sent when
+        it becomes writable. ``data`` may be a chunk's view; release the chunk afterwards."""
+        if self._closing:
+            if self._failed:
+                return  # the send error reaches connection_lost; the bytes have nowhere to go
+            raise ClosedError("write on a closing zcnet.aio transport")
+        if self._wbuf:
+            self._wbuf += data
+            return
+        n = len(data)
+        if not n:
+            return
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as e:  # the peer reset or shut down: drop the connection
+            self._closing = self._failed = True
+            self.loop.call_soon(self._teardown, e)
+            return
+        if sent < n:
+            self._wbuf += memoryview(data)[sent:]
+            self.loop.add_writer(self._fd, self._on_writable)
+            self._writing = True
+
+    def _on_writable(self) -> None:
+        try:
+            sent = self.sock.send(self._wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._teardown(e)
+            return
+        del self._wbuf[:sent]
+        if not self._wbuf:
+            self._stop_writing()
+            if self._closing:
+                self._teardown(None)
+
+    def _stop_writing(self) -> None:
+        if self._writing:
+            self._writing = False
+            if not self.loop.is_closed():
+                self.loop.remove_writer(self._fd)
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._wbuf)
+
+    def write_eof(self) -> None:
+        """Shut down the sending side once the write buffer is sent (here: at once if empty)."""
+        if self._wbuf:
+            raise ClosedError("write_eof with unsent data buffered",
+                              "wait until get_write_buffer_size() is 0")
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+
+    # --- lifetime -----------------------------------------------------------------------------
+    @property
+    def stats(self) -> Stats:
+        return self.rx.stats
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop receiving, send what is buffered, then close; ``connection_lost(None)`` follows
+        (from the loop, never inside this call). Chunks the protocol holds stay valid."""
+        if self._closing:
+            return
+        self._closing = True
+        if not self._wbuf:
+            # Not now: close() may come from inside the ring's dispatch, where cancelling the
+            # receive (which waits on that ring) must not run.
+            self.loop.call_soon(self._teardown, None)
+
+    def abort(self) -> None:
+        """Close now, dropping the write buffer."""
+        self._closing = True
+        self._wbuf.clear()
+        self.loop.call_soon(self._teardown, None)
+
+    def _teardown(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closing = self._closed = True
+        untrack(self.loop, self)
+        self._member.on_ready = None
+        held, self._held = self._held, []
+        try:
+            self._stop_writing()
+            if self._waiting_release:
+                rx_release_off(self.rx)
+            if held:
+                self.rx.release_many(held)
+            self.rx.close()
+        finally:
+            self.sock.close()
+            try:
+                self.protocol.connection_lost(exc)
+            except Exception as e:
+                self.loop.call_exception_handler({
+                    "message": "zcnet.aio protocol connection_lost failed", "exception": e,
+                    "protocol": self.protocol, "transport": self})
+
+    def _shutdown(self) -> None:
+        self._teardown(None)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "closing" if self._closing else "open"
+        return f"<zcnet.aio transport fd={self._fd} {state}>"
+
+
+def rx_release_off(rx: Receiver) -> None:
+    with contextlib.suppress(ClosedError):
+        rx.on_release(None)
+
+
+def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
+                   buf_size: int = BUF_SIZE, **kw: Any) -> ZcTransport:
+    """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
+    ``protocol``'s methods from the event loop; returns the transport after
+    ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
+    soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``)."""
+    check_tcp_socket(sock, "zcnet.aio.start_protocol")
+    rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol")
+    try:
+        sock.setblocking(False)
+        tr = ZcTransport(sock, rx, protocol)
+    except BaseException:
+        rx.close()
+        raise
+    tr._member.on_ready = tr._on_ready
+    try:
+        protocol.connection_made(tr)
+    except BaseException:
+        tr._teardown(None)
+        raise
+    tr.loop.call_soon(tr._resume)  # arms the receive (and takes what already arrived)
+    return tr
