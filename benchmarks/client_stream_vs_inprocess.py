@@ -23,7 +23,8 @@ import sys
 
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.flow_worker import FlowSpec, flow_main
-from zcnet.rx.engines import EngineOptions, make_engine
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import make_engine
 
 RX_CPU, TX_CPU = 1, 0
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from zcnet.bench.txbench import ALL_MODES, run_txbench
 from zcnet.lab import Lab
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 
 TARGET = 3.0
 

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, StreamPattern, Verifier, pattern_view
-from zcnet.rx.engines import EngineOptions, make_engine
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import make_engine
 from zcnet.uring.syscall import backend
 
 

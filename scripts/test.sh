@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 apt_pkgs=(bpftool iperf3 sockperf iproute2 ethtool kmod util-linux procps python3-venv
           qemu-system-x86 busybox-static zstd
           build-essential flex bison bc libelf-dev patch xz-utils
-          python3-dev)  # headers for the compiled hot path (zcnet.uring._accel)
+          python3-dev  # headers for the compiled hot path (zcnet.uring._accel)
+          cpio)        # the vm runner's initramfs
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -146,7 +146,8 @@ def area(dmabuf: bool) -> Callable[[], Any]:
 
 def nic_engine(name: str) -> Callable[[], Any]:
     def make() -> Any:
-        from zcnet.rx.engines import EngineOptions, make_engine
+        from zcnet.rx.engine import EngineOptions
+        from zcnet.rx.registry import make_engine
 
         return make_engine(name, EngineOptions(ifname="lo", queue=0))
     return make

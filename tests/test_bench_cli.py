@@ -16,7 +16,7 @@ import pytest
 
 from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, run_bench
 from zcnet.lab import names
-from zcnet.lab.netns import list_netns
+from zcnet.netns import list_netns
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")

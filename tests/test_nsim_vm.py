@@ -21,7 +21,7 @@ import pytest
 
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
-from zcnet.lab.netns import in_netns
+from zcnet.netns import in_netns
 from zcnet.nic import ethtool, info, netdev, setup
 from zcnet.nic.device import Device
 from zcnet.rx.zc import open_receiver
@@ -348,7 +348,7 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
     """The real-NIC form of `zcnet reproduce mlx5-zcrx`: side b receives on its netdevsim port
     (HDS on, flow on QUEUE), side a runs the sending `zcnet server`; no substitutions."""
     from zcnet.bench.remote import NetnsServer
-    from zcnet.lab.netns import netns_popen
+    from zcnet.netns import netns_popen
 
     lab = ready
     token = tmp_path / "token"

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.rx.engines import EngineOptions, engine_names, make_engine
+from zcnet.rx.engine import EngineOptions
+from zcnet.rx.registry import engine_names, make_engine
 from zcnet.rx.zc.api import open_receiver
 from zcnet.rx.zc.area import Area
 from zcnet.tx.senders import KINDS, make_sender

@@ -39,7 +39,7 @@ def test_lab_netns_veth_carries_tcp(no_leaks) -> None:
     # zcnet.lab (pyroute2) is imported by the tests that use it: at collection it would cost
     # seconds under TCG before the first vm test runs.
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
+    from zcnet.netns import in_netns
 
     payload = os.urandom(1 << 20)
     with Lab() as lab:

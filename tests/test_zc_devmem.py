@@ -163,7 +163,7 @@ def test_bind_rx_request_encoding():
 @pytest.mark.root
 def test_bind_rx_on_veth_names_the_missing_capability(no_leaks):
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
+    from zcnet.netns import in_netns
 
     fd = os.memfd_create("not-a-dmabuf", os.MFD_CLOEXEC)
     try:
@@ -180,7 +180,7 @@ def test_devmem_without_dmabuf_still_names_the_device_problem(no_leaks):
     """No dma-buf here, but the device is asked first (fd -1 fails only after the device
     checks), so the error is about veth, not about the missing udmabuf."""
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
+    from zcnet.netns import in_netns
     from zcnet.rx.zc.devmem import open_devmem
 
     if os.path.exists("/dev/udmabuf"):

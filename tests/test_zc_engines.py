@@ -74,7 +74,7 @@ def test_nic_engines_need_a_queue(name):
 @pytest.mark.root
 def test_zcrx_engine_on_veth_reports_the_kernel_reason(no_leaks):
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
+    from zcnet.netns import in_netns
 
     with Lab() as lab, in_netns(lab.ns_a):
         why = make_engine("zcrx", options(ifname=lab.if_a, queue=0)).unsupported()

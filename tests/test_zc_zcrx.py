@@ -43,7 +43,7 @@ TOKEN = AREA_ID << u.IORING_ZCRX_AREA_SHIFT
 @pytest.fixture
 def lab(no_leaks):
     from zcnet.lab import Lab
-    from zcnet.lab.netns import in_netns
+    from zcnet.netns import in_netns
 
     with Lab() as lab, in_netns(lab.ns_a):
         yield lab

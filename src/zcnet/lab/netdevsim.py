@@ -28,7 +28,7 @@ from pathlib import Path
 
 from zcnet.errors import ZcnetError
 from zcnet.lab.names import SIDES, LabName, pid_alive
-from zcnet.lab.netns import in_netns, netns_path, netns_popen
+from zcnet.netns import in_netns, netns_path, netns_popen
 
 SYSFS = Path("/sys/bus/netdevsim")
 DEFAULT_QUEUES = 4

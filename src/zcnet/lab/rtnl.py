@@ -21,10 +21,6 @@ _HINTS = {
     errno.EEXIST: "a leftover lab collides; `zcnet lab down` sweeps stale labs",
 }
 
-# What bench/run.py and cli/bench.py import as ``has_caps``: may this process build a lab.
-has_caps = can_create_netns
-
-
 def translate(exc: OSError | NetlinkError, what: str) -> ZcnetError:
     """One ZcnetError for a failed lab step, keeping errno and the kernel's message."""
     code = exc.code if isinstance(exc, NetlinkError) else exc.errno

@@ -42,11 +42,12 @@ import numpy as np
 
 from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
+from zcnet.uring.accel_bind import bind_accel
+from zcnet.uring.completions import Completions
+from zcnet.uring.layout import RingMemory
 from zcnet.uring.mem import Mapping
 from zcnet.uring.syscall import (
-    accel_for,
     backend,
-    cqe_error,
     enter_fast_for,
     io_uring_enter,
     io_uring_register,
@@ -60,101 +61,11 @@ _SQE = struct.Struct("<BBHiQQIIQHHIQQ")
 assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
 _CQE = struct.Struct("<QiI")  # user_data res flags: the first 16 bytes of every CQE
 _U32 = 0xFFFFFFFF
-# A CQE as numpy sees it: ``bid`` overlaps the upper half of ``flags`` (the provided-buffer id,
-# IORING_CQE_BUFFER_SHIFT = 16); ``extra`` is the second half of a CQE32.
-_CQE_FIELDS = {"names": ["user_data", "res", "flags", "bid"],
-               "formats": ["<u8", "<i4", "<u4", "<u2"], "offsets": [0, 8, 12, 14]}
-_CQE_DTYPE = np.dtype({**_CQE_FIELDS, "itemsize": 16})
-_CQE32_DTYPE = np.dtype({"names": [*_CQE_FIELDS["names"], "extra"],
-                         "formats": [*_CQE_FIELDS["formats"], ("<u8", 2)],
-                         "offsets": [*_CQE_FIELDS["offsets"], 16], "itemsize": 32})
 _GETEVENTS = u.IORING_ENTER_GETEVENTS
 
 
 class _kernel_timespec(ctypes.Structure):
     _fields_ = (("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_int64))
-
-
-class Completions:
-    """Reaped CQEs as arrays: ``user_data`` (uint64), ``res`` (int32), ``flags`` (uint32) and,
-    on a CQE32 ring, ``extra`` (uint64 (n, 2): the second half of each CQE).
-
-    They are a copy (the CQ slots are already handed back to the kernel): the ring takes one
-    bytes copy of the CQEs and the arrays are views decoded from it on first access, so a
-    caller pays only for the fields it reads.
-    """
-
-    __slots__ = ("_cqe32", "_extra", "_flags", "_n", "_raw", "_res", "_ud", "_words")
-
-    def __init__(self, user_data: np.ndarray, res: np.ndarray, flags: np.ndarray,
-                 extra: np.ndarray | None = None) -> None:
-        self._raw = None
-        self._words = None
-        self._n = len(res)
-        self._cqe32 = extra is not None
-        self._ud, self._res, self._flags, self._extra = user_data, res, flags, extra
-
-    @classmethod
-    def _of(cls, raw: bytearray, n: int, cqe32: bool) -> Completions:
-        # The compiled reap (zcnet.uring._accel) sets these same slots itself.
-        c = cls.__new__(cls)
-        c._raw, c._n, c._cqe32 = raw, n, cqe32
-        c._words = c._ud = c._res = c._flags = c._extra = None
-        return c
-
-    def _decode(self) -> np.ndarray:
-        w = self._words
-        if w is None:  # one structured view; each field is then a cheap strided view
-            w = self._words = np.frombuffer(self._raw, _CQE32_DTYPE if self._cqe32
-                                            else _CQE_DTYPE)
-        return w
-
-    @property
-    def user_data(self) -> np.ndarray:
-        a = self._ud
-        if a is None:
-            a = self._ud = self._decode()["user_data"]
-        return a
-
-    @property
-    def res(self) -> np.ndarray:
-        a = self._res
-        if a is None:
-            a = self._res = self._decode()["res"]
-        return a
-
-    @property
-    def flags(self) -> np.ndarray:
-        a = self._flags
-        if a is None:
-            a = self._flags = self._decode()["flags"]
-        return a
-
-    @property
-    def extra(self) -> np.ndarray | None:
-        a = self._extra
-        if a is None and self._cqe32:
-            a = self._extra = self._decode()["extra"]
-        return a
-
-    def bids(self) -> np.ndarray:
-        """Provided-buffer ids (the upper 16 bits of ``flags``, meaningful where
-        IORING_CQE_F_BUFFER is set), as a uint16 view: no arithmetic, no copy."""
-        if self._raw is None:  # built from arrays
-            return (self.flags >> u.IORING_CQE_BUFFER_SHIFT).astype(np.uint16)
-        return self._decode()["bid"]
-
-    def __len__(self) -> int:
-        return self._n
-
-    def raise_for_errors(self, what: str = "") -> None:
-        """Raise OSError for the first negative ``res``: the one place errno is translated."""
-        bad = np.flatnonzero(self.res < 0)
-        if len(bad):
-            raise cqe_error(int(self.res[bad[0]]), what)
-
-    def __repr__(self) -> str:
-        return f"<Completions n={self._n}>"
 
 
 class Ring:
@@ -190,67 +101,21 @@ class Ring:
 
     # -- setup ------------------------------------------------------------------------------
     def _map_rings(self, p: u.io_uring_params) -> None:
-        cqe_size = 32 if p.flags & u.IORING_SETUP_CQE32 else 16
-        sq_size = p.sq_off.array + p.sq_entries * 4
-        cq_size = p.cq_off.cqes + p.cq_entries * cqe_size
-        if p.features & u.IORING_FEAT_SINGLE_MMAP:
-            sq_size = cq_size = max(sq_size, cq_size)
-        sq = Mapping(sq_size, fd=self.fd, offset=u.IORING_OFF_SQ_RING)
-        self._maps.append(sq)
-        if p.features & u.IORING_FEAT_SINGLE_MMAP:
-            cq = sq
-        else:
-            cq = Mapping(cq_size, fd=self.fd, offset=u.IORING_OFF_CQ_RING)
-            self._maps.append(cq)
-        sqe_size = 128 if p.flags & u.IORING_SETUP_SQE128 else 64
-        sqes = Mapping(p.sq_entries * sqe_size, fd=self.fd, offset=u.IORING_OFF_SQES)
-        self._maps.append(sqes)
-
-        sq_mv, cq_mv, sqes_mv = sq.memview(), cq.memview(), sqes.memview()
-        self._sqm = sq_mv[:sq_size // 4 * 4].cast("I")  # u32 words of the SQ ring
-        self._cqm = cq_mv[:cq_size // 4 * 4].cast("I")  # u32 words of the CQ ring
-        self._sqes = sqes_mv
-        self._cqes = cq_mv[p.cq_off.cqes:p.cq_off.cqes + p.cq_entries * cqe_size]
-        self._views += [self._sqm, self._cqm, self._cqes, sqes_mv, sq_mv, cq_mv]
-        self._khead_i = p.sq_off.head // 4
-        self._ktail_i = p.sq_off.tail // 4
-        self._ksq_flags_i = p.sq_off.flags // 4
-        self._kcq_head_i = p.cq_off.head // 4
-        self._kcq_tail_i = p.cq_off.tail // 4
-        self.sq_mask = self._sqm[p.sq_off.ring_mask // 4]
-        self.cq_mask = self._cqm[p.cq_off.ring_mask // 4]
-        # The SQ index array is the identity once: slot i always names SQE i.
-        if not p.flags & u.IORING_SETUP_NO_SQARRAY:
-            sq.view(np.uint32, p.sq_off.array, p.sq_entries)[:] = np.arange(p.sq_entries)
-        self._sqe_size = sqe_size
-        self._cqe_size = cqe_size
-        self._cq_bytes = p.cq_entries * cqe_size
+        m = RingMemory(self.fd, p, self._maps, self._views)
+        self._sqm, self._cqm, self._sqes, self._cqes = m.sqm, m.cqm, m.sqes_mv, m.cqes_mv
+        self._khead_i, self._ktail_i, self._ksq_flags_i = m.khead_i, m.ktail_i, m.ksq_flags_i
+        self._kcq_head_i, self._kcq_tail_i = m.kcq_head_i, m.kcq_tail_i
+        self.sq_mask, self.cq_mask = m.sq_mask, m.cq_mask
+        self._sqe_size, self._cqe_size = m.sqe_size, m.cqe_size
+        self._cq_bytes = p.cq_entries * m.cqe_size
         # prep_batch stages SQEs here (a template broadcast over the rows, then the per-SQE
         # columns) and copies them into the ring with one slice assignment.
-        words = sqe_size // 8
-        self._stage = np.zeros((p.sq_entries, words), dtype=np.uint64)
+        self._stage = np.zeros((p.sq_entries, m.sqe_size // 8), dtype=np.uint64)
         self._stage32 = self._stage.view(np.uint32)
         self._stage_mv = memoryview(self._stage).cast("B")
         self._stage_key: tuple[object, ...] | None = None
         if self.backend == "c":
-            self._bind_accel(sq, cq, sqes, p)
-
-    def _bind_accel(self, sq: Mapping, cq: Mapping, sqes: Mapping, p: u.io_uring_params) -> None:
-        """Run ``prep``, ``prep_batch``, ``submit``, ``reap`` and ``reap_one`` in the compiled
-        Core: its methods are bound on the instance, over the class's Python methods (which
-        stay its slow paths)."""
-        accel = accel_for("c")
-        assert accel is not None  # backend() said "c"
-        core = accel.Core(self, ClosedError, Completions, tuple(self._maps),
-                           int(self._cqe_size == 32),
-                           self.fd, sq.addr, p.sq_off.head, p.sq_off.tail,
-                           cq.addr, p.cq_off.head, p.cq_off.tail, sqes.addr,
-                           self.sq_mask, p.sq_entries, self._sqe_size,
-                           cq.addr + p.cq_off.cqes, self.cq_mask, self._cqe_size, 0)
-        self._core = core
-        for name in ("prep", "prep_batch", "submit", "reap", "reap_one"):
-            if getattr(type(self), name) is getattr(Ring, name):  # not overridden: take it
-                self.__dict__[name] = getattr(core, name)
+            self._core = bind_accel(self, self.fd, self._maps, m, p)
 
     def close(self) -> None:
         """Unmap and close; idempotent. Registered resources die with the fd."""
@@ -510,6 +375,8 @@ class Ring:
         cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
         cq[self._kcq_head_i] = (head + 1) & _U32
         return cqe
+
+    _reap_one_py = reap_one  # so bind_accel can tell a subclass override from the original
 
     def get_events(self) -> None:
         """Enter only to run deferred task work and flush overflowed CQEs into the CQ."""

@@ -4,7 +4,8 @@ The public API is ``api`` (re-exported here). Beneath it: ``chunks`` (what is ha
 ``receiver`` (the Receiver and its release path), ``debugviews`` (its debug mode), ``opener``
 (choosing a provider), ``bookkeeping`` (release queue, stats), ``area`` (the registered memory);
 ``provider`` is the contract between the Receiver and the providers ``soft``/``soft_inc``,
-``zcrx`` (with ``zcrx_reg``) and ``devmem``; ``netqueue`` finds the NIC queue of a socket;
+``zcrx`` (with ``zcrx_reg`` and ``zcrx_rings``) and ``devmem``; ``netqueue`` finds the NIC queue
+of a socket;
 ``engines`` runs them as ``zcnet bench`` engines.
 """
 

@@ -1,7 +1,7 @@
 """Provider "zcrx": io_uring zero-copy receive (IORING_REGISTER_ZCRX_IFQ + RECV_ZC).
 
-Registration, its errors and what the kernel offers are in zcrx_reg.py; finding the NIC queue
-of a socket is in netqueue.py.
+Registration, its errors and what the kernel offers are in zcrx_reg.py; the CQE parse and the
+refill ring in zcrx_rings.py; finding the NIC queue of a socket is in netqueue.py.
 
 Some facts about zcrx that shape this module:
 
@@ -41,16 +41,14 @@ Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
 from __future__ import annotations
 
 import contextlib
-import errno
 import socket
-import struct
 
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, note_final, reap_ready
+from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, reap_ready
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.rx.zc.zcrx_reg import (
     Offers,
@@ -60,152 +58,16 @@ from zcnet.rx.zc.zcrx_reg import (
     memlock_error,
     register_ifq,
 )
+from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
 from zcnet.uring.prep import prep_recv_zc
-from zcnet.uring.ring import Completions, Ring
+from zcnet.uring.ring import Ring
 
 RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
-OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
-_OFF_MASK = np.uint64(OFF_MASK)
-_NO_OFFS = np.zeros(0, dtype=np.uint64)
-_NO_LENS = np.zeros(0, dtype=np.uint32)
-_UD_BYTES: dict[int, bytes] = {}
-# A final CQE's errno that does not end the stream: -ENOSPC is a CQ overflow (data intact).
-# -ENOMEM: no free buffer in the area for the kernel's copy (the data waits in the socket).
-STOPS = {errno.ENOSPC: "rearm", errno.ECANCELED: "rearm", errno.ENOMEM: "exhausted"}
 MODES = ("device", "copy")
 COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the zcrx area "
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
-
-
-class RefillRing:
-    """Our side of the refill queue over its shared memory (``mem``: the whole region as uint8).
-
-    We own ``ktail``; the kernel owns ``khead``. ``push`` writes as many entries as fit and holds
-    the rest; later calls send the held ones first, so order and count are preserved.
-    """
-
-    def __init__(self, mem: np.ndarray, head: int, tail: int, rqes: int, entries: int,
-                 area_token: int) -> None:
-        if entries & (entries - 1):
-            raise ValueError("refill ring entries must be a power of two")
-        self.entries = entries
-        self.mask = entries - 1
-        self.area_token = area_token
-        self._khead = mem[head:head + 4].view(np.uint32)
-        self._ktail = mem[tail:tail + 4].view(np.uint32)
-        ring = mem[rqes:rqes + entries * 16]
-        self._rqe_off = ring.view(np.uint64).reshape(entries, 2)[:, 0]
-        self._rqe_len = ring.view(np.uint32).reshape(entries, 4)[:, 2]
-        ring.view(np.uint32).reshape(entries, 4)[:, 3] = 0  # pad: zero once, never written
-        self._tail = int(self._ktail[0])
-        self._token = np.uint64(area_token)
-        self._held_off = _NO_OFFS  # what did not fit yet, sent first next time
-        self._held_len = _NO_LENS
-        self.full_events = 0
-        self.produced = 0  # entries written over the ring's life
-
-    def _acquire_khead(self) -> int:
-        # The kernel stores head with smp_store_release after reading the entries; on x86 a
-        # plain load is an acquire (TSO). Weakly ordered CPUs would need a real one here.
-        return int(self._khead[0])
-
-    def _release_ktail(self) -> None:
-        # Entries are written before this store and NAPI on another CPU reads them after its
-        # smp_load_acquire of tail; on x86 program order is enough (TSO).
-        self._ktail[0] = self._tail
-
-    def space(self) -> int:
-        used = (self._tail - self._acquire_khead()) & 0xFFFFFFFF
-        return self.entries - used
-
-    @property
-    def tail(self) -> int:
-        return self._tail
-
-    def kernel_head(self) -> int:
-        """The kernel's consumer index (for stats and tests)."""
-        return self._acquire_khead()
-
-    @property
-    def held(self) -> int:
-        return len(self._held_off)
-
-    def push(self, offs: list[int] | np.ndarray, lens: list[int] | np.ndarray) -> int:
-        """Queue buffers (their CQE ``off`` values and lengths, lists or arrays) for the
-        kernel; returns how many were written now. The rest stay held and go first next time.
-
-        Vectorized: the entries are written with a few slice operations (two where the ring
-        wraps), no Python object per buffer for arrays."""
-        o = np.asarray(offs, dtype=np.uint64)
-        ln = np.asarray(lens, dtype=np.uint32)
-        if len(self._held_off):
-            o = np.concatenate((self._held_off, o))
-            ln = np.concatenate((self._held_len, ln))
-        total = len(o)
-        n = min(self.space(), total)
-        if n < total:
-            self.full_events += 1
-            self._held_off, self._held_len = o[n:].copy(), ln[n:].copy()
-        elif len(self._held_off):
-            self._held_off, self._held_len = _NO_OFFS, _NO_LENS
-        if n:
-            t = self._tail & self.mask
-            k = min(n, self.entries - t)  # up to the ring's end, the rest from its start
-            for lo, src in ((t, slice(0, k)), (0, slice(k, n))):
-                m = src.stop - src.start
-                if m:
-                    dst = self._rqe_off[lo:lo + m]
-                    np.bitwise_and(o[src], _OFF_MASK, out=dst)
-                    np.bitwise_or(dst, self._token, out=dst)
-                    self._rqe_len[lo:lo + m] = ln[src]
-            self._tail = (self._tail + n) & 0xFFFFFFFF
-            self._release_ktail()
-            self.produced += n
-        return n
-
-
-def _repeated(user_data: int, n: int) -> bytes:
-    """``n`` copies of ``user_data`` as the CQEs hold it (cached: one compare per round)."""
-    b = _UD_BYTES.get(user_data, b"")
-    if len(b) < 8 * n:
-        b = _UD_BYTES[user_data] = struct.pack("<Q", user_data) * max(n, 1024)
-    return b if len(b) == 8 * n else b[:8 * n]
-
-
-def parse_completions(c: Completions, user_data: int = RECV_UD) -> Delivery:
-    """Data fragments and the stream's state from CQE32 completions of one RECV_ZC.
-
-    The common round (every CQE is data of our RECV_ZC) gives arrays with a fixed handful of
-    numpy calls and no Python object per buffer: tokens (the CQEs' ``off``), offsets and
-    lengths. Anything else (other user_data, the final CQE) takes the filtering path."""
-    out = Delivery()
-    n = len(c)
-    if not n:
-        return out
-    extra = c.extra
-    assert extra is not None, "zcrx needs a CQE32 ring"
-    # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it lacks it:
-    # with F_MORE on the last one every res is data.
-    if c.flags.item(n - 1) & u.IORING_CQE_F_MORE and (
-            c.user_data.tobytes() == _repeated(user_data, n)):
-        off = extra[:, 0]
-        out.tokens = off
-        out.offsets = off & _OFF_MASK
-        out.lengths = c.res
-        return out
-    keep = c.user_data == user_data
-    res, flags, extra = c.res[keep], c.flags[keep], c.extra[keep]
-    data = res > 0
-    if data.any():
-        off = extra[data, 0]
-        out.tokens = off.tolist()
-        out.offsets = (off & np.uint64(OFF_MASK)).tolist()
-        out.lengths = res[data].tolist()
-    if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
-        note_final(out, int(res[-1]), STOPS)
-    return out
 
 
 class ZcrxProvider:
@@ -401,5 +263,5 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
     return prov
 
 
-__all__ = ["Offers", "RefillRing", "Registration", "ZcrxProvider", "kernel_offers", "open_zcrx",
-           "parse_completions"]
+__all__ = ["OFF_MASK", "STOPS", "Offers", "RefillRing", "Registration", "ZcrxProvider",
+           "kernel_offers", "open_zcrx", "parse_completions"]

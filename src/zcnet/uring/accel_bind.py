@@ -1,0 +1,35 @@
+"""Binding the compiled accelerator (zcnet.uring._accel) to a ring: its Core's ``prep``,
+``prep_batch``, ``submit``, ``reap`` and ``reap_one`` are set on the ring instance, over the
+class's Python methods, which stay the Core's slow paths."""
+
+from __future__ import annotations
+
+from zcnet.errors import ClosedError
+from zcnet.uapi import io_uring as u
+from zcnet.uring.completions import Completions
+from zcnet.uring.layout import RingMemory
+from zcnet.uring.mem import Mapping
+from zcnet.uring.syscall import accel_for
+
+#: The methods the Core runs, each with the Python method it falls back to (``_<name>_py``).
+ACCEL_METHODS = ("prep", "prep_batch", "submit", "reap", "reap_one")
+
+
+def bind_accel(ring: object, fd: int, maps: list[Mapping], mem: RingMemory,
+               p: u.io_uring_params) -> object:
+    """Build the Core over ``mem`` and bind its methods on ``ring``, except those a subclass
+    overrides (there ``type(ring).<name>`` is no longer the class's ``_<name>_py``).
+    Returns the Core (``close()`` it before unmapping)."""
+    accel = accel_for("c")
+    assert accel is not None  # backend() said "c"
+    core = accel.Core(ring, ClosedError, Completions, tuple(maps),
+                      int(mem.cqe_size == 32),
+                      fd, mem.sq.addr, p.sq_off.head, p.sq_off.tail,
+                      mem.cq.addr, p.cq_off.head, p.cq_off.tail, mem.sqes.addr,
+                      mem.sq_mask, p.sq_entries, mem.sqe_size,
+                      mem.cq.addr + p.cq_off.cqes, mem.cq_mask, mem.cqe_size, 0)
+    cls = type(ring)
+    for name in ACCEL_METHODS:
+        if getattr(cls, name) is getattr(cls, f"_{name}_py"):  # not overridden: take it
+            ring.__dict__[name] = getattr(core, name)
+    return core
