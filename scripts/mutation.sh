@@ -28,6 +28,7 @@ declare -A TESTS=(
   [rx/zc/devmem.py]="tests/test_zc_devmem.py"
   [rx/zc/zcrx.py]="tests/test_zc_zcrx.py"
   [rx/zc/zcrx_reg.py]="tests/test_zc_zcrx.py"
+  [rx/zc/zcrx_rings.py]="tests/test_zc_zcrx.py"
   [rx/zc/netqueue.py]="tests/test_zc_zcrx.py tests/test_zc_devmem.py"
   [rx/zc/soft_inc.py]="tests/test_zc_soft.py"
   [rx/zc/area.py]="tests/test_zc_area.py"
@@ -41,12 +42,12 @@ declare -A TESTS=(
   [nic/setup.py]="tests/test_nic_setup.py tests/test_nic_codec.py"
 )
 # The targets first (rx/zc/api.py only re-exports: its code is chunks, receiver,
-# debugviews and opener; zcrx's is zcrx, zcrx_reg and netqueue), then the rest of rx/zc, tx,
-# the ring and the NIC setup.
+# debugviews and opener; zcrx's is zcrx, zcrx_reg, zcrx_rings and netqueue), then the rest of
+# rx/zc, tx, the ring and the NIC setup.
 ORDER=(rx/zc/chunks.py rx/zc/receiver.py rx/zc/debugviews.py rx/zc/opener.py rx/zc/soft.py
-       rx/zc/devmem.py rx/zc/zcrx.py rx/zc/zcrx_reg.py rx/zc/netqueue.py tx/sendzc.py
-       rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py rx/zc/engines.py
-       tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py)
+       rx/zc/devmem.py rx/zc/zcrx.py rx/zc/zcrx_reg.py rx/zc/zcrx_rings.py rx/zc/netqueue.py
+       tx/sendzc.py rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py
+       rx/zc/engines.py tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py)
 
 python -c "import mutmut" 2>/dev/null || {
   echo "mutmut is not installed: pip install 'mutmut>=3.8,<4'" >&2; exit 2; }
