@@ -35,7 +35,7 @@ import numpy as np
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
-from zcnet.rx.zc.soft import RECV_UD, SoftProvider, buffer_count
+from zcnet.rx.zc.soft import RECV_UD, SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
@@ -296,13 +296,8 @@ class SharedSoftProvider(SoftProvider):
     everything else (reaping, recycling, cancelling) is SoftProvider's own code."""
 
     def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing) -> None:
-        self.fd = fd
-        self.area = area
-        self.buf_size = buf_size
-        self.entries = buffer_count(area.size, buf_size)
-        self.note = f"{self.entries} buffers of {buf_size} bytes, on the loop's shared io_uring"
-        self.armed = False
-        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size
+        self._init_buffers(fd, area, buf_size)
+        self.note += ", on the loop's shared io_uring"
         ring = member.lr.ring
         self.bundle = bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
         # One member's round holds at most a CQE per buffer plus the final one.

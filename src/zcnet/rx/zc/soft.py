@@ -48,15 +48,7 @@ class SoftProvider:
     name = "soft"
 
     def __init__(self, fd: int, area: Area, buf_size: int, *, bundle: bool | None = None) -> None:
-        self.fd = fd
-        self.area = area
-        self.buf_size = buf_size
-        self.entries = buffer_count(area.size, buf_size)
-        self.note = f"{self.entries} buffers of {buf_size} bytes"
-        self.armed = False
-        self._ring: Ring | None = None
-        self._buf: BufRing | None = None
-        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
+        self._init_buffers(fd, area, buf_size)
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
         self._ring = ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
@@ -68,6 +60,19 @@ class SoftProvider:
             lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
                             area_offset=0),
             ring.close)
+
+    def _init_buffers(self, fd: int, area: Area, buf_size: int) -> None:
+        """The fields of a soft provider whichever ring its buffer group goes on (its own, or an
+        event loop's shared one: zcnet.aio)."""
+        self.fd = fd
+        self.area = area
+        self.buf_size = buf_size
+        self.entries = buffer_count(area.size, buf_size)
+        self.note = f"{self.entries} buffers of {buf_size} bytes"
+        self.armed = False
+        self._ring: Ring | None = None
+        self._buf: BufRing | None = None
+        self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
 
     # --- Provider protocol ----------------------------------------------------------------------
     def can_arm(self) -> bool:
