@@ -35,9 +35,8 @@ import numpy as np
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
-from zcnet.rx.zc.soft import RECV_UD, SoftProvider
+from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
-from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Completions, Ring
 
@@ -298,13 +297,7 @@ class SharedSoftProvider(SoftProvider):
     def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing) -> None:
         self._init_buffers(fd, area, buf_size)
         self.note += ", on the loop's shared io_uring"
-        ring = member.lr.ring
-        self.bundle = bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
-        # One member's round holds at most a CQE per buffer plus the final one.
-        self._ud_ok = np.full(2 * self.entries + 8, RECV_UD, _U64).tobytes()
-        self._buf = BufRing(ring, member.bgid, self.entries, buf_size, area=area,
-                            area_offset=0)
-        self._ring = member  # type: ignore[assignment]
+        self._attach(member.lr.ring, member.bgid, member)
         self.member = member
 
     def reap(self, timeout: float | None) -> Delivery:
