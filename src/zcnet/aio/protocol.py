@@ -35,9 +35,14 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
+from zcnet.aio.shared import loop_accel
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
+from zcnet.rx.zc.provider import RECV_UD
+
+# zcnet.aio._loopaccel.Round.run's answers
+_DONE, _AGAIN, _FALLBACK = 0, 1, 2
 
 
 class ZcProtocol:
@@ -92,7 +97,17 @@ class ZcTransport:
         self._eof = False
         self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
+        #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
+        self._fast = self._make_round()
         track(self.loop, self)
+
+    def _make_round(self) -> Any:
+        accel = loop_accel()
+        rx = self.rx
+        if accel is None or rx.debug or rx.coalesce:  # revoked views, coalescing: Python's
+            return None
+        return accel.Round(self, rx, self._member, rx.provider, Chunk, rx._releases._q,
+                           rx._stats, RECV_UD)
 
     # --- receiving ----------------------------------------------------------------------------
     def _on_ready(self) -> None:
@@ -101,16 +116,27 @@ class ZcTransport:
         rx = self.rx
         m = self._member
         proto = self.protocol
+        fast = self._fast
         try:
             while not self._closing and not self._paused and not self._eof:
                 if self._waiting_release:
                     self._waiting_release = False
                     rx.on_release(None)
+                if fast is not None:  # the common round in C; anything else below
+                    r = fast.run()
+                    if r == _AGAIN:
+                        continue
+                    if r != _FALLBACK:
+                        return
                 chunks = rx.recv(0)
                 if chunks:
                     it = iter(chunks)
                     for c in it:
-                        proto.chunk_received(c)
+                        try:
+                            proto.chunk_received(c)
+                        except BaseException:
+                            self._held = list(it)  # never the protocol's: released at teardown
+                            raise
                         if self._closing or self._paused:  # by the protocol, in the callback
                             self._put_back(list(it))
                             return

@@ -40,6 +40,11 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Completions, Ring
 
+try:
+    from zcnet.aio import _loopaccel
+except ImportError:  # not built (no C compiler at install): the Python pass runs
+    _loopaccel = None  # type: ignore[assignment]
+
 RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL | u.IORING_SETUP_TASKRUN_FLAG)
 SQ_ENTRIES = 256
@@ -49,6 +54,25 @@ LOCAL_MASK = (1 << LOCAL_BITS) - 1
 FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
+
+
+def loop_accel() -> Any:
+    """The compiled pass (zcnet.aio._loopaccel) when it is built and ZCNET_PURE is not set
+    (read when a loop's ring or a transport is made, so tests can run both), else None."""
+    if _loopaccel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
+        return None
+    return _loopaccel
+
+
+def loop_backend() -> str:
+    """Which pass a ring made now runs: "c" (zcnet.aio._loopaccel) or "pure"."""
+    return "pure" if loop_accel() is None else "c"
+
+
+def _address(view: memoryview, index: int = 0, itemsize: int = 1) -> int:
+    """The address of item ``index`` of ``view`` (a mapping of the ring; the temporary array
+    is dropped at once so the view can still be released when the ring closes)."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data) + index * itemsize
 
 
 class LoopRing:
@@ -69,12 +93,24 @@ class LoopRing:
             self.ring.close()
             raise
         try:
+            self._router = self._make_router()
             register_eventfd(self.ring, self.efd)
             loop.add_reader(self.efd, self._on_eventfd)
         except BaseException:
             os.close(self.efd)
             self.ring.close()
             raise
+
+    def _make_router(self) -> Any:
+        """The compiled reap-and-dispatch over this ring's CQ, or None (the Python one)."""
+        accel = loop_accel()
+        if accel is None:
+            return None
+        r = self.ring
+        cq = r._cqm
+        return accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
+                            _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
+                            r._cqe_size, Completions._of, FEW)
 
     # --- members ---------------------------------------------------------------------------
     def join(self) -> MemberRing:
@@ -148,10 +184,13 @@ class LoopRing:
             ring.get_events()
             entered = True
         n = ring.cq_ready()
-        if n > FEW:
-            self._dispatch(ring.reap())
-        elif n:
-            self._dispatch_few(ring, n)
+        if n:
+            if self._router is not None:
+                self._router.route()
+            elif n > FEW:
+                self._dispatch(ring.reap())
+            else:
+                self._dispatch_few(ring, n)
         if ring.closed:  # its last member left during the dispatch (a protocol's close)
             return
         if entered:
