@@ -25,9 +25,15 @@
 #include <stdint.h>
 #include <string.h>
 
-#define F_MORE 2u       /* IORING_CQE_F_MORE */
-#define BUFFER_SHIFT 16 /* IORING_CQE_BUFFER_SHIFT */
-#define LOCAL_BITS 8    /* zcnet.aio.shared.LOCAL_BITS */
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+
+/* The kernel's constants come from zcnet.uapi through the constructors (one place for the ABI). */
 
 enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
 
@@ -113,14 +119,16 @@ static int as_ptr(PyObject *o, void **out) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few)            */
+/* Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few, sq_flags,  */
+/*        work_mask, getevents, local_bits)                                                 */
 
 typedef struct {
     PyObject_HEAD
     PyObject *ring, *members, *completions_of;
-    uint32_t *khead, *ktail;
+    uint32_t *khead, *ktail, *sq_flags;
     unsigned char *cqes;
-    uint32_t mask, cqe_size;
+    uint32_t mask, cqe_size, work, getevents;
+    unsigned int local_bits;
     Py_ssize_t few;
 } Router;
 
@@ -132,15 +140,20 @@ static void router_dealloc(Router *r) {
 }
 
 static int router_init(Router *r, PyObject *args, PyObject *kw) {
-    PyObject *ring, *members, *kh, *kt, *cq, *of;
+    PyObject *ring, *members, *kh, *kt, *cq, *of, *sqf;
     unsigned int mask, cqe_size;
     Py_ssize_t few;
-    if (!PyArg_ParseTuple(args, "OO!OOOIIOn", &ring, &PyDict_Type, &members, &kh, &kt, &cq,
-                          &mask, &cqe_size, &of, &few))
+    if (!PyArg_ParseTuple(args, "OO!OOOIIOnOIII", &ring, &PyDict_Type, &members, &kh, &kt,
+                          &cq, &mask, &cqe_size, &of, &few, &sqf, &r->work, &r->getevents,
+                          &r->local_bits))
         return -1;
     if (!as_ptr(kh, (void **)&r->khead) || !as_ptr(kt, (void **)&r->ktail) ||
-        !as_ptr(cq, (void **)&r->cqes))
+        !as_ptr(cq, (void **)&r->cqes) || !as_ptr(sqf, (void **)&r->sq_flags))
         return -1;
+    if (r->local_bits == 0 || r->local_bits > 32) {
+        PyErr_SetString(PyExc_ValueError, "Router: local_bits is 1..32");
+        return -1;
+    }
     if (cqe_size != 16 && cqe_size != 32) {
         PyErr_SetString(PyExc_ValueError, "Router: cqe_size is 16 or 32");
         return -1;
@@ -187,14 +200,7 @@ static void wake(PyObject *m, Exc *exc) {
 
 /* route() -> int: every ready CQE to its member (see the module docstring); the number taken. A
  * failing on_ready/kick does not stop the others; the first failure is raised at the end. */
-static PyObject *router_route(Router *r, PyObject *unused) {
-    long long fd;
-    if (!get_ll(r->ring, s_fd, &fd))
-        return NULL;
-    if (fd < 0) {
-        PyErr_SetString(PyExc_ValueError, "route: the io_uring is closed");
-        return NULL;
-    }
+static PyObject *do_route(Router *r) {
     uint32_t head = *r->khead;
     uint32_t tail = __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE);
     uint32_t n = tail - head;
@@ -212,7 +218,7 @@ static PyObject *router_route(Router *r, PyObject *unused) {
     for (uint32_t i = 0; i < n; i++) {
         uint64_t ud;
         memcpy(&ud, r->cqes + (size_t)((head + i) & r->mask) * r->cqe_size, 8);
-        uint64_t mid = ud >> LOCAL_BITS;
+        uint64_t mid = ud >> r->local_bits;
         Py_ssize_t g = 0;
         while (g < ng && groups[g].mid != mid)
             g++;
@@ -247,12 +253,12 @@ static PyObject *router_route(Router *r, PyObject *unused) {
         memcpy(&ud, c, 8);
         memcpy(&res, c + 8, 4);
         memcpy(&flags, c + 12, 4);
-        uint64_t mid = ud >> LOCAL_BITS;
+        uint64_t mid = ud >> r->local_bits;
         Py_ssize_t g = 0;
         while (groups[g].mid != mid)
             g++;
         PyObject *it = PyList_GET_ITEM(items, g);
-        uint64_t local = ud & ((1u << LOCAL_BITS) - 1);
+        uint64_t local = ud & ((1ull << r->local_bits) - 1);
         if (PyByteArray_CheckExact(it)) {
             unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(it) +
                                  groups[g].count++ * r->cqe_size;
@@ -326,9 +332,74 @@ fail_after:
     return NULL;
 }
 
+/* The ring's fd, or -1 with an exception set (-2 without one: the ring is closed). */
+static long long ring_fd(Router *r) {
+    long long fd;
+    if (!get_ll(r->ring, s_fd, &fd))
+        return -1;
+    return fd < 0 ? -2 : fd;
+}
+
+static PyObject *router_route(Router *r, PyObject *unused) {
+    long long fd = ring_fd(r);
+    if (fd < 0) {
+        if (fd == -2)
+            PyErr_SetString(PyExc_ValueError, "route: the io_uring is closed");
+        return NULL;
+    }
+    return do_route(r);
+}
+
+/* poll(entered, efd) -> int: the rest of a pass after its submission (LoopRing.poll): run the
+ * task work when the kernel flagged some, route the CQEs, then, when the pass entered the kernel
+ * or was signalled (``entered``), reset the eventfd and look again. Returns -1 when no further
+ * look was due (or the ring closed meanwhile), else whether the kernel has more (1) or not (0):
+ * the caller schedules another pass for 1, or for SQEs prepared during the dispatch. */
+static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll(entered, efd)");
+        return NULL;
+    }
+    int entered = PyObject_IsTrue(args[0]);
+    int efd = PyLong_AsLong(args[1]);
+    if (entered < 0 || (efd == -1 && PyErr_Occurred()))
+        return NULL;
+    long long fd = ring_fd(r);
+    if (fd < 0)
+        return fd == -2 ? PyLong_FromLong(-1) : NULL;
+    if (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) {
+        if (syscall(__NR_io_uring_enter, (int)fd, 0, 0, r->getevents, NULL, 0) < 0) {
+            /* Ring.get_events redoes it and raises what the errno means */
+            PyObject *res = PyObject_CallMethod(r->ring, "get_events", NULL);
+            if (!res)
+                return NULL;
+            Py_DECREF(res);
+        }
+        entered = 1;
+    }
+    if (*r->ktail != *r->khead) {
+        PyObject *n = do_route(r);
+        if (!n)
+            return NULL;
+        Py_DECREF(n);
+        if ((fd = ring_fd(r)) < 0) /* its last member left during the dispatch */
+            return fd == -2 ? PyLong_FromLong(-1) : NULL;
+    }
+    if (!entered)
+        return PyLong_FromLong(-1);
+    uint64_t v;
+    if (read(efd, &v, sizeof v) < 0 && errno != EAGAIN)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    int more = (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) ||
+               __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE) != *r->khead;
+    return PyLong_FromLong(more);
+}
+
 static PyMethodDef router_methods[] = {
     {"route", (PyCFunction)router_route, METH_NOARGS,
      "Every ready CQE to its member; returns how many."},
+    {"poll", (PyCFunction)(void (*)(void))router_poll, METH_FASTCALL,
+     "The rest of a pass after its submission; see the source."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -347,12 +418,14 @@ static PyMethodDef router_methods[] = {
 OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
 
 /* ---------------------------------------------------------------------------------------- */
-/* Round(transport, rx, member, provider, chunk_cls, recv_ud)                                */
+/* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
+/*       buffer_shift)                                                                      */
 
 typedef struct {
     PyObject_HEAD
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
-    long long recv_ud;
+    long long recv_ud, f_more;
+    unsigned int buffer_shift;
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
 } Round;
 
@@ -374,10 +447,13 @@ static void round_dealloc(Round *r) {
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
-    long long recv_ud;
-    if (!PyArg_ParseTuple(args, "OOOOO!OOL", &tr, &rx, &member, &prov, &PyType_Type, &cls,
-                          &queue, &stats, &recv_ud))
+    long long recv_ud, f_more;
+    unsigned int shift;
+    if (!PyArg_ParseTuple(args, "OOOOO!OOLLI", &tr, &rx, &member, &prov, &PyType_Type, &cls,
+                          &queue, &stats, &recv_ud, &f_more, &shift))
         return -1;
+    r->f_more = f_more;
+    r->buffer_shift = shift;
     const char *names[5] = {"_rx", "offset", "length", "_tok", "stream_offset"};
     PyObject **slots[5] = {&r->d_rx, &r->d_off, &r->d_len, &r->d_tok, &r->d_so};
     for (int i = 0; i < 5; i++) {
@@ -614,14 +690,14 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         long long fl = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
         if (PyErr_Occurred())
             goto error;
-        if (ud != r->recv_ud || res <= 0 || !(fl & F_MORE))
+        if (ud != r->recv_ud || res <= 0 || !(fl & r->f_more))
             BAIL(FALLBACK);
         long long count = (res + b.bs - 1) / b.bs;
         if (k + count > b.in_ring)
             BAIL(FALLBACK); /* out of step: the Python round raises it */
         uint16_t want;
         memcpy(&want, ENTRY(&b, b.head + k) + 12, 2);
-        if ((long long)(fl >> BUFFER_SHIFT) != want)
+        if ((long long)(fl >> r->buffer_shift) != want)
             BAIL(FALLBACK);
         k += count;
     }

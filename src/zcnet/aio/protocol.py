@@ -40,6 +40,7 @@ from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
 from zcnet.rx.zc.provider import RECV_UD
+from zcnet.uapi import io_uring as u
 
 # zcnet.aio._loopaccel.Round.run's answers
 _DONE, _AGAIN, _FALLBACK = 0, 1, 2
@@ -107,7 +108,7 @@ class ZcTransport:
         if accel is None or rx.debug or rx.coalesce:  # revoked views, coalescing: Python's
             return None
         return accel.Round(self, rx, self._member, rx.provider, Chunk, rx._releases._q,
-                           rx._stats, RECV_UD)
+                           rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
 
     # --- receiving ----------------------------------------------------------------------------
     def _on_ready(self) -> None:

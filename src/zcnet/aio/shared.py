@@ -110,7 +110,9 @@ class LoopRing:
         cq = r._cqm
         return accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
                             _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
-                            r._cqe_size, Completions._of, FEW)
+                            r._cqe_size, Completions._of, FEW,
+                            _address(r._sqm, r._ksq_flags_i, 4), _WORK,
+                            u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------
     def join(self) -> MemberRing:
@@ -180,17 +182,20 @@ class LoopRing:
             self.prepped = False
             ring.submit()
             entered = True
+        router = self._router
+        if router is not None:  # the rest of the pass in C, as below
+            more = router.poll(entered, self.efd)
+            if more > 0 or (more == 0 and self.prepped):
+                self.schedule()
+            return
         if ring.sq_flags & _WORK:
             ring.get_events()
             entered = True
         n = ring.cq_ready()
-        if n:
-            if self._router is not None:
-                self._router.route()
-            elif n > FEW:
-                self._dispatch(ring.reap())
-            else:
-                self._dispatch_few(ring, n)
+        if n > FEW:
+            self._dispatch(ring.reap())
+        elif n:
+            self._dispatch_few(ring, n)
         if ring.closed:  # its last member left during the dispatch (a protocol's close)
             return
         if entered:
