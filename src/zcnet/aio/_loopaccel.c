@@ -175,6 +175,24 @@ typedef struct {
     Py_ssize_t count;
 } Group;
 
+/* Whether member ``mid`` takes any number of CQEs as tuples: one driven by callbacks
+ * (``on_ready`` set: the compiled Round takes them without a Python object per field);
+ * otherwise a big group goes as arrays. -1 on error. */
+static int takes_tuples(Router *r, uint64_t mid) {
+    PyObject *key = PyLong_FromUnsignedLongLong(mid);
+    if (!key)
+        return -1;
+    PyObject *m = PyDict_GetItemWithError(r->members, key); /* borrowed */
+    Py_DECREF(key);
+    if (!m)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *cb = PyObject_GetAttr(m, s_on_ready);
+    if (!cb)
+        return -1;
+    Py_DECREF(cb);
+    return cb != Py_None;
+}
+
 /* Keep the pending exception in *exc when it is the first (else drop it). */
 static void keep_first(Exc *exc) {
     if (exc->type == NULL)
@@ -235,7 +253,10 @@ static PyObject *do_route(Router *r) {
     for (Py_ssize_t g = 0; g < ng; g++) {
         PyObject *it;
         Py_ssize_t k = groups[g].count;
-        if (k > r->few) {
+        int tuples = k <= r->few ? 1 : takes_tuples(r, groups[g].mid);
+        if (tuples < 0)
+            goto fail;
+        if (!tuples) {
             it = PyByteArray_FromStringAndSize(NULL, k * r->cqe_size);
             groups[g].count = 0; /* now: entries written */
         } else {
