@@ -4,7 +4,9 @@ the same bytes, the same checks, nothing left behind; which one ran is visible."
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import weakref
 
 import numpy as np
 import pytest
@@ -209,3 +211,23 @@ def test_bulk_rounds_of_many_completions_arrive_whole(loop_kind, no_leaks):
         rx.close()
 
     run(loop_kind, main)
+
+
+def test_a_closed_transport_and_its_ring_are_freed(loop_kind, no_leaks):
+    """The compiled round and its transport refer to each other, the loop's ring and its router
+    too: once the connection is gone nothing keeps any of them alive."""
+
+    async def main() -> tuple[weakref.ref, weakref.ref]:
+        c, s = await tcp_pair()
+        p = Frames()
+        tr = aio.start_protocol(s, p, **SMALL)
+        await asyncio.get_running_loop().sock_sendall(c, bytes(64))
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+        refs = weakref.ref(tr), weakref.ref(tr._member.lr)
+        del p.tr
+        return refs
+
+    tr_ref, ring_ref = run(loop_kind, main)
+    gc.collect()
+    assert tr_ref() is None and ring_ref() is None

@@ -132,12 +132,27 @@ typedef struct {
     Py_ssize_t few;
 } Router;
 
-static void router_dealloc(Router *r) {
-    Py_XDECREF(r->ring);
-    Py_XDECREF(r->members);
-    Py_XDECREF(r->completions_of);
-    Py_TYPE(r)->tp_free((PyObject *)r);
-}
+/* Each type's object references, for its dealloc and the cycle collector (a Round and its
+ * transport refer to each other). */
+#define VISIT_REF(f) Py_VISIT(r->f);
+#define CLEAR_REF(f) Py_CLEAR(r->f);
+#define GC_METHODS(Name, name, REFS)                                                      \
+    static int name##_traverse(Name *r, visitproc visit, void *arg) {                     \
+        REFS(VISIT_REF)                                                                   \
+        return 0;                                                                         \
+    }                                                                                     \
+    static int name##_clear(Name *r) {                                                    \
+        REFS(CLEAR_REF)                                                                   \
+        return 0;                                                                         \
+    }                                                                                     \
+    static void name##_dealloc(Name *r) {                                                 \
+        PyObject_GC_UnTrack(r);                                                           \
+        name##_clear(r);                                                                  \
+        Py_TYPE(r)->tp_free((PyObject *)r);                                               \
+    }
+
+#define ROUTER_REFS(X) X(ring) X(members) X(completions_of)
+GC_METHODS(Router, router, ROUTER_REFS)
 
 static int router_init(Router *r, PyObject *args, PyObject *kw) {
     PyObject *ring, *members, *kh, *kt, *cq, *of, *sqf;
@@ -428,8 +443,10 @@ static PyMethodDef router_methods[] = {
     static PyTypeObject Name##Type = {                                                    \
         PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel." #Name,           \
         .tp_basicsize = sizeof(Name),                                                     \
-        .tp_flags = Py_TPFLAGS_DEFAULT,                                                   \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,                              \
         .tp_doc = doc,                                                                    \
+        .tp_traverse = (traverseproc)name##_traverse,                                     \
+        .tp_clear = (inquiry)name##_clear,                                                \
         .tp_new = PyType_GenericNew,                                                      \
         .tp_init = (initproc)name##_init,                                                 \
         .tp_dealloc = (destructor)name##_dealloc,                                         \
@@ -450,21 +467,10 @@ typedef struct {
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
 } Round;
 
-static void round_dealloc(Round *r) {
-    Py_XDECREF(r->tr);
-    Py_XDECREF(r->rx);
-    Py_XDECREF(r->member);
-    Py_XDECREF(r->prov);
-    Py_XDECREF(r->cls);
-    Py_XDECREF(r->queue);
-    Py_XDECREF(r->stats);
-    Py_XDECREF(r->d_rx);
-    Py_XDECREF(r->d_off);
-    Py_XDECREF(r->d_len);
-    Py_XDECREF(r->d_tok);
-    Py_XDECREF(r->d_so);
-    Py_TYPE(r)->tp_free((PyObject *)r);
-}
+#define ROUND_REFS(X)                                                                     \
+    X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
+    X(d_so)
+GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;

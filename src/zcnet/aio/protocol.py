@@ -298,6 +298,7 @@ class ZcTransport:
         self._closing = self._closed = True
         untrack(self.loop, self)
         self._member.on_ready = None
+        self._fast = None  # it refers back to the transport: both go now, not at a GC pass
         held, self._held = self._held, []
         try:
             self._stop_writing()

@@ -147,6 +147,7 @@ class LoopRing:
                 self.loop.remove_reader(self.efd)
             os.close(self.efd)
             self.efd = -1
+        self._router = None
         self.ring.close()
 
     # --- passes --------------------------------------------------------------------------------
