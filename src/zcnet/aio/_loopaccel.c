@@ -43,7 +43,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_delivered, *s_delivered_bytes, *s_released, *s_released_bytes, *s_peak, *s_peak_bytes,
     *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
     *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
-    *s_ring;
+    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -216,8 +216,57 @@ static void keep_first(Exc *exc) {
         PyErr_Clear();
 }
 
-/* Call ``m.on_ready()`` or ``m.kick()``; the first failure is kept in *exc. */
+static PyTypeObject RoundType;
+typedef struct Round Round;
+static PyObject *round_run(Round *r, PyObject *unused);
+static PyObject *round_transport(Round *r);
+
+/* Run member ``m``'s compiled round directly (``m.fast``): 1 when that finished it, 0 when
+ * ``on_ready`` must run, -1 on an error to raise. A round's Exception goes to its transport's
+ * ``_round_failed`` as the Python round's would. */
+static int run_fast(PyObject *m) {
+    PyObject *fast = PyObject_GetAttr(m, s_fast);
+    if (!fast)
+        return -1;
+    if (!Py_IS_TYPE(fast, &RoundType)) {
+        Py_DECREF(fast);
+        return 0;
+    }
+    PyObject *res = round_run((Round *)fast, NULL);
+    if (res) {
+        long v = PyLong_AsLong(res);
+        Py_DECREF(res);
+        Py_DECREF(fast);
+        return v == DONE || v == STOPPED;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) { /* KeyboardInterrupt & co: raised */
+        Py_DECREF(fast);
+        return -1;
+    }
+    Exc e = exc_take();
+    PyErr_NormalizeException(&e.type, &e.value, &e.tb);
+    if (e.tb)
+        PyException_SetTraceback(e.value, e.tb);
+    PyObject *tr = round_transport((Round *)fast);
+    PyObject *r2 = tr ? PyObject_CallMethodOneArg(tr, s_failed, e.value) : NULL;
+    Py_XDECREF(tr);
+    exc_drop(e);
+    Py_DECREF(fast);
+    if (!r2)
+        return -1;
+    Py_DECREF(r2);
+    return 1;
+}
+
+/* Run ``m``'s compiled round, else call ``m.on_ready()`` or ``m.kick()``; the first failure is
+ * kept in *exc. */
 static void wake(PyObject *m, Exc *exc) {
+    int done = run_fast(m);
+    if (done) {
+        if (done < 0)
+            keep_first(exc);
+        return;
+    }
     PyObject *cb = PyObject_GetAttr(m, s_on_ready);
     PyObject *res = NULL;
     if (cb) {
@@ -459,13 +508,20 @@ OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
 /* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
 /*       buffer_shift)                                                                      */
 
-typedef struct {
+struct Round {
     PyObject_HEAD
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
     long long recv_ud, f_more;
     unsigned int buffer_shift;
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
-} Round;
+};
+
+static PyObject *round_transport(Round *r) {
+    if (!r->tr)
+        PyErr_SetString(PyExc_ValueError, "the round is cleared");
+    Py_XINCREF(r->tr);
+    return r->tr;
+}
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
@@ -635,6 +691,13 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     int v;
     long long x;
 #define BAIL(code) do { Py_XDECREF(buf); return PyLong_FromLong(code); } while (0)
+    if (!r->tr)
+        return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector */
+    /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
+    PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
+    for (int i = 0; i < 4; i++)
+        if ((v = get_true(r->tr, flags[i])) != 0)
+            return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
     /* The receiver: open, owned by this thread, not ended, not paused, armed. */
     if ((v = get_true(r->rx, s_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
@@ -801,7 +864,8 @@ static PyObject *round_run(Round *r, PyObject *unused) {
             goto error;
         }
         Py_DECREF(res);
-        int closing = get_true(r->tr, s_closing), paused = closing < 0 ? 0 : get_true(r->tr, s_paused);
+        int closing = get_true(r->tr, s_closing);
+        int paused = closing < 0 ? 0 : get_true(r->tr, s_paused);
         if (closing < 0 || paused < 0) {
             keep_rest(r->tr, chunks, i + 1);
             goto error;
@@ -870,7 +934,9 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_held, "_held"}, {&s_protocol, "protocol"}, {&s_chunk_received, "chunk_received"},
         {&s_put_back, "_put_back"}, {&s_popleft, "popleft"}, {&s_mem, "_mem"},
         {&s_addr, "addr"}, {&s_base, "base"}, {&s_entries, "entries"}, {&s_mask, "mask"},
-        {&s_buf_size, "buf_size"}, {&s_ring, "ring"},
+        {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
+        {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
+        {&s_waiting_release, "_waiting_release"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

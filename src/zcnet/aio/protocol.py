@@ -155,13 +155,18 @@ class ZcTransport:
                     return
                 if rx.provider.armed:
                     return  # nothing yet: the next dispatch calls again
-        except OSError as e:  # the stream's error (ConnectionResetError, ...)
-            self._teardown(e)
-        except Exception as e:  # the protocol's: report it as asyncio does, drop the connection
+        except Exception as e:
+            self._round_failed(e)
+
+    def _round_failed(self, e: Exception) -> None:
+        """A round raised: the stream's error (OSError: ConnectionResetError, ...) ends the
+        connection; the protocol's is reported as asyncio does, then drops it. Also called by
+        the compiled pass when the round it ran directly raised."""
+        if not isinstance(e, OSError):
             self.loop.call_exception_handler({
                 "message": "zcnet.aio protocol callback failed", "exception": e,
-                "protocol": proto, "transport": self})
-            self._teardown(e)
+                "protocol": self.protocol, "transport": self})
+        self._teardown(e)
 
     def _put_back(self, rest: list[Chunk]) -> None:
         """The chunks of a round after the protocol closed (released) or paused (given on
@@ -298,6 +303,7 @@ class ZcTransport:
         self._closing = self._closed = True
         untrack(self.loop, self)
         self._member.on_ready = None
+        self._member.fast = None
         self._fast = None  # it refers back to the transport: both go now, not at a GC pass
         held, self._held = self._held, []
         try:
@@ -344,6 +350,7 @@ def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int 
         rx.close()
         raise
     tr._member.on_ready = tr._on_ready
+    tr._member.fast = tr._fast
     try:
         protocol.connection_made(tr)
     except BaseException:

@@ -267,6 +267,9 @@ class MemberRing:
         self.waiter: asyncio.Future[None] | None = None
         #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
         self.on_ready: Callable[[], None] | None = None
+        #: The compiled round of a transport (zcnet.aio._loopaccel.Round): the compiled pass
+        #: runs it directly and calls ``on_ready`` only when it cannot finish the round.
+        self.fast: Any = None
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
