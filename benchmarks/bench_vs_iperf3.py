@@ -9,7 +9,7 @@ bigger). Each repeat runs every engine and iperf3 once per MTU, so drift on a sh
 hits every column alike; the median over repeats is compared. kperf is not packaged here (and
 cannot be fetched), so iperf3 is the only C peer. Both ends of every column are pinned alike
 (the placement's CPUs, taskset for iperf3). zcnet's engines set SO_RCVLOWAT (engine option
-``rcvlowat``, default 256 KiB: one wake-up per 256 KiB queued, see zcnet.rx.engine); iperf3 has
+``rcvlowat``, default 1 MiB: one wake-up per MiB queued, see zcnet.rx.engine); iperf3 has
 no option for it and wakes on every segment. ``--rcvlowat 0`` runs the engines without it.
 Ends with one ``target`` line per MTU: zcnet's best engine over the best peer, goal >= 1.0.
 """
