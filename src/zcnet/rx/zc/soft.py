@@ -112,8 +112,7 @@ class SoftProvider:
         if not n:
             return out
         if n <= FEW:
-            self._take_few(zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(),
-                               strict=True), out)
+            self._take_few(c.tuples(), out)
             return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
@@ -154,6 +153,12 @@ class SoftProvider:
             last = (r, f)
             if r > 0:
                 bids = buf.consumed_ids(r, f >> u.IORING_CQE_BUFFER_SHIFT)
+                if r <= bs:  # one buffer (always, without bundles)
+                    b = bids[0]
+                    tokens.append(b)
+                    offsets.append(b * bs)
+                    lengths.append(r)
+                    continue
                 tokens += bids
                 offsets += [b * bs for b in bids]
                 lengths += [bs] * (len(bids) - 1)
