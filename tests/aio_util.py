@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import uvloop
 
+from zcnet import aio
 from zcnet.aio import shared
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -90,3 +91,27 @@ class StreamCheck:
     @property
     def complete(self) -> bool:
         return self.got == len(self.expected)
+
+
+class Recorder(aio.ZcProtocol):
+    """Checks every chunk against the expected stream, releases it, records the ending."""
+
+    def __init__(self, expected: np.ndarray) -> None:
+        self.check = StreamCheck(expected)
+        self.lost: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future())
+        self.eof = False
+        self.transport: aio.ZcTransport | None = None
+
+    def connection_made(self, transport: aio.ZcTransport) -> None:
+        self.transport = transport
+
+    def chunk_received(self, chunk) -> None:
+        self.check.add(chunk.data, chunk.stream_offset)
+        chunk.release()
+
+    def eof_received(self) -> None:
+        self.eof = True
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost.set_result(exc)

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
+from aio_util import LOOPS, Recorder, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 
@@ -20,30 +20,6 @@ pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
 __all__ = ["loop_pass"]  # the fixture, imported for pytest
 
 SMALL = {"area_size": 256 << 10, "buf_size": 16 << 10}
-
-
-class Recorder(aio.ZcProtocol):
-    """Checks every chunk against the expected stream, releases it, records the ending."""
-
-    def __init__(self, expected: np.ndarray) -> None:
-        self.check = StreamCheck(expected)
-        self.lost: asyncio.Future[BaseException | None] = (
-            asyncio.get_running_loop().create_future())
-        self.eof = False
-        self.transport: aio.ZcTransport | None = None
-
-    def connection_made(self, transport: aio.ZcTransport) -> None:
-        self.transport = transport
-
-    def chunk_received(self, chunk) -> None:
-        self.check.add(chunk.data, chunk.stream_offset)
-        chunk.release()
-
-    def eof_received(self) -> None:
-        self.eof = True
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.lost.set_result(exc)
 
 
 async def send_all(c: socket.socket, data: np.ndarray, *, close: bool = True) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
 from zcnet.aio.shared import loop_accel
-from zcnet.aio.sockets import check_tcp_socket
+from zcnet.aio.sockets import check_tcp_socket, set_rcvlowat
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
 from zcnet.rx.zc.provider import RECV_UD
@@ -336,12 +336,14 @@ def rx_release_off(rx: Receiver) -> None:
 
 
 def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
-                   buf_size: int = BUF_SIZE, **kw: Any) -> ZcTransport:
+                   buf_size: int = BUF_SIZE, rcvlowat: int = 0, **kw: Any) -> ZcTransport:
     """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
     ``protocol``'s methods from the event loop; returns the transport after
     ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
-    soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``)."""
+    soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``, and ``rcvlowat`` for bulk
+    ingest only)."""
     check_tcp_socket(sock, "zcnet.aio.start_protocol")
+    set_rcvlowat(sock, rcvlowat, "zcnet.aio.start_protocol")
     rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol")
     try:
         sock.setblocking(False)

@@ -19,7 +19,7 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.shared import MemberRing, SharedSoftProvider, open_shared_soft
-from zcnet.aio.sockets import check_tcp_socket
+from zcnet.aio.sockets import check_tcp_socket, set_rcvlowat
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
@@ -243,7 +243,7 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
 
 def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
                   area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, shared_ring: bool = True,
-                  **kw: Any) -> AsyncReceiver:
+                  rcvlowat: int = 0, **kw: Any) -> AsyncReceiver:
     """Open a zero-copy receiver on a connected TCP socket, for use in the running loop::
 
         async with zcnet.aio.open_receiver(sock, "soft") as rx:
@@ -254,11 +254,16 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     Options are those of :func:`zcnet.rx.zc.open_receiver` (``provider`` "auto" works too);
     the default area is small (4 MiB) because a service opens one per connection.
     ``own_socket``: close ``sock`` with the receiver (what the adopt helpers want).
+    ``rcvlowat``: for bulk ingest, the socket's SO_RCVLOWAT in bytes (e.g.
+    :data:`zcnet.rx.engine.RCVLOWAT`, 1 MiB): the loop is woken once that much is queued, not
+    per segment (:func:`zcnet.aio.sockets.set_rcvlowat`); 0 (the default) wakes on any data,
+    which request/response protocols need.
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
     False gives this one a ring of its own, as the other providers (and ``incremental`` or
     ``dmabuf_fd``) always have.
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
+    set_rcvlowat(sock, rcvlowat, "zcnet.aio.open_receiver")
     max_held = kw.get("max_held", 0.75)
     if provider == "soft" and shared_ring and set(kw) <= _SHARED_OPTIONS:
         rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver")
