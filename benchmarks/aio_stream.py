@@ -8,10 +8,17 @@ Receivers, each in its own process on its own loop, fed by a sender process over
   streams        asyncio streams, ``await reader.read(65536)`` (default asyncio loop)
   asyncio-proto  asyncio BufferedProtocol into a 256 KiB buffer
   uvloop-proto   uvloop BufferedProtocol into a 256 KiB buffer
+  uvloop-proto-lowat  the same with SO_RCVLOWAT ``--rcvlowat`` set on its socket
   zcnet          zcnet.aio, soft provider, ``await rx.recv_batch()`` + release (uvloop loop)
   zcnet-asyncio  the same on the default asyncio loop
   zcnet-proto    zcnet.aio callback style: ``ZcProtocol.chunk_received`` counts and releases
                  (uvloop loop; the shared ring's round, compiled when zcnet.aio._loopaccel is)
+
+The zcnet rows open their receivers with ``rcvlowat`` (``--rcvlowat``, 1 MiB by default: the
+option zcnet.aio offers for bulk ingest, TCP wakes the reader once that much is queued). The
+issue's targets compare against the plain rows, which wake on any data; the ratio against
+uvloop-proto-lowat, which sets the same option, is printed after them so the gain that the
+option alone brings to any receiver is visible.
 
 Cases: one stream with the sender and the receiving loop pinned to ONE CPU (the loop's own cost
 decides); the same on two CPUs (all meet at the kernel's copy; compare the receiving process's
@@ -38,9 +45,12 @@ import uvloop
 
 from zcnet import aio
 from zcnet.aio.shared import loop_backend
+from zcnet.rx.engine import RCVLOWAT
 from zcnet.uring.syscall import backend
 
 BLOCK = bytes(1 << 20)
+#: The rows that set SO_RCVLOWAT (``--rcvlowat``).
+LOWAT_ROWS = ("uvloop-proto-lowat", "zcnet", "zcnet-asyncio", "zcnet-proto")
 PROTO_BUF = 256 << 10
 
 
@@ -78,6 +88,18 @@ class _Count(asyncio.BufferedProtocol):
 
 
 async def recv_proto(conn: socket.socket) -> int:
+    return await recv_proto_lowat(0)(conn)
+
+
+def recv_proto_lowat(rcvlowat: int) -> Callable[[socket.socket], Any]:
+    async def run(conn: socket.socket) -> int:
+        if rcvlowat:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, rcvlowat)
+        return await _recv_proto(conn)
+    return run
+
+
+async def _recv_proto(conn: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
     tr, _ = await loop.connect_accepted_socket(lambda: _Count(done), conn)
@@ -86,11 +108,11 @@ async def recv_proto(conn: socket.socket) -> int:
     return n
 
 
-def recv_zcnet(area: int, buf: int) -> Callable[[socket.socket], Any]:
+def recv_zcnet(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], Any]:
     async def run(conn: socket.socket) -> int:
         n = 0
         async with aio.open_receiver(conn, "soft", own_socket=True, area_size=area,
-                                     buf_size=buf) as rx:
+                                     buf_size=buf, rcvlowat=rcvlowat) as rx:
             while (batch := await rx.recv_batch()) is not None:
                 n += batch.length
                 batch.release()
@@ -114,10 +136,11 @@ class _ZcCount(aio.ZcProtocol):
         return False
 
 
-def recv_zcnet_proto(area: int, buf: int) -> Callable[[socket.socket], Any]:
+def recv_zcnet_proto(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], Any]:
     async def run(conn: socket.socket) -> int:
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        aio.start_protocol(conn, _ZcCount(done), area_size=area, buf_size=buf)
+        aio.start_protocol(conn, _ZcCount(done), area_size=area, buf_size=buf,
+                           rcvlowat=rcvlowat)
         return await done
     return run
 
@@ -127,13 +150,15 @@ def receivers(args: argparse.Namespace,
     # Many streams: a small area each (it is populated at open, per connection).
     area, buf = ((args.zc_area, args.zc_buf) if streams == 1
                  else (args.zc_many_area, args.zc_many_buf))
-    zc = recv_zcnet(area << 10, buf << 10)
+    lowat = args.rcvlowat << 10
+    zc = recv_zcnet(area << 10, buf << 10, lowat)
     return {
         "streams": (asyncio.new_event_loop, recv_streams),
         "asyncio-proto": (asyncio.new_event_loop, recv_proto),
         "uvloop-proto": (uvloop.new_event_loop, recv_proto),
+        "uvloop-proto-lowat": (uvloop.new_event_loop, recv_proto_lowat(lowat)),
         "zcnet": (uvloop.new_event_loop, zc),
-        "zcnet-proto": (uvloop.new_event_loop, recv_zcnet_proto(area << 10, buf << 10)),
+        "zcnet-proto": (uvloop.new_event_loop, recv_zcnet_proto(area << 10, buf << 10, lowat)),
         "zcnet-asyncio": (asyncio.new_event_loop, zc),
     }
 
@@ -245,6 +270,8 @@ def main() -> None:
     ap.add_argument("--zc-many-buf", type=int, default=64,
                     help="zcnet soft buffer size in the many-stream case, KiB")
     ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
+    ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
+                    help="SO_RCVLOWAT of the zcnet and uvloop-proto-lowat rows, KiB (0: none)")
     ap.add_argument("--only", help="comma-separated receivers (no targets then)")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
@@ -253,6 +280,8 @@ def main() -> None:
     names = list(receivers(args))
     print(f"hot path: ring {backend()} (zcnet.uring._accel), loop pass {loop_backend()} "
           "(zcnet.aio._loopaccel)")
+    print(f"SO_RCVLOWAT {args.rcvlowat} KiB set by: {', '.join(LOWAT_ROWS)}; "
+          "the other rows wake on any data")
     if args.only:
         for case, cpus in (("one CPU", (c0, c0)), ("two CPUs", (c0, c1))):
             run_case(case, args, args.only.split(","), 1, cpus)
@@ -260,7 +289,8 @@ def main() -> None:
     one = run_case("one CPU", args, names, 1, (c0, c0))
     two = run_case("two CPUs", args, names, 1, (c0, c1))
     many = run_case(f"{args.streams} streams, one CPU", args,
-                    ["uvloop-proto", "zcnet", "zcnet-proto", "streams"], args.streams, (c0, c0))
+                    ["uvloop-proto", "uvloop-proto-lowat", "zcnet", "zcnet-proto", "streams"],
+                    args.streams, (c0, c0))
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for k in ("zcnet", "zcnet-proto"):
         target(f"one_cpu_{k}_vs_streams", one[k]["gbps"] / one["streams"]["gbps"], "x", ">=1.5")
@@ -272,6 +302,13 @@ def main() -> None:
                many[k]["gbps"] / many["uvloop-proto"]["gbps"], "x", ">=1.2")
         target(f"{args.streams}_streams_{k}_loop_cpu_per_gib", many[k]["cpu_ms_per_gib"],
                "ms/GiB", "report")
+    print(f"\nagainst uvloop BufferedProtocol with the same SO_RCVLOWAT ({args.rcvlowat} KiB; "
+          "not the issue's targets, which are above):")
+    for k in ("zcnet", "zcnet-proto"):
+        lo = "uvloop-proto-lowat"
+        print(f"  {k}: one CPU {one[k]['gbps'] / one[lo]['gbps']:.2f}x Gbit/s, two CPUs "
+              f"{two[k]['cpu_ms_per_gib'] / two[lo]['cpu_ms_per_gib']:.2f}x CPU/GiB, "
+              f"{args.streams} streams {many[k]['gbps'] / many[lo]['gbps']:.2f}x Gbit/s")
 
 if __name__ == "__main__":
     main()

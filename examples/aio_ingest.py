@@ -8,6 +8,10 @@ Each connection gets a zcnet.aio receiver (``--provider``, soft by default). A c
 view into the receiver's registered area: the numpy consumer checksums it in place, the file
 consumer hands the view straight to os.write (no copy in Python); then the chunk is released
 and the kernel may fill that memory again.
+
+Bulk streams set ``rcvlowat`` (``--rcvlowat``, 1 MiB by default): TCP wakes the loop once that
+much is queued instead of on every segment, which saves kernel and loop work per byte; the end
+of a stream still wakes it with less queued. A request/response service must leave it at 0.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ import aio_common
 import numpy as np
 
 from zcnet import aio
+from zcnet.rx.engine import RCVLOWAT
 
 
 async def ingest(sock: socket.socket, out: Path | None, name: str,
-                 provider: str = "soft") -> tuple[int, int]:
+                 provider: str = "soft", rcvlowat: int = RCVLOWAT) -> tuple[int, int]:
     """Receive one stream to EOF; returns (bytes, checksum of the bytes as uint64 sum)."""
     total = checksum = 0
     fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if out else -1
     try:
-        async with aio.open_receiver(sock, provider, own_socket=True) as rx:
+        async with aio.open_receiver(sock, provider, own_socket=True, rcvlowat=rcvlowat) as rx:
             while (batch := await rx.recv_batch()) is not None:
                 for view in batch.views(coalesce=True):
                     if fd >= 0:
@@ -48,7 +53,7 @@ async def ingest(sock: socket.socket, out: Path | None, name: str,
 
 
 async def serve(listen: tuple[str, int], out: Path | None, expect: int,
-                provider: str = "soft") -> list[tuple[int, int]]:
+                provider: str = "soft", rcvlowat: int = RCVLOWAT) -> list[tuple[int, int]]:
     """Accept connections and ingest each in its own task; with ``expect`` > 0 stop after that
     many streams ended, else serve until cancelled."""
     loop = asyncio.get_running_loop()
@@ -63,7 +68,7 @@ async def serve(listen: tuple[str, int], out: Path | None, expect: int,
             conn, peer = await loop.sock_accept(srv)
             n += 1
             tasks.add(loop.create_task(ingest(conn, out, f"stream-{n:05d}-{peer[1]}",
-                                              provider)))
+                                              provider, rcvlowat)))
         results = await asyncio.gather(*tasks)
     finally:
         srv.close()
@@ -98,7 +103,7 @@ async def self_test(args: argparse.Namespace) -> None:
     port_box.set_result(srv.getsockname()[1])
     srv.close()  # serve() binds it again: the port is only borrowed here
     server = asyncio.create_task(serve(("127.0.0.1", port_box.result()), args.out,
-                                       args.streams, args.provider))
+                                       args.streams, args.provider, args.rcvlowat << 10))
     await asyncio.sleep(0.1)
     t0 = time.perf_counter()
     want = await feed(port_box.result(), args.streams, size)
@@ -122,11 +127,13 @@ def main() -> None:
     ap.add_argument("--provider", default="soft",
                     help="zero-copy provider: soft, zcrx, devmem or auto (auto probes the NIC "
                          "per connection, which costs time at open)")
+    ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
+                    help="SO_RCVLOWAT of each stream, KiB (0: wake on any data)")
     args = ap.parse_args()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     aio_common.run(args, lambda host, port: serve((host, port), args.out, args.streams,
-                                                  args.provider),
+                                                  args.provider, args.rcvlowat << 10),
                    lambda: self_test(args))
 
 

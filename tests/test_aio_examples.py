@@ -14,6 +14,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("argv", [
     ["aio_ingest.py", "--streams", "8", "--mib", "2"],
     ["aio_ingest.py", "--streams", "4", "--mib", "1", "--uvloop", "--out", "{tmp}"],
+    ["aio_ingest.py", "--streams", "4", "--mib", "1", "--rcvlowat", "0"],
     ["aio_echo.py", "--clients", "5", "--requests", "20"],
     ["aio_echo.py", "--clients", "3", "--requests", "20", "--uvloop"],
     ["aio_echo.py", "--clients", "5", "--requests", "20", "--callbacks"],
