@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import socket
 import weakref
 
@@ -15,7 +14,6 @@ import pytest
 from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
-from zcnet.uapi import io_uring as u
 
 pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
               pytest.mark.usefixtures("loop_pass")]
@@ -233,30 +231,3 @@ def test_a_closed_transport_and_its_ring_are_freed(loop_kind, no_leaks):
     tr_ref, ring_ref = run(loop_kind, main)
     gc.collect()
     assert tr_ref() is None and ring_ref() is None
-
-
-def test_ping_pong_leaves_the_eventfd_drained_and_enabled(loop_kind, no_leaks):
-    """After each reply the loop's eventfd holds no stale signal (it would cost a spurious
-    wake-up) and is enabled (IORING_CQ_EVENTFD_DISABLED clear: else the next request would
-    never wake the loop). The compiled pass drains it inside its enter, the Python one reads it."""
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        c, s = await tcp_pair()
-        p = Frames()
-        tr = aio.start_protocol(s, p, **SMALL)
-        lr = tr._member.lr
-        for k in range(100):
-            req = pattern(k, 64).tobytes()
-            await loop.sock_sendall(c, req)
-            got = b""
-            while len(got) < 64:  # a lost wake-up would hang here: fail instead
-                got += await asyncio.wait_for(loop.sock_recv(c, 64 - len(got)), 10)
-            assert got == req[::-1]
-            if lr._cqf >= 0:
-                assert lr.ring._cqm[lr._cqf] & u.IORING_CQ_EVENTFD_DISABLED == 0
-            with pytest.raises(BlockingIOError):
-                os.read(lr.efd, 8)
-        c.close()
-        assert await asyncio.wait_for(p.lost, 10) is None
-
-    run(loop_kind, main)

@@ -126,8 +126,6 @@ typedef struct {
     PyObject_HEAD
     PyObject *ring, *members, *completions_of;
     uint32_t *khead, *ktail, *sq_flags;
-    uint32_t *cq_flags; /* set by use_cq_flags: poll re-enables the eventfd instead of reading it */
-    uint32_t evfd_disabled; /* IORING_CQ_EVENTFD_DISABLED, from zcnet.uapi */
     unsigned char *cqes;
     uint32_t mask, cqe_size, work, getevents;
     unsigned int local_bits;
@@ -472,17 +470,6 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
         if ((fd = ring_fd(r)) < 0) /* its last member left during the dispatch */
             return fd == -2 ? PyLong_FromLong(-1) : NULL;
     }
-    if (r->cq_flags) {
-        /* The pass ran with the eventfd disabled (LoopRing.poll) and drained it inside its own
-         * enter. Re-enable it, then look: the kernel sets SQ_TASKRUN before it reads the flag to
-         * signal, and both sides order the two with a full barrier (the kernel's atomic_or, our
-         * seq_cst read-modify-write), so work queued from here on signals the eventfd, and work
-         * queued before shows in the look. */
-        __atomic_fetch_and(r->cq_flags, ~r->evfd_disabled, __ATOMIC_SEQ_CST);
-        int more = (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) ||
-                   __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE) != *r->khead;
-        return PyLong_FromLong(more);
-    }
     if (!entered)
         return PyLong_FromLong(-1);
     uint64_t v;
@@ -493,20 +480,7 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(more);
 }
 
-/* use_cq_flags(address, disabled): the ring's CQ flags word and its IORING_CQ_EVENTFD_DISABLED
- * bit; from then on poll ends every pass by re-enabling the eventfd (see LoopRing.poll). */
-static PyObject *router_use_cq_flags(Router *r, PyObject *args) {
-    PyObject *addr;
-    unsigned int bit;
-    if (!PyArg_ParseTuple(args, "OI", &addr, &bit) || !as_ptr(addr, (void **)&r->cq_flags))
-        return NULL;
-    r->evfd_disabled = bit;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef router_methods[] = {
-    {"use_cq_flags", (PyCFunction)router_use_cq_flags, METH_VARARGS,
-     "Re-enable the eventfd at the end of each poll instead of reading it."},
     {"route", (PyCFunction)router_route, METH_NOARGS,
      "Every ready CQE to its member; returns how many."},
     {"poll", (PyCFunction)(void (*)(void))router_poll, METH_FASTCALL,

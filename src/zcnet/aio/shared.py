@@ -16,16 +16,6 @@ Some facts that shape it:
 - No lost wake-up: after a pass the eventfd is drained (a syscall, ordered with the kernel's
   signal) and only then the flag and the CQ are read. Work queued before the drain shows in
   them (and the pass repeats); work queued after it leaves the eventfd signalled.
-- With the compiled pass the eventfd is drained inside the pass's own enter, not by a read:
-  the pass sets IORING_CQ_EVENTFD_DISABLED (the kernel then signals neither queued task work nor
-  the CQEs our enter posts; SQ_TASKRUN still shows the work), a woken pass submits an
-  IORING_OP_READ of the eventfd with the enter that runs the task work (the read completes
-  inline and drains it), and the pass ends by clearing the flag and looking at SQ_TASKRUN and
-  the CQ once more (see Router.poll for the ordering). A request then costs the loop's wait,
-  one enter and the reply's send, as many system calls as a plain recv. Measured on this
-  kernel before relying on it: with the flag set, neither arriving data nor our enter signals
-  the eventfd; a READ submitted with the GETEVENTS enter returns the count, and the receive's
-  CQE comes in the same enter.
 - Submissions are batched: a receiver that arms (or re-arms) leaves its SQE in the SQ and asks
   for one pass at the end of the loop's current iteration, which submits them all at once.
 """
@@ -33,7 +23,6 @@ Some facts that shape it:
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
 import itertools
 import os
@@ -51,7 +40,6 @@ from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Completions, Ring
-from zcnet.uring.syscall import io_uring_setup
 
 try:
     # By name: an extension module has no source, so the import graph (grimp) would see this as
@@ -69,7 +57,6 @@ LOCAL_MASK = (1 << LOCAL_BITS) - 1
 FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
-DRAIN_UD = 0  # user_data of the eventfd READ: member id 0, which no member has
 
 
 def loop_accel() -> Any:
@@ -83,17 +70,6 @@ def loop_accel() -> Any:
 def loop_backend() -> str:
     """Which pass a ring made now runs: "c" (zcnet.aio._loopaccel) or "pure"."""
     return "pure" if loop_accel() is None else "c"
-
-
-@functools.cache
-def _cq_flags_index() -> int:
-    """Index of the CQ flags word in a ring's u32 CQ view. Ring keeps no setup offsets; the word
-    sits at the same offset of struct io_rings in every ring of this kernel, so one setup of a
-    tiny ring asks the kernel once per process."""
-    p = u.io_uring_params()
-    p.flags = RING_FLAGS
-    os.close(io_uring_setup(2, p))
-    return p.cq_off.flags // 4
 
 
 def _address(view: memoryview, index: int = 0, itemsize: int = 1) -> int:
@@ -114,8 +90,6 @@ class LoopRing:
         self._bgids = 0
         self._scheduled = False
         self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
-        self._evbuf = np.zeros(1, _U64)  # the eventfd READ's target (compiled pass)
-        self._cqf = -1
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -137,14 +111,11 @@ class LoopRing:
             return None
         r = self.ring
         cq = r._cqm
-        router = accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
-                              _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
-                              r._cqe_size, Completions._of, FEW,
-                              _address(r._sqm, r._ksq_flags_i, 4), _WORK,
-                              u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
-        self._cqf = _cq_flags_index()
-        router.use_cq_flags(_address(cq, self._cqf, 4), u.IORING_CQ_EVENTFD_DISABLED)
-        return router
+        return accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
+                            _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
+                            r._cqe_size, Completions._of, FEW,
+                            _address(r._sqm, r._ksq_flags_i, 4), _WORK,
+                            u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------
     def join(self) -> MemberRing:
@@ -210,27 +181,17 @@ class LoopRing:
         ring = self.ring
         if ring.closed:
             return
-        router = self._router
-        if router is not None:  # the rest of the pass in C, as below, the eventfd disabled
-            ring._cqm[self._cqf] = u.IORING_CQ_EVENTFD_DISABLED
-            if signalled:  # drain it in the enter that runs the task work
-                if not ring.sq_space():
-                    ring.submit()
-                ring.prep(u.IORING_OP_READ, self.efd, self._evbuf.ctypes.data, 8, DRAIN_UD)
-                self.prepped = False
-                ring.submit(1)
-            elif self.prepped:
-                self.prepped = False
-                ring.submit()
-            more = router.poll(True, self.efd)
-            if more > 0 or (more == 0 and self.prepped):
-                self.schedule()
-            return
         entered = signalled
         if self.prepped:
             self.prepped = False
             ring.submit()
             entered = True
+        router = self._router
+        if router is not None:  # the rest of the pass in C, as below
+            more = router.poll(entered, self.efd)
+            if more > 0 or (more == 0 and self.prepped):
+                self.schedule()
+            return
         if ring.sq_flags & _WORK:
             ring.get_events()
             entered = True

@@ -103,7 +103,6 @@ IORING_ENTER_REGISTERED_RING = 1 << 4
 IORING_SQ_NEED_WAKEUP = 1 << 0
 IORING_SQ_CQ_OVERFLOW = 1 << 1
 IORING_SQ_TASKRUN = 1 << 2
-IORING_CQ_EVENTFD_DISABLED = 1 << 0
 
 # --- features ------------------------------------------------------------------------------------
 IORING_FEAT_SINGLE_MMAP = 1 << 0
