@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import socket
 import weakref
 
@@ -231,3 +232,27 @@ def test_a_closed_transport_and_its_ring_are_freed(loop_kind, no_leaks):
     tr_ref, ring_ref = run(loop_kind, main)
     gc.collect()
     assert tr_ref() is None and ring_ref() is None
+
+
+def test_ping_pong_leaves_the_eventfd_drained(loop_kind, no_leaks):
+    """After each reply the loop's eventfd holds no stale signal (one would cost a spurious
+    wake-up per request), and no wake-up is lost (a lost one would time the reply out)."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        c, s = await tcp_pair()
+        p = Frames()
+        tr = aio.start_protocol(s, p, **SMALL)
+        efd = tr._member.lr.efd
+        for k in range(100):
+            req = pattern(k, 64).tobytes()
+            await loop.sock_sendall(c, req)
+            got = b""
+            while len(got) < 64:
+                got += await asyncio.wait_for(loop.sock_recv(c, 64 - len(got)), 10)
+            assert got == req[::-1]
+            with pytest.raises(BlockingIOError):
+                os.read(efd, 8)
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+
+    run(loop_kind, main)
