@@ -474,3 +474,80 @@ def test_provider_close_interrupted_in_cancel_still_frees_its_buffer_ring(
         assert buf._mem.closed  # the buffer ring's memory went with the ring
     finally:
         prov.area.close()
+
+
+# --- the provider itself, under the Receiver's protocol ----------------------------------------
+
+def _reap_all(prov, nbytes: int) -> tuple[bytes, list[int], list[int]]:
+    """Reap until ``nbytes`` arrived: the bytes read in place at each (offset, length), and the
+    tokens and lengths to give back. Every offset is its buffer id times the buffer size."""
+    got = bytearray()
+    tokens: list[int] = []
+    lengths: list[int] = []
+    bs = prov.buf_size
+    for _ in range(100):
+        if len(got) >= nbytes:
+            break
+        d = prov.reap(2.0)
+        assert d.end is None, d.end
+        for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens), strict=True):
+            assert off == int(tok) * bs and 0 < ln <= bs
+            got += prov.area.array[off:off + ln].tobytes()
+        tokens += [int(t) for t in d.tokens]
+        lengths += [int(x) for x in d.lengths]
+    return bytes(got), tokens, lengths
+
+
+@pytest.mark.parametrize("bundle", [False, True], ids=["plain", "bundle"])
+@pytest.mark.parametrize("kind", [list, np.array], ids=["list", "array"])
+def test_soft_provider_delivers_in_place_and_every_buffer_comes_back(tcp_pair, bundle, kind):
+    """Three rounds of 24 buffers' worth through 64 buffers: the bytes are right in place, no
+    buffer is handed out twice at once, and recycled ones (a few at a time, or many in one
+    call) are filled again."""
+    conn, cli = tcp_pair
+    bs = 4096
+    prov = soft.open_soft(conn.fileno(), 64 * bs, bs, bundle=bundle)
+    try:
+        assert prov.bundle is bundle and prov.note == f"64 buffers of {bs} bytes"
+        assert prov.extra_stats() == {"buffers": 64, "buf_size": bs, "in_ring": 64}
+        assert prov.held_back() == 0 and prov.can_arm() and not prov.armed
+        prov.arm()
+        assert prov.armed
+        delivered = 0
+        for rnd in range(3):
+            data = PAT.expected(rnd * 24 * bs, 24 * bs).tobytes()
+            cli.sendall(data)
+            got, tokens, lengths = _reap_all(prov, len(data))
+            assert got == data
+            assert len(set(tokens)) == len(tokens), "a buffer delivered twice"
+            assert prov.extra_stats()["in_ring"] == 64 - len(tokens) and prov.armed
+            delivered += len(tokens)
+            prov.recycle(kind(tokens[:3]), kind(lengths[:3]))  # a few, then the rest at once
+            prov.recycle(kind(tokens[3:]), kind(lengths[3:]))
+            assert prov.extra_stats()["in_ring"] == 64
+        assert delivered > 64  # the last round could only fill recycled buffers
+    finally:
+        prov.close()
+        prov.area.close()
+    assert not prov.armed
+
+
+def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
+    from zcnet.errors import ClosedError
+
+    conn, _ = tcp_pair
+    prov = soft.open_soft(conn.fileno(), 16 * 4096, 4096)
+    try:
+        prov.arm()
+        prov.close()
+        prov.close()  # twice is harmless
+        assert not prov.armed  # the multishot was cancelled
+        assert prov.extra_stats() == {"buffers": 16, "buf_size": 4096, "in_ring": 0}
+        calls = {"can_arm": prov.can_arm, "arm": prov.arm, "reap": lambda: prov.reap(0),
+                 "recycle": lambda: prov.recycle([0], [1])}
+        for name, call in calls.items():
+            with pytest.raises(ClosedError) as ei:
+                call()
+            assert ei.value.message == f"{name}() on a closed SoftProvider"
+    finally:
+        prov.area.close()
