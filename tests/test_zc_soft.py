@@ -551,3 +551,119 @@ def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
             assert ei.value.message == f"{name}() on a closed SoftProvider"
     finally:
         prov.area.close()
+
+
+def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair):
+    """All 8 buffers full: the multishot ends with -ENOBUFS (stopped "exhausted", not armed,
+    cannot arm); one buffer back and it can arm again, and the rest of the stream arrives."""
+    conn, cli = tcp_pair
+    bs = 4096
+    data = PAT.expected(0, 12 * bs).tobytes()
+    cli.sendall(data)
+    prov = soft.open_soft(conn.fileno(), 8 * bs, bs, bundle=False)
+    try:
+        prov.arm()
+        got, tokens, lengths = bytearray(), [], []
+        for _ in range(100):
+            d = prov.reap(2.0)
+            for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens)):
+                got += prov.area.array[off:off + ln].tobytes()
+                tokens.append(int(tok))
+                lengths.append(int(ln))
+            if d.stopped:
+                break
+        assert d.stopped == "exhausted" and d.end is None
+        assert not prov.armed and not prov.can_arm() and len(tokens) == 8
+        assert prov.extra_stats()["in_ring"] == 0
+        prov.recycle(tokens[:1], lengths[:1])
+        assert prov.can_arm() and prov.extra_stats()["in_ring"] == 1
+        prov.recycle(tokens[1:], lengths[1:])
+        prov.arm()
+        while len(got) < len(data):
+            d = prov.reap(2.0)
+            assert d.end is None and d.lengths is not None and len(d.lengths), "stalled"
+            for off, ln in zip(list(d.offsets), list(d.lengths)):
+                got += prov.area.array[off:off + ln].tobytes()
+            prov.recycle(list(d.tokens), list(d.lengths))
+        assert bytes(got) == data
+        cli.close()
+        d = prov.reap(2.0)
+        assert d.end == 0 and not prov.armed  # EOF ends the multishot
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_open_soft_refuses_a_dmabuf_the_cpu_cannot_map(tcp_pair, tmp_path):
+    """An fd with a size that mmap refuses (a write-only file) stands in for device memory."""
+    import os
+
+    conn, _ = tcp_pair
+    path = tmp_path / "device-memory"
+    path.write_bytes(bytes(1 << 16))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        with pytest.raises(ZcnetError) as ei:
+            soft.open_soft(conn.fileno(), 1 << 16, 4096, dmabuf_fd=fd)
+        assert ei.value.message == "the soft provider needs a dma-buf the CPU can map"
+        assert ei.value.hint == "use zcrx/devmem for device memory, or omit dmabuf_fd"
+    finally:
+        os.close(fd)
+
+
+def test_open_soft_options_reach_the_provider(tcp_pair, monkeypatch):
+    """Defaults: normal pages, whole buffers, bundles as the kernel offers them. hugetlb=True
+    asks for 2 MiB pages; incremental falls back to whole buffers only on EINVAL (a kernel
+    without IOU_PBUF_RING_INC), any other error is raised with the area released."""
+    import errno
+    import os
+
+    conn, _ = tcp_pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no hugetlb fallback warning by default
+        prov = soft.open_soft(conn.fileno(), 1 << 16, 4096)
+    try:
+        assert type(prov) is soft.SoftProvider and prov.area.kind == "anon"
+        assert prov.bundle is bool(prov._ring.features & soft.u.IORING_FEAT_RECVSEND_BUNDLE)
+    finally:
+        prov.close()
+        prov.area.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prov = soft.open_soft(conn.fileno(), 2 << 20, 64 << 10, hugetlb=True)
+    try:
+        fell_back = any("hugetlb" in str(w.message) for w in caught)
+        assert prov.area.kind == "hugetlb" or (prov.area.kind == "anon" and fell_back)
+    finally:
+        prov.close()
+        prov.area.close()
+    prov = soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    try:
+        assert type(prov) is soft.IncrementalSoftProvider
+    finally:
+        prov.close()
+        prov.area.close()
+    areas = []
+    real_area = soft.Area
+
+    def area(*a, **kw):
+        areas.append(real_area(*a, **kw))
+        return areas[-1]
+
+    def refuse(err: int):
+        def make(*a, **kw):
+            raise OSError(err, os.strerror(err))
+        return make
+
+    monkeypatch.setattr(soft, "Area", area)
+    monkeypatch.setattr(soft, "IncrementalSoftProvider", refuse(errno.EINVAL))
+    prov = soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    try:
+        assert type(prov) is soft.SoftProvider and prov.entries == 16
+    finally:
+        prov.close()
+        prov.area.close()
+    monkeypatch.setattr(soft, "IncrementalSoftProvider", refuse(errno.EPERM))
+    with pytest.raises(OSError) as ei:
+        soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    assert ei.value.errno == errno.EPERM and areas[-1].closed
