@@ -12,7 +12,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from zc_helpers import PAT, Sender, check, check_to_eof, hold_until_stalled, release_in_thread
+from zc_helpers import (
+    PAT,
+    Sender,
+    check,
+    check_to_eof,
+    hold_until_stalled,
+    open_asking_for_hugetlb,
+    release_in_thread,
+)
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc import Chunk, open_receiver, provider, soft
 
@@ -566,7 +574,8 @@ def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair)
         got, tokens, lengths = bytearray(), [], []
         for _ in range(100):
             d = prov.reap(2.0)
-            for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens)):
+            for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens),
+                                    strict=True):
                 got += prov.area.array[off:off + ln].tobytes()
                 tokens.append(int(tok))
                 lengths.append(int(ln))
@@ -582,7 +591,7 @@ def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair)
         while len(got) < len(data):
             d = prov.reap(2.0)
             assert d.end is None and d.lengths is not None and len(d.lengths), "stalled"
-            for off, ln in zip(list(d.offsets), list(d.lengths)):
+            for off, ln in zip(list(d.offsets), list(d.lengths), strict=True):
                 got += prov.area.array[off:off + ln].tobytes()
             prov.recycle(list(d.tokens), list(d.lengths))
         assert bytes(got) == data
@@ -628,15 +637,10 @@ def test_open_soft_options_reach_the_provider(tcp_pair, monkeypatch):
     finally:
         prov.close()
         prov.area.close()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        prov = soft.open_soft(conn.fileno(), 2 << 20, 64 << 10, hugetlb=True)
-    try:
-        fell_back = any("hugetlb" in str(w.message) for w in caught)
-        assert prov.area.kind == "hugetlb" or (prov.area.kind == "anon" and fell_back)
-    finally:
-        prov.close()
-        prov.area.close()
+    prov = open_asking_for_hugetlb(
+        lambda: soft.open_soft(conn.fileno(), 2 << 20, 64 << 10, hugetlb=True))
+    prov.close()
+    prov.area.close()
     prov = soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
     try:
         assert type(prov) is soft.IncrementalSoftProvider
