@@ -1114,12 +1114,12 @@ def test_the_copy_mode_fallback_keeps_the_callers_choices_and_says_why(fake, tcp
     """Discovery fails on loopback: copy mode, with the area and region the caller asked for."""
 
     prov = open_asking_for_hugetlb(lambda: open_zcrx(
-        tcp_pair[1].fileno(), 4 * PAGE_SIZE, hugetlb=True, user_region=False, rq_entries=8))
+        tcp_pair[1].fileno(), 4 * PAGE_SIZE, hugetlb=True, rq_entries=8))
     try:
         assert prov.mode == "copy"
         assert prov.note == (f"{zcrx.COPY_NOTE} ({NO_NAPI}), 8 refill entries of "
                              f"{PAGE_SIZE} bytes")
-        assert not fake.ring.user_region  # the kernel allocated the refill region
+        assert fake.ring.user_region  # the refill ring in our memory, the default
     finally:
         prov.close()
         prov.area.close()
