@@ -1,11 +1,14 @@
-"""Build hook for the optional compiled accelerator (zcnet.uring._accel); everything else about
-the package is in pyproject.toml.
+"""Build hook for the optional compiled accelerators (zcnet.uring._accel, the ring's hot path;
+zcnet.aio._loopaccel, the event loop's shared-ring pass); everything else about the package is
+in pyproject.toml.
 
-The extension is optional: with no C compiler (or a failing build) the install still succeeds and
-zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even when it is built.
+The extensions are optional: with no C compiler (or a failing build) the install still succeeds
+and zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even when they are built.
 """
 
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("zcnet.uring._accel", ["src/zcnet/uring/_accel.c"],
+                             optional=True),
+                   Extension("zcnet.aio._loopaccel", ["src/zcnet/aio/_loopaccel.c"],
                              optional=True)])

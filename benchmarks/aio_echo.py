@@ -32,6 +32,8 @@ import numpy as np
 import uvloop
 
 from zcnet import aio
+from zcnet.aio.shared import loop_backend
+from zcnet.uring.syscall import backend
 
 MSG = 64
 
@@ -190,6 +192,8 @@ def main() -> None:
         raise SystemExit("needs two CPUs")
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
     names = ["uvloop-proto", "zcnet", "zcnet-proto"]
+    print(f"hot path: ring {backend()} (zcnet.uring._accel), loop pass {loop_backend()} "
+          "(zcnet.aio._loopaccel)")
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in map(int, args.clients.split(",")):
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}

@@ -26,11 +26,16 @@ fi
 
 source scripts/env.sh
 "$ZCNET_PY" -m pip install -q --disable-pip-version-check -e '.[test]'
-# The install builds the compiled hot path when a compiler exists; the tests then run both
-# paths (tests/uring_backends.py). A compiler with no accelerator means the build failed.
-if command -v cc >/dev/null && ! "$ZCNET_PY" -c 'import zcnet.uring._accel' 2>/dev/null; then
-  echo "error: a C compiler exists but zcnet.uring._accel did not build: run pip install -v -e . to see why" >&2
-  exit 1
+# The install builds the compiled hot paths when a compiler exists; the tests then run both
+# paths (tests/uring_backends.py, the loop_pass fixture). A compiler with no accelerator means
+# the build failed.
+if command -v cc >/dev/null; then
+  for mod in zcnet.uring._accel zcnet.aio._loopaccel; do
+    if ! "$ZCNET_PY" -c "import $mod" 2>/dev/null; then
+      echo "error: a C compiler exists but $mod did not build: run pip install -v -e . to see why" >&2
+      exit 1
+    fi
+  done
 fi
 "$ZCNET_PY" -m ruff check src tests benchmarks examples
 # The layer contracts in pyproject.toml ([tool.importlinter]); lint-imports has no -m entry.

@@ -8,12 +8,28 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import uvloop
+
+from zcnet.aio import shared
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
     "uvloop": uvloop.new_event_loop,
 }
+
+
+@pytest.fixture(params=["c", "pure"])
+def loop_pass(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on both shared-ring passes: compiled (zcnet.aio._loopaccel, "c") and pure
+    Python. Import it into a test module and mark the module ``usefixtures("loop_pass")``; the
+    choice is read when a loop's ring and a transport are made (ZCNET_PURE). "c" skips, with
+    the reason, when the extension is not built."""
+    if request.param == "c" and shared._loopaccel is None:
+        pytest.skip("zcnet.aio._loopaccel is not built: install with a C compiler to test it")
+    monkeypatch.setenv("ZCNET_PURE", "1" if request.param == "pure" else "0")
+    assert shared.loop_backend() == request.param
+    return str(request.param)
 
 
 def _warm_up_uvloop() -> None:

@@ -11,13 +11,15 @@ import time
 import numpy as np
 import pytest
 
-from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
+from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.aio.shared import SharedSoftProvider
 from zcnet.rx.zc.soft import SoftProvider
 
-pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
+pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
+              pytest.mark.usefixtures("loop_pass")]
+__all__ = ["loop_pass"]  # the fixture, imported for pytest
 
 SMALL = {"area_size": 256 << 10, "buf_size": 16 << 10}
 

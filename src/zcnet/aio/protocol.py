@@ -35,9 +35,15 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
+from zcnet.aio.shared import loop_accel
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
+from zcnet.rx.zc.provider import RECV_UD
+from zcnet.uapi import io_uring as u
+
+# zcnet.aio._loopaccel.Round.run's answers
+_DONE, _AGAIN, _FALLBACK = 0, 1, 2
 
 
 class ZcProtocol:
@@ -92,7 +98,17 @@ class ZcTransport:
         self._eof = False
         self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
+        #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
+        self._fast = self._make_round()
         track(self.loop, self)
+
+    def _make_round(self) -> Any:
+        accel = loop_accel()
+        rx = self.rx
+        if accel is None or rx.debug or rx.coalesce:  # revoked views, coalescing: Python's
+            return None
+        return accel.Round(self, rx, self._member, rx.provider, Chunk, rx._releases._q,
+                           rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
 
     # --- receiving ----------------------------------------------------------------------------
     def _on_ready(self) -> None:
@@ -101,16 +117,27 @@ class ZcTransport:
         rx = self.rx
         m = self._member
         proto = self.protocol
+        fast = self._fast
         try:
             while not self._closing and not self._paused and not self._eof:
                 if self._waiting_release:
                     self._waiting_release = False
                     rx.on_release(None)
+                if fast is not None:  # the common round in C; anything else below
+                    r = fast.run()
+                    if r == _AGAIN:
+                        continue
+                    if r != _FALLBACK:
+                        return
                 chunks = rx.recv(0)
                 if chunks:
                     it = iter(chunks)
                     for c in it:
-                        proto.chunk_received(c)
+                        try:
+                            proto.chunk_received(c)
+                        except BaseException:
+                            self._held = list(it)  # never the protocol's: released at teardown
+                            raise
                         if self._closing or self._paused:  # by the protocol, in the callback
                             self._put_back(list(it))
                             return
@@ -128,13 +155,18 @@ class ZcTransport:
                     return
                 if rx.provider.armed:
                     return  # nothing yet: the next dispatch calls again
-        except OSError as e:  # the stream's error (ConnectionResetError, ...)
-            self._teardown(e)
-        except Exception as e:  # the protocol's: report it as asyncio does, drop the connection
+        except Exception as e:
+            self._round_failed(e)
+
+    def _round_failed(self, e: Exception) -> None:
+        """A round raised: the stream's error (OSError: ConnectionResetError, ...) ends the
+        connection; the protocol's is reported as asyncio does, then drops it. Also called by
+        the compiled pass when the round it ran directly raised."""
+        if not isinstance(e, OSError):
             self.loop.call_exception_handler({
                 "message": "zcnet.aio protocol callback failed", "exception": e,
-                "protocol": proto, "transport": self})
-            self._teardown(e)
+                "protocol": self.protocol, "transport": self})
+        self._teardown(e)
 
     def _put_back(self, rest: list[Chunk]) -> None:
         """The chunks of a round after the protocol closed (released) or paused (given on
@@ -271,6 +303,8 @@ class ZcTransport:
         self._closing = self._closed = True
         untrack(self.loop, self)
         self._member.on_ready = None
+        self._member.fast = None
+        self._fast = None  # it refers back to the transport: both go now, not at a GC pass
         held, self._held = self._held, []
         try:
             self._stop_writing()
@@ -316,6 +350,7 @@ def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int 
         rx.close()
         raise
     tr._member.on_ready = tr._on_ready
+    tr._member.fast = tr._fast
     try:
         protocol.connection_made(tr)
     except BaseException:

@@ -35,11 +35,15 @@ import numpy as np
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
-from zcnet.rx.zc.soft import RECV_UD, SoftProvider
+from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
-from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Completions, Ring
+
+try:
+    from zcnet.aio import _loopaccel
+except ImportError:  # not built (no C compiler at install): the Python pass runs
+    _loopaccel = None  # type: ignore[assignment]
 
 RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL | u.IORING_SETUP_TASKRUN_FLAG)
@@ -50,6 +54,25 @@ LOCAL_MASK = (1 << LOCAL_BITS) - 1
 FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
+
+
+def loop_accel() -> Any:
+    """The compiled pass (zcnet.aio._loopaccel) when it is built and ZCNET_PURE is not set
+    (read when a loop's ring or a transport is made, so tests can run both), else None."""
+    if _loopaccel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
+        return None
+    return _loopaccel
+
+
+def loop_backend() -> str:
+    """Which pass a ring made now runs: "c" (zcnet.aio._loopaccel) or "pure"."""
+    return "pure" if loop_accel() is None else "c"
+
+
+def _address(view: memoryview, index: int = 0, itemsize: int = 1) -> int:
+    """The address of item ``index`` of ``view`` (a mapping of the ring; the temporary array
+    is dropped at once so the view can still be released when the ring closes)."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data) + index * itemsize
 
 
 class LoopRing:
@@ -70,12 +93,26 @@ class LoopRing:
             self.ring.close()
             raise
         try:
+            self._router = self._make_router()
             register_eventfd(self.ring, self.efd)
             loop.add_reader(self.efd, self._on_eventfd)
         except BaseException:
             os.close(self.efd)
             self.ring.close()
             raise
+
+    def _make_router(self) -> Any:
+        """The compiled reap-and-dispatch over this ring's CQ, or None (the Python one)."""
+        accel = loop_accel()
+        if accel is None:
+            return None
+        r = self.ring
+        cq = r._cqm
+        return accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
+                            _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
+                            r._cqe_size, Completions._of, FEW,
+                            _address(r._sqm, r._ksq_flags_i, 4), _WORK,
+                            u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------
     def join(self) -> MemberRing:
@@ -110,6 +147,7 @@ class LoopRing:
                 self.loop.remove_reader(self.efd)
             os.close(self.efd)
             self.efd = -1
+        self._router = None
         self.ring.close()
 
     # --- passes --------------------------------------------------------------------------------
@@ -145,6 +183,12 @@ class LoopRing:
             self.prepped = False
             ring.submit()
             entered = True
+        router = self._router
+        if router is not None:  # the rest of the pass in C, as below
+            more = router.poll(entered, self.efd)
+            if more > 0 or (more == 0 and self.prepped):
+                self.schedule()
+            return
         if ring.sq_flags & _WORK:
             ring.get_events()
             entered = True
@@ -223,6 +267,9 @@ class MemberRing:
         self.waiter: asyncio.Future[None] | None = None
         #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
         self.on_ready: Callable[[], None] | None = None
+        #: The compiled round of a transport (zcnet.aio._loopaccel.Round): the compiled pass
+        #: runs it directly and calls ``on_ready`` only when it cannot finish the round.
+        self.fast: Any = None
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
@@ -298,13 +345,7 @@ class SharedSoftProvider(SoftProvider):
     def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing) -> None:
         self._init_buffers(fd, area, buf_size)
         self.note += ", on the loop's shared io_uring"
-        ring = member.lr.ring
-        self.bundle = bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
-        # One member's round holds at most a CQE per buffer plus the final one.
-        self._ud_ok = np.full(2 * self.entries + 8, RECV_UD, _U64).tobytes()
-        self._buf = BufRing(ring, member.bgid, self.entries, buf_size, area=area,
-                            area_offset=0)
-        self._ring = member  # type: ignore[assignment]
+        self._attach(member.lr.ring, member.bgid, member)
         self.member = member
 
     def reap(self, timeout: float | None) -> Delivery:

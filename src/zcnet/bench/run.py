@@ -25,6 +25,7 @@ from zcnet.bench.matrix import (
     PLACEMENTS,
     BenchOptions,
     lo_mtu,
+    summarize_cells,
 )
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
 from zcnet.bench.peers import run_peer
@@ -235,7 +236,9 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str, Any]:
-    """Run every cell; returns the JSON envelope. Writes ``opts.json_path`` after each cell."""
+    """Run every cell ``opts.repeat`` times (each repeat runs every cell once); returns the JSON
+    envelope, whose rows carry ``repeat`` and whose ``summary`` has each cell's medians and
+    spread. Writes ``opts.json_path`` after each cell."""
     opts = opts.resolved()
     opts.validate()
     results: list[dict[str, Any]] = []
@@ -254,17 +257,22 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     try:
         with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
-            for mtu, cells in by_mtu.items():
-                if t.set_mtu is not None:
-                    t.set_mtu(mtu)
-                    t.env = t.lab.env()
-                for engine, placement in cells:
-                    res = run_one(t, mtu, engine, placement, opts)
-                    results.append(res)
-                    if opts.json_path:
-                        write_json(opts.json_path, doc)
-                    if on_cell:
-                        on_cell(res)
+            mtu_now = first
+            for rep in range(opts.repeat):
+                for mtu, cells in by_mtu.items():
+                    if t.set_mtu is not None and mtu != mtu_now:
+                        t.set_mtu(mtu)
+                        t.env = t.lab.env()
+                    mtu_now = mtu
+                    for engine, placement in cells:
+                        res = run_one(t, mtu, engine, placement, opts)
+                        res["repeat"] = rep
+                        results.append(res)
+                        doc["summary"] = summarize_cells(results)
+                        if opts.json_path:
+                            write_json(opts.json_path, doc)
+                        if on_cell:
+                            on_cell(res)
         doc["complete"] = True
     except KeyboardInterrupt:
         # Whatever was measured is kept (and written below), marked incomplete.

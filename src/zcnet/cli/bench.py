@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="same (app on the softirq CPU), split (another CPU); default both")
     p.add_argument("--duration", type=number("duration"), default=2.0,
                    help="seconds per cell (default 2)")
+    p.add_argument("--repeat", type=number("repeat"), default=1, metavar="N",
+                   help="run every cell N times, interleaved (each repeat runs every cell "
+                        "once); the table shows medians and ranges, the JSON every run and a "
+                        "summary; `zcnet compare` needs 2 or more for a verdict (default 1)")
     p.add_argument("--verify", action="store_true",
                    help="check every received byte against the sender's pattern")
     p.add_argument("--tx", default="copy", choices=tuple(KINDS), metavar="PATH",
@@ -98,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
                         tx=args.tx, engine_opts=_engine_opts(args),
-                        lab_device=args.lab_device).resolved()
+                        lab_device=args.lab_device, repeat=args.repeat).resolved()
     opts.validate()
     if opts.peers and not opts.lab:
         raise UsageError("--peers run inside the lab, and this run is on loopback",
@@ -108,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(Text("zcnet: no CAP_NET_ADMIN/CAP_SYS_ADMIN (not root): running on "
                            "127.0.0.1 (loopback) instead of a lab of network namespaces; MTU "
                            "is lo's"))
-    total = len(opts.cells())
+    total = len(opts.cells()) * opts.repeat
     out = Console(markup=False)
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),

@@ -3,17 +3,19 @@
 A cell reads ``Gbit/s (receiver CPU busy %)``; a cell that did not run reads ``n/a`` and the
 reason goes in a note under the table (and in the JSON); `` !`` marks a cell with a warning.
 A zcrx cell where the kernel copied into the area (copy mode, no NIC queue) reads ``copy``
-after its numbers, with a note.
+after its numbers, with a note. A cell run several times (``--repeat``) reads the medians of its
+repeats and their Gbit/s range, ``[min..max]``, and says how many failed, if any.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
-from zcnet.bench.matrix import peer_ratios
+from zcnet.bench.matrix import cell_groups, peer_ratios
 
 ZCRX_COPY_NOTE = ("zcrx copy mode: no NIC queue here, so the kernel copied every byte into the "
                   "zcrx area; the zcrx protocol ran for real (RECV_ZC, area offsets, refill ring),"
@@ -43,6 +45,25 @@ def cell_text(r: dict[str, Any] | None) -> Text:
     return text
 
 
+def repeats_text(rows: list[dict[str, Any]]) -> Text:
+    """One cell over its repeats: ``cell_text`` of a row holding the medians (Gbit/s, busy %),
+    then the Gbit/s range and how many repeats did not succeed."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    if len(rows) == 1 or not ok:
+        return cell_text(rows[0])
+    med = dict(ok[0], gbps=statistics.median(r["gbps"] for r in ok))
+    med["warning"] = next((r["warning"] for r in ok if r.get("warning")), None)
+    busy = [b for r in ok if (b := ((r.get("cpu") or {}).get("rx") or {}).get("busy"))
+            is not None]
+    med["cpu"] = {"rx": {"busy": statistics.median(busy)}} if busy else None
+    text = cell_text(med)
+    if len(ok) > 1:
+        text.append(f" [{min(r['gbps'] for r in ok):.1f}..{max(r['gbps'] for r in ok):.1f}]")
+    if len(ok) < len(rows):
+        text.append(f" {len(rows) - len(ok)}/{len(rows)} failed", style="red")
+    return text
+
+
 def bench_tables(doc: dict[str, Any]) -> list[Table]:
     results = doc["results"]
     engines = list(dict.fromkeys(r["engine"] for r in results))
@@ -54,9 +75,11 @@ def bench_tables(doc: dict[str, Any]) -> list[Table]:
         t.add_column("MTU", justify="right")
         for e in engines:
             t.add_column(Text(str(e)), justify="right")
+        cells = cell_groups(rows)
         for mtu in dict.fromkeys(r["mtu"] for r in rows):
-            by_engine = {r["engine"]: r for r in rows if r["mtu"] == mtu}
-            t.add_row(str(mtu), *(cell_text(by_engine.get(e)) for e in engines))
+            t.add_row(str(mtu), *(repeats_text(cells[mtu, e, placement])
+                                  if (mtu, e, placement) in cells else cell_text(None)
+                                  for e in engines))
         tables.append(t)
     return tables
 
@@ -88,7 +111,8 @@ def bench_notes(doc: dict[str, Any]) -> list[str]:
     for r in doc["results"]:
         per_engine[r["engine"]] = per_engine.get(r["engine"], 0) + 1
     for (status, engine, reason), cells in not_run.items():
-        which = "all cells" if len(cells) == per_engine[engine] > 1 else ", ".join(cells)
+        which = ("all cells" if len(cells) == per_engine[engine] > 1
+                 else ", ".join(dict.fromkeys(cells)))  # once per cell, not per repeat
         notes.append(f"{status}: {engine} ({which}): {reason}")
     notes += [f"sender: {n}" for n in tx_notes]
     copied = list(dict.fromkeys(r["engine"] for r in doc["results"]

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from zcnet.rx.engine import Consumer, EngineOptions, RxStats
+from zcnet.rx.engine import Consumer, EngineOptions, RxStats, set_rcvlowat
 from zcnet.sockcheck import require_tcp
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing, register_buffers, unsupported
@@ -56,6 +56,7 @@ class EpollEngine(_CopyingEngine):
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         require_tcp(sock, f"{self.name} engine")
+        set_rcvlowat(sock, self.opts)
         st = RxStats()
         buf = np.empty(self.opts.bufsize, dtype=np.uint8)
         mv = memoryview(buf)
@@ -86,8 +87,10 @@ class _IoUringEngine(_CopyingEngine):
         return unsupported(self.op)
 
     def _blocking_fd(self, sock: socket.socket) -> int:
-        """The checked socket's fd, in blocking mode (see "Some facts" above)."""
+        """The checked socket's fd, in blocking mode (see "Some facts" above), with the
+        engine's SO_RCVLOWAT."""
         require_tcp(sock, f"{self.name} engine")
+        set_rcvlowat(sock, self.opts)
         sock.setblocking(True)
         return sock.fileno()
 

@@ -65,8 +65,8 @@ class ReleaseQueue:
         """Everything queued so far, oldest first (owner thread only)."""
         q = self._q
         n = len(q)
-        if not n:
-            return []
+        if n < 2:  # one batch per round (recv_batch): no map over a repeat
+            return [q.popleft()] if n else []
         # n pops in C (no Python frame per item); items other threads append meanwhile stay
         return list(map(deque.popleft, itertools.repeat(q, n)))
 

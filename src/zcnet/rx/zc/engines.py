@@ -21,7 +21,7 @@ import threading
 from typing import ClassVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats
+from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats, set_rcvlowat
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.provider import Provider, build_or_close
@@ -54,6 +54,7 @@ class _ZcEngine:
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         require_tcp(sock, f"{self.name} engine")
+        set_rcvlowat(sock, self.opts)
         sock.setblocking(True)
         st = RxStats()
         with self._open(sock) as rx:

@@ -230,7 +230,8 @@ class Receiver(DebugViews):
                 return None
 
     def _stall_reason(self) -> str | None:
-        if self._stats.in_flight_bytes > self._limit:
+        st = self._stats  # in_flight_bytes, without the property call (once per round)
+        if st.delivered_bytes - st.released_bytes > self._limit:
             return "backpressure"
         if not self.provider.armed and not self.provider.can_arm():
             return "exhausted"

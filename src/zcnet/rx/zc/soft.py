@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -51,15 +52,23 @@ class SoftProvider:
         self._init_buffers(fd, area, buf_size)
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
-        self._ring = ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
-        # RECV_UD as the user_data of a full CQ: the hot path compares bytes with it.
-        self._ud_ok = np.full(ring.cq_entries, RECV_UD, np.uint64).tobytes()
+        ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * self.entries))
+        build_or_close(lambda: self._attach(ring, BGID, bundle=bundle), ring.close)
+
+    def _attach(self, ring: Ring, bgid: int, requests: Any = None,
+                bundle: bool | None = None) -> None:
+        """Register the buffer group ``bgid`` on ``ring``. Requests and completions go through
+        ``requests``: ``ring`` itself, or a view of a ring shared with other providers (an
+        event loop's, zcnet.aio.shared: local user_data, the slice of Ring used here)."""
+        self._ring = ring if requests is None else requests
+        # RECV_UD as the user_data of a full round: the hot path compares bytes with it. A
+        # shared ring's round of one provider holds at most a CQE per buffer plus the final one.
+        n = ring.cq_entries if requests is None else 2 * self.entries + 8
+        self._ud_ok = np.full(n, RECV_UD, np.uint64).tobytes()
         self.bundle = (bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
                        if bundle is None else bundle)
-        self._buf = build_or_close(
-            lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
-                            area_offset=0),
-            ring.close)
+        self._buf = BufRing(ring, bgid, self.entries, self.buf_size, area=self.area.mapping,
+                            area_offset=0)
 
     def _init_buffers(self, fd: int, area: Area, buf_size: int) -> None:
         """The fields of a soft provider whichever ring its buffer group goes on (its own, or an
@@ -103,8 +112,7 @@ class SoftProvider:
         if not n:
             return out
         if n <= FEW:
-            self._take_few(zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(),
-                               strict=True), out)
+            self._take_few(c.tuples(), out)
             return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
@@ -145,6 +153,12 @@ class SoftProvider:
             last = (r, f)
             if r > 0:
                 bids = buf.consumed_ids(r, f >> u.IORING_CQE_BUFFER_SHIFT)
+                if r <= bs:  # one buffer (always, without bundles)
+                    b = bids[0]
+                    tokens.append(b)
+                    offsets.append(b * bs)
+                    lengths.append(r)
+                    continue
                 tokens += bids
                 offsets += [b * bs for b in bids]
                 lengths += [bs] * (len(bids) - 1)

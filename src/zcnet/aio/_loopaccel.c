@@ -1,0 +1,959 @@
+/* zcnet.aio._loopaccel: the optional compiled half of the event loop's shared-ring pass.
+ *
+ * Two objects, each a C version of a Python hot path that stays in place as the fallback:
+ *
+ * - Router: takes every ready CQE off the loop's shared io_uring and hands each member (one
+ *   receiver) its own, as zcnet.aio.shared.LoopRing does in Python: a few CQEs as a list of
+ *   (local user_data, res, flags) tuples, many as a Completions made from the raw CQEs with the
+ *   user_data made local; then calls the member's on_ready() or kick().
+ * - Round: one receive round of a ZcTransport (zcnet.aio.protocol) in the common case: every
+ *   released chunk goes back to the buffer ring, every completion is data of the receive in
+ *   one buffer, the chunks are made and given to the protocol's chunk_received. Anything else
+ *   (a batch or coalesced chunk released, an error or final completion, back-pressure, a closed
+ *   receiver, a buffer ring out of step, a double release) returns FALLBACK before changing
+ *   anything, and the Python round runs with its own checks and errors.
+ *
+ * Both work on mapped memory through raw pointers: they check the ring's fd (and the buffer
+ * ring's registration) before every access; the Python owners close them before unmapping.
+ * Private to zcnet.aio.shared and zcnet.aio.protocol, which pass valid addresses.
+ *
+ * Built at install time when a C compiler exists (setup.py, optional); without it, or with
+ * ZCNET_PURE=1 in the environment, the Python path runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
+
+/* The kernel's constants come from zcnet.uapi through the constructors (one place for the ABI). */
+
+enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
+
+/* Interned attribute names. */
+static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, *s_end,
+    *s_armed, *s_buf, *s_registered, *s_in_ring, *s_head, *s_tail, *s_stalled, *s_stats,
+    *s_delivered, *s_delivered_bytes, *s_released, *s_released_bytes, *s_peak, *s_peak_bytes,
+    *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
+    *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
+    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release;
+
+/* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
+typedef struct {
+    PyObject *type, *value, *tb;
+} Exc;
+
+static Exc exc_take(void) {
+    Exc e;
+    PyErr_Fetch(&e.type, &e.value, &e.tb);
+    return e;
+}
+
+static void exc_restore(Exc e) { PyErr_Restore(e.type, e.value, e.tb); }
+
+static void exc_drop(Exc e) {
+    Py_XDECREF(e.type);
+    Py_XDECREF(e.value);
+    Py_XDECREF(e.tb);
+}
+
+static int get_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v)
+        return 0;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+static int set_ll(PyObject *o, PyObject *name, long long v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (!x)
+        return 0;
+    int r = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return r == 0;
+}
+
+/* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
+static int get_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The __slots__ member ``name`` of ``cls`` (its descriptor: get and set in C, no frame). */
+static PyObject *slot_descr(PyObject *cls, const char *name) {
+    PyObject *d = PyObject_GetAttrString(cls, name);
+    if (d && !(Py_IS_TYPE(d, &PyMemberDescr_Type) && Py_TYPE(d)->tp_descr_set)) {
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a __slots__ member", cls, name);
+        Py_CLEAR(d);
+    }
+    return d;
+}
+
+static PyObject *slot_get(PyObject *d, PyObject *o) {
+    return Py_TYPE(d)->tp_descr_get(d, o, (PyObject *)Py_TYPE(o));
+}
+
+/* Set a slot, consuming the reference to ``v`` (0 on failure, ``v`` released all the same). */
+static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
+    int r = Py_TYPE(d)->tp_descr_set(d, o, v);
+    Py_DECREF(v);
+    return r == 0;
+}
+
+static int as_ptr(PyObject *o, void **out) {
+    *out = PyLong_AsVoidPtr(o);
+    return !(*out == NULL && PyErr_Occurred());
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few, sq_flags,  */
+/*        work_mask, getevents, local_bits)                                                 */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ring, *members, *completions_of;
+    uint32_t *khead, *ktail, *sq_flags;
+    unsigned char *cqes;
+    uint32_t mask, cqe_size, work, getevents;
+    unsigned int local_bits;
+    Py_ssize_t few;
+} Router;
+
+/* Each type's object references, for its dealloc and the cycle collector (a Round and its
+ * transport refer to each other). */
+#define VISIT_REF(f) Py_VISIT(r->f);
+#define CLEAR_REF(f) Py_CLEAR(r->f);
+#define GC_METHODS(Name, name, REFS)                                                      \
+    static int name##_traverse(Name *r, visitproc visit, void *arg) {                     \
+        REFS(VISIT_REF)                                                                   \
+        return 0;                                                                         \
+    }                                                                                     \
+    static int name##_clear(Name *r) {                                                    \
+        REFS(CLEAR_REF)                                                                   \
+        return 0;                                                                         \
+    }                                                                                     \
+    static void name##_dealloc(Name *r) {                                                 \
+        PyObject_GC_UnTrack(r);                                                           \
+        name##_clear(r);                                                                  \
+        Py_TYPE(r)->tp_free((PyObject *)r);                                               \
+    }
+
+#define ROUTER_REFS(X) X(ring) X(members) X(completions_of)
+GC_METHODS(Router, router, ROUTER_REFS)
+
+static int router_init(Router *r, PyObject *args, PyObject *kw) {
+    PyObject *ring, *members, *kh, *kt, *cq, *of, *sqf;
+    unsigned int mask, cqe_size;
+    Py_ssize_t few;
+    if (!PyArg_ParseTuple(args, "OO!OOOIIOnOIII", &ring, &PyDict_Type, &members, &kh, &kt,
+                          &cq, &mask, &cqe_size, &of, &few, &sqf, &r->work, &r->getevents,
+                          &r->local_bits))
+        return -1;
+    if (!as_ptr(kh, (void **)&r->khead) || !as_ptr(kt, (void **)&r->ktail) ||
+        !as_ptr(cq, (void **)&r->cqes) || !as_ptr(sqf, (void **)&r->sq_flags))
+        return -1;
+    if (r->local_bits == 0 || r->local_bits > 32) {
+        PyErr_SetString(PyExc_ValueError, "Router: local_bits is 1..32");
+        return -1;
+    }
+    if (cqe_size != 16 && cqe_size != 32) {
+        PyErr_SetString(PyExc_ValueError, "Router: cqe_size is 16 or 32");
+        return -1;
+    }
+    Py_INCREF(ring);
+    Py_XSETREF(r->ring, ring);
+    Py_INCREF(members);
+    Py_XSETREF(r->members, members);
+    Py_INCREF(of);
+    Py_XSETREF(r->completions_of, of);
+    r->mask = mask;
+    r->cqe_size = cqe_size;
+    r->few = few;
+    return 0;
+}
+
+typedef struct {
+    uint64_t mid;
+    Py_ssize_t count;
+} Group;
+
+/* Whether member ``mid`` takes any number of CQEs as tuples: one driven by callbacks
+ * (``on_ready`` set: the compiled Round takes them without a Python object per field);
+ * otherwise a big group goes as arrays. -1 on error. */
+static int takes_tuples(Router *r, uint64_t mid) {
+    PyObject *key = PyLong_FromUnsignedLongLong(mid);
+    if (!key)
+        return -1;
+    PyObject *m = PyDict_GetItemWithError(r->members, key); /* borrowed */
+    Py_DECREF(key);
+    if (!m)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *cb = PyObject_GetAttr(m, s_on_ready);
+    if (!cb)
+        return -1;
+    Py_DECREF(cb);
+    return cb != Py_None;
+}
+
+/* Keep the pending exception in *exc when it is the first (else drop it). */
+static void keep_first(Exc *exc) {
+    if (exc->type == NULL)
+        *exc = exc_take();
+    else
+        PyErr_Clear();
+}
+
+static PyTypeObject RoundType;
+typedef struct Round Round;
+static PyObject *round_run(Round *r, PyObject *unused);
+static PyObject *round_transport(Round *r);
+
+/* Run member ``m``'s compiled round directly (``m.fast``): 1 when that finished it, 0 when
+ * ``on_ready`` must run, -1 on an error to raise. A round's Exception goes to its transport's
+ * ``_round_failed`` as the Python round's would. */
+static int run_fast(PyObject *m) {
+    PyObject *fast = PyObject_GetAttr(m, s_fast);
+    if (!fast)
+        return -1;
+    if (!Py_IS_TYPE(fast, &RoundType)) {
+        Py_DECREF(fast);
+        return 0;
+    }
+    PyObject *res = round_run((Round *)fast, NULL);
+    if (res) {
+        long v = PyLong_AsLong(res);
+        Py_DECREF(res);
+        Py_DECREF(fast);
+        return v == DONE || v == STOPPED;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) { /* KeyboardInterrupt & co: raised */
+        Py_DECREF(fast);
+        return -1;
+    }
+    Exc e = exc_take();
+    PyErr_NormalizeException(&e.type, &e.value, &e.tb);
+    if (e.tb)
+        PyException_SetTraceback(e.value, e.tb);
+    PyObject *tr = round_transport((Round *)fast);
+    PyObject *r2 = tr ? PyObject_CallMethodOneArg(tr, s_failed, e.value) : NULL;
+    Py_XDECREF(tr);
+    exc_drop(e);
+    Py_DECREF(fast);
+    if (!r2)
+        return -1;
+    Py_DECREF(r2);
+    return 1;
+}
+
+/* Run ``m``'s compiled round, else call ``m.on_ready()`` or ``m.kick()``; the first failure is
+ * kept in *exc. */
+static void wake(PyObject *m, Exc *exc) {
+    int done = run_fast(m);
+    if (done) {
+        if (done < 0)
+            keep_first(exc);
+        return;
+    }
+    PyObject *cb = PyObject_GetAttr(m, s_on_ready);
+    PyObject *res = NULL;
+    if (cb) {
+        res = cb == Py_None ? PyObject_CallMethodNoArgs(m, s_kick) : PyObject_CallNoArgs(cb);
+        Py_DECREF(cb);
+    }
+    if (res) {
+        Py_DECREF(res);
+        return;
+    }
+    keep_first(exc);
+}
+
+/* route() -> int: every ready CQE to its member (see the module docstring); the number taken. A
+ * failing on_ready/kick does not stop the others; the first failure is raised at the end. */
+static PyObject *do_route(Router *r) {
+    uint32_t head = *r->khead;
+    uint32_t tail = __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE);
+    uint32_t n = tail - head;
+    if (n == 0)
+        return PyLong_FromLong(0);
+    /* Members in order of their first CQE; few distinct ones per pass, so a linear search. */
+    Group stack[64];
+    Group *groups = stack;
+    Py_ssize_t ng = 0;
+    if (n > 64) {
+        groups = PyMem_Malloc(sizeof(Group) * n);
+        if (!groups)
+            return PyErr_NoMemory();
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t ud;
+        memcpy(&ud, r->cqes + (size_t)((head + i) & r->mask) * r->cqe_size, 8);
+        uint64_t mid = ud >> r->local_bits;
+        Py_ssize_t g = 0;
+        while (g < ng && groups[g].mid != mid)
+            g++;
+        if (g == ng) {
+            groups[ng].mid = mid;
+            groups[ng].count = 0;
+            ng++;
+        }
+        groups[g].count++;
+    }
+    PyObject *items = PyList_New(ng); /* per group: a list of tuples, or a Completions */
+    if (!items)
+        goto fail;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *it;
+        Py_ssize_t k = groups[g].count;
+        int tuples = k <= r->few ? 1 : takes_tuples(r, groups[g].mid);
+        if (tuples < 0)
+            goto fail;
+        if (!tuples) {
+            it = PyByteArray_FromStringAndSize(NULL, k * r->cqe_size);
+            groups[g].count = 0; /* now: entries written */
+        } else {
+            it = PyList_New(0);
+        }
+        if (!it)
+            goto fail;
+        PyList_SET_ITEM(items, g, it);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const unsigned char *c = r->cqes + (size_t)((head + i) & r->mask) * r->cqe_size;
+        uint64_t ud;
+        int32_t res;
+        uint32_t flags;
+        memcpy(&ud, c, 8);
+        memcpy(&res, c + 8, 4);
+        memcpy(&flags, c + 12, 4);
+        uint64_t mid = ud >> r->local_bits;
+        Py_ssize_t g = 0;
+        while (groups[g].mid != mid)
+            g++;
+        PyObject *it = PyList_GET_ITEM(items, g);
+        uint64_t local = ud & ((1ull << r->local_bits) - 1);
+        if (PyByteArray_CheckExact(it)) {
+            unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(it) +
+                                 groups[g].count++ * r->cqe_size;
+            memcpy(dst, c, r->cqe_size);
+            memcpy(dst, &local, 8);
+        } else {
+            PyObject *t = Py_BuildValue("(KiI)", (unsigned long long)local, res, flags);
+            if (!t || PyList_Append(it, t) < 0) {
+                Py_XDECREF(t);
+                goto fail;
+            }
+            Py_DECREF(t);
+        }
+    }
+    /* Every CQE is copied: hand the slots back before anything can run. */
+    __atomic_store_n(r->khead, head + n, __ATOMIC_RELEASE);
+    Exc exc = {NULL, NULL, NULL};
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *key = PyLong_FromUnsignedLongLong(groups[g].mid);
+        if (!key)
+            goto fail_after;
+        PyObject *m = PyDict_GetItemWithError(r->members, key); /* borrowed */
+        Py_DECREF(key);
+        if (!m) {
+            if (PyErr_Occurred())
+                goto fail_after;
+            continue; /* a member that left; its cancel completed before it did */
+        }
+        Py_INCREF(m);
+        PyObject *it = PyList_GET_ITEM(items, g);
+        PyObject *box = NULL;
+        int ok = 0;
+        if (PyByteArray_CheckExact(it)) {
+            PyObject *comp = PyObject_CallFunction(r->completions_of, "OnO", it,
+                                                   groups[g].count,
+                                                   r->cqe_size == 32 ? Py_True : Py_False);
+            if (comp) {
+                box = PyObject_GetAttr(m, s_inbox);
+                ok = box && PyList_Append(box, comp) == 0;
+                Py_DECREF(comp);
+            }
+        } else {
+            box = PyObject_GetAttr(m, s_inbox);
+            ok = box && PyList_Append(box, it) == 0;
+        }
+        Py_XDECREF(box);
+        if (ok)
+            wake(m, &exc);
+        else
+            keep_first(&exc);
+        Py_DECREF(m);
+    }
+    Py_DECREF(items);
+    if (groups != stack)
+        PyMem_Free(groups);
+    if (exc.type) {
+        exc_restore(exc);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(n);
+fail:
+    Py_XDECREF(items);
+    if (groups != stack)
+        PyMem_Free(groups);
+    return NULL;
+fail_after:
+    exc_drop(exc);
+    Py_XDECREF(items);
+    if (groups != stack)
+        PyMem_Free(groups);
+    return NULL;
+}
+
+/* The ring's fd, or -1 with an exception set (-2 without one: the ring is closed). */
+static long long ring_fd(Router *r) {
+    long long fd;
+    if (!get_ll(r->ring, s_fd, &fd))
+        return -1;
+    return fd < 0 ? -2 : fd;
+}
+
+static PyObject *router_route(Router *r, PyObject *unused) {
+    long long fd = ring_fd(r);
+    if (fd < 0) {
+        if (fd == -2)
+            PyErr_SetString(PyExc_ValueError, "route: the io_uring is closed");
+        return NULL;
+    }
+    return do_route(r);
+}
+
+/* poll(entered, efd) -> int: the rest of a pass after its submission (LoopRing.poll): run the
+ * task work when the kernel flagged some, route the CQEs, then, when the pass entered the kernel
+ * or was signalled (``entered``), reset the eventfd and look again. Returns -1 when no further
+ * look was due (or the ring closed meanwhile), else whether the kernel has more (1) or not (0):
+ * the caller schedules another pass for 1, or for SQEs prepared during the dispatch. */
+static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll(entered, efd)");
+        return NULL;
+    }
+    int entered = PyObject_IsTrue(args[0]);
+    int efd = PyLong_AsLong(args[1]);
+    if (entered < 0 || (efd == -1 && PyErr_Occurred()))
+        return NULL;
+    long long fd = ring_fd(r);
+    if (fd < 0)
+        return fd == -2 ? PyLong_FromLong(-1) : NULL;
+    if (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) {
+        if (syscall(__NR_io_uring_enter, (int)fd, 0, 0, r->getevents, NULL, 0) < 0) {
+            /* Ring.get_events redoes it and raises what the errno means */
+            PyObject *res = PyObject_CallMethod(r->ring, "get_events", NULL);
+            if (!res)
+                return NULL;
+            Py_DECREF(res);
+        }
+        entered = 1;
+    }
+    if (*r->ktail != *r->khead) {
+        PyObject *n = do_route(r);
+        if (!n)
+            return NULL;
+        Py_DECREF(n);
+        if ((fd = ring_fd(r)) < 0) /* its last member left during the dispatch */
+            return fd == -2 ? PyLong_FromLong(-1) : NULL;
+    }
+    if (!entered)
+        return PyLong_FromLong(-1);
+    uint64_t v;
+    if (read(efd, &v, sizeof v) < 0 && errno != EAGAIN)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    int more = (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) ||
+               __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE) != *r->khead;
+    return PyLong_FromLong(more);
+}
+
+static PyMethodDef router_methods[] = {
+    {"route", (PyCFunction)router_route, METH_NOARGS,
+     "Every ready CQE to its member; returns how many."},
+    {"poll", (PyCFunction)(void (*)(void))router_poll, METH_FASTCALL,
+     "The rest of a pass after its submission; see the source."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define OBJECT_TYPE(Name, name, doc)                                                      \
+    static PyTypeObject Name##Type = {                                                    \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel." #Name,           \
+        .tp_basicsize = sizeof(Name),                                                     \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,                              \
+        .tp_doc = doc,                                                                    \
+        .tp_traverse = (traverseproc)name##_traverse,                                     \
+        .tp_clear = (inquiry)name##_clear,                                                \
+        .tp_new = PyType_GenericNew,                                                      \
+        .tp_init = (initproc)name##_init,                                                 \
+        .tp_dealloc = (destructor)name##_dealloc,                                         \
+        .tp_methods = name##_methods,                                                     \
+    }
+
+OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
+
+/* ---------------------------------------------------------------------------------------- */
+/* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
+/*       buffer_shift)                                                                      */
+
+struct Round {
+    PyObject_HEAD
+    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
+    long long recv_ud, f_more;
+    unsigned int buffer_shift;
+    PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
+};
+
+static PyObject *round_transport(Round *r) {
+    if (!r->tr)
+        PyErr_SetString(PyExc_ValueError, "the round is cleared");
+    Py_XINCREF(r->tr);
+    return r->tr;
+}
+
+#define ROUND_REFS(X)                                                                     \
+    X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
+    X(d_so)
+GC_METHODS(Round, round, ROUND_REFS)
+
+static int round_init(Round *r, PyObject *args, PyObject *kw) {
+    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
+    long long recv_ud, f_more;
+    unsigned int shift;
+    if (!PyArg_ParseTuple(args, "OOOOO!OOLLI", &tr, &rx, &member, &prov, &PyType_Type, &cls,
+                          &queue, &stats, &recv_ud, &f_more, &shift))
+        return -1;
+    r->f_more = f_more;
+    r->buffer_shift = shift;
+    const char *names[5] = {"_rx", "offset", "length", "_tok", "stream_offset"};
+    PyObject **slots[5] = {&r->d_rx, &r->d_off, &r->d_len, &r->d_tok, &r->d_so};
+    for (int i = 0; i < 5; i++) {
+        PyObject *d = slot_descr(cls, names[i]);
+        if (!d)
+            return -1;
+        Py_XSETREF(*slots[i], d);
+    }
+    PyObject *objs[7] = {tr, rx, member, prov, cls, queue, stats};
+    PyObject **dst[7] = {&r->tr, &r->rx, &r->member, &r->prov, &r->cls, &r->queue, &r->stats};
+    for (int i = 0; i < 7; i++) {
+        Py_INCREF(objs[i]);
+        Py_XSETREF(*dst[i], objs[i]);
+    }
+    r->recv_ud = recv_ud;
+    return 0;
+}
+
+/* The buffer ring's fields a round reads and writes. */
+typedef struct {
+    unsigned char *entries; /* io_uring_buf[entries]: addr u64, len u32, bid u16, resv u16 */
+    unsigned long long base;
+    long long n, mask, bs, head, tail, in_ring;
+} BufState;
+
+static int read_buf(PyObject *buf, BufState *b) {
+    long long addr;
+    PyObject *mem = PyObject_GetAttr(buf, s_mem);
+    if (!mem)
+        return 0;
+    int ok = get_ll(mem, s_addr, &addr);
+    Py_DECREF(mem);
+    if (!ok)
+        return 0;
+    b->entries = (unsigned char *)(uintptr_t)addr;
+    long long base;
+    if (!get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &b->n) ||
+        !get_ll(buf, s_mask, &b->mask) || !get_ll(buf, s_buf_size, &b->bs) ||
+        !get_ll(buf, s_head, &b->head) || !get_ll(buf, s_tail, &b->tail) ||
+        !get_ll(buf, s_in_ring, &b->in_ring))
+        return 0;
+    b->base = (unsigned long long)base;
+    return 1;
+}
+
+#define ENTRY(b, i) ((b)->entries + (size_t)((i) & (b)->mask) * 16)
+
+/* Released chunks back to the buffer ring (Receiver._flush_releases + BufRing.provide_few for
+ * plain chunks). 1 done, 0 error, -1 fall back (nothing changed). */
+static int flush_releases(Round *r, PyObject *buf, BufState *b) {
+    Py_ssize_t n = PyObject_Length(r->queue);
+    if (n < 0)
+        return 0;
+    if (n == 0)
+        return 1;
+    if (b->in_ring + n > b->n)
+        return -1; /* a double release: BufRing's check raises it */
+    PyObject *it = PyObject_GetIter(r->queue);
+    if (!it)
+        return 0;
+    long long nbytes = 0;
+    int verdict = 1;
+    for (Py_ssize_t i = 0; i < n && verdict == 1; i++) {
+        PyObject *c = PyIter_Next(it);
+        if (!c) {
+            verdict = PyErr_Occurred() ? 0 : -1;
+            break;
+        }
+        if ((PyObject *)Py_TYPE(c) != r->cls)
+            verdict = -1; /* a batch, a coalesced chunk: the Python flush */
+        else {
+            PyObject *tok = slot_get(r->d_tok, c), *len = tok ? slot_get(r->d_len, c) : NULL;
+            if (!len) {
+                verdict = 0;
+            } else {
+                long long t = PyLong_CheckExact(tok) ? PyLong_AsLongLong(tok) : -1;
+                if (t < 0 || t >= b->n || !PyLong_CheckExact(len))
+                    verdict = -1;
+                else
+                    nbytes += PyLong_AsLongLong(len);
+            }
+            Py_XDECREF(tok);
+            Py_XDECREF(len);
+        }
+        Py_DECREF(c);
+    }
+    Py_DECREF(it);
+    if (verdict != 1)
+        return verdict;
+    PyObject *pop = PyObject_GetAttr(r->queue, s_popleft);
+    if (!pop)
+        return 0;
+    long long t = b->tail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyObject_CallNoArgs(pop);
+        if (!c) {
+            Py_DECREF(pop);
+            return 0; /* cannot happen: n items were there and only this thread takes */
+        }
+        PyObject *tok = slot_get(r->d_tok, c);
+        Py_DECREF(c);
+        if (!tok) {
+            Py_DECREF(pop);
+            return 0;
+        }
+        uint16_t bid = (uint16_t)PyLong_AsLong(tok);
+        Py_DECREF(tok);
+        unsigned char *e = ENTRY(b, t);
+        uint64_t addr = b->base + (uint64_t)bid * (uint64_t)b->bs;
+        uint32_t len = (uint32_t)b->bs;
+        memcpy(e, &addr, 8);
+        memcpy(e + 8, &len, 4);
+        memcpy(e + 12, &bid, 2);
+        t++;
+    }
+    Py_DECREF(pop);
+    b->tail = t & 0xFFFF;
+    b->in_ring += n;
+    /* The tail lives in entry 0's resv; release: the entries above are written first. */
+    __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
+    long long rel, relb;
+    if (!set_ll(buf, s_tail, b->tail) || !set_ll(buf, s_in_ring, b->in_ring) ||
+        !get_ll(r->stats, s_released, &rel) || !get_ll(r->stats, s_released_bytes, &relb) ||
+        !set_ll(r->stats, s_released, rel + n) ||
+        !set_ll(r->stats, s_released_bytes, relb + nbytes))
+        return 0;
+    return 1;
+}
+
+/* The chunks from ``i`` on were never the protocol's: the transport keeps them in ``_held``
+ * and releases them at its teardown (the pending exception stays pending). */
+static void keep_rest(PyObject *tr, PyObject *chunks, Py_ssize_t i) {
+    Exc exc = exc_take();
+    PyObject *rest = PyList_GetSlice(chunks, i, PyList_GET_SIZE(chunks));
+    if (!rest || PyObject_SetAttr(tr, s_held, rest) < 0)
+        PyErr_WriteUnraisable(tr);
+    Py_XDECREF(rest);
+    exc_restore(exc);
+}
+
+/* Call ``tr.<name>(list)``. */
+static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
+    PyObject *res = PyObject_CallMethodOneArg(o, name, list);
+    Py_XDECREF(res);
+    return res != NULL;
+}
+
+/* run() -> int: one round; DONE (nothing more now), AGAIN (call again), FALLBACK (run the
+ * Python round), STOPPED (the protocol closed or paused the transport in a callback). */
+static PyObject *round_run(Round *r, PyObject *unused) {
+    PyObject *buf = NULL, *chunks = NULL, *proto = NULL, *cb = NULL;
+    int v;
+    long long x;
+#define BAIL(code) do { Py_XDECREF(buf); return PyLong_FromLong(code); } while (0)
+    if (!r->tr)
+        return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector */
+    /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
+    PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
+    for (int i = 0; i < 4; i++)
+        if ((v = get_true(r->tr, flags[i])) != 0)
+            return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+    /* The receiver: open, owned by this thread, not ended, not paused, armed. */
+    if ((v = get_true(r->rx, s_closed)) != 0)
+        return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+    if (!get_ll(r->rx, s_owner_tid, &x))
+        return NULL;
+    if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
+        return PyLong_FromLong(FALLBACK);
+    PyObject *o = PyObject_GetAttr(r->rx, s_end);
+    if (!o)
+        return NULL;
+    Py_DECREF(o);
+    if (o != Py_None)
+        return PyLong_FromLong(FALLBACK);
+    o = PyObject_GetAttr(r->rx, s_stalled);
+    if (!o)
+        return NULL;
+    Py_DECREF(o);
+    if (o != Py_None)
+        return PyLong_FromLong(FALLBACK);
+    if ((v = get_true(r->prov, s_armed)) != 1)
+        return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+    buf = PyObject_GetAttr(r->prov, s_buf);
+    if (!buf)
+        return NULL;
+    if (buf == Py_None)
+        BAIL(FALLBACK);
+    if ((v = get_true(buf, s_registered)) != 1) {
+        if (v < 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    PyObject *ring = PyObject_GetAttr(buf, s_ring);
+    if (!ring || !get_ll(ring, s_fd, &x)) {
+        Py_XDECREF(ring);
+        goto error;
+    }
+    Py_DECREF(ring);
+    if (x < 0)
+        BAIL(FALLBACK);
+    BufState b;
+    if (!read_buf(buf, &b))
+        goto error;
+    if (b.bs > INT32_MAX)
+        BAIL(FALLBACK);
+    /* Releases first, as Receiver._next does. */
+    if ((v = flush_releases(r, buf, &b)) != 1) {
+        if (v == 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    /* Back-pressure: the Python round pauses and counts it. */
+    long long dl, dlb, rel, relb, limit;
+    if (!get_ll(r->stats, s_delivered, &dl) || !get_ll(r->stats, s_delivered_bytes, &dlb) ||
+        !get_ll(r->stats, s_released, &rel) || !get_ll(r->stats, s_released_bytes, &relb) ||
+        !get_ll(r->rx, s_limit, &limit))
+        goto error;
+    if (dlb - relb > limit)
+        BAIL(FALLBACK);
+    /* The member's completions: one list of tuples, each data of the receive in one buffer. */
+    PyObject *box = PyObject_GetAttr(r->member, s_inbox);
+    if (!box)
+        goto error;
+    Py_DECREF(box); /* the member keeps it */
+    if (!PyList_CheckExact(box))
+        BAIL(FALLBACK);
+    if (PyList_GET_SIZE(box) == 0)
+        BAIL(DONE);
+    PyObject *cqes = PyList_GET_ITEM(box, 0);
+    if (PyList_GET_SIZE(box) != 1 || !PyList_CheckExact(cqes))
+        BAIL(FALLBACK);
+    /* Each CQE's buffers: the next ones in ring order, the first named by the CQE (with
+     * bundles one CQE fills several, each full but the last). */
+    Py_ssize_t ncqe = PyList_GET_SIZE(cqes), k = 0;
+    for (Py_ssize_t i = 0; i < ncqe; i++) {
+        PyObject *t = PyList_GET_ITEM(cqes, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3)
+            BAIL(FALLBACK);
+        long long ud = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
+        long long fl = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+        if (PyErr_Occurred())
+            goto error;
+        if (ud != r->recv_ud || res <= 0 || !(fl & r->f_more))
+            BAIL(FALLBACK);
+        long long count = (res + b.bs - 1) / b.bs;
+        if (k + count > b.in_ring)
+            BAIL(FALLBACK); /* out of step: the Python round raises it */
+        uint16_t want;
+        memcpy(&want, ENTRY(&b, b.head + k) + 12, 2);
+        if ((long long)(fl >> r->buffer_shift) != want)
+            BAIL(FALLBACK);
+        k += count;
+    }
+    /* Committed from here: the completions are taken. */
+    Py_INCREF(cqes);
+    if (PyList_SetSlice(box, 0, 1, NULL) < 0) {
+        Py_DECREF(cqes);
+        goto error;
+    }
+    long long s;
+    if (!get_ll(r->rx, s_stream_off, &s)) {
+        Py_DECREF(cqes);
+        goto error;
+    }
+    long long s0 = s;
+    chunks = PyList_New(k);
+    if (!chunks) {
+        Py_DECREF(cqes);
+        goto error;
+    }
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < ncqe; i++) {
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+        while (res > 0) {
+            uint16_t bid;
+            memcpy(&bid, ENTRY(&b, b.head + j) + 12, 2);
+            long long n = res < b.bs ? res : b.bs;
+            res -= n;
+            PyObject *c = ((PyTypeObject *)r->cls)->tp_alloc((PyTypeObject *)r->cls, 0);
+            if (!c) {
+                Py_DECREF(cqes);
+                goto error;
+            }
+            Py_INCREF(r->rx);
+            if (!slot_put(r->d_rx, c, r->rx) ||
+                !slot_put(r->d_off, c, PyLong_FromLongLong((long long)bid * b.bs)) ||
+                !slot_put(r->d_len, c, PyLong_FromLongLong(n)) ||
+                !slot_put(r->d_tok, c, PyLong_FromLong(bid)) ||
+                !slot_put(r->d_so, c, PyLong_FromLongLong(s))) {
+                Py_DECREF(c);
+                Py_DECREF(cqes);
+                goto error; /* only memory runs out here */
+            }
+            PyList_SET_ITEM(chunks, j, c);
+            j++;
+            s += n;
+        }
+    }
+    Py_DECREF(cqes);
+    b.head = (b.head + k) & 0xFFFF;
+    b.in_ring -= k;
+    dl += k;
+    dlb += s - s0;
+    long long pk, pkb;
+    if (!set_ll(buf, s_head, b.head) || !set_ll(buf, s_in_ring, b.in_ring) ||
+        !set_ll(r->stats, s_delivered, dl) || !set_ll(r->stats, s_delivered_bytes, dlb) ||
+        !get_ll(r->stats, s_peak, &pk) || !get_ll(r->stats, s_peak_bytes, &pkb) ||
+        (dl - rel > pk && !set_ll(r->stats, s_peak, dl - rel)) ||
+        (dlb - relb > pkb && !set_ll(r->stats, s_peak_bytes, dlb - relb)) ||
+        !set_ll(r->rx, s_stream_off, s))
+        goto error;
+    Py_CLEAR(buf);
+    /* To the protocol. */
+    proto = PyObject_GetAttr(r->tr, s_protocol);
+    cb = proto ? PyObject_GetAttr(proto, s_chunk_received) : NULL;
+    if (!cb) {
+        keep_rest(r->tr, chunks, 0);
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *res = PyObject_CallOneArg(cb, PyList_GET_ITEM(chunks, i));
+        if (!res) {
+            keep_rest(r->tr, chunks, i + 1);
+            goto error;
+        }
+        Py_DECREF(res);
+        int closing = get_true(r->tr, s_closing);
+        int paused = closing < 0 ? 0 : get_true(r->tr, s_paused);
+        if (closing < 0 || paused < 0) {
+            keep_rest(r->tr, chunks, i + 1);
+            goto error;
+        }
+        if (closing || paused) {
+            PyObject *rest = PyList_GetSlice(chunks, i + 1, k);
+            int ok = rest && call_with_list(r->tr, s_put_back, rest);
+            Py_XDECREF(rest);
+            if (!ok)
+                goto error;
+            Py_DECREF(cb);
+            Py_DECREF(proto);
+            Py_DECREF(chunks);
+            return PyLong_FromLong(STOPPED);
+        }
+    }
+    Py_DECREF(cb);
+    Py_DECREF(proto);
+    Py_DECREF(chunks);
+    box = PyObject_GetAttr(r->member, s_inbox);
+    if (!box)
+        return NULL;
+    Py_ssize_t more = PyObject_Length(box);
+    Py_DECREF(box);
+    if (more < 0)
+        return NULL;
+    if ((v = get_true(r->prov, s_armed)) < 0)
+        return NULL;
+    return PyLong_FromLong(more || !v ? AGAIN : DONE);
+error:
+    Py_XDECREF(buf);
+    Py_XDECREF(chunks);
+    Py_XDECREF(proto);
+    Py_XDECREF(cb);
+    return NULL;
+#undef BAIL
+}
+
+static PyMethodDef round_methods[] = {
+    {"run", (PyCFunction)round_run, METH_NOARGS,
+     "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+    {NULL, NULL, 0, NULL},
+};
+
+OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case).");
+
+static struct PyModuleDef loopaccel_module = {
+    PyModuleDef_HEAD_INIT, "zcnet.aio._loopaccel",
+    "Compiled shared-ring pass for zcnet.aio (optional; see the source's header).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__loopaccel(void) {
+    struct {
+        PyObject **p;
+        const char *s;
+    } names[] = {
+        {&s_fd, "fd"}, {&s_inbox, "inbox"}, {&s_on_ready, "on_ready"}, {&s_kick, "kick"},
+        {&s_closed, "_closed"}, {&s_owner_tid, "_owner_tid"}, {&s_end, "_end"},
+        {&s_armed, "armed"}, {&s_buf, "_buf"}, {&s_registered, "_registered"},
+        {&s_in_ring, "in_ring"}, {&s_head, "_head"}, {&s_tail, "_tail"},
+        {&s_stalled, "stalled"}, {&s_stats, "_stats"}, {&s_delivered, "delivered"},
+        {&s_delivered_bytes, "delivered_bytes"}, {&s_released, "released"},
+        {&s_released_bytes, "released_bytes"}, {&s_peak, "peak_in_flight"},
+        {&s_peak_bytes, "peak_in_flight_bytes"}, {&s_stream_off, "_stream_off"},
+        {&s_limit, "_limit"}, {&s_closing, "_closing"}, {&s_paused, "_paused"},
+        {&s_held, "_held"}, {&s_protocol, "protocol"}, {&s_chunk_received, "chunk_received"},
+        {&s_put_back, "_put_back"}, {&s_popleft, "popleft"}, {&s_mem, "_mem"},
+        {&s_addr, "addr"}, {&s_base, "base"}, {&s_entries, "entries"}, {&s_mask, "mask"},
+        {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
+        {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
+        {&s_waiting_release, "_waiting_release"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
+            return NULL;
+    if (PyType_Ready(&RouterType) < 0 || PyType_Ready(&RoundType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&loopaccel_module);
+    if (!m)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Router", (PyObject *)&RouterType) < 0 ||
+        PyModule_AddObjectRef(m, "Round", (PyObject *)&RoundType) < 0 ||
+        PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
+        PyModule_AddIntConstant(m, "AGAIN", AGAIN) < 0 ||
+        PyModule_AddIntConstant(m, "FALLBACK", FALLBACK) < 0 ||
+        PyModule_AddIntConstant(m, "STOPPED", STOPPED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,233 @@
+"""The compiled shared-ring pass (zcnet.aio._loopaccel) and the Python one it stands in for:
+the same bytes, the same checks, nothing left behind; which one ran is visible."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+import weakref
+
+import numpy as np
+import pytest
+
+from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
+from zcnet import aio
+from zcnet.aio import shared
+
+pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
+              pytest.mark.usefixtures("loop_pass")]
+__all__ = ["loop_pass"]  # the fixture, imported for pytest
+
+SMALL = {"area_size": 64 << 10, "buf_size": 4096}
+
+
+class Frames(aio.ZcProtocol):
+    """Request/response: answers each 64-byte frame with the frame reversed."""
+
+    def __init__(self) -> None:
+        self.lost: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future())
+        self.pending = b""
+
+    def connection_made(self, transport: aio.ZcTransport) -> None:
+        self.tr = transport
+
+    def chunk_received(self, chunk) -> None:
+        data = self.pending + bytes(chunk.data)
+        chunk.release()
+        n = len(data) // 64 * 64
+        for i in range(0, n, 64):
+            self.tr.write(data[i:i + 64][::-1])
+        self.pending = data[n:]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost.set_result(exc)
+
+
+def test_the_pass_that_runs_is_the_one_chosen(loop_kind, loop_pass, no_leaks):
+    async def main() -> None:
+        c, s = await tcp_pair()
+        p = Frames()
+        tr = aio.start_protocol(s, p, **SMALL)
+        lr = tr._member.lr
+        assert (lr._router is not None) == (loop_pass == "c")
+        assert (tr._fast is not None) == (loop_pass == "c")
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+
+    run(loop_kind, main)
+
+
+def test_request_response_on_many_connections_every_byte(loop_kind, no_leaks):
+    """40 clients, 30 requests each, one in flight: every reply is the request reversed, and
+    every buffer is back in its ring when the connections end."""
+    n_conn, n_req = 40, 30
+
+    async def client(i: int, c: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for k in range(n_req):
+            req = pattern(i * 100 + k, 64).tobytes()
+            await loop.sock_sendall(c, req)
+            got = b""
+            while len(got) < 64:
+                part = await loop.sock_recv(c, 64 - len(got))
+                assert part, "server closed early"
+                got += part
+            assert got == req[::-1]
+        c.close()
+
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(n_conn)]
+        protos = [Frames() for _ in pairs]
+        trs = [aio.start_protocol(s, p, **SMALL) for (_, s), p in zip(pairs, protos, strict=True)]
+        await asyncio.gather(*(client(i, c) for i, (c, _) in enumerate(pairs)))
+        for p, tr in zip(protos, trs, strict=True):
+            assert await asyncio.wait_for(p.lost, 10) is None
+            st = tr.stats
+            assert st.delivered_bytes == n_req * 64 and st.in_flight == 0
+
+    run(loop_kind, main)
+
+
+def test_a_callback_failing_mid_round_leaves_no_buffer_behind(loop_kind, no_leaks):
+    """The protocol raises on the first chunk of a round of many (the second round: the first
+    arms the receive, in Python on both passes): the chunks it never got are released with the
+    transport, so the area is unmapped and nothing stays in flight."""
+    size = 48 << 10
+
+    class Boom(aio.ZcProtocol):
+        def __init__(self) -> None:
+            self.lost: asyncio.Future[BaseException | None] = (
+                asyncio.get_running_loop().create_future())
+            self.calls = 0
+            self.first = asyncio.get_running_loop().create_future()
+
+        def chunk_received(self, chunk) -> None:
+            self.calls += 1
+            chunk.release()
+            if self.calls == 2:
+                raise ValueError("bad frame")
+            self.first.set_result(None)
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            self.lost.set_result(exc)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, _ctx: None)  # reported: tested elsewhere
+        c, s = await tcp_pair()
+        c.setblocking(True)
+        c.sendall(b"x")
+        p = Boom()
+        tr = aio.start_protocol(s, p, **SMALL)
+        await asyncio.wait_for(p.first, 10)
+        c.sendall(pattern(3, size).tobytes())  # one round of many chunks
+        exc = await asyncio.wait_for(p.lost, 10)
+        assert isinstance(exc, ValueError)
+        assert p.calls == 2
+        st = tr.stats
+        assert st.delivered >= 3, "the round had one chunk: the test proves nothing"
+        assert st.in_flight == 0 and tr.rx.area.closed
+        c.close()
+
+    run(loop_kind, main)
+
+
+def test_release_checks_hold_on_chunks_of_the_compiled_round(loop_kind, no_leaks):
+    """Double release, a chunk of another receiver, a view after release: refused, and the
+    buffers still all come back."""
+    got: list = []
+
+    class Keep(aio.ZcProtocol):
+        def __init__(self) -> None:
+            self.lost: asyncio.Future[BaseException | None] = (
+                asyncio.get_running_loop().create_future())
+
+        def chunk_received(self, chunk) -> None:
+            got.append(chunk)
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            self.lost.set_result(exc)
+
+    async def main() -> None:
+        (c1, s1), (c2, s2) = await tcp_pair(), await tcp_pair()
+        p1, p2 = Keep(), Keep()
+        t1 = aio.start_protocol(s1, p1, **SMALL)
+        t2 = aio.start_protocol(s2, p2, **SMALL)
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(c1, b"a" * 100)
+        await loop.sock_sendall(c2, b"b" * 100)
+        while sum(ch.length for ch in got) < 200:
+            await asyncio.sleep(0.001)
+        mine = [ch for ch in got if ch._rx is t1.rx]
+        theirs = [ch for ch in got if ch._rx is t2.rx]
+        with pytest.raises(ValueError, match="another receiver"):
+            t1.rx.release(theirs[0])
+        first = mine[0]
+        view_ok = bytes(first.data)
+        first.release()
+        with pytest.raises(ValueError, match="released twice"):
+            first.release()
+        with pytest.raises(ValueError, match="after release"):
+            first.data  # noqa: B018
+        assert view_ok == b"a" * len(view_ok)
+        for ch in got:
+            if ch._rx is not None:
+                ch.release()
+        c1.close()
+        c2.close()
+        await asyncio.wait_for(asyncio.gather(p1.lost, p2.lost), 10)
+        assert t1.stats.in_flight == 0 and t2.stats.in_flight == 0
+
+    run(loop_kind, main)
+
+
+def test_bulk_rounds_of_many_completions_arrive_whole(loop_kind, no_leaks):
+    """More completions in one pass than the tuple path takes (shared.FEW): they reach the
+    member as arrays, through either pass, and the stream is intact."""
+    size = 1 << 20
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        c.setblocking(True)
+        rx = aio.open_receiver(s, own_socket=True, area_size=256 << 10, buf_size=1024)
+        check = StreamCheck(pattern(9, size))
+        first = asyncio.ensure_future(rx.recv())
+        await asyncio.sleep(0)  # armed before the data
+        c.sendall(pattern(9, size).tobytes()[:200 << 10])
+        big = await first
+        assert len(big) > shared.FEW
+        for ch in big:
+            check.add(ch.data, ch.stream_offset)
+            ch.release()
+        send = asyncio.get_running_loop().run_in_executor(
+            None, lambda: (c.sendall(pattern(9, size).tobytes()[200 << 10:]), c.close()))
+        async for ch in rx:
+            check.add(np.frombuffer(ch.data, np.uint8), ch.stream_offset)
+            ch.release()
+        await send
+        assert check.complete
+        rx.close()
+
+    run(loop_kind, main)
+
+
+def test_a_closed_transport_and_its_ring_are_freed(loop_kind, no_leaks):
+    """The compiled round and its transport refer to each other, the loop's ring and its router
+    too: once the connection is gone nothing keeps any of them alive."""
+
+    async def main() -> tuple[weakref.ref, weakref.ref]:
+        c, s = await tcp_pair()
+        p = Frames()
+        tr = aio.start_protocol(s, p, **SMALL)
+        await asyncio.get_running_loop().sock_sendall(c, bytes(64))
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+        refs = weakref.ref(tr), weakref.ref(tr._member.lr)
+        del p.tr
+        return refs
+
+    tr_ref, ring_ref = run(loop_kind, main)
+    gc.collect()
+    assert tr_ref() is None and ring_ref() is None

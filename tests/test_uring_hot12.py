@@ -1,0 +1,70 @@
+"""The few-completion fast paths of the ring and the buffer ring give what the general paths
+give, and refuse what they refuse (every test on both ring backends)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
+from zcnet.errors import ClosedError
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing
+from zcnet.uring.completions import Completions
+from zcnet.uring.prep import prep_nop
+from zcnet.uring.ring import Ring
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+@pytest.mark.parametrize("flags", [0, u.IORING_SETUP_CQE32])
+def test_tuples_are_the_fields_of_each_cqe(flags: int) -> None:
+    with Ring(8, flags=flags) as r:
+        for ud in (7, 1 << 63, 3):
+            prep_nop(r, ud)
+        r.submit(3)
+        c = r.reap()
+        want = list(zip(c.user_data.tolist(), c.res.tolist(), c.flags.tolist(), strict=True))
+        assert c.tuples() == want and [t[0] for t in want] == [7, 1 << 63, 3]
+        assert r.reap().tuples() == []
+
+
+def test_tuples_of_completions_built_from_arrays() -> None:
+    c = Completions(np.array([5, 6], np.uint64), np.array([-11, 4096], np.int32),
+                    np.array([0, (9 << 16) | 3], np.uint32))
+    assert c.tuples() == [(5, -11, 0), (6, 4096, (9 << 16) | 3)]
+
+
+def test_one_buffer_completion_accounts_as_the_general_path() -> None:
+    with Ring(4) as r, BufRing(r, 4, 4, 4096) as a, BufRing(r, 5, 4, 4096) as b:
+        a.take(np.array([0], dtype=np.uint16))
+        assert b.consumed_ids(4096, 0) == [0]  # a full buffer is still one buffer
+        assert b.consumed_ids(1, 1) == [1]
+        a.take(np.array([1], dtype=np.uint16))
+        assert (a._head, a.in_ring) == (b._head, b.in_ring) == (2, 2)
+        with pytest.raises(RuntimeError, match="expected bid 2, got 3"):
+            b.consumed_ids(10, 3)
+        assert (b._head, b.in_ring) == (2, 2)  # a refused completion retires nothing
+        assert b.consumed_ids(4097, 2) == [2, 3]  # two buffers: the general path
+        with pytest.raises(RuntimeError, match="1 buffers consumed, 0 were in the ring"):
+            b.consumed_ids(10, 0)
+        b.close()
+        with pytest.raises(ClosedError):
+            b.consumed_ids(10, 0)
+
+
+def test_one_buffer_accounting_refuses_an_incremental_ring() -> None:
+    with Ring(4) as r, BufRing(r, 4, 4, 4096, incremental=True) as br, \
+            pytest.raises(ValueError, match="filled"):
+        br.consumed_ids(10, 0)
+
+
+def test_provide_few_refuses_a_negative_id_and_writes_nothing() -> None:
+    with Ring(4) as r, BufRing(r, 4, 4, 4096) as br:
+        br.take(np.array([0, 1], dtype=np.uint16))
+        with pytest.raises(IndexError, match=r"outside 0\.\.3"):
+            br.provide_few([-1])
+        assert br.in_ring == 2 and br._tail == 4
+        br.provide_few([1, 0])
+        assert br._bid.tolist() == [1, 0, 2, 3] and br.in_ring == 4
+        assert (br._addr - np.uint64(br.base)).tolist() == [4096, 0, 8192, 12288]
