@@ -863,3 +863,69 @@ def test_devmem_reap_polls_as_long_as_it_is_told(monkeypatch, fake_bind, memfd, 
         finally:
             p.close()
     assert waits == [2500, 250, 0]
+
+
+def test_open_receiver_devmem_binds_the_dmabuf_and_receives(fake_bind, memfd, tcp_pair):
+    """provider="devmem": the dma-buf and the queue reach the binding, the socket's bytes
+    arrive (linear on loopback), and closing unbinds."""
+    from zcnet.rx.zc import open_receiver
+
+    conn, cli = tcp_pair
+    with open_receiver(conn, "devmem", area_size=64 << 10, dmabuf_fd=memfd, ifname="eth7",
+                       queue=2) as rx:
+        assert rx.name == "devmem" and rx.why == "devmem requested"
+        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
+        assert rx.area.dmabuf_fd == memfd
+        cli.sendall(b"d" * 300)
+        got = b""
+        while len(got) < 300:
+            chunks = rx.recv(timeout=5.0)
+            got += b"".join(bytes(c) for c in chunks)
+            rx.release_many(chunks)
+        assert got == b"d" * 300
+    assert fake_bind[0].closed
+
+
+def test_auto_takes_devmem_when_zcrx_fails_and_says_why(fake_bind, memfd, tcp_pair, caplog):
+    from zcnet.rx.zc import open_receiver
+
+    conn, _ = tcp_pair
+    with caplog.at_level("INFO", logger="zcnet.rx.zc.opener"):
+        rx = open_receiver(conn, "auto", area_size=64 << 10, dmabuf_fd=memfd, ifname="eth7",
+                           queue=2)
+    with rx:
+        assert rx.name == "devmem" and rx.why.startswith("devmem: zcrx: ")
+        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
+    assert not [r for r in caplog.records if r.name == "zcnet.rx.zc.opener"]  # no fallback
+
+
+def test_auto_without_dmabuf_falls_back_to_soft_and_logs_why(tcp_pair, caplog):
+    from zcnet.rx.zc import open_receiver
+
+    conn, _ = tcp_pair
+    with caplog.at_level("INFO", logger="zcnet.rx.zc.opener"):
+        rx = open_receiver(conn, "auto", area_size=1 << 20, buf_size=4096)
+    with rx:
+        assert rx.name == "soft" and rx.why.endswith("; devmem: no dma-buf given")
+        logged = [r.getMessage() for r in caplog.records if r.name == "zcnet.rx.zc.opener"]
+        assert logged == [f"zero-copy provider for fd {conn.fileno()}: {rx.why}"]
+
+
+def test_a_receiver_that_cannot_be_built_closes_its_provider_and_area(monkeypatch, tcp_pair):
+    from zcnet.errors import ClosedError, UsageError
+    from zcnet.rx.zc import open_receiver, opener
+
+    made = []
+
+    def refuse(sock, p, **kw):  # type: ignore[no-untyped-def]
+        made.append(p)
+        raise UsageError("no receiver")
+
+    monkeypatch.setattr(opener, "Receiver", refuse)
+    conn, _ = tcp_pair
+    with pytest.raises(UsageError, match="^no receiver$"):
+        open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096)
+    (p,) = made
+    assert p.area.closed
+    with pytest.raises(ClosedError):
+        p.can_arm()

@@ -1133,3 +1133,17 @@ def test_cap_ipc_lock_lifts_the_memlock_limit(monkeypatch):
     assert asked == [(zcrx_reg.CAP_IPC_LOCK,)]
     monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: False)
     assert memlock_error(10 << 20, limit=8 << 20) is not None
+
+
+def test_auto_takes_zcrx_on_a_device_that_supports_it(fake, tcp_pair, dmabuf_stand_in):
+    """"auto" asks zcrx for the device queue first (never copy mode) with the caller's area."""
+    fake.stream = Stream(b"z" * 100, end=0)
+    with open_receiver(tcp_pair[1], "auto", area_size=8 * PAGE_SIZE, ifname="lo", queue=0,
+                       dmabuf_fd=dmabuf_stand_in) as rx:
+        assert rx.name == "zcrx" and rx.why == "zcrx: the socket's device supports it"
+        assert rx.provider.mode == "device" and (rx.provider.ifname, rx.provider.queue) == (
+            "lo", 0)
+        assert rx.area.kind == "dmabuf" and rx.area.size == 8 * PAGE_SIZE
+        (c,) = rx.recv(timeout=0)
+        assert bytes(c.data) == b"z" * 100
+        c.release()
