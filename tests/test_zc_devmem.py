@@ -923,7 +923,7 @@ def test_a_receiver_that_cannot_be_built_closes_its_provider_and_area(monkeypatc
 
     monkeypatch.setattr(opener, "Receiver", refuse)
     conn, _ = tcp_pair
-    with pytest.raises(UsageError, match="^no receiver$"):
+    with pytest.raises(UsageError, match=r"^no receiver$"):
         open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096)
     (p,) = made
     assert p.area.closed
