@@ -671,3 +671,31 @@ def test_open_soft_options_reach_the_provider(tcp_pair, monkeypatch):
     with pytest.raises(OSError) as ei:
         soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
     assert ei.value.errno == errno.EPERM and areas[-1].closed
+
+
+@pytest.mark.parametrize("bundle", [False, True], ids=["plain", "bundle"])
+def test_soft_provider_a_round_ending_the_stream_keeps_its_one_byte_tail(tcp_pair, bundle):
+    """20 full buffers, 1 byte, EOF, all queued before arming: one round of more than 16 CQEs
+    (the filtering path, for its final CQE) or a few bundle CQEs; every byte, then EOF."""
+    conn, cli = tcp_pair
+    bs = 4096
+    data = PAT.expected(0, 20 * bs + 1).tobytes()
+    cli.sendall(data)
+    cli.close()
+    prov = soft.open_soft(conn.fileno(), 64 * bs, bs, bundle=bundle)
+    try:
+        prov.arm()
+        got, lengths, end = bytearray(), [], None
+        for _ in range(50):
+            d = prov.reap(2.0)
+            for off, ln in zip(list(d.offsets), list(d.lengths), strict=True):
+                got += prov.area.array[off:off + ln].tobytes()
+                lengths.append(int(ln))
+            if d.end is not None:
+                end = d.end
+                break
+        assert bytes(got) == data and end == 0 and not prov.armed
+        assert lengths[-1] == 1 and sum(lengths) == len(data)
+    finally:
+        prov.close()
+        prov.area.close()
