@@ -699,3 +699,31 @@ def test_soft_provider_a_round_ending_the_stream_keeps_its_one_byte_tail(tcp_pai
     finally:
         prov.close()
         prov.area.close()
+
+
+def _uring_maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("io_uring" in line for line in f)
+
+
+def test_a_soft_provider_that_cannot_build_its_buffer_ring_closes_its_ring(tcp_pair, tmp_path):
+    """An area the CPU cannot map has no buffer ring: the io_uring made for it is closed before
+    the error is seen (not when the traceback's frames die)."""
+    import os
+
+    from zcnet.rx.zc.area import Area
+
+    conn, _ = tcp_pair
+    path = tmp_path / "device-memory"
+    path.write_bytes(bytes(1 << 16))
+    fd = os.open(path, os.O_WRONLY)  # mmap refuses it: an area without a CPU mapping
+    try:
+        with Area(1 << 16, dmabuf_fd=fd) as area:
+            before = _uring_maps()
+            with pytest.raises(ZcnetError) as ei:
+                soft.SoftProvider(conn.fileno(), area, 4096)
+            assert ei.value.message == "this dma-buf cannot be mapped by the CPU"
+            assert ei.value.__traceback__ is not None  # its frames still hold the ring object
+            assert _uring_maps() == before
+    finally:
+        os.close(fd)
