@@ -561,14 +561,16 @@ def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
         prov.area.close()
 
 
-def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair):
-    """All 8 buffers full: the multishot ends with -ENOBUFS (stopped "exhausted", not armed,
-    cannot arm); one buffer back and it can arm again, and the rest of the stream arrives."""
+@pytest.mark.parametrize("nbuf", [8, 32], ids=["few-cqes", "many-cqes"])
+def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair, nbuf):
+    """All buffers full: the multishot ends with -ENOBUFS (stopped "exhausted", not armed,
+    cannot arm); one buffer back and it can arm again, and the rest of the stream arrives.
+    8 buffers end in a round of at most 16 CQEs, 32 in one of more (the filtering path)."""
     conn, cli = tcp_pair
     bs = 4096
-    data = PAT.expected(0, 12 * bs).tobytes()
+    data = PAT.expected(0, (nbuf + 4) * bs).tobytes()
     cli.sendall(data)
-    prov = soft.open_soft(conn.fileno(), 8 * bs, bs, bundle=False)
+    prov = soft.open_soft(conn.fileno(), nbuf * bs, bs, bundle=False)
     try:
         prov.arm()
         got, tokens, lengths = bytearray(), [], []
@@ -582,7 +584,7 @@ def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair)
             if d.stopped:
                 break
         assert d.stopped == "exhausted" and d.end is None
-        assert not prov.armed and not prov.can_arm() and len(tokens) == 8
+        assert not prov.armed and not prov.can_arm() and len(tokens) == nbuf
         assert prov.extra_stats()["in_ring"] == 0
         prov.recycle(tokens[:1], lengths[:1])
         assert prov.can_arm() and prov.extra_stats()["in_ring"] == 1
