@@ -14,7 +14,8 @@ What it copies from the kernel (io_uring/zcrx.c, 7.2), and what a registration i
   -ENOMEM, EOF with 0, an error with -errno.
 - refill: the kernel reads ``tail`` at its offset, entries from ``head`` (its own) to tail at
   ``rqes + (i & mask) * 16``, and stores head at its offset. Device mode consumes entries when it
-  refills (here: each wait); copy mode only on ZCRX_CTRL_FLUSH_RQ.
+  refills (here: each wait; never with ``pool_reads_ring`` False, as on netdevsim); copy mode
+  only on ZCRX_CTRL_FLUSH_RQ.
 
 Unlike the kernel (which skips or stops at a bad entry), every bad entry is recorded in
 ``rejections`` so a test can fail on it: wrong area id, offset past the area, a length that is
@@ -73,6 +74,9 @@ class FakeKernel:
     rejections: list[str] = field(default_factory=list)
     rings: list[FakeRing] = field(default_factory=list)
     foreign_every: int = 0      # post a data CQE of another request every N wake-ups
+    # Device mode: the page pool reads the refill ring as it allocates (each wait here). False
+    # is netdevsim's: it forwards the sender's pages, never allocates, so never reads the ring.
+    pool_reads_ring: bool = True
     next_id: int = 0
 
     def ring_class(self) -> Callable[..., FakeRing]:
@@ -96,6 +100,9 @@ class FakeRing:
         self.flags = flags
         self.cq_entries = cq_entries or 2 * entries
         self.fd = os.memfd_create("fake-zcrx-ring", os.MFD_CLOEXEC)  # mmap target of a region
+        # Below the regions the ring fd maps the SQ/CQ rings and the SQEs (IORING_OFF_SQ_RING 0,
+        # IORING_OFF_SQES): other memory, not a fault (sparse: untouched, it costs nothing).
+        os.ftruncate(self.fd, ZCRX_REGION_MMAP_OFF)
         self.cq: list[tuple[int, int, int, int]] = []
         self.armed: int | None = None   # user_data of the multishot RECV_ZC
         self.sock_fd = -1
@@ -152,7 +159,8 @@ class FakeRing:
             raise _err(errno.EINVAL)
         if area.len % buf_len:
             raise _err(errno.EINVAL)
-        if rd.flags & u.IORING_MEM_REGION_TYPE_USER:
+        self.user_region = bool(rd.flags & u.IORING_MEM_REGION_TYPE_USER)
+        if self.user_region:
             raw = (ctypes.c_char * rd.size).from_address(rd.user_addr)
             self.region = np.frombuffer(raw, dtype=np.uint8)
         else:
@@ -255,7 +263,7 @@ class FakeRing:
     def _wake(self) -> None:
         """What a wait lets the kernel do: refill (device mode), then copy queued segments."""
         self.waits += 1
-        if not self.nodev:
+        if not self.nodev and self.k.pool_reads_ring:
             self._consume_refill()
         k, s = self.k, self.k.stream
         if k.foreign_every and self.waits % k.foreign_every == 0:

@@ -545,3 +545,45 @@ def _count_calls(obj: object, name: str) -> list[int]:
 
     setattr(obj, name, counted)
     return count
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_calls_after_close_name_themselves(tcp_pair, fixed) -> None:
+    from zcnet.errors import ClosedError
+
+    client, _ = tcp_pair
+    s = sendzc.SendZcSender(client, bytearray(8192), fixed=fixed)
+    assert len(s.slots) == 8  # the default
+    s.close()
+    s.close()  # twice is harmless
+    calls = {"send": lambda: s.send(10), "in_flight": lambda: s.in_flight(0), "flush": s.flush}
+    for name, call in calls.items():
+        with pytest.raises(ClosedError) as ei:
+            call()
+        assert ei.value.message == f"{name}() on a closed SendZcSender"
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_sends_from_a_buffer_of_any_length(tcp_pair, fixed) -> None:
+    """A buffer whose length is no multiple of 8 (3 slots of 4115 bytes): every send carries
+    the bytes its slot was filled with."""
+    client, server = tcp_pair
+    size = 4115
+    sent: list[bytes] = []
+
+    def fill(slot: int, view: memoryview) -> None:
+        data = bytes((len(sent) * 37 + j) % 251 for j in range(size))
+        view[:size] = data
+        sent.append(data)
+
+    s = sendzc.SendZcSender(client, bytearray(3 * size), 3, fill, fixed=fixed)
+    try:
+        for _ in range(6):
+            s.send(size)
+        s.flush()
+    finally:
+        s.close()
+    got = b""
+    while len(got) < 6 * size:
+        got += server.recv(1 << 16)
+    assert got == b"".join(sent)

@@ -780,3 +780,152 @@ def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tc
     finally:
         os.dup2(saved, 0)
         os.close(saved)
+
+
+def _maps_of(name: str) -> int:
+    """Mappings of the memfd called ``name`` in this process (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        return sum(line.rstrip().endswith(f"/memfd:{name} (deleted)") or
+                   line.rstrip().endswith(f"/memfd:{name}") for line in f)
+
+
+def test_a_binding_that_fails_unmaps_the_area_before_the_error_is_seen(monkeypatch, memfd):
+    """The area is closed on the way out, not when the traceback's frames die."""
+    from zcnet.rx.zc import devmem
+
+    monkeypatch.setattr(devmem, "bind_rx",
+                        lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
+    with pytest.raises(Unsupported) as ei:
+        devmem.open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=0)
+    assert ei.value.__traceback__ is not None  # its frames (and their locals) still live
+    assert _maps_of("zcnet-test-dmabuf") == 0
+
+
+def test_a_socket_that_cannot_be_attached_unbinds(fake_bind, memfd):
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    bad = os.open("/dev/null", os.O_RDONLY)
+    os.close(bad)  # a closed fd number: duplicating it fails with EBADF
+    with Area(1 << 20, dmabuf_fd=memfd) as area, pytest.raises(OSError) as ei:
+        DevmemProvider(bad, area, "eth7", 0)
+    assert ei.value.errno == errno.EBADF
+    assert len(fake_bind) == 1 and fake_bind[0].closed
+
+
+def test_every_call_on_a_closed_devmem_provider_names_itself(fake_bind, memfd, tcp_pair):
+    from zcnet.errors import ClosedError
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    conn, _ = tcp_pair
+    with Area(1 << 20, dmabuf_fd=memfd) as area:
+        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
+        p.close()
+        p.close()  # twice is harmless
+        assert fake_bind[0].closed
+        calls = {"attach": lambda: p.attach(conn.fileno()), "can_arm": p.can_arm,
+                 "arm": p.arm, "reap": lambda: p.reap(0), "recycle": lambda: p.recycle([1], [9])}
+        for name, call in calls.items():
+            with pytest.raises(ClosedError) as ei:
+                call()
+            assert ei.value.message == f"{name}() on a closed DevmemProvider"
+
+
+def test_devmem_reap_polls_as_long_as_it_is_told(monkeypatch, fake_bind, memfd, tcp_pair):
+    """The timeout reaches poll(2) in milliseconds (poll itself recorded, then not waited)."""
+    import select
+
+    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem import DevmemProvider
+
+    real = select.poll
+    waits: list[int] = []
+
+    class RecordingPoll:
+        def __init__(self) -> None:
+            self._p = real()
+
+        def register(self, fd: int, events: int) -> None:
+            self._p.register(fd, events)
+
+        def poll(self, ms: int) -> list[tuple[int, int]]:
+            waits.append(ms)
+            return self._p.poll(0)
+
+    monkeypatch.setattr(select, "poll", RecordingPoll)
+    conn, _ = tcp_pair
+    with Area(1 << 20, dmabuf_fd=memfd) as area:
+        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
+        try:
+            for timeout in (2.5, 0.25, 0):
+                assert p.reap(timeout).lengths == []
+        finally:
+            p.close()
+    assert waits == [2500, 250, 0]
+
+
+def test_open_receiver_devmem_binds_the_dmabuf_and_receives(fake_bind, memfd, tcp_pair):
+    """provider="devmem": the dma-buf and the queue reach the binding, the socket's bytes
+    arrive (linear on loopback), and closing unbinds."""
+    from zcnet.rx.zc import open_receiver
+
+    conn, cli = tcp_pair
+    with open_receiver(conn, "devmem", area_size=64 << 10, dmabuf_fd=memfd, ifname="eth7",
+                       queue=2) as rx:
+        assert rx.name == "devmem" and rx.why == "devmem requested"
+        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
+        assert rx.area.dmabuf_fd == memfd
+        cli.sendall(b"d" * 300)
+        got = b""
+        while len(got) < 300:
+            chunks = rx.recv(timeout=5.0)
+            got += b"".join(bytes(c) for c in chunks)
+            rx.release_many(chunks)
+        assert got == b"d" * 300
+    assert fake_bind[0].closed
+
+
+def test_auto_takes_devmem_when_zcrx_fails_and_says_why(fake_bind, memfd, tcp_pair, caplog):
+    from zcnet.rx.zc import open_receiver
+
+    conn, _ = tcp_pair
+    with caplog.at_level("INFO", logger="zcnet.rx.zc.opener"):
+        rx = open_receiver(conn, "auto", area_size=64 << 10, dmabuf_fd=memfd, ifname="eth7",
+                           queue=2)
+    with rx:
+        assert rx.name == "devmem" and rx.why.startswith("devmem: zcrx: ")
+        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
+    assert not [r for r in caplog.records if r.name == "zcnet.rx.zc.opener"]  # no fallback
+
+
+def test_auto_without_dmabuf_falls_back_to_soft_and_logs_why(tcp_pair, caplog):
+    from zcnet.rx.zc import open_receiver
+
+    conn, _ = tcp_pair
+    with caplog.at_level("INFO", logger="zcnet.rx.zc.opener"):
+        rx = open_receiver(conn, "auto", area_size=1 << 20, buf_size=4096)
+    with rx:
+        assert rx.name == "soft" and rx.why.endswith("; devmem: no dma-buf given")
+        logged = [r.getMessage() for r in caplog.records if r.name == "zcnet.rx.zc.opener"]
+        assert logged == [f"zero-copy provider for fd {conn.fileno()}: {rx.why}"]
+
+
+def test_a_receiver_that_cannot_be_built_closes_its_provider_and_area(monkeypatch, tcp_pair):
+    from zcnet.errors import ClosedError, UsageError
+    from zcnet.rx.zc import open_receiver, opener
+
+    made = []
+
+    def refuse(sock, p, **kw):  # type: ignore[no-untyped-def]
+        made.append(p)
+        raise UsageError("no receiver")
+
+    monkeypatch.setattr(opener, "Receiver", refuse)
+    conn, _ = tcp_pair
+    with pytest.raises(UsageError, match=r"^no receiver$"):
+        open_receiver(conn, "soft", area_size=1 << 20, buf_size=4096)
+    (p,) = made
+    assert p.area.closed
+    with pytest.raises(ClosedError):
+        p.can_arm()

@@ -12,7 +12,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from zc_helpers import PAT, Sender, check, check_to_eof, hold_until_stalled, release_in_thread
+from zc_helpers import (
+    PAT,
+    Sender,
+    check,
+    check_to_eof,
+    hold_until_stalled,
+    open_asking_for_hugetlb,
+    release_in_thread,
+)
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc import Chunk, open_receiver, provider, soft
 
@@ -474,3 +482,256 @@ def test_provider_close_interrupted_in_cancel_still_frees_its_buffer_ring(
         assert buf._mem.closed  # the buffer ring's memory went with the ring
     finally:
         prov.area.close()
+
+
+# --- the provider itself, under the Receiver's protocol ----------------------------------------
+
+def _reap_all(prov, nbytes: int) -> tuple[bytes, list[int], list[int]]:
+    """Reap until ``nbytes`` arrived: the bytes read in place at each (offset, length), and the
+    tokens and lengths to give back. Every offset is its buffer id times the buffer size."""
+    got = bytearray()
+    tokens: list[int] = []
+    lengths: list[int] = []
+    bs = prov.buf_size
+    for _ in range(100):
+        if len(got) >= nbytes:
+            break
+        d = prov.reap(2.0)
+        assert d.end is None, d.end
+        for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens), strict=True):
+            assert off == int(tok) * bs and 0 < ln <= bs
+            got += prov.area.array[off:off + ln].tobytes()
+        tokens += [int(t) for t in d.tokens]
+        lengths += [int(x) for x in d.lengths]
+    return bytes(got), tokens, lengths
+
+
+@pytest.mark.parametrize("bundle", [False, True], ids=["plain", "bundle"])
+@pytest.mark.parametrize("kind", [list, np.array], ids=["list", "array"])
+def test_soft_provider_delivers_in_place_and_every_buffer_comes_back(tcp_pair, bundle, kind):
+    """Three rounds of 24 buffers' worth through 64 buffers: the bytes are right in place, no
+    buffer is handed out twice at once, and recycled ones (a few at a time, or many in one
+    call) are filled again."""
+    conn, cli = tcp_pair
+    bs = 4096
+    prov = soft.open_soft(conn.fileno(), 64 * bs, bs, bundle=bundle)
+    try:
+        assert prov.bundle is bundle and prov.note == f"64 buffers of {bs} bytes"
+        assert prov.extra_stats() == {"buffers": 64, "buf_size": bs, "in_ring": 64}
+        assert prov.held_back() == 0 and prov.can_arm() and not prov.armed
+        prov.arm()
+        assert prov.armed
+        delivered = 0
+        for rnd in range(3):
+            data = PAT.expected(rnd * 24 * bs, 24 * bs).tobytes()
+            cli.sendall(data)
+            got, tokens, lengths = _reap_all(prov, len(data))
+            assert got == data
+            assert len(set(tokens)) == len(tokens), "a buffer delivered twice"
+            assert prov.extra_stats()["in_ring"] == 64 - len(tokens) and prov.armed
+            delivered += len(tokens)
+            prov.recycle(kind(tokens[:3]), kind(lengths[:3]))  # a few, then the rest at once
+            prov.recycle(kind(tokens[3:]), kind(lengths[3:]))
+            assert prov.extra_stats()["in_ring"] == 64
+        assert delivered > 64  # the last round could only fill recycled buffers
+    finally:
+        prov.close()
+        prov.area.close()
+    assert not prov.armed
+
+
+def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
+    from zcnet.errors import ClosedError
+
+    conn, _ = tcp_pair
+    prov = soft.open_soft(conn.fileno(), 16 * 4096, 4096)
+    try:
+        prov.arm()
+        prov.close()
+        prov.close()  # twice is harmless
+        assert not prov.armed  # the multishot was cancelled
+        assert prov.extra_stats() == {"buffers": 16, "buf_size": 4096, "in_ring": 0}
+        calls = {"can_arm": prov.can_arm, "arm": prov.arm, "reap": lambda: prov.reap(0),
+                 "recycle": lambda: prov.recycle([0], [1])}
+        for name, call in calls.items():
+            with pytest.raises(ClosedError) as ei:
+                call()
+            assert ei.value.message == f"{name}() on a closed SoftProvider"
+    finally:
+        prov.area.close()
+
+
+@pytest.mark.parametrize("nbuf", [8, 32], ids=["few-cqes", "many-cqes"])
+def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair, nbuf):
+    """All buffers full: the multishot ends with -ENOBUFS (stopped "exhausted", not armed,
+    cannot arm); one buffer back and it can arm again, and the rest of the stream arrives.
+    Half the buffers are filled (and held) first, so the last round is the other half and the
+    final CQE: for 8 buffers at most 16 CQEs, for 32 more (the filtering path) yet under the
+    kernel's 32 CQEs per multishot run."""
+    conn, cli = tcp_pair
+    bs = 4096
+    data = PAT.expected(0, (nbuf + 4) * bs).tobytes()
+    cli.sendall(data[:nbuf // 2 * bs])
+    prov = soft.open_soft(conn.fileno(), nbuf * bs, bs, bundle=False)
+    try:
+        prov.arm()
+        got, tokens, lengths = bytearray(), [], []
+        rest = data[nbuf // 2 * bs:]
+        for _ in range(100):
+            if rest and len(tokens) == nbuf // 2:
+                cli.sendall(rest)
+                rest = b""
+            d = prov.reap(2.0)
+            for off, ln, tok in zip(list(d.offsets), list(d.lengths), list(d.tokens),
+                                    strict=True):
+                got += prov.area.array[off:off + ln].tobytes()
+                tokens.append(int(tok))
+                lengths.append(int(ln))
+            if d.stopped:
+                break
+        assert d.stopped == "exhausted" and d.end is None
+        assert not prov.armed and not prov.can_arm() and len(tokens) == nbuf
+        assert prov.extra_stats()["in_ring"] == 0
+        prov.recycle(tokens[:1], lengths[:1])
+        assert prov.can_arm() and prov.extra_stats()["in_ring"] == 1
+        prov.recycle(tokens[1:], lengths[1:])
+        prov.arm()
+        while len(got) < len(data):
+            d = prov.reap(2.0)
+            assert d.end is None and d.lengths is not None and len(d.lengths), "stalled"
+            for off, ln in zip(list(d.offsets), list(d.lengths), strict=True):
+                got += prov.area.array[off:off + ln].tobytes()
+            prov.recycle(list(d.tokens), list(d.lengths))
+        assert bytes(got) == data
+        cli.close()
+        d = prov.reap(2.0)
+        assert d.end == 0 and not prov.armed  # EOF ends the multishot
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def test_open_soft_refuses_a_dmabuf_the_cpu_cannot_map(tcp_pair, tmp_path):
+    """An fd with a size that mmap refuses (a write-only file) stands in for device memory."""
+    import os
+
+    conn, _ = tcp_pair
+    path = tmp_path / "device-memory"
+    path.write_bytes(bytes(1 << 16))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        with pytest.raises(ZcnetError) as ei:
+            soft.open_soft(conn.fileno(), 1 << 16, 4096, dmabuf_fd=fd)
+        assert ei.value.message == "the soft provider needs a dma-buf the CPU can map"
+        assert ei.value.hint == "use zcrx/devmem for device memory, or omit dmabuf_fd"
+    finally:
+        os.close(fd)
+
+
+def test_open_soft_options_reach_the_provider(tcp_pair, monkeypatch):
+    """Defaults: normal pages, whole buffers, bundles as the kernel offers them. hugetlb=True
+    asks for 2 MiB pages; incremental falls back to whole buffers only on EINVAL (a kernel
+    without IOU_PBUF_RING_INC), any other error is raised with the area released."""
+    import errno
+    import os
+
+    conn, _ = tcp_pair
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no hugetlb fallback warning by default
+        prov = soft.open_soft(conn.fileno(), 1 << 16, 4096)
+    try:
+        assert type(prov) is soft.SoftProvider and prov.area.kind == "anon"
+        assert prov.bundle is bool(prov._ring.features & soft.u.IORING_FEAT_RECVSEND_BUNDLE)
+    finally:
+        prov.close()
+        prov.area.close()
+    prov = open_asking_for_hugetlb(
+        lambda: soft.open_soft(conn.fileno(), 2 << 20, 64 << 10, hugetlb=True))
+    prov.close()
+    prov.area.close()
+    prov = soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    try:
+        assert type(prov) is soft.IncrementalSoftProvider
+    finally:
+        prov.close()
+        prov.area.close()
+    areas = []
+    real_area = soft.Area
+
+    def area(*a, **kw):
+        areas.append(real_area(*a, **kw))
+        return areas[-1]
+
+    def refuse(err: int):
+        def make(*a, **kw):
+            raise OSError(err, os.strerror(err))
+        return make
+
+    monkeypatch.setattr(soft, "Area", area)
+    monkeypatch.setattr(soft, "IncrementalSoftProvider", refuse(errno.EINVAL))
+    prov = soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    try:
+        assert type(prov) is soft.SoftProvider and prov.entries == 16
+    finally:
+        prov.close()
+        prov.area.close()
+    monkeypatch.setattr(soft, "IncrementalSoftProvider", refuse(errno.EPERM))
+    with pytest.raises(OSError) as ei:
+        soft.open_soft(conn.fileno(), 1 << 16, 4096, incremental=True)
+    assert ei.value.errno == errno.EPERM and areas[-1].closed
+
+
+@pytest.mark.parametrize("bundle", [False, True], ids=["plain", "bundle"])
+def test_soft_provider_a_round_ending_the_stream_keeps_its_one_byte_tail(tcp_pair, bundle):
+    """20 full buffers, 1 byte, EOF, all queued before arming: one round of more than 16 CQEs
+    (the filtering path, for its final CQE) or a few bundle CQEs; every byte, then EOF."""
+    conn, cli = tcp_pair
+    bs = 4096
+    data = PAT.expected(0, 20 * bs + 1).tobytes()
+    cli.sendall(data)
+    cli.close()
+    prov = soft.open_soft(conn.fileno(), 64 * bs, bs, bundle=bundle)
+    try:
+        prov.arm()
+        got, lengths, end = bytearray(), [], None
+        for _ in range(50):
+            d = prov.reap(2.0)
+            for off, ln in zip(list(d.offsets), list(d.lengths), strict=True):
+                got += prov.area.array[off:off + ln].tobytes()
+                lengths.append(int(ln))
+            if d.end is not None:
+                end = d.end
+                break
+        assert bytes(got) == data and end == 0 and not prov.armed
+        assert lengths[-1] == 1 and sum(lengths) == len(data)
+    finally:
+        prov.close()
+        prov.area.close()
+
+
+def _uring_maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("io_uring" in line for line in f)
+
+
+def test_a_soft_provider_that_cannot_build_its_buffer_ring_closes_its_ring(tcp_pair, tmp_path):
+    """An area the CPU cannot map has no buffer ring: the io_uring made for it is closed before
+    the error is seen (not when the traceback's frames die)."""
+    import os
+
+    from zcnet.rx.zc.area import Area
+
+    conn, _ = tcp_pair
+    path = tmp_path / "device-memory"
+    path.write_bytes(bytes(1 << 16))
+    fd = os.open(path, os.O_WRONLY)  # mmap refuses it: an area without a CPU mapping
+    try:
+        with Area(1 << 16, dmabuf_fd=fd) as area:
+            before = _uring_maps()
+            with pytest.raises(ZcnetError) as ei:
+                soft.SoftProvider(conn.fileno(), area, 4096)
+            assert ei.value.message == "this dma-buf cannot be mapped by the CPU"
+            assert ei.value.__traceback__ is not None  # its frames still hold the ring object
+            assert _uring_maps() == before
+    finally:
+        os.close(fd)

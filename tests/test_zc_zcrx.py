@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
-from zc_helpers import PAT
+from zc_helpers import PAT, open_asking_for_hugetlb
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_reg
 from zcnet.rx.zc.area import PAGE_SIZE, Area
@@ -1026,14 +1026,124 @@ def test_device_mode_takes_a_dmabuf_area_and_a_kernel_region(fake, sock, dmabuf_
                          ids=["copy", "device"])
 def test_hugetlb_area_is_asked_for(fake, sock, where):
     """hugetlb=True reaches the area: 2 MiB pages, or the warning that there were none."""
-    import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, hugetlb=True, **where)
+    prov = open_asking_for_hugetlb(
+        lambda: open_zcrx(sock.fileno(), 4 * PAGE_SIZE, hugetlb=True, **where))
+    prov.close()
+    prov.area.close()
+
+
+_fresh_ud = iter(range(1, 1 << 16))
+
+
+def _unseen_user_data() -> int:
+    """A user_data no earlier parse in this process used (the parse keeps per-user_data state),
+    with the top bit set: user_data is a u64."""
+    return 1 << 63 | os.getpid() << 16 | next(_fresh_ud)
+
+
+def test_rounds_of_another_user_data_and_of_more_than_1024_cqes_parse_to_arrays():
+    """parse_completions serves any u64 user_data: a round of only that request's data takes
+    the array path whatever was parsed before it, a few CQEs or more than 1024."""
+    ud = _unseen_user_data()
+    for n in (3, 1100, 2):
+        cqes = [(ud, 100 + i % 900, MORE, TOKEN | i * PAGE_SIZE) for i in range(n)]
+        d = parse_completions(kernel_cqes(cqes), user_data=ud)
+        assert all(type(x) is np.ndarray for x in (d.offsets, d.lengths, d.tokens))
+        assert d.offsets.tolist() == [i * PAGE_SIZE for i in range(n)]
+        assert d.lengths.tolist() == [100 + i % 900 for i in range(n)]
+        assert d.tokens.tolist() == [TOKEN | i * PAGE_SIZE for i in range(n)]
+    # RECV_UD's rounds are not taken for that request's, nor the other way round.
+    d = parse_completions(kernel_cqes([(1, 10, MORE, TOKEN), (1, 20, MORE, TOKEN | 4096)]),
+                          user_data=ud)
+    assert (d.offsets, d.lengths, d.tokens) == ([], [], [])
+
+
+def test_a_one_byte_cqe_among_other_requests_is_data():
+    """The filtering path (a foreign CQE in the round) keeps a 1-byte CQE as data."""
+    d = parse_completions(kernel_cqes([(99, 50, MORE, TOKEN), (1, 1, MORE, TOKEN | 4096 + 5),
+                                       (1, 2, MORE, TOKEN | 8192)]))
+    assert (d.offsets, d.lengths, d.tokens) == ([4101, 8192], [1, 2],
+                                                [TOKEN | 4101, TOKEN | 8192])
+
+
+def test_buffers_released_before_a_stop_come_back_on_a_device_whose_pool_never_reads(
+        fake, sock):
+    """netdevsim's page pool never allocates (it forwards the sender's pages), so it never
+    reads the refill ring: buffers the application released before the receive stopped for
+    want of buffers (-ENOMEM) are flushed back when the stop is seen, and the stream goes on
+    although the application holds nothing it could still release."""
+    fake.pool_reads_ring = False
+    fake.stream = Stream(PAT.expected(0, 12 * 4096).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        assert_stream(drain(rx), 12 * 4096)
+        assert rx.stats.rearms >= 2 and fake.ring.flushes >= 2
+
+
+def test_a_device_reads_returned_buffers_from_the_ring_without_a_flush(fake, sock):
+    """A device's page pool takes the refill entries itself as it allocates: while the area has
+    free buffers, recycling writes entries and makes no ZCRX_CTRL call."""
+    fake.stream = Stream(PAT.expected(0, 64 * 4096).tobytes(), segment=4096, per_wait=4, end=0)
+    prov = open_zcrx(sock.fileno(), 16 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=16)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        assert_stream(drain(rx), 64 * 4096)
+        assert rx.stats.exhausted == 0 and prov.rq.produced == 64
+        assert fake.ring.flushes == 0
+
+
+NO_NAPI = ("the socket has no NAPI id (loopback, or no packet received yet), so its NIC queue "
+           "is unknown")
+
+
+def test_without_copy_mode_a_failed_discovery_says_there_is_no_fallback(fake, tcp_pair,
+                                                                         monkeypatch):
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: Offers())
+    sock = tcp_pair[1]
+    with pytest.raises(Unsupported) as ei:
+        open_zcrx(sock.fileno(), 4 * PAGE_SIZE)
+    assert ei.value.message == (f"{NO_NAPI}; this kernel has no zcrx copy mode to fall back "
+                                "to (7.x kernels)")
+    with pytest.raises(Unsupported) as ei:  # no fallback asked for: nothing to say about one
+        open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=False)
+    assert ei.value.message == NO_NAPI
+    assert not fake.rings
+
+
+def test_the_copy_mode_fallback_keeps_the_callers_choices_and_says_why(fake, tcp_pair):
+    """Discovery fails on loopback: copy mode, with the area and region the caller asked for."""
+
+    prov = open_asking_for_hugetlb(lambda: open_zcrx(
+        tcp_pair[1].fileno(), 4 * PAGE_SIZE, hugetlb=True, rq_entries=8))
     try:
-        fell_back = any("hugetlb" in str(w.message) for w in caught)
-        assert prov.area.kind == "hugetlb" or (prov.area.kind == "anon" and fell_back)
+        assert prov.mode == "copy"
+        assert prov.note == (f"{zcrx.COPY_NOTE} ({NO_NAPI}), 8 refill entries of "
+                             f"{PAGE_SIZE} bytes")
+        assert fake.ring.user_region  # the refill ring in our memory, the default
     finally:
         prov.close()
         prov.area.close()
+
+
+def test_cap_ipc_lock_lifts_the_memlock_limit(monkeypatch):
+    """Not told whether the process is privileged, memlock_error asks for CAP_IPC_LOCK."""
+    asked: list[tuple] = []
+    monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: asked.append(caps) or True)
+    assert memlock_error(10 << 20, limit=8 << 20) is None
+    assert asked == [(zcrx_reg.CAP_IPC_LOCK,)]
+    monkeypatch.setattr(zcrx_reg, "has_caps", lambda *caps: False)
+    assert memlock_error(10 << 20, limit=8 << 20) is not None
+
+
+def test_auto_takes_zcrx_on_a_device_that_supports_it(fake, tcp_pair, dmabuf_stand_in):
+    """"auto" asks zcrx for the device queue first (never copy mode) with the caller's area."""
+    fake.stream = Stream(b"z" * 100, end=0)
+    with open_receiver(tcp_pair[1], "auto", area_size=8 * PAGE_SIZE, ifname="lo", queue=0,
+                       dmabuf_fd=dmabuf_stand_in) as rx:
+        assert rx.name == "zcrx" and rx.why == "zcrx: the socket's device supports it"
+        assert rx.provider.mode == "device" and (rx.provider.ifname, rx.provider.queue) == (
+            "lo", 0)
+        assert rx.area.kind == "dmabuf" and rx.area.size == 8 * PAGE_SIZE
+        (c,) = rx.recv(timeout=0)
+        assert bytes(c.data) == b"z" * 100
+        c.release()

@@ -105,3 +105,19 @@ def mapped(addr: int) -> bool:
         if lo <= addr < hi:
             return True
     return False
+
+
+def open_asking_for_hugetlb(open_provider):  # type: ignore[no-untyped-def]
+    """``open_provider()`` (called with hugetlb=True); asserts that its area got 2 MiB pages or
+    warned that there were none. Returns the provider."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prov = open_provider()
+    fell_back = any("hugetlb" in str(w.message) for w in caught)
+    if not (prov.area.kind == "hugetlb" or (prov.area.kind == "anon" and fell_back)):
+        prov.close()
+        prov.area.close()
+        raise AssertionError(f"hugetlb asked for, area is {prov.area.kind} without a warning")
+    return prov
