@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -13,7 +14,9 @@ import signal
 import socket
 import struct
 import subprocess
+import termios
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -437,6 +440,95 @@ def test_sendzc_on_a_shut_down_socket_raises_and_gives_the_slot_back(tcp_pair, f
         assert released == [0] and s.outstanding == 0
     finally:
         s.close()
+
+
+def _small_buffered_pair() -> tuple[socket.socket, socket.socket]:
+    """A loopback pair whose send and receive buffers are small, so that a send of a few MiB
+    must wait for the reader."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
+    client.connect(ls.getsockname())
+    server, _ = ls.accept()
+    ls.close()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+    return client, server
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_cut_short_by_a_reset_resumes_then_raises_and_frees_the_slot_once(fixed) -> None:
+    """A peer that resets mid-send: the kernel ends the waiting SEND_ZC with the bytes it got
+    out (a short result), the sender sends the rest from the same slot, and that send's error
+    reaches the caller: a send never reports bytes it did not send. Every notification is
+    accounted for and the slot comes back exactly once."""
+    client, server = _small_buffered_pair()
+    released: list[int] = []
+    s = sendzc.SendZcSender(client, bytearray(8 << 20), 1, None,
+                            lambda slot, view: released.append(slot), fixed=fixed)
+    got: list[object] = []
+
+    def send() -> None:
+        try:
+            got.append(s.send(8 << 20))
+        except OSError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=send)
+    try:
+        t.start()
+        queued = 0
+        while not queued and t.is_alive():  # the first bytes are out: the send is waiting
+            queued = struct.unpack("i", fcntl.ioctl(server.fileno(), termios.FIONREAD,
+                                                    b"\0" * 4))[0]
+            time.sleep(0.001)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()  # RST
+        t.join()
+        assert len(got) == 1 and isinstance(got[0], OSError), got
+        assert got[0].errno in (errno.EPIPE, errno.ECONNRESET)
+        assert got[0].strerror.startswith("SEND_ZC: ")
+        assert s.stats().sends == 2  # the short send and its resumption
+        s.flush()
+        assert s.outstanding == 0 and released == [0]
+    finally:
+        s.close()
+        client.close()
+        server.close()
+    assert released == [0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_waits_in_the_kernel_for_a_slow_reader_one_request_per_send(fixed) -> None:
+    """MSG_WAITALL: a send larger than the socket buffers completes in the kernel as one
+    request, whatever the reader's pace, and the bytes arrive intact."""
+    client, server = _small_buffered_pair()
+    buf = bytearray(os.urandom(4 << 20))
+    s = sendzc.SendZcSender(client, buf, 1, fixed=fixed)
+    received = bytearray()
+
+    def read() -> None:
+        while len(received) < len(buf):
+            part = server.recv(8 << 10)
+            if not part:
+                return
+            received.extend(part)
+
+    t = threading.Thread(target=read)
+    try:
+        t.start()
+        assert s.send(len(buf)) == len(buf)
+        s.flush()
+        t.join()
+        assert received == buf
+        assert s.stats().sends == 1
+    finally:
+        s.close()
+        client.close()
+        server.close()
 
 
 def test_sendzc_close_survives_a_flush_that_gives_up(tcp_pair) -> None:
