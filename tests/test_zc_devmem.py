@@ -648,6 +648,23 @@ def test_open_devmem_binds_the_given_or_found_queue(monkeypatch, fake_bind, memf
     assert fake_bind[0].closed
 
 
+def test_open_devmem_warns_that_hugetlb_does_not_apply(fake_bind, memfd, tcp_pair):
+    """A dma-buf's exporter picks its pages: hugetlb=True is not silently dropped but named in a
+    warning that points at the caller's line."""
+    from zcnet.rx.zc.devmem import open_devmem
+
+    conn, _ = tcp_pair
+    with pytest.warns(RuntimeWarning, match="hugetlb does not apply to devmem") as caught:
+        p = open_devmem(conn.fileno(), 64 << 10, dmabuf_fd=memfd, hugetlb=True,
+                        ifname="eth7", queue=2)
+    try:
+        assert [w.filename for w in caught] == [__file__]
+        assert p.area.kind != "hugetlb" and p.area.dmabuf_fd == memfd
+    finally:
+        p.close()
+        p.area.close()
+
+
 def test_open_devmem_without_udmabuf_probes_the_device_first(monkeypatch):
     """No dma-buf given and no /dev/udmabuf: the device is asked (fd -1 as u32) before the
     missing udmabuf is reported."""

@@ -24,6 +24,7 @@ import os
 import select
 import socket
 import struct
+import warnings
 from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
@@ -259,6 +260,10 @@ class DevmemProvider:
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
                 hugetlb: bool = False, ifname: str | None = None,
                 queue: int | None = None) -> DevmemProvider:
+    if hugetlb:
+        # The area is a dma-buf (udmabuf's memfd, or the caller's): its exporter picks the pages.
+        warnings.warn("hugetlb does not apply to devmem: its area is a dma-buf whose exporter "
+                      "picks the pages; normal pages are used", RuntimeWarning, stacklevel=2)
     if ifname is None or queue is None:
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
