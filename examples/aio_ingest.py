@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
                     help="SO_RCVLOWAT of each stream, KiB (0: wake on any data)")
     args = ap.parse_args()
+    if args.rcvlowat < 0:
+        ap.error(f"--rcvlowat {args.rcvlowat}: expected KiB >= 0 (0 wakes on any data)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     aio_common.run(args, lambda host, port: serve((host, port), args.out, args.streams,
