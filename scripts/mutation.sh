@@ -4,10 +4,14 @@
 #
 # Usage: bash scripts/mutation.sh [MODULE...]      e.g. rx/zc/devmem.py tx/sendzc.py
 #   no argument: every module below. Env: MUTATION_DIR (work copies, default /tmp/zcnet-mutation),
-#   MUTATION_JOBS (parallel test processes, default: CPU count).
+#   MUTATION_JOBS (parallel test processes, default: CPU count), MUTATION_ONLY (mutant names:
+#   run only these, e.g. a previous run's survivors after new tests; the score then covers them).
 # Each module is mutated in its own copy of the tree (src, tests, pyproject.toml), so the
-# checkout is never touched; the score and the surviving mutants are printed per module, and
-# the full results stay in MUTATION_DIR/<module>/ (`python -m mutmut show NAME` there).
+# checkout is never touched. The copy gets its own compiled accelerators (setup.py): without
+# them the tests run only the pure-Python paths, and the code feeding the C paths (the
+# receiver's chunk constructor) looks untested. The score and the surviving mutants are printed
+# per module; the full results stay in MUTATION_DIR/<module>/ (`python -m mutmut show NAME`
+# there).
 # The score excludes the survivors listed in scripts/mutation-equivalent.txt, each with the
 # reason it cannot be killed (equivalent, or not observable single-threaded).
 set -euo pipefail
@@ -21,7 +25,7 @@ jobs=${MUTATION_JOBS:-$(nproc)}
 # runner's state and fail before any mutant runs.
 declare -A TESTS=(
   [rx/zc/chunks.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_devmem.py"
-  [rx/zc/receiver.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_devmem.py"
+  [rx/zc/receiver.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_devmem.py tests/test_zc_zcrx.py"
   [rx/zc/debugviews.py]="tests/test_zc_api.py tests/test_zc_soft.py"
   [rx/zc/opener.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_devmem.py tests/test_zc_zcrx.py"
   [rx/zc/soft.py]="tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_engines.py tests/test_aio_shared.py"
@@ -66,7 +70,10 @@ for mod in "${modules[@]}"; do
   dir=$work/${mod//\//_}
   rm -rf "$dir"
   mkdir -p "$dir"
-  cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$dir/"
+  cp -r "$root/src" "$root/tests" "$root/pyproject.toml" "$root/setup.py" "$dir/"
+  (cd "$dir" && python setup.py -q build_ext --inplace --force >"$dir/build.log" 2>&1) || true
+  compgen -G "$dir/src/zcnet/uring/_accel*.so" >/dev/null ||
+    echo "   (the accelerator did not build, see $dir/build.log: pure-Python paths only)"
   # A listed test file may have been folded into another one: use those that exist.
   tests=""
   for t in ${TESTS[$mod]}; do
@@ -85,7 +92,9 @@ TOML
   echo "== $mod against: $(echo $tests)"
   marker=$dir/.started
   touch "$marker"
-  (cd "$dir" && python -m mutmut run --max-children "$jobs" >"$dir/run.log" 2>&1) || true
+  # shellcheck disable=SC2086
+  (cd "$dir" && python -m mutmut run --max-children "$jobs" ${MUTATION_ONLY:-} \
+     >"$dir/run.log" 2>&1) || true
   # A mutant that hangs is killed with its test's fixtures still up: remove the test
   # namespaces (zctx<pid>, tests/test_tx_senders.py) that such killed workers left.
   for ns in /run/netns/zctx*; do

@@ -4,6 +4,7 @@ by the test rather than by the kernel's timing."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
@@ -64,8 +65,9 @@ def delivery(offsets, lengths, tokens, linear=None) -> Delivery:  # type: ignore
 def rx_for():
     made: list[Receiver] = []
 
-    def make(*deliveries: Delivery, coalesce: bool = False) -> Receiver:
-        made.append(Receiver(-1, ScriptedProvider(*deliveries), coalesce=coalesce))
+    def make(*deliveries: Delivery, coalesce: bool = False,
+             kind: type[ScriptedProvider] = ScriptedProvider) -> Receiver:
+        made.append(Receiver(-1, kind(*deliveries), coalesce=coalesce))
         return made[-1]
 
     yield make
@@ -210,6 +212,8 @@ def test_owner_only_calls_name_themselves(rx_for):
     assert [e.message for e in errors] == [  # type: ignore[attr-defined]
         f"{m}() called from a thread that did not open the receiver"
         for m in ("flush", "recv_batch", "recv")]
+    assert {e.hint for e in errors} == {  # type: ignore[attr-defined]
+        "iterate in the opening thread; other threads may only release"}
     rx.close()
     for name, call in (("flush", rx.flush), ("recv_batch", rx.recv_batch), ("recv", rx.recv)):
         with pytest.raises(ClosedError) as ei:
@@ -461,3 +465,269 @@ def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
     with pytest.raises(KeyboardInterrupt):
         rx.close()
     assert rx.area.closed
+
+
+# --- receiver.py's loop, checked against the mutants it let through -------------------------
+
+class Clock:
+    """A monotonic clock the test moves: waits and reaps take no real time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from zcnet.rx.zc import receiver
+
+    c = Clock()
+    monkeypatch.setattr(receiver, "time", c)
+    return c
+
+
+def test_receiver_defaults_copy_nothing_merge_nothing_and_give_no_reason():
+    rx = Receiver(-1, ScriptedProvider(delivery([0, 100], [100, 50], [1, 2])))
+    try:
+        assert rx.stalled is None and rx.stats_dict()["why"] == ""
+        rx.area.view[0:150] = b"a" * 150
+        a, b = rx.recv()  # neighbours stay two chunks unless coalescing is asked for
+        assert (len(a), len(b)) == (100, 50)
+        view = a.data
+        rx.release_many([a, b])
+        assert bytes(view) == b"a" * 100  # no debug poisoning or revoking by default
+        assert rx.stats.rearms == 0
+    finally:
+        rx.close()
+
+
+def test_receiver_refuses_max_held_outside_zero_to_one():
+    from zcnet.errors import UsageError
+
+    prov = ScriptedProvider()
+    for bad in (0.0, -0.5, 1.5, 1.001):
+        with pytest.raises(UsageError) as ei:
+            Receiver(-1, prov, max_held=bad)
+        assert ei.value.message == f"max_held must be in (0, 1], got {bad}"
+    Receiver(-1, prov, max_held=1.0).close()  # the bound itself is allowed; closes the area
+    assert prov.area.closed
+
+
+def test_receiver_of_a_socket_names_its_fd():
+    a, b = socket.socketpair()
+    with a, b:
+        rx = Receiver(b, ScriptedProvider(Delivery(end=-104)))
+        try:
+            assert rx.fd == b.fileno() and f" fd={b.fileno()} " in repr(rx)
+            with pytest.raises(ConnectionResetError) as ei:
+                rx.recv()
+            assert ei.value.strerror == (f"Connection reset by peer (zero-copy receive on fd "
+                                         f"{b.fileno()})")
+        finally:
+            rx.close()
+
+
+def test_stream_error_comes_after_the_data_once_then_eof(rx_for):
+    import errno
+
+    rx = rx_for(delivery([0], [10], [1]), Delivery(end=-errno.ECONNRESET))
+    (c,) = rx.recv()
+    c.release()
+    with pytest.raises(ConnectionResetError) as ei:
+        rx.recv()
+    assert ei.value.errno == errno.ECONNRESET
+    assert ei.value.strerror == "Connection reset by peer (zero-copy receive on fd -1)"
+    assert rx.eof  # reported once; afterwards the stream reads as ended
+    assert rx.recv() == [] and rx.recv_batch() is None
+
+
+def test_timeouts_are_checked_and_infinity_means_no_limit(rx_for):
+    from zcnet.errors import UsageError
+
+    class Recording(ScriptedProvider):
+        timeouts: list[float | None]
+
+        def reap(self, timeout: float | None) -> Delivery:
+            self.timeouts.append(timeout)
+            return super().reap(timeout)
+
+    rx = rx_for(delivery([0], [10], [1]), kind=Recording)
+    rx.provider.timeouts = []
+    for method, call in (("recv", rx.recv), ("recv_batch", rx.recv_batch)):
+        for bad in (-1, -0.5, math.nan):
+            with pytest.raises(UsageError) as ei:
+                call(bad)
+            assert ei.value.message == (f"{method}() timeout must be seconds >= 0 or None, "
+                                        f"got {bad!r}")
+            assert ei.value.hint == "pass None to wait without a limit"
+    assert rx.provider.timeouts == []  # refused before entering the kernel
+    (c,) = rx.recv(math.inf)
+    assert rx.provider.timeouts == [None]  # the provider waits without a limit
+    c.release()
+    (got,) = [rx.recv(5.0)]
+    assert got == [] and rx.eof
+    assert 0 < rx.provider.timeouts[1] <= 5.0  # what is left of the 5 s, not a spent deadline
+
+
+def test_an_empty_round_is_not_the_end_and_an_idle_timeout_enters_the_kernel_once(rx_for, clock):
+    class Idle(ScriptedProvider):
+        """Nothing for this receiver: woken early once (another request's completion), then
+        waits out what is left."""
+
+        timeouts: list[float | None]
+
+        def reap(self, timeout: float | None) -> Delivery:
+            self.timeouts.append(timeout)
+            assert len(self.timeouts) < 5, "the receiver spins on an idle provider"
+            if self.script:
+                return super().reap(timeout)
+            clock.now += (timeout or 0) / 2 if len(self.timeouts) == 1 else (timeout or 0)
+            return Delivery()
+
+    rx = rx_for(kind=Idle)
+    rx.provider.timeouts = []
+    assert rx.recv(1.0) == [] and not rx.eof
+    assert rx.provider.timeouts == [1.0, 0.5]
+    rx.provider.timeouts = []
+    rx.provider.script = [Delivery(), delivery([0], [7], [4])]  # an empty round, then data
+    (c,) = rx.recv()
+    assert len(c) == 7 and rx.provider.timeouts == [None, None]
+    c.release()
+
+
+def test_held_back_buffers_are_offered_again_before_each_round(rx_for):
+    class HoldsBack(ScriptedProvider):
+        held = 2
+        calls: list[tuple[list[int], list[int]]]
+
+        def held_back(self) -> int:
+            return self.held
+
+        def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+            self.calls.append((list(tokens), list(lengths)))
+            self.held = 0  # the refill ring had room this time
+
+    rx = rx_for(delivery([0], [10], [1]), kind=HoldsBack)
+    rx.provider.calls = []
+    (c,) = rx.recv()
+    assert rx.provider.calls == [([], [])] and rx.provider.held_back() == 0
+    c.release()
+    rx.flush()
+    assert rx.provider.calls == [([], []), ([1], [10])]
+
+
+def test_a_vectorized_batch_and_a_chunk_released_together_give_back_every_buffer(rx_for):
+    import numpy as np
+
+    rx = rx_for(Delivery(np.array([0, 4096]), np.array([10, 20]), np.array([1, 2], np.uint16)),
+                delivery([8192], [30], [3]))
+    b = rx.recv_batch()
+    (c,) = rx.recv()
+    rx.release_many([b, c])
+    rx.flush()
+    ((toks, lens),) = rx.provider.recycled
+    assert sorted(zip(toks, lens, strict=True)) == [(1, 10), (2, 20), (3, 30)]
+    assert (rx.stats.released, rx.stats.released_bytes, rx.stats.in_flight) == (3, 60, 0)
+
+
+class Exhausting(ScriptedProvider):
+    """A provider with ``free`` buffers: a round uses them up and its receive stops (not
+    armed) until buffers come back, as the soft provider's multishot receive does."""
+
+    def __init__(self, free: int, *deliveries: Delivery) -> None:
+        super().__init__(*deliveries)
+        self.armed = False
+        self.free = free
+
+    def can_arm(self) -> bool:
+        return self.free > 0
+
+    def reap(self, timeout: float | None) -> Delivery:
+        d = super().reap(timeout)
+        self.free -= len(d.offsets)
+        self.armed = self.free > 0
+        return d
+
+    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+        super().recycle(tokens, lengths)
+        self.free += len(tokens)
+
+
+def _fake_waits(rx: Receiver, clock: Clock, plan) -> list[float | None]:
+    """Replace the wait for releases: each wait takes the next step of ``plan`` (a chunk
+    list to release, or None: nothing released, the wait times out)."""
+    from zcnet.rx.zc.bookkeeping import ReleaseQueue
+
+    steps: list[float | None] = []
+
+    class Planned(ReleaseQueue):
+        def wait(self, timeout: float | None) -> bool:
+            steps.append(timeout)
+            todo = plan.pop(0)
+            if todo is None:
+                clock.now += timeout or 0
+                return False
+            rx.release_many(todo)
+            return True
+
+    assert not len(rx._releases)
+    rx._releases = Planned()
+    return steps
+
+
+def test_exhausted_buffers_pause_then_rearm_and_count(clock, caplog):
+    import logging
+
+    rx = Receiver(-1, Exhausting(2, delivery([0, 4096], [100, 200], [1, 2]),
+                                 delivery([0, 4096], [300, 400], [1, 2])))
+    try:
+        first = rx.recv()
+        assert rx.stats.rearms == 0  # the first arm is no re-arm
+        plan: list = [None]
+        steps = _fake_waits(rx, clock, plan)
+        plan.append(first)  # nothing for a second (a warning), then the release
+        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc.receiver"):
+            second = rx.recv()
+            assert [len(c) for c in second] == [300, 400] and rx.stalled is None
+            plan.append(second)
+            assert rx.recv() == [] and rx.eof
+        assert steps == [1.0, 1.0, 1.0]  # waits of a second at most, without a timeout
+        assert (rx.stats.exhausted, rx.stats.rearms, rx.stats.backpressure) == (2, 2, 0)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"scripted receiver paused: exhausted (300 of {1 << 20} bytes held)",
+            f"scripted receiver stalled (exhausted): the application holds 300 of {1 << 20} "
+            "area bytes; release chunks to resume",
+            f"scripted receiver paused: exhausted (700 of {1 << 20} bytes held)"]
+    finally:
+        rx.close()
+
+
+def test_backpressure_waits_out_the_timeout_in_steps_and_warns_once(clock, caplog):
+    import logging
+
+    rx = Receiver(-1, ScriptedProvider(delivery([0, 4096], [1000, 1000], [1, 2]),
+                                       delivery([0, 4096], [1000, 1000], [3, 4])),
+                  max_held=0.001)  # 1048 bytes
+    try:
+        held = rx.recv()
+        steps = _fake_waits(rx, clock, [None] * 4)
+        start = clock.now
+        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc.receiver"):
+            assert rx.recv(3.5) == [] and not rx.eof
+        assert rx.stalled == "backpressure"
+        assert steps == [1.0, 1.0, 1.0, 0.5] and clock.now == start + 3.5
+        assert [r.getMessage() for r in caplog.records] == [
+            f"scripted receiver paused: backpressure (2000 of {1 << 20} bytes held)",
+            f"scripted receiver stalled (backpressure): the application holds 2000 of "
+            f"{1 << 20} area bytes; release chunks to resume"]
+        rx.release_many(held)
+        held = rx.recv()  # released: delivery resumes
+        assert [len(c) for c in held] == [1000, 1000] and rx.stalled is None
+        _fake_waits(rx, clock, [None])
+        assert rx.recv(0) == [] and rx.stalled == "backpressure"
+        assert rx.stats.backpressure == 2
+        rx.release_many(held)
+    finally:
+        rx.close()
