@@ -9,6 +9,7 @@ import errno
 import fcntl
 import functools
 import json
+import mmap
 import os
 import signal
 import socket
@@ -442,6 +443,16 @@ def test_sendzc_on_a_shut_down_socket_raises_and_gives_the_slot_back(tcp_pair, f
         s.close()
 
 
+def _no_thp(size: int) -> mmap.mmap:
+    """Send memory that is never a transparent huge page: a SEND_ZC frame from a THP is charged
+    against the socket's send buffer up to its offset in that page (about 1 MB a frame), which
+    stalls a send through a 32 KiB buffer for good. The full suite leaves THP-marked heap behind,
+    so a plain bytearray may land on one."""
+    m = mmap.mmap(-1, size)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    return m
+
+
 def _small_buffered_pair() -> tuple[socket.socket, socket.socket]:
     """A loopback pair whose send and receive buffers are small, so that a send of a few MiB
     must wait for the reader."""
@@ -466,7 +477,7 @@ def test_sendzc_cut_short_by_a_reset_resumes_then_raises_and_frees_the_slot_once
     accounted for and the slot comes back exactly once."""
     client, server = _small_buffered_pair()
     released: list[int] = []
-    s = sendzc.SendZcSender(client, bytearray(8 << 20), 1, None,
+    s = sendzc.SendZcSender(client, _no_thp(8 << 20), 1, None,
                             lambda slot, view: released.append(slot), fixed=fixed)
     got: list[object] = []
 
@@ -506,7 +517,8 @@ def test_sendzc_waits_in_the_kernel_for_a_slow_reader_one_request_per_send(fixed
     """MSG_WAITALL: a send larger than the socket buffers completes in the kernel as one
     request, whatever the reader's pace, and the bytes arrive intact."""
     client, server = _small_buffered_pair()
-    buf = bytearray(os.urandom(4 << 20))
+    buf = _no_thp(4 << 20)
+    buf[:] = os.urandom(len(buf))
     s = sendzc.SendZcSender(client, buf, 1, fixed=fixed)
     received = bytearray()
 
@@ -523,10 +535,12 @@ def test_sendzc_waits_in_the_kernel_for_a_slow_reader_one_request_per_send(fixed
         assert s.send(len(buf)) == len(buf)
         s.flush()
         t.join()
-        assert received == buf
+        assert received == buf[:]
         assert s.stats().sends == 1
     finally:
         s.close()
+        server.shutdown(socket.SHUT_RDWR)  # wakes the reader if the send failed
+        t.join()
         client.close()
         server.close()
 
