@@ -291,7 +291,12 @@ def test_guest_panic_is_reported_with_the_kernel_log(kernel: Kernel) -> None:
 def test_signal_leaves_nothing_behind(kernel: Kernel, sig: signal.Signals) -> None:
     proc = _zcnet("vm", "run", "--", "sh", "-c", "echo started; sleep 1000")
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "started"
+    first = proc.stdout.readline().strip()
+    if first != "started":  # say why the guest did not start, not just that it did not
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"vm run printed {first!r} first, exit status {proc.returncode}; "
+                    f"stderr: {err[-3000:]}")
     assert _leftovers(proc.pid), "the guest should be running"
     proc.send_signal(sig)
     rc, _, _ = _finish(proc, timeout=60)
