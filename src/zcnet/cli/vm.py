@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +29,22 @@ from zcnet.vm.runner import (
     stream_sink,
 )
 
+#: ``latest``, a version prefix (7, 7.2, 7.2.13) or a release as uname -r prints it.
+_KERNEL = re.compile(r"latest|\d+(\.\d+){0,2}|\d+\.\d+(\.\d+)?[+~-][\w.+~-]+")
+
+
+def kernel_spec(*extra: str) -> Callable[[str], str]:
+    """An argparse type for --kernel: a name that can match a kernel (or one of ``extra``).
+    A typo must not fall through to the archive's newest kernel, which ``choose`` takes for a
+    well-formed version the archive no longer offers."""
+    def parse(text: str) -> str:
+        if text in extra or _KERNEL.fullmatch(text):
+            return text
+        forms = ", ".join(("latest", *extra, "a version such as 7.2", "a release such as "
+                           "7.3.4+deb13-amd64"))
+        raise argparse.ArgumentTypeError(f"{text!r} names no kernel; give {forms}")
+    return parse
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("vm", help="boot a newer kernel in QEMU and run commands there",
@@ -35,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions = parser.add_subparsers(dest="vm_action", metavar="ACTION", required=True)
 
     fetch_p = actions.add_parser("fetch", help="download a kernel into the cache")
-    fetch_p.add_argument("--kernel", default="latest", metavar="VERSION",
+    fetch_p.add_argument("--kernel", default="latest", metavar="VERSION", type=kernel_spec(),
                          help="latest (default), a version prefix such as 7.2, or a release")
     fetch_p.set_defaults(func=_fetch)
 
@@ -43,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                              description="Boots the kernel with the host's / read-only, the "
                                          "current directory (or --share) read-write, runs CMD "
                                          "with this environment and returns its exit status.")
-    run.add_argument("--kernel", default=None, metavar="VERSION",
+    run.add_argument("--kernel", default=None, metavar="VERSION", type=kernel_spec(NSIM),
                      help="the newest cached kernel by default (fetched if none is cached); "
                           "nsim: the netdevsim test kernel (built if not cached)")
     run.add_argument("--cpus", type=positive(int), default=DEFAULT_CPUS)
