@@ -213,11 +213,28 @@ def test_missing_qemu_is_named_with_the_fix(tmp_path: Path) -> None:
 
 def test_unreachable_archive_is_named(tmp_path: Path) -> None:
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), **{MIRROR_ENV: UNREACHABLE})
+    # A fetch killed before its cleanup left its work directory: the next fetch removes it.
+    stale = tmp_path / "zcnet" / "kernels" / ".fetch-killed"
+    (stale / "debs").mkdir(parents=True)
+    (stale / "debs" / "linux-image.deb").write_bytes(b"x" * 4096)
     for args in (("vm", "fetch"), ("vm", "run", "--", "true")):
         rc, _, err = _finish(_zcnet(*args, env=env), timeout=120)
         assert rc == 1
         assert f"cannot reach the Debian archive at {UNREACHABLE}" in err
         assert "fix:" in err
+        assert not stale.exists()
+
+
+@pytest.mark.parametrize("spec", ["nope", "7.2;true", "", "latest7", "7..2"])
+def test_kernel_that_names_nothing_is_refused_before_any_fetch(tmp_path: Path, spec: str) -> None:
+    # A typo must not fall through to "the archive's newest" (choose's rule for a real version
+    # the archive dropped) and boot a kernel nobody asked for.
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), **{MIRROR_ENV: UNREACHABLE})
+    for args in (("fetch", "--kernel", spec), ("run", "--kernel", spec, "--", "true")):
+        rc, _, err = _finish(_zcnet("vm", *args, env=env), timeout=60)
+        assert rc == 2, err
+        assert f"{spec!r} names no kernel" in err and "Traceback" not in err
+        assert "Debian archive" not in err
 
 
 def test_vmlinux_with_pvh_entry_comes_out_of_the_bzimage(kernel: Kernel, tmp_path: Path) -> None:

@@ -210,6 +210,7 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
         return hit, False
     mirror = mirror or system_mirror()
     with _cache_lock():
+        _sweep_partial_fetches()
         apt = Apt(mirror, cache_root() / "apt")
         apt.update()
         cand = choose(apt.candidates(), wanted)
@@ -226,6 +227,14 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
                 shutil.rmtree(dest)
             kernel.path.rename(dest)
         return Kernel.load(dest), True
+
+
+def _sweep_partial_fetches() -> None:
+    """Remove the work directories of fetches that were killed (SIGTERM, SIGKILL, power) before
+    their own cleanup ran; a kernel's debs and tree are hundreds of MB. Called under the cache
+    lock, so no live fetch owns any of them."""
+    for stale in kernels_dir().glob(".fetch-*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _unpack(cand: Candidate, debs: list[Path], work: Path) -> Kernel:
