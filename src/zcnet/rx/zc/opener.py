@@ -50,6 +50,14 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     rx_buf_len (zcrx): receive buffer size, a power of two >= the page size, where the kernel
     takes it (0: one page).
     """
+    for name, value, fix in (("area_size", area_size, "a whole number of bytes, e.g. 64 << 20"),
+                             ("buf_size", buf_size, "a whole number of bytes, e.g. 64 << 10"),
+                             ("rx_buf_len", rx_buf_len, "a whole number of bytes, or 0"),
+                             ("queue", queue, "the queue id, or None to find it")):
+        if (not isinstance(value, int) or isinstance(value, bool)) and not (
+                name == "queue" and value is None):
+            raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}",
+                             f"pass {name}= {fix}")
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
     fd = require_tcp(sock, "zero-copy receiver")
