@@ -69,8 +69,15 @@ def test_area_is_unmapped_when_its_last_view_dies(no_leaks, kind):
 
 
 def test_bad_size():
-    with pytest.raises(UsageError):
-        Area(0)
+    for bad in (0, -4096):
+        with pytest.raises(UsageError, match=f"area size must be positive, got {bad}$"):
+            Area(bad)
+    # zcnet.aio's shared receivers make their Area directly: a wrong type is named here too.
+    for bad in ("1M", 4096.0, True, None):
+        with pytest.raises(UsageError) as ei:
+            Area(bad)  # type: ignore[arg-type]
+        assert ei.value.message == f"area size must be an int, got {type(bad).__name__} {bad!r}"
+        assert "64 << 20" in ei.value.hint
 
 
 @pytest.fixture

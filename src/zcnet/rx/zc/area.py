@@ -56,6 +56,9 @@ class Area:
         hugetlb: bool = False,
         dmabuf_fd: int | None = None,
     ) -> None:
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise UsageError(f"area size must be an int, got {type(size).__name__} {size!r}",
+                             "pass a whole number of bytes, e.g. area_size=64 << 20")
         if size <= 0:
             raise UsageError(f"area size must be positive, got {size}")
         self.dmabuf_fd: int | None = None
