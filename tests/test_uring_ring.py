@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import socket
 import struct
@@ -62,6 +63,27 @@ def test_cq_overflow_loses_nothing(no_leaks) -> None:
                 r.get_events()  # flushes overflowed CQEs into the CQ
         assert sorted(got) == list(range(total))
         assert not r.cq_overflow
+
+
+@pytest.mark.parametrize("flags", [0, u.IORING_SETUP_CQE32])
+def test_cq_addresses_read_what_the_ring_reads(no_leaks, flags: int) -> None:
+    """cq_addresses() names the CQ words and entries the kernel writes: read through them, the
+    head/tail agree with cq_ready, the CQEs carry the user_data of the NOPs (at cqe_size
+    strides), the SQ flags word is sq_flags; advancing the head through it consumes the CQEs."""
+    with Ring(8, flags=flags, cq_entries=16) as r:
+        a = r.cq_addresses()
+        assert (a.cq_mask, a.cqe_size) == (15, 32 if flags else 16)
+        u32 = ctypes.c_uint32
+        head, tail = u32.from_address(a.cq_head), u32.from_address(a.cq_tail)
+        r.prep_batch(u.IORING_OP_NOP, np.array([11, 22, 33], dtype=np.uint64))
+        r.submit(3)
+        assert (tail.value - head.value) & 0xFFFFFFFF == r.cq_ready() == 3
+        got = [ctypes.c_uint64.from_address(a.cqes + ((head.value + i) & a.cq_mask)
+                                            * a.cqe_size).value for i in range(3)]
+        assert got == [11, 22, 33]
+        assert u32.from_address(a.sq_flags).value == r.sq_flags
+        head.value = tail.value
+        assert r.cq_ready() == 0 and r.reap_one() is None
 
 
 def test_negative_res_becomes_oserror_with_errno(no_leaks) -> None:
