@@ -21,6 +21,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "_cqe.h"
+
 #ifndef __NR_io_uring_enter
 #define __NR_io_uring_enter 426
 #endif
@@ -141,6 +143,11 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
                           &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
                           &c->closed))
         return -1;
+    if (c->cqe_size != (c->cqe32 ? CQE32_SIZE : CQE_SIZE)) {
+        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", c->cqe_size,
+                     c->cqe32);
+        return -1;
+    }
     if (!PyType_Check(of)) {
         PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
         return -1;
@@ -415,27 +422,13 @@ static PyObject *core_reap_one(Core *c, PyObject *unused) {
     unsigned head = *c->kcq_head;
     if (__atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) == head)
         Py_RETURN_NONE;
-    const char *cqe = c->cqes + (size_t)(head & c->cq_mask) * c->cqe_size;
-    uint64_t ud;
-    int32_t res;
-    uint32_t flags;
-    memcpy(&ud, cqe, 8);
-    memcpy(&res, cqe + 8, 4);
-    memcpy(&flags, cqe + 12, 4);
+    const unsigned char *cqe = cqe_at((const unsigned char *)c->cqes, head, c->cq_mask,
+                                      c->cqe_size);
+    uint64_t ud = cqe_user_data(cqe);
+    int32_t res = cqe_res(cqe);
+    uint32_t flags = cqe_flags(cqe);
     __atomic_store_n(c->kcq_head, head + 1, __ATOMIC_RELEASE);
-    PyObject *t = PyTuple_New(3);
-    if (!t)
-        return NULL;
-    PyObject *a = PyLong_FromUnsignedLongLong(ud), *b = PyLong_FromLong(res),
-             *f = PyLong_FromUnsignedLong(flags);
-    if (!a || !b || !f) {
-        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(f); Py_DECREF(t);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(t, 0, a);
-    PyTuple_SET_ITEM(t, 1, b);
-    PyTuple_SET_ITEM(t, 2, f);
-    return t;
+    return cqe_tuple(ud, res, flags);
 }
 
 /* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy */
@@ -595,6 +588,7 @@ static PyMethodDef accel_methods[] = {
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
     {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
+    CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
 
