@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
+import os
 import socket
 import struct
 
@@ -84,6 +86,30 @@ def test_cq_addresses_read_what_the_ring_reads(no_leaks, flags: int) -> None:
         assert u32.from_address(a.sq_flags).value == r.sq_flags
         head.value = tail.value
         assert r.cq_ready() == 0 and r.reap_one() is None
+
+
+def test_slow_path_reaches_the_ring_and_names_one_that_is_gone(no_leaks) -> None:
+    """A method off its common path (here reap with a keyword) runs the Ring's Python method,
+    found through the compiled Core's weak reference to the Ring (on the pure path it is that
+    method); once the Ring object is gone, a bound method kept from it raises ClosedError
+    instead of touching anything."""
+    r = Ring(8)
+    fd, maps, backend = r.fd, list(r._maps), r.backend
+    try:
+        prep_nop(r, 7)
+        r.submit(1)
+        assert r.reap(max_n=1).user_data.tolist() == [7]
+        reap = r.reap
+        del r
+        gc.collect()
+        if backend == "c":  # a Python bound method keeps its Ring alive
+            with pytest.raises(ClosedError, match="reap"):
+                reap(max_n=1)
+        del reap
+    finally:
+        os.close(fd)
+        for m in maps:
+            m.close()
 
 
 def test_negative_res_becomes_oserror_with_errno(no_leaks) -> None:

@@ -179,13 +179,30 @@ static PyObject *core_closed(Core *c, const char *method) {
     return NULL;
 }
 
+/* A new reference to the Core's Ring; NULL with no exception set when the Ring is gone, NULL
+ * with one on an error. PyWeakref_GetObject (a borrowed reference) is deprecated from Python
+ * 3.13 on; PyWeakref_GetRef, new in 3.13, gives a strong one. */
+static PyObject *core_ring(Core *c) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *ring;
+    if (PyWeakref_GetRef(c->ring_ref, &ring) < 0)
+        return NULL;
+    return ring; /* NULL when the Ring is gone */
+#else
+    PyObject *ring = PyWeakref_GetObject(c->ring_ref); /* borrowed */
+    if (!ring || ring == Py_None)
+        return NULL;
+    Py_INCREF(ring);
+    return ring;
+#endif
+}
+
 /* Call the Ring's Python method ``name`` with these arguments (the slow path). */
 static PyObject *core_delegate(Core *c, const char *name, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
-    PyObject *ring = PyWeakref_GetObject(c->ring_ref); /* borrowed */
-    if (ring == Py_None)
-        return core_closed(c, name);
-    Py_INCREF(ring);
+    PyObject *ring = core_ring(c);
+    if (!ring)
+        return PyErr_Occurred() ? NULL : core_closed(c, name);
     PyObject *meth = PyObject_GetAttrString(ring, name);
     Py_DECREF(ring);
     if (!meth)
