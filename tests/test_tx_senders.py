@@ -8,6 +8,7 @@ import ctypes
 import errno
 import fcntl
 import functools
+import gc
 import json
 import mmap
 import os
@@ -443,16 +444,6 @@ def test_sendzc_on_a_shut_down_socket_raises_and_gives_the_slot_back(tcp_pair, f
         s.close()
 
 
-def _no_thp(size: int) -> mmap.mmap:
-    """Send memory that is never a transparent huge page: a SEND_ZC frame from a THP is charged
-    against the socket's send buffer up to its offset in that page (about 1 MB a frame), which
-    stalls a send through a 32 KiB buffer for good. The full suite leaves THP-marked heap behind,
-    so a plain bytearray may land on one."""
-    m = mmap.mmap(-1, size)
-    m.madvise(mmap.MADV_NOHUGEPAGE)
-    return m
-
-
 def _small_buffered_pair() -> tuple[socket.socket, socket.socket]:
     """A loopback pair whose send and receive buffers are small, so that a send of a few MiB
     must wait for the reader."""
@@ -477,7 +468,7 @@ def test_sendzc_cut_short_by_a_reset_resumes_then_raises_and_frees_the_slot_once
     accounted for and the slot comes back exactly once."""
     client, server = _small_buffered_pair()
     released: list[int] = []
-    s = sendzc.SendZcSender(client, _no_thp(8 << 20), 1, None,
+    s = sendzc.SendZcSender(client, sendzc.send_buffer(8 << 20), 1, None,
                             lambda slot, view: released.append(slot), fixed=fixed)
     got: list[object] = []
 
@@ -517,7 +508,7 @@ def test_sendzc_waits_in_the_kernel_for_a_slow_reader_one_request_per_send(fixed
     """MSG_WAITALL: a send larger than the socket buffers completes in the kernel as one
     request, whatever the reader's pace, and the bytes arrive intact."""
     client, server = _small_buffered_pair()
-    buf = _no_thp(4 << 20)
+    buf = sendzc.send_buffer(4 << 20)
     buf[:] = os.urandom(len(buf))
     s = sendzc.SendZcSender(client, buf, 1, fixed=fixed)
     received = bytearray()
@@ -638,6 +629,180 @@ def test_sendzc_flush_and_close_end_by_their_deadline_when_the_peer_stalls(
         signal.setitimer(signal.ITIMER_REAL, 10.0)
         s.close()
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_send_to_a_peer_that_never_reads_raises_stuck_by_its_deadline(
+        no_leaks, stalled_pair, fixed: bool) -> None:
+    """A send that cannot complete (nobody reads, small socket buffers) raises the stuck error
+    naming the causes and the fix once its timeout has passed, instead of hanging; a later
+    send() waits for that one first, and raises the same way while it is parked."""
+    client, _server = stalled_pair
+    buf = sendzc.send_buffer(8 << 20)
+    s = sendzc.SendZcSender(client, buf, slots=2, fixed=fixed)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # the failure guard: a hang ends here
+        for _ in range(2):
+            with pytest.raises(ZcnetError) as stuck:
+                s.send(4 << 20, timeout=0.3)
+            assert stuck.value.message == \
+                f"{s.outstanding} zero-copy sends still unacknowledged after 0.3 s"
+            assert "SO_SNDBUF" in (stuck.value.hint or "")
+            assert "send_buffer" in (stuck.value.hint or "")
+            assert s.outstanding == 1  # the first send, still parked; the second never began
+        assert s.stats().bytes == 0
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        client.shutdown(socket.SHUT_RDWR)  # ends the parked send
+        signal.setitimer(signal.ITIMER_REAL, 10.0)
+        s.close()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@pytest.mark.timeout(60)
+def test_sendzc_send_after_a_deadline_keeps_the_stream_in_order(no_leaks) -> None:
+    """The send that outlived its deadline is not lost or overtaken: once the peer reads, the
+    next send() completes after it and the peer gets both, in order."""
+    client, server = _small_buffered_pair()
+    buf = sendzc.send_buffer(2 << 20)
+    fills = iter(range(2))  # each send's slot gets the pattern of its own seed
+    s = sendzc.SendZcSender(client, buf, 2, lambda slot, view: fill_pattern(view, next(fills)))
+    received = bytearray()
+    try:
+        with pytest.raises(ZcnetError, match="unacknowledged"):
+            s.send(1 << 20, timeout=0.2)
+        t = threading.Thread(target=lambda: received.extend(_read_all(server, 2 << 20)))
+        t.start()
+        assert s.send(1 << 20) == 1 << 20
+        s.flush()
+        t.join(30)
+        assert not t.is_alive()
+        expected = bytearray(2 << 20)
+        fill_pattern(memoryview(expected)[:1 << 20], 0)
+        fill_pattern(memoryview(expected)[1 << 20:], 1)
+        assert received == expected
+    finally:
+        s.close()
+        client.close()
+        server.close()
+
+
+def _read_all(sock: socket.socket, total: int) -> bytes:
+    got = bytearray()
+    while len(got) < total:
+        part = sock.recv(1 << 16)
+        if not part:
+            break
+        got += part
+    return bytes(got)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "1"])
+def test_sendzc_send_refuses_a_bad_timeout_before_sending(tcp_pair, timeout: object) -> None:
+    client, _ = tcp_pair
+    s = sendzc.SendZcSender(client, sendzc.send_buffer(1 << 16), 2)
+    try:
+        with pytest.raises(UsageError, match="timeout"):
+            s.send(1000, timeout=timeout)  # type: ignore[arg-type]
+        assert s.stats().sends == 0
+    finally:
+        s.close()
+
+
+def test_send_buffer_is_never_a_transparent_huge_page(no_leaks) -> None:
+    """send_buffer() memory is marked never to become a THP (VM_NOHUGEPAGE: "nh" in smaps'
+    VmFlags), so it stays off THP whatever the system's THP mode, and the kernel says it is
+    not eligible (THPeligible 0)."""
+    m = sendzc.send_buffer(8 << 20)
+    try:
+        entry = _smaps_entry(m)
+        flags = [x.split()[1:] for x in entry if x.startswith("VmFlags:")]
+        assert flags and "nh" in flags[0], flags
+        eligible = [x.split()[1] for x in entry if x.startswith("THPeligible:")]
+        assert eligible in ([], ["0"]), eligible  # the line exists from Linux 5.0 on
+    finally:
+        m.close()
+
+
+def _smaps_entry(m: mmap.mmap) -> list[str]:
+    """The /proc/self/smaps lines of the mapping that holds ``m``'s first byte."""
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    entry: list[str] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        span = _span(line)
+        if span is not None:
+            if entry is not None:
+                break
+            entry = [] if span[0] <= addr < span[1] else None
+        elif entry is not None:
+            entry.append(line)
+    if entry is None:
+        pytest.fail(f"no smaps entry holds {addr:#x}")
+    return entry
+
+
+def _span(line: str) -> tuple[int, int] | None:
+    """(start, end) of an smaps header line ("start-end perms ..."), else None."""
+    first = line.split(" ", 1)[0]
+    start, _, end = first.partition("-")
+    try:
+        return int(start, 16), int(end, 16)
+    except ValueError:
+        return None
+
+
+def _thp(size: int) -> mmap.mmap:
+    """``size`` bytes on transparent huge pages (skips the test where none are to be had)."""
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    m[:] = b"\1" * size
+    huge = [int(x.split()[1]) for x in _smaps_entry(m) if x.startswith("AnonHugePages:")]
+    if not huge or huge[0] << 10 < size // 2:
+        m.close()
+        pytest.skip(f"no transparent huge pages here (AnonHugePages {huge})")
+    return m
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("memory", ["thp", "send_buffer"])
+def test_registered_send_from_inside_a_huge_page_ends_by_its_deadline(no_leaks, memory) -> None:
+    """The product risk: a registered SEND_ZC from 1.5 MB into a transparent huge page through
+    a small SO_SNDBUF may park for good although the peer reads (seen with Linux 6.x); send()
+    then raises the stuck error by its deadline instead of hanging. From send_buffer() memory
+    the same send completes and the bytes arrive."""
+    m = _thp(8 << 20) if memory == "thp" else sendzc.send_buffer(8 << 20)
+    client, server = _small_buffered_pair()
+    off, n = 1_500_000, 1 << 20
+    view = memoryview(m)[off:]
+    fill_pattern(view[:n], 7)
+    s = sendzc.SendZcSender(client, view, 1, fixed=True)
+    got = bytearray()
+    t = threading.Thread(target=lambda: got.extend(_read_all(server, n)))
+    t.start()
+    try:
+        try:
+            outcome = str(s.send(n, timeout=2.0))
+        except ZcnetError as exc:  # kept as text: the traceback would hold the buffer
+            outcome = str(exc)
+        if memory == "send_buffer":
+            assert outcome == str(n)
+            t.join(30)
+            expected = bytearray(n)
+            fill_pattern(memoryview(expected), 7)
+            assert got == expected
+        elif outcome != str(n):  # parked: named, not a hang (a fair kernel sends it)
+            assert "unacknowledged after 2 s" in outcome, outcome
+            assert "transparent huge pages" in outcome, outcome
+    finally:
+        client.shutdown(socket.SHUT_RDWR)
+        s.close()
+        t.join(30)
+        client.close()
+        server.close()
+        del s, view
+        gc.collect()
+        m.close()
 
 
 def _count_calls(obj: object, name: str) -> list[int]:
