@@ -227,8 +227,9 @@ class SendZcSender(SlotSender):
                 self.flush()
         finally:  # Ctrl-C in the wait too: closed from here on, and the ring goes
             self._closed = True
-            # Closing the ring waits for requests still holding the memory, so the caller may
-            # free the buffer after close() either way.
+            # Closing the ring returns at once, a send still parked included (the kernel
+            # cancels it); what the kernel still sends holds its own references to the pages,
+            # so the caller may free the buffer after close() either way.
             self.ring.close()
 
     def stats(self) -> SendStats:
