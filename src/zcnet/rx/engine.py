@@ -73,8 +73,7 @@ class EngineOptions:
     zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
     zc_debug: bool = False        # poison released chunks to catch use after release
     zc_rx_buf_len: int = 0        # zcrx: receive buffer size (rx_buf_len; 0: one page)
-    rcvlowat: int = RCVLOWAT      # SO_RCVLOWAT: bytes queued before the reader is woken (0: 1);
-    # zcnet.sockcheck.RCVLOWAT says what it measured
+    rcvlowat: int = RCVLOWAT      # SO_RCVLOWAT: bytes queued before the reader is woken (0: 1)
 
     def zc_buf_bytes(self) -> int:
         """The soft provider's buffer size."""
