@@ -8,9 +8,7 @@ import ctypes
 import errno
 import fcntl
 import functools
-import gc
 import json
-import mmap
 import os
 import signal
 import socket
@@ -27,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from smaps import field, smaps_entry
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names
 from zcnet.netns import in_netns
@@ -320,14 +319,9 @@ def _send_buffer(memory: str, size: int) -> Iterator[Any]:
 
 
 def _anon_huge_kib(addr: int) -> int:
-    """AnonHugePages of the mapping that starts at ``addr`` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if "-" in line.split(" ", 1)[0] and not line.endswith(" kB"):
-            inside = int(line.split("-", 1)[0], 16) == addr
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+    """AnonHugePages of the mapping that holds ``addr`` (/proc/self/smaps)."""
+    huge = field(smaps_entry(addr), "AnonHugePages")  # ["N", "kB"]
+    return int(huge[0]) if huge else 0
 
 
 @pytest.mark.root
@@ -716,93 +710,54 @@ def test_send_buffer_is_never_a_transparent_huge_page(no_leaks) -> None:
     not eligible (THPeligible 0)."""
     m = sendzc.send_buffer(8 << 20)
     try:
-        entry = _smaps_entry(m)
-        flags = [x.split()[1:] for x in entry if x.startswith("VmFlags:")]
-        assert flags and "nh" in flags[0], flags
-        eligible = [x.split()[1] for x in entry if x.startswith("THPeligible:")]
-        assert eligible in ([], ["0"]), eligible  # the line exists from Linux 5.0 on
+        entry = smaps_entry(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+        assert "nh" in field(entry, "VmFlags"), entry
+        # THPeligible exists from Linux 5.0 on
+        assert field(entry, "THPeligible") in ([], ["0"]), entry
     finally:
         m.close()
-
-
-def _smaps_entry(m: mmap.mmap) -> list[str]:
-    """The /proc/self/smaps lines of the mapping that holds ``m``'s first byte."""
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    entry: list[str] | None = None
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        span = _span(line)
-        if span is not None:
-            if entry is not None:
-                break
-            entry = [] if span[0] <= addr < span[1] else None
-        elif entry is not None:
-            entry.append(line)
-    if entry is None:
-        pytest.fail(f"no smaps entry holds {addr:#x}")
-    return entry
-
-
-def _span(line: str) -> tuple[int, int] | None:
-    """(start, end) of an smaps header line ("start-end perms ..."), else None."""
-    first = line.split(" ", 1)[0]
-    start, _, end = first.partition("-")
-    try:
-        return int(start, 16), int(end, 16)
-    except ValueError:
-        return None
-
-
-def _thp(size: int) -> mmap.mmap:
-    """``size`` bytes on transparent huge pages (skips the test where none are to be had)."""
-    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-    m.madvise(mmap.MADV_HUGEPAGE)
-    m[:] = b"\1" * size
-    huge = [int(x.split()[1]) for x in _smaps_entry(m) if x.startswith("AnonHugePages:")]
-    if not huge or huge[0] << 10 < size // 2:
-        m.close()
-        pytest.skip(f"no transparent huge pages here (AnonHugePages {huge})")
-    return m
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("memory", ["thp", "send_buffer"])
 def test_registered_send_from_inside_a_huge_page_ends_by_its_deadline(no_leaks, memory) -> None:
-    """The product risk: a registered SEND_ZC from 1.5 MB into a transparent huge page through
-    a small SO_SNDBUF may park for good although the peer reads (seen with Linux 6.x); send()
-    then raises the stuck error by its deadline instead of hanging. From send_buffer() memory
-    the same send completes and the bytes arrive."""
-    m = _thp(8 << 20) if memory == "thp" else sendzc.send_buffer(8 << 20)
+    """The product risk: a registered SEND_ZC from 1 MiB into a transparent huge page through a
+    small SO_SNDBUF may park for good although the peer reads (it does on this Linux 6.x);
+    send() then raises the stuck error by its deadline instead of hanging. From send_buffer()
+    memory the same send completes and the bytes arrive."""
+    n = 1 << 20
     client, server = _small_buffered_pair()
-    off, n = 1_500_000, 1 << 20
-    view = memoryview(m)[off:]
-    fill_pattern(view[:n], 7)
-    s = sendzc.SendZcSender(client, view, 1, fixed=True)
     got = bytearray()
     t = threading.Thread(target=lambda: got.extend(_read_all(server, n)))
-    t.start()
     try:
-        try:
-            outcome = str(s.send(n, timeout=2.0))
-        except ZcnetError as exc:  # kept as text: the traceback would hold the buffer
-            outcome = str(exc)
+        with contextlib.ExitStack() as stack:
+            if memory == "thp":
+                buf = stack.enter_context(_send_buffer("thp", n))
+            else:  # the same offset; the mapping goes with the last view of it
+                buf = np.frombuffer(sendzc.send_buffer(2 * n), np.uint8)[n:]
+            fill_pattern(memoryview(buf), 7)
+            s = stack.enter_context(contextlib.closing(
+                sendzc.SendZcSender(client, buf, 1, fixed=True)))
+            t.start()
+            try:
+                outcome = str(s.send(n, timeout=2.0))
+            except ZcnetError as exc:  # kept as text: the traceback would hold the buffer
+                outcome = str(exc)
+            client.shutdown(socket.SHUT_WR if outcome == str(n) else socket.SHUT_RDWR)
+        t.join(30)
         if memory == "send_buffer":
             assert outcome == str(n)
-            t.join(30)
             expected = bytearray(n)
             fill_pattern(memoryview(expected), 7)
             assert got == expected
-        elif outcome != str(n):  # parked: named, not a hang (a fair kernel sends it)
+        elif outcome != str(n):  # parked: named, not a hang (a fair kernel would send it)
             assert "unacknowledged after 2 s" in outcome, outcome
             assert "transparent huge pages" in outcome, outcome
     finally:
-        client.shutdown(socket.SHUT_RDWR)
-        s.close()
-        t.join(30)
         client.close()
         server.close()
-        del s, view
-        gc.collect()
-        m.close()
+        if t.ident is not None:
+            t.join(30)
 
 
 def _count_calls(obj: object, name: str) -> list[int]:
