@@ -8,7 +8,10 @@ and zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even whe
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("zcnet.uring._accel", ["src/zcnet/uring/_accel.c"],
-                             optional=True),
+# Shared by both: zcnet/_cqe.h (reading CQEs). ``depends`` rebuilds them when it changes and
+# puts it in the sdist; the include dir finds it.
+_SHARED = {"include_dirs": ["src/zcnet"], "depends": ["src/zcnet/_cqe.h"], "optional": True}
+
+setup(ext_modules=[Extension("zcnet.uring._accel", ["src/zcnet/uring/_accel.c"], **_SHARED),
                    Extension("zcnet.aio._loopaccel", ["src/zcnet/aio/_loopaccel.c"],
-                             optional=True)])
+                             **_SHARED)])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
+from smaps import field, smaps_entry
 from zcnet import aio
 from zcnet.errors import ZcnetError
 
@@ -157,3 +158,19 @@ def test_sendall_copies_any_bytes_like(loop_kind, no_leaks):
         return out
 
     assert run(loop_kind, main) == np.arange(2500, dtype=np.uint8).tobytes()
+
+
+def test_the_registered_buffer_is_never_a_transparent_huge_page(loop_kind, no_leaks):
+    """The memory the sender registers for SEND_ZC is marked VM_NOHUGEPAGE: from inside a huge
+    page a send can need more than a small SO_SNDBUF and park (zcnet.tx.sendzc)."""
+
+    async def main() -> list[str]:
+        c, s = await tcp_pair()
+        try:
+            async with aio.open_sender(c, "sendzc", slots=4, slot_size=1 << 20) as tx:
+                return field(smaps_entry(tx._buf.ctypes.data), "VmFlags")
+        finally:
+            c.close()
+            s.close()
+
+    assert "nh" in run(loop_kind, main)

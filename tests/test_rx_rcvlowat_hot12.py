@@ -12,6 +12,7 @@ import pytest
 from zcnet.errors import UsageError
 from zcnet.rx.engine import RCVLOWAT, EngineOptions
 from zcnet.rx.registry import make_engine
+from zcnet.sockcheck import set_rcvlowat
 
 ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc")
 
@@ -66,3 +67,21 @@ def test_rcvlowat_is_a_checked_engine_option() -> None:
     assert EngineOptions.from_mapping({"rcvlowat": 0}).rcvlowat == 0
     with pytest.raises(UsageError, match="rcvlowat"):
         EngineOptions.from_mapping({"rcvlowat": "big"})
+
+
+def test_rcvlowat_helper_names_a_socket_that_is_not_tcp(no_leaks) -> None:
+    """zcnet.sockcheck.set_rcvlowat (the one helper the engines and zcnet.aio share) refuses a
+    UDP socket, naming what it is, and leaves its SO_RCVLOWAT alone; 0 touches nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        with pytest.raises(UsageError, match=r"caller.*UDP socket, not TCP") as e:
+            set_rcvlowat(udp, RCVLOWAT, "caller")
+        assert "pass a TCP socket" in (e.value.hint or "")
+        assert udp.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        set_rcvlowat(udp, 0, "caller")
+
+
+def test_rcvlowat_helper_names_a_closed_socket(no_leaks) -> None:
+    s = socket.socket()
+    s.close()
+    with pytest.raises(UsageError, match="caller: the socket is closed"):
+        set_rcvlowat(s, RCVLOWAT, "caller")

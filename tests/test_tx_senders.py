@@ -9,7 +9,6 @@ import errno
 import fcntl
 import functools
 import json
-import mmap
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from smaps import field, smaps_entry
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import names
 from zcnet.netns import in_netns
@@ -319,14 +319,9 @@ def _send_buffer(memory: str, size: int) -> Iterator[Any]:
 
 
 def _anon_huge_kib(addr: int) -> int:
-    """AnonHugePages of the mapping that starts at ``addr`` (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if "-" in line.split(" ", 1)[0] and not line.endswith(" kB"):
-            inside = int(line.split("-", 1)[0], 16) == addr
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+    """AnonHugePages of the mapping that holds ``addr`` (/proc/self/smaps)."""
+    huge = field(smaps_entry(addr), "AnonHugePages")  # ["N", "kB"]
+    return int(huge[0]) if huge else 0
 
 
 @pytest.mark.root
@@ -443,16 +438,6 @@ def test_sendzc_on_a_shut_down_socket_raises_and_gives_the_slot_back(tcp_pair, f
         s.close()
 
 
-def _no_thp(size: int) -> mmap.mmap:
-    """Send memory that is never a transparent huge page: a SEND_ZC frame from a THP is charged
-    against the socket's send buffer up to its offset in that page (about 1 MB a frame), which
-    stalls a send through a 32 KiB buffer for good. The full suite leaves THP-marked heap behind,
-    so a plain bytearray may land on one."""
-    m = mmap.mmap(-1, size)
-    m.madvise(mmap.MADV_NOHUGEPAGE)
-    return m
-
-
 def _small_buffered_pair() -> tuple[socket.socket, socket.socket]:
     """A loopback pair whose send and receive buffers are small, so that a send of a few MiB
     must wait for the reader."""
@@ -477,7 +462,7 @@ def test_sendzc_cut_short_by_a_reset_resumes_then_raises_and_frees_the_slot_once
     accounted for and the slot comes back exactly once."""
     client, server = _small_buffered_pair()
     released: list[int] = []
-    s = sendzc.SendZcSender(client, _no_thp(8 << 20), 1, None,
+    s = sendzc.SendZcSender(client, sendzc.send_buffer(8 << 20), 1, None,
                             lambda slot, view: released.append(slot), fixed=fixed)
     got: list[object] = []
 
@@ -517,7 +502,7 @@ def test_sendzc_waits_in_the_kernel_for_a_slow_reader_one_request_per_send(fixed
     """MSG_WAITALL: a send larger than the socket buffers completes in the kernel as one
     request, whatever the reader's pace, and the bytes arrive intact."""
     client, server = _small_buffered_pair()
-    buf = _no_thp(4 << 20)
+    buf = sendzc.send_buffer(4 << 20)
     buf[:] = os.urandom(len(buf))
     s = sendzc.SendZcSender(client, buf, 1, fixed=fixed)
     received = bytearray()
@@ -638,6 +623,141 @@ def test_sendzc_flush_and_close_end_by_their_deadline_when_the_peer_stalls(
         signal.setitimer(signal.ITIMER_REAL, 10.0)
         s.close()
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
+@pytest.mark.parametrize("fixed", [True, False])
+def test_sendzc_send_to_a_peer_that_never_reads_raises_stuck_by_its_deadline(
+        no_leaks, stalled_pair, fixed: bool) -> None:
+    """A send that cannot complete (nobody reads, small socket buffers) raises the stuck error
+    naming the causes and the fix once its timeout has passed, instead of hanging; a later
+    send() waits for that one first, and raises the same way while it is parked."""
+    client, _server = stalled_pair
+    buf = sendzc.send_buffer(8 << 20)
+    s = sendzc.SendZcSender(client, buf, slots=2, fixed=fixed)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # the failure guard: a hang ends here
+        for _ in range(2):
+            with pytest.raises(ZcnetError) as stuck:
+                s.send(4 << 20, timeout=0.3)
+            assert stuck.value.message == \
+                f"{s.outstanding} zero-copy sends still unacknowledged after 0.3 s"
+            assert "SO_SNDBUF" in (stuck.value.hint or "")
+            assert "send_buffer" in (stuck.value.hint or "")
+            assert s.outstanding == 1  # the first send, still parked; the second never began
+        assert s.stats().bytes == 0
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        client.shutdown(socket.SHUT_RDWR)  # ends the parked send
+        signal.setitimer(signal.ITIMER_REAL, 10.0)
+        s.close()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@pytest.mark.timeout(60)
+def test_sendzc_send_after_a_deadline_keeps_the_stream_in_order(no_leaks) -> None:
+    """The send that outlived its deadline is not lost or overtaken: once the peer reads, the
+    next send() completes after it and the peer gets both, in order."""
+    client, server = _small_buffered_pair()
+    buf = sendzc.send_buffer(2 << 20)
+    fills = iter(range(2))  # each send's slot gets the pattern of its own seed
+    s = sendzc.SendZcSender(client, buf, 2, lambda slot, view: fill_pattern(view, next(fills)))
+    received = bytearray()
+    try:
+        with pytest.raises(ZcnetError, match="unacknowledged"):
+            s.send(1 << 20, timeout=0.2)
+        t = threading.Thread(target=lambda: received.extend(_read_all(server, 2 << 20)))
+        t.start()
+        assert s.send(1 << 20) == 1 << 20
+        s.flush()
+        t.join(30)
+        assert not t.is_alive()
+        expected = bytearray(2 << 20)
+        fill_pattern(memoryview(expected)[:1 << 20], 0)
+        fill_pattern(memoryview(expected)[1 << 20:], 1)
+        assert received == expected
+    finally:
+        s.close()
+        client.close()
+        server.close()
+
+
+def _read_all(sock: socket.socket, total: int) -> bytes:
+    got = bytearray()
+    while len(got) < total:
+        part = sock.recv(1 << 16)
+        if not part:
+            break
+        got += part
+    return bytes(got)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "1"])
+def test_sendzc_send_refuses_a_bad_timeout_before_sending(tcp_pair, timeout: object) -> None:
+    client, _ = tcp_pair
+    s = sendzc.SendZcSender(client, sendzc.send_buffer(1 << 16), 2)
+    try:
+        with pytest.raises(UsageError, match="timeout"):
+            s.send(1000, timeout=timeout)  # type: ignore[arg-type]
+        assert s.stats().sends == 0
+    finally:
+        s.close()
+
+
+def test_send_buffer_is_never_a_transparent_huge_page(no_leaks) -> None:
+    """send_buffer() memory is marked never to become a THP (VM_NOHUGEPAGE: "nh" in smaps'
+    VmFlags), so it stays off THP whatever the system's THP mode, and the kernel says it is
+    not eligible (THPeligible 0)."""
+    m = sendzc.send_buffer(8 << 20)
+    try:
+        entry = smaps_entry(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+        assert "nh" in field(entry, "VmFlags"), entry
+        # THPeligible exists from Linux 5.0 on
+        assert field(entry, "THPeligible") in ([], ["0"]), entry
+    finally:
+        m.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("memory", ["thp", "send_buffer"])
+def test_registered_send_from_inside_a_huge_page_ends_by_its_deadline(no_leaks, memory) -> None:
+    """The product risk: a registered SEND_ZC from 1 MiB into a transparent huge page through a
+    small SO_SNDBUF may park for good although the peer reads (it does on this Linux 6.x);
+    send() then raises the stuck error by its deadline instead of hanging. From send_buffer()
+    memory the same send completes and the bytes arrive."""
+    n = 1 << 20
+    client, server = _small_buffered_pair()
+    got = bytearray()
+    t = threading.Thread(target=lambda: got.extend(_read_all(server, n)))
+    try:
+        with contextlib.ExitStack() as stack:
+            if memory == "thp":
+                buf = stack.enter_context(_send_buffer("thp", n))
+            else:  # the same offset; the mapping goes with the last view of it
+                buf = np.frombuffer(sendzc.send_buffer(2 * n), np.uint8)[n:]
+            fill_pattern(memoryview(buf), 7)
+            s = stack.enter_context(contextlib.closing(
+                sendzc.SendZcSender(client, buf, 1, fixed=True)))
+            t.start()
+            try:
+                outcome = str(s.send(n, timeout=2.0))
+            except ZcnetError as exc:  # kept as text: the traceback would hold the buffer
+                outcome = str(exc)
+            client.shutdown(socket.SHUT_WR if outcome == str(n) else socket.SHUT_RDWR)
+        t.join(30)
+        if memory == "send_buffer":
+            assert outcome == str(n)
+            expected = bytearray(n)
+            fill_pattern(memoryview(expected), 7)
+            assert got == expected
+        elif outcome != str(n):  # parked: named, not a hang (a fair kernel would send it)
+            assert "unacknowledged after 2 s" in outcome, outcome
+            assert "transparent huge pages" in outcome, outcome
+    finally:
+        client.close()
+        server.close()
+        if t.ident is not None:
+            t.join(30)
 
 
 def _count_calls(obj: object, name: str) -> list[int]:

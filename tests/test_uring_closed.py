@@ -17,6 +17,7 @@ from zcnet.uring.ring import Ring
 # Every public method or property, and a call of it with valid arguments.
 RING_CALLS = {
     "__enter__": "o.__enter__()",
+    "cq_addresses": "o.cq_addresses()",
     "cq_overflow": "o.cq_overflow",
     "cq_ready": "o.cq_ready()",
     "get_events": "o.get_events()",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import gc
+import os
 import socket
 import struct
 
@@ -62,6 +65,51 @@ def test_cq_overflow_loses_nothing(no_leaks) -> None:
                 r.get_events()  # flushes overflowed CQEs into the CQ
         assert sorted(got) == list(range(total))
         assert not r.cq_overflow
+
+
+@pytest.mark.parametrize("flags", [0, u.IORING_SETUP_CQE32])
+def test_cq_addresses_read_what_the_ring_reads(no_leaks, flags: int) -> None:
+    """cq_addresses() names the CQ words and entries the kernel writes: read through them, the
+    head/tail agree with cq_ready, the CQEs carry the user_data of the NOPs (at cqe_size
+    strides), the SQ flags word is sq_flags; advancing the head through it consumes the CQEs."""
+    with Ring(8, flags=flags, cq_entries=16) as r:
+        a = r.cq_addresses()
+        assert (a.cq_mask, a.cqe_size) == (15, 32 if flags else 16)
+        u32 = ctypes.c_uint32
+        head, tail = u32.from_address(a.cq_head), u32.from_address(a.cq_tail)
+        r.prep_batch(u.IORING_OP_NOP, np.array([11, 22, 33], dtype=np.uint64))
+        r.submit(3)
+        assert (tail.value - head.value) & 0xFFFFFFFF == r.cq_ready() == 3
+        got = [ctypes.c_uint64.from_address(a.cqes + ((head.value + i) & a.cq_mask)
+                                            * a.cqe_size).value for i in range(3)]
+        assert got == [11, 22, 33]
+        assert u32.from_address(a.sq_flags).value == r.sq_flags
+        head.value = tail.value
+        assert r.cq_ready() == 0 and r.reap_one() is None
+
+
+def test_slow_path_reaches_the_ring_and_names_one_that_is_gone(no_leaks) -> None:
+    """A method off its common path (here reap with a keyword) runs the Ring's Python method,
+    found through the compiled Core's weak reference to the Ring (on the pure path it is that
+    method); once the Ring object is gone, a bound method kept from it raises ClosedError
+    instead of touching anything."""
+    r = Ring(8)
+    fd, maps, backend = r.fd, list(r._maps), r.backend
+    try:
+        prep_nop(r, 7)
+        r.submit(1)
+        assert r.reap(max_n=1).user_data.tolist() == [7]
+        reap = r.reap
+        del r
+        gc.collect()
+        if backend == "c":  # a Python bound method keeps its Ring alive
+            with pytest.raises(ClosedError, match="reap"):
+                reap(max_n=1)
+        del reap
+    finally:
+        os.close(fd)
+        for m in maps:
+            m.close()
 
 
 def test_negative_res_becomes_oserror_with_errno(no_leaks) -> None:

@@ -29,6 +29,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "_cqe.h"
+
 #ifndef __NR_io_uring_enter
 #define __NR_io_uring_enter 426
 #endif
@@ -169,7 +171,7 @@ static int router_init(Router *r, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "Router: local_bits is 1..32");
         return -1;
     }
-    if (cqe_size != 16 && cqe_size != 32) {
+    if (!cqe_size_valid(cqe_size)) {
         PyErr_SetString(PyExc_ValueError, "Router: cqe_size is 16 or 32");
         return -1;
     }
@@ -298,9 +300,8 @@ static PyObject *do_route(Router *r) {
             return PyErr_NoMemory();
     }
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t ud;
-        memcpy(&ud, r->cqes + (size_t)((head + i) & r->mask) * r->cqe_size, 8);
-        uint64_t mid = ud >> r->local_bits;
+        uint64_t mid = cqe_user_data(cqe_at(r->cqes, head + i, r->mask, r->cqe_size)) >>
+                       r->local_bits;
         Py_ssize_t g = 0;
         while (g < ng && groups[g].mid != mid)
             g++;
@@ -331,13 +332,8 @@ static PyObject *do_route(Router *r) {
         PyList_SET_ITEM(items, g, it);
     }
     for (uint32_t i = 0; i < n; i++) {
-        const unsigned char *c = r->cqes + (size_t)((head + i) & r->mask) * r->cqe_size;
-        uint64_t ud;
-        int32_t res;
-        uint32_t flags;
-        memcpy(&ud, c, 8);
-        memcpy(&res, c + 8, 4);
-        memcpy(&flags, c + 12, 4);
+        const unsigned char *c = cqe_at(r->cqes, head + i, r->mask, r->cqe_size);
+        uint64_t ud = cqe_user_data(c);
         uint64_t mid = ud >> r->local_bits;
         Py_ssize_t g = 0;
         while (groups[g].mid != mid)
@@ -348,9 +344,9 @@ static PyObject *do_route(Router *r) {
             unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(it) +
                                  groups[g].count++ * r->cqe_size;
             memcpy(dst, c, r->cqe_size);
-            memcpy(dst, &local, 8);
+            cqe_set_user_data(dst, local);
         } else {
-            PyObject *t = Py_BuildValue("(KiI)", (unsigned long long)local, res, flags);
+            PyObject *t = cqe_tuple(local, cqe_res(c), cqe_flags(c));
             if (!t || PyList_Append(it, t) < 0) {
                 Py_XDECREF(t);
                 goto fail;
@@ -379,7 +375,7 @@ static PyObject *do_route(Router *r) {
         if (PyByteArray_CheckExact(it)) {
             PyObject *comp = PyObject_CallFunction(r->completions_of, "OnO", it,
                                                    groups[g].count,
-                                                   r->cqe_size == 32 ? Py_True : Py_False);
+                                                   r->cqe_size == CQE32_SIZE ? Py_True : Py_False);
             if (comp) {
                 box = PyObject_GetAttr(m, s_inbox);
                 ok = box && PyList_Append(box, comp) == 0;
@@ -787,7 +783,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
             BAIL(FALLBACK); /* out of step: the Python round raises it */
         uint16_t want;
         memcpy(&want, ENTRY(&b, b.head + k) + 12, 2);
-        if ((long long)(fl >> r->buffer_shift) != want)
+        if (cqe_buffer_id((uint32_t)fl, r->buffer_shift) != want)
             BAIL(FALLBACK);
         k += count;
     }
@@ -912,9 +908,15 @@ static PyMethodDef round_methods[] = {
 
 OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case).");
 
+static PyMethodDef loopaccel_methods[] = {
+    CQE_LAYOUT_METHOD,
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef loopaccel_module = {
     PyModuleDef_HEAD_INIT, "zcnet.aio._loopaccel",
-    "Compiled shared-ring pass for zcnet.aio (optional; see the source's header).", -1, NULL,
+    "Compiled shared-ring pass for zcnet.aio (optional; see the source's header).", -1,
+    loopaccel_methods,
 };
 
 PyMODINIT_FUNC PyInit__loopaccel(void) {

@@ -36,10 +36,11 @@ from typing import Any
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
 from zcnet.aio.shared import loop_accel
-from zcnet.aio.sockets import check_tcp_socket, set_rcvlowat
+from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
 from zcnet.rx.zc.provider import RECV_UD
+from zcnet.sockcheck import set_rcvlowat
 from zcnet.uapi import io_uring as u
 
 # zcnet.aio._loopaccel.Round.run's answers

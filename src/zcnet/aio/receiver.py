@@ -19,11 +19,12 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.shared import MemberRing, SharedSoftProvider, open_shared_soft
-from zcnet.aio.sockets import check_tcp_socket, set_rcvlowat
+from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
+from zcnet.sockcheck import set_rcvlowat
 
 #: Defaults sized for many connections per process: the area is populated at open.
 AREA_SIZE = 4 << 20
@@ -256,7 +257,7 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``own_socket``: close ``sock`` with the receiver (what the adopt helpers want).
     ``rcvlowat``: for bulk ingest, the socket's SO_RCVLOWAT in bytes (e.g.
     :data:`zcnet.rx.engine.RCVLOWAT`, 1 MiB): the loop is woken once that much is queued, not
-    per segment (:func:`zcnet.aio.sockets.set_rcvlowat`); 0 (the default) wakes on any data,
+    per segment (:func:`zcnet.sockcheck.set_rcvlowat`); 0 (the default) wakes on any data,
     which request/response protocols need.
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
     False gives this one a ring of its own, as the other providers (and ``incremental`` or

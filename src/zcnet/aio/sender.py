@@ -29,6 +29,7 @@ from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.tx.senders import FLUSH_TIMEOUT, SendStats
+from zcnet.tx.sendzc import send_buffer
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
 from zcnet.uring import bufring
@@ -60,7 +61,8 @@ class AsyncSender:
         self.kind = kind
         self._own_socket = own_socket
         self.slot_size = slot_size
-        self._buf = np.zeros(slots * slot_size, dtype=np.uint8)
+        # Registered for SEND_ZC: never a transparent huge page (see zcnet.tx.sendzc).
+        self._buf = np.frombuffer(send_buffer(slots * slot_size), dtype=np.uint8)
         mv = memoryview(self._buf)
         self._views = [mv[i * slot_size:(i + 1) * slot_size] for i in range(slots)]
         self._free = list(range(slots - 1, -1, -1))

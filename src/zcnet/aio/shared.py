@@ -72,12 +72,6 @@ def loop_backend() -> str:
     return "pure" if loop_accel() is None else "c"
 
 
-def _address(view: memoryview, index: int = 0, itemsize: int = 1) -> int:
-    """The address of item ``index`` of ``view`` (a mapping of the ring; the temporary array
-    is dropped at once so the view can still be released when the ring closes)."""
-    return int(np.frombuffer(view, np.uint8).ctypes.data) + index * itemsize
-
-
 class LoopRing:
     """The shared ring of one event loop; opened with its first member, closed with its last."""
 
@@ -109,12 +103,9 @@ class LoopRing:
         accel = loop_accel()
         if accel is None:
             return None
-        r = self.ring
-        cq = r._cqm
-        return accel.Router(r, self.members, _address(cq, r._kcq_head_i, 4),
-                            _address(cq, r._kcq_tail_i, 4), _address(r._cqes), r.cq_mask,
-                            r._cqe_size, Completions._of, FEW,
-                            _address(r._sqm, r._ksq_flags_i, 4), _WORK,
+        a = self.ring.cq_addresses()
+        return accel.Router(self.ring, self.members, a.cq_head, a.cq_tail, a.cqes, a.cq_mask,
+                            a.cqe_size, Completions._of, FEW, a.sq_flags, _WORK,
                             u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------

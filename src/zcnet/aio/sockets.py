@@ -21,10 +21,7 @@ import socket
 from typing import Any
 
 from zcnet.errors import UsageError
-from zcnet.rx.engine import RCVLOWAT
 from zcnet.sockcheck import require_tcp
-
-_INT_MAX = (1 << 31) - 1
 
 
 def check_tcp_socket(sock: Any, what: str) -> socket.socket:
@@ -45,28 +42,6 @@ def check_tcp_socket(sock: Any, what: str) -> socket.socket:
                          "pass the connected TCP socket (accept() or connect() gives one)")
     require_tcp(sock, what)
     return sock
-
-
-def set_rcvlowat(sock: socket.socket, rcvlowat: int, what: str) -> None:
-    """Give ``sock`` SO_RCVLOWAT ``rcvlowat`` (0: leave the kernel's default, wake on any data).
-
-    For bulk ingest: TCP then wakes the loop (through the ring's internal poll) once that much
-    is queued instead of on every segment, so each wake-up reads about ``rcvlowat`` bytes and
-    the kernel's per-wake-up work (the wake itself, a poll, a task-work round) is paid far less
-    often; see :data:`zcnet.rx.engine.RCVLOWAT` for what it measured there. The kernel still
-    wakes the reader with less queued at the end of the stream (FIN), on an error (RST), under
-    memory pressure and when the receive window closes, so a stream is always read to its end.
-    It is NOT for request/response protocols: a small request below the threshold would wait
-    until one of those happens.
-    """
-    if isinstance(rcvlowat, bool) or not isinstance(rcvlowat, int):
-        raise UsageError(f"{what}: rcvlowat must be an int (bytes), got {rcvlowat!r}",
-                         f"e.g. rcvlowat={RCVLOWAT} for bulk streams; 0 wakes on any data")
-    if not 0 <= rcvlowat <= _INT_MAX:
-        raise UsageError(f"{what}: rcvlowat={rcvlowat}: expected 0..{_INT_MAX} bytes",
-                         f"e.g. rcvlowat={RCVLOWAT} for bulk streams; 0 wakes on any data")
-    if rcvlowat:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, rcvlowat)
 
 
 def adopt_transport(transport: asyncio.BaseTransport) -> socket.socket:

@@ -16,6 +16,7 @@ import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, pattern_view
 from zcnet.tx.senders import make_sender
+from zcnet.tx.sendzc import send_buffer
 
 
 def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, dict[str, Any]]:
@@ -35,7 +36,7 @@ def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, d
 def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
               verify: bool) -> tuple[int, dict[str, Any]]:
     slots, chunk = 8, min(chunk, 256 << 10)
-    buf = np.empty(slots * chunk, dtype=np.uint8)
+    buf = np.frombuffer(send_buffer(slots * chunk), dtype=np.uint8)  # never a THP: see send_buffer
     for i in range(slots):
         buf[i * chunk:(i + 1) * chunk] = pattern_view(i * chunk, chunk)
     pos = 0

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from zcnet.rx.engine import Consumer, EngineOptions, RxStats, set_rcvlowat
-from zcnet.sockcheck import require_tcp
+from zcnet.rx.engine import Consumer, EngineOptions, RxStats
+from zcnet.sockcheck import require_tcp, set_rcvlowat
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing, register_buffers, unsupported
 from zcnet.uring.mem import Mapping
@@ -56,7 +56,7 @@ class EpollEngine(_CopyingEngine):
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         require_tcp(sock, f"{self.name} engine")
-        set_rcvlowat(sock, self.opts)
+        set_rcvlowat(sock, self.opts.rcvlowat, f"{self.name} engine")
         st = RxStats()
         buf = np.empty(self.opts.bufsize, dtype=np.uint8)
         mv = memoryview(buf)
@@ -90,7 +90,7 @@ class _IoUringEngine(_CopyingEngine):
         """The checked socket's fd, in blocking mode (see "Some facts" above), with the
         engine's SO_RCVLOWAT."""
         require_tcp(sock, f"{self.name} engine")
-        set_rcvlowat(sock, self.opts)
+        set_rcvlowat(sock, self.opts.rcvlowat, f"{self.name} engine")
         sock.setblocking(True)
         return sock.fileno()
 

@@ -24,6 +24,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from zcnet.errors import UsageError
+from zcnet.sockcheck import RCVLOWAT
 
 Consumer = Callable[[np.ndarray], object]
 
@@ -33,18 +34,6 @@ Consumer = Callable[[np.ndarray], object]
 ZC_BUF = 1 << 20
 ZC_AREA_BUFFERS = 16
 CONSUMERS = ("same", "thread")
-# SO_RCVLOWAT of every engine's socket. TCP wakes a waiting reader (poll, epoll, io_uring's
-# internal poll) only once this much is queued, instead of on every segment. With the softirq on
-# the sender's CPU (veth, lo) each wake-up costs that CPU, the bottleneck, a cross-CPU wake, and
-# the reader copies a few segments per wake-up. Measured in the lab (split placement, a C sender
-# writing 1 MiB): at MTU 9000 on a quiet machine 256 KiB took uring-mshot and soft-zc from ~26 to
-# ~39 Gbit/s and halved their sys CPU per GiB (a C blocking-read receiver: ~24 -> ~41); 1 MiB,
-# against 256 KiB in the same runs, halved the wake-ups again and gained 5-30 % at MTU 1500 and
-# 9000 (loaded machine), and on loopback took every engine from ~43 to ~64 Gbit/s. The kernel
-# grows the receive buffer to fit (tcp_set_rcvlowat); the end of a stream (FIN) wakes the reader
-# whatever is queued.
-RCVLOWAT = 1 << 20
-_INT_MAX = (1 << 31) - 1
 
 
 @dataclass
@@ -126,17 +115,6 @@ def _fits(value: object, annotation: str) -> bool:
     if isinstance(value, bool):
         return bool in allowed
     return any(isinstance(value, k) for k in allowed if k is not bool)
-
-
-def set_rcvlowat(sock: socket.socket, opts: EngineOptions) -> None:
-    """Give ``sock`` the engine's wake-up threshold (``opts.rcvlowat``, see RCVLOWAT); 0 leaves
-    the kernel's default (wake on any data)."""
-    n = opts.rcvlowat
-    if not 0 <= n <= _INT_MAX:
-        raise UsageError(f"engine option rcvlowat={n}: expected 0..{_INT_MAX} bytes",
-                         f"0 wakes the reader on any data; the default is {RCVLOWAT}")
-    if n:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
 
 
 class Engine(Protocol):

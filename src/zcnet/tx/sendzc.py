@@ -11,11 +11,18 @@ Some facts about SEND_ZC:
   submitted meanwhile could overtake it and reorder the TCP stream, so we keep one *send* in
   flight (we wait for its result CQE, usually posted inside the same enter) while any number of
   *notifications* are outstanding. MSG_WAITALL makes the kernel finish a partial send itself.
+- A SEND_ZC from a registered buffer backed by transparent huge pages can be charged far more
+  socket memory than it sends. Seen here on loopback: 1 MiB sent from 1.5 MB into a huge page
+  through a 64 KiB SO_SNDBUF parks in the kernel for good, the peer reading all along (from
+  4 KiB into it, or from memory that is not registered, it completes at once). So the memory
+  zcnet allocates for sending (:func:`send_buffer`) is never a THP, and ``send()`` gives up
+  after a deadline instead of waiting forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import socket
 import time
 from typing import Any
@@ -23,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
+from zcnet.quantities import check
 from zcnet.tx.slots import FLUSH_TIMEOUT, SendStats, SlotHook, SlotSender, stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
@@ -32,9 +40,30 @@ from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import cqe_error
 
 _COPIED = u.IORING_NOTIF_USAGE_ZC_COPIED
+# Seconds one send() may wait for a free slot and for the kernel to take its bytes: far more
+# than a slot of a few MiB takes to a peer that reads, so only a stuck send reaches it.
+SEND_TIMEOUT = 30.0
+
+
+def send_buffer(size: int) -> mmap.mmap:
+    """``size`` bytes of private anonymous memory to send from that is never a transparent huge
+    page (MADV_NOHUGEPAGE; see the module docstring for why a SEND_ZC buffer must not be one),
+    whatever the system's THP mode."""
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    m.madvise(mmap.MADV_NOHUGEPAGE)
+    return m
 
 
 class SendZcSender(SlotSender):
+    """SEND_ZC over ``sock`` from ``buf`` cut into ``slots`` slots (``fixed``: ``buf``
+    registered with the ring as a fixed buffer).
+
+    ``buf`` is used as given. If it is backed by transparent huge pages (a large bytearray or
+    numpy array may be) a registered send can need more socket memory than a small SO_SNDBUF
+    holds and never complete (see the module docstring): ``send()`` then raises after its
+    ``timeout``. Memory from :func:`send_buffer` has no such risk.
+    """
+
     kind = "sendzc"
 
     def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
@@ -53,6 +82,8 @@ class SendZcSender(SlotSender):
         self._want = [0] * len(self.slots)   # bytes the slot's current send carries
         self._done = [0] * len(self.slots)   # of which the kernel took so far
         self._sending = -1                   # slot whose send result is awaited
+        self._deadline = 0.0                 # of the current send() (monotonic)
+        self._timeout = SEND_TIMEOUT         # its timeout, for the stuck error
         entries = 1 << max(2 * len(self.slots), 4).bit_length()
         try:
             self.ring = Ring(entries, flags=u.IORING_SETUP_SUBMIT_ALL)
@@ -81,18 +112,33 @@ class SendZcSender(SlotSender):
         self._refs[slot] += 1
         self._stats.sends += 1
 
-    def send(self, nbytes: int) -> int:
+    def send(self, nbytes: int, timeout: float = SEND_TIMEOUT) -> int:
+        """Send ``nbytes`` from the next free slot; returns once the kernel has taken them all.
+
+        Waits at most ``timeout`` seconds in all (for a slot to come back and for the send),
+        then raises the stuck ZcnetError: the send may still be in the kernel, partly sent, so
+        the stream's position is unknown; close the socket to give up on it. A later send()
+        first waits for that one (the stream keeps its order)."""
         if self._closed:  # the ring's memory is unmapped: touching it would crash
             raise ClosedError.of(self, "send")
         self._check(nbytes)
+        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
+            check("timeout", timeout, "SendZcSender.send timeout")
+        self._deadline = time.monotonic() + timeout
+        self._timeout = timeout
+        while self._sending >= 0:  # a send that outlived an earlier deadline
+            self._wait_some()
         slot = self._acquire()
         self._want[slot] = nbytes
         self._done[slot] = 0
         self._sending = slot
         self._prep(slot, 0, nbytes)
+        # Usually the result is posted inside this enter; a send that must wait for buffer
+        # space waits below, with the deadline.
+        self.ring.submit()
+        self._process()
         while self._sending >= 0:
-            self.ring.submit(wait_nr=1)
-            self._process()
+            self._wait_some()
         self._stats.bytes += nbytes
         return nbytes
 
@@ -139,8 +185,28 @@ class SendZcSender(SlotSender):
             self._release(slot)
 
     def _wait_some(self) -> None:
-        self.ring.submit(wait_nr=1)
+        """Wait for completions until the current send()'s deadline."""
+        self._wait_until(self._deadline, self._timeout)
+
+    def _wait_until(self, deadline: float, timeout: float) -> None:
+        """Wait for completions until ``deadline`` (monotonic) and process them; the stuck
+        error once it has passed. The wait itself carries the deadline: a send parked on a peer
+        that stopped reading posts nothing, and close() (Ctrl-C) must not block on it forever."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise stuck(self.outstanding, timeout, self._stuck_hint())
+        self.ring.submit(wait_nr=1, timeout=left)
         self._process()
+
+    def _stuck_hint(self) -> str:
+        try:
+            sndbuf = f"{self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)} B"
+        except OSError:
+            sndbuf = "small"
+        return ("the peer stopped reading (close the socket to give up), or a send needs more "
+                f"than the send buffer (SO_SNDBUF {sndbuf}) holds, as one from a registered "
+                "buffer on transparent huge pages can: send from zcnet.tx.sendzc.send_buffer() "
+                "memory or raise SO_SNDBUF")
 
     @property
     def outstanding(self) -> int:
@@ -151,13 +217,7 @@ class SendZcSender(SlotSender):
             raise ClosedError.of(self, "flush")
         deadline = time.monotonic() + timeout
         while self.outstanding:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise stuck(self.outstanding, timeout)
-            # The wait itself carries the deadline: a send parked on a peer that stopped
-            # reading posts nothing, and close() (Ctrl-C) must not block on it forever.
-            self.ring.submit(wait_nr=1, timeout=left)
-            self._process()
+            self._wait_until(deadline, timeout)
 
     def close(self) -> None:
         if self._closed:
@@ -167,8 +227,9 @@ class SendZcSender(SlotSender):
                 self.flush()
         finally:  # Ctrl-C in the wait too: closed from here on, and the ring goes
             self._closed = True
-            # Closing the ring waits for requests still holding the memory, so the caller may
-            # free the buffer after close() either way.
+            # Closing the ring returns at once, a send still parked included (the kernel
+            # cancels it); what the kernel still sends holds its own references to the pages,
+            # so the caller may free the buffer after close() either way.
             self.ring.close()
 
     def stats(self) -> SendStats:

@@ -108,7 +108,10 @@ class SlotSender:
         return SendStats(**asdict(self._stats))
 
 
-def stuck(pending: int, timeout: float) -> ZcnetError:
-    """The error for zero-copy sends the kernel still holds when flush() gives up."""
+def stuck(pending: int, timeout: float,
+          hint: str = "the peer stopped reading; close the socket to give up on them"
+          ) -> ZcnetError:
+    """The error for zero-copy sends the kernel still holds when flush() (or a send() with a
+    deadline) gives up; ``hint`` names the causes and the fix."""
     return ZcnetError(f"{pending} zero-copy sends still unacknowledged after {timeout:g} s",
-                      "the peer stopped reading; close the socket to give up on them")
+                      hint)

@@ -21,6 +21,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "_cqe.h"
+
 #ifndef __NR_io_uring_enter
 #define __NR_io_uring_enter 426
 #endif
@@ -141,6 +143,11 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
                           &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
                           &c->closed))
         return -1;
+    if (c->cqe_size != (c->cqe32 ? CQE32_SIZE : CQE_SIZE)) {
+        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", c->cqe_size,
+                     c->cqe32);
+        return -1;
+    }
     if (!PyType_Check(of)) {
         PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
         return -1;
@@ -172,13 +179,30 @@ static PyObject *core_closed(Core *c, const char *method) {
     return NULL;
 }
 
+/* A new reference to the Core's Ring; NULL with no exception set when the Ring is gone, NULL
+ * with one on an error. PyWeakref_GetObject (a borrowed reference) is deprecated from Python
+ * 3.13 on; PyWeakref_GetRef, new in 3.13, gives a strong one. */
+static PyObject *core_ring(Core *c) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *ring;
+    if (PyWeakref_GetRef(c->ring_ref, &ring) < 0)
+        return NULL;
+    return ring; /* NULL when the Ring is gone */
+#else
+    PyObject *ring = PyWeakref_GetObject(c->ring_ref); /* borrowed */
+    if (!ring || ring == Py_None)
+        return NULL;
+    Py_INCREF(ring);
+    return ring;
+#endif
+}
+
 /* Call the Ring's Python method ``name`` with these arguments (the slow path). */
 static PyObject *core_delegate(Core *c, const char *name, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
-    PyObject *ring = PyWeakref_GetObject(c->ring_ref); /* borrowed */
-    if (ring == Py_None)
-        return core_closed(c, name);
-    Py_INCREF(ring);
+    PyObject *ring = core_ring(c);
+    if (!ring)
+        return PyErr_Occurred() ? NULL : core_closed(c, name);
     PyObject *meth = PyObject_GetAttrString(ring, name);
     Py_DECREF(ring);
     if (!meth)
@@ -415,27 +439,13 @@ static PyObject *core_reap_one(Core *c, PyObject *unused) {
     unsigned head = *c->kcq_head;
     if (__atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) == head)
         Py_RETURN_NONE;
-    const char *cqe = c->cqes + (size_t)(head & c->cq_mask) * c->cqe_size;
-    uint64_t ud;
-    int32_t res;
-    uint32_t flags;
-    memcpy(&ud, cqe, 8);
-    memcpy(&res, cqe + 8, 4);
-    memcpy(&flags, cqe + 12, 4);
+    const unsigned char *cqe = cqe_at((const unsigned char *)c->cqes, head, c->cq_mask,
+                                      c->cqe_size);
+    uint64_t ud = cqe_user_data(cqe);
+    int32_t res = cqe_res(cqe);
+    uint32_t flags = cqe_flags(cqe);
     __atomic_store_n(c->kcq_head, head + 1, __ATOMIC_RELEASE);
-    PyObject *t = PyTuple_New(3);
-    if (!t)
-        return NULL;
-    PyObject *a = PyLong_FromUnsignedLongLong(ud), *b = PyLong_FromLong(res),
-             *f = PyLong_FromUnsignedLong(flags);
-    if (!a || !b || !f) {
-        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(f); Py_DECREF(t);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(t, 0, a);
-    PyTuple_SET_ITEM(t, 1, b);
-    PyTuple_SET_ITEM(t, 2, f);
-    return t;
+    return cqe_tuple(ud, res, flags);
 }
 
 /* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy */
@@ -595,6 +605,7 @@ static PyMethodDef accel_methods[] = {
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
     {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
+    CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

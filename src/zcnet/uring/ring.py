@@ -37,6 +37,7 @@ import errno
 import os
 import struct
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +63,20 @@ assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
 _CQE = struct.Struct("<QiI")  # user_data res flags: the first 16 bytes of every CQE
 _U32 = 0xFFFFFFFF
 _GETEVENTS = u.IORING_ENTER_GETEVENTS
+
+
+class CqAddresses(NamedTuple):
+    """Raw addresses in a ring's shared memory, for compiled code that reaps its CQ itself
+    (zcnet.aio._loopaccel's Router). They are valid until the ring is closed; whoever reads
+    or writes through them must stop before that (and follows the ordering rules of this
+    module's docstring)."""
+
+    cq_head: int   #: the CQ's u32 ``khead`` (the reader advances it)
+    cq_tail: int   #: the CQ's u32 ``ktail`` (the kernel advances it)
+    cqes: int      #: the first CQE of the CQ array
+    cq_mask: int   #: ring index -> CQ array slot
+    cqe_size: int  #: 16, or 32 with IORING_SETUP_CQE32
+    sq_flags: int  #: the SQ ring's u32 flags word (IORING_SQ_TASKRUN, IORING_SQ_CQ_OVERFLOW)
 
 
 class _kernel_timespec(ctypes.Structure):
@@ -108,6 +123,9 @@ class Ring:
         self.sq_mask, self.cq_mask = m.sq_mask, m.cq_mask
         self._sqe_size, self._cqe_size = m.sqe_size, m.cqe_size
         self._cq_bytes = p.cq_entries * m.cqe_size
+        self._cq_addresses = CqAddresses(
+            m.cq.addr + p.cq_off.head, m.cq.addr + p.cq_off.tail, m.cq.addr + p.cq_off.cqes,
+            m.cq_mask, m.cqe_size, m.sq.addr + p.sq_off.flags)
         # prep_batch stages SQEs here (a template broadcast over the rows, then the per-SQE
         # columns) and copies them into the ring with one slice assignment.
         self._stage = np.zeros((p.sq_entries, m.sqe_size // 8), dtype=np.uint64)
@@ -340,6 +358,13 @@ class Ring:
         if self.fd < 0:
             raise ClosedError.of(self, "cq_overflow")
         return bool(self._sqm[self._ksq_flags_i] & u.IORING_SQ_CQ_OVERFLOW)
+
+    def cq_addresses(self) -> CqAddresses:
+        """The raw addresses of the CQ's head, tail and entries and of the SQ flags word, for
+        compiled code that reaps this ring itself (see :class:`CqAddresses`)."""
+        if self.fd < 0:
+            raise ClosedError.of(self, "cq_addresses")
+        return self._cq_addresses
 
     def reap(self, max_n: int | None = None) -> Completions:
         """Take every ready CQE (up to ``max_n``) as arrays and hand the slots back."""

@@ -21,14 +21,14 @@ import threading
 from typing import ClassVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats, set_rcvlowat
+from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.provider import Provider, build_or_close
 from zcnet.rx.zc.receiver import Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
-from zcnet.sockcheck import require_tcp
+from zcnet.sockcheck import require_tcp, set_rcvlowat
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import unsupported
 
@@ -54,7 +54,7 @@ class _ZcEngine:
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         require_tcp(sock, f"{self.name} engine")
-        set_rcvlowat(sock, self.opts)
+        set_rcvlowat(sock, self.opts.rcvlowat, f"{self.name} engine")
         sock.setblocking(True)
         st = RxStats()
         with self._open(sock) as rx:

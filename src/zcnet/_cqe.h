@@ -1,0 +1,104 @@
+/* zcnet/_cqe.h: reading io_uring completion queue entries, for the compiled halves that reap a
+ * CQ themselves (zcnet.uring._accel's Core, zcnet.aio._loopaccel's Router and Round).
+ *
+ * struct io_uring_cqe (include/uapi/linux/io_uring.h): __u64 user_data at byte 0, __s32 res at
+ * byte 8, __u32 flags at byte 12; with IORING_SETUP_CQE32 every entry has 16 more bytes
+ * (big_cqe[]), so an entry is 16 or 32 bytes. Ring index i is entry (i & ring_mask) of the CQ
+ * ring's array. Fields are read with memcpy: no alignment or aliasing assumptions.
+ *
+ * zcnet.uapi.io_uring stays the one reference for the ABI: the flag bits and
+ * IORING_CQE_BUFFER_SHIFT reach the C code through the objects' constructors, and the layout
+ * below is exported by each module's cqe_layout() so a test compares it with
+ * zcnet.uapi.io_uring.io_uring_cqe.
+ */
+#ifndef ZCNET_CQE_H
+#define ZCNET_CQE_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Byte offsets of struct io_uring_cqe's fields, and the two entry sizes. */
+enum {
+    CQE_USER_DATA = 0,
+    CQE_RES = 8,
+    CQE_FLAGS = 12,
+    CQE_SIZE = 16,   /* struct io_uring_cqe */
+    CQE32_SIZE = 32, /* with IORING_SETUP_CQE32 */
+};
+
+/* Whether ``size`` is the size of an entry of some CQ ring. */
+static inline int cqe_size_valid(unsigned size) {
+    return size == CQE_SIZE || size == CQE32_SIZE;
+}
+
+/* The entry of ring index ``index`` in the CQ array ``cqes``. */
+static inline const unsigned char *cqe_at(const unsigned char *cqes, uint32_t index,
+                                          uint32_t ring_mask, uint32_t cqe_size) {
+    return cqes + (size_t)(index & ring_mask) * cqe_size;
+}
+
+static inline uint64_t cqe_user_data(const unsigned char *cqe) {
+    uint64_t v;
+    memcpy(&v, cqe + CQE_USER_DATA, sizeof v);
+    return v;
+}
+
+static inline int32_t cqe_res(const unsigned char *cqe) {
+    int32_t v;
+    memcpy(&v, cqe + CQE_RES, sizeof v);
+    return v;
+}
+
+static inline uint32_t cqe_flags(const unsigned char *cqe) {
+    uint32_t v;
+    memcpy(&v, cqe + CQE_FLAGS, sizeof v);
+    return v;
+}
+
+/* Rewrite the user_data of a copied entry (the copy, never the ring: the kernel owns that). */
+static inline void cqe_set_user_data(unsigned char *cqe, uint64_t user_data) {
+    memcpy(cqe + CQE_USER_DATA, &user_data, sizeof user_data);
+}
+
+/* The provided buffer's id of a completion with IORING_CQE_F_BUFFER set: the flags' upper
+ * bits, from ``buffer_shift`` (IORING_CQE_BUFFER_SHIFT, passed in from zcnet.uapi). */
+static inline uint16_t cqe_buffer_id(uint32_t flags, unsigned buffer_shift) {
+    return (uint16_t)(flags >> buffer_shift);
+}
+
+/* (user_data, res, flags) as Python ints: the tuple Ring.reap_one returns and the shared
+ * ring's members take; a new reference, or NULL with an exception set. */
+static inline PyObject *cqe_tuple(uint64_t user_data, int32_t res, uint32_t flags) {
+    PyObject *t = PyTuple_New(3);
+    if (!t)
+        return NULL;
+    PyObject *a = PyLong_FromUnsignedLongLong(user_data), *b = PyLong_FromLong(res),
+             *f = PyLong_FromUnsignedLong(flags);
+    if (!a || !b || !f) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(f);
+        Py_DECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    PyTuple_SET_ITEM(t, 2, f);
+    return t;
+}
+
+/* cqe_layout() -> dict: the layout this header assumes (field -> byte offset, and the entry
+ * sizes), for the test that holds it to zcnet.uapi. Listed in each module's methods. */
+static inline PyObject *cqe_layout(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("{sisisisisi}", "user_data", CQE_USER_DATA, "res", CQE_RES, "flags",
+                         CQE_FLAGS, "size", CQE_SIZE, "size_cqe32", CQE32_SIZE);
+}
+
+#define CQE_LAYOUT_METHOD                                                                   \
+    {"cqe_layout", (PyCFunction)cqe_layout, METH_NOARGS,                                    \
+     "cqe_layout() -> the struct io_uring_cqe layout this module was built for"}
+
+#endif /* ZCNET_CQE_H */
