@@ -18,6 +18,7 @@ import sys
 import time
 
 from zcnet.tx.senders import KINDS, make_sender
+from zcnet.tx.sendzc import send_buffer
 
 _DRAIN = """
 import socket, sys
@@ -35,7 +36,7 @@ def run_kind(kind: str, seconds: float, chunk: int, slots: int) -> dict[str, flo
         assert drain.stdout is not None
         port = int(drain.stdout.readline())
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            sender = make_sender(kind, sock, bytearray(chunk * slots), slots=slots)
+            sender = make_sender(kind, sock, send_buffer(chunk * slots), slots=slots)
             sent = 0
             cpu0, t0 = time.thread_time(), time.perf_counter()
             while time.perf_counter() - t0 < seconds:
