@@ -119,6 +119,24 @@ def current_loop() -> Loop | None:
     return _trio_loop(trio)
 
 
+def running_library() -> str | None:
+    """"asyncio", "trio" or None: which kind of loop runs in this thread (for messages; makes
+    nothing, unlike :func:`current_loop`)."""
+    try:
+        asyncio.get_running_loop()
+        return "asyncio"
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+            return "trio"
+        except RuntimeError:
+            pass
+    return None
+
+
 def identity(loop: Loop) -> tuple[Callable[[], object], object]:
     """How to tell, cheaply and from any thread, whether ``loop`` is the one running: a
     function to call (raising RuntimeError outside any loop) and the value it returns there."""

@@ -18,7 +18,15 @@ import contextlib
 import threading
 import weakref
 
-from zcnet.aio.backend import Loop, LoopBound, TrioLoop, close_leftovers, current_loop, identity
+from zcnet.aio.backend import (
+    Loop,
+    LoopBound,
+    TrioLoop,
+    close_leftovers,
+    current_loop,
+    identity,
+    running_library,
+)
 from zcnet.errors import ZcnetError
 
 
@@ -49,13 +57,10 @@ class Owner:
         except RuntimeError:
             loop = None
         if loop is not self._ident:
+            where = {None: "outside the event loop", "trio": "another trio run"}.get(
+                running_library(), "another event loop")
             if threading.get_ident() != self.thread:
                 where = "another thread"
-            elif loop is None:
-                where = "outside the event loop"
-            else:
-                where = ("another trio run" if isinstance(self.loop, TrioLoop)
-                         else "another event loop")
             raise ZcnetError(f"{self.what} used from {where}: it belongs to the loop that "
                              "opened it",
                              "use it only from tasks of that loop; other threads may only "
