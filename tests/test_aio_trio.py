@@ -6,6 +6,7 @@ on trio too.)"""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import queue
 import threading
@@ -23,12 +24,13 @@ from zcnet import aio
 from zcnet.aio.backend import TrioLoop
 from zcnet.errors import ZcnetError
 
-pytestmark = pytest.mark.parametrize("runner", TRIO_RUNS)
+trio_runs = pytest.mark.parametrize("runner", TRIO_RUNS)
 
 SMALL = {"area_size": 256 << 10, "buf_size": 16 << 10}
 __all__ = ["loop_pass"]  # the fixture, imported for the tests that take it
 
 
+@trio_runs
 @pytest.mark.parametrize("shared_ring", [True, False])
 def test_stream_every_byte_verified(runner, shared_ring, loop_pass, no_leaks):
     """A 4 MiB stream into `async for` on the loop's shared ring (both passes) and on a ring
@@ -50,6 +52,7 @@ def test_stream_every_byte_verified(runner, shared_ring, loop_pass, no_leaks):
     assert st["delivered_bytes"] == size and st["in_flight"] == 0
 
 
+@trio_runs
 def test_fifty_connections_on_one_run(runner, no_leaks):
     """50 concurrent connections, each its own 256 KiB stream, every byte checked; they share
     the run's io_uring."""
@@ -79,6 +82,7 @@ def test_fifty_connections_on_one_run(runner, no_leaks):
     assert all(st["delivered_bytes"] == size and st["in_flight"] == 0 for st in stats)
 
 
+@trio_runs
 def test_cancel_between_chunks_keeps_the_rest(runner, no_leaks):
     """A consumer is cancelled (trio.move_on_after's scope, cancelled by hand) after taking one
     chunk of a round that held many: the next consumer gets the rest first, in order."""
@@ -107,6 +111,7 @@ def test_cancel_between_chunks_keeps_the_rest(runner, no_leaks):
     assert held_more, "the first round should have held more than one chunk"
 
 
+@trio_runs
 def test_release_from_another_thread_resumes_delivery(runner, no_leaks):
     """Chunks go to a thread that keeps them until it holds more than max_held of the area and
     the receiver has paused (its ``stalled`` says so), then releases them: the release wakes
@@ -153,6 +158,7 @@ def test_release_from_another_thread_resumes_delivery(runner, no_leaks):
     assert complete and st["backpressure"] >= 1 and st["in_flight"] == 0
 
 
+@trio_runs
 def test_use_from_another_thread_or_run_is_a_clear_error(runner, no_leaks):
     """Receiving or closing from a trio run in another thread: ZcnetError; releasing from that
     thread is allowed. A receiver kept past its run and used from the next run: ZcnetError."""
@@ -190,6 +196,7 @@ def test_use_from_another_thread_or_run_is_a_clear_error(runner, no_leaks):
     assert "fix:" in str(next_run.value)
 
 
+@trio_runs
 def test_run_ends_with_receiver_and_sender_open(runner, no_leaks):
     """The run ends while a receiver (chunks held) and a sendzc sender are open: both are
     closed by the run's guard with a ResourceWarning, no traceback; the held chunks stay
@@ -236,6 +243,7 @@ class _Echo(aio.ZcProtocol):
         self.lost.set()
 
 
+@trio_runs
 def test_protocol_echo(runner, no_leaks):
     """A ZcProtocol echo server: the callbacks run from the run's fd watch. The client sends
     all 16 MiB before reading any (more than loopback's socket buffers hold), so the server's
@@ -269,3 +277,41 @@ def test_protocol_echo(runner, no_leaks):
 
     complete, exc = RUNNERS[runner](main)
     assert complete and exc is None
+
+
+def test_trio_guest_run_inside_asyncio(no_leaks):
+    """trio in guest mode on an asyncio loop: the same thread runs both. A receiver opened in
+    a trio task uses the trio run (sniffio says so), one opened in an asyncio task the asyncio
+    loop; both streams arrive intact."""
+    sizes = {"trio": 2 << 20, "asyncio": 1 << 20}
+
+    async def trio_side() -> tuple[str, bool]:
+        [(c, s)] = tcp_pair()
+        data = pattern(16, sizes["trio"])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sendall, c, data)
+            async with aio.open_receiver(s, own_socket=True) as rx:
+                kind = type(rx._owner.loop).__name__
+                return kind, (await receive_checked(rx, data)).complete
+
+    async def host() -> tuple[Any, tuple[str, bool]]:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        trio.lowlevel.start_guest_run(trio_side, run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                                      done_callback=done.set_result)
+        [(c, s)] = tcp_pair()
+        data = pattern(17, sizes["asyncio"])
+
+        async def send() -> None:
+            await loop.sock_sendall(c, memoryview(data))
+            c.close()
+
+        sender = asyncio.create_task(send())
+        async with aio.open_receiver(s, own_socket=True) as rx:
+            mine = (type(rx._owner.loop).__name__, (await receive_checked(rx, data)).complete)
+        await sender
+        return (await done).unwrap(), mine
+
+    guest, mine = asyncio.run(host())
+    assert guest == ("TrioLoop", True)
+    assert mine[1] and mine[0] != "TrioLoop"

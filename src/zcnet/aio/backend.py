@@ -102,32 +102,24 @@ def close_leftovers(open_: dict[int, LoopBound], when: str) -> None:
 
 # --- which loop is running ------------------------------------------------------------------
 
-def current_loop() -> Loop | None:
-    """The running asyncio loop, else the :class:`TrioLoop` of the running trio run, else None.
-    trio-asyncio and the like present an asyncio loop, which is then the one used."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    trio = sys.modules.get("trio")  # not imported: no trio run can be going on
-    if trio is None:
-        return None
-    try:
-        trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return None
-    return _trio_loop(trio)
-
-
 def running_library() -> str | None:
-    """"asyncio", "trio" or None: which kind of loop runs in this thread (for messages; makes
-    nothing, unlike :func:`current_loop`)."""
+    """"asyncio", "trio" or None: which kind of loop runs here. sniffio (trio brings it) says
+    "trio" inside trio tasks even where an asyncio loop runs the thread (trio's guest mode);
+    otherwise a running asyncio loop, found also from a plain loop callback (where sniffio
+    finds no task), then a trio run seen without sniffio."""
+    trio = sys.modules.get("trio")  # not imported: no trio run can be going on
+    sniffio = sys.modules.get("sniffio")
+    if trio is not None and sniffio is not None:
+        try:
+            if sniffio.current_async_library() == "trio":
+                return "trio"
+        except sniffio.AsyncLibraryNotFoundError:
+            pass
     try:
         asyncio.get_running_loop()
         return "asyncio"
     except RuntimeError:
         pass
-    trio = sys.modules.get("trio")
     if trio is not None:
         try:
             trio.lowlevel.current_trio_token()
@@ -137,16 +129,23 @@ def running_library() -> str | None:
     return None
 
 
+def current_loop() -> Loop | None:
+    """The running asyncio loop, or the :class:`TrioLoop` of the running trio run (made on
+    first use), or None (see :func:`running_library`)."""
+    lib = running_library()
+    if lib == "asyncio":
+        return asyncio.get_running_loop()
+    if lib == "trio":
+        return _trio_loop(sys.modules["trio"])
+    return None
+
+
 def identity(loop: Loop) -> tuple[Callable[[], object], object]:
     """How to tell, cheaply and from any thread, whether ``loop`` is the one running: a
     function to call (raising RuntimeError outside any loop) and the value it returns there."""
     if isinstance(loop, TrioLoop):
         return loop.trio.lowlevel.current_trio_token, loop.token
     return asyncio.get_running_loop, loop
-
-
-def is_trio(loop: Loop) -> bool:
-    return isinstance(loop, TrioLoop)
 
 
 # --- helpers the send side needs in both worlds ------------------------------------------------
