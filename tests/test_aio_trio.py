@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import queue
+import socket
 import threading
 import time
 import warnings
@@ -278,6 +279,33 @@ def test_protocol_echo(runner, no_leaks):
     complete, exc = RUNNERS[runner](main)
     assert complete and exc is None
 
+
+
+
+@trio_runs
+def test_trio_server_hands_its_socket_over(runner, no_leaks):
+    """A trio server's accepted stream becomes a zcnet receiver through
+    ``socket.socket(fileno=stream.socket.detach())`` (what docs/aio.md tells trio users)."""
+    data = pattern(18, 1 << 20)
+
+    async def main() -> bool:
+        [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listener.socket.getsockname()[1]
+
+        async def client() -> None:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(data.tobytes())
+            await stream.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            stream = await listener.accept()
+            await listener.aclose()
+            sock = socket.socket(fileno=stream.socket.detach())
+            async with aio.open_receiver(sock, own_socket=True) as rx:
+                return (await receive_checked(rx, data)).complete
+
+    assert RUNNERS[runner](main)
 
 def test_trio_guest_run_inside_asyncio(no_leaks):
     """trio in guest mode on an asyncio loop: the same thread runs both. A receiver opened in
