@@ -39,7 +39,6 @@ import collections
 import logging
 import socket
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Generator
 from typing import Any, Protocol, TypeVar
@@ -310,7 +309,6 @@ class TrioLoop:
     def __init__(self, trio: Any) -> None:
         self.trio = trio
         self.token = trio.lowlevel.current_trio_token()
-        self.thread = threading.get_ident()
         self._ready: collections.deque[tuple[Callable[..., object], tuple[Any, ...]]] = (
             collections.deque())
         self._parked: Any = None  # the queue task, while it waits for callbacks
