@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import uvloop
 
 from zcnet import aio
 from zcnet.aio import shared
+from zcnet.errors import ZcnetError
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -115,3 +117,40 @@ class Recorder(aio.ZcProtocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost.set_result(exc)
+
+
+def misuse_from_thread(rx: aio.AsyncReceiver, chunks: list,
+                       run: Callable[[Callable[[], Awaitable[Any]]], Any]
+                       ) -> tuple[threading.Thread, list[str]]:
+    """A started thread that receives on ``rx`` inside a loop of its own (``run(main)``: asyncio
+    or trio) and then closes it, both refused with ZcnetError (the messages go to the returned
+    list), and releases ``chunks`` (allowed from any thread). Join it off the loop."""
+    errors: list[str] = []
+
+    def other() -> None:
+        async def use() -> None:
+            await rx.recv()
+        try:
+            run(use)
+        except ZcnetError as e:
+            errors.append(str(e))
+        try:
+            rx.close()
+        except ZcnetError as e:
+            errors.append(str(e))
+        rx.rx.release_many(chunks)
+
+    t = threading.Thread(target=other)
+    t.start()
+    return t, errors
+
+
+def release_held_after_close(held: list, expected: np.ndarray, area: Any) -> None:
+    """Chunks held past their receiver's close still read ``expected``; the area stays mapped
+    until the last is released, and goes then."""
+    got = np.concatenate([np.frombuffer(ch.data, np.uint8) for ch in held])
+    assert np.array_equal(got, expected)
+    assert not area.closed
+    for ch in held:
+        ch.release()
+    assert area.closed

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from aio_util import LOOPS, run, tcp_pair
+from aio_util import LOOPS, misuse_from_thread, run, tcp_pair
 from zcnet import aio
 from zcnet.errors import UsageError, ZcnetError
 
@@ -91,26 +91,10 @@ def test_receiver_used_from_another_thread(loop_kind, no_leaks):
     async def main() -> tuple[str, str]:
         c, s = await tcp_pair()
         await asyncio.get_running_loop().sock_sendall(c, b"x" * 1000)
-        errors: list[str] = []
         async with aio.open_receiver(s, own_socket=True, area_size=256 << 10,
                                      buf_size=16 << 10) as rx:
             chunks = await rx.recv()
-
-            def other() -> None:
-                async def use() -> None:
-                    await rx.recv()
-                try:
-                    asyncio.run(use())
-                except ZcnetError as e:
-                    errors.append(str(e))
-                try:
-                    rx.close()
-                except ZcnetError as e:
-                    errors.append(str(e))
-                rx.rx.release_many(chunks)  # allowed from any thread
-
-            t = threading.Thread(target=other)
-            t.start()
+            t, errors = misuse_from_thread(rx, chunks, lambda main: asyncio.run(main()))
             await asyncio.get_running_loop().run_in_executor(None, t.join)
             rx.flush()
             assert rx.stats.in_flight == 0

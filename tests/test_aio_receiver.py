@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
+from aio_util import LOOPS, StreamCheck, pattern, release_held_after_close, run, tcp_pair
 from zcnet import aio
 
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
@@ -250,13 +250,7 @@ def test_loop_shutdown_with_receiver_open_and_chunks_held(loop_kind, no_leaks):
     assert any(issubclass(w.category, ResourceWarning) and "still open" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
     assert state["rx"].rx.ring is None  # the provider's ring is gone
-    got = np.concatenate([np.frombuffer(ch.data, np.uint8) for ch in held])
-    assert np.array_equal(got, pattern(6, size))
-    area = state["rx"].rx.area
-    assert not area.closed
-    for ch in held:
-        ch.release()
-    assert area.closed
+    release_held_after_close(held, pattern(6, size), state["rx"].rx.area)
 
 
 def test_loop_closed_without_asyncio_run(loop_kind, no_leaks, caplog):

@@ -47,11 +47,10 @@ Design decisions, and why:
 - **Existing servers**: :func:`adopt_transport` (in ``Protocol.connection_made``) and
   :func:`adopt_stream` (in a ``start_server`` handler) take the connection from the transport.
 
-Loops: the default asyncio loop and uvloop (both tested). anyio on its asyncio backend works as
-it is (it runs on an asyncio loop). trio is not built; docs/aio.md lists the loop touch points
-it would replace (``trio.lowlevel.wait_readable(efd)`` for ``add_reader``, the trio token for
-the owner check, a system task for the batched pass and the shutdown guard); the receive/send
-logic above is loop-neutral.
+Loops: the default asyncio loop and uvloop (the loop itself), anyio on either of its backends,
+and trio >= 0.22 (a trio run gets :class:`zcnet.aio.backend.TrioLoop`, the same slice of loop
+calls built on trio's lowlevel API); all tested. The receive/send logic is the same code on all
+of them.
 """
 
 from zcnet.aio.protocol import ZcProtocol, ZcTransport, start_protocol

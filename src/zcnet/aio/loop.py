@@ -1,5 +1,8 @@
 """Binding an object to the event loop that opened it, and freeing it when that loop ends.
 
+The loop is asyncio's (or uvloop's), or a trio run's :class:`~zcnet.aio.backend.TrioLoop`,
+whose own system task is its guard (:mod:`zcnet.aio.backend`).
+
 Some facts about asyncio loop shutdown: ``asyncio.run`` (and ``uvloop.run``, and
 ``asyncio.Runner``, which pytest-asyncio uses) cancel every pending task and run the loop until
 they finish before closing it; nothing else tells a library that a loop is going away. So each
@@ -12,50 +15,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-import warnings
 import weakref
-from typing import Protocol
 
+from zcnet.aio.backend import (
+    Loop,
+    LoopBound,
+    TrioLoop,
+    close_leftovers,
+    current_loop,
+    identity,
+    running_library,
+)
 from zcnet.errors import ZcnetError
 
-log = logging.getLogger(__name__)
 
-
-class LoopBound(Protocol):
-    def _shutdown(self) -> None:
-        """Free everything; called by the guard when the loop ends with this still open."""
-
-    def __repr__(self) -> str: ...
-
-
-def running_loop(what: str) -> asyncio.AbstractEventLoop:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        raise ZcnetError(f"{what} needs a running asyncio event loop",
-                         "call it from a coroutine (inside asyncio.run or uvloop.run)") from None
+def running_loop(what: str) -> Loop:
+    loop = current_loop()
+    if loop is None:
+        raise ZcnetError(f"{what} needs a running asyncio event loop or trio run",
+                         "call it from a coroutine (inside asyncio.run, uvloop.run, anyio.run "
+                         "or trio.run)")
+    return loop
 
 
 class Owner:
     """The loop and thread an object belongs to; ``check`` refuses use from anywhere else."""
 
-    __slots__ = ("loop", "thread", "what")
+    __slots__ = ("_current", "_ident", "loop", "thread", "what")
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.loop = running_loop(what)
         self.thread = threading.get_ident()
+        # asyncio.get_running_loop and the loop, or trio's current_trio_token and the token
+        self._current, self._ident = identity(self.loop)
 
     def check(self) -> None:
         try:
-            loop = asyncio.get_running_loop()
+            loop = self._current()
         except RuntimeError:
             loop = None
-        if loop is not self.loop:
-            where = ("another thread" if threading.get_ident() != self.thread
-                     else "another event loop" if loop is not None else "outside the event loop")
+        if loop is not self._ident:
+            where = {None: "outside the event loop", "trio": "another trio run"}.get(
+                running_library(), "another event loop")
+            if threading.get_ident() != self.thread:
+                where = "another thread"
             raise ZcnetError(f"{self.what} used from {where}: it belongs to the loop that "
                              "opened it",
                              "use it only from tasks of that loop; other threads may only "
@@ -80,28 +85,27 @@ class _Guard:
                 for _ in range(3):
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.sleep(0)
-            for obj in list(self.open.values()):
-                warnings.warn(f"{obj!r} was still open when its event loop shut down; closed "
-                              "it (use `async with` or aclose())", ResourceWarning, stacklevel=1)
-                try:
-                    obj._shutdown()
-                except (OSError, ZcnetError, ValueError) as e:  # free the others regardless
-                    log.warning("closing %r at loop shutdown failed: %s", obj, e)
-            self.open.clear()
+            close_leftovers(self.open, "its event loop shut down")
 
 
 _guards: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Guard] = (
     weakref.WeakKeyDictionary())
 
 
-def track(loop: asyncio.AbstractEventLoop, obj: LoopBound) -> None:
+def track(loop: Loop, obj: LoopBound) -> None:
+    if isinstance(loop, TrioLoop):
+        loop.track(obj)
+        return
     guard = _guards.get(loop)
     if guard is None or guard.task.done():
         guard = _guards[loop] = _Guard(loop)
     guard.open[id(obj)] = obj
 
 
-def untrack(loop: asyncio.AbstractEventLoop, obj: LoopBound) -> None:
+def untrack(loop: Loop, obj: LoopBound) -> None:
+    if isinstance(loop, TrioLoop):
+        loop.untrack(obj)
+        return
     guard = _guards.get(loop)
     if guard is None:
         return

@@ -8,6 +8,9 @@ Kinds, as in :mod:`zcnet.tx.senders`:
   the loop through an eventfd (:mod:`zcnet.aio.wakeup`), whose callback reaps and resolves.
 - ``copy``: the loop's ``sock_sendall``; the slot is free as soon as the call returns.
 
+The same code runs under trio: the futures, events, the shield and the timeout come from
+:mod:`zcnet.aio.backend`, which gives asyncio's own on an asyncio loop.
+
 Back-pressure: ``acquire`` waits for a free slot. Order: io_uring retries a send that met a full
 socket buffer later, from poll, so a second send submitted meanwhile could overtake it; one send
 is in flight at a time (its result CQE is awaited), any number of notifications are outstanding.
@@ -16,7 +19,6 @@ A task cancelled while its send is in flight leaves the send to finish; the next
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from zcnet.aio import backend
+from zcnet.aio.backend import Future
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
@@ -67,7 +71,7 @@ class AsyncSender:
         self._views = [mv[i * slot_size:(i + 1) * slot_size] for i in range(slots)]
         self._free = list(range(slots - 1, -1, -1))
         self._held: set[int] = set()
-        self._freed = asyncio.Event()
+        self._freed = backend.event(self.loop)
         self._stats = SendStats(kind, kind)
         self._closed = False
         self.ring: Ring | None = None
@@ -75,11 +79,11 @@ class AsyncSender:
         self._refs = [0] * slots          # CQEs still due per slot
         self._want = [0] * slots
         self._done = [0] * slots
-        self._notified: list[asyncio.Future[bool] | None] = [None] * slots
+        self._notified: list[Future[bool] | None] = [None] * slots
         self._copied = [False] * slots
         self._sending = -1                # slot whose send result is awaited
-        self._sent: asyncio.Future[None] | None = None
-        self._idle = asyncio.Event()
+        self._sent: Future[None] | None = None
+        self._idle = backend.event(self.loop)
         self._idle.set()
         if kind == "sendzc":
             self._open_ring()
@@ -121,7 +125,7 @@ class AsyncSender:
         self._freed.set()
 
     # --- sending -------------------------------------------------------------------------------
-    async def send(self, slot: Slot, nbytes: int) -> asyncio.Future[bool]:
+    async def send(self, slot: Slot, nbytes: int) -> Future[bool]:
         """Send the first ``nbytes`` of ``slot``; returns once the kernel has taken them all.
 
         The returned future resolves when the kernel no longer reads the slot (then the slot
@@ -134,7 +138,7 @@ class AsyncSender:
         if not 0 < nbytes <= self.slot_size:
             raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot")
         self._held.discard(slot.index)
-        done: asyncio.Future[bool] = self.loop.create_future()
+        done: Future[bool] = self.loop.create_future()
         if self.ring is None:
             try:
                 await self.loop.sock_sendall(self.sock, slot.view[:nbytes])
@@ -153,13 +157,14 @@ class AsyncSender:
         self._want[i], self._done[i] = nbytes, 0
         self._sending = i
         self._idle.clear()
-        sent = self._sent = self.loop.create_future()
+        sent: Future[None] | None = self.loop.create_future()
+        self._sent = sent
         self._prep(i, 0, nbytes)
         self.ring.submit()
         self._process()
         try:
-            await asyncio.shield(sent)
-        except asyncio.CancelledError:
+            await backend.shield(self.loop, sent)
+        except BaseException:  # cancelled (asyncio's or trio's), or the send's error
             # The send goes on in the kernel; its outcome has no reader any more.
             sent.add_done_callback(_consume)
             raise
@@ -269,8 +274,8 @@ class AsyncSender:
         """Wait until the kernel is done with every slot sent so far."""
         self._check()
         try:
-            await asyncio.wait_for(self._settled(), timeout)
-        except asyncio.TimeoutError:
+            await backend.wait_for(self.loop, self._settled(), timeout)
+        except TimeoutError:
             raise ZcnetError(f"{self.outstanding} zero-copy sends still unacknowledged after "
                              f"{timeout:g} s",
                              "the peer stopped reading; close the socket to give up") from None
@@ -342,7 +347,7 @@ class AsyncSender:
                 f"{'closed' if self._closed else 'open'}>")
 
 
-def _consume(fut: asyncio.Future[None]) -> None:
+def _consume(fut: Future[None]) -> None:
     if not fut.cancelled():
         fut.exception()
 

@@ -22,7 +22,6 @@ Some facts that shape it:
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import itertools
 import os
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from zcnet.aio.backend import Future, Loop
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -75,7 +75,7 @@ def loop_backend() -> str:
 class LoopRing:
     """The shared ring of one event loop; opened with its first member, closed with its last."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self.loop = loop
         self.ring = Ring(SQ_ENTRIES, flags=RING_FLAGS, cq_entries=CQ_ENTRIES)
         self.members: dict[int, MemberRing] = {}
@@ -258,7 +258,7 @@ class MemberRing:
         self.bgid = bgid
         # Dispatched completions: arrays, or (user_data, res, flags) tuples for a few.
         self.inbox: list[Completions | list[tuple[int, int, int]]] = []
-        self.waiter: asyncio.Future[None] | None = None
+        self.waiter: Future[None] | None = None
         #: Called at each dispatch instead of waking ``waiter`` (zcnet.aio.protocol).
         self.on_ready: Callable[[], None] | None = None
         #: The compiled round of a transport (zcnet.aio._loopaccel.Round): the compiled pass
@@ -364,11 +364,11 @@ class SharedSoftProvider(SoftProvider):
                 self.member.lr.free_bgid(self.member.bgid)
 
 
-_rings: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopRing] = (
+_rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
     weakref.WeakKeyDictionary())
 
 
-def open_shared_soft(loop: asyncio.AbstractEventLoop, fd: int, area_size: int, buf_size: int,
+def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int,
                      hugetlb: bool) -> SharedSoftProvider:
     """A soft provider on ``loop``'s shared ring (opened now if this is its first member)."""
     lr = _rings.get(loop)

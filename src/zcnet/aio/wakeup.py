@@ -8,7 +8,7 @@ Some facts about ring readiness with DEFER_TASKRUN (the soft and zcrx providers'
   but queueing task work does not wake the ring's poll wait queue. A fresh poll()/select()
   scan sees it; epoll, which only re-checks an fd after a wake-up, is never told. Measured on
   this kernel (6.18): data arrives, ``select`` says the ring fd is readable, an epoll set
-  holding it stays empty. asyncio and uvloop both sit on epoll, so ``add_reader(ring.fd)``
+  holding it stays empty. asyncio, uvloop and trio all sit on epoll, so ``add_reader(ring.fd)``
   would sleep through data that has arrived.
 - An eventfd registered with IORING_REGISTER_EVENTFD is signalled when task work is queued on
   an empty list, and when CQEs are posted (our own enter included).
@@ -24,10 +24,10 @@ No helper thread: the loop's own epoll wait is the only place anyone sleeps.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 
+from zcnet.aio.backend import Future, Loop
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Ring
 
@@ -41,11 +41,11 @@ class Wakeup:
     ``on_ready`` runs in the loop on every signal; ``wait`` returns at the next one.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Ring | None, *,
+    def __init__(self, loop: Loop, ring: Ring | None, *,
                  sock_fd: int = -1, on_ready: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self._on_ready = on_ready
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: Future[None] | None = None
         self._watching = False
         if ring is None:
             self.efd = -1
