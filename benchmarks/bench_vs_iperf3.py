@@ -12,18 +12,145 @@ cannot be fetched), so iperf3 is the only C peer. Both ends of every column are 
 ``rcvlowat``, default 1 MiB: one wake-up per MiB queued, see zcnet.rx.engine); iperf3 has
 no option for it and wakes on every segment. ``--rcvlowat 0`` runs the engines without it.
 Ends with one ``target`` line per MTU: zcnet's best engine over the best peer, goal >= 1.0.
+
+A third kind of row, ``c-pair``, is a plain C sender and receiver (compiled at run time with the
+system compiler; skipped with a note when there is none; ``--no-c-pair`` leaves it out): blocking
+writes of ``--write-size`` bytes, a non-blocking ``read`` of 1 MiB with ``poll`` on EAGAIN and no
+SO_RCVLOWAT (as iperf3 reads), pinned like the placement, in a lab of its own per MTU. It is not
+a target peer. It answers where a gap to iperf3 comes from: if a 40-line C pair with no Python
+in it lands where zcnet does, the gap is not Python's per-call cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 
-from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, run_bench
+from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, pick_cpus, run_bench
+from zcnet.lab import Lab
 from zcnet.rx.engine import RCVLOWAT
 
 PEERS = ("iperf3",)
+C_PAIR = "c-pair"
+C_PORT = 5301
+
+_C_COMMON = r"""
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+"""
+# argv: ADDR PORT SECONDS WRITE_SIZE. Blocking writes of WRITE_SIZE bytes for SECONDS.
+_C_SEND = _C_COMMON + r"""
+int main(int argc, char **argv) {
+    if (argc != 5) return 2;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    size_t n = strtoul(argv[4], NULL, 10);
+    char *b = malloc(n);
+    if (!b) return 1;
+    for (size_t i = 0; i < n; i++) b[i] = (char)(i * 7);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    for (int i = 0; connect(fd, (void *)&a, sizeof a) < 0; i++) {
+        if (i == 200) { perror("connect"); return 1; }
+        usleep(10000);
+    }
+    double end = now() + atof(argv[3]);
+    while (now() < end)
+        if (write(fd, b, n) < 0) { perror("write"); return 1; }
+    close(fd);
+    return 0;
+}
+"""
+# argv: ADDR PORT. One connection; prints its Gbit/s from the first byte to EOF.
+_C_RECV = _C_COMMON + r"""
+#include <fcntl.h>
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    inet_pton(AF_INET, argv[1], &a.sin_addr);
+    int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, (void *)&a, sizeof a) || listen(l, 1)) { perror("listen"); return 1; }
+    int fd = accept(l, NULL, NULL);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    char *b = malloc(1 << 20);
+    long long got = 0;
+    double t0 = 0;
+    for (;;) {
+        ssize_t k = read(fd, b, 1 << 20);
+        if (k == 0) break;
+        if (k < 0) {
+            if (errno != EAGAIN) { perror("read"); return 1; }
+            struct pollfd p = {fd, POLLIN, 0};
+            poll(&p, 1, -1);
+            continue;
+        }
+        if (!t0) t0 = now();
+        got += k;
+    }
+    printf("%.3f\n", got * 8 / (now() - t0) / 1e9);
+    return 0;
+}
+"""
+
+
+def build_c_pair(workdir: str) -> tuple[tuple[str, str] | None, str]:
+    """(sender, receiver) executables, or None and why not."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return None, "no C compiler (cc/gcc/clang): c-pair skipped"
+    exes = []
+    for name, src in (("csend", _C_SEND), ("crecv", _C_RECV)):
+        path = os.path.join(workdir, name)
+        with open(path + ".c", "w") as fh:
+            fh.write(src)
+        r = subprocess.run([cc, "-O2", "-o", path, path + ".c"], capture_output=True, text=True)
+        if r.returncode:
+            return None, f"c-pair failed to compile, skipped: {r.stderr.strip()[:200]}"
+        exes.append(path)
+    return (exes[0], exes[1]), f"c-pair: {os.path.basename(cc)} -O2"
+
+
+def run_c_pair(exes: tuple[str, str], mtu: int, placement: str, duration: float,
+               write_size: int) -> float | str:
+    """The C pair's Gbit/s in a lab of its own, or why it did not run."""
+    cpus = pick_cpus(placement)
+    if isinstance(cpus, str):
+        return cpus
+    tx_cpu, rx_cpu = cpus
+    with Lab(mtu=mtu) as lab:
+        def inside(ns: str, cpu: int, argv: list[str]) -> list[str]:
+            return ["ip", "netns", "exec", ns, "taskset", "-c", str(cpu), *argv]
+        rx = subprocess.Popen(inside(lab.ns_b, rx_cpu, [exes[1], lab.addr_b, str(C_PORT)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            tx = subprocess.run(inside(lab.ns_a, tx_cpu, [exes[0], lab.addr_b, str(C_PORT),
+                                                          str(duration), str(write_size)]),
+                                capture_output=True, text=True, timeout=duration + 30)
+            out, err = rx.communicate(timeout=30)
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+                rx.wait()
+        if tx.returncode or rx.returncode:
+            return f"c-pair failed: {(tx.stderr + err).strip()[:200]}"
+        return float(out.strip())
 
 
 def main() -> None:
@@ -36,11 +163,25 @@ def main() -> None:
     ap.add_argument("--write-size", type=int, default=1 << 20)
     ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT,
                     help="zcnet engines' SO_RCVLOWAT in bytes (0: wake on any data, as iperf3)")
+    ap.add_argument("--no-c-pair", dest="c_pair", action="store_false",
+                    help="leave out the plain C sender/receiver row")
     args = ap.parse_args()
     load0 = _load()
     engines = tuple(args.engines.split(","))
     mtus = tuple(int(m) for m in args.mtus.split(","))
     runs: dict[tuple[int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="zcnet-cpair-") as tmp:
+        exes, note = build_c_pair(tmp) if args.c_pair else (None, "c-pair: left out")
+        _measure(args, engines, mtus, runs, exes)
+    print(f"placement {args.placement}, {args.duration:g} s x {args.repeat} interleaved repeats, "
+          f"every sender writing {args.write_size} bytes per call; medians; zcnet engines' "
+          f"SO_RCVLOWAT {args.rcvlowat} (iperf3: none); C peers: iperf3 only (kperf is not "
+          f"packaged here); {note}; load average before {load0}, after {_load()}")
+    _report(mtus, runs)
+
+
+def _measure(args: argparse.Namespace, engines: tuple[str, ...], mtus: tuple[int, ...],
+             runs: dict[tuple[int, str], list[float]], exes: tuple[str, str] | None) -> None:
     for _ in range(args.repeat):
         doc = run_bench(BenchOptions(mtus=mtus, engines=engines, placements=(args.placement,),
                                      duration=args.duration, peers=PEERS, lab=True,
@@ -51,10 +192,15 @@ def main() -> None:
                 runs.setdefault((r["mtu"], r["engine"]), []).append(r["gbps"])
             else:
                 print(f"MTU {r['mtu']} {r['engine']}: {r['status']}: {r['reason']}")
-    print(f"placement {args.placement}, {args.duration:g} s x {args.repeat} interleaved repeats, "
-          f"every sender writing {args.write_size} bytes per call; medians; zcnet engines' "
-          f"SO_RCVLOWAT {args.rcvlowat} (iperf3: none); C peers: iperf3 only (kperf is not "
-          f"packaged here); load average before {load0}, after {_load()}")
+        for mtu in mtus if exes else ():
+            res = run_c_pair(exes, mtu, args.placement, args.duration, args.write_size)
+            if isinstance(res, str):
+                print(f"MTU {mtu} {C_PAIR}: {res}")
+            else:
+                runs.setdefault((mtu, C_PAIR), []).append(res)
+
+
+def _report(mtus: tuple[int, ...], runs: dict[tuple[int, str], list[float]]) -> None:
     print(f"{'MTU':>6} {'engine':<14}{'Gbit/s':>9}{'range':>16}{'vs best peer':>14}")
     for mtu in mtus:
         med = {e: statistics.median(v) for (m, e), v in runs.items() if m == mtu}
@@ -65,7 +211,7 @@ def main() -> None:
             ratio = f"{med[e] / peer:.2f}x" if peer else "n/a"
             print(f"{mtu:>6} {e:<14}{med[e]:>9.2f}{f'{min(v):.1f}..{max(v):.1f}':>16}"
                   f"{ratio:>14}")
-        best = max((v for e, v in med.items() if e not in PEERS), default=None)
+        best = max((v for e, v in med.items() if e not in (*PEERS, C_PAIR)), default=None)
         if best is not None and peer:
             print(f"target lab_mtu{mtu}_best_zcnet_vs_best_peer {best / peer:.3f} x goal >= 1.0")
 
