@@ -256,3 +256,39 @@ def test_ping_pong_leaves_the_eventfd_drained(loop_kind, no_leaks):
         assert await asyncio.wait_for(p.lost, 10) is None
 
     run(loop_kind, main)
+
+
+def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, loop_pass,
+                                                                      no_leaks):
+    """The compiled round reads its objects' per-pass attributes from their instance dicts;
+    where the type puts a descriptor in front of one (here a transport subclass's property),
+    the dict is not what Python reads, so that round must go to Python (FALLBACK)."""
+    if loop_pass != "c":
+        pytest.skip("the compiled round only")
+
+    class Viewed(aio.ZcTransport):
+        @property  # type: ignore[override]
+        def _paused(self) -> bool:
+            return bool(self.__dict__.get("_paused", False))
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        p = Frames()
+        tr = aio.start_protocol(s, p, **SMALL)
+        await asyncio.sleep(0)  # the start's pass: the receive is armed
+        v = object.__new__(Viewed)
+        v.__dict__.update(tr.__dict__)
+        viewed = Viewed._make_round(v)
+        accel = shared.loop_accel()
+        assert tr._fast.run() == accel.DONE  # nothing has arrived: the compiled round is done
+        assert viewed.run() == accel.FALLBACK
+        del v, viewed
+        await asyncio.get_running_loop().sock_sendall(c, bytes(64))
+        got = b""
+        while len(got) < 64:
+            got += await asyncio.get_running_loop().sock_recv(c, 64)
+        assert got == bytes(64)
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+
+    run(loop_kind, main)

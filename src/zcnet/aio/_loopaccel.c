@@ -75,25 +75,6 @@ static int get_ll(PyObject *o, PyObject *name, long long *out) {
     return !(*out == -1 && PyErr_Occurred());
 }
 
-static int set_ll(PyObject *o, PyObject *name, long long v) {
-    PyObject *x = PyLong_FromLongLong(v);
-    if (!x)
-        return 0;
-    int r = PyObject_SetAttr(o, name, x);
-    Py_DECREF(x);
-    return r == 0;
-}
-
-/* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
-static int get_true(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (!v)
-        return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* The __slots__ member ``name`` of ``cls`` (its descriptor: get and set in C, no frame). */
 static PyObject *slot_descr(PyObject *cls, const char *name) {
     PyObject *d = PyObject_GetAttrString(cls, name);
@@ -112,6 +93,66 @@ static PyObject *slot_get(PyObject *d, PyObject *o) {
 static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
     int r = Py_TYPE(d)->tp_descr_set(d, o, v);
     Py_DECREF(v);
+    return r == 0;
+}
+
+/* Attributes a Round reads and writes every pass live in their objects' instance dicts; the
+ * round looks them up there (no type lookup, no generic getattr), which gives what getattr
+ * gives as long as the type has no data descriptor of that name: checked once per type
+ * (plain_attrs). A name missing from the dict goes the generic way. */
+static int plain_attrs(PyObject *o, PyObject *const *names, int n) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t->tp_dictoffset == 0)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *d = _PyType_Lookup(t, names[i]); /* borrowed */
+        if (d && Py_TYPE(d)->tp_descr_set)
+            return 0;
+    }
+    return 1;
+}
+
+/* o.name (new reference): from the instance dict when ``plain`` (o's type passed
+ * plain_attrs), else the generic way. */
+static PyObject *iget(int plain, PyObject *o, PyObject *name) {
+    PyObject **dp = plain ? _PyObject_GetDictPtr(o) : NULL;
+    if (dp && *dp) {
+        PyObject *v = PyDict_GetItemWithError(*dp, name);
+        if (v)
+            return Py_NewRef(v);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+static int iget_ll(int plain, PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = iget(plain, o, name);
+    if (!v)
+        return 0;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+/* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
+static int iget_true(int plain, PyObject *o, PyObject *name) {
+    PyObject *v = iget(plain, o, name);
+    if (!v)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* o.name = v, as iget. */
+static int iset_ll(int plain, PyObject *o, PyObject *name, long long v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (!x)
+        return 0;
+    PyObject **dp = plain ? _PyObject_GetDictPtr(o) : NULL;
+    int r = dp && *dp ? PyDict_SetItem(*dp, name, x) : PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
     return r == 0;
 }
 
@@ -509,7 +550,15 @@ struct Round {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
     long long recv_ud, f_more;
     unsigned int buffer_shift;
+    int plain; /* the attributes below read and written in instance dicts (plain_attrs) */
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
+    PyObject *pop;                                 /* queue.popleft */
+    /* The provider's buffer ring as last seen, with what stays fixed for its life: its
+     * io_uring, its entries' address, the area's base, entries, mask and buffer size. */
+    PyObject *buf, *buf_ring;
+    unsigned char *entries;
+    unsigned long long base;
+    long long n, mask, bs;
 };
 
 static PyObject *round_transport(Round *r) {
@@ -521,7 +570,7 @@ static PyObject *round_transport(Round *r) {
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
-    X(d_so)
+    X(d_so) X(pop) X(buf) X(buf_ring)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
@@ -541,6 +590,25 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
             return -1;
         Py_XSETREF(*slots[i], d);
     }
+    /* The attributes each pass reads or writes, per object (see plain_attrs). */
+    PyObject *const tr_names[] = {s_closing, s_paused, s_eof, s_waiting_release, s_protocol};
+    PyObject *const rx_names[] = {s_closed, s_owner_tid, s_end, s_stalled, s_limit,
+                                  s_stream_off};
+    PyObject *const prov_names[] = {s_armed, s_buf};
+    PyObject *const stats_names[] = {s_delivered, s_delivered_bytes, s_released,
+                                     s_released_bytes, s_peak, s_peak_bytes};
+    PyObject *const member_names[] = {s_inbox};
+#define NAMES(a) a, (int)(sizeof(a) / sizeof(a[0]))
+    r->plain = plain_attrs(tr, NAMES(tr_names)) && plain_attrs(rx, NAMES(rx_names)) &&
+               plain_attrs(prov, NAMES(prov_names)) && plain_attrs(stats, NAMES(stats_names)) &&
+               plain_attrs(member, NAMES(member_names));
+#undef NAMES
+    PyObject *pop = PyObject_GetAttr(queue, s_popleft);
+    if (!pop)
+        return -1;
+    Py_XSETREF(r->pop, pop);
+    Py_CLEAR(r->buf);
+    Py_CLEAR(r->buf_ring);
     PyObject *objs[7] = {tr, rx, member, prov, cls, queue, stats};
     PyObject **dst[7] = {&r->tr, &r->rx, &r->member, &r->prov, &r->cls, &r->queue, &r->stats};
     for (int i = 0; i < 7; i++) {
@@ -558,24 +626,45 @@ typedef struct {
     long long n, mask, bs, head, tail, in_ring;
 } BufState;
 
-static int read_buf(PyObject *buf, BufState *b) {
-    long long addr;
+/* Cache the fixed fields of ``buf`` (the provider's current buffer ring) unless cached: 1 done,
+ * -1 fall back (the round's objects or the buffer ring's attributes are not plain: unusual
+ * subclasses take the Python round), 0 error. */
+static int cache_buf(Round *r, PyObject *buf) {
+    if (buf == r->buf)
+        return 1;
+    PyObject *const names[] = {s_registered, s_head, s_tail, s_in_ring};
+    if (!r->plain || !plain_attrs(buf, names, 4))
+        return -1;
+    long long addr, base, n, mask, bs;
     PyObject *mem = PyObject_GetAttr(buf, s_mem);
     if (!mem)
         return 0;
     int ok = get_ll(mem, s_addr, &addr);
     Py_DECREF(mem);
-    if (!ok)
+    if (!ok || !get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &n) ||
+        !get_ll(buf, s_mask, &mask) || !get_ll(buf, s_buf_size, &bs))
         return 0;
-    b->entries = (unsigned char *)(uintptr_t)addr;
-    long long base;
-    if (!get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &b->n) ||
-        !get_ll(buf, s_mask, &b->mask) || !get_ll(buf, s_buf_size, &b->bs) ||
-        !get_ll(buf, s_head, &b->head) || !get_ll(buf, s_tail, &b->tail) ||
-        !get_ll(buf, s_in_ring, &b->in_ring))
+    PyObject *ring = PyObject_GetAttr(buf, s_ring);
+    if (!ring)
         return 0;
-    b->base = (unsigned long long)base;
+    Py_XSETREF(r->buf_ring, ring);
+    Py_XSETREF(r->buf, Py_NewRef(buf));
+    r->entries = (unsigned char *)(uintptr_t)addr;
+    r->base = (unsigned long long)base;
+    r->n = n;
+    r->mask = mask;
+    r->bs = bs;
     return 1;
+}
+
+static int read_buf(Round *r, PyObject *buf, BufState *b) {
+    b->entries = r->entries;
+    b->base = r->base;
+    b->n = r->n;
+    b->mask = r->mask;
+    b->bs = r->bs;
+    return iget_ll(r->plain, buf, s_head, &b->head) && iget_ll(r->plain, buf, s_tail, &b->tail) &&
+           iget_ll(r->plain, buf, s_in_ring, &b->in_ring);
 }
 
 #define ENTRY(b, i) ((b)->entries + (size_t)((i) & (b)->mask) * 16)
@@ -622,22 +711,17 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b) {
     Py_DECREF(it);
     if (verdict != 1)
         return verdict;
-    PyObject *pop = PyObject_GetAttr(r->queue, s_popleft);
-    if (!pop)
-        return 0;
+    PyObject *pop = r->pop;
     long long t = b->tail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *c = PyObject_CallNoArgs(pop);
         if (!c) {
-            Py_DECREF(pop);
             return 0; /* cannot happen: n items were there and only this thread takes */
         }
         PyObject *tok = slot_get(r->d_tok, c);
         Py_DECREF(c);
-        if (!tok) {
-            Py_DECREF(pop);
+        if (!tok)
             return 0;
-        }
         uint16_t bid = (uint16_t)PyLong_AsLong(tok);
         Py_DECREF(tok);
         unsigned char *e = ENTRY(b, t);
@@ -648,16 +732,15 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b) {
         memcpy(e + 12, &bid, 2);
         t++;
     }
-    Py_DECREF(pop);
     b->tail = t & 0xFFFF;
     b->in_ring += n;
     /* The tail lives in entry 0's resv; release: the entries above are written first. */
     __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
     long long rel, relb;
-    if (!set_ll(buf, s_tail, b->tail) || !set_ll(buf, s_in_ring, b->in_ring) ||
-        !get_ll(r->stats, s_released, &rel) || !get_ll(r->stats, s_released_bytes, &relb) ||
-        !set_ll(r->stats, s_released, rel + n) ||
-        !set_ll(r->stats, s_released_bytes, relb + nbytes))
+    if (!iset_ll(r->plain, buf, s_tail, b->tail) || !iset_ll(r->plain, buf, s_in_ring, b->in_ring) ||
+        !iget_ll(r->plain, r->stats, s_released, &rel) || !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
+        !iset_ll(r->plain, r->stats, s_released, rel + n) ||
+        !iset_ll(r->plain, r->stats, s_released_bytes, relb + nbytes))
         return 0;
     return 1;
 }
@@ -692,49 +775,50 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
     PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
     for (int i = 0; i < 4; i++)
-        if ((v = get_true(r->tr, flags[i])) != 0)
+        if ((v = iget_true(r->plain, r->tr, flags[i])) != 0)
             return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
     /* The receiver: open, owned by this thread, not ended, not paused, armed. */
-    if ((v = get_true(r->rx, s_closed)) != 0)
+    if ((v = iget_true(r->plain, r->rx, s_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
-    if (!get_ll(r->rx, s_owner_tid, &x))
+    if (!iget_ll(r->plain, r->rx, s_owner_tid, &x))
         return NULL;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
         return PyLong_FromLong(FALLBACK);
-    PyObject *o = PyObject_GetAttr(r->rx, s_end);
+    PyObject *o = iget(r->plain, r->rx, s_end);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
         return PyLong_FromLong(FALLBACK);
-    o = PyObject_GetAttr(r->rx, s_stalled);
+    o = iget(r->plain, r->rx, s_stalled);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
         return PyLong_FromLong(FALLBACK);
-    if ((v = get_true(r->prov, s_armed)) != 1)
+    if ((v = iget_true(r->plain, r->prov, s_armed)) != 1)
         return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
-    buf = PyObject_GetAttr(r->prov, s_buf);
+    buf = iget(r->plain, r->prov, s_buf);
     if (!buf)
         return NULL;
     if (buf == Py_None)
         BAIL(FALLBACK);
-    if ((v = get_true(buf, s_registered)) != 1) {
+    if ((v = cache_buf(r, buf)) != 1) {
+        if (v == 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    if ((v = iget_true(r->plain, buf, s_registered)) != 1) {
         if (v < 0)
             goto error;
         BAIL(FALLBACK);
     }
-    PyObject *ring = PyObject_GetAttr(buf, s_ring);
-    if (!ring || !get_ll(ring, s_fd, &x)) {
-        Py_XDECREF(ring);
+    if (!get_ll(r->buf_ring, s_fd, &x))
         goto error;
-    }
-    Py_DECREF(ring);
     if (x < 0)
         BAIL(FALLBACK);
     BufState b;
-    if (!read_buf(buf, &b))
+    if (!read_buf(r, buf, &b))
         goto error;
     if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
@@ -746,14 +830,14 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     }
     /* Back-pressure: the Python round pauses and counts it. */
     long long dl, dlb, rel, relb, limit;
-    if (!get_ll(r->stats, s_delivered, &dl) || !get_ll(r->stats, s_delivered_bytes, &dlb) ||
-        !get_ll(r->stats, s_released, &rel) || !get_ll(r->stats, s_released_bytes, &relb) ||
-        !get_ll(r->rx, s_limit, &limit))
+    if (!iget_ll(r->plain, r->stats, s_delivered, &dl) || !iget_ll(r->plain, r->stats, s_delivered_bytes, &dlb) ||
+        !iget_ll(r->plain, r->stats, s_released, &rel) || !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
+        !iget_ll(r->plain, r->rx, s_limit, &limit))
         goto error;
     if (dlb - relb > limit)
         BAIL(FALLBACK);
     /* The member's completions: one list of tuples, each data of the receive in one buffer. */
-    PyObject *box = PyObject_GetAttr(r->member, s_inbox);
+    PyObject *box = iget(r->plain, r->member, s_inbox);
     if (!box)
         goto error;
     Py_DECREF(box); /* the member keeps it */
@@ -794,7 +878,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         goto error;
     }
     long long s;
-    if (!get_ll(r->rx, s_stream_off, &s)) {
+    if (!iget_ll(r->plain, r->rx, s_stream_off, &s)) {
         Py_DECREF(cqes);
         goto error;
     }
@@ -838,16 +922,16 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     dl += k;
     dlb += s - s0;
     long long pk, pkb;
-    if (!set_ll(buf, s_head, b.head) || !set_ll(buf, s_in_ring, b.in_ring) ||
-        !set_ll(r->stats, s_delivered, dl) || !set_ll(r->stats, s_delivered_bytes, dlb) ||
-        !get_ll(r->stats, s_peak, &pk) || !get_ll(r->stats, s_peak_bytes, &pkb) ||
-        (dl - rel > pk && !set_ll(r->stats, s_peak, dl - rel)) ||
-        (dlb - relb > pkb && !set_ll(r->stats, s_peak_bytes, dlb - relb)) ||
-        !set_ll(r->rx, s_stream_off, s))
+    if (!iset_ll(r->plain, buf, s_head, b.head) || !iset_ll(r->plain, buf, s_in_ring, b.in_ring) ||
+        !iset_ll(r->plain, r->stats, s_delivered, dl) || !iset_ll(r->plain, r->stats, s_delivered_bytes, dlb) ||
+        !iget_ll(r->plain, r->stats, s_peak, &pk) || !iget_ll(r->plain, r->stats, s_peak_bytes, &pkb) ||
+        (dl - rel > pk && !iset_ll(r->plain, r->stats, s_peak, dl - rel)) ||
+        (dlb - relb > pkb && !iset_ll(r->plain, r->stats, s_peak_bytes, dlb - relb)) ||
+        !iset_ll(r->plain, r->rx, s_stream_off, s))
         goto error;
     Py_CLEAR(buf);
     /* To the protocol. */
-    proto = PyObject_GetAttr(r->tr, s_protocol);
+    proto = iget(r->plain, r->tr, s_protocol);
     cb = proto ? PyObject_GetAttr(proto, s_chunk_received) : NULL;
     if (!cb) {
         keep_rest(r->tr, chunks, 0);
@@ -860,8 +944,8 @@ static PyObject *round_run(Round *r, PyObject *unused) {
             goto error;
         }
         Py_DECREF(res);
-        int closing = get_true(r->tr, s_closing);
-        int paused = closing < 0 ? 0 : get_true(r->tr, s_paused);
+        int closing = iget_true(r->plain, r->tr, s_closing);
+        int paused = closing < 0 ? 0 : iget_true(r->plain, r->tr, s_paused);
         if (closing < 0 || paused < 0) {
             keep_rest(r->tr, chunks, i + 1);
             goto error;
@@ -881,14 +965,14 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     Py_DECREF(cb);
     Py_DECREF(proto);
     Py_DECREF(chunks);
-    box = PyObject_GetAttr(r->member, s_inbox);
+    box = iget(r->plain, r->member, s_inbox);
     if (!box)
         return NULL;
     Py_ssize_t more = PyObject_Length(box);
     Py_DECREF(box);
     if (more < 0)
         return NULL;
-    if ((v = get_true(r->prov, s_armed)) < 0)
+    if ((v = iget_true(r->plain, r->prov, s_armed)) < 0)
         return NULL;
     return PyLong_FromLong(more || !v ? AGAIN : DONE);
 error:

@@ -92,7 +92,7 @@ class LoopRing:
         try:
             self._router = self._make_router()
             register_eventfd(self.ring, self.efd)
-            loop.add_reader(self.efd, self._on_eventfd)
+            loop.add_reader(self.efd, self.poll, True)  # signalled: the eventfd is set
         except BaseException:
             os.close(self.efd)
             self.ring.close()
@@ -145,9 +145,6 @@ class LoopRing:
         self.ring.close()
 
     # --- passes --------------------------------------------------------------------------------
-    def _on_eventfd(self) -> None:
-        self.poll(signalled=True)
-
     def schedule(self) -> None:
         """One pass at the end of the loop's current iteration (batched submission)."""
         if self.loop.is_closed():  # closing at shutdown: nothing runs later
@@ -166,11 +163,11 @@ class LoopRing:
         ring = self.ring
         return bool(self.prepped or ring.cq_ready() or ring.sq_flags & _WORK)
 
-    def poll(self, *, signalled: bool = False) -> None:
+    def poll(self, signalled: bool = False) -> None:
         """Submit, run the task work, reap and dispatch; drain the eventfd when it may be set.
         One pass; if the kernel queued more meanwhile, another pass is scheduled."""
         ring = self.ring
-        if ring.closed:
+        if ring.fd < 0:  # closed (Ring.closed, without a property call once per pass)
             return
         entered = signalled
         if self.prepped:

@@ -99,7 +99,9 @@ class Chunk(_Held):
     @property
     def data(self) -> memoryview:
         """Zero-copy read-write view of the bytes."""
-        rx = self._owner()
+        rx = self._rx
+        if rx is None:  # _owner(), inline: this runs once per chunk on the callback path
+            raise ValueError(f"{self!r} used after release")
         mv = rx._view[self.offset:self.offset + self.length]
         if rx.debug:
             rx._track(self, mv)
