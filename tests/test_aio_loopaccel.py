@@ -258,13 +258,12 @@ def test_ping_pong_leaves_the_eventfd_drained(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+@pytest.mark.parametrize("loop_pass", ["c"], indirect=True)  # the compiled round only
 def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, loop_pass,
                                                                       no_leaks):
     """The compiled round reads its objects' per-pass attributes from their instance dicts;
     where the type puts a descriptor in front of one (here a transport subclass's property),
     the dict is not what Python reads, so that round must go to Python (FALLBACK)."""
-    if loop_pass != "c":
-        pytest.skip("the compiled round only")
 
     class Viewed(aio.ZcTransport):
         @property  # type: ignore[override]
