@@ -25,6 +25,12 @@ _OPENERS: dict[str, Callable[..., Provider]] = {
 PROVIDERS = tuple(_OPENERS)
 
 
+def _require_int(name: str, value: object, fix: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}",
+                         f"pass {name}= {fix}")
+
+
 def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                   area_size: int = 64 << 20, buf_size: int = 64 << 10,
                   hugetlb: bool = False, dmabuf_fd: int | None = None,
@@ -50,14 +56,11 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     rx_buf_len (zcrx): receive buffer size, a power of two >= the page size, where the kernel
     takes it (0: one page).
     """
-    # area_size is Area's to check (zcnet.aio's shared receivers make one directly).
-    for name, value, fix in (("buf_size", buf_size, "a whole number of bytes, e.g. 64 << 10"),
-                             ("rx_buf_len", rx_buf_len, "a whole number of bytes, or 0"),
-                             ("queue", queue, "the queue id, or None to find it")):
-        if (not isinstance(value, int) or isinstance(value, bool)) and not (
-                name == "queue" and value is None):
-            raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}",
-                             f"pass {name}= {fix}")
+    # Sizes are checked where they are used, which zcnet.aio's receivers reach too (Area,
+    # buffer_count); rx_buf_len and queue only pass through here, to zcrx and devmem.
+    _require_int("rx_buf_len", rx_buf_len, "a power of two of bytes, or 0 for one page")
+    if queue is not None:
+        _require_int("queue", queue, "the queue id, or None to find it")
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
     fd = require_tcp(sock, "zero-copy receiver")
