@@ -8,9 +8,9 @@ gets the same with ``-l`` (its default is 128 KiB, which hands the comparison to
 bigger). Each repeat runs every engine and iperf3 once per MTU, so drift on a shared machine
 hits every column alike; the median over repeats is compared. kperf is not packaged here (and
 cannot be fetched), so iperf3 is the only C peer. Both ends of every column are pinned alike
-(the placement's CPUs, taskset for iperf3). zcnet's engines set SO_RCVLOWAT (engine option
-``rcvlowat``, default 1 MiB: one wake-up per MiB queued, see zcnet.rx.engine); iperf3 has
-no option for it and wakes on every segment. ``--rcvlowat 0`` runs the engines without it.
+(the placement's CPUs, taskset for iperf3). The engines run with their own SO_RCVLOWAT
+(engine option ``rcvlowat``): epoll wakes on any data, as iperf3 does; the io_uring engines
+wake once 1 MiB is queued (see zcnet.rx.copying). ``--rcvlowat N`` gives every engine N.
 Ends with one ``target`` line per MTU: zcnet's best engine over the best peer, goal >= 1.0.
 
 A third kind of row, ``c-pair``, is a plain C sender and receiver (compiled at run time with the
@@ -161,8 +161,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--engines", default=",".join(DEFAULT_ENGINES))
     ap.add_argument("--write-size", type=int, default=1 << 20)
-    ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT,
-                    help="zcnet engines' SO_RCVLOWAT in bytes (0: wake on any data, as iperf3)")
+    ap.add_argument("--rcvlowat", type=int, default=None,
+                    help="every zcnet engine's SO_RCVLOWAT in bytes (0: wake on any data, as "
+                         "iperf3; default: each engine's own, epoll 0 and the others "
+                         f"{RCVLOWAT})")
     ap.add_argument("--no-c-pair", dest="c_pair", action="store_false",
                     help="leave out the plain C sender/receiver row")
     args = ap.parse_args()
@@ -173,9 +175,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="zcnet-cpair-") as tmp:
         exes, note = build_c_pair(tmp) if args.c_pair else (None, "c-pair: left out")
         _measure(args, engines, mtus, runs, exes)
+    lowat = ("each engine's own" if args.rcvlowat is None else args.rcvlowat)
     print(f"placement {args.placement}, {args.duration:g} s x {args.repeat} interleaved repeats, "
           f"every sender writing {args.write_size} bytes per call; medians; zcnet engines' "
-          f"SO_RCVLOWAT {args.rcvlowat} (iperf3: none); C peers: iperf3 only (kperf is not "
+          f"SO_RCVLOWAT {lowat} (iperf3: none); C peers: iperf3 only (kperf is not "
           f"packaged here); {note}; load average before {load0}, after {_load()}")
     _report(mtus, runs)
 
@@ -186,7 +189,8 @@ def _measure(args: argparse.Namespace, engines: tuple[str, ...], mtus: tuple[int
         doc = run_bench(BenchOptions(mtus=mtus, engines=engines, placements=(args.placement,),
                                      duration=args.duration, peers=PEERS, lab=True,
                                      peer_write_size=args.write_size,
-                                     engine_opts={"rcvlowat": args.rcvlowat}))
+                                     engine_opts=({} if args.rcvlowat is None
+                                                  else {"rcvlowat": args.rcvlowat})))
         for r in doc["results"]:
             if r["status"] == "ok":
                 runs.setdefault((r["mtu"], r["engine"]), []).append(r["gbps"])

@@ -47,7 +47,18 @@ def _run(engine: str, opts: EngineOptions, total: int) -> tuple[int, int]:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_engine_sets_the_threshold_and_reads_the_tail_below_it(no_leaks, engine: str) -> None:
     total = 3 * RCVLOWAT + 12345  # ends with less than the threshold queued
-    assert _run(engine, EngineOptions(), total) == (total, RCVLOWAT)
+    assert _run(engine, EngineOptions(rcvlowat=RCVLOWAT), total) == (total, RCVLOWAT)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_engine_default_is_its_own(no_leaks, engine: str) -> None:
+    """With no ``rcvlowat`` option an engine sets its own default: epoll wakes on any data (the
+    kernel's 1 byte, measured faster for it in the lab), the io_uring engines once 1 MiB is
+    queued; the option, when given, wins (the test above)."""
+    eng = make_engine(engine, EngineOptions())
+    assert eng.default_rcvlowat == (0 if engine == "epoll" else RCVLOWAT)
+    total = 2 * RCVLOWAT + 999
+    assert _run(engine, EngineOptions(), total) == (total, eng.default_rcvlowat or 1)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

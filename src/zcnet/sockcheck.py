@@ -24,9 +24,10 @@ _PROTOCOLS = {socket.IPPROTO_TCP: "TCP", socket.IPPROTO_UDP: "UDP"}
 _TYPE_NAMES = {socket.SOCK_STREAM: "SOCK_STREAM", socket.SOCK_DGRAM: "SOCK_DGRAM"}
 _INT_MAX = (1 << 31) - 1  # SO_RCVLOWAT is a C int
 
-# The SO_RCVLOWAT zcnet gives a bulk stream (every receive engine's default; zcnet.aio's
-# ``rcvlowat`` option for ingest). TCP wakes a waiting reader (poll, epoll, io_uring's internal
-# poll) only once this much is queued, instead of on every segment. With the softirq on the
+# The SO_RCVLOWAT zcnet gives a bulk stream (the io_uring receive engines' default, not epoll's:
+# see zcnet.rx.copying; zcnet.aio's ``rcvlowat`` option for ingest). TCP wakes a waiting reader
+# (poll, epoll, io_uring's internal poll) only once this much is queued, instead of on every
+# segment. With the softirq on the
 # sender's CPU (veth, lo) each wake-up costs that CPU, the bottleneck, a cross-CPU wake, and the
 # reader copies a few segments per wake-up. Measured in the lab (split placement, a C sender
 # writing 1 MiB): at MTU 9000 on a quiet machine 256 KiB took uring-mshot and soft-zc from ~26 to

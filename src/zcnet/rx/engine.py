@@ -24,7 +24,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from zcnet.errors import UsageError
-from zcnet.sockcheck import RCVLOWAT
+from zcnet.sockcheck import RCVLOWAT as RCVLOWAT  # callers read the engines' threshold here
 
 Consumer = Callable[[np.ndarray], object]
 
@@ -73,7 +73,13 @@ class EngineOptions:
     zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
     zc_debug: bool = False        # poison released chunks to catch use after release
     zc_rx_buf_len: int = 0        # zcrx: receive buffer size (rx_buf_len; 0: one page)
-    rcvlowat: int = RCVLOWAT      # SO_RCVLOWAT: bytes queued before the reader is woken (0: 1)
+    # SO_RCVLOWAT: bytes queued before the reader is woken (0: the kernel's 1 byte); None: the
+    # engine's own default (its ``default_rcvlowat``).
+    rcvlowat: int | None = None
+
+    def rcvlowat_for(self, engine: Engine) -> int:
+        """The SO_RCVLOWAT ``engine`` sets: the option when given, else the engine's default."""
+        return engine.default_rcvlowat if self.rcvlowat is None else self.rcvlowat
 
     def zc_buf_bytes(self) -> int:
         """The soft provider's buffer size."""
@@ -119,6 +125,8 @@ def _fits(value: object, annotation: str) -> bool:
 
 class Engine(Protocol):
     name: ClassVar[str]
+    #: SO_RCVLOWAT when the ``rcvlowat`` option is not given (see :data:`RCVLOWAT`).
+    default_rcvlowat: ClassVar[int]
 
     def unsupported(self) -> str | None:
         """Why the engine cannot run here, or None."""

@@ -28,13 +28,14 @@ from zcnet.rx.zc.provider import Provider, build_or_close
 from zcnet.rx.zc.receiver import Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
-from zcnet.sockcheck import require_tcp, set_rcvlowat
+from zcnet.sockcheck import RCVLOWAT, require_tcp, set_rcvlowat
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import unsupported
 
 
 class _ZcEngine:
     name: ClassVar[str] = ""
+    default_rcvlowat: ClassVar[int] = RCVLOWAT
 
     def __init__(self, opts: EngineOptions) -> None:
         self.opts = opts
@@ -54,7 +55,7 @@ class _ZcEngine:
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         require_tcp(sock, f"{self.name} engine")
-        set_rcvlowat(sock, self.opts.rcvlowat, f"{self.name} engine")
+        set_rcvlowat(sock, self.opts.rcvlowat_for(self), f"{self.name} engine")
         sock.setblocking(True)
         st = RxStats()
         with self._open(sock) as rx:
