@@ -813,3 +813,57 @@ def test_sendzc_sends_from_a_buffer_of_any_length(tcp_pair, fixed) -> None:
     while len(got) < 6 * size:
         got += server.recv(1 << 16)
     assert got == b"".join(sent)
+
+
+def _sndtimeo(sock: socket.socket) -> bytes:
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)
+
+
+@pytest.mark.timeout(60, method="thread")  # the test uses SIGALRM itself
+@pytest.mark.parametrize("kind", ["copy", "msgzc"])
+@pytest.mark.parametrize("blocking", [True, False])
+def test_send_to_a_peer_that_never_reads_ends_by_its_deadline(
+        no_leaks, stalled_pair, kind: str, blocking: bool) -> None:
+    """copy and msgzc sends to a peer that never reads raise a clear error once their timeout
+    has passed, on a blocking socket too (where a plain send() would sleep in the kernel for
+    good), instead of hanging; the socket's own SO_SNDTIMEO is back after close()."""
+    client, server = stalled_pair
+    client.setblocking(blocking)
+    own = _sndtimeo(client)
+    s = make_sender(kind, client, bytearray(8 << 20), slots=2)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)  # the failure guard: a hang ends here
+        t0 = time.monotonic()
+        with pytest.raises(ZcnetError) as e:
+            for _ in range(4):  # msgzc: the slots fill with unacknowledged sends first
+                s.send(4 << 20, timeout=0.5)
+        waited = time.monotonic() - t0
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if kind == "copy":
+            assert e.value.message.startswith(f"send of {4 << 20} B stalled: ")
+            assert "the rest was not sent" in e.value.message
+        else:
+            assert "zero-copy sends still unacknowledged after 0.5 s" in e.value.message
+        assert "peer stopped reading" in (e.value.hint or "")
+        # Each wait is bounded (SO_SNDTIMEO or poll), so it ends within a step of the deadline.
+        assert waited < 0.5 + 5, f"took {waited:.1f} s"
+    finally:
+        # The peer resets: the kernel drops what it held, so msgzc's close() has no
+        # notifications left to wait for.
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()
+        signal.setitimer(signal.ITIMER_REAL, 10.0)
+        s.close()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    assert _sndtimeo(client) == own
+
+
+@pytest.mark.parametrize("kind", ["copy", "msgzc"])
+def test_send_timeout_is_checked(no_leaks, tcp_pair, kind: str) -> None:
+    client, _server = tcp_pair
+    s = make_sender(kind, client, bytearray(1 << 16), slots=1)
+    try:
+        with pytest.raises(UsageError, match="timeout"):
+            s.send(100, timeout=-1)
+    finally:
+        s.close()

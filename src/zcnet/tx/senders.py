@@ -39,17 +39,27 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
+from zcnet.quantities import check
 from zcnet.sockcheck import require_tcp
 from zcnet.tx.sendzc import SendZcSender
-from zcnet.tx.slots import FLUSH_TIMEOUT, Sender, SendStats, SlotHook, SlotSender, stuck
+from zcnet.tx.slots import (
+    FLUSH_TIMEOUT,
+    SEND_TIMEOUT,
+    WAIT_STEP,
+    BoundedSends,
+    Sender,
+    SendStats,
+    SlotHook,
+    SlotSender,
+    stalled,
+    stuck,
+)
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
 
 # Part of this module's interface: callers type and time their senders with these.
 __all__ = ["FLUSH_TIMEOUT", "KINDS", "CopySender", "MsgZerocopySender", "SendStats",
            "SendZcSender", "Sender", "SlotHook", "fill_pattern", "make_sender"]
-
-_WAIT_MS = 1000
 
 
 class CopySender(SlotSender):
@@ -62,23 +72,39 @@ class CopySender(SlotSender):
                  note: str = "", kind: str = "copy") -> None:
         super().__init__(sock, buf, slots, on_fill, on_release)
         self._stats = SendStats(kind, "copy", note=note)
+        self._bounded = BoundedSends(sock)
 
-    def send(self, nbytes: int) -> int:
+    def send(self, nbytes: int, timeout: float = SEND_TIMEOUT) -> int:
+        """Send ``nbytes``; returns once the kernel has taken them all. Waits at most about
+        ``timeout`` seconds for buffer space, then raises the stalled ZcnetError (the bytes
+        before the stall were sent: the stream's position is lost, close the socket)."""
         if self._closed:
             raise ClosedError.of(self, "send")
         self._check(nbytes)
+        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
+            check("timeout", timeout, "CopySender.send timeout")
+        deadline = time.monotonic() + timeout
         slot = self._acquire()
         view = self.slots[slot]
         done = 0
-        while done < nbytes:
-            try:
-                done += self.sock.send(view[done:nbytes])
-            except BlockingIOError:
-                self._stats.retries += 1
-                select.select([], [self.sock], [], _WAIT_MS / 1000)
-            self._stats.sends += 1
-        self._stats.bytes += nbytes
-        self._release(slot)
+        try:
+            while done < nbytes:
+                try:
+                    n = self.sock.send(view[done:nbytes])
+                except BlockingIOError:  # non-blocking socket, or a wait cut by SO_SNDTIMEO
+                    n = 0
+                self._stats.sends += 1
+                done += n
+                if done < nbytes:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise stalled(done, nbytes, timeout)
+                    if not n:
+                        self._stats.retries += 1
+                        select.select([], [self.sock], [], min(WAIT_STEP, left))
+        finally:
+            self._stats.bytes += done
+            self._release(slot)
         return nbytes
 
     def _wait_some(self) -> None:  # slots are never held across calls
@@ -90,6 +116,7 @@ class CopySender(SlotSender):
 
     def close(self) -> None:
         self._closed = True
+        self._bounded.restore()
 
 
 class MsgZerocopySender(SlotSender):
@@ -105,11 +132,21 @@ class MsgZerocopySender(SlotSender):
         except OSError as exc:
             raise Unsupported(f"SO_ZEROCOPY refused: {exc.strerror}") from exc
         self.tracker = ZcTracker()
+        self._deadline = 0.0  # of the current send() (monotonic)
+        self._timeout = SEND_TIMEOUT
+        self._bounded = BoundedSends(sock)
 
-    def send(self, nbytes: int) -> int:
+    def send(self, nbytes: int, timeout: float = SEND_TIMEOUT) -> int:
+        """Send ``nbytes`` from the next free slot; returns once the kernel has taken them all.
+        Waits at most about ``timeout`` seconds in all (for a slot to come back and for buffer
+        space), then raises the stuck ZcnetError."""
         if self._closed:
             raise ClosedError.of(self, "send")
         self._check(nbytes)
+        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
+            check("timeout", timeout, "MsgZerocopySender.send timeout")
+        self._deadline = time.monotonic() + timeout
+        self._timeout = timeout
         slot = self._acquire()
         view = self.slots[slot]
         done = 0
@@ -119,11 +156,12 @@ class MsgZerocopySender(SlotSender):
                     n = self.sock.send(view[done:nbytes], MSG_ZEROCOPY)
                 except OSError as exc:
                     # ENOBUFS: the socket's optmem for pending notifications is used up;
-                    # EAGAIN: the send buffer is full. Both heal once completions are read.
+                    # EAGAIN: the send buffer is full (or a wait cut by SO_SNDTIMEO). Both heal
+                    # once completions are read.
                     if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
                         raise
                     self._stats.retries += 1
-                    self._reap(wait=True, writable=exc.errno == errno.EAGAIN)
+                    self._wait(writable=exc.errno == errno.EAGAIN)
                     continue
                 self.tracker.submitted(slot)
                 self._stats.sends += 1
@@ -134,19 +172,27 @@ class MsgZerocopySender(SlotSender):
         self._stats.bytes += nbytes
         return nbytes
 
-    def _reap(self, wait: bool, writable: bool = False) -> None:
-        ranges = (wait_completions(self.sock, _WAIT_MS, writable=writable) if wait
-                  else read_completions(self.sock))
+    def _reap(self, wait: bool, writable: bool = False, wait_s: float = WAIT_STEP) -> None:
+        ranges = (wait_completions(self.sock, max(1, int(wait_s * 1000)), writable=writable)
+                  if wait else read_completions(self.sock))
         for r in ranges:
             for slot in self.tracker.complete(r):
                 self._release(slot)
+
+    def _wait(self, writable: bool = False) -> None:
+        """One bounded wait for completions (or buffer space) within the current send()'s
+        deadline; the stuck error once it has passed."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise stuck(self.tracker.outstanding, self._timeout)
+        self._reap(wait=True, writable=writable, wait_s=min(WAIT_STEP, left))
 
     def _wait_some(self) -> None:
         # Completions are read only when a slot is needed: one recvmsg usually returns a
         # coalesced range that frees several slots, instead of one empty read per send.
         self._reap(wait=False)
         if not self.free:
-            self._reap(wait=True)
+            self._wait()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Wait until every send's notification arrived (all slots free)."""
@@ -167,6 +213,7 @@ class MsgZerocopySender(SlotSender):
                 self.flush()
         finally:
             self._closed = True
+            self._bounded.restore()
 
     def stats(self) -> SendStats:
         s = super().stats()

@@ -31,7 +31,7 @@ import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.quantities import check
-from zcnet.tx.slots import FLUSH_TIMEOUT, SendStats, SlotHook, SlotSender, stuck
+from zcnet.tx.slots import FLUSH_TIMEOUT, SEND_TIMEOUT, SendStats, SlotHook, SlotSender, stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
 from zcnet.uring import bufring
@@ -40,9 +40,6 @@ from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import cqe_error
 
 _COPIED = u.IORING_NOTIF_USAGE_ZC_COPIED
-# Seconds one send() may wait for a free slot and for the kernel to take its bytes: far more
-# than a slot of a few MiB takes to a peer that reads, so only a stuck send reaches it.
-SEND_TIMEOUT = 30.0
 
 
 def send_buffer(size: int) -> mmap.mmap:

@@ -8,7 +8,9 @@ a subclass sets ``kind`` and implements ``_wait_some`` (block until a slot comes
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -18,6 +20,11 @@ from zcnet.sockcheck import require_connected
 
 SlotHook = Callable[[int, memoryview], None]
 FLUSH_TIMEOUT = 5.0  # seconds flush() and close() wait for outstanding completions
+# Seconds one send() may wait for a free slot and for the kernel to take its bytes: far more
+# than a slot of a few MiB takes to a peer that reads, so only a stuck send reaches it.
+SEND_TIMEOUT = 30.0
+WAIT_STEP = 1.0  # seconds one blocking wait lasts at most, so a deadline is checked between
+_TIMEVAL = struct.Struct("@ll")  # struct timeval, SO_SNDTIMEO's value
 
 
 @dataclass
@@ -106,6 +113,40 @@ class SlotSender:
 
     def stats(self) -> SendStats:
         return SendStats(**asdict(self._stats))
+
+
+class BoundedSends:
+    """A blocking socket's send waits, each cut to :data:`WAIT_STEP` with SO_SNDTIMEO for as long
+    as a sender uses the socket, and the socket's own value back at ``restore()``.
+
+    A blocking ``send`` to a peer that stopped reading would otherwise sleep in the kernel for
+    good, past any deadline; this way it returns (a short count, or EAGAIN) and the sender
+    checks its deadline. The send path keeps its one system call per send: nothing is set per
+    call. A non-blocking socket (or one with a Python timeout) is left as it is."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.saved: bytes | None = None
+        if sock.gettimeout() is None:
+            self.saved = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.size)
+            sec = int(WAIT_STEP)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            _TIMEVAL.pack(sec, int((WAIT_STEP - sec) * 1e6)))
+
+    def restore(self) -> None:
+        """Give the socket its own SO_SNDTIMEO back (nothing if it is closed already)."""
+        saved, self.saved = self.saved, None
+        if saved is not None and self.sock.fileno() >= 0:
+            with contextlib.suppress(OSError):  # the peer reset: the socket is dead either way
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, saved)
+
+
+def stalled(done: int, nbytes: int, timeout: float) -> ZcnetError:
+    """The error for a copy send() whose bytes the kernel did not take within its deadline."""
+    return ZcnetError(f"send of {nbytes} B stalled: {done} B taken by the kernel in "
+                      f"{timeout:g} s (the rest was not sent)",
+                      "the peer stopped reading: close the socket to give up, or pass send() a "
+                      "longer timeout")
 
 
 def stuck(pending: int, timeout: float,
