@@ -27,15 +27,14 @@ _INT_MAX = (1 << 31) - 1  # SO_RCVLOWAT is a C int
 # The SO_RCVLOWAT zcnet gives a bulk stream (the io_uring receive engines' default, not epoll's:
 # see zcnet.rx.copying; zcnet.aio's ``rcvlowat`` option for ingest). TCP wakes a waiting reader
 # (poll, epoll, io_uring's internal poll) only once this much is queued, instead of on every
-# segment. With the softirq on the
-# sender's CPU (veth, lo) each wake-up costs that CPU, the bottleneck, a cross-CPU wake, and the
-# reader copies a few segments per wake-up. Measured in the lab (split placement, a C sender
-# writing 1 MiB): at MTU 9000 on a quiet machine 256 KiB took uring-mshot and soft-zc from ~26 to
-# ~39 Gbit/s and halved their sys CPU per GiB (a C blocking-read receiver: ~24 -> ~41); 1 MiB,
-# against 256 KiB in the same runs, halved the wake-ups again and gained 5-30 % at MTU 1500 and
-# 9000 (loaded machine), and on loopback took every engine from ~43 to ~64 Gbit/s. The kernel
-# grows the receive buffer to fit (tcp_set_rcvlowat); the end of a stream (FIN) wakes the reader
-# whatever is queued.
+# segment. With the softirq on the sender's CPU (veth, lo) each wake-up costs that CPU, the
+# bottleneck, a cross-CPU wake, and the reader copies a few segments per wake-up. Measured in the
+# lab (split placement, a C sender writing 1 MiB): at MTU 9000 on a quiet machine 256 KiB took
+# uring-mshot and soft-zc from ~26 to ~39 Gbit/s and halved their sys CPU per GiB (a C
+# blocking-read receiver: ~24 -> ~41); 1 MiB, against 256 KiB in the same runs, halved the
+# wake-ups again and gained 5-30 % at MTU 1500 and 9000 (loaded machine), and on loopback took
+# every engine from ~43 to ~64 Gbit/s. The kernel grows the receive buffer to fit
+# (tcp_set_rcvlowat); the end of a stream (FIN) wakes the reader whatever is queued.
 RCVLOWAT = 1 << 20
 
 
