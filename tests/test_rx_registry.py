@@ -6,7 +6,7 @@ import pytest
 
 from zcnet.errors import UsageError
 from zcnet.rx import registry
-from zcnet.rx.engine import ZC_AREA_BUFFERS, ZC_BUF, EngineOptions
+from zcnet.rx.engine import SOFT_AREA_BUFFERS, ZC_AREA_BUFFERS, ZC_BUF, EngineOptions
 from zcnet.rx.zc.api import open_receiver
 
 
@@ -46,6 +46,19 @@ def test_area_sizing_defaults_and_overrides():
     assert EngineOptions(zc_buf=4096).area_bytes() == ZC_AREA_BUFFERS * 4096
     assert EngineOptions(zc_buf=4096, zc_area=1 << 20).area_bytes() == 1 << 20
     assert EngineOptions(mshot_buf=4096, mshot_entries=8).mshot_ring_bytes() == 8 * 4096
+
+
+def test_soft_zc_default_area_is_small_and_the_option_still_wins():
+    """soft-zc's default area holds SOFT_AREA_BUFFERS buffers (cache-resident copy target);
+    zcrx and devmem keep ZC_AREA_BUFFERS (a NIC queue fills from theirs)."""
+    def area(engine: str, **opts: int) -> int:
+        return registry.make_engine(engine, EngineOptions(**opts)).area_size  # type: ignore[attr-defined]
+
+    assert area("soft-zc") == SOFT_AREA_BUFFERS * ZC_BUF
+    assert area("soft-zc", zc_buf=4096) == SOFT_AREA_BUFFERS * 4096
+    assert area("soft-zc", zc_area=8 << 20) == 8 << 20
+    for nic in ("zcrx", "devmem"):
+        assert area(nic) == ZC_AREA_BUFFERS * ZC_BUF
 
 
 def test_options_from_pairs_are_checked():

@@ -30,9 +30,17 @@ Consumer = Callable[[np.ndarray], object]
 
 # Zero-copy area defaults: 1 MiB buffers keep the kernel's per-buffer cost (iovec setup, CQE, ring
 # entry) small next to the copy; measured here, they took ~15% less kernel CPU per byte than
-# 64 KiB ones (benchmarks/zc_rx.py prints CPU per GiB). An area holds 16 of them.
+# 64 KiB ones (benchmarks/zc_rx.py prints CPU per GiB). An area holds 16 of them (zcrx, devmem:
+# the NIC's queue fills from it).
 ZC_BUF = 1 << 20
 ZC_AREA_BUFFERS = 16
+# soft-zc's area holds 2: the kernel's copy then writes into memory the receiving CPU's cache
+# still holds (2 MiB, the L2 of this machine's CPUs). On loopback, interleaved runs of
+# benchmarks/zc_rx.py's engines: 70.6-73.1 Gbit/s against 63.5-64.9 with 16 (the consumer
+# thread 67.7 against 61.4); in the lab, where the sender's CPU is the limit, no change.
+# The provider's back-pressure (a full area ends the multishot receive until a release) is the
+# same code either way; it simply runs more often.
+SOFT_AREA_BUFFERS = 2
 CONSUMERS = ("same", "thread")
 
 
@@ -69,7 +77,7 @@ class EngineOptions:
     ifname: str | None = None     # zcrx/devmem: the NIC and queue the flow is steered to
     queue: int | None = None
     zc_buf: int = 0               # soft-zc: buffer size (0: ZC_BUF)
-    zc_area: int = 0              # zero-copy area size (0: ZC_AREA_BUFFERS buffers)
+    zc_area: int = 0              # zero-copy area size (0: the engine's default count of buffers)
     zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
     zc_debug: bool = False        # poison released chunks to catch use after release
     zc_rx_buf_len: int = 0        # zcrx: receive buffer size (rx_buf_len; 0: one page)
@@ -85,9 +93,10 @@ class EngineOptions:
         """The soft provider's buffer size."""
         return self.zc_buf or ZC_BUF
 
-    def area_bytes(self) -> int:
-        """The size of the area a zero-copy engine (soft-zc, zcrx, devmem) registers."""
-        return self.zc_area or ZC_AREA_BUFFERS * self.zc_buf_bytes()
+    def area_bytes(self, buffers: int = ZC_AREA_BUFFERS) -> int:
+        """The size of the area a zero-copy engine (soft-zc, zcrx, devmem) registers: the
+        ``zc_area`` option, else ``buffers`` buffers (the engine's default count)."""
+        return self.zc_area or buffers * self.zc_buf_bytes()
 
     def mshot_ring_bytes(self) -> int:
         """The memory of uring-mshot's provided buffer ring."""

@@ -9,7 +9,8 @@
   zcrx on a device that cannot do it, or with no queue given, takes the kernel's copy mode
   where the kernel offers it (7.x); the cell's ``zcrx_copy`` stat says so.
 - ``zc_rx_buf_len``: zcrx receive buffer size (rx_buf_len; 0: one page).
-- ``zc_buf``/``zc_area``: soft provider buffer size and the area (EngineOptions.area_bytes()).
+- ``zc_buf``/``zc_area``: soft provider buffer size and the area (EngineOptions.area_bytes();
+  soft-zc's default area holds SOFT_AREA_BUFFERS buffers, zcrx's and devmem's ZC_AREA_BUFFERS).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ import threading
 from typing import ClassVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.rx.engine import CONSUMERS, Consumer, EngineOptions, RxStats
+from zcnet.rx.engine import (
+    CONSUMERS,
+    SOFT_AREA_BUFFERS,
+    ZC_AREA_BUFFERS,
+    Consumer,
+    EngineOptions,
+    RxStats,
+)
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.provider import Provider, build_or_close
@@ -36,13 +44,14 @@ from zcnet.uring.bufring import unsupported
 class _ZcEngine:
     name: ClassVar[str] = ""
     default_rcvlowat: ClassVar[int] = RCVLOWAT
+    area_buffers: ClassVar[int] = ZC_AREA_BUFFERS  # buffers in the default area
 
     def __init__(self, opts: EngineOptions) -> None:
         self.opts = opts
         self.consumer = opts.consumer
         self.consumer_cpu = _check_cpu(opts.consumer_cpu)
         self.buf_size = opts.zc_buf_bytes()
-        self.area_size = opts.area_bytes()
+        self.area_size = opts.area_bytes(self.area_buffers)
         self.debug = opts.zc_debug
 
     def _check_consumer(self) -> str | None:
@@ -137,6 +146,7 @@ class SoftZcEngine(_ZcEngine):
     """The soft provider: provided-buffer multishot RECV behind the zero-copy chunk API."""
 
     name: ClassVar[str] = "soft-zc"
+    area_buffers: ClassVar[int] = SOFT_AREA_BUFFERS
 
     def close(self) -> None:
         """The soft provider lives inside run() only."""
