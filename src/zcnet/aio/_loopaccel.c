@@ -737,8 +737,10 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b) {
     /* The tail lives in entry 0's resv; release: the entries above are written first. */
     __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
     long long rel, relb;
-    if (!iset_ll(r->plain, buf, s_tail, b->tail) || !iset_ll(r->plain, buf, s_in_ring, b->in_ring) ||
-        !iget_ll(r->plain, r->stats, s_released, &rel) || !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
+    if (!iset_ll(r->plain, buf, s_tail, b->tail) ||
+        !iset_ll(r->plain, buf, s_in_ring, b->in_ring) ||
+        !iget_ll(r->plain, r->stats, s_released, &rel) ||
+        !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
         !iset_ll(r->plain, r->stats, s_released, rel + n) ||
         !iset_ll(r->plain, r->stats, s_released_bytes, relb + nbytes))
         return 0;
@@ -830,8 +832,10 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     }
     /* Back-pressure: the Python round pauses and counts it. */
     long long dl, dlb, rel, relb, limit;
-    if (!iget_ll(r->plain, r->stats, s_delivered, &dl) || !iget_ll(r->plain, r->stats, s_delivered_bytes, &dlb) ||
-        !iget_ll(r->plain, r->stats, s_released, &rel) || !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
+    if (!iget_ll(r->plain, r->stats, s_delivered, &dl) ||
+        !iget_ll(r->plain, r->stats, s_delivered_bytes, &dlb) ||
+        !iget_ll(r->plain, r->stats, s_released, &rel) ||
+        !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
         !iget_ll(r->plain, r->rx, s_limit, &limit))
         goto error;
     if (dlb - relb > limit)
@@ -922,9 +926,12 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     dl += k;
     dlb += s - s0;
     long long pk, pkb;
-    if (!iset_ll(r->plain, buf, s_head, b.head) || !iset_ll(r->plain, buf, s_in_ring, b.in_ring) ||
-        !iset_ll(r->plain, r->stats, s_delivered, dl) || !iset_ll(r->plain, r->stats, s_delivered_bytes, dlb) ||
-        !iget_ll(r->plain, r->stats, s_peak, &pk) || !iget_ll(r->plain, r->stats, s_peak_bytes, &pkb) ||
+    if (!iset_ll(r->plain, buf, s_head, b.head) ||
+        !iset_ll(r->plain, buf, s_in_ring, b.in_ring) ||
+        !iset_ll(r->plain, r->stats, s_delivered, dl) ||
+        !iset_ll(r->plain, r->stats, s_delivered_bytes, dlb) ||
+        !iget_ll(r->plain, r->stats, s_peak, &pk) ||
+        !iget_ll(r->plain, r->stats, s_peak_bytes, &pkb) ||
         (dl - rel > pk && !iset_ll(r->plain, r->stats, s_peak, dl - rel)) ||
         (dlb - relb > pkb && !iset_ll(r->plain, r->stats, s_peak_bytes, dlb - relb)) ||
         !iset_ll(r->plain, r->rx, s_stream_off, s))

@@ -521,8 +521,9 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, "
-              "sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed)",
+    .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, "
+              "cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, "
+              "cq_mask, cqe_size, closed)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
