@@ -264,8 +264,11 @@ def test_garbage_from_peers_never_hurts_the_server(srv):
         junk = frames[i % len(frames)] if i < 2 * len(frames) else rng.randbytes(
             rng.randrange(1, 300))
         with raw_session(srv.address) as c:
-            c.sendall(junk)
-            c.shutdown(socket.SHUT_WR)
+            # The server may end the session (a reset) before all of it is sent or before the
+            # shutdown: ENOTCONN or ECONNRESET here is that, not a failure.
+            with contextlib.suppress(OSError):
+                c.sendall(junk)
+                c.shutdown(socket.SHUT_WR)
             c.settimeout(10)
             with contextlib.suppress(ConnectionError):
                 while c.recv(65536):   # whatever it says, the server ends the session
