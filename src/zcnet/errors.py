@@ -51,3 +51,10 @@ def cap_hint(cap: str) -> str:
     """The fix for a refusal that needs ``cap``. Said to root, "run as root" is false: root that
     is refused lacks the capability (a container, a dropped bounding set)."""
     return f"run as root (needs {cap})" if os.geteuid() else f"this root lacks {cap}: grant it"
+
+
+def require_int(name: str, value: object, fix: str) -> None:
+    """A UsageError unless ``value`` is an int (bool is not): for the sizes and ids an API takes
+    whose range is the caller's own to check."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}", fix)

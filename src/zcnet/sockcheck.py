@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, require_int
 
 _KINDS = {socket.SOCK_DGRAM: "datagram", socket.SOCK_RAW: "raw",
           socket.SOCK_SEQPACKET: "seqpacket", socket.SOCK_STREAM: "stream"}
@@ -136,10 +136,9 @@ def set_rcvlowat(sock: socket.socket | int, rcvlowat: int, what: str) -> None:
     to its end. It is NOT for request/response protocols: a small request below the threshold
     would wait until one of those happens.
     """
-    fix = (f"0 wakes the reader on any data; bulk streams want more (the receive engines' "
-           f"default is {RCVLOWAT}, 1 MiB)")
-    if isinstance(rcvlowat, bool) or not isinstance(rcvlowat, int):
-        raise UsageError(f"{what}: rcvlowat must be an int (bytes), got {rcvlowat!r}", fix)
+    fix = (f"0 wakes the reader on any data; bulk streams want more (the io_uring receive "
+           f"engines' default is {RCVLOWAT}, 1 MiB)")
+    require_int(f"{what}: rcvlowat (bytes)", rcvlowat, fix)
     if not 0 <= rcvlowat <= _INT_MAX:
         raise UsageError(f"{what}: rcvlowat={rcvlowat}: expected 0..{_INT_MAX} bytes", fix)
     if not rcvlowat:

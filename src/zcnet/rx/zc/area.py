@@ -25,7 +25,7 @@ import weakref
 
 import numpy as np
 
-from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError, require_int
 from zcnet.uapi import dmabuf as udmabuf_sync
 from zcnet.uapi import udmabuf
 from zcnet.uring.mem import HUGE_PAGE_SIZE, PAGE_SIZE, Mapping, page_align
@@ -56,9 +56,7 @@ class Area:
         hugetlb: bool = False,
         dmabuf_fd: int | None = None,
     ) -> None:
-        if not isinstance(size, int) or isinstance(size, bool):
-            raise UsageError(f"area size must be an int, got {type(size).__name__} {size!r}",
-                             "pass a whole number of bytes, e.g. area_size=64 << 20")
+        require_int("area size", size, "pass a whole number of bytes, e.g. area_size=64 << 20")
         if size <= 0:
             raise UsageError(f"area size must be positive, got {size}")
         self.dmabuf_fd: int | None = None

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import UsageError, ZcnetError, require_int
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.devnote import copy_note
 from zcnet.rx.zc.provider import Provider, build_or_close
@@ -23,12 +23,6 @@ log = logging.getLogger(__name__)
 _OPENERS: dict[str, Callable[..., Provider]] = {
     "zcrx": open_zcrx, "devmem": open_devmem, "soft": open_soft}
 PROVIDERS = tuple(_OPENERS)
-
-
-def _require_int(name: str, value: object, fix: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}",
-                         f"pass {name}= {fix}")
 
 
 def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
@@ -58,9 +52,10 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     """
     # Sizes are checked where they are used, which zcnet.aio's receivers reach too (Area,
     # buffer_count); rx_buf_len and queue only pass through here, to zcrx and devmem.
-    _require_int("rx_buf_len", rx_buf_len, "a power of two of bytes, or 0 for one page")
+    require_int("rx_buf_len", rx_buf_len, "pass rx_buf_len= a power of two of bytes, or 0 for "
+                "one page")
     if queue is not None:
-        _require_int("queue", queue, "the queue id, or None to find it")
+        require_int("queue", queue, "pass queue= the queue id, or None to find it")
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
     fd = require_tcp(sock, "zero-copy receiver")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, require_int
 from zcnet.rx.zc.area import Area
 from zcnet.uapi import io_uring as u
 from zcnet.uring.prep import prep_cancel
@@ -132,9 +132,7 @@ def note_final(out: Delivery, res: int, stops: Mapping[int, str]) -> None:
 
 def buffer_count(area_size: int, buf_size: int) -> int:
     """Largest power of two of whole buffers that fit (the buffer ring's size rule)."""
-    if not isinstance(buf_size, int) or isinstance(buf_size, bool):
-        raise UsageError(f"buf_size must be an int, got {type(buf_size).__name__} {buf_size!r}",
-                         "pass buf_size= a whole number of bytes, e.g. 64 << 10")
+    require_int("buf_size", buf_size, "pass buf_size= a whole number of bytes, e.g. 64 << 10")
     if buf_size <= 0 or buf_size % 64:
         raise UsageError(f"buffer size must be a positive multiple of 64, got {buf_size}")
     n = min(area_size // buf_size, MAX_ENTRIES)
