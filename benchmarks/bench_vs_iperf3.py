@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import tempfile
 
+from zcnet.bench.peers import netns_argv
 from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, pick_cpus, run_bench
 from zcnet.lab import Lab
 from zcnet.rx.engine import RCVLOWAT
@@ -135,13 +136,11 @@ def run_c_pair(exes: tuple[str, str], mtu: int, placement: str, duration: float,
         return cpus
     tx_cpu, rx_cpu = cpus
     with Lab(mtu=mtu) as lab:
-        def inside(ns: str, cpu: int, argv: list[str]) -> list[str]:
-            return ["ip", "netns", "exec", ns, "taskset", "-c", str(cpu), *argv]
-        rx = subprocess.Popen(inside(lab.ns_b, rx_cpu, [exes[1], lab.addr_b, str(C_PORT)]),
+        rx = subprocess.Popen(netns_argv(lab.ns_b, rx_cpu, [exes[1], lab.addr_b, str(C_PORT)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            tx = subprocess.run(inside(lab.ns_a, tx_cpu, [exes[0], lab.addr_b, str(C_PORT),
-                                                          str(duration), str(write_size)]),
+            tx = subprocess.run(netns_argv(lab.ns_a, tx_cpu, [exes[0], lab.addr_b, str(C_PORT),
+                                                              str(duration), str(write_size)]),
                                 capture_output=True, text=True, timeout=duration + 30)
             out, err = rx.communicate(timeout=30)
         finally:

@@ -52,7 +52,8 @@ class PeerFailed(Exception):
     """One peer run failed; becomes an ``error`` cell, never a crash of the whole run."""
 
 
-def _netns_argv(ns: str, cpu: int, argv: list[str]) -> list[str]:
+def netns_argv(ns: str, cpu: int, argv: list[str]) -> list[str]:
+    """``argv`` run in namespace ``ns`` pinned to ``cpu`` (how every peer in the lab runs)."""
     return ["ip", "netns", "exec", ns, "taskset", "-c", str(cpu), *argv]
 
 
@@ -88,7 +89,7 @@ def _cpu(before: CpuTimes, rx_cpu: int, tx_cpu: int) -> dict[str, dict[str, floa
 def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
             length: int | None = None) -> dict[str, Any]:
     server = subprocess.Popen(
-        _netns_argv(lab.ns_b, rx_cpu, ["iperf3", "-s", "-1", "-J", "-B", lab.addr_b,
+        netns_argv(lab.ns_b, rx_cpu, ["iperf3", "-s", "-1", "-J", "-B", lab.addr_b,
                                        "-p", str(IPERF3_PORT)]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -98,7 +99,7 @@ def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
         if length:
             argv += ["-l", str(length)]
         before = CpuTimes.read()
-        out = _client(_netns_argv(lab.ns_a, tx_cpu, argv), duration + 15,
+        out = _client(netns_argv(lab.ns_a, tx_cpu, argv), duration + 15,
                       lambda text: "Connection refused" in text)
         cpu = _cpu(before, rx_cpu, tx_cpu)
     finally:
@@ -126,7 +127,7 @@ def _sockperf(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
               length: int | None = None) -> dict[str, Any]:
     """TCP one-way throughput for ``duration``, then ping-pong latency for ``duration``."""
     server = subprocess.Popen(
-        _netns_argv(lab.ns_b, rx_cpu, ["sockperf", "sr", "--tcp", "-i", lab.addr_b,
+        netns_argv(lab.ns_b, rx_cpu, ["sockperf", "sr", "--tcp", "-i", lab.addr_b,
                                        "-p", str(SOCKPERF_PORT)]),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # sockperf's -t is whole seconds too.
@@ -139,10 +140,10 @@ def _sockperf(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
     try:
         before = CpuTimes.read()
         tp = _ANSI.sub("", _client(
-            _netns_argv(lab.ns_a, tx_cpu, ["sockperf", "tp", "-m", str(length or 65000), *common]),
+            netns_argv(lab.ns_a, tx_cpu, ["sockperf", "tp", "-m", str(length or 65000), *common]),
             duration + 15, refused))
         cpu = _cpu(before, rx_cpu, tx_cpu)
-        pp = _ANSI.sub("", _client(_netns_argv(lab.ns_a, tx_cpu, ["sockperf", "pp", *common]),
+        pp = _ANSI.sub("", _client(netns_argv(lab.ns_a, tx_cpu, ["sockperf", "pp", *common]),
                                    duration + 15, refused))
     finally:
         server.terminate()
