@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.quantities import check
 from zcnet.sockcheck import require_tcp
 from zcnet.tx.sendzc import SendZcSender
 from zcnet.tx.slots import (
@@ -78,12 +77,7 @@ class CopySender(SlotSender):
         """Send ``nbytes``; returns once the kernel has taken them all. Waits at most about
         ``timeout`` seconds for buffer space, then raises the stalled ZcnetError (the bytes
         before the stall were sent: the stream's position is lost, close the socket)."""
-        if self._closed:
-            raise ClosedError.of(self, "send")
-        self._check(nbytes)
-        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
-            check("timeout", timeout, "CopySender.send timeout")
-        deadline = time.monotonic() + timeout
+        self._start_send(nbytes, timeout)
         slot = self._acquire()
         view = self.slots[slot]
         done = 0
@@ -96,7 +90,7 @@ class CopySender(SlotSender):
                 self._stats.sends += 1
                 done += n
                 if done < nbytes:
-                    left = deadline - time.monotonic()
+                    left = self._deadline - time.monotonic()
                     if left <= 0:
                         raise stalled(done, nbytes, timeout)
                     if not n:
@@ -132,21 +126,13 @@ class MsgZerocopySender(SlotSender):
         except OSError as exc:
             raise Unsupported(f"SO_ZEROCOPY refused: {exc.strerror}") from exc
         self.tracker = ZcTracker()
-        self._deadline = 0.0  # of the current send() (monotonic)
-        self._timeout = SEND_TIMEOUT
         self._bounded = BoundedSends(sock)
 
     def send(self, nbytes: int, timeout: float = SEND_TIMEOUT) -> int:
         """Send ``nbytes`` from the next free slot; returns once the kernel has taken them all.
         Waits at most about ``timeout`` seconds in all (for a slot to come back and for buffer
         space), then raises the stuck ZcnetError."""
-        if self._closed:
-            raise ClosedError.of(self, "send")
-        self._check(nbytes)
-        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
-            check("timeout", timeout, "MsgZerocopySender.send timeout")
-        self._deadline = time.monotonic() + timeout
-        self._timeout = timeout
+        self._start_send(nbytes, timeout)
         slot = self._acquire()
         view = self.slots[slot]
         done = 0

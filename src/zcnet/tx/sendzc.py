@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
-from zcnet.quantities import check
 from zcnet.tx.slots import FLUSH_TIMEOUT, SEND_TIMEOUT, SendStats, SlotHook, SlotSender, stuck
 from zcnet.uapi import io_uring as u
 from zcnet.uapi.socket import MSG_WAITALL
@@ -79,8 +78,6 @@ class SendZcSender(SlotSender):
         self._want = [0] * len(self.slots)   # bytes the slot's current send carries
         self._done = [0] * len(self.slots)   # of which the kernel took so far
         self._sending = -1                   # slot whose send result is awaited
-        self._deadline = 0.0                 # of the current send() (monotonic)
-        self._timeout = SEND_TIMEOUT         # its timeout, for the stuck error
         entries = 1 << max(2 * len(self.slots), 4).bit_length()
         try:
             self.ring = Ring(entries, flags=u.IORING_SETUP_SUBMIT_ALL)
@@ -116,13 +113,7 @@ class SendZcSender(SlotSender):
         then raises the stuck ZcnetError: the send may still be in the kernel, partly sent, so
         the stream's position is unknown; close the socket to give up on it. A later send()
         first waits for that one (the stream keeps its order)."""
-        if self._closed:  # the ring's memory is unmapped: touching it would crash
-            raise ClosedError.of(self, "send")
-        self._check(nbytes)
-        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
-            check("timeout", timeout, "SendZcSender.send timeout")
-        self._deadline = time.monotonic() + timeout
-        self._timeout = timeout
+        self._start_send(nbytes, timeout)
         while self._sending >= 0:  # a send that outlived an earlier deadline
             self._wait_some()
         slot = self._acquire()

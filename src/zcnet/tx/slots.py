@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.quantities import check
 from zcnet.sockcheck import require_connected
 
 SlotHook = Callable[[int, memoryview], None]
@@ -89,11 +91,20 @@ class SlotSender:
         self.on_release = on_release
         self._stats = SendStats(self.kind, self.kind)
         self._closed = False
+        self._deadline = 0.0          # of the current send() (monotonic)
+        self._timeout = SEND_TIMEOUT  # its timeout, for the errors that name it
 
-    def _check(self, nbytes: int) -> None:
+    def _start_send(self, nbytes: int, timeout: float) -> None:
+        """The checks every send() makes before touching anything, and its deadline."""
+        if self._closed:  # a zero-copy sender's memory may be unmapped: never touch it
+            raise ClosedError.of(self, "send")
         if not 0 < nbytes <= self.slot_size:
             raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot",
                              "give a larger buffer or fewer slots")
+        if timeout is not SEND_TIMEOUT:  # the default is valid; send() is a hot path
+            check("timeout", timeout, f"{type(self).__name__}.send timeout")
+        self._deadline = time.monotonic() + timeout
+        self._timeout = timeout
 
     def _acquire(self) -> int:
         while not self.free:
