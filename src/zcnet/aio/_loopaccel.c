@@ -670,8 +670,10 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
 #define ENTRY(b, i) ((b)->entries + (size_t)((i) & (b)->mask) * 16)
 
 /* Released chunks back to the buffer ring (Receiver._flush_releases + BufRing.provide_few for
- * plain chunks). 1 done, 0 error, -1 fall back (nothing changed). */
-static int flush_releases(Round *r, PyObject *buf, BufState *b) {
+ * plain chunks); *rel and *relb, the stats' released counts as the caller read them, are
+ * advanced and written back. 1 done, 0 error, -1 fall back (nothing changed). */
+static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
+                          long long *relb) {
     Py_ssize_t n = PyObject_Length(r->queue);
     if (n < 0)
         return 0;
@@ -736,13 +738,12 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b) {
     b->in_ring += n;
     /* The tail lives in entry 0's resv; release: the entries above are written first. */
     __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
-    long long rel, relb;
+    *rel += n;
+    *relb += nbytes;
     if (!iset_ll(r->plain, buf, s_tail, b->tail) ||
         !iset_ll(r->plain, buf, s_in_ring, b->in_ring) ||
-        !iget_ll(r->plain, r->stats, s_released, &rel) ||
-        !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
-        !iset_ll(r->plain, r->stats, s_released, rel + n) ||
-        !iset_ll(r->plain, r->stats, s_released_bytes, relb + nbytes))
+        !iset_ll(r->plain, r->stats, s_released, *rel) ||
+        !iset_ll(r->plain, r->stats, s_released_bytes, *relb))
         return 0;
     return 1;
 }
@@ -824,13 +825,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         goto error;
     if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
-    /* Releases first, as Receiver._next does. */
-    if ((v = flush_releases(r, buf, &b)) != 1) {
-        if (v == 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
-    /* Back-pressure: the Python round pauses and counts it. */
+    /* The counts, read once: the release flush advances the released ones. */
     long long dl, dlb, rel, relb, limit;
     if (!iget_ll(r->plain, r->stats, s_delivered, &dl) ||
         !iget_ll(r->plain, r->stats, s_delivered_bytes, &dlb) ||
@@ -838,6 +833,13 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
         !iget_ll(r->plain, r->rx, s_limit, &limit))
         goto error;
+    /* Releases first, as Receiver._next does. */
+    if ((v = flush_releases(r, buf, &b, &rel, &relb)) != 1) {
+        if (v == 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    /* Back-pressure: the Python round pauses and counts it. */
     if (dlb - relb > limit)
         BAIL(FALLBACK);
     /* The member's completions: one list of tuples, each data of the receive in one buffer. */
