@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
 
+from zcnet.bench.cbuild import compile_c
 from zcnet.bench.peers import netns_argv
 from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, pick_cpus, run_bench
 from zcnet.lab import Lab
@@ -113,19 +113,9 @@ int main(int argc, char **argv) {
 
 def build_c_pair(workdir: str) -> tuple[tuple[str, str] | None, str]:
     """(sender, receiver) executables, or None and why not."""
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        return None, "no C compiler (cc/gcc/clang): c-pair skipped"
-    exes = []
-    for name, src in (("csend", _C_SEND), ("crecv", _C_RECV)):
-        path = os.path.join(workdir, name)
-        with open(path + ".c", "w") as fh:
-            fh.write(src)
-        r = subprocess.run([cc, "-O2", "-o", path, path + ".c"], capture_output=True, text=True)
-        if r.returncode:
-            return None, f"c-pair failed to compile, skipped: {r.stderr.strip()[:200]}"
-        exes.append(path)
-    return (exes[0], exes[1]), f"c-pair: {os.path.basename(cc)} -O2"
+    send, note = compile_c(_C_SEND, workdir, "csend", C_PAIR)
+    recv, note = compile_c(_C_RECV, workdir, "crecv", C_PAIR) if send else (None, note)
+    return ((send, recv) if send and recv else None), note
 
 
 def run_c_pair(exes: tuple[str, str], mtu: int, placement: str, duration: float,

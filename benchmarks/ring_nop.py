@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import tempfile
 import time
 
 import numpy as np
 
+from zcnet.bench.cbuild import compile_c
 from zcnet.uapi import io_uring as u
 from zcnet.uring.prep import prep_nop
 from zcnet.uring.ring import Ring
@@ -141,19 +141,6 @@ def measure(batch: int, seconds: float, arrays: bool = False,
         return done / wall, (time.process_time() - c0) / done * 1e9
 
 
-def build_c(tmp: str) -> tuple[str | None, str]:
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        return None, "no C compiler found: C baseline skipped"
-    src, exe = os.path.join(tmp, "nop.c"), os.path.join(tmp, "nop")
-    with open(src, "w") as f:
-        f.write(C_SOURCE)
-    r = subprocess.run([cc, "-O2", "-o", exe, src], capture_output=True, text=True)
-    if r.returncode:
-        return None, f"C baseline failed to compile, skipped: {r.stderr.strip()[:200]}"
-    return exe, f"C baseline: raw io_uring syscalls, {os.path.basename(cc)} -O2"
-
-
 def measure_c(exe: str, batch: int, seconds: float) -> tuple[float, float]:
     """The C loop's (ops/s, CPU ns/op)."""
     out = subprocess.run([exe, str(batch), str(seconds)], capture_output=True, text=True,
@@ -180,7 +167,8 @@ def main() -> None:
     py: dict[tuple[int, bool, str], tuple[float, float]] = {}
     c: dict[int, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        exe, note = build_c(tmp)
+        exe, note = compile_c(C_SOURCE, tmp, "nop",
+                               "C baseline (raw io_uring syscalls)")
         print(note)
         for _ in range(args.rounds):
             for batch, arrays in cells:

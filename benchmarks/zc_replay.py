@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from zcnet.bench.cbuild import compile_c
 from zcnet.errors import ZcnetError
 from zcnet.rx.zc import soft, zcrx
 from zcnet.rx.zc.api import Receiver
@@ -416,20 +416,6 @@ int main(int argc, char **argv) {
 """
 
 
-def build_c(tmp: str) -> tuple[str | None, str]:
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        return None, "no C compiler (cc/gcc/clang) found: C baseline skipped"
-    src = os.path.join(tmp, "replay.c")
-    exe = os.path.join(tmp, "replay")
-    with open(src, "w") as f:
-        f.write(C_SOURCE)
-    r = subprocess.run([cc, "-O2", "-o", exe, src], capture_output=True, text=True)
-    if r.returncode:
-        return None, f"C baseline failed to compile, skipped: {r.stderr.strip()[:200]}"
-    return exe, f"C baseline: {os.path.basename(cc)} -O2"
-
-
 def run_c(exe: str, kind: str, chunk: int, batch: int, chunks: int) -> float:
     out = subprocess.run([exe, kind, str(chunk), str(batch), str(chunks * 10)],
                          capture_output=True, text=True, check=True).stdout
@@ -453,7 +439,7 @@ def main() -> int:
     print("user CPU of the application's side only; chunks/s = what one core reaches at it")
     targets: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        exe, note = build_c(tmp)
+        exe, note = compile_c(C_SOURCE, tmp, "replay", "C baseline")
         print(note)
         print(f"{'provider':<6} {'chunk':>6} {'mode':<13} {'ns/chunk':>9} {'M chunks/s':>11} "
               f"{'ms/GiB':>8} {'C ns/chunk':>11} {'C/py':>6}")
