@@ -53,7 +53,8 @@ SETUP = {
 
 
 def public(cls: type) -> set[str]:
-    names = {n for n, _ in inspect.getmembers(cls) if not n.startswith("_")}
+    names = {n for n, v in inspect.getmembers(cls)
+             if not n.startswith("_") and not inspect.ismemberdescriptor(v)}  # slots: data
     return (names | {"__enter__", "__exit__"}) - EXEMPT
 
 

@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX, READONLY: the slot members read in place */
 #include <stdint.h>
 #include <string.h>
 
@@ -96,38 +97,33 @@ static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
     return r == 0;
 }
 
-/* Attributes a Round reads and writes every pass live in their objects' instance dicts; the
- * round looks them up there (no type lookup, no generic getattr), which gives what getattr
- * gives as long as the type has no data descriptor of that name: checked once per type
- * (plain_attrs). A name missing from the dict goes the generic way. */
-static int plain_attrs(PyObject *o, PyObject *const *names, int n) {
-    PyTypeObject *t = Py_TYPE(o);
-    if (t->tp_dictoffset == 0)
+/* The attributes a pass reads and writes each time are __slots__ members of their classes
+ * (ZcTransport, Receiver, SoftProvider, BufRing, Stats, MemberRing say which): they are read
+ * and written in place at the member's offset, as its descriptor does, with no dict lookup.
+ * The member is found on the object's own type (what getattr finds first; the type's
+ * attribute cache answers), so a subclass that shadows a name with something else, or an
+ * object without that slot, goes the generic way. 0 when ``name`` is no writable object slot
+ * of o's type. */
+static Py_ssize_t slot_offset(PyObject *o, PyObject *name) {
+    PyObject *d = _PyType_Lookup(Py_TYPE(o), name); /* borrowed */
+    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type))
         return 0;
-    for (int i = 0; i < n; i++) {
-        PyObject *d = _PyType_Lookup(t, names[i]); /* borrowed */
-        if (d && Py_TYPE(d)->tp_descr_set)
-            return 0;
-    }
-    return 1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    return m->type == T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : 0;
 }
 
-/* o.name (new reference): from the instance dict when ``plain`` (o's type passed
- * plain_attrs), else the generic way. */
-static PyObject *iget(int plain, PyObject *o, PyObject *name) {
-    PyObject **dp = plain ? _PyObject_GetDictPtr(o) : NULL;
-    if (dp && *dp) {
-        PyObject *v = PyDict_GetItemWithError(*dp, name);
-        if (v)
-            return Py_NewRef(v);
-        if (PyErr_Occurred())
-            return NULL;
-    }
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+/* o.name (new reference). An unset slot raises through getattr, as Python would. */
+static PyObject *iget(PyObject *o, PyObject *name) {
+    Py_ssize_t off = slot_offset(o, name);
+    if (off && SLOT(o, off))
+        return Py_NewRef(SLOT(o, off));
     return PyObject_GetAttr(o, name);
 }
 
-static int iget_ll(int plain, PyObject *o, PyObject *name, long long *out) {
-    PyObject *v = iget(plain, o, name);
+static int iget_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = iget(o, name);
     if (!v)
         return 0;
     *out = PyLong_AsLongLong(v);
@@ -136,8 +132,12 @@ static int iget_ll(int plain, PyObject *o, PyObject *name, long long *out) {
 }
 
 /* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
-static int iget_true(int plain, PyObject *o, PyObject *name) {
-    PyObject *v = iget(plain, o, name);
+static int iget_true(PyObject *o, PyObject *name) {
+    Py_ssize_t off = slot_offset(o, name);
+    PyObject *v = off ? SLOT(o, off) : NULL;
+    if (v == Py_True || v == Py_False || v == Py_None)
+        return v == Py_True;
+    v = iget(o, name);
     if (!v)
         return -1;
     int r = PyObject_IsTrue(v);
@@ -146,12 +146,16 @@ static int iget_true(int plain, PyObject *o, PyObject *name) {
 }
 
 /* o.name = v, as iget. */
-static int iset_ll(int plain, PyObject *o, PyObject *name, long long v) {
+static int iset_ll(PyObject *o, PyObject *name, long long v) {
     PyObject *x = PyLong_FromLongLong(v);
     if (!x)
         return 0;
-    PyObject **dp = plain ? _PyObject_GetDictPtr(o) : NULL;
-    int r = dp && *dp ? PyDict_SetItem(*dp, name, x) : PyObject_SetAttr(o, name, x);
+    Py_ssize_t off = slot_offset(o, name);
+    if (off) {
+        Py_XSETREF(SLOT(o, off), x);
+        return 1;
+    }
+    int r = PyObject_SetAttr(o, name, x);
     Py_DECREF(x);
     return r == 0;
 }
@@ -244,7 +248,7 @@ static int takes_tuples(Router *r, uint64_t mid) {
     Py_DECREF(key);
     if (!m)
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *cb = PyObject_GetAttr(m, s_on_ready);
+    PyObject *cb = iget(m, s_on_ready);
     if (!cb)
         return -1;
     Py_DECREF(cb);
@@ -268,7 +272,7 @@ static PyObject *round_transport(Round *r);
  * ``on_ready`` must run, -1 on an error to raise. A round's Exception goes to its transport's
  * ``_round_failed`` as the Python round's would. */
 static int run_fast(PyObject *m) {
-    PyObject *fast = PyObject_GetAttr(m, s_fast);
+    PyObject *fast = iget(m, s_fast);
     if (!fast)
         return -1;
     if (!Py_IS_TYPE(fast, &RoundType)) {
@@ -310,7 +314,7 @@ static void wake(PyObject *m, Exc *exc) {
             keep_first(exc);
         return;
     }
-    PyObject *cb = PyObject_GetAttr(m, s_on_ready);
+    PyObject *cb = iget(m, s_on_ready);
     PyObject *res = NULL;
     if (cb) {
         res = cb == Py_None ? PyObject_CallMethodNoArgs(m, s_kick) : PyObject_CallNoArgs(cb);
@@ -418,12 +422,12 @@ static PyObject *do_route(Router *r) {
                                                    groups[g].count,
                                                    r->cqe_size == CQE32_SIZE ? Py_True : Py_False);
             if (comp) {
-                box = PyObject_GetAttr(m, s_inbox);
+                box = iget(m, s_inbox);
                 ok = box && PyList_Append(box, comp) == 0;
                 Py_DECREF(comp);
             }
         } else {
-            box = PyObject_GetAttr(m, s_inbox);
+            box = iget(m, s_inbox);
             ok = box && PyList_Append(box, it) == 0;
         }
         Py_XDECREF(box);
@@ -457,7 +461,7 @@ fail_after:
 /* The ring's fd, or -1 with an exception set (-2 without one: the ring is closed). */
 static long long ring_fd(Router *r) {
     long long fd;
-    if (!get_ll(r->ring, s_fd, &fd))
+    if (!iget_ll(r->ring, s_fd, &fd))
         return -1;
     return fd < 0 ? -2 : fd;
 }
@@ -550,7 +554,6 @@ struct Round {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
     long long recv_ud, f_more;
     unsigned int buffer_shift;
-    int plain; /* the attributes below read and written in instance dicts (plain_attrs) */
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
     PyObject *pop;                                 /* queue.popleft */
     /* The provider's buffer ring as last seen, with what stays fixed for its life: its
@@ -590,19 +593,6 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
             return -1;
         Py_XSETREF(*slots[i], d);
     }
-    /* The attributes each pass reads or writes, per object (see plain_attrs). */
-    PyObject *const tr_names[] = {s_closing, s_paused, s_eof, s_waiting_release, s_protocol};
-    PyObject *const rx_names[] = {s_closed, s_owner_tid, s_end, s_stalled, s_limit,
-                                  s_stream_off};
-    PyObject *const prov_names[] = {s_armed, s_buf};
-    PyObject *const stats_names[] = {s_delivered, s_delivered_bytes, s_released,
-                                     s_released_bytes, s_peak, s_peak_bytes};
-    PyObject *const member_names[] = {s_inbox};
-#define NAMES(a) a, (int)(sizeof(a) / sizeof(a[0]))
-    r->plain = plain_attrs(tr, NAMES(tr_names)) && plain_attrs(rx, NAMES(rx_names)) &&
-               plain_attrs(prov, NAMES(prov_names)) && plain_attrs(stats, NAMES(stats_names)) &&
-               plain_attrs(member, NAMES(member_names));
-#undef NAMES
     PyObject *pop = PyObject_GetAttr(queue, s_popleft);
     if (!pop)
         return -1;
@@ -627,14 +617,10 @@ typedef struct {
 } BufState;
 
 /* Cache the fixed fields of ``buf`` (the provider's current buffer ring) unless cached: 1 done,
- * -1 fall back (the round's objects or the buffer ring's attributes are not plain: unusual
- * subclasses take the Python round), 0 error. */
+ * 0 error. */
 static int cache_buf(Round *r, PyObject *buf) {
     if (buf == r->buf)
         return 1;
-    PyObject *const names[] = {s_registered, s_head, s_tail, s_in_ring};
-    if (!r->plain || !plain_attrs(buf, names, 4))
-        return -1;
     long long addr, base, n, mask, bs;
     PyObject *mem = PyObject_GetAttr(buf, s_mem);
     if (!mem)
@@ -663,8 +649,8 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
     b->n = r->n;
     b->mask = r->mask;
     b->bs = r->bs;
-    return iget_ll(r->plain, buf, s_head, &b->head) && iget_ll(r->plain, buf, s_tail, &b->tail) &&
-           iget_ll(r->plain, buf, s_in_ring, &b->in_ring);
+    return iget_ll(buf, s_head, &b->head) && iget_ll(buf, s_tail, &b->tail) &&
+           iget_ll(buf, s_in_ring, &b->in_ring);
 }
 
 #define ENTRY(b, i) ((b)->entries + (size_t)((i) & (b)->mask) * 16)
@@ -740,10 +726,10 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
     __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
     *rel += n;
     *relb += nbytes;
-    if (!iset_ll(r->plain, buf, s_tail, b->tail) ||
-        !iset_ll(r->plain, buf, s_in_ring, b->in_ring) ||
-        !iset_ll(r->plain, r->stats, s_released, *rel) ||
-        !iset_ll(r->plain, r->stats, s_released_bytes, *relb))
+    if (!iset_ll(buf, s_tail, b->tail) ||
+        !iset_ll(buf, s_in_ring, b->in_ring) ||
+        !iset_ll(r->stats, s_released, *rel) ||
+        !iset_ll(r->stats, s_released_bytes, *relb))
         return 0;
     return 1;
 }
@@ -778,45 +764,42 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
     PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
     for (int i = 0; i < 4; i++)
-        if ((v = iget_true(r->plain, r->tr, flags[i])) != 0)
+        if ((v = iget_true(r->tr, flags[i])) != 0)
             return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
     /* The receiver: open, owned by this thread, not ended, not paused, armed. */
-    if ((v = iget_true(r->plain, r->rx, s_closed)) != 0)
+    if ((v = iget_true(r->rx, s_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
-    if (!iget_ll(r->plain, r->rx, s_owner_tid, &x))
+    if (!iget_ll(r->rx, s_owner_tid, &x))
         return NULL;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
         return PyLong_FromLong(FALLBACK);
-    PyObject *o = iget(r->plain, r->rx, s_end);
+    PyObject *o = iget(r->rx, s_end);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
         return PyLong_FromLong(FALLBACK);
-    o = iget(r->plain, r->rx, s_stalled);
+    o = iget(r->rx, s_stalled);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
         return PyLong_FromLong(FALLBACK);
-    if ((v = iget_true(r->plain, r->prov, s_armed)) != 1)
+    if ((v = iget_true(r->prov, s_armed)) != 1)
         return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
-    buf = iget(r->plain, r->prov, s_buf);
+    buf = iget(r->prov, s_buf);
     if (!buf)
         return NULL;
     if (buf == Py_None)
         BAIL(FALLBACK);
-    if ((v = cache_buf(r, buf)) != 1) {
-        if (v == 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
-    if ((v = iget_true(r->plain, buf, s_registered)) != 1) {
+    if (!cache_buf(r, buf))
+        goto error;
+    if ((v = iget_true(buf, s_registered)) != 1) {
         if (v < 0)
             goto error;
         BAIL(FALLBACK);
     }
-    if (!get_ll(r->buf_ring, s_fd, &x))
+    if (!iget_ll(r->buf_ring, s_fd, &x))
         goto error;
     if (x < 0)
         BAIL(FALLBACK);
@@ -827,11 +810,11 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         BAIL(FALLBACK);
     /* The counts, read once: the release flush advances the released ones. */
     long long dl, dlb, rel, relb, limit;
-    if (!iget_ll(r->plain, r->stats, s_delivered, &dl) ||
-        !iget_ll(r->plain, r->stats, s_delivered_bytes, &dlb) ||
-        !iget_ll(r->plain, r->stats, s_released, &rel) ||
-        !iget_ll(r->plain, r->stats, s_released_bytes, &relb) ||
-        !iget_ll(r->plain, r->rx, s_limit, &limit))
+    if (!iget_ll(r->stats, s_delivered, &dl) ||
+        !iget_ll(r->stats, s_delivered_bytes, &dlb) ||
+        !iget_ll(r->stats, s_released, &rel) ||
+        !iget_ll(r->stats, s_released_bytes, &relb) ||
+        !iget_ll(r->rx, s_limit, &limit))
         goto error;
     /* Releases first, as Receiver._next does. */
     if ((v = flush_releases(r, buf, &b, &rel, &relb)) != 1) {
@@ -843,7 +826,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     if (dlb - relb > limit)
         BAIL(FALLBACK);
     /* The member's completions: one list of tuples, each data of the receive in one buffer. */
-    PyObject *box = iget(r->plain, r->member, s_inbox);
+    PyObject *box = iget(r->member, s_inbox);
     if (!box)
         goto error;
     Py_DECREF(box); /* the member keeps it */
@@ -884,7 +867,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         goto error;
     }
     long long s;
-    if (!iget_ll(r->plain, r->rx, s_stream_off, &s)) {
+    if (!iget_ll(r->rx, s_stream_off, &s)) {
         Py_DECREF(cqes);
         goto error;
     }
@@ -928,19 +911,19 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     dl += k;
     dlb += s - s0;
     long long pk, pkb;
-    if (!iset_ll(r->plain, buf, s_head, b.head) ||
-        !iset_ll(r->plain, buf, s_in_ring, b.in_ring) ||
-        !iset_ll(r->plain, r->stats, s_delivered, dl) ||
-        !iset_ll(r->plain, r->stats, s_delivered_bytes, dlb) ||
-        !iget_ll(r->plain, r->stats, s_peak, &pk) ||
-        !iget_ll(r->plain, r->stats, s_peak_bytes, &pkb) ||
-        (dl - rel > pk && !iset_ll(r->plain, r->stats, s_peak, dl - rel)) ||
-        (dlb - relb > pkb && !iset_ll(r->plain, r->stats, s_peak_bytes, dlb - relb)) ||
-        !iset_ll(r->plain, r->rx, s_stream_off, s))
+    if (!iset_ll(buf, s_head, b.head) ||
+        !iset_ll(buf, s_in_ring, b.in_ring) ||
+        !iset_ll(r->stats, s_delivered, dl) ||
+        !iset_ll(r->stats, s_delivered_bytes, dlb) ||
+        !iget_ll(r->stats, s_peak, &pk) ||
+        !iget_ll(r->stats, s_peak_bytes, &pkb) ||
+        (dl - rel > pk && !iset_ll(r->stats, s_peak, dl - rel)) ||
+        (dlb - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb - relb)) ||
+        !iset_ll(r->rx, s_stream_off, s))
         goto error;
     Py_CLEAR(buf);
     /* To the protocol. */
-    proto = iget(r->plain, r->tr, s_protocol);
+    proto = iget(r->tr, s_protocol);
     cb = proto ? PyObject_GetAttr(proto, s_chunk_received) : NULL;
     if (!cb) {
         keep_rest(r->tr, chunks, 0);
@@ -953,8 +936,8 @@ static PyObject *round_run(Round *r, PyObject *unused) {
             goto error;
         }
         Py_DECREF(res);
-        int closing = iget_true(r->plain, r->tr, s_closing);
-        int paused = closing < 0 ? 0 : iget_true(r->plain, r->tr, s_paused);
+        int closing = iget_true(r->tr, s_closing);
+        int paused = closing < 0 ? 0 : iget_true(r->tr, s_paused);
         if (closing < 0 || paused < 0) {
             keep_rest(r->tr, chunks, i + 1);
             goto error;
@@ -974,14 +957,14 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     Py_DECREF(cb);
     Py_DECREF(proto);
     Py_DECREF(chunks);
-    box = iget(r->plain, r->member, s_inbox);
+    box = iget(r->member, s_inbox);
     if (!box)
         return NULL;
     Py_ssize_t more = PyObject_Length(box);
     Py_DECREF(box);
     if (more < 0)
         return NULL;
-    if ((v = iget_true(r->plain, r->prov, s_armed)) < 0)
+    if ((v = iget_true(r->prov, s_armed)) < 0)
         return NULL;
     return PyLong_FromLong(more || !v ? AGAIN : DONE);
 error:

@@ -82,6 +82,18 @@ class ZcTransport:
     Owns the socket (closed with the transport). Use from the loop that started it.
     """
 
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict.
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_closing",
+        "_eof",
+        "_paused",
+        "_waiting_release",
+        "protocol",
+    )
+
     def __init__(self, sock: socket.socket, rx: Receiver, protocol: ZcProtocol) -> None:
         self._owner = Owner("zcnet.aio transport")
         self.loop = self._owner.loop

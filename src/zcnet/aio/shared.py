@@ -249,6 +249,10 @@ class MemberRing:
     """One receiver's view of the loop's ring, shaped like the slice of :class:`Ring` that
     :class:`SoftProvider` and the provider helpers use, in the member's local user_data."""
 
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "fast", "inbox", "on_ready")
+
     def __init__(self, lr: LoopRing, mid: int, bgid: int) -> None:
         self.lr = lr
         self.mid = mid

@@ -44,6 +44,10 @@ class BufRing:
     ClosedError: the ring entries are unmapped (and the registration is gone).
     """
 
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "_head", "_registered", "_tail", "in_ring")
+
     def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, *,
                  area: Mapping | None = None, area_offset: int = 0,
                  incremental: bool = False) -> None:

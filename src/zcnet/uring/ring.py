@@ -89,6 +89,10 @@ class Ring:
     After ``close()`` every method but ``close`` raises ClosedError.
     """
 
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "fd")
+
     def __init__(self, entries: int = 256, *, flags: int = 0,
                  cq_entries: int | None = None) -> None:
         p = u.io_uring_params()

@@ -90,7 +90,7 @@ class ReleaseQueue:
         return bool(self._q)
 
 
-@dataclass
+@dataclass(slots=True)  # zcnet.aio._loopaccel reads and writes the counters in place
 class Stats:
     """Counters in the style of a page pool's, all written by the ring's owner thread."""
 

@@ -43,6 +43,10 @@ class Receiver(DebugViews):
     revokes views on release and poisons released memory.
     """
 
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict (DebugViews has one).
+    __slots__ = ("_closed", "_end", "_limit", "_owner_tid", "_stream_off", "stalled")
+
     def __init__(self, sock: socket.socket | int, provider: Provider, *,
                  max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
                  why: str = "") -> None:

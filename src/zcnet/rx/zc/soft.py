@@ -47,6 +47,9 @@ FEW = 16  # rounds of at most this many CQEs take the plain-Python path
 
 class SoftProvider:
     name = "soft"
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
+    # the rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "_buf", "armed")
 
     def __init__(self, fd: int, area: Area, buf_size: int, *, bundle: bool | None = None) -> None:
         self._init_buffers(fd, area, buf_size)

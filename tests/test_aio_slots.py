@@ -1,0 +1,33 @@
+"""The compiled loop pass reads and writes its objects' per-pass attributes in place."""
+
+from __future__ import annotations
+
+import inspect
+
+from zcnet import aio
+from zcnet.aio import shared
+
+
+def test_what_the_compiled_pass_touches_every_time_is_a_slot() -> None:
+    """The pass reads and writes these in place at their slot offsets (no dict lookup); a class
+    that lost its slot would still work (the generic getattr) but pay a lookup per access."""
+    from zcnet.rx.zc.bookkeeping import Stats
+    from zcnet.rx.zc.receiver import Receiver
+    from zcnet.rx.zc.soft import SoftProvider
+    from zcnet.uring.bufring import BufRing
+    from zcnet.uring.ring import Ring
+
+    touched = {
+        aio.ZcTransport: ("_closing", "_eof", "_paused", "_waiting_release", "protocol"),
+        Receiver: ("_closed", "_end", "_limit", "_owner_tid", "_stream_off", "stalled"),
+        SoftProvider: ("_buf", "armed"),
+        BufRing: ("_head", "_registered", "_tail", "in_ring"),
+        Stats: ("delivered", "delivered_bytes", "released", "released_bytes", "peak_in_flight",
+                "peak_in_flight_bytes"),
+        shared.MemberRing: ("inbox", "fast", "on_ready"),
+        Ring: ("fd",),
+    }
+    for cls, names in touched.items():
+        for name in names:
+            assert type(inspect.getattr_static(cls, name)).__name__ == "member_descriptor", (
+                cls, name)
