@@ -274,6 +274,7 @@ def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, l
         c, s = await tcp_pair()
         p = Frames()
         tr = aio.start_protocol(s, p, **SMALL)
+        assert tr.write.__self__ is tr._fast  # the compiled write, its common case in C
         await asyncio.sleep(0)  # the start's pass: the receive is armed
         v = object.__new__(Viewed)
         v.__dict__.update(tr.__dict__)

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include <errno.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,7 +47,8 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_delivered, *s_delivered_bytes, *s_released, *s_released_bytes, *s_peak, *s_peak_bytes,
     *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
     *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
-    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release;
+    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
+    *s_send_failed, *s_buffer_rest;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -104,12 +106,30 @@ static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
  * attribute cache answers), so a subclass that shadows a name with something else, or an
  * object without that slot, goes the generic way. 0 when ``name`` is no writable object slot
  * of o's type. */
+/* slot_offset's answers by (type, name). An answer holds while the type keeps its version
+ * tag: CPython gives a type a new tag whenever it or a base changes, and never reuses one. */
+typedef struct {
+    PyTypeObject *type;
+    PyObject *name;
+    unsigned int tag;
+    Py_ssize_t off;
+} SlotMemo;
+static SlotMemo slot_memo[256];
+
 static Py_ssize_t slot_offset(PyObject *o, PyObject *name) {
-    PyObject *d = _PyType_Lookup(Py_TYPE(o), name); /* borrowed */
-    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type))
-        return 0;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    return m->type == T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : 0;
+    PyTypeObject *t = Py_TYPE(o);
+    SlotMemo *m = &slot_memo[(((uintptr_t)t >> 4) ^ ((uintptr_t)name >> 3)) & 255];
+    if (m->type == t && m->name == name && m->tag == t->tp_version_tag && m->tag)
+        return m->off;
+    PyObject *d = _PyType_Lookup(t, name); /* borrowed; assigns the version tag */
+    Py_ssize_t off = 0;
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+        if (md->type == T_OBJECT_EX && !(md->flags & READONLY))
+            off = md->offset;
+    }
+    *m = (SlotMemo){t, name, t->tp_version_tag, off};
+    return off;
 }
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
@@ -556,6 +576,7 @@ struct Round {
     unsigned int buffer_shift;
     PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
     PyObject *pop;                                 /* queue.popleft */
+    PyObject *py_write;                            /* the transport class's own write */
     /* The provider's buffer ring as last seen, with what stays fixed for its life: its
      * io_uring, its entries' address, the area's base, entries, mask and buffer size. */
     PyObject *buf, *buf_ring;
@@ -573,7 +594,7 @@ static PyObject *round_transport(Round *r) {
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
-    X(d_so) X(pop) X(buf) X(buf_ring)
+    X(d_so) X(pop) X(py_write) X(buf) X(buf_ring)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
@@ -597,6 +618,10 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     if (!pop)
         return -1;
     Py_XSETREF(r->pop, pop);
+    PyObject *w = PyObject_GetAttr((PyObject *)Py_TYPE(tr), s_write);
+    if (!w)
+        return -1;
+    Py_XSETREF(r->py_write, w);
     Py_CLEAR(r->buf);
     Py_CLEAR(r->buf_ring);
     PyObject *objs[7] = {tr, rx, member, prov, cls, queue, stats};
@@ -976,9 +1001,59 @@ error:
 #undef BAIL
 }
 
+/* write(data): ZcTransport.write's common case, as the transport's ``write``: open, nothing
+ * buffered, and the socket takes all of ``data`` (a non-blocking send that keeps the GIL).
+ * What the socket does not take goes to ``_buffer_rest``, a send error to ``_send_failed``,
+ * and anything else (closing, a backlog, no contiguous buffer) to the Python write. */
+static PyObject *round_write(Round *r, PyObject *data) {
+    PyObject *tr = r->tr;
+    if (!tr)
+        return round_transport(r); /* cleared by the cycle collector: raises */
+    int closing = iget_true(tr, s_closing);
+    if (closing < 0)
+        return NULL;
+    PyObject *wbuf = closing ? NULL : iget(tr, s_wbuf);
+    if (!closing && !wbuf)
+        return NULL;
+    Py_ssize_t backlog = wbuf ? PyObject_Length(wbuf) : 0;
+    Py_XDECREF(wbuf);
+    long long fd = -1;
+    Py_buffer view;
+    if (closing || backlog != 0 || !iget_ll(tr, s_tfd, &fd) ||
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* the Python write raises what applies */
+        return PyObject_CallFunctionObjArgs(r->py_write, tr, data, NULL);
+    }
+    if (view.len == 0) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    ssize_t n = send((int)fd, view.buf, (size_t)view.len, MSG_NOSIGNAL);
+    int err = errno;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    if (n == len)
+        Py_RETURN_NONE;
+    if (n >= 0 || err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
+        PyObject *sent = PyLong_FromSsize_t(n > 0 ? n : 0);
+        PyObject *res = sent ? PyObject_CallMethodObjArgs(tr, s_buffer_rest, data, sent, NULL)
+                             : NULL;
+        Py_XDECREF(sent);
+        return res;
+    }
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    Exc e = exc_take();
+    PyErr_NormalizeException(&e.type, &e.value, &e.tb);
+    PyObject *res = PyObject_CallMethodOneArg(tr, s_send_failed, e.value);
+    exc_drop(e);
+    return res;
+}
+
 static PyMethodDef round_methods[] = {
     {"run", (PyCFunction)round_run, METH_NOARGS,
      "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+    {"write", (PyCFunction)round_write, METH_O, "The transport's write (common case)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1014,7 +1089,8 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_addr, "addr"}, {&s_base, "base"}, {&s_entries, "entries"}, {&s_mask, "mask"},
         {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
         {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
-        {&s_waiting_release, "_waiting_release"},
+        {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
+        {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

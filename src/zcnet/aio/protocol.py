@@ -89,8 +89,10 @@ class ZcTransport:
         "__weakref__",
         "_closing",
         "_eof",
+        "_fd",
         "_paused",
         "_waiting_release",
+        "_wbuf",
         "protocol",
     )
 
@@ -113,6 +115,8 @@ class ZcTransport:
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
         #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
         self._fast = self._make_round()
+        if self._fast is not None:  # its write: no Python frame and no GIL release per send
+            self.write = self._fast.write  # type: ignore[method-assign]
         track(self.loop, self)
 
     def _make_round(self) -> Any:
@@ -245,14 +249,24 @@ class ZcTransport:
             sent = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError as e:  # the peer reset or shut down: drop the connection
-            self._closing = self._failed = True
-            self.loop.call_soon(self._teardown, e)
+        except OSError as e:
+            self._send_failed(e)
             return
         if sent < n:
-            self._wbuf += memoryview(data)[sent:]
-            self.loop.add_writer(self._fd, self._on_writable)
-            self._writing = True
+            self._buffer_rest(data, sent)
+
+    # The compiled write (zcnet.aio._loopaccel.Round.write) does the common case (open, nothing
+    # buffered, the socket takes it all) and calls these two, or ``write`` itself, for the rest.
+    def _send_failed(self, e: OSError) -> None:
+        """The peer reset or shut down: drop the connection (later, not inside write)."""
+        self._closing = self._failed = True
+        self.loop.call_soon(self._teardown, e)
+
+    def _buffer_rest(self, data: bytes | bytearray | memoryview, sent: int) -> None:
+        """Copy what the socket did not take; it goes when the socket is writable."""
+        self._wbuf += memoryview(data)[sent:]
+        self.loop.add_writer(self._fd, self._on_writable)
+        self._writing = True
 
     def _on_writable(self) -> None:
         try:
@@ -318,6 +332,7 @@ class ZcTransport:
         self._member.on_ready = None
         self._member.fast = None
         self._fast = None  # it refers back to the transport: both go now, not at a GC pass
+        self.__dict__.pop("write", None)  # the round's, bound to it
         held, self._held = self._held, []
         try:
             self._stop_writing()
