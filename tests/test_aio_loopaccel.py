@@ -294,4 +294,3 @@ def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, l
         assert await asyncio.wait_for(p.lost, 10) is None
 
     run(loop_kind, main)
-

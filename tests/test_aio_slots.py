@@ -6,19 +6,19 @@ import inspect
 
 from zcnet import aio
 from zcnet.aio import shared
+from zcnet.rx.zc.bookkeeping import Stats
+from zcnet.rx.zc.receiver import Receiver
+from zcnet.rx.zc.soft import SoftProvider
+from zcnet.uring.bufring import BufRing
+from zcnet.uring.ring import Ring
 
 
 def test_what_the_compiled_pass_touches_every_time_is_a_slot() -> None:
     """The pass reads and writes these in place at their slot offsets (no dict lookup); a class
     that lost its slot would still work (the generic getattr) but pay a lookup per access."""
-    from zcnet.rx.zc.bookkeeping import Stats
-    from zcnet.rx.zc.receiver import Receiver
-    from zcnet.rx.zc.soft import SoftProvider
-    from zcnet.uring.bufring import BufRing
-    from zcnet.uring.ring import Ring
-
     touched = {
-        aio.ZcTransport: ("_closing", "_eof", "_paused", "_waiting_release", "protocol"),
+        aio.ZcTransport: ("_closing", "_eof", "_fd", "_paused", "_waiting_release", "_wbuf",
+                          "protocol"),
         Receiver: ("_closed", "_end", "_limit", "_owner_tid", "_stream_off", "stalled"),
         SoftProvider: ("_buf", "armed"),
         BufRing: ("_head", "_registered", "_tail", "in_ring"),

@@ -102,12 +102,11 @@ static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
 /* The attributes a pass reads and writes each time are __slots__ members of their classes
  * (ZcTransport, Receiver, SoftProvider, BufRing, Stats, MemberRing say which): they are read
  * and written in place at the member's offset, as its descriptor does, with no dict lookup.
- * The member is found on the object's own type (what getattr finds first; the type's
- * attribute cache answers), so a subclass that shadows a name with something else, or an
- * object without that slot, goes the generic way. 0 when ``name`` is no writable object slot
- * of o's type. */
-/* slot_offset's answers by (type, name). An answer holds while the type keeps its version
- * tag: CPython gives a type a new tag whenever it or a base changes, and never reuses one. */
+ * slot_offset finds the member on the object's own type (what getattr finds first), so a
+ * subclass that shadows a name with something else, or an object without that slot, goes the
+ * generic way (offset 0). Its answers are kept by (type, name) while the type keeps its
+ * version tag: CPython gives a type a new tag whenever it or a base changes, and never reuses
+ * one. */
 typedef struct {
     PyTypeObject *type;
     PyObject *name;

@@ -115,7 +115,8 @@ class ZcTransport:
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
         #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
         self._fast = self._make_round()
-        if self._fast is not None:  # its write: no Python frame and no GIL release per send
+        if self._fast is not None and type(self).write is ZcTransport.write:
+            # its write: no Python frame and no GIL release per send (a subclass's own stays)
             self.write = self._fast.write  # type: ignore[method-assign]
         track(self.loop, self)
 
