@@ -326,3 +326,30 @@ def test_bad_input_is_refused_with_a_clear_error(loop_kind, no_leaks):
     finally:
         for x in (c, s, ls):
             x.close()
+
+
+def test_writes_of_the_wrong_kind_or_after_close_raise_on_both_passes(loop_kind, no_leaks):
+    """``write`` (compiled or not) refuses what the socket cannot send with the same TypeError,
+    sends a strided view's bytes through the Python path, and a write kept from before the
+    close raises ClosedError."""
+    async def main() -> None:
+        c, s = await tcp_pair()
+        p = Echo()
+        tr = aio.start_protocol(s, p, **SMALL)
+        write = tr.write  # the compiled one on the c pass: kept past the close below
+        with pytest.raises(TypeError):
+            tr.write("text")  # type: ignore[arg-type]
+        with pytest.raises((TypeError, BufferError, ValueError)):
+            tr.write(memoryview(b"abcdef")[::2])  # not contiguous: no send takes it
+        tr.write(b"still open")
+        got = b""
+        while len(got) < 10:
+            got += await asyncio.get_running_loop().sock_recv(c, 64)
+        assert got == b"still open"
+        tr.close()
+        with pytest.raises(ClosedError):
+            write(b"late")
+        c.close()
+        assert await asyncio.wait_for(p.lost, 10) is None
+
+    run(loop_kind, main)
