@@ -19,7 +19,7 @@ import pytest
 import vmplugin
 from zcnet.bench import remote
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.vm import archive, bootimage, initramfs
+from zcnet.vm import archive, bootimage, initramfs, runner
 from zcnet.vm.accel import choose_accel, probe_kvm
 from zcnet.vm.archive import Candidate, NoSuchKernel, choose, packages_for
 from zcnet.vm.kernels import Kernel
@@ -28,6 +28,7 @@ from zcnet.vm.runner import (
     TIMEOUT_SCALE_ENV,
     VM,
     VMClosed,
+    VMCrashed,
     command_script,
     find_qemu,
     guest_env,
@@ -299,9 +300,26 @@ def test_timeout_kills_guest_and_shows_last_lines(kernel: Kernel) -> None:
 
 @pytest.mark.slow
 def test_guest_panic_is_reported_with_the_kernel_log(kernel: Kernel) -> None:
+    # The command started, so its crash is reported at once: no second boot.
     rc, _, err = _finish(_zcnet("vm", "run", "--", "sh", "-c", "echo c > /proc/sysrq-trigger"))
     assert rc == 125
     assert "without the command's exit status" in err and "Kernel panic" in err
+    assert "booting it again" not in err
+
+
+@pytest.mark.slow
+def test_a_kernel_crash_while_booting_gets_one_more_boot(kernel: Kernel, monkeypatch, capsys,
+                                                          tmp_path: Path) -> None:
+    """A kernel that panics before the command starts (here: no init to run, every time) is
+    booted once more, then reported; the command never ran."""
+    monkeypatch.setattr(runner, "KERNEL_CMDLINE", runner.KERNEL_CMDLINE.replace(
+        "rdinit=/init", "rdinit=/nonexistent init=/nonexistent"))
+    marker = tmp_path / "ran"
+    with VM(kernel, share=tmp_path, timeout=120) as vm, pytest.raises(VMCrashed) as crash:
+        vm.run(["touch", str(marker)])
+    assert crash.value.while_booting and "Kernel panic" in str(crash.value)
+    assert capsys.readouterr().err.count("crashed while booting; booting it again") == 1
+    assert not marker.exists()
 
 
 @pytest.mark.slow

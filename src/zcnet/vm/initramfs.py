@@ -30,6 +30,7 @@ CTL_DIR = "/run/zcnet-vm"      # where the control share appears inside the gues
 CMD_SCRIPT = "cmd.sh"
 WORK_PATH = "work_path"         # control-share file naming the read-write share's guest path
 RC_FILE = "rc"
+STARTED_FILE = "started"        # written just before the command runs
 GUEST_TTY = "/dev/hvc0"         # the virtio console that carries the command's output
 
 _P9 = "trans=virtio,version=9p2000.L,msize=524288"
@@ -72,6 +73,7 @@ if [ -n "$W" ]; then
 fi
 # The kernel brings no interface up; loopback tests and servers need lo, as on the host.
 ip link set lo up || die "cannot bring lo up"
+: > /ctl/{STARTED_FILE}  # the host: a crash before this one was the boot's, not the command's
 chroot $R /bin/sh {CTL_DIR}/{CMD_SCRIPT} < /dev/null > {GUEST_TTY} 2>&1
 echo $? > /ctl/{RC_FILE}
 sync
