@@ -48,7 +48,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
     *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
     *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
-    *s_send_failed, *s_buffer_rest;
+    *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -78,27 +78,6 @@ static int get_ll(PyObject *o, PyObject *name, long long *out) {
     return !(*out == -1 && PyErr_Occurred());
 }
 
-/* The __slots__ member ``name`` of ``cls`` (its descriptor: get and set in C, no frame). */
-static PyObject *slot_descr(PyObject *cls, const char *name) {
-    PyObject *d = PyObject_GetAttrString(cls, name);
-    if (d && !(Py_IS_TYPE(d, &PyMemberDescr_Type) && Py_TYPE(d)->tp_descr_set)) {
-        PyErr_Format(PyExc_TypeError, "%R.%s is not a __slots__ member", cls, name);
-        Py_CLEAR(d);
-    }
-    return d;
-}
-
-static PyObject *slot_get(PyObject *d, PyObject *o) {
-    return Py_TYPE(d)->tp_descr_get(d, o, (PyObject *)Py_TYPE(o));
-}
-
-/* Set a slot, consuming the reference to ``v`` (0 on failure, ``v`` released all the same). */
-static int slot_put(PyObject *d, PyObject *o, PyObject *v) {
-    int r = Py_TYPE(d)->tp_descr_set(d, o, v);
-    Py_DECREF(v);
-    return r == 0;
-}
-
 /* The attributes a pass reads and writes each time are __slots__ members of their classes
  * (ZcTransport, Receiver, SoftProvider, BufRing, Stats, MemberRing say which): they are read
  * and written in place at the member's offset, as its descriptor does, with no dict lookup.
@@ -115,18 +94,21 @@ typedef struct {
 } SlotMemo;
 static SlotMemo slot_memo[256];
 
+/* The offset of ``name`` in instances of ``t`` (0: no writable object slot of that name). */
+static Py_ssize_t type_slot_offset(PyTypeObject *t, PyObject *name) {
+    PyObject *d = _PyType_Lookup(t, name); /* borrowed; assigns the version tag */
+    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        return 0;
+    PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+    return md->type == T_OBJECT_EX && !(md->flags & READONLY) ? md->offset : 0;
+}
+
 static Py_ssize_t slot_offset(PyObject *o, PyObject *name) {
     PyTypeObject *t = Py_TYPE(o);
     SlotMemo *m = &slot_memo[(((uintptr_t)t >> 4) ^ ((uintptr_t)name >> 3)) & 255];
     if (m->type == t && m->name == name && m->tag == t->tp_version_tag && m->tag)
         return m->off;
-    PyObject *d = _PyType_Lookup(t, name); /* borrowed; assigns the version tag */
-    Py_ssize_t off = 0;
-    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
-        if (md->type == T_OBJECT_EX && !(md->flags & READONLY))
-            off = md->offset;
-    }
+    Py_ssize_t off = type_slot_offset(t, name);
     *m = (SlotMemo){t, name, t->tp_version_tag, off};
     return off;
 }
@@ -573,7 +555,7 @@ struct Round {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
     long long recv_ud, f_more;
     unsigned int buffer_shift;
-    PyObject *d_rx, *d_off, *d_len, *d_tok, *d_so; /* the chunk class's slots */
+    Py_ssize_t o_rx, o_off, o_len, o_tok, o_so;    /* the chunk class's slot offsets */
     PyObject *pop;                                 /* queue.popleft */
     PyObject *py_write;                            /* the transport class's own write */
     /* The provider's buffer ring as last seen, with what stays fixed for its life: its
@@ -592,8 +574,8 @@ static PyObject *round_transport(Round *r) {
 }
 
 #define ROUND_REFS(X)                                                                     \
-    X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(d_rx) X(d_off) X(d_len) X(d_tok) \
-    X(d_so) X(pop) X(py_write) X(buf) X(buf_ring)
+    X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(pop) X(py_write) X(buf)       \
+    X(buf_ring)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
@@ -605,14 +587,13 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
         return -1;
     r->f_more = f_more;
     r->buffer_shift = shift;
-    const char *names[5] = {"_rx", "offset", "length", "_tok", "stream_offset"};
-    PyObject **slots[5] = {&r->d_rx, &r->d_off, &r->d_len, &r->d_tok, &r->d_so};
-    for (int i = 0; i < 5; i++) {
-        PyObject *d = slot_descr(cls, names[i]);
-        if (!d)
+    PyObject *const names[5] = {s_rx, s_offset, s_length, s_tok, s_stream_offset};
+    Py_ssize_t *offs[5] = {&r->o_rx, &r->o_off, &r->o_len, &r->o_tok, &r->o_so};
+    for (int i = 0; i < 5; i++)
+        if (!(*offs[i] = type_slot_offset((PyTypeObject *)cls, names[i]))) {
+            PyErr_Format(PyExc_TypeError, "%R.%U is not a __slots__ member", cls, names[i]);
             return -1;
-        Py_XSETREF(*slots[i], d);
-    }
+        }
     PyObject *pop = PyObject_GetAttr(queue, s_popleft);
     if (!pop)
         return -1;
@@ -705,18 +686,12 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         if ((PyObject *)Py_TYPE(c) != r->cls)
             verdict = -1; /* a batch, a coalesced chunk: the Python flush */
         else {
-            PyObject *tok = slot_get(r->d_tok, c), *len = tok ? slot_get(r->d_len, c) : NULL;
-            if (!len) {
-                verdict = 0;
-            } else {
-                long long t = PyLong_CheckExact(tok) ? PyLong_AsLongLong(tok) : -1;
-                if (t < 0 || t >= b->n || !PyLong_CheckExact(len))
-                    verdict = -1;
-                else
-                    nbytes += PyLong_AsLongLong(len);
-            }
-            Py_XDECREF(tok);
-            Py_XDECREF(len);
+            PyObject *tok = SLOT(c, r->o_tok), *len = SLOT(c, r->o_len); /* borrowed */
+            long long t = tok && PyLong_CheckExact(tok) ? PyLong_AsLongLong(tok) : -1;
+            if (t < 0 || t >= b->n || !len || !PyLong_CheckExact(len))
+                verdict = -1;
+            else
+                nbytes += PyLong_AsLongLong(len);
         }
         Py_DECREF(c);
     }
@@ -730,12 +705,8 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         if (!c) {
             return 0; /* cannot happen: n items were there and only this thread takes */
         }
-        PyObject *tok = slot_get(r->d_tok, c);
+        uint16_t bid = (uint16_t)PyLong_AsLong(SLOT(c, r->o_tok)); /* checked above */
         Py_DECREF(c);
-        if (!tok)
-            return 0;
-        uint16_t bid = (uint16_t)PyLong_AsLong(tok);
-        Py_DECREF(tok);
         unsigned char *e = ENTRY(b, t);
         uint64_t addr = b->base + (uint64_t)bid * (uint64_t)b->bs;
         uint32_t len = (uint32_t)b->bs;
@@ -914,12 +885,12 @@ static PyObject *round_run(Round *r, PyObject *unused) {
                 Py_DECREF(cqes);
                 goto error;
             }
-            Py_INCREF(r->rx);
-            if (!slot_put(r->d_rx, c, r->rx) ||
-                !slot_put(r->d_off, c, PyLong_FromLongLong((long long)bid * b.bs)) ||
-                !slot_put(r->d_len, c, PyLong_FromLongLong(n)) ||
-                !slot_put(r->d_tok, c, PyLong_FromLong(bid)) ||
-                !slot_put(r->d_so, c, PyLong_FromLongLong(s))) {
+            /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
+            SLOT(c, r->o_rx) = Py_NewRef(r->rx);
+            if (!(SLOT(c, r->o_off) = PyLong_FromLongLong((long long)bid * b.bs)) ||
+                !(SLOT(c, r->o_len) = PyLong_FromLongLong(n)) ||
+                !(SLOT(c, r->o_tok) = PyLong_FromLong(bid)) ||
+                !(SLOT(c, r->o_so) = PyLong_FromLongLong(s))) {
                 Py_DECREF(c);
                 Py_DECREF(cqes);
                 goto error; /* only memory runs out here */
@@ -1011,11 +982,14 @@ static PyObject *round_write(Round *r, PyObject *data) {
     int closing = iget_true(tr, s_closing);
     if (closing < 0)
         return NULL;
-    PyObject *wbuf = closing ? NULL : iget(tr, s_wbuf);
-    if (!closing && !wbuf)
-        return NULL;
-    Py_ssize_t backlog = wbuf ? PyObject_Length(wbuf) : 0;
-    Py_XDECREF(wbuf);
+    Py_ssize_t backlog = 0;
+    if (!closing) {
+        PyObject *wbuf = iget(tr, s_wbuf);
+        backlog = wbuf ? PyObject_Length(wbuf) : -1;
+        Py_XDECREF(wbuf);
+        if (backlog < 0)
+            return NULL;
+    }
     long long fd = -1;
     Py_buffer view;
     if (closing || backlog != 0 || !iget_ll(tr, s_tfd, &fd) ||
@@ -1090,6 +1064,8 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
         {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
         {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
+        {&s_rx, "_rx"}, {&s_offset, "offset"}, {&s_length, "length"}, {&s_tok, "_tok"},
+        {&s_stream_offset, "stream_offset"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
