@@ -150,7 +150,8 @@ def command_script(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> st
     return "\n".join(lines)
 
 
-_ALARMS = ("Kernel panic", "BUG:", "Oops:", "general protection fault", "Out of memory")
+_CRASHES = ("Kernel panic", "BUG:", "Oops:")  # the kernel itself failed
+_ALARMS = (*_CRASHES, "general protection fault", "Out of memory")
 
 
 def _tail(data: bytes, lines: int = TAIL_LINES) -> str:
@@ -339,7 +340,7 @@ class VM:
                    else f"QEMU exited with status {status}")
             kernel = console_log.read_bytes() if console_log.is_file() else b""
             booting = (not (ctl / initramfs.STARTED_FILE).exists() and not err.is_file()
-                       and any(a.encode() in kernel for a in _ALARMS[:3]))
+                       and any(a.encode() in kernel for a in _CRASHES))
             raise VMCrashed(why, self._tails(pump, console_log), while_booting=booting)
 
     @staticmethod
