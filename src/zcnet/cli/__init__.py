@@ -1,7 +1,12 @@
 """The `zcnet` command.
 
-Each module in this package that defines ``register(subparsers)`` adds one subcommand, so that
-features land without editing a central table. A handler returns the process exit status.
+Each module in this package that defines ``register(subparsers)`` adds one subcommand, named as
+the module, so that features land without editing a central table. A handler returns the process
+exit status.
+
+A command line that names its subcommand imports that module alone: importing all of them (the
+benchmark, the report, rich, pyroute2) was ~75% of every start-up, 0.35 s here and ~10 s in a
+TCG guest, paid again by each ``zcnet server`` a benchmark starts in its namespaces.
 """
 
 from __future__ import annotations
@@ -18,7 +23,24 @@ from zcnet.errors import ZcnetError
 from zcnet.netns import NeedRoot
 
 
-def build_parser() -> argparse.ArgumentParser:
+def commands() -> list[str]:
+    """The subcommands, by module name."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names, or None when the whole parser is needed: no command, an
+    unknown one (the error lists the choices) or top-level help before it."""
+    for token in argv:
+        if token in ("-h", "--help", "--version", "--"):
+            return None
+        if not token.startswith("-"):
+            return token if token in commands() else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with ``only`` that one alone."""
     parser = argparse.ArgumentParser(
         prog="zcnet",
         description="Zero-copy networking for Python, and the benchmark that proves it.",
@@ -26,10 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"zcnet {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for name in [only] if only else commands():
+        module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
@@ -47,7 +67,7 @@ def parse_args(parser: argparse.ArgumentParser,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(named_command(sys.argv[1:] if argv is None else argv))
     args = parse_args(parser, argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
