@@ -41,3 +41,43 @@ def test_ring_nop_runs_against_its_c_loop() -> None:
     out = run("ring_nop.py", "--seconds", "0.05", "--rounds", "1")
     names = {line.split()[1] for line in out.splitlines() if line.startswith("target ")}
     assert {"ring_nop_batch1", "ring_nop_batch32", "ring_nop_batch1024"} <= names
+
+
+def _tcp_zc_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tcp_zc_loopback", BENCH / "tcp_zc_loopback.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.root
+def test_tcp_zc_loopback_maps_order0_pages_and_puts_the_sysctl_back() -> None:
+    sysctl = Path(_tcp_zc_module().SYSCTL)
+    before = sysctl.read_text()
+    out = run("tcp_zc_loopback.py", "--mib", "64", "--repeat", "1")
+    if "no C compiler" in out:
+        pytest.skip(out.strip())
+    assert sysctl.read_text() == before
+    rows = {(r[0], r[2]): r for r in (line.split() for line in out.splitlines())
+            if len(r) > 3 and r[1] == "pages"}
+    assert set(rows) == {(k, m) for k in ("compound", "order0")
+                         for m in ("read", "TCP_ZEROCOPY_RECEIVE")}
+    # With order-0 pages the kernel maps payload into the window: the row measures a mapping
+    # receive, not a copy in disguise.
+    mapped = rows[("order0", "TCP_ZEROCOPY_RECEIVE")]
+    assert int(mapped[mapped.index("mapped") + 1].rstrip("%")) > 0
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_tcp_zc_order0_block_restores_the_old_value_when_stopped(tmp_path, monkeypatch, stop):
+    mod = _tcp_zc_module()
+    fake = tmp_path / "high_order_alloc_disable"
+    fake.write_text("0\n")
+    monkeypatch.setattr(mod, "SYSCTL", str(fake))
+    with pytest.raises(stop), mod.order0_pages():
+        assert fake.read_text() == "1"
+        raise stop
+    assert fake.read_text() == "0"
