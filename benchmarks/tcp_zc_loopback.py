@@ -61,6 +61,7 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 static int fail(const char *what) { perror(what); return 1; }
+static int ended(void) { fprintf(stderr, "the sender ended early\n"); return 1; }
 int main(int argc, char **argv) {
     if (argc != 4) return 2;
     int zc = !strcmp(argv[1], "zc");
@@ -98,7 +99,7 @@ int main(int argc, char **argv) {
     while (got < total) {
         if (!zc) {
             ssize_t n = read(s, copy, WINDOW);
-            if (n <= 0) return fail("read");
+            if (n <= 0) return n ? fail("read") : ended();
             got += n;
             continue;
         }
@@ -112,11 +113,13 @@ int main(int argc, char **argv) {
         mapped += z.length;
         if (z.recv_skip_hint && !c) {  /* bytes it would neither map nor copy: read them */
             ssize_t n = read(s, copy, z.recv_skip_hint);
-            if (n <= 0) return fail("read");
+            if (n <= 0) return n ? fail("read") : ended();
             got += n;
-        } else if (!z.length && !c) {
+        } else if (!z.length && !c) {  /* nothing yet: wait; readable with nothing is EOF */
             struct pollfd p = {s, POLLIN, 0};
-            poll(&p, 1, -1);
+            char x;
+            if (poll(&p, 1, -1) < 0) return fail("poll");
+            if (recv(s, &x, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return ended();
         }
     }
     double dt = now() - t0;
@@ -144,8 +147,11 @@ def order0_pages() -> Iterator[None]:
 
 def run_pair(exe: str, mode: str, mib: int, cpu: int) -> tuple[float, float]:
     """(Gbit/s, share of bytes mapped) of one run."""
-    p = subprocess.run([exe, mode, str(mib), str(cpu)], capture_output=True, text=True,
-                       timeout=300)
+    try:
+        p = subprocess.run([exe, mode, str(mib), str(cpu)], capture_output=True, text=True,
+                           timeout=300)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"the {mode} pair did not finish {mib} MiB in 300 s") from None
     if p.returncode:
         raise SystemExit(f"the {mode} pair failed: {p.stderr.strip()[:300]}")
     gbit, mapped, total = p.stdout.split()
