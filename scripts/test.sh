@@ -37,10 +37,6 @@ if command -v cc >/dev/null; then
     fi
   done
 fi
-# Bytecode written once now: with PYTHONDONTWRITEBYTECODE set (as on CI) every interpreter the
-# tests start, hundreds on the host and each one in the TCG guests (~1 s there), would compile
-# zcnet's modules again.
-"$ZCNET_PY" -m compileall -q src >/dev/null
 "$ZCNET_PY" -m ruff check src tests benchmarks examples
 # The layer contracts in pyproject.toml ([tool.importlinter]); lint-imports has no -m entry.
 "$ZCNET_PY" -c 'import sys; from importlinter.cli import lint_imports_command as li; sys.exit(li())'

@@ -26,6 +26,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """zcnet's bytecode, written once. With PYTHONDONTWRITEBYTECODE set (as on CI) every
+    interpreter the tests start, hundreds on the host and each one in the TCG guests (~1 s
+    there, reading the host's tree), would compile zcnet's modules again. Not inside a VM: its
+    root is read-only."""
+    if not vmplugin.IN_VM:
+        import compileall
+
+        import zcnet
+
+        compileall.compile_dir(Path(zcnet.__file__).parent, quiet=2)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     vmplugin.collection_finish(session)
 
