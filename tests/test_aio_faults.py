@@ -141,3 +141,38 @@ def test_use_after_close(loop_kind, no_leaks):
         c.close()
 
     run(loop_kind, main)
+
+
+def test_receiver_used_from_another_loop_in_the_same_thread(loop_kind, no_leaks):
+    """Ownership is checked cheaply on the hot path (its thread, its loop running); a second
+    loop run in the same thread while the owner's is stopped is still refused, and the
+    receiver still works and closes on its own loop afterwards."""
+    a, b = LOOPS[loop_kind](), LOOPS[loop_kind]()
+    try:
+        async def open_() -> tuple[socket.socket, aio.AsyncReceiver]:
+            c, s = await tcp_pair()
+            return c, aio.open_receiver(s, own_socket=True)
+
+        c, rx = a.run_until_complete(open_())
+
+        async def use() -> str:
+            with pytest.raises(ZcnetError) as e:
+                await rx.recv()
+            return str(e.value)
+
+        assert "another event loop" in b.run_until_complete(use())
+
+        async def finish() -> bytes:
+            await asyncio.get_running_loop().sock_sendall(c, b"ok")
+            chunks = await asyncio.wait_for(rx.recv(), 10)
+            data = b"".join(bytes(ch.data) for ch in chunks)
+            rx.rx.release_many(chunks)
+            rx.close()
+            await asyncio.sleep(0)  # the guard task's cancellation runs
+            return data
+
+        assert a.run_until_complete(finish()) == b"ok"
+        c.close()
+    finally:
+        a.close()
+        b.close()

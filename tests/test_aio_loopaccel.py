@@ -46,6 +46,18 @@ class Frames(aio.ZcProtocol):
         self.lost.set_result(exc)
 
 
+def _release_refusing_misuse(chunk) -> bytes:
+    """Release ``chunk``; a second release and its view after release are refused. Returns
+    what the view held."""
+    data = bytes(chunk.data)
+    chunk.release()
+    with pytest.raises(ValueError, match="released twice"):
+        chunk.release()
+    with pytest.raises(ValueError, match="after release"):
+        chunk.data  # noqa: B018
+    return data
+
+
 def test_the_pass_that_runs_is_the_one_chosen(loop_kind, loop_pass, no_leaks):
     async def main() -> None:
         c, s = await tcp_pair()
@@ -165,13 +177,7 @@ def test_release_checks_hold_on_chunks_of_the_compiled_round(loop_kind, no_leaks
         theirs = [ch for ch in got if ch._rx is t2.rx]
         with pytest.raises(ValueError, match="another receiver"):
             t1.rx.release(theirs[0])
-        first = mine[0]
-        view_ok = bytes(first.data)
-        first.release()
-        with pytest.raises(ValueError, match="released twice"):
-            first.release()
-        with pytest.raises(ValueError, match="after release"):
-            first.data  # noqa: B018
+        view_ok = _release_refusing_misuse(mine[0])
         assert view_ok == b"a" * len(view_ok)
         for ch in got:
             if ch._rx is not None:
@@ -180,6 +186,54 @@ def test_release_checks_hold_on_chunks_of_the_compiled_round(loop_kind, no_leaks
         c2.close()
         await asyncio.wait_for(asyncio.gather(p1.lost, p2.lost), 10)
         assert t1.stats.in_flight == 0 and t2.stats.in_flight == 0
+
+    run(loop_kind, main)
+
+
+def test_async_for_through_the_compiled_take_keeps_every_byte_and_check(loop_kind, loop_pass,
+                                                                         no_leaks):
+    """``async for`` on the shared ring: under "c" its rounds are the compiled round's take()
+    (none for a debug receiver, whose views are revoked in Python). Request/response frames
+    arrive whole and in order; double release, another receiver's chunk and a view after
+    release are refused on its chunks; a task cancelled while it waits loses nothing."""
+    frames = [bytes([i]) * 64 for i in range(1, 41)]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        (c1, s1), (c2, s2), (c3, s3) = await tcp_pair(), await tcp_pair(), await tcp_pair()
+        async with aio.open_receiver(s1, own_socket=True, **SMALL) as rx, \
+                aio.open_receiver(s2, own_socket=True, **SMALL) as other, \
+                aio.open_receiver(s3, own_socket=True, debug=True, **SMALL) as dbg:
+            assert (rx._take is not None) == (loop_pass == "c")
+            assert dbg._take is None
+            got = b""
+            for i, f in enumerate(frames):  # one frame in flight: each round is a few CQEs
+                await loop.sock_sendall(c1, f)
+                while len(got) < 64 * (i + 1):
+                    chunk = await asyncio.wait_for(rx.__anext__(), 10)
+                    got += bytes(chunk.data)
+                    chunk.release()
+            assert got == b"".join(frames)
+            await loop.sock_sendall(c2, b"b" * 10)
+            theirs = await asyncio.wait_for(other.__anext__(), 10)
+            with pytest.raises(ValueError, match="another receiver"):
+                rx.rx.release(theirs)
+            theirs.release()
+            waiter = asyncio.create_task(rx.__anext__())  # waits: nothing was sent
+            await asyncio.sleep(0.01)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await loop.sock_sendall(c1, b"z" * 100)
+            rest = _release_refusing_misuse(await asyncio.wait_for(rx.__anext__(), 10))
+            c1.close()
+            async for chunk in rx:
+                rest += bytes(chunk.data)
+                chunk.release()
+            assert rest == b"z" * 100
+            assert rx.stats.in_flight == 0
+        c2.close()
+        c3.close()
 
     run(loop_kind, main)
 
@@ -280,7 +334,7 @@ def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, l
         v.__dict__.update(tr.__dict__)
         for name in ("_closing", "_eof", "_waiting_release", "protocol"):
             setattr(v, name, getattr(tr, name))
-        viewed = Viewed._make_round(v)
+        viewed = shared.compiled_round(v, v.rx)
         accel = shared.loop_accel()
         assert tr._fast.run() == accel.DONE  # nothing has arrived: the compiled round is done
         assert viewed.run() == accel.FALLBACK

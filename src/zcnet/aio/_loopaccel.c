@@ -548,7 +548,7 @@ OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
 
 /* ---------------------------------------------------------------------------------------- */
 /* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
-/*       buffer_shift)                                                                      */
+/*       buffer_shift); transport None: an AsyncReceiver's, for take() only                 */
 
 struct Round {
     PyObject_HEAD
@@ -598,16 +598,17 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     if (!pop)
         return -1;
     Py_XSETREF(r->pop, pop);
-    PyObject *w = PyObject_GetAttr((PyObject *)Py_TYPE(tr), s_write);
-    if (!w)
+    /* No transport (None): an AsyncReceiver's round, which only takes. */
+    PyObject *w = tr == Py_None ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(tr), s_write);
+    if (!w && tr != Py_None)
         return -1;
     Py_XSETREF(r->py_write, w);
     Py_CLEAR(r->buf);
     Py_CLEAR(r->buf_ring);
-    PyObject *objs[7] = {tr, rx, member, prov, cls, queue, stats};
+    PyObject *objs[7] = {tr == Py_None ? NULL : tr, rx, member, prov, cls, queue, stats};
     PyObject **dst[7] = {&r->tr, &r->rx, &r->member, &r->prov, &r->cls, &r->queue, &r->stats};
     for (int i = 0; i < 7; i++) {
-        Py_INCREF(objs[i]);
+        Py_XINCREF(objs[i]);
         Py_XSETREF(*dst[i], objs[i]);
     }
     r->recv_ud = recv_ud;
@@ -747,41 +748,38 @@ static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
     return res != NULL;
 }
 
-/* run() -> int: one round; DONE (nothing more now), AGAIN (call again), FALLBACK (run the
- * Python round), STOPPED (the protocol closed or paused the transport in a callback). */
-static PyObject *round_run(Round *r, PyObject *unused) {
-    PyObject *buf = NULL, *chunks = NULL, *proto = NULL, *cb = NULL;
+/* The common case of a round up to its chunks, for round_run (which then gives them to the
+ * protocol) and round_take (which returns them): every check, the releases back to the buffer
+ * ring, the member's completions taken, the chunks made and the counts advanced. A new list of
+ * at least one chunk; or NULL with no exception and *code DONE (no completions: the releases
+ * went back) or FALLBACK (nothing changed: the Python round runs); or NULL with an exception. */
+static PyObject *take_chunks(Round *r, int *code) {
+    PyObject *buf = NULL, *chunks = NULL;
     int v;
     long long x;
-#define BAIL(code) do { Py_XDECREF(buf); return PyLong_FromLong(code); } while (0)
-    if (!r->tr)
-        return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector */
-    /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
-    PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
-    for (int i = 0; i < 4; i++)
-        if ((v = iget_true(r->tr, flags[i])) != 0)
-            return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+#define BAIL(c) do { Py_XDECREF(buf); *code = (c); return NULL; } while (0)
+#define FALLBACK_NULL (*code = FALLBACK, (PyObject *)NULL)
     /* The receiver: open, owned by this thread, not ended, not paused, armed. */
     if ((v = iget_true(r->rx, s_closed)) != 0)
-        return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+        return v < 0 ? NULL : FALLBACK_NULL;
     if (!iget_ll(r->rx, s_owner_tid, &x))
         return NULL;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
-        return PyLong_FromLong(FALLBACK);
+        return FALLBACK_NULL;
     PyObject *o = iget(r->rx, s_end);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
-        return PyLong_FromLong(FALLBACK);
+        return FALLBACK_NULL;
     o = iget(r->rx, s_stalled);
     if (!o)
         return NULL;
     Py_DECREF(o);
     if (o != Py_None)
-        return PyLong_FromLong(FALLBACK);
+        return FALLBACK_NULL;
     if ((v = iget_true(r->prov, s_armed)) != 1)
-        return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+        return v < 0 ? NULL : FALLBACK_NULL;
     buf = iget(r->prov, s_buf);
     if (!buf)
         return NULL;
@@ -916,7 +914,31 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         (dlb - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb - relb)) ||
         !iset_ll(r->rx, s_stream_off, s))
         goto error;
-    Py_CLEAR(buf);
+    Py_DECREF(buf);
+    return chunks;
+error:
+    Py_XDECREF(buf);
+    Py_XDECREF(chunks);
+    return NULL;
+#undef BAIL
+#undef FALLBACK_NULL
+}
+
+/* run() -> int: one round; DONE (nothing more now), AGAIN (call again), FALLBACK (run the
+ * Python round), STOPPED (the protocol closed or paused the transport in a callback). */
+static PyObject *round_run(Round *r, PyObject *unused) {
+    PyObject *chunks = NULL, *proto = NULL, *cb = NULL;
+    int v, code = FALLBACK;
+    if (!r->tr)
+        return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector, or a receiver's */
+    /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
+    PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
+    for (int i = 0; i < 4; i++)
+        if ((v = iget_true(r->tr, flags[i])) != 0)
+            return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
+    if (!(chunks = take_chunks(r, &code)))
+        return PyErr_Occurred() ? NULL : PyLong_FromLong(code);
+    Py_ssize_t k = PyList_GET_SIZE(chunks);
     /* To the protocol. */
     proto = iget(r->tr, s_protocol);
     cb = proto ? PyObject_GetAttr(proto, s_chunk_received) : NULL;
@@ -952,7 +974,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     Py_DECREF(cb);
     Py_DECREF(proto);
     Py_DECREF(chunks);
-    box = iget(r->member, s_inbox);
+    PyObject *box = iget(r->member, s_inbox);
     if (!box)
         return NULL;
     Py_ssize_t more = PyObject_Length(box);
@@ -963,12 +985,22 @@ static PyObject *round_run(Round *r, PyObject *unused) {
         return NULL;
     return PyLong_FromLong(more || !v ? AGAIN : DONE);
 error:
-    Py_XDECREF(buf);
     Py_XDECREF(chunks);
     Py_XDECREF(proto);
     Py_XDECREF(cb);
     return NULL;
-#undef BAIL
+}
+
+/* take() -> list | int: a round's chunks for an AsyncReceiver's ``async for`` (a Round made
+ * with no transport), else DONE (no completions; the releases went back) or FALLBACK. */
+static PyObject *round_take(Round *r, PyObject *unused) {
+    int code = FALLBACK;
+    if (!r->rx)
+        return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector */
+    PyObject *chunks = take_chunks(r, &code);
+    if (chunks || PyErr_Occurred())
+        return chunks;
+    return PyLong_FromLong(code);
 }
 
 /* write(data): ZcTransport.write's common case, as the transport's ``write``: open, nothing
@@ -1026,6 +1058,8 @@ static PyObject *round_write(Round *r, PyObject *data) {
 static PyMethodDef round_methods[] = {
     {"run", (PyCFunction)round_run, METH_NOARGS,
      "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+    {"take", (PyCFunction)round_take, METH_NOARGS,
+     "One receive round's chunks as a list, else DONE 0 or FALLBACK 2."},
     {"write", (PyCFunction)round_write, METH_O, "The transport's write (common case)."},
     {NULL, NULL, 0, NULL},
 };

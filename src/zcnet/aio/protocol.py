@@ -35,13 +35,11 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
-from zcnet.aio.shared import loop_accel
+from zcnet.aio.shared import compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
-from zcnet.rx.zc.provider import RECV_UD
 from zcnet.sockcheck import set_rcvlowat
-from zcnet.uapi import io_uring as u
 
 # zcnet.aio._loopaccel.Round.run's answers
 _DONE, _AGAIN, _FALLBACK = 0, 1, 2
@@ -114,19 +112,11 @@ class ZcTransport:
         self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
         self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
         #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
-        self._fast = self._make_round()
+        self._fast = compiled_round(self, rx)
         if self._fast is not None and type(self).write is ZcTransport.write:
             # its write: no Python frame and no GIL release per send (a subclass's own stays)
             self.write = self._fast.write  # type: ignore[method-assign]
         track(self.loop, self)
-
-    def _make_round(self) -> Any:
-        accel = loop_accel()
-        rx = self.rx
-        if accel is None or rx.debug or rx.coalesce:  # revoked views, coalescing: Python's
-            return None
-        return accel.Round(self, rx, self._member, rx.provider, Chunk, rx._releases._q,
-                           rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
 
     # --- receiving ----------------------------------------------------------------------------
     def _on_ready(self) -> None:

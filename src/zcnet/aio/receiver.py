@@ -13,18 +13,21 @@ chunks reaped but not yet handed out by ``async for`` wait in the receiver (rele
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 from collections import deque
 from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
-from zcnet.aio.shared import MemberRing, SharedSoftProvider, open_shared_soft
+from zcnet.aio.shared import MemberRing, SharedSoftProvider, compiled_round, open_shared_soft
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
 from zcnet.sockcheck import set_rcvlowat
+
+_DONE = 0  # zcnet.aio._loopaccel.Round.take's answer when no completion waits
 
 #: Defaults sized for many connections per process: the area is populated at open.
 AREA_SIZE = 4 << 20
@@ -54,6 +57,10 @@ class AsyncReceiver:
         self._wake = (None if self._member is not None
                       else Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd))
         self._kick = self._member.kick if self._wake is None else self._wake.kick
+        #: The compiled round's take (zcnet.aio._loopaccel) for chunk rounds on the shared
+        #: ring, or None: the Python round only.
+        fast = None if self._member is None else compiled_round(None, rx)
+        self._take = None if fast is None else fast.take
         track(self._owner.loop, self)
 
     # --- receiving -------------------------------------------------------------------------
@@ -64,9 +71,27 @@ class AsyncReceiver:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
         m = self._member
+        take = None if batch else self._take
         while True:
             if self._closed:  # by another task while this one slept: the ring is unmapped
                 raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
+            if take is not None:
+                # The common case in C: releases back, this member's completions made into
+                # chunks. DONE: none yet; FALLBACK: the Python round below, with its checks.
+                got = take()
+                if got.__class__ is list:
+                    return got
+                if got == _DONE:
+                    # No pass from here: the loop's eventfd pass reaps for every member at
+                    # once (one enter per loop iteration, not one per message and task).
+                    # MemberRing.wait inline: two coroutine frames fewer on every wake-up.
+                    assert m is not None  # a take exists only for a shared-ring member
+                    fut = m.waiter = m.lr.loop.create_future()
+                    try:
+                        await fut
+                    finally:
+                        m.waiter = None
+                    continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
             elif (rx.provider.armed and rx.stalled is None
@@ -146,14 +171,16 @@ class AsyncReceiver:
         return self
 
     async def __anext__(self) -> Chunk:
-        if not self._pending:
-            got = await self.recv()
-            if not got:
-                raise StopAsyncIteration
-            self._pending.extend(got)
-        else:
+        pending = self._pending
+        if pending:
             self._owner.check()
-        return self._pending.popleft()
+            return pending.popleft()
+        got: list[Chunk] = await self._round(False)  # not through recv(): a frame fewer
+        if not got:
+            raise StopAsyncIteration
+        if len(got) > 1:
+            pending.extend(itertools.islice(got, 1, None))
+        return got[0]
 
     # --- state ---------------------------------------------------------------------------------
     @property

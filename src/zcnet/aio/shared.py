@@ -35,7 +35,8 @@ import numpy as np
 from zcnet.aio.backend import Future, Loop
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.chunks import Chunk
+from zcnet.rx.zc.provider import RECV_UD, Delivery
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.eventfd import drain, register_eventfd
@@ -65,6 +66,17 @@ def loop_accel() -> Any:
     if _loopaccel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
         return None
     return _loopaccel
+
+
+def compiled_round(transport: Any, rx: Any) -> Any:
+    """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
+    (``run``), or with ``transport`` None an AsyncReceiver's (``take``). None when the compiled
+    pass is off, or the receiver needs the Python round's (debug views revoked, coalescing)."""
+    accel = loop_accel()
+    if accel is None or rx.debug or rx.coalesce:
+        return None
+    return accel.Round(transport, rx, rx.provider.member, rx.provider, Chunk, rx._releases._q,
+                       rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
 
 
 def loop_backend() -> str:
