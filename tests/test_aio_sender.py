@@ -15,6 +15,14 @@ from zcnet.errors import ZcnetError
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
 
 
+async def _receive(s, check: StreamCheck) -> None:
+    """Everything the peer sends, checked against the expected stream, each chunk released."""
+    async with aio.open_receiver(s, own_socket=True) as rx:
+        async for chunk in rx:
+            check.add(chunk.data, chunk.stream_offset)
+            chunk.release()
+
+
 @pytest.mark.parametrize("kind", ["sendzc", "copy"])
 def test_stream_arrives_intact_and_every_completion_resolves(loop_kind, kind, no_leaks):
     size, slot = 3 << 20, 128 << 10
@@ -23,14 +31,7 @@ def test_stream_arrives_intact_and_every_completion_resolves(loop_kind, kind, no
     async def main() -> tuple[list, dict]:
         c, s = await tcp_pair()
         check = StreamCheck(data)
-
-        async def receive() -> None:
-            async with aio.open_receiver(s, own_socket=True) as rx:
-                async for chunk in rx:
-                    check.add(chunk.data, chunk.stream_offset)
-                    chunk.release()
-
-        r = asyncio.create_task(receive())
+        r = asyncio.create_task(_receive(s, check))
         futs = []
         async with aio.open_sender(c, kind, slots=4, slot_size=slot, own_socket=True) as tx:
             for off in range(0, size, slot):
@@ -144,6 +145,21 @@ def test_send_error_reaches_the_caller(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+def test_copy_sendall_error_reaches_the_caller(loop_kind, no_leaks):
+    """A reset peer: the copy path's direct send raises the socket's error to the caller."""
+    async def main() -> None:
+        c, s = await tcp_pair()
+        s.close()
+        await asyncio.sleep(0.05)
+        async with aio.open_sender(c, "copy", own_socket=True) as tx:
+            with pytest.raises((ConnectionResetError, BrokenPipeError)):
+                for _ in range(64):  # the first sends may still be accepted before the RST
+                    await tx.sendall(bytes(1 << 16))
+                    await asyncio.sleep(0.01)
+
+    run(loop_kind, main)
+
+
 def test_sendall_copies_any_bytes_like(loop_kind, no_leaks):
     async def main() -> bytes:
         c, s = await tcp_pair()
@@ -158,6 +174,28 @@ def test_sendall_copies_any_bytes_like(loop_kind, no_leaks):
         return out
 
     assert run(loop_kind, main) == np.arange(2500, dtype=np.uint8).tobytes()
+
+
+def test_copy_sendall_beyond_the_socket_buffers_arrives_whole(loop_kind, no_leaks):
+    """The copy path sends what the socket takes at once and leaves only the rest to the
+    loop: more than loopback's send and receive buffers together (a few MiB each), so the
+    first send is partial, and every byte arrives in order."""
+    size = 24 << 20
+    data = pattern(5, size)
+
+    async def main() -> dict:
+        c, s = await tcp_pair()
+        check = StreamCheck(data)
+        r = asyncio.create_task(_receive(s, check))
+        async with aio.open_sender(c, "copy", own_socket=True) as tx:
+            await tx.sendall(data)
+            stats = tx.stats().as_dict()
+        await asyncio.wait_for(r, 30)
+        assert check.complete
+        return stats
+
+    st = run(loop_kind, main)
+    assert st["bytes"] == size and st["sends"] == 1 and st["path"] == "copy"
 
 
 def test_the_registered_buffer_is_never_a_transparent_huge_page(loop_kind, no_leaks):

@@ -178,7 +178,14 @@ class AsyncSender:
         self._check()
         mv = memoryview(data).cast("B")
         if self.ring is None:
-            await self.loop.sock_sendall(self.sock, mv)
+            # What the socket takes now goes with one non-blocking send and no coroutine of the
+            # loop's; only the rest waits in sock_sendall (the socket is non-blocking: open).
+            try:
+                sent = self.sock.send(mv)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(mv):
+                await self.loop.sock_sendall(self.sock, mv[sent:])
             self._stats.sends += 1
             self._stats.bytes += len(mv)
             return
