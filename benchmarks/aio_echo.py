@@ -6,6 +6,9 @@
 Servers (each in its own process, on uvloop):
 
   uvloop-proto  ``data_received`` -> ``transport.write`` (the usual asyncio echo server)
+  uvloop-streams  task style on asyncio streams: ``await reader.read()`` -> ``writer.write`` ->
+                ``await writer.drain()``, a coroutine per connection (what the task-style row is
+                fairly compared with; its ratio is printed, the issue's targets use uvloop-proto)
   zcnet         task style: ``async for chunk in rx`` -> ``await tx.sendall(chunk.data)`` ->
                 ``chunk.release()`` (soft provider, copy sender: 64 B gains nothing from SEND_ZC)
   zcnet-proto   callback style: ``ZcProtocol.chunk_received`` -> ``transport.write(chunk.data)``
@@ -46,6 +49,14 @@ class EchoProto(asyncio.Protocol):
         self.tr.write(data)  # type: ignore[attr-defined]
 
 
+async def streams_echo(conn: socket.socket) -> None:
+    reader, writer = await asyncio.open_connection(sock=conn)
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
 async def zc_echo(conn: socket.socket) -> None:
     rx = aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20, buf_size=4096)
     async with rx, aio.open_sender(conn, "copy") as tx:
@@ -74,8 +85,9 @@ def server_main(name: str, srv: socket.socket, cpu: int) -> None:
             c, _ = await loop.sock_accept(srv)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.setblocking(False)
-            if name == "zcnet":
-                tasks.append(asyncio.create_task(zc_echo(c)))
+            if name in ("zcnet", "uvloop-streams"):
+                echo = zc_echo if name == "zcnet" else streams_echo
+                tasks.append(asyncio.create_task(echo(c)))
             elif name == "zcnet-proto":
                 aio.start_protocol(c, ZcEcho(), area_size=1 << 20, buf_size=4096)
             else:
@@ -191,7 +203,7 @@ def main() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two CPUs")
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
-    names = ["uvloop-proto", "zcnet", "zcnet-proto"]
+    names = ["uvloop-proto", "uvloop-streams", "zcnet", "zcnet-proto"]
     print(f"hot path: ring {backend()} (zcnet.uring._accel), loop pass {loop_backend()} "
           "(zcnet.aio._loopaccel)")
     results: dict[int, dict[str, dict[str, float]]] = {}
@@ -205,7 +217,7 @@ def main() -> None:
         print(f"\n{n} client(s), {MSG} B echo, server CPU {c0}, client CPU {c1}, "
               f"median of {args.rounds} x {args.seconds:g} s")
         for k, m in med.items():
-            print(f"  {k:13s} p50 {m['p50']:7.1f} us  p99 {m['p99']:7.1f} us  "
+            print(f"  {k:14s} p50 {m['p50']:7.1f} us  p99 {m['p99']:7.1f} us  "
                   f"{m['rps']:9.0f} req/s  server CPU {m['cpu_us']:5.1f} us/request")
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for n, med in results.items():
@@ -214,6 +226,10 @@ def main() -> None:
                 ratio = med[k][q] / med["uvloop-proto"][q]
                 print(f"target echo_{n}_clients_{q}_zcnet_{style}_vs_uvloop {ratio:.2f} x "
                       "goal <=1.0")
+    print("\ntask style against asyncio's own (uvloop-streams; not the issue's targets):")
+    for n, med in results.items():
+        print(f"  {n} client(s): " + ", ".join(
+            f"{q} {med['zcnet'][q] / med['uvloop-streams'][q]:.2f}x" for q in ("p50", "p99")))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Receivers, each in its own process on its own loop, fed by a sender process over
   zcnet-asyncio  the same on the default asyncio loop
   zcnet-proto    zcnet.aio callback style: ``ZcProtocol.chunk_received`` counts and releases
                  (uvloop loop; the shared ring's round, compiled when zcnet.aio._loopaccel is)
+  blocking-1m    no loop: a blocking ``recv_into`` of 1 MiB (the issue's own ceiling for a
+                 receiver that copies; printed as a reference, one-stream cases only)
 
 The zcnet rows open their receivers with ``rcvlowat`` (``--rcvlowat``, 1 MiB by default: the
 option zcnet.aio offers for bulk ingest, TCP wakes the reader once that much is queued). The
@@ -109,6 +111,16 @@ async def _recv_proto(conn: socket.socket) -> int:
     return n
 
 
+async def recv_blocking(conn: socket.socket) -> int:
+    """No event loop at all: what a copying receiver gets with the least user-space work."""
+    conn.setblocking(True)
+    buf = memoryview(bytearray(1 << 20))
+    n = 0
+    while k := conn.recv_into(buf):
+        n += k
+    return n
+
+
 def recv_zcnet(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], Any]:
     async def run(conn: socket.socket) -> int:
         n = 0
@@ -161,6 +173,7 @@ def receivers(args: argparse.Namespace,
         "zcnet": (uvloop.new_event_loop, zc),
         "zcnet-proto": (uvloop.new_event_loop, recv_zcnet_proto(area << 10, buf << 10, lowat)),
         "zcnet-asyncio": (asyncio.new_event_loop, zc),
+        "blocking-1m": (asyncio.new_event_loop, recv_blocking),
     }
 
 
@@ -307,6 +320,11 @@ def main() -> None:
                many[k]["gbps"] / many["uvloop-proto"]["gbps"], "x", ">=1.2")
         target(f"{args.streams}_streams_{k}_loop_cpu_per_gib", many[k]["cpu_ms_per_gib"],
                "ms/GiB", "report")
+    top = one["blocking-1m"]["gbps"]
+    print(f"\none CPU, the ceiling of a copying receiver: blocking recv_into of 1 MiB at "
+          f"{top / one['uvloop-proto']['gbps']:.2f}x uvloop-proto; zcnet "
+          f"{one['zcnet']['gbps'] / top:.2f}x and zcnet-proto "
+          f"{one['zcnet-proto']['gbps'] / top:.2f}x of it")
     print(f"\nagainst uvloop BufferedProtocol with the same SO_RCVLOWAT ({args.rcvlowat} KiB; "
           "not the issue's targets, which are above):")
     for k in ("zcnet", "zcnet-proto"):
