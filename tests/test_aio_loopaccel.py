@@ -66,6 +66,10 @@ def test_the_pass_that_runs_is_the_one_chosen(loop_kind, loop_pass, no_leaks):
         lr = tr._member.lr
         assert (lr._router is not None) == (loop_pass == "c")
         assert (tr._fast is not None) == (loop_pass == "c")
+        if loop_pass == "c":  # the round's answers as the Python side names them
+            accel = shared.loop_accel()
+            assert (accel.DONE, accel.AGAIN, accel.FALLBACK) == (
+                shared.ROUND_DONE, shared.ROUND_AGAIN, shared.ROUND_FALLBACK)
         c.close()
         assert await asyncio.wait_for(p.lost, 10) is None
 

@@ -35,14 +35,11 @@ from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
-from zcnet.aio.shared import compiled_round
+from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
 from zcnet.sockcheck import set_rcvlowat
-
-# zcnet.aio._loopaccel.Round.run's answers
-_DONE, _AGAIN, _FALLBACK = 0, 1, 2
 
 
 class ZcProtocol:
@@ -133,9 +130,9 @@ class ZcTransport:
                     rx.on_release(None)
                 if fast is not None:  # the common round in C; anything else below
                     r = fast.run()
-                    if r == _AGAIN:
+                    if r == ROUND_AGAIN:
                         continue
-                    if r != _FALLBACK:
+                    if r != ROUND_FALLBACK:
                         return
                 chunks = rx.recv(0)
                 if chunks:

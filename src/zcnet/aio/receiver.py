@@ -2,7 +2,10 @@
 
 Every kernel round is the synchronous receiver's own ``recv(timeout=0)``: one enter that runs
 the ring's task work and reaps, so buffer lifetimes, back-pressure (``max_held``), stats and
-errors are exactly those of :mod:`zcnet.rx.zc.api`. What this module adds is where to sleep:
+errors are exactly those of :mod:`zcnet.rx.zc.api`. (On the loop's shared ring with the compiled
+pass, a chunk round's common case is its C version, ``Round.take`` in zcnet.aio._loopaccel: the
+same chunks and counts, every other case left to that round.) What this module adds is where to
+sleep:
 on the loop, until the ring's eventfd fires (see :mod:`zcnet.aio.wakeup`) or, while delivery is
 paused because the application holds too much, until a chunk is released.
 
@@ -19,15 +22,19 @@ from collections import deque
 from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
-from zcnet.aio.shared import MemberRing, SharedSoftProvider, compiled_round, open_shared_soft
+from zcnet.aio.shared import (
+    ROUND_DONE,
+    MemberRing,
+    SharedSoftProvider,
+    compiled_round,
+    open_shared_soft,
+)
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
 from zcnet.sockcheck import set_rcvlowat
-
-_DONE = 0  # zcnet.aio._loopaccel.Round.take's answer when no completion waits
 
 #: Defaults sized for many connections per process: the area is populated at open.
 AREA_SIZE = 4 << 20
@@ -81,7 +88,7 @@ class AsyncReceiver:
                 got = take()
                 if got.__class__ is list:
                     return got
-                if got == _DONE:
+                if got == ROUND_DONE:
                     # No pass from here: the loop's eventfd pass reaps for every member at
                     # once (one enter per loop iteration, not one per message and task).
                     # MemberRing.wait inline: two coroutine frames fewer on every wake-up.

@@ -68,6 +68,10 @@ def loop_accel() -> Any:
     return _loopaccel
 
 
+#: zcnet.aio._loopaccel.Round's answers (its DONE, AGAIN, FALLBACK), for when it is not built.
+ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
+
+
 def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``). None when the compiled
