@@ -31,7 +31,7 @@ import tempfile
 
 from zcnet.bench.cbuild import compile_c
 from zcnet.bench.peers import netns_argv
-from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, pick_cpus, run_bench
+from zcnet.bench.run import DEFAULT_ENGINES, BenchOptions, pick_cpus, run_bench, steer
 from zcnet.lab import Lab
 from zcnet.rx.engine import RCVLOWAT
 
@@ -126,6 +126,7 @@ def run_c_pair(exes: tuple[str, str], mtu: int, placement: str, duration: float,
         return cpus
     tx_cpu, rx_cpu = cpus
     with Lab(mtu=mtu) as lab:
+        steer(lab)  # as run_bench's lab: received on the sender's CPU, in order
         rx = subprocess.Popen(netns_argv(lab.ns_b, rx_cpu, [exes[1], lab.addr_b, str(C_PORT)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

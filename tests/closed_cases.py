@@ -247,7 +247,8 @@ CASES: dict[str, Case] = {
                    skip={"translate": "builds an error from its arguments alone"}),
     "dmabuf-binding": Case(binding),
     "lab": Case(lab, close="down", root=True,
-                args={"ns_exec": lambda: ("zcnonexistenta", ["true"]), "set_mtu": (1500,)},
+                args={"ns_exec": lambda: ("zcnonexistenta", ["true"]), "set_mtu": (1500,),
+                      "steer_rx": (None,)},
                 allowed=frozenset({"env"}),
                 skip={"up": "brings a new lab up (new names): a Lab may be used again"}),
 }

@@ -53,6 +53,9 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
         assert cell.keys() >= OK_KEYS
         assert cell["cpu"]["rx"].keys() >= CPU_KEYS and cell["cpu"]["tx"].keys() >= CPU_KEYS
         assert cell["mtu"] == 9000 and cell["placement"] == "split"
+        # The lab's receive is steered to the sender's CPU: the softirq ran there, every time.
+        assert doc["env"]["target"]["rx_steer_cpu"] == cell["tx_cpu"] == cell["incoming_cpu"]
+        assert cell["rx_cpu"] != cell["tx_cpu"] and "warning" not in cell
         # How much a 0.4 s cell moves depends on the machine's load: a speed, not a property.
         assert cell["bytes"] > 0 and cell["gbps"] > 0
         assert cell["verify"]["mismatches"] == 0

@@ -18,6 +18,7 @@ from zcnet.lab import Lab, names, topology
 from zcnet.lab.rtnl import rtnl
 from zcnet.netns import in_netns, netns_exists
 from zcnet.uapi.errqueue import IP_MTU
+from zcnet.uapi.socket import SO_INCOMING_CPU
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
 
@@ -233,7 +234,53 @@ def test_env_metadata(no_leaks: None) -> None:
     with Lab(mtu=4096) as lab:
         env = lab.env()
         assert env == {"lab": True, "mtu": 4096, "veth": [lab.if_a, lab.if_b],
-                       "ipv6": lab.ipv6}
+                       "ipv6": lab.ipv6, "rx_steer_cpu": None}
+
+
+def _received_on(lab: Lab, send_cpu: int) -> int:
+    """The CPU that received (SO_INCOMING_CPU) one small segment sent from ``send_cpu``."""
+    with in_netns(lab.ns_b):
+        srv = socket.create_server((lab.addr_b, 0))
+    with in_netns(lab.ns_a):
+        cli = socket.socket()
+    before = os.sched_getaffinity(0)
+    with srv, cli:
+        cli.settimeout(10)
+        srv.settimeout(10)
+        cli.connect((lab.addr_b, srv.getsockname()[1]))
+        conn, _ = srv.accept()
+        with conn:
+            os.sched_setaffinity(0, {send_cpu})  # this thread sends from there
+            try:
+                cli.sendall(b"x" * 1000)  # one segment, sent at once from this CPU
+            finally:
+                os.sched_setaffinity(0, before)
+            assert conn.recv(2000) == b"x" * 1000
+            return conn.getsockopt(socket.SOL_SOCKET, SO_INCOMING_CPU)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_steer_rx_receives_on_the_chosen_cpu(no_leaks: None) -> None:
+    """veth receives on the CPU that sent; steered, a segment sent from another CPU is
+    received on the chosen one; None undoes it. A CPU this process may not use is refused."""
+    c0, c1 = sorted(os.sched_getaffinity(0))[:2]
+    with Lab() as lab:
+        assert _received_on(lab, c1) == c1
+        lab.steer_rx(c0)
+        assert lab.env()["rx_steer_cpu"] == c0
+        assert _received_on(lab, c1) == c0
+        lab.steer_rx(None)
+        assert lab.env()["rx_steer_cpu"] is None
+        assert _received_on(lab, c1) == c1
+        with pytest.raises(UsageError, match="cannot steer"):
+            lab.steer_rx(max(os.sched_getaffinity(0)) + 1)
+    with pytest.raises(ZcnetError, match="taken down"):
+        lab.steer_rx(c0)
+
+
+def test_cpu_mask_is_the_kernels_bitmap_text() -> None:
+    assert [topology.cpu_mask(c) for c in (None, 0, 5, 31, 32, 64)] == [
+        "0", "1", "20", "80000000", "1,00000000", "1,00000000,00000000"]
 
 
 @pytest.mark.parametrize("taken", [("a",), ("b",), ("a", "b")], ids=["a", "b", "both"])

@@ -1,10 +1,13 @@
 """``zcnet bench`` as a Python API: MTU x engine x placement cells, one TCP flow each.
 
 Some facts about placement in the lab: veth's transmit hands the packet to the peer with
-netif_rx on the *sending* CPU (no RPS configured), so the receive softirq runs where the sender
-runs. ``same`` therefore pins the receiving application to the sender's CPU (the seed's
-"application and interrupts on the same core"); ``split`` pins it to another CPU. On real NICs
-the softirq CPU is the IRQ's; each result records SO_INCOMING_CPU so a reader can check.
+netif_rx on the *sending* CPU, and a flow's data is also sent from the CPU that processes its
+ACKs; so a veth lab's receive side is steered (RPS, :meth:`Lab.steer_rx`) to the sender's CPU,
+where the receive softirq then always runs, as on a NIC whose queue interrupt is there (without
+it one flow is received on two CPUs and reordered: see zcnet.lab.topology). ``same`` therefore
+pins the receiving application to the sender's CPU (the seed's "application and interrupts on
+the same core"); ``split`` pins it to another CPU. On real NICs the softirq CPU is the IRQ's;
+each result records SO_INCOMING_CPU so a reader can check.
 """
 
 from __future__ import annotations
@@ -57,10 +60,15 @@ class BenchSite:
     lab: Lab | None = None  # for peers that run inside it
 
 
+def softirq_cpu() -> int:
+    """The sender's CPU in every placement, where a veth lab's receive softirq is steered."""
+    return min(os.sched_getaffinity(0))
+
+
 def pick_cpus(placement: str) -> tuple[int, int] | str:
     """(tx_cpu, rx_cpu) for a placement, or the reason it cannot run here."""
     cpus = sorted(os.sched_getaffinity(0))
-    tx = cpus[0]
+    tx = softirq_cpu()
     if placement == "same":
         return tx, tx
     if len(cpus) < 2:
@@ -76,6 +84,8 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
             if device == "netdevsim" and queue is not None:
                 _netdevsim_queue(stack, lab, queue)
+            if device == "veth":
+                steer(lab)
             servers = stack.enter_context(lab_servers(lab))
             yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
     else:
@@ -202,6 +212,16 @@ def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str
         out["warning"] = (f"receive softirq ran on the application's CPU {rx_cpu}: this cell "
                           "measured same-CPU placement, not split")
     return out
+
+
+def steer(lab: Lab) -> None:
+    """Steer a veth lab's receive to :func:`softirq_cpu`; where the kernel cannot, say so and
+    run unsteered (the results' ``rx_steer_cpu`` is then null)."""
+    try:
+        lab.steer_rx(softirq_cpu())
+    except ZcnetError as e:
+        log.warning("%s; the lab runs unsteered: one flow may be received on two CPUs and "
+                    "reordered", e.message)
 
 
 def _sampled(shares: dict[str, Any]) -> dict[str, float] | None:
