@@ -13,6 +13,11 @@ cannot be fetched), so iperf3 is the only C peer. Both ends of every column are 
 wake once 1 MiB is queued (see zcnet.rx.copying). ``--rcvlowat N`` gives every engine N.
 Ends with one ``target`` line per MTU: zcnet's best engine over the best peer, goal >= 1.0.
 
+Every lab here, the C pair's too, receives on the sender's CPU (``Lab.steer_rx``, as ``zcnet
+bench`` does): left to veth, one flow is received on two CPUs and reordered, thousands of
+segments are retransmitted per run and every column swings by a third from run to run.
+``--no-rx-steer`` runs them as veth does.
+
 A third kind of row, ``c-pair``, is a plain C sender and receiver (compiled at run time with the
 system compiler; skipped with a note when there is none; ``--no-c-pair`` leaves it out): blocking
 writes of ``--write-size`` bytes, a non-blocking ``read`` of 1 MiB with ``poll`` on EAGAIN and no
@@ -119,14 +124,15 @@ def build_c_pair(workdir: str) -> tuple[tuple[str, str] | None, str]:
 
 
 def run_c_pair(exes: tuple[str, str], mtu: int, placement: str, duration: float,
-               write_size: int) -> float | str:
+               write_size: int, rx_steer: bool = True) -> float | str:
     """The C pair's Gbit/s in a lab of its own, or why it did not run."""
     cpus = pick_cpus(placement)
     if isinstance(cpus, str):
         return cpus
     tx_cpu, rx_cpu = cpus
     with Lab(mtu=mtu) as lab:
-        steer(lab)  # as run_bench's lab: received on the sender's CPU, in order
+        if rx_steer:
+            steer(lab)  # as run_bench's lab: received on the sender's CPU, in order
         rx = subprocess.Popen(netns_argv(lab.ns_b, rx_cpu, [exes[1], lab.addr_b, str(C_PORT)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -155,6 +161,8 @@ def main() -> None:
                     help="every zcnet engine's SO_RCVLOWAT in bytes (0: wake on any data, as "
                          "iperf3; default: each engine's own, epoll 0 and the others "
                          f"{RCVLOWAT})")
+    ap.add_argument("--no-rx-steer", dest="rx_steer", action="store_false",
+                    help="leave the lab's receive where veth puts it (see zcnet.lab.topology)")
     ap.add_argument("--no-c-pair", dest="c_pair", action="store_false",
                     help="leave out the plain C sender/receiver row")
     args = ap.parse_args()
@@ -166,7 +174,9 @@ def main() -> None:
         exes, note = build_c_pair(tmp) if args.c_pair else (None, "c-pair: left out")
         _measure(args, engines, mtus, runs, exes)
     lowat = ("each engine's own" if args.rcvlowat is None else args.rcvlowat)
-    print(f"placement {args.placement}, {args.duration:g} s x {args.repeat} interleaved repeats, "
+    steered = "steered to the sender's CPU" if args.rx_steer else "unsteered (--no-rx-steer)"
+    print(f"lab receive {steered}; "
+          f"placement {args.placement}, {args.duration:g} s x {args.repeat} interleaved repeats, "
           f"every sender writing {args.write_size} bytes per call; medians; zcnet engines' "
           f"SO_RCVLOWAT {lowat} (iperf3: none); C peers: iperf3 only (kperf is not "
           f"packaged here); {note}; load average before {load0}, after {_load()}")
@@ -178,7 +188,7 @@ def _measure(args: argparse.Namespace, engines: tuple[str, ...], mtus: tuple[int
     for _ in range(args.repeat):
         doc = run_bench(BenchOptions(mtus=mtus, engines=engines, placements=(args.placement,),
                                      duration=args.duration, peers=PEERS, lab=True,
-                                     peer_write_size=args.write_size,
+                                     peer_write_size=args.write_size, rx_steer=args.rx_steer,
                                      engine_opts=({} if args.rcvlowat is None
                                                   else {"rcvlowat": args.rcvlowat})))
         for r in doc["results"]:
@@ -187,7 +197,8 @@ def _measure(args: argparse.Namespace, engines: tuple[str, ...], mtus: tuple[int
             else:
                 print(f"MTU {r['mtu']} {r['engine']}: {r['status']}: {r['reason']}")
         for mtu in mtus if exes else ():
-            res = run_c_pair(exes, mtu, args.placement, args.duration, args.write_size)
+            res = run_c_pair(exes, mtu, args.placement, args.duration, args.write_size,
+                             args.rx_steer)
             if isinstance(res, str):
                 print(f"MTU {mtu} {C_PAIR}: {res}")
             else:

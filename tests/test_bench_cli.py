@@ -64,6 +64,17 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
     assert "uring-mshot" in r.stdout and "split" in r.stdout and "n/a" in r.stdout
 
 
+@pytest.mark.root
+def test_no_rx_steer_leaves_the_lab_as_veth_has_it(no_leaks, tmp_path: Path) -> None:
+    out = tmp_path / "unsteered.json"
+    r = zcnet("bench", "--no-rx-steer", "--mtu", "1500", "--engine", "epoll", "--placement",
+              "split", "--duration", "0.3", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["env"]["lab"] is True and doc["env"]["target"]["rx_steer_cpu"] is None
+    assert doc["results"][0]["status"] == "ok"
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--engine", "warp"], "epoll"),
     (["--placement", "middle"], "same, split"),

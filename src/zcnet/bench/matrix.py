@@ -42,6 +42,9 @@ class BenchOptions:
     # iperf3's write size (-l); None: its default (128 KiB), zcnet's own flows write 1 MiB
     peer_write_size: int | None = None
     lab_device: str = "veth"         # the lab's link: veth, or netdevsim (zcnet's test kernel)
+    # A veth lab receives on the sender's CPU (RPS; zcnet.lab.topology says why); False: as
+    # veth does by itself, where one flow is received on two CPUs and reordered.
+    rx_steer: bool = True
     # Times every cell runs; each repeat runs every cell once, so drift on a shared machine hits
     # every cell alike. Rows carry ``repeat``; the document's ``summary`` has medians and spread.
     repeat: int = 1

@@ -78,13 +78,13 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 @contextlib.contextmanager
 def bench_site(use_lab: bool, mtu: int, device: str = "veth",
-               queue: int | None = None) -> Iterator[BenchSite]:
+               queue: int | None = None, rx_steer: bool = True) -> Iterator[BenchSite]:
     if use_lab:
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
             if device == "netdevsim" and queue is not None:
                 _netdevsim_queue(stack, lab, queue)
-            if device == "veth":
+            if device == "veth" and rx_steer:
                 steer(lab)
             servers = stack.enter_context(lab_servers(lab))
             yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
@@ -275,7 +275,8 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
-        with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue")) as t:
+        with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue"),
+                        opts.rx_steer) as t:
             env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
             mtu_now = first
             for rep in range(opts.repeat):

@@ -60,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--lab-device", choices=("veth", "netdevsim"), default="veth",
                    help="the lab's link; netdevsim needs zcnet's test kernel "
                         "(`zcnet vm run --kernel nsim -- zcnet bench ...`)")
+    p.add_argument("--no-rx-steer", dest="rx_steer", action="store_false",
+                   help="leave the veth lab's receive where veth puts it (the sending CPU, "
+                        "so one flow is received on two CPUs and reordered) instead of "
+                        "steering it to the sender's CPU")
     p.add_argument("--peers", type=choice_list("peer", tuple(PEERS)), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
     p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
@@ -102,7 +106,8 @@ def main(args: argparse.Namespace) -> int:
                         duration=args.duration, verify=args.verify, lab=args.lab,
                         json_path=args.json, peers=args.peers,
                         tx=args.tx, engine_opts=_engine_opts(args),
-                        lab_device=args.lab_device, repeat=args.repeat).resolved()
+                        lab_device=args.lab_device, repeat=args.repeat,
+                        rx_steer=args.rx_steer).resolved()
     opts.validate()
     if opts.peers and not opts.lab:
         raise UsageError("--peers run inside the lab, and this run is on loopback",
