@@ -17,7 +17,9 @@ Some facts about veth pairs in namespaces:
   iperf3 with the sender and receiver on two CPUs retransmitted 3,000-44,000 segments in 3 s
   (TcpExtTCPOFOQueue climbing, no drop anywhere) and ran at 25-35 Gbit/s from run to run.
   ``steer_rx`` makes b's side receive everything on one CPU (RPS), as a NIC queue whose
-  interrupt sits on that CPU does: no retransmits, runs within a few percent of each other.
+  interrupt sits on that CPU does: no retransmits in the runs measured, and the spread between
+  runs is no longer loss recovery's (iperf3 at MTU 4096 over five runs: 14.7-17.2 Gbit/s
+  steered, 18.2-45.3 unsteered).
 """
 
 from __future__ import annotations
