@@ -15,7 +15,7 @@ Ends with one ``target`` line per MTU: zcnet's best engine over the best peer, g
 
 Every lab here, the C pair's too, receives on the sender's CPU (``Lab.steer_rx``, as ``zcnet
 bench`` does): left to veth, one flow is received on two CPUs and reordered, thousands of
-segments are retransmitted per run and every column swings by a third from run to run.
+segments are retransmitted per run and every column swings by a third or more between runs.
 ``--no-rx-steer`` runs them as veth does.
 
 A third kind of row, ``c-pair``, is a plain C sender and receiver (compiled at run time with the
