@@ -14,7 +14,7 @@ import pytest
 from pyroute2 import netns as pr_netns
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.lab import Lab, names, topology
+from zcnet.lab import Lab, names, plumbing, topology
 from zcnet.lab.rtnl import rtnl
 from zcnet.netns import in_netns, netns_exists
 from zcnet.uapi.errqueue import IP_MTU
@@ -278,9 +278,31 @@ def test_steer_rx_receives_on_the_chosen_cpu(no_leaks: None) -> None:
         lab.steer_rx(c0)
 
 
+def _queue_file(lab: Lab, path: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", lab.ns_a, "cat",
+                           f"/sys/class/net/{lab.if_a}/queues/{path}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_queue_files_are_written_in_order_and_a_failure_names_the_fix(no_leaks: None) -> None:
+    """The per-queue writer netdevsim's XPS and the lab's RPS steering share: writes land in
+    the namespace's sysfs in the order given; one that fails is a ZcnetError with the fix."""
+    with Lab() as lab:
+        plumbing.write_queue_files(lab.ns_a, lab.if_a, [("tx-*", "xps_cpus", "1"),
+                                                        ("tx-0", "xps_cpus", "0")], "x", "y")
+        assert int(_queue_file(lab, "tx-0/xps_cpus").replace(",", ""), 16) == 0
+        plumbing.write_queue_files(lab.ns_a, lab.if_a, [("rx-*", "rps_cpus", "1")], "x", "y")
+        assert int(_queue_file(lab, "rx-0/rps_cpus").replace(",", ""), 16) == 1
+        with pytest.raises(ZcnetError, match="steering nothing") as e:
+            plumbing.write_queue_files(lab.ns_a, lab.if_a, [("rx-*", "no_such_file", "1")],
+                                       "steering nothing", "the fix")
+        assert e.value.hint == "the fix"
+
+
 def test_cpu_mask_is_the_kernels_bitmap_text() -> None:
-    assert [topology.cpu_mask(c) for c in (None, 0, 5, 31, 32, 64)] == [
+    assert [plumbing.cpu_mask(() if c is None else (c,)) for c in (None, 0, 5, 31, 32, 64)] == [
         "0", "1", "20", "80000000", "1,00000000", "1,00000000,00000000"]
+    assert plumbing.cpu_mask(range(36)) == "f,ffffffff"  # XPS on every CPU of a big machine
 
 
 @pytest.mark.parametrize("taken", [("a",), ("b",), ("a", "b")], ids=["a", "b", "both"])

@@ -22,13 +22,13 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from zcnet.errors import ZcnetError
 from zcnet.lab.names import SIDES, LabName, pid_alive
-from zcnet.netns import in_netns, netns_path, netns_popen
+from zcnet.lab.plumbing import cpu_mask, write_queue_files
+from zcnet.netns import in_netns, netns_path
 
 SYSFS = Path("/sys/bus/netdevsim")
 DEFAULT_QUEUES = 4
@@ -160,15 +160,9 @@ def sweep_orphans(live_persistent: set[int]) -> list[int]:
 
 def steer_tx(ns: str, ifname: str, queue: int) -> None:
     """Make every CPU transmit on IFNAME's TX queue QUEUE (XPS), so its linked peer receives
-    all of it on RX queue QUEUE. /sys/class/net shows a namespace's devices only through a
-    sysfs mounted inside it, which ``ip netns exec`` provides."""
-    cpus = os.cpu_count() or 1
-    mask = f"{(1 << cpus) - 1:x}"
-    script = (f'cd /sys/class/net/{ifname}/queues || exit 1; '
-              f'for q in tx-*; do echo 0 > $q/xps_cpus || exit 1; done; '
-              f'echo {mask} > tx-{queue}/xps_cpus')
-    proc = netns_popen(ns, ["sh", "-c", script], stderr=subprocess.PIPE, text=True)
-    _, err = proc.communicate(timeout=30)
-    if proc.returncode != 0:
-        raise ZcnetError(f"steering {ifname} ({ns}) to TX queue {queue} with XPS failed: "
-                         f"{err.strip() or proc.returncode}", "is the kernel built with XPS?")
+    all of it on RX queue QUEUE."""
+    every_cpu = cpu_mask(range(os.cpu_count() or 1))
+    write_queue_files(ns, ifname, [("tx-*", "xps_cpus", "0"),
+                                   (f"tx-{queue}", "xps_cpus", every_cpu)],
+                      f"steering {ifname} ({ns}) to TX queue {queue} with XPS failed",
+                      "is the kernel built with XPS?")

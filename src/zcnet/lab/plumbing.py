@@ -1,6 +1,7 @@
 """Namespace and link primitives that a ``Lab`` and the sweeper share: create and remove a named
-namespace, delete a veth, and the two per-interface details of bringing a side up (DAD off,
-operstate). Each takes names, not a Lab, so the sweeper can apply them to a dead process's lab.
+namespace, delete a veth, the two per-interface details of bringing a side up (DAD off,
+operstate), and the per-queue CPU masks (RPS, XPS) that steer a device's traffic. Each takes
+names, not a Lab, so the sweeper can apply them to a dead process's lab.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import subprocess
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from zcnet.errors import ZcnetError
 from zcnet.lab.rtnl import rtnl, translate
-from zcnet.netns import NoSuchNetns, in_netns, netns_exists, netns_path
+from zcnet.netns import NoSuchNetns, in_netns, netns_exists, netns_path, netns_popen
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +80,25 @@ def disable_dad(ns: str, ifname: str) -> None:
             Path(f"/proc/sys/net/ipv6/conf/{ifname}/accept_dad").write_text("0\n")
         except OSError as exc:
             log.debug("accept_dad on %s: %s", ifname, exc)
+
+
+def cpu_mask(cpus: Iterable[int]) -> str:
+    """CPUs as the kernel's bitmap text for a sysfs mask file: hex with a comma every 32 bits
+    (it refuses a longer run of digits with EOVERFLOW); no CPU is "0"."""
+    digits = f"{sum(1 << c for c in set(cpus)):x}"
+    return ",".join(reversed([digits[max(0, i - 8):i] for i in range(len(digits), 0, -8)]))
+
+
+def write_queue_files(ns: str, ifname: str, writes: Sequence[tuple[str, str, str]], what: str,
+                      fix: str) -> None:
+    """Write sysfs files of IFNAME's queues in namespace NS, each ``(queue glob, file, value)``
+    in order, e.g. ``("rx-*", "rps_cpus", "1")``; a ZcnetError naming ``what`` and ``fix`` if
+    one fails. /sys/class/net shows a namespace's devices only through a sysfs mounted inside
+    it, which ``ip netns exec`` provides."""
+    script = ('cd /sys/class/net/"$1"/queues || exit 1; shift; while [ $# -gt 0 ]; do '
+              'for q in $1; do printf %s "$3" > "$q/$2" || exit 1; done; shift 3; done')
+    argv = ["sh", "-c", script, "sh", ifname, *(x for w in writes for x in w)]
+    proc = netns_popen(ns, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=30)
+    if proc.returncode:
+        raise ZcnetError(f"{what}: {err.strip() or f'exit status {proc.returncode}'}", fix)

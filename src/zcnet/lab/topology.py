@@ -41,7 +41,15 @@ from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.lab import names, netdevsim, registry
-from zcnet.lab.plumbing import create_netns, delete_veth, disable_dad, is_up, remove_netns
+from zcnet.lab.plumbing import (
+    cpu_mask,
+    create_netns,
+    delete_veth,
+    disable_dad,
+    is_up,
+    remove_netns,
+    write_queue_files,
+)
 from zcnet.lab.rtnl import ifindex, rtnl, translate
 from zcnet.netns import NeedRoot, can_create_netns, netns_popen
 
@@ -56,15 +64,6 @@ DEVICES = ("veth", "netdevsim")
 
 _counter = itertools.count(1)
 _counter_lock = threading.Lock()
-
-
-def cpu_mask(cpu: int | None) -> str:
-    """A CPU as the kernel's bitmap text (hex, a comma every 32 bits); None: no CPU ("0")."""
-    if cpu is None:
-        return "0"
-    digits = f"{1 << cpu:x}"
-    groups = [digits[max(0, i - 8):i] for i in range(len(digits), 0, -8)]
-    return ",".join(reversed(groups))
 
 
 def check_mtu(mtu: int) -> int:
@@ -347,17 +346,10 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
                              f"{sorted(os.sched_getaffinity(0))}")
         with self._lock, registry.deferred():
             self._require_up("steer_rx")
-            # /sys/class/net shows the namespace sysfs was mounted in: `ip netns exec`
-            # remounts it, so the write runs there.
-            proc = netns_popen(self.ns_b, [
-                "sh", "-c", 'for q in /sys/class/net/"$1"/queues/rx-*; do '
-                'printf %s "$2" > "$q/rps_cpus" || exit 1; done', "sh", self.if_b,
-                cpu_mask(cpu)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            _, err = proc.communicate(timeout=10)
-            if proc.returncode:
-                raise ZcnetError(f"could not steer {self.if_b}'s receive to CPU {cpu}: "
-                                 f"{err.strip() or 'rps_cpus not writable'}",
-                                 "a kernel built without CONFIG_RPS cannot; run unsteered")
+            write_queue_files(self.ns_b, self.if_b,
+                              [("rx-*", "rps_cpus", cpu_mask(() if cpu is None else (cpu,)))],
+                              f"could not steer {self.if_b}'s receive to CPU {cpu}",
+                              "a kernel built without CONFIG_RPS cannot; run unsteered")
             self._steer_cpu = cpu
 
     def ns_exec(self, ns: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
