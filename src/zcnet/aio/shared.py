@@ -331,15 +331,17 @@ class MemberRing:
     # --- the receiver's side ---------------------------------------------------------------------
     def kick(self) -> None:
         w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def wait(self) -> None:
-        fut = self.waiter = self.lr.loop.create_future()
-        try:
-            await fut
-        finally:
+        if w is not None:
             self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def wait(self) -> Future[None]:
+        """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
+        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait."""
+        fut: Future[None] = self.lr.loop.create_future()
+        self.waiter = fut
+        return fut
 
 
 def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
