@@ -186,3 +186,51 @@ def test_chunks_are_made_by_the_accelerator_on_its_backend(no_leaks, monkeypatch
             assert sum(made) == rx.stats.delivered  # every chunk, none made in Python
         else:
             assert made == []
+
+
+def test_iterator_and_chunk_release_keep_their_checks(no_leaks) -> None:
+    """The iterator's loop and ``chunk.release()`` run in C on the "c" backend (ChunkIter,
+    CompiledChunk); on both backends a loop left early gives back the round's rest, a second
+    release is refused, a mixed drain (chunks with a batch) gives every buffer back once, and
+    chunks held across close stay valid until their release unmaps the area."""
+    conn, cli = _pair()
+    cli.sendall(PAYLOAD)
+    with conn, cli:
+        rx = Receiver(conn, soft.open_soft(conn.fileno(), 2 << 20, 4096))
+        try:
+            _check_iterator_and_release(rx, cli)
+        finally:
+            rx.close()
+
+
+def _check_iterator_and_release(rx: Receiver, cli: socket.socket) -> None:
+    from zcnet.rx.zc.chunks import Chunk
+    from zcnet.uring.syscall import backend
+
+    it = iter(rx)
+    compiled = type(it).__name__ == "ChunkIter"
+    assert compiled == (backend() == "c")
+    first = [next(it) for _ in range(3)]
+    assert (type(first[0]).release is not Chunk.release) == compiled
+    assert b"".join(bytes(c.data) for c in first) == PAYLOAD[:3 * 4096]
+    assert rx.stats.in_flight > 3  # the round had more than the loop took
+    first[0].release()
+    with pytest.raises(ValueError, match="released twice"):
+        first[0].release()
+    del it  # left early: the rest of the round goes back
+    rx.flush()
+    assert rx.stats.in_flight == 2
+    cli.sendall(PAYLOAD)
+    b = _batch(rx)
+    first[1].release()
+    b.release()  # one drain holds a chunk and a batch
+    rx.flush()
+    assert rx.stats.in_flight == 1
+    st = rx.stats_dict()
+    assert st["in_ring"] == st["buffers"] - 1
+    rx.close()
+    assert bytes(first[2].data) == PAYLOAD[2 * 4096:3 * 4096]
+    first[2].release()  # after close: accounted, and the area goes with the last chunk
+    assert rx.area.closed and rx.stats.in_flight == 0
+    with pytest.raises(ValueError, match="released twice"):
+        first[2].release()

@@ -35,7 +35,6 @@ import numpy as np
 from zcnet.aio.backend import Future, Loop
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.chunks import Chunk
 from zcnet.rx.zc.provider import RECV_UD, Delivery
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
@@ -79,7 +78,8 @@ def compiled_round(transport: Any, rx: Any) -> Any:
     accel = loop_accel()
     if accel is None or rx.debug or rx.coalesce:
         return None
-    return accel.Round(transport, rx, rx.provider.member, rx.provider, Chunk, rx._releases._q,
+    return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
+                       rx._releases._q,
                        rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
 
 

@@ -3,10 +3,10 @@
  * Only what pure Python cannot do fast enough lives here: io_uring_enter without ctypes'
  * argument conversion (about 0.35 us per call), the Ring's hot methods (Core: one C call each
  * instead of a Python frame, a ctypes call and a struct pack), and the zero-copy iterator's
- * per-chunk objects (make_chunks). The Core works on the ring's mapped memory through raw
- * pointers, so it checks its own closed flag before every access and the Ring closes it before
- * unmapping; anything unusual goes back to the Python methods, whose checks and errors are
- * then the user's. Private to zcnet.uring.ring and zcnet.rx.zc.receiver: they pass it valid
+ * per-chunk objects (make_chunks) with their release and drain (chunk_release, chunk_tokens).
+ * The Core works on the ring's mapped memory through raw pointers, so it checks its own closed
+ * flag before every access and the Ring closes it before unmapping; anything unusual goes back
+ * to the Python methods, whose checks and errors are then the user's. Private to zcnet.uring.ring and zcnet.rx.zc.receiver: they pass it valid
  * addresses.
  *
  * Built at install time when a C compiler exists (setup.py, optional); without it, or with
@@ -601,11 +601,243 @@ fail:
     return NULL;
 }
 
+/* The iterator path's release, ``chunk.release()`` in C: the chunk's class gets it as a method
+ * descriptor (chunk_release), so the interpreter calls it without a bound method or a Python
+ * frame. It does what _Held.release does on the common path (a held chunk of a Receiver that
+ * is open, not debugging, and with no one waiting on its queue): mark the chunk released and
+ * append it to the receiver's release deque. Anything else (released twice, another owner,
+ * debug views, a waiter to signal, a closed receiver) calls the Python release, whose checks
+ * and errors are the user's. One configuration per process: the Receiver's. */
+static struct {
+    PyTypeObject *rx_type, *queue_type, *deque_type;
+    Py_ssize_t o_rx, o_debug, o_releases, o_closed, o_q, o_waiting;
+    PyObject *slow, *append;
+} rel;
+
+#define SLOT_OF(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+static PyObject *held_release(PyObject *self, PyObject *unused) {
+    PyObject *rx = SLOT_OF(self, rel.o_rx), *q, *dq, *flag;
+    if (!rx || !Py_IS_TYPE(rx, rel.rx_type) || SLOT_OF(rx, rel.o_debug) != Py_False ||
+        SLOT_OF(rx, rel.o_closed) != Py_False || !(q = SLOT_OF(rx, rel.o_releases)) ||
+        !Py_IS_TYPE(q, rel.queue_type) || !(flag = SLOT_OF(q, rel.o_waiting)) ||
+        flag != Py_False || !(dq = SLOT_OF(q, rel.o_q)) || !Py_IS_TYPE(dq, rel.deque_type))
+        return PyObject_CallOneArg(rel.slow, self);
+    Py_INCREF(dq); /* setting _rx drops the chunk's reference to the receiver, which holds it */
+    set_slot(self, rel.o_rx, Py_NewRef(Py_None));
+    PyObject *argv[2] = {dq, self};
+    PyObject *r = PyObject_Vectorcall(rel.append, argv, 2, NULL); /* deque.append(dq, self) */
+    Py_DECREF(dq);
+    return r;
+}
+
+static PyMethodDef held_release_def = {
+    "release", held_release, METH_NOARGS,
+    "Hand the memory back; safe from any thread. Releasing twice raises ValueError.",
+};
+
+/* chunk_release(cls, rx_cls, queue_cls, deque_cls, slow) -> method descriptor for cls.release
+ *
+ * ``cls`` has the __slots__ member _rx, ``rx_cls`` debug, _releases and _closed, ``queue_cls``
+ * _q and _waiting; ``slow(chunk)`` is the Python release. */
+static PyObject *accel_chunk_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_Check(args[1]) ||
+        !PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chunk_release(cls, rx_cls, queue_cls, deque_cls, slow)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0], *rxc = (PyTypeObject *)args[1],
+                 *qc = (PyTypeObject *)args[2];
+    Py_ssize_t o[6] = {slot_offset(cls, "_rx"), slot_offset(rxc, "debug"),
+                       slot_offset(rxc, "_releases"), slot_offset(rxc, "_closed"),
+                       slot_offset(qc, "_q"), slot_offset(qc, "_waiting")};
+    for (int i = 0; i < 6; i++)
+        if (o[i] < 0)
+            return NULL;
+    PyObject *append = PyObject_GetAttrString(args[3], "append");
+    if (!append)
+        return NULL;
+    rel.o_rx = o[0], rel.o_debug = o[1], rel.o_releases = o[2], rel.o_closed = o[3];
+    rel.o_q = o[4], rel.o_waiting = o[5];
+    Py_XSETREF(rel.rx_type, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(rel.queue_type, (PyTypeObject *)Py_NewRef(args[2]));
+    Py_XSETREF(rel.deque_type, (PyTypeObject *)Py_NewRef(args[3]));
+    Py_XSETREF(rel.slow, Py_NewRef(args[4]));
+    Py_XSETREF(rel.append, append);
+    return PyDescr_NewMethod(cls, &held_release_def);
+}
+
+/* chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes), or None when one is not exactly a
+ * ``cls`` (then the caller takes its general path)
+ *
+ * The receiver's drain of released iterator chunks: their _tok and length slots as two lists
+ * in one pass, with the byte total. */
+static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "chunk_tokens(chunks: list, cls)");
+        return NULL;
+    }
+    PyObject *chunks = args[0];
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    Py_ssize_t n = PyList_GET_SIZE(chunks);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(chunks, i), cls))
+            Py_RETURN_NONE;
+    Py_ssize_t o_tok = slot_offset(cls, "_tok"), o_len = slot_offset(cls, "length");
+    if (o_tok < 0 || o_len < 0)
+        return NULL;
+    PyObject *toks = PyList_New(n), *lens = PyList_New(n);
+    long long total = 0;
+    if (!toks || !lens)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyList_GET_ITEM(chunks, i);
+        PyObject *t = SLOT_OF(c, o_tok), *l = SLOT_OF(c, o_len);
+        if (!t || !l) {
+            PyErr_SetString(PyExc_AttributeError, "chunk_tokens: a chunk without _tok/length");
+            goto fail;
+        }
+        long long v = PyLong_AsLongLong(l);
+        if (v == -1 && PyErr_Occurred())
+            goto fail;
+        total += v;
+        PyList_SET_ITEM(toks, i, Py_NewRef(t));
+        PyList_SET_ITEM(lens, i, Py_NewRef(l));
+    }
+    PyObject *sum = PyLong_FromLongLong(total);
+    if (!sum)
+        goto fail;
+    return Py_BuildValue("(NNN)", toks, lens, sum);
+fail:
+    Py_XDECREF(toks);
+    Py_XDECREF(lens);
+    return NULL;
+}
+
+/* ChunkIter(rx): iter(receiver), the iterator path's loop without a generator frame. It hands
+ * out the chunks of each ``rx.recv()`` in order and ends at EOF (``rx.eof``); recv's errors
+ * (the stream's OSError after the data before it) pass through. Left early, its finalizer
+ * gives the chunks of the round not yet handed out to ``rx.release_many``, as the generator's
+ * ``finally`` did (Receiver.__iter__ is that generator on the pure path). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rx, *recv, *got; /* got: the round being handed out, or NULL */
+    Py_ssize_t i;
+} ChunkIter;
+
+static int chunkiter_init(ChunkIter *it, PyObject *args, PyObject *kw) {
+    PyObject *rx;
+    if (!PyArg_ParseTuple(args, "O", &rx))
+        return -1;
+    PyObject *recv = PyObject_GetAttrString(rx, "recv");
+    if (!recv)
+        return -1;
+    Py_XSETREF(it->rx, Py_NewRef(rx));
+    Py_XSETREF(it->recv, recv);
+    Py_CLEAR(it->got);
+    it->i = 0;
+    return 0;
+}
+
+static PyObject *chunkiter_next(ChunkIter *it) {
+    for (;;) {
+        PyObject *got = it->got;
+        if (got && it->i < PyList_GET_SIZE(got))
+            return Py_NewRef(PyList_GET_ITEM(got, it->i++));
+        Py_CLEAR(it->got);
+        if (!it->recv)
+            return NULL; /* exhausted */
+        got = PyObject_CallNoArgs(it->recv);
+        if (!got)
+            return NULL;
+        if (!PyList_Check(got)) {
+            PyErr_Format(PyExc_TypeError, "recv() returned %T, not a list", got);
+            Py_DECREF(got);
+            return NULL;
+        }
+        if (PyList_GET_SIZE(got)) {
+            it->got = got;
+            it->i = 0;
+            continue;
+        }
+        Py_DECREF(got);
+        PyObject *eof = PyObject_GetAttrString(it->rx, "eof");
+        if (!eof)
+            return NULL;
+        int done = PyObject_IsTrue(eof);
+        Py_DECREF(eof);
+        if (done < 0)
+            return NULL;
+        if (done) {
+            Py_CLEAR(it->recv);
+            return NULL;
+        }
+    }
+}
+
+static void chunkiter_finalize(ChunkIter *it) {
+    if (!it->got || it->i >= PyList_GET_SIZE(it->got) || !it->rx)
+        return;
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    PyObject *rest = PyList_GetSlice(it->got, it->i, PyList_GET_SIZE(it->got));
+    Py_CLEAR(it->got);
+    PyObject *r = rest ? PyObject_CallMethod(it->rx, "release_many", "O", rest) : NULL;
+    if (!r)
+        PyErr_WriteUnraisable((PyObject *)it);
+    Py_XDECREF(r);
+    Py_XDECREF(rest);
+    PyErr_Restore(exc_type, exc, tb);
+}
+
+static int chunkiter_traverse(ChunkIter *it, visitproc visit, void *arg) {
+    Py_VISIT(it->rx);
+    Py_VISIT(it->recv);
+    Py_VISIT(it->got);
+    return 0;
+}
+
+static int chunkiter_clear(ChunkIter *it) {
+    Py_CLEAR(it->rx);
+    Py_CLEAR(it->recv);
+    Py_CLEAR(it->got);
+    return 0;
+}
+
+static void chunkiter_dealloc(ChunkIter *it) {
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)it) < 0)
+        return; /* resurrected */
+    PyObject_GC_UnTrack(it);
+    chunkiter_clear(it);
+    Py_TYPE(it)->tp_free((PyObject *)it);
+}
+
+static PyTypeObject ChunkIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "zcnet.uring._accel.ChunkIter",
+    .tp_basicsize = sizeof(ChunkIter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "ChunkIter(rx): the chunks of rx.recv() rounds until EOF",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)chunkiter_init,
+    .tp_dealloc = (destructor)chunkiter_dealloc,
+    .tp_finalize = (destructor)chunkiter_finalize,
+    .tp_traverse = (traverseproc)chunkiter_traverse,
+    .tp_clear = (inquiry)chunkiter_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)chunkiter_next,
+};
+
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
     {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
+    {"chunk_release", (PyCFunction)(void (*)(void))accel_chunk_release, METH_FASTCALL,
+     "chunk_release(cls, rx_cls, queue_cls, deque_cls, slow) -> descriptor for cls.release"},
+    {"chunk_tokens", (PyCFunction)(void (*)(void))accel_chunk_tokens, METH_FASTCALL,
+     "chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes) or None"},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
@@ -616,7 +848,7 @@ static struct PyModuleDef accel_module = {
 };
 
 PyMODINIT_FUNC PyInit__accel(void) {
-    if (PyType_Ready(&CoreType) < 0)
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ChunkIterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&accel_module);
     if (!m)
@@ -624,6 +856,12 @@ PyMODINIT_FUNC PyInit__accel(void) {
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ChunkIterType);
+    if (PyModule_AddObject(m, "ChunkIter", (PyObject *)&ChunkIterType) < 0) {
+        Py_DECREF(&ChunkIterType);
         Py_DECREF(m);
         return NULL;
     }

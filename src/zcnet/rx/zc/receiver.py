@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,7 +46,9 @@ class Receiver(DebugViews):
 
     # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
     # the rest lives in the instance dict (DebugViews has one).
-    __slots__ = ("_closed", "_end", "_limit", "_owner_tid", "_stream_off", "stalled")
+    # zcnet.uring._accel's chunk release reads debug, _releases and _closed the same way.
+    __slots__ = ("_closed", "_end", "_limit", "_owner_tid", "_releases", "_stream_off", "debug",
+                 "stalled")
 
     def __init__(self, sock: socket.socket | int, provider: Provider, *,
                  max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
@@ -62,6 +65,9 @@ class Receiver(DebugViews):
         self.coalesce = coalesce
         accel = accel_for(backend())  # the compiled per-chunk constructor, unless ZCNET_PURE
         self._make_chunks = accel.make_chunks if accel is not None else None
+        self._chunk_tokens = accel.chunk_tokens if accel is not None else None
+        self._chunk_cls: type[Chunk] = CompiledChunk if accel is not None else Chunk
+        self._chunk_iter = accel.ChunkIter if accel is not None else None
         self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
@@ -116,7 +122,14 @@ class Receiver(DebugViews):
             self._stats.note_released(len(b._tok), b.length)
             self.provider.recycle(b._tok, b.lengths)
             return
-        if set(map(type, done)) == {Chunk}:  # the iterator: one int token per chunk
+        # The iterator: one int token per chunk
+        if self._chunk_tokens is not None:
+            got = self._chunk_tokens(done, self._chunk_cls)  # one pass in C, or None
+            if got is not None:
+                self._stats.note_released(len(done), got[2])
+                self.provider.recycle(got[0], got[1])
+                return
+        elif set(map(type, done)) == {Chunk}:
             toks: list[int] = list(map(_tok_of, done))
             lens: list[int] = list(map(_len_of, done))
             self._stats.note_released(len(toks), sum(lens))
@@ -274,7 +287,7 @@ class Receiver(DebugViews):
                 s += c.length
         elif self._make_chunks is not None:
             # The per-buffer hot path: every Chunk made in C, with no __init__ frame each.
-            out, s = self._make_chunks(Chunk, self, offsets, lengths, tokens, s)
+            out, s = self._make_chunks(self._chunk_cls, self, offsets, lengths, tokens, s)
         else:
             # One C-level map instead of a Python loop: this is the per-buffer hot path.
             starts = list(itertools.accumulate(lengths, initial=s))
@@ -288,6 +301,11 @@ class Receiver(DebugViews):
         """Chunks until EOF; raises the stream's error after the data before it. If the loop
         is left early, chunks received but not yet handed out are released (a chunk the loop
         body got is the application's to release)."""
+        if self._chunk_iter is not None:
+            return self._chunk_iter(self)  # the same loop in C: no generator frame per chunk
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Chunk]:
         while True:
             got = self.recv()
             if not got:
@@ -374,6 +392,18 @@ class Receiver(DebugViews):
     def __repr__(self) -> str:
         return (f"<Receiver {self.name} fd={self.fd} area={self.area.kind}:{self.area.size} "
                 f"in_flight={self._stats.in_flight}>")
+
+
+class CompiledChunk(Chunk):
+    """The Chunk a receiver with the accelerator hands out: ``release`` runs in C on the common
+    path (zcnet.uring._accel.chunk_release) and falls back to _Held.release for the rest."""
+
+    __slots__ = ()
+
+
+if (_accel := accel_for("c")) is not None:
+    CompiledChunk.release = _accel.chunk_release(  # type: ignore[method-assign]
+        CompiledChunk, Receiver, ReleaseQueue, deque, _Held.release)
 
 
 def _parts(held: _Held) -> int:
