@@ -68,3 +68,29 @@ def test_provide_few_refuses_a_negative_id_and_writes_nothing() -> None:
         br.provide_few([1, 0])
         assert br._bid.tolist() == [1, 0, 2, 3] and br.in_ring == 4
         assert (br._addr - np.uint64(br.base)).tolist() == [4096, 0, 8192, 12288]
+
+
+def test_batch_provide_and_take_on_a_ring_smaller_than_its_mapping() -> None:
+    """A 4-entry ring sits in a whole page: entries go at ``tail & 3`` (not past the ring's
+    end), for lists and arrays alike, with every field and the tail written; an id out of range
+    and an out-of-step completion are refused and change nothing. On the "c" backend the
+    batch writes and the in-step check are the compiled ones."""
+    from zcnet.uring.syscall import backend
+
+    with Ring(4) as r, BufRing(r, 4, 4, 4096) as br:
+        assert (br._fast is not None) == (backend() == "c")
+        br.take(np.array([0, 1, 2, 3], dtype=np.uint16))
+        br.provide([2, 0])
+        br.provide(np.array([3, 1], dtype=np.uint16))
+        assert br._bid.tolist() == [2, 0, 3, 1] and br.in_ring == 4 and br._tail == 8
+        assert (br._addr - np.uint64(br.base)).tolist() == [8192, 0, 12288, 4096]
+        assert br._len.tolist() == [4096] * 4 and int(br._ktail[7]) == 8
+        with pytest.raises(RuntimeError, match="out of step"):
+            br.take(np.array([0], dtype=np.uint16))  # the next one in ring order is 2
+        assert (br._head, br.in_ring) == (4, 4)
+        br.take(np.array([2, 0], dtype=np.uint16))
+        with pytest.raises(IndexError):
+            br.provide([1, 7])
+        assert br._bid.tolist() == [2, 0, 3, 1] and br._tail == 8 and br.in_ring == 2
+        br.provide(np.array([0, 2], dtype=np.uint16))
+        assert br._bid.tolist() == [0, 2, 3, 1] and int(br._ktail[7]) == 10

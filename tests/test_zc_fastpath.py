@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
@@ -234,3 +235,19 @@ def _check_iterator_and_release(rx: Receiver, cli: socket.socket) -> None:
     assert rx.area.closed and rx.stats.in_flight == 0
     with pytest.raises(ValueError, match="released twice"):
         first[2].release()
+
+
+def test_refill_ring_paths_on_both_backends() -> None:
+    """zcrx's refill ring pushes in one C call on the "c" backend when everything fits, and
+    through numpy (holding back what does not fit) otherwise: the refill ring tests of
+    test_zc_zcrx, run here on both backends."""
+    from test_zc_zcrx import (
+        test_refill_ring_fills_holds_and_counts_full_events_at_any_layout as holds,
+    )
+    from test_zc_zcrx import test_refill_ring_push_wraps_holds_and_keeps_order as order
+    from test_zc_zcrx import test_refill_ring_wraps_its_u32_indices as wraps
+
+    holds()
+    wraps()
+    for kind in (list, np.array):
+        order(kind)

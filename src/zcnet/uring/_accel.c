@@ -829,6 +829,260 @@ static PyTypeObject ChunkIterType = {
     .tp_iternext = (iternextfunc)chunkiter_next,
 };
 
+/* --- ring memory the application writes: the provided-buffer ring and zcrx's refill ring ---
+ *
+ * The batch paths' writes in one C call each instead of a handful of numpy calls. Memory comes
+ * as a writable buffer (the ring's memoryview: a closed mapping refuses it), every index is
+ * bounds-checked against it, and any input they do not take (a bid out of range, a full ring,
+ * an element type they do not read) returns None so the Python path runs with its errors. */
+
+/* A 1-D sequence of ints: a list, or a buffer of 2-, 4- or 8-byte integers (numpy arrays,
+ * strided views included). */
+typedef struct {
+    Py_buffer view;
+    PyObject *list;
+    Py_ssize_t n;
+    char fmt;
+} IntSeq;
+
+/* 1 open, 0 not a sequence this reads (nothing to release), -1 error. */
+static int intseq_open(PyObject *o, IntSeq *q) {
+    q->list = NULL;
+    if (PyList_Check(o)) {
+        q->list = o;
+        q->n = PyList_GET_SIZE(o);
+        return 1;
+    }
+    if (!PyObject_CheckBuffer(o))
+        return 0;
+    if (PyObject_GetBuffer(o, &q->view, PyBUF_RECORDS_RO) < 0)
+        return -1;
+    const char *f = q->view.format ? q->view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+    q->fmt = f[0];
+    if (q->view.ndim != 1 || f[1] || !strchr("HhIiLlQq", q->fmt) ||
+        (q->fmt == 'H' || q->fmt == 'h' ? 2 : q->fmt == 'I' || q->fmt == 'i' ? 4 : 8) !=
+            q->view.itemsize) {
+        PyBuffer_Release(&q->view);
+        return 0;
+    }
+    q->n = q->view.shape[0];
+    return 1;
+}
+
+static void intseq_close(IntSeq *q) {
+    if (!q->list)
+        PyBuffer_Release(&q->view);
+}
+
+/* Element i; -1 with an error set on failure (a list item that is not an int). */
+static int intseq_get(IntSeq *q, Py_ssize_t i, unsigned long long *out) {
+    if (q->list) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(q->list, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        *out = v;
+        return 0;
+    }
+    const char *p = (const char *)q->view.buf + i * q->view.strides[0];
+    switch (q->fmt) {
+    case 'H': *out = *(const uint16_t *)p; break;
+    case 'h': *out = (unsigned long long)(long long)*(const int16_t *)p; break;
+    case 'I': *out = *(const uint32_t *)p; break;
+    case 'i': *out = (unsigned long long)(long long)*(const int32_t *)p; break;
+    default: *out = *(const uint64_t *)p; break;
+    }
+    return 0;
+}
+
+/* Whether ``entries`` io_uring_buf (a power of two) fit in ``mem``. */
+static int ring_fits(Py_ssize_t entries, Py_buffer *mem) {
+    return entries > 0 && !(entries & (entries - 1)) && entries <= mem->len / 16;
+}
+
+/* buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail, or None
+ *
+ * Publish ``bids`` on a provided-buffer ring (``entries`` io_uring_buf {u64 addr, u32 len,
+ * u16 bid, u16 resv} at the start of ``mem``, a power of two of them): entry (tail + i) & mask gets buffer bids[i]
+ * at base + bid * buf_size, then entry 0's resv takes the new tail with a release store, so
+ * the kernel sees the entries first. None (nothing written) when a bid is not below the
+ * entry count. */
+static PyObject *accel_buf_provide(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t entries;
+    unsigned long long tail, base, bs;
+    if (nargs != 6 || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) ||
+        !PyLong_Check(args[4]) || !PyLong_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "buf_provide(mem, entries, tail, bids, base, buf_size)");
+        return NULL;
+    }
+    entries = PyLong_AsSsize_t(args[1]);
+    tail = PyLong_AsUnsignedLongLong(args[2]);
+    base = PyLong_AsUnsignedLongLong(args[4]);
+    bs = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer mem;
+    if (PyObject_GetBuffer(args[0], &mem, PyBUF_WRITABLE) < 0)
+        return NULL;
+    IntSeq q;
+    int ok = ring_fits(entries, &mem) ? intseq_open(args[3], &q) : 0;
+    if (ok <= 0) {
+        PyBuffer_Release(&mem);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    unsigned char *e = mem.buf;
+    unsigned long long v, mask = (unsigned long long)entries - 1;
+    PyObject *ret = NULL;
+    for (Py_ssize_t i = 0; i < q.n; i++) { /* check all first: a bad bid writes nothing */
+        if (intseq_get(&q, i, &v) < 0 || v >= (unsigned long long)entries) {
+            PyErr_Clear(); /* the Python path says what is wrong with it */
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < q.n; i++) {
+        intseq_get(&q, i, &v);
+        unsigned char *ent = e + ((tail + i) & mask) * 16;
+        uint64_t addr = base + v * bs;
+        uint32_t len = (uint32_t)bs;
+        uint16_t bid = (uint16_t)v;
+        memcpy(ent, &addr, 8);
+        memcpy(ent + 8, &len, 4);
+        memcpy(ent + 12, &bid, 2);
+    }
+    tail = (tail + q.n) & 0xFFFF;
+    __atomic_store_n((uint16_t *)(e + 14), (uint16_t)tail, __ATOMIC_RELEASE);
+    ret = PyLong_FromUnsignedLongLong(tail);
+done:
+    intseq_close(&q);
+    PyBuffer_Release(&mem);
+    return ret;
+}
+
+/* buf_in_step(mem, entries, head, bids) -> bool
+ *
+ * Whether ``bids`` are the ids of the entries from ``head`` on, in ring order: the buffers
+ * the kernel consumes next (False also for a sequence this does not read). */
+static PyObject *accel_buf_in_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "buf_in_step(mem, entries, head, bids)");
+        return NULL;
+    }
+    Py_ssize_t entries = PyLong_AsSsize_t(args[1]);
+    unsigned long long head = PyLong_AsUnsignedLongLong(args[2]), v;
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer mem;
+    if (PyObject_GetBuffer(args[0], &mem, PyBUF_SIMPLE) < 0)
+        return NULL;
+    IntSeq q;
+    int ok = ring_fits(entries, &mem) ? intseq_open(args[3], &q) : 0;
+    if (ok <= 0) {
+        PyBuffer_Release(&mem);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    const unsigned char *e = mem.buf;
+    unsigned long long mask = (unsigned long long)entries - 1;
+    int same = q.n <= entries;
+    for (Py_ssize_t i = 0; same && i < q.n; i++) {
+        uint16_t bid;
+        memcpy(&bid, e + ((head + i) & mask) * 16 + 12, 2);
+        if (intseq_get(&q, i, &v) < 0) {
+            intseq_close(&q);
+            PyBuffer_Release(&mem);
+            return NULL;
+        }
+        same = v == bid;
+    }
+    intseq_close(&q);
+    PyBuffer_Release(&mem);
+    return PyBool_FromLong(same);
+}
+
+/* refill_push(mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, token, off_mask)
+ *     -> new tail, or None
+ *
+ * zcrx's refill ring in the region ``mem``: io_uring_zcrx_rqe {u64 off, u32 len, u32 pad} at
+ * ``rqes_off``; we own the u32 tail at ``tail_off``, the kernel the head at ``head_off``.
+ * Writes every buffer (off & off_mask | token, len) and then the tail with a release store.
+ * None (nothing written) when they do not all fit (the Python path holds the rest back) or a
+ * value is not one it takes (the Python path's error). */
+static PyObject *accel_refill_push(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long a[7];
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "refill_push(mem, head_off, tail_off, rqes_off, "
+                                         "entries, tail, offs, lens, token, off_mask)");
+        return NULL;
+    }
+    const int ix[7] = {1, 2, 3, 4, 5, 8, 9};
+    for (int i = 0; i < 7; i++) {
+        a[i] = PyLong_AsUnsignedLongLong(args[ix[i]]);
+        if (a[i] == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    unsigned long long head_off = a[0], tail_off = a[1], rqes_off = a[2], entries = a[3],
+                       tail = a[4], token = a[5], off_mask = a[6];
+    Py_buffer mem;
+    if (PyObject_GetBuffer(args[0], &mem, PyBUF_WRITABLE) < 0)
+        return NULL;
+    IntSeq o, l;
+    PyObject *ret = NULL;
+    int ok = entries && !(entries & (entries - 1)) && head_off + 4 <= (size_t)mem.len &&
+             tail_off + 4 <= (size_t)mem.len && rqes_off + entries * 16 <= (size_t)mem.len;
+    if (ok)
+        ok = intseq_open(args[6], &o);
+    if (ok > 0) {
+        ok = intseq_open(args[7], &l);
+        if (ok <= 0)
+            intseq_close(&o);
+    }
+    if (ok <= 0) {
+        PyBuffer_Release(&mem);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    unsigned char *m = mem.buf;
+    uint32_t khead = __atomic_load_n((uint32_t *)(m + head_off), __ATOMIC_ACQUIRE);
+    unsigned long long space = entries - ((tail - khead) & 0xFFFFFFFFu);
+    if (o.n != l.n || (unsigned long long)o.n > space) {
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < o.n; i++) { /* check all first: a bad value writes nothing */
+        unsigned long long v;
+        if (intseq_get(&o, i, &v) < 0 || intseq_get(&l, i, &v) < 0 || v > 0xFFFFFFFFu) {
+            PyErr_Clear();
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < o.n; i++) {
+        unsigned long long off, len;
+        intseq_get(&o, i, &off);
+        intseq_get(&l, i, &len);
+        unsigned char *rqe = m + rqes_off + ((tail + i) & (entries - 1)) * 16;
+        uint64_t v = (off & off_mask) | token;
+        uint32_t n32 = (uint32_t)len;
+        memcpy(rqe, &v, 8);
+        memcpy(rqe + 8, &n32, 4);
+    }
+    tail = (tail + o.n) & 0xFFFFFFFFu;
+    __atomic_store_n((uint32_t *)(m + tail_off), (uint32_t)tail, __ATOMIC_RELEASE);
+    ret = PyLong_FromUnsignedLongLong(tail);
+done:
+    intseq_close(&o);
+    intseq_close(&l);
+    PyBuffer_Release(&mem);
+    return ret;
+}
+
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
@@ -836,6 +1090,13 @@ static PyMethodDef accel_methods[] = {
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
     {"chunk_release", (PyCFunction)(void (*)(void))accel_chunk_release, METH_FASTCALL,
      "chunk_release(cls, rx_cls, queue_cls, deque_cls, slow) -> descriptor for cls.release"},
+    {"buf_provide", (PyCFunction)(void (*)(void))accel_buf_provide, METH_FASTCALL,
+     "buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail or None"},
+    {"buf_in_step", (PyCFunction)(void (*)(void))accel_buf_in_step, METH_FASTCALL,
+     "buf_in_step(mem, entries, head, bids) -> bool"},
+    {"refill_push", (PyCFunction)(void (*)(void))accel_refill_push, METH_FASTCALL,
+     "refill_push(mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, token, "
+     "off_mask) -> new tail or None"},
     {"chunk_tokens", (PyCFunction)(void (*)(void))accel_chunk_tokens, METH_FASTCALL,
      "chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes) or None"},
     CQE_LAYOUT_METHOD,

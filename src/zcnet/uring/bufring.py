@@ -30,6 +30,7 @@ from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
 from zcnet.uring.ring import Ring
+from zcnet.uring.syscall import accel_for
 
 _TAIL_U16 = u.io_uring_buf.resv.offset // 2  # tail lives in entry 0's resv
 
@@ -81,6 +82,10 @@ class BufRing:
         # len u32 4i+2, its bid u16 8i+6.
         mv = self._mem.memview()
         self._mv64, self._mv32, self._mv16 = mv.cast("Q"), mv.cast("I"), mv.cast("H")
+        # The batch writes and the in-step check in one C call each (None: the numpy path).
+        # They get the entries as ``mv`` only after the same open checks as the numpy path.
+        self._mv = mv
+        self._fast = accel_for(ring.backend)
         self._tail = 0
         self._head = 0  # our copy of the kernel's consumption point
         # area address of each buffer id, so publishing is one take per batch
@@ -116,7 +121,7 @@ class BufRing:
             return ((lo, hi),)
         return ((lo, self.entries), (0, hi - self.entries))
 
-    def provide(self, bids: np.ndarray) -> None:
+    def provide(self, bids: np.ndarray | list[int]) -> None:
         """Give buffers (back) to the kernel: slice writes of the entries, then one tail store."""
         if not self._registered or self.ring.fd < 0:
             self._check_open()
@@ -125,6 +130,14 @@ class BufRing:
             return
         if self.in_ring + n > self.entries:
             raise ValueError("more buffers provided than the ring holds (double release?)")
+        if self._fast is not None and self._pos is None:
+            t = self._fast.buf_provide(self._mv, self.entries, self._tail, bids, self.base,
+                                         self.buf_size)
+            if t is not None:
+                self._tail = t
+                self.in_ring += n
+                return
+        bids = np.asarray(bids, dtype=np.uint16)
         k = 0
         for lo, hi in self._spans(self._tail, n):
             part = bids[k:k + hi - lo]
@@ -187,8 +200,12 @@ class BufRing:
         each, no bundles): they must be the next ones in ring order."""
         n = len(bids)
         spans = self._next(n)
-        got = b"".join([self._bid[lo:hi].tobytes() for lo, hi in spans])
-        if got != np.asarray(bids, np.uint16).tobytes():
+        if self._fast is not None:
+            ok = self._fast.buf_in_step(self._mv, self.entries, self._head, bids)
+        else:
+            ok = (b"".join([self._bid[lo:hi].tobytes() for lo, hi in spans])
+                  == np.asarray(bids, np.uint16).tobytes())
+        if not ok:
             raise RuntimeError("buffer ring out of step with completions")
         self._retire(n)
 

@@ -198,8 +198,7 @@ class SoftProvider:
             if tokens:
                 buf.provide_few(tokens)
         elif len(tokens):
-            buf.provide(tokens if isinstance(tokens, np.ndarray)
-                        else np.array(tokens, dtype=np.uint16))
+            buf.provide(tokens)
 
     def held_back(self) -> int:
         return 0

@@ -15,6 +15,7 @@ import numpy as np
 from zcnet.rx.zc.provider import RECV_UD, Delivery, note_final
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Completions
+from zcnet.uring.syscall import accel_for, backend
 
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 _OFF_MASK = np.uint64(OFF_MASK)
@@ -52,6 +53,10 @@ class RefillRing:
         self._held_len = _NO_LENS
         self.full_events = 0
         self.produced = 0  # entries written over the ring's life
+        # The whole push in one C call when everything fits (None: the numpy path, which also
+        # holds back what does not fit).
+        self._fast = accel_for(backend())
+        self._where = (mem, head, tail, rqes, entries)
 
     def _acquire_khead(self) -> int:
         # The kernel stores head with smp_store_release after reading the entries; on x86 a
@@ -85,6 +90,14 @@ class RefillRing:
 
         Vectorized: the entries are written with a few slice operations (two where the ring
         wraps), no Python object per buffer for arrays."""
+        if self._fast is not None and not len(self._held_off):
+            t = self._fast.refill_push(*self._where, self._tail, offs, lens, self.area_token,
+                                       OFF_MASK)
+            if t is not None:
+                n = (t - self._tail) & 0xFFFFFFFF
+                self._tail = t
+                self.produced += n
+                return n
         o = np.asarray(offs, dtype=np.uint64)
         ln = np.asarray(lens, dtype=np.uint32)
         if len(self._held_off):
