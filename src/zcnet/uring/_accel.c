@@ -832,133 +832,135 @@ static PyTypeObject ChunkIterType = {
 /* --- ring memory the application writes: the provided-buffer ring and zcrx's refill ring ---
  *
  * The batch paths' writes in one C call each instead of a handful of numpy calls. Memory comes
- * as a writable buffer (the ring's memoryview: a closed mapping refuses it), every index is
- * bounds-checked against it, and any input they do not take (a bid out of range, a full ring,
- * an element type they do not read) returns None so the Python path runs with its errors. */
+ * as a writable buffer (the ring's memoryview), every index is bounds-checked against it, and
+ * any input they do not take (a bid out of range, a full ring, an element type they do not
+ * read) returns None so the Python path runs with its errors. The callers make the same open
+ * checks before as before their numpy writes. */
 
-/* A 1-D sequence of ints: a list, or a buffer of 2-, 4- or 8-byte integers (numpy arrays,
- * strided views included). */
-typedef struct {
-    Py_buffer view;
-    PyObject *list;
+#define NOT_INTS (-2)
+
+/* The ints of a list, or of a 1-D buffer of 2-, 4- or 8-byte integers (numpy arrays, strided
+ * views included; signed ones sign-extended), into a new array (PyMem_Free it). Returns
+ * their count, -1 with an error set, or NOT_INTS for anything else (no error set). */
+static Py_ssize_t load_ints(PyObject *o, unsigned long long **out) {
     Py_ssize_t n;
-    char fmt;
-} IntSeq;
-
-/* 1 open, 0 not a sequence this reads (nothing to release), -1 error. */
-static int intseq_open(PyObject *o, IntSeq *q) {
-    q->list = NULL;
+    unsigned long long *v;
     if (PyList_Check(o)) {
-        q->list = o;
-        q->n = PyList_GET_SIZE(o);
-        return 1;
+        n = PyList_GET_SIZE(o);
+        if (!(v = PyMem_Malloc(n * sizeof *v + 1)))
+            return PyErr_NoMemory(), -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = PyList_GET_ITEM(o, i);
+            long long s = PyLong_Check(x) ? PyLong_AsLongLong(x) : (PyErr_Clear(), -1);
+            if ((s == -1 && PyErr_Occurred()) || !PyLong_Check(x)) {
+                PyErr_Clear(); /* too big or not an int: the Python path's error */
+                PyMem_Free(v);
+                return NOT_INTS;
+            }
+            v[i] = (unsigned long long)s;
+        }
+        *out = v;
+        return n;
     }
+    Py_buffer b;
     if (!PyObject_CheckBuffer(o))
-        return 0;
-    if (PyObject_GetBuffer(o, &q->view, PyBUF_RECORDS_RO) < 0)
+        return NOT_INTS;
+    if (PyObject_GetBuffer(o, &b, PyBUF_RECORDS_RO) < 0)
         return -1;
-    const char *f = q->view.format ? q->view.format : "B";
+    const char *f = b.format ? b.format : "B";
     if (*f == '<' || *f == '=' || *f == '@')
         f++;
-    q->fmt = f[0];
-    if (q->view.ndim != 1 || f[1] || !strchr("HhIiLlQq", q->fmt) ||
-        (q->fmt == 'H' || q->fmt == 'h' ? 2 : q->fmt == 'I' || q->fmt == 'i' ? 4 : 8) !=
-            q->view.itemsize) {
-        PyBuffer_Release(&q->view);
-        return 0;
+    char t = f[0];
+    Py_ssize_t size = t == 'H' || t == 'h' ? 2 : t == 'I' || t == 'i' ? 4 : 8;
+    if (b.ndim != 1 || f[1] || !strchr("HhIiLlQq", t) || size != b.itemsize) {
+        PyBuffer_Release(&b);
+        return NOT_INTS;
     }
-    q->n = q->view.shape[0];
-    return 1;
+    n = b.shape[0];
+    if (!(v = PyMem_Malloc(n * sizeof *v + 1))) {
+        PyBuffer_Release(&b);
+        return PyErr_NoMemory(), -1;
+    }
+    const char *p = b.buf;
+    Py_ssize_t st = b.strides[0];
+    switch (t) { /* one loop per type: no switch per element */
+    case 'H': for (Py_ssize_t i = 0; i < n; i++) v[i] = *(const uint16_t *)(p + i * st); break;
+    case 'h': for (Py_ssize_t i = 0; i < n; i++) v[i] = *(const int16_t *)(p + i * st); break;
+    case 'I': for (Py_ssize_t i = 0; i < n; i++) v[i] = *(const uint32_t *)(p + i * st); break;
+    case 'i': for (Py_ssize_t i = 0; i < n; i++) v[i] = *(const int32_t *)(p + i * st); break;
+    default: for (Py_ssize_t i = 0; i < n; i++) v[i] = *(const uint64_t *)(p + i * st); break;
+    }
+    PyBuffer_Release(&b);
+    *out = v;
+    return n;
 }
 
-static void intseq_close(IntSeq *q) {
-    if (!q->list)
-        PyBuffer_Release(&q->view);
-}
-
-/* Element i; -1 with an error set on failure (a list item that is not an int). */
-static int intseq_get(IntSeq *q, Py_ssize_t i, unsigned long long *out) {
-    if (q->list) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(q->list, i));
-        if (v == (unsigned long long)-1 && PyErr_Occurred())
-            return -1;
-        *out = v;
-        return 0;
+/* The entries of a provided-buffer ring, io_uring_buf {u64 addr, u32 len, u16 bid, u16 resv}
+ * (entry 0's resv is the tail): ``entries`` (a power of two) from the start of ``mem``. */
+static unsigned char *buf_ring_of(PyObject *mem_obj, PyObject *entries_obj, Py_buffer *mem,
+                                  int flags, Py_ssize_t *entries) {
+    *entries = PyLong_AsSsize_t(entries_obj);
+    if (*entries == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(mem_obj, mem, flags) < 0)
+        return NULL;
+    if (*entries <= 0 || (*entries & (*entries - 1)) || *entries > mem->len / 16) {
+        PyBuffer_Release(mem);
+        PyErr_SetString(PyExc_ValueError, "a buffer ring of that many entries does not fit");
+        return NULL;
     }
-    const char *p = (const char *)q->view.buf + i * q->view.strides[0];
-    switch (q->fmt) {
-    case 'H': *out = *(const uint16_t *)p; break;
-    case 'h': *out = (unsigned long long)(long long)*(const int16_t *)p; break;
-    case 'I': *out = *(const uint32_t *)p; break;
-    case 'i': *out = (unsigned long long)(long long)*(const int32_t *)p; break;
-    default: *out = *(const uint64_t *)p; break;
-    }
-    return 0;
-}
-
-/* Whether ``entries`` io_uring_buf (a power of two) fit in ``mem``. */
-static int ring_fits(Py_ssize_t entries, Py_buffer *mem) {
-    return entries > 0 && !(entries & (entries - 1)) && entries <= mem->len / 16;
+    return mem->buf;
 }
 
 /* buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail, or None
  *
- * Publish ``bids`` on a provided-buffer ring (``entries`` io_uring_buf {u64 addr, u32 len,
- * u16 bid, u16 resv} at the start of ``mem``, a power of two of them): entry (tail + i) & mask gets buffer bids[i]
- * at base + bid * buf_size, then entry 0's resv takes the new tail with a release store, so
- * the kernel sees the entries first. None (nothing written) when a bid is not below the
- * entry count. */
+ * Publish ``bids``: entry (tail + i) & mask gets buffer bids[i] at base + bid * buf_size,
+ * then the tail goes in with a release store, so the kernel sees the entries first. None
+ * (nothing written) when a bid is not below ``entries``. */
 static PyObject *accel_buf_provide(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t entries;
-    unsigned long long tail, base, bs;
-    if (nargs != 6 || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) ||
-        !PyLong_Check(args[4]) || !PyLong_Check(args[5])) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
                         "buf_provide(mem, entries, tail, bids, base, buf_size)");
         return NULL;
     }
-    entries = PyLong_AsSsize_t(args[1]);
-    tail = PyLong_AsUnsignedLongLong(args[2]);
-    base = PyLong_AsUnsignedLongLong(args[4]);
-    bs = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long long tail = PyLong_AsUnsignedLongLong(args[2]),
+                       base = PyLong_AsUnsignedLongLong(args[4]),
+                       bs = PyLong_AsUnsignedLongLong(args[5]), *v;
     if (PyErr_Occurred())
         return NULL;
     Py_buffer mem;
-    if (PyObject_GetBuffer(args[0], &mem, PyBUF_WRITABLE) < 0)
+    Py_ssize_t entries, n;
+    unsigned char *e = buf_ring_of(args[0], args[1], &mem, PyBUF_WRITABLE, &entries);
+    if (!e)
         return NULL;
-    IntSeq q;
-    int ok = ring_fits(entries, &mem) ? intseq_open(args[3], &q) : 0;
-    if (ok <= 0) {
+    if ((n = load_ints(args[3], &v)) < 0) {
         PyBuffer_Release(&mem);
-        if (ok < 0)
+        if (n == -1)
             return NULL;
         Py_RETURN_NONE;
     }
-    unsigned char *e = mem.buf;
-    unsigned long long v, mask = (unsigned long long)entries - 1;
     PyObject *ret = NULL;
-    for (Py_ssize_t i = 0; i < q.n; i++) { /* check all first: a bad bid writes nothing */
-        if (intseq_get(&q, i, &v) < 0 || v >= (unsigned long long)entries) {
-            PyErr_Clear(); /* the Python path says what is wrong with it */
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < q.n; i++) {
-        intseq_get(&q, i, &v);
-        unsigned char *ent = e + ((tail + i) & mask) * 16;
-        uint64_t addr = base + v * bs;
+    Py_ssize_t i = 0;
+    while (i < n && v[i] < (unsigned long long)entries)
+        i++;
+    if (i < n) { /* a bad bid writes nothing */
+        ret = Py_NewRef(Py_None);
+    } else {
+        unsigned long long mask = (unsigned long long)entries - 1;
         uint32_t len = (uint32_t)bs;
-        uint16_t bid = (uint16_t)v;
-        memcpy(ent, &addr, 8);
-        memcpy(ent + 8, &len, 4);
-        memcpy(ent + 12, &bid, 2);
+        for (i = 0; i < n; i++) {
+            unsigned char *ent = e + ((tail + i) & mask) * 16;
+            uint64_t addr = base + v[i] * bs;
+            uint16_t bid = (uint16_t)v[i];
+            memcpy(ent, &addr, 8);
+            memcpy(ent + 8, &len, 4);
+            memcpy(ent + 12, &bid, 2);
+        }
+        tail = (tail + n) & 0xFFFF;
+        __atomic_store_n((uint16_t *)(e + 14), (uint16_t)tail, __ATOMIC_RELEASE);
+        ret = PyLong_FromUnsignedLongLong(tail);
     }
-    tail = (tail + q.n) & 0xFFFF;
-    __atomic_store_n((uint16_t *)(e + 14), (uint16_t)tail, __ATOMIC_RELEASE);
-    ret = PyLong_FromUnsignedLongLong(tail);
-done:
-    intseq_close(&q);
+    PyMem_Free(v);
     PyBuffer_Release(&mem);
     return ret;
 }
@@ -968,39 +970,32 @@ done:
  * Whether ``bids`` are the ids of the entries from ``head`` on, in ring order: the buffers
  * the kernel consumes next (False also for a sequence this does not read). */
 static PyObject *accel_buf_in_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
+    if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "buf_in_step(mem, entries, head, bids)");
         return NULL;
     }
-    Py_ssize_t entries = PyLong_AsSsize_t(args[1]);
-    unsigned long long head = PyLong_AsUnsignedLongLong(args[2]), v;
+    unsigned long long head = PyLong_AsUnsignedLongLong(args[2]), *v;
     if (PyErr_Occurred())
         return NULL;
     Py_buffer mem;
-    if (PyObject_GetBuffer(args[0], &mem, PyBUF_SIMPLE) < 0)
+    Py_ssize_t entries, n;
+    const unsigned char *e = buf_ring_of(args[0], args[1], &mem, PyBUF_SIMPLE, &entries);
+    if (!e)
         return NULL;
-    IntSeq q;
-    int ok = ring_fits(entries, &mem) ? intseq_open(args[3], &q) : 0;
-    if (ok <= 0) {
+    if ((n = load_ints(args[3], &v)) < 0) {
         PyBuffer_Release(&mem);
-        if (ok < 0)
+        if (n == -1)
             return NULL;
         Py_RETURN_FALSE;
     }
-    const unsigned char *e = mem.buf;
     unsigned long long mask = (unsigned long long)entries - 1;
-    int same = q.n <= entries;
-    for (Py_ssize_t i = 0; same && i < q.n; i++) {
+    int same = n <= entries;
+    for (Py_ssize_t i = 0; same && i < n; i++) {
         uint16_t bid;
         memcpy(&bid, e + ((head + i) & mask) * 16 + 12, 2);
-        if (intseq_get(&q, i, &v) < 0) {
-            intseq_close(&q);
-            PyBuffer_Release(&mem);
-            return NULL;
-        }
-        same = v == bid;
+        same = v[i] == bid;
     }
-    intseq_close(&q);
+    PyMem_Free(v);
     PyBuffer_Release(&mem);
     return PyBool_FromLong(same);
 }
@@ -1027,60 +1022,66 @@ static PyObject *accel_refill_push(PyObject *self, PyObject *const *args, Py_ssi
             return NULL;
     }
     unsigned long long head_off = a[0], tail_off = a[1], rqes_off = a[2], entries = a[3],
-                       tail = a[4], token = a[5], off_mask = a[6];
+                       tail = a[4], token = a[5], off_mask = a[6], *o = NULL, *l = NULL;
     Py_buffer mem;
     if (PyObject_GetBuffer(args[0], &mem, PyBUF_WRITABLE) < 0)
         return NULL;
-    IntSeq o, l;
-    PyObject *ret = NULL;
-    int ok = entries && !(entries & (entries - 1)) && head_off + 4 <= (size_t)mem.len &&
-             tail_off + 4 <= (size_t)mem.len && rqes_off + entries * 16 <= (size_t)mem.len;
-    if (ok)
-        ok = intseq_open(args[6], &o);
-    if (ok > 0) {
-        ok = intseq_open(args[7], &l);
-        if (ok <= 0)
-            intseq_close(&o);
-    }
-    if (ok <= 0) {
+    unsigned long long size = (unsigned long long)mem.len;
+    if (!entries || (entries & (entries - 1)) || head_off + 4 > size || tail_off + 4 > size ||
+        rqes_off + entries * 16 > size) {
         PyBuffer_Release(&mem);
-        if (ok < 0)
-            return NULL;
-        Py_RETURN_NONE;
+        PyErr_SetString(PyExc_ValueError, "the refill ring does not fit in its region");
+        return NULL;
     }
+    PyObject *ret = NULL;
+    Py_ssize_t n = load_ints(args[6], &o), nl = n < 0 ? n : load_ints(args[7], &l);
+    if (n == -1 || nl == -1)
+        goto done;
     unsigned char *m = mem.buf;
     uint32_t khead = __atomic_load_n((uint32_t *)(m + head_off), __ATOMIC_ACQUIRE);
     unsigned long long space = entries - ((tail - khead) & 0xFFFFFFFFu);
-    if (o.n != l.n || (unsigned long long)o.n > space) {
-        ret = Py_NewRef(Py_None);
+    Py_ssize_t i = 0;
+    if (n >= 0 && nl == n)
+        while (i < n && l[i] <= 0xFFFFFFFFu)
+            i++;
+    if (n < 0 || nl != n || i < n || (unsigned long long)n > space) {
+        ret = Py_NewRef(Py_None); /* nothing written */
         goto done;
     }
-    for (Py_ssize_t i = 0; i < o.n; i++) { /* check all first: a bad value writes nothing */
-        unsigned long long v;
-        if (intseq_get(&o, i, &v) < 0 || intseq_get(&l, i, &v) < 0 || v > 0xFFFFFFFFu) {
-            PyErr_Clear();
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < o.n; i++) {
-        unsigned long long off, len;
-        intseq_get(&o, i, &off);
-        intseq_get(&l, i, &len);
+    for (i = 0; i < n; i++) {
         unsigned char *rqe = m + rqes_off + ((tail + i) & (entries - 1)) * 16;
-        uint64_t v = (off & off_mask) | token;
-        uint32_t n32 = (uint32_t)len;
-        memcpy(rqe, &v, 8);
-        memcpy(rqe + 8, &n32, 4);
+        uint64_t off = (o[i] & off_mask) | token;
+        uint32_t len = (uint32_t)l[i];
+        memcpy(rqe, &off, 8);
+        memcpy(rqe + 8, &len, 4);
     }
-    tail = (tail + o.n) & 0xFFFFFFFFu;
+    tail = (tail + n) & 0xFFFFFFFFu;
     __atomic_store_n((uint32_t *)(m + tail_off), (uint32_t)tail, __ATOMIC_RELEASE);
     ret = PyLong_FromUnsignedLongLong(tail);
 done:
-    intseq_close(&o);
-    intseq_close(&l);
+    PyMem_Free(o);
+    PyMem_Free(l);
     PyBuffer_Release(&mem);
     return ret;
+}
+
+/* int_sum(seq) -> int, or None for a sequence it does not read
+ *
+ * The byte count of a round's lengths (a list, or a numpy int array that is often a strided
+ * view of the CQEs): numpy's reduce costs about a microsecond here whatever the size. */
+static PyObject *accel_int_sum(PyObject *self, PyObject *seq) {
+    unsigned long long *v;
+    Py_ssize_t n = load_ints(seq, &v);
+    if (n < 0) {
+        if (n == -1)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += (long long)v[i]; /* signed formats come sign-extended */
+    PyMem_Free(v);
+    return PyLong_FromLongLong(total);
 }
 
 static PyMethodDef accel_methods[] = {
@@ -1090,6 +1091,7 @@ static PyMethodDef accel_methods[] = {
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
     {"chunk_release", (PyCFunction)(void (*)(void))accel_chunk_release, METH_FASTCALL,
      "chunk_release(cls, rx_cls, queue_cls, deque_cls, slow) -> descriptor for cls.release"},
+    {"int_sum", (PyCFunction)accel_int_sum, METH_O, "int_sum(seq) -> int or None"},
     {"buf_provide", (PyCFunction)(void (*)(void))accel_buf_provide, METH_FASTCALL,
      "buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail or None"},
     {"buf_in_step", (PyCFunction)(void (*)(void))accel_buf_in_step, METH_FASTCALL,

@@ -68,6 +68,7 @@ class Receiver(DebugViews):
         self._chunk_tokens = accel.chunk_tokens if accel is not None else None
         self._chunk_cls: type[Chunk] = CompiledChunk if accel is not None else Chunk
         self._chunk_iter = accel.ChunkIter if accel is not None else None
+        self._int_sum = accel.int_sum if accel is not None else None  # numpy's costs ~1 us
         self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
@@ -188,7 +189,10 @@ class Receiver(DebugViews):
             return None
         s = self._stream_off
         lengths = d.lengths
-        n = int(_sum(lengths)) if type(lengths) is np.ndarray else sum(lengths)
+        if type(lengths) is not np.ndarray:
+            n = sum(lengths)
+        elif self._int_sum is None or (n := self._int_sum(lengths)) is None:
+            n = int(_sum(lengths))
         self._stats.note_delivered(len(lengths), n)
         self._stream_off = s + n
         if d.linear:
