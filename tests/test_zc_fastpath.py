@@ -35,6 +35,7 @@ PAYLOAD = bytes(range(256)) * 1024  # 256 KiB: 64 buffers of 4 KiB
 def path(request, monkeypatch) -> Iterator[dict[str, int]]:
     few, bundle, (cls, name) = PATHS[request.param]
     monkeypatch.setattr(soft, "FEW", few)
+    monkeypatch.setattr(soft, "FEW_PURE", few)
     calls = {"n": 0, "bundle": bundle}
     orig = getattr(cls, name)
 

@@ -42,7 +42,11 @@ from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
 _maximum = np.maximum.reduce
-FEW = 16  # rounds of at most this many CQEs take the plain-Python path
+# Rounds of at most this many CQEs take the plain-Python path, whose cost grows per CQE, where
+# the vectorized one's is mostly fixed. zc_replay put the crossover at 3-4 CQEs with the
+# compiled ring writes (zcnet.uring._accel), at about 8 on the pure path.
+FEW = 2
+FEW_PURE = 8
 
 
 class SoftProvider:
@@ -114,7 +118,7 @@ class SoftProvider:
         n = len(c)
         if not n:
             return out
-        if n <= FEW:
+        if n <= (FEW if buf._fast is not None else FEW_PURE):
             self._take_few(c.tuples(), out)
             return out
         res, flags = c.res, c.flags
@@ -194,7 +198,7 @@ class SoftProvider:
         buf = self._buf
         if buf is None:
             raise ClosedError.of(self, "recycle")
-        if type(tokens) is list and len(tokens) <= FEW:
+        if type(tokens) is list and len(tokens) <= (FEW if buf._fast is not None else FEW_PURE):
             if tokens:
                 buf.provide_few(tokens)
         elif len(tokens):
