@@ -43,10 +43,13 @@ from zcnet.uring.ring import Ring
 
 _maximum = np.maximum.reduce
 # Rounds of at most this many CQEs take the plain-Python path, whose cost grows per CQE, where
-# the vectorized one's is mostly fixed. zc_replay put the crossover at 3-4 CQEs with the
-# compiled ring writes (zcnet.uring._accel), at about 8 on the pure path.
-FEW = 2
-FEW_PURE = 8
+# the vectorized one's is mostly fixed. With warm caches (zc_replay) they cross at 3-4 CQEs with
+# the compiled ring writes (zcnet.uring._accel) and at about 8 on the pure path. On real
+# traffic the kernel's copy has just evicted numpy's code and data: with the crossover at 3,
+# zc_rx's soft-zc (rounds of 1-3 CQEs) took 33 ms of user CPU per GiB instead of 15. So the
+# thresholds sit at about twice the warm crossover.
+FEW = 8
+FEW_PURE = 16
 
 
 class SoftProvider:
