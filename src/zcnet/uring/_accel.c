@@ -668,6 +668,39 @@ static PyObject *accel_chunk_release(PyObject *self, PyObject *const *args, Py_s
     return PyDescr_NewMethod(cls, &held_release_def);
 }
 
+/* mark_released(chunks, rx, held_cls) -> bool
+ *
+ * release_many's checks and marking in one pass: when every item is a ``held_cls`` held by
+ * ``rx`` and none appears twice, each gets _rx = None and True is returned. Otherwise nothing
+ * changes (items marked so far get ``rx`` back) and False sends the caller to its Python
+ * checks, which say what is wrong. A repeat shows as an item already marked in this pass. */
+static PyObject *accel_mark_released(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyType_Check(args[2]) || !rel.o_rx) {
+        PyErr_SetString(PyExc_TypeError, "mark_released(chunks: list, rx, held_cls), after "
+                                         "chunk_release");
+        return NULL;
+    }
+    PyObject *chunks = args[0], *rx = args[1];
+    PyTypeObject *held = (PyTypeObject *)args[2];
+    Py_ssize_t n = PyList_GET_SIZE(chunks), i;
+    for (i = 0; i < n; i++) {
+        PyObject *c = PyList_GET_ITEM(chunks, i);
+        if (!PyObject_TypeCheck(c, held) || SLOT_OF(c, rel.o_rx) != rx)
+            break;
+        SLOT_OF(c, rel.o_rx) = Py_None; /* the reference to rx moves to the loops below */
+    }
+    if (i < n) {
+        while (i--)
+            SLOT_OF(PyList_GET_ITEM(chunks, i), rel.o_rx) = rx;
+        Py_RETURN_FALSE;
+    }
+    for (i = 0; i < n; i++) { /* each chunk's reference to rx goes, one to None comes */
+        Py_INCREF(Py_None);
+        Py_DECREF(rx); /* rx outlives this: the caller holds it */
+    }
+    Py_RETURN_TRUE;
+}
+
 /* chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes), or None when one is not exactly a
  * ``cls`` (then the caller takes its general path)
  *
@@ -1099,6 +1132,8 @@ static PyMethodDef accel_methods[] = {
     {"refill_push", (PyCFunction)(void (*)(void))accel_refill_push, METH_FASTCALL,
      "refill_push(mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, token, "
      "off_mask) -> new tail or None"},
+    {"mark_released", (PyCFunction)(void (*)(void))accel_mark_released, METH_FASTCALL,
+     "mark_released(chunks, rx, held_cls) -> bool"},
     {"chunk_tokens", (PyCFunction)(void (*)(void))accel_chunk_tokens, METH_FASTCALL,
      "chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes) or None"},
     CQE_LAYOUT_METHOD,

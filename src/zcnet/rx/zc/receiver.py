@@ -69,6 +69,7 @@ class Receiver(DebugViews):
         self._chunk_cls: type[Chunk] = CompiledChunk if accel is not None else Chunk
         self._chunk_iter = accel.ChunkIter if accel is not None else None
         self._int_sum = accel.int_sum if accel is not None else None  # numpy's costs ~1 us
+        self._mark_released = accel.mark_released if accel is not None else None
         self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
@@ -336,15 +337,17 @@ class Receiver(DebugViews):
         """Release several chunks with one queue operation; all are checked before any is
         released, so a bad one leaves the rest untouched."""
         batch = list(chunks)
-        if set(map(_rx_of, batch)) - {self}:  # C-speed check; find the culprit only if needed
+        if self.debug or self._mark_released is None or not self._mark_released(
+                batch, self, _Held):  # checked and marked in one C pass, or:
+            if set(map(_rx_of, batch)) - {self}:  # find the culprit only if needed
+                for c in batch:
+                    if c._rx is not self:
+                        raise ValueError(f"{c!r} released twice" if c._rx is None
+                                         else "chunk belongs to another receiver")
+            if len(set(map(id, batch))) != len(batch):
+                raise ValueError("the same chunk appears twice in one release_many")
             for c in batch:
-                if c._rx is not self:
-                    raise ValueError(f"{c!r} released twice" if c._rx is None
-                                     else "chunk belongs to another receiver")
-        if len(set(map(id, batch))) != len(batch):
-            raise ValueError("the same chunk appears twice in one release_many")
-        for c in batch:
-            c._rx = None
+                c._rx = None
         if self.debug:
             for c in batch:
                 self._revoke(c)
