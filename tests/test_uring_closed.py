@@ -41,6 +41,7 @@ BUFRING_CALLS = {
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
     "provide_few": "o.provide_few([0])",
     "take": "o.take(np.array([0], dtype=np.uint16))",
+    "take_round": "o.take_round(Completions._of(bytearray(16), 1, False), 1)",
 }
 # Not uses of the object: closing again, and asking whether it is closed.
 EXEMPT = {"close", "__exit__", "closed"}
@@ -68,6 +69,7 @@ PROGRAM = textwrap.dedent("""
     from zcnet.errors import ClosedError
     from zcnet.uapi import io_uring as u
     from zcnet.uring.bufring import BufRing
+    from zcnet.uring.completions import Completions
     from zcnet.uring.ring import Ring
     {setup}
     try:

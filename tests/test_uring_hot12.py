@@ -94,3 +94,47 @@ def test_batch_provide_and_take_on_a_ring_smaller_than_its_mapping() -> None:
         assert br._bid.tolist() == [2, 0, 3, 1] and br._tail == 8 and br.in_ring == 2
         br.provide(np.array([0, 2], dtype=np.uint16))
         assert br._bid.tolist() == [0, 2, 3, 1] and int(br._ktail[7]) == 10
+
+
+def _raw_cqes(entries: list[tuple[int, int, int]]) -> Completions:
+    import struct
+
+    raw = bytearray(16 * len(entries))
+    for i, (ud, res, flags) in enumerate(entries):
+        struct.pack_into("<QiI", raw, 16 * i, ud, res, flags)
+    return Completions._of(raw, len(entries), False)
+
+
+def test_take_round_takes_only_the_common_round() -> None:
+    """A round of one-buffer CQEs of our request, in ring order, the last with F_MORE: one C
+    call checks and accounts it ("c" backend; None and nothing accounted on the pure path).
+    Each way a round can differ (another request, a buffer out of order, more than a buffer's
+    bytes, no F_MORE at the end, no buffer) returns None and accounts nothing."""
+    from zcnet.uring.syscall import backend
+
+    more, buf = u.IORING_CQE_F_MORE, u.IORING_CQE_F_BUFFER
+    shift = u.IORING_CQE_BUFFER_SHIFT
+
+    def cqe(bid: int, res: int = 100, flags: int = more | buf, ud: int = 5):
+        return (ud, res, flags | bid << shift)
+
+    with Ring(4) as r, BufRing(r, 4, 8, 4096) as br:
+        bad = {
+            "another request": [cqe(0), cqe(1, ud=6)],
+            "out of order": [cqe(1), cqe(0)],
+            "over a buffer": [cqe(0), cqe(1, res=4097)],
+            "final": [cqe(0), cqe(1, flags=buf)],
+            "no buffer": [cqe(0), cqe(1, flags=more)],
+            "error": [cqe(0), cqe(1, res=-5)],
+        }
+        for name, cqes in bad.items():
+            assert br.take_round(_raw_cqes(cqes), 5) is None, name
+            assert (br._head, br.in_ring) == (0, 8), name
+        rec = br.take_round(_raw_cqes([cqe(0, 4096), cqe(1, 1), cqe(2)]), 5)
+        if backend() != "c":
+            assert rec is None and (br._head, br.in_ring) == (0, 8)
+            return
+        assert rec is not None and (br._head, br.in_ring) == (3, 5)
+        assert rec["bid"].tolist() == [0, 1, 2] and rec["length"].tolist() == [4096, 1, 100]
+        assert rec["offset"].tolist() == [0, 4096, 8192]
+        assert br.take_round(_raw_cqes([cqe(3)] * 6), 5) is None  # more than the ring holds

@@ -1098,6 +1098,147 @@ done:
     return ret;
 }
 
+/* A provider's common round, read from the CQEs' copy (Completions._raw) in one pass: every
+ * CQE is data of request ``recv_ud`` and the last has ``f_more`` (the multishot goes on). The
+ * records go out as bytes for one numpy view: no numpy call per field and no Python object
+ * per buffer. Anything else returns None and the provider's numpy path takes the round, with
+ * its checks and errors. */
+
+/* The CQEs' copy: n entries of ``size`` bytes; NULL (no error) when it is shorter. */
+static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size,
+                                    Py_buffer *b) {
+    if (PyObject_GetBuffer(raw, b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (n <= 0 || b->len < n * size) {
+        PyBuffer_Release(b);
+        return NULL;
+    }
+    return b->buf;
+}
+
+/* soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head,
+ *            buf_size, base) -> bytes of n records {i64 offset, i32 length, u16 bid, u16 0},
+ *            or None
+ *
+ * A provided-buffer multishot's round where each CQE filled one buffer (F_BUFFER, 0 < res <=
+ * buf_size) and the buffers are the ring's next ones from ``head`` (``mem``: the buffer
+ * ring's entries, as in buf_in_step). offset = base + bid * buf_size. */
+static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "soft_round(raw, n, cqe_size, recv_ud, f_more, "
+                                         "f_buffer, shift, mem, entries, head, buf_size, base)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), size = PyLong_AsSsize_t(args[2]);
+    unsigned long long ud = PyLong_AsUnsignedLongLong(args[3]),
+                       f_more = PyLong_AsUnsignedLongLong(args[4]),
+                       f_buffer = PyLong_AsUnsignedLongLong(args[5]),
+                       shift = PyLong_AsUnsignedLongLong(args[6]),
+                       head = PyLong_AsUnsignedLongLong(args[9]),
+                       bs = PyLong_AsUnsignedLongLong(args[10]),
+                       base = PyLong_AsUnsignedLongLong(args[11]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!cqe_size_valid((unsigned)size)) {
+        PyErr_SetString(PyExc_ValueError, "soft_round: a CQE is 16 or 32 bytes");
+        return NULL;
+    }
+    Py_buffer cb, mem;
+    Py_ssize_t entries;
+    const unsigned char *c = cqes_of(args[0], n, size, &cb);
+    if (!c) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    const unsigned char *e = buf_ring_of(args[7], args[8], &mem, PyBUF_SIMPLE, &entries);
+    if (!e) {
+        PyBuffer_Release(&cb);
+        return NULL;
+    }
+    PyObject *out = n <= entries ? PyBytes_FromStringAndSize(NULL, n * 16) : Py_NewRef(Py_None);
+    if (out && out != Py_None) {
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+        unsigned long long mask = (unsigned long long)entries - 1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const unsigned char *q = c + i * size;
+            uint64_t u;
+            int32_t res;
+            uint32_t flags;
+            uint16_t ring_bid;
+            memcpy(&u, q + CQE_USER_DATA, 8);
+            memcpy(&res, q + CQE_RES, 4);
+            memcpy(&flags, q + CQE_FLAGS, 4);
+            memcpy(&ring_bid, e + ((head + i) & mask) * 16 + 12, 2);
+            uint16_t bid = (uint16_t)(flags >> shift);
+            if (u != ud || !(flags & f_buffer) || res <= 0 || (unsigned long long)res > bs ||
+                bid != ring_bid || (i == n - 1 && !(flags & f_more))) {
+                Py_SETREF(out, Py_NewRef(Py_None));
+                break;
+            }
+            int64_t off = (int64_t)(base + bid * bs);
+            uint16_t pad = 0;
+            memcpy(o + i * 16, &off, 8);
+            memcpy(o + i * 16 + 8, &res, 4);
+            memcpy(o + i * 16 + 12, &bid, 2);
+            memcpy(o + i * 16 + 14, &pad, 2);
+        }
+    }
+    PyBuffer_Release(&mem);
+    PyBuffer_Release(&cb);
+    return out;
+}
+
+/* zcrx_round(raw, n, recv_ud, f_more, off_mask)
+ *     -> bytes of n records {u64 token, i64 offset, i32 length, u32 0}, or None
+ *
+ * A RECV_ZC round of CQE32s: token is the CQE's ``off`` (area id and offset, what the refill
+ * ring takes back), offset its ``off & off_mask``; every res > 0. */
+static PyObject *accel_zcrx_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "zcrx_round(raw, n, recv_ud, f_more, off_mask)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    unsigned long long ud = PyLong_AsUnsignedLongLong(args[2]),
+                       f_more = PyLong_AsUnsignedLongLong(args[3]),
+                       off_mask = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer cb;
+    const unsigned char *c = cqes_of(args[0], n, CQE32_SIZE, &cb);
+    if (!c) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 24);
+    if (out) {
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const unsigned char *q = c + i * CQE32_SIZE;
+            uint64_t u, tok;
+            int32_t res;
+            uint32_t flags, pad = 0;
+            memcpy(&u, q + CQE_USER_DATA, 8);
+            memcpy(&res, q + CQE_RES, 4);
+            memcpy(&flags, q + CQE_FLAGS, 4);
+            memcpy(&tok, q + CQE_SIZE, 8); /* big_cqe[0]: struct io_uring_zcrx_cqe.off */
+            if (u != ud || res <= 0 || (i == n - 1 && !(flags & f_more))) {
+                Py_SETREF(out, Py_NewRef(Py_None));
+                break;
+            }
+            int64_t off = (int64_t)(tok & off_mask);
+            memcpy(o + i * 24, &tok, 8);
+            memcpy(o + i * 24 + 8, &off, 8);
+            memcpy(o + i * 24 + 16, &res, 4);
+            memcpy(o + i * 24 + 20, &pad, 4);
+        }
+    }
+    PyBuffer_Release(&cb);
+    return out;
+}
+
 /* int_sum(seq) -> int, or None for a sequence it does not read
  *
  * The byte count of a round's lengths (a list, or a numpy int array that is often a strided
@@ -1125,6 +1266,11 @@ static PyMethodDef accel_methods[] = {
     {"chunk_release", (PyCFunction)(void (*)(void))accel_chunk_release, METH_FASTCALL,
      "chunk_release(cls, rx_cls, queue_cls, deque_cls, slow) -> descriptor for cls.release"},
     {"int_sum", (PyCFunction)accel_int_sum, METH_O, "int_sum(seq) -> int or None"},
+    {"soft_round", (PyCFunction)(void (*)(void))accel_soft_round, METH_FASTCALL,
+     "soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head, "
+     "buf_size, base) -> records or None"},
+    {"zcrx_round", (PyCFunction)(void (*)(void))accel_zcrx_round, METH_FASTCALL,
+     "zcrx_round(raw, n, recv_ud, f_more, off_mask) -> records or None"},
     {"buf_provide", (PyCFunction)(void (*)(void))accel_buf_provide, METH_FASTCALL,
      "buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail or None"},
     {"buf_in_step", (PyCFunction)(void (*)(void))accel_buf_in_step, METH_FASTCALL,

@@ -28,11 +28,16 @@ import numpy as np
 
 from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
+from zcnet.uring.completions import Completions
 from zcnet.uring.mem import Mapping
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import accel_for
 
 _TAIL_U16 = u.io_uring_buf.resv.offset // 2  # tail lives in entry 0's resv
+#: What take_round returns per completion: the buffer's offset in the area, the bytes in it
+#: and its id (zcnet.uring._accel.soft_round's record).
+ROUND_RECORD = np.dtype({"names": ["offset", "length", "bid"], "formats": ["<i8", "<i4", "<u2"],
+                         "offsets": [0, 8, 12], "itemsize": 16})
 
 
 class BufRing:
@@ -208,6 +213,26 @@ class BufRing:
         if not ok:
             raise RuntimeError("buffer ring out of step with completions")
         self._retire(n)
+
+    def take_round(self, c: Completions, user_data: int) -> np.ndarray | None:
+        """A round of CQEs (their copy in ``c``) that each filled one buffer of request
+        ``user_data``, the next ones in ring order, the last with F_MORE: checked and
+        accounted in one C call. Returns one record per CQE
+        (ROUND_RECORD: offset in the area, length, bid), or None when the round is anything
+        else or the compiled path is off; then nothing is accounted and the caller takes its
+        own path. ClosedError once the ring is closed, as every method."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
+        raw, n = c.raw, len(c)
+        if self._fast is None or raw is None or self.incremental or n > self.in_ring:
+            return None
+        got = self._fast.soft_round(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE,
+                                    u.IORING_CQE_F_BUFFER, u.IORING_CQE_BUFFER_SHIFT, self._mv,
+                                    self.entries, self._head, self.buf_size, self.area_offset)
+        if got is None:
+            return None
+        self._retire(n)
+        return np.frombuffer(got, ROUND_RECORD)
 
     def _consume(self, nbytes: int, first_bid: int) -> tuple[tuple[int, int], ...]:
         """Retire the buffers a completion of ``nbytes`` from ``first_bid`` consumed; where

@@ -88,6 +88,16 @@ class Completions:
             a = self._extra = self._decode()["extra"]
         return a
 
+    @property
+    def raw(self) -> bytes | bytearray | None:
+        """The CQEs as the kernel laid them out, ``cqe_size`` bytes each (for a compiled
+        parse), or None when built from arrays."""
+        return self._raw
+
+    @property
+    def cqe_size(self) -> int:
+        return 32 if self._cqe32 else 16
+
     def tuples(self) -> list[tuple[int, int, int]]:
         """(user_data, res, flags) per CQE as Python ints: for rounds of a few CQEs, where three
         numpy field decodes and ``tolist`` calls cost several times the unpack itself."""

@@ -124,6 +124,9 @@ class SoftProvider:
         if n <= (FEW if buf._fast is not None else FEW_PURE):
             self._take_few(c.tuples(), out)
             return out
+        if (rec := buf.take_round(c, RECV_UD)) is not None:  # the common round, in C
+            out.tokens, out.offsets, out.lengths = rec["bid"], rec["offset"], rec["length"]
+            return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
         # error, no buffers) lacks it: with F_MORE on the last one, every res is data. Without

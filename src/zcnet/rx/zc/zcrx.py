@@ -156,7 +156,7 @@ class ZcrxProvider:
         ring = self._ring
         if ring is None:
             raise ClosedError.of(self, "reap")
-        out = parse_completions(reap_ready(ring, timeout))
+        out = parse_completions(reap_ready(ring, timeout), fast=self.rq._fast)
         if out.end is not None or out.stopped:
             self.armed = False
             self._starved = out.stopped == "exhausted"
