@@ -123,18 +123,25 @@ def test_take_round_takes_only_the_common_round() -> None:
             "another request": [cqe(0), cqe(1, ud=6)],
             "out of order": [cqe(1), cqe(0)],
             "over a buffer": [cqe(0), cqe(1, res=4097)],
-            "final": [cqe(0), cqe(1, flags=buf)],
+            "ends with a buffer": [cqe(0), cqe(1, res=0)],
             "no buffer": [cqe(0), cqe(1, flags=more)],
             "error": [cqe(0), cqe(1, res=-5)],
         }
         for name, cqes in bad.items():
             assert br.take_round(_raw_cqes(cqes), 5) is None, name
             assert (br._head, br.in_ring) == (0, 8), name
-        rec = br.take_round(_raw_cqes([cqe(0, 4096), cqe(1, 1), cqe(2)]), 5)
+        got = br.take_round(_raw_cqes([cqe(0, 4096), cqe(1, 1), cqe(2)]), 5)
         if backend() != "c":
-            assert rec is None and (br._head, br.in_ring) == (0, 8)
+            assert got is None and (br._head, br.in_ring) == (0, 8)
             return
-        assert rec is not None and (br._head, br.in_ring) == (3, 5)
+        assert got is not None and got[1] is None and (br._head, br.in_ring) == (3, 5)
+        rec = got[0]
         assert rec["bid"].tolist() == [0, 1, 2] and rec["length"].tolist() == [4096, 1, 100]
         assert rec["offset"].tolist() == [0, 4096, 8192]
-        assert br.take_round(_raw_cqes([cqe(3)] * 6), 5) is None  # more than the ring holds
+        # The multishot's end: data in its last buffer (final > 0), or none (EOF, -errno).
+        got = br.take_round(_raw_cqes([cqe(3), cqe(4, res=7, flags=buf)]), 5)
+        assert got is not None and got[1] == 7 and got[0]["bid"].tolist() == [3, 4]
+        got = br.take_round(_raw_cqes([cqe(5), (5, -105, 0)]), 5)
+        assert got is not None and got[1] == -105 and got[0]["bid"].tolist() == [5]
+        assert (br._head, br.in_ring) == (6, 2)
+        assert br.take_round(_raw_cqes([cqe(6)] * 3), 5) is None  # more than the ring holds

@@ -1098,8 +1098,9 @@ done:
     return ret;
 }
 
-/* A provider's common round, read from the CQEs' copy (Completions._raw) in one pass: every
- * CQE is data of request ``recv_ud`` and the last has ``f_more`` (the multishot goes on). The
+/* A provider's common round, read from the CQEs' copy (Completions.raw) in one pass: every
+ * CQE is data of request ``recv_ud`` and the last has ``f_more`` (the multishot goes on; soft
+ * also takes a last one that ends it). The
  * records go out as bytes for one numpy view: no numpy call per field and no Python object
  * per buffer. Anything else returns None and the provider's numpy path takes the round, with
  * its checks and errors. */
@@ -1117,12 +1118,14 @@ static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size
 }
 
 /* soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head,
- *            buf_size, base) -> bytes of n records {i64 offset, i32 length, u16 bid, u16 0},
- *            or None
+ *            buf_size, base) -> (records, count, final), or None
  *
  * A provided-buffer multishot's round where each CQE filled one buffer (F_BUFFER, 0 < res <=
  * buf_size) and the buffers are the ring's next ones from ``head`` (``mem``: the buffer
- * ring's entries, as in buf_in_step). offset = base + bid * buf_size. */
+ * ring's entries, as in buf_in_step). ``records`` holds ``count`` of {i64 offset, i32 length,
+ * u16 bid, u16 0}, offset = base + bid * buf_size. The last CQE may end the multishot (no
+ * ``f_more``): ``final`` is then its res (data as above when > 0, else EOF or -errno with no
+ * buffer), otherwise None. */
 static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "soft_round(raw, n, cqe_size, recv_ud, f_more, "
@@ -1157,11 +1160,13 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     PyObject *out = n <= entries ? PyBytes_FromStringAndSize(NULL, n * 16) : Py_NewRef(Py_None);
+    Py_ssize_t k = 0;        /* records written; -1: not the common round */
+    int32_t final = INT32_MIN; /* the last CQE's res when it ends the multishot */
     if (out && out != Py_None) {
         unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
         unsigned long long mask = (unsigned long long)entries - 1;
         for (Py_ssize_t i = 0; i < n; i++) {
-            const unsigned char *q = c + i * size;
+            const unsigned char *q = c + i * size; /* record k: CQE i, if data */
             uint64_t u;
             int32_t res;
             uint32_t flags;
@@ -1171,22 +1176,39 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
             memcpy(&flags, q + CQE_FLAGS, 4);
             memcpy(&ring_bid, e + ((head + i) & mask) * 16 + 12, 2);
             uint16_t bid = (uint16_t)(flags >> shift);
+            if (i == n - 1 && !(flags & f_more)) { /* the multishot's end */
+                final = res;
+                if (res <= 0) { /* EOF or an errno: no buffer */
+                    if (u != ud || (flags & f_buffer))
+                        k = -1;
+                    break;
+                }
+            }
             if (u != ud || !(flags & f_buffer) || res <= 0 || (unsigned long long)res > bs ||
-                bid != ring_bid || (i == n - 1 && !(flags & f_more))) {
-                Py_SETREF(out, Py_NewRef(Py_None));
+                bid != ring_bid) {
+                k = -1;
                 break;
             }
             int64_t off = (int64_t)(base + bid * bs);
             uint16_t pad = 0;
-            memcpy(o + i * 16, &off, 8);
-            memcpy(o + i * 16 + 8, &res, 4);
-            memcpy(o + i * 16 + 12, &bid, 2);
-            memcpy(o + i * 16 + 14, &pad, 2);
+            memcpy(o + k * 16, &off, 8);
+            memcpy(o + k * 16 + 8, &res, 4);
+            memcpy(o + k * 16 + 12, &bid, 2);
+            memcpy(o + k * 16 + 14, &pad, 2);
+            k++;
         }
     }
     PyBuffer_Release(&mem);
     PyBuffer_Release(&cb);
-    return out;
+    if (!out || out == Py_None)
+        return out;
+    if (k < 0) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (final == INT32_MIN)
+        return Py_BuildValue("(NnO)", out, k, Py_None);
+    return Py_BuildValue("(Nni)", out, k, final);
 }
 
 /* zcrx_round(raw, n, recv_ud, f_more, off_mask)
@@ -1268,7 +1290,7 @@ static PyMethodDef accel_methods[] = {
     {"int_sum", (PyCFunction)accel_int_sum, METH_O, "int_sum(seq) -> int or None"},
     {"soft_round", (PyCFunction)(void (*)(void))accel_soft_round, METH_FASTCALL,
      "soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head, "
-     "buf_size, base) -> records or None"},
+     "buf_size, base) -> (records, count, final) or None"},
     {"zcrx_round", (PyCFunction)(void (*)(void))accel_zcrx_round, METH_FASTCALL,
      "zcrx_round(raw, n, recv_ud, f_more, off_mask) -> records or None"},
     {"buf_provide", (PyCFunction)(void (*)(void))accel_buf_provide, METH_FASTCALL,

@@ -214,13 +214,14 @@ class BufRing:
             raise RuntimeError("buffer ring out of step with completions")
         self._retire(n)
 
-    def take_round(self, c: Completions, user_data: int) -> np.ndarray | None:
+    def take_round(self, c: Completions, user_data: int) -> tuple[np.ndarray, int | None] | None:
         """A round of CQEs (their copy in ``c``) that each filled one buffer of request
-        ``user_data``, the next ones in ring order, the last with F_MORE: checked and
-        accounted in one C call. Returns one record per CQE
-        (ROUND_RECORD: offset in the area, length, bid), or None when the round is anything
-        else or the compiled path is off; then nothing is accounted and the caller takes its
-        own path. ClosedError once the ring is closed, as every method."""
+        ``user_data``, the next ones in ring order, checked and accounted in one C call. The
+        last may end the multishot (no F_MORE). Returns one record per buffer (ROUND_RECORD:
+        offset in the area, length, bid) and that last CQE's res if it ended the multishot
+        (else None), or None when the round is anything else or the compiled path is off;
+        then nothing is accounted and the caller takes its own path. ClosedError once the
+        ring is closed, as every method."""
         if not self._registered or self.ring.fd < 0:
             self._check_open()
         raw, n = c.raw, len(c)
@@ -231,8 +232,9 @@ class BufRing:
                                     self.entries, self._head, self.buf_size, self.area_offset)
         if got is None:
             return None
-        self._retire(n)
-        return np.frombuffer(got, ROUND_RECORD)
+        records, k, final = got
+        self._retire(k)
+        return np.frombuffer(records, ROUND_RECORD, count=k), final
 
     def _consume(self, nbytes: int, first_bid: int) -> tuple[tuple[int, int], ...]:
         """Retire the buffers a completion of ``nbytes`` from ``first_bid`` consumed; where

@@ -124,8 +124,12 @@ class SoftProvider:
         if n <= (FEW if buf._fast is not None else FEW_PURE):
             self._take_few(c.tuples(), out)
             return out
-        if (rec := buf.take_round(c, RECV_UD)) is not None:  # the common round, in C
+        if (got := buf.take_round(c, RECV_UD)) is not None:  # the common round, in C
+            rec, final = got
             out.tokens, out.offsets, out.lengths = rec["bid"], rec["offset"], rec["length"]
+            if final is not None:
+                self.armed = False
+                note_final(out, final, STOPS)
             return out
         res, flags = c.res, c.flags
         # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it (EOF,
