@@ -8,10 +8,13 @@ and zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even whe
 
 from setuptools import Extension, setup
 
-# Shared by both: zcnet/_cqe.h (reading CQEs). ``depends`` rebuilds them when it changes and
-# puts it in the sdist; the include dir finds it.
-_SHARED = {"include_dirs": ["src/zcnet"], "depends": ["src/zcnet/_cqe.h"], "optional": True}
+# Shared by both: zcnet/_cqe.h (reading CQEs). ``depends`` rebuilds them when a header changes
+# and puts it in the sdist; the include dir finds it.
+_SHARED = {"include_dirs": ["src/zcnet"], "optional": True}
+_CQE_H = "src/zcnet/_cqe.h"
 
-setup(ext_modules=[Extension("zcnet.uring._accel", ["src/zcnet/uring/_accel.c"], **_SHARED),
+setup(ext_modules=[Extension("zcnet.uring._accel",
+                             ["src/zcnet/uring/_accel.c", "src/zcnet/uring/_accel_rx.c"],
+                             depends=[_CQE_H, "src/zcnet/uring/_accel.h"], **_SHARED),
                    Extension("zcnet.aio._loopaccel", ["src/zcnet/aio/_loopaccel.c"],
-                             **_SHARED)])
+                             depends=[_CQE_H], **_SHARED)])
