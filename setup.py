@@ -8,13 +8,14 @@ and zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even whe
 
 from setuptools import Extension, setup
 
-# Shared by both: zcnet/_cqe.h (reading CQEs). ``depends`` rebuilds them when a header changes
-# and puts it in the sdist; the include dir finds it.
+# Shared by both: zcnet/_cqe.h (reading CQEs) and zcnet/_bufring.h (a provided-buffer ring's
+# entries). ``depends`` rebuilds them when a header changes and puts it in the sdist; the
+# include dir finds them.
 _SHARED = {"include_dirs": ["src/zcnet"], "optional": True}
-_CQE_H = "src/zcnet/_cqe.h"
+_HEADERS = ["src/zcnet/_cqe.h", "src/zcnet/_bufring.h"]
 
 setup(ext_modules=[Extension("zcnet.uring._accel",
                              ["src/zcnet/uring/_accel.c", "src/zcnet/uring/_accel_rx.c"],
-                             depends=[_CQE_H, "src/zcnet/uring/_accel.h"], **_SHARED),
+                             depends=[*_HEADERS, "src/zcnet/uring/_accel.h"], **_SHARED),
                    Extension("zcnet.aio._loopaccel", ["src/zcnet/aio/_loopaccel.c"],
-                             depends=[_CQE_H], **_SHARED)])
+                             depends=_HEADERS, **_SHARED)])

@@ -31,6 +31,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "_bufring.h"
 #include "_cqe.h"
 
 #ifndef __NR_io_uring_enter
@@ -617,7 +618,7 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
 
 /* The buffer ring's fields a round reads and writes. */
 typedef struct {
-    unsigned char *entries; /* io_uring_buf[entries]: addr u64, len u32, bid u16, resv u16 */
+    unsigned char *entries; /* the ring's io_uring_buf entries (_bufring.h) */
     unsigned long long base;
     long long n, mask, bs, head, tail, in_ring;
 } BufState;
@@ -659,7 +660,8 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
            iget_ll(buf, s_in_ring, &b->in_ring);
 }
 
-#define ENTRY(b, i) ((b)->entries + (size_t)((i) & (b)->mask) * 16)
+#define ENTRY(b, i)                                                                        \
+    buf_entry((b)->entries, (unsigned long long)(i), (unsigned long long)(b)->mask)
 
 /* Released chunks back to the buffer ring (Receiver._flush_releases + BufRing.provide_few for
  * plain chunks); *rel and *relb, the stats' released counts as the caller read them, are
@@ -708,18 +710,13 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         }
         uint16_t bid = (uint16_t)PyLong_AsLong(SLOT(c, r->o_tok)); /* checked above */
         Py_DECREF(c);
-        unsigned char *e = ENTRY(b, t);
-        uint64_t addr = b->base + (uint64_t)bid * (uint64_t)b->bs;
-        uint32_t len = (uint32_t)b->bs;
-        memcpy(e, &addr, 8);
-        memcpy(e + 8, &len, 4);
-        memcpy(e + 12, &bid, 2);
+        buf_put(ENTRY(b, t), b->base + (uint64_t)bid * (uint64_t)b->bs, (uint32_t)b->bs,
+                bid);
         t++;
     }
     b->tail = t & 0xFFFF;
     b->in_ring += n;
-    /* The tail lives in entry 0's resv; release: the entries above are written first. */
-    __atomic_store_n((uint16_t *)(b->entries + 14), (uint16_t)b->tail, __ATOMIC_RELEASE);
+    buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
     *rel += n;
     *relb += nbytes;
     if (!iset_ll(buf, s_tail, b->tail) ||
@@ -847,9 +844,7 @@ static PyObject *take_chunks(Round *r, int *code) {
         long long count = (res + b.bs - 1) / b.bs;
         if (k + count > b.in_ring)
             BAIL(FALLBACK); /* out of step: the Python round raises it */
-        uint16_t want;
-        memcpy(&want, ENTRY(&b, b.head + k) + 12, 2);
-        if (cqe_buffer_id((uint32_t)fl, r->buffer_shift) != want)
+        if (cqe_buffer_id((uint32_t)fl, r->buffer_shift) != buf_bid(ENTRY(&b, b.head + k)))
             BAIL(FALLBACK);
         k += count;
     }
@@ -874,8 +869,7 @@ static PyObject *take_chunks(Round *r, int *code) {
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
         while (res > 0) {
-            uint16_t bid;
-            memcpy(&bid, ENTRY(&b, b.head + j) + 12, 2);
+            uint16_t bid = buf_bid(ENTRY(&b, b.head + j));
             long long n = res < b.bs ? res : b.bs;
             res -= n;
             PyObject *c = ((PyTypeObject *)r->cls)->tp_alloc((PyTypeObject *)r->cls, 0);
@@ -1068,6 +1062,7 @@ OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case
 
 static PyMethodDef loopaccel_methods[] = {
     CQE_LAYOUT_METHOD,
+    BUFRING_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,8 +12,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_cqe.h"
 #include "_accel.h"
+#include "_bufring.h"
+#include "_cqe.h"
 
 /* make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)
  *
@@ -413,8 +414,8 @@ static Py_ssize_t load_ints(PyObject *o, unsigned long long **out) {
     return n;
 }
 
-/* The entries of a provided-buffer ring, io_uring_buf {u64 addr, u32 len, u16 bid, u16 resv}
- * (entry 0's resv is the tail): ``entries`` (a power of two) from the start of ``mem``. */
+/* The entries of a provided-buffer ring (_bufring.h): ``entries`` (a power of two) from the
+ * start of ``mem``. */
 static unsigned char *buf_ring_of(PyObject *mem_obj, PyObject *entries_obj, Py_buffer *mem,
                                   int flags, Py_ssize_t *entries) {
     *entries = PyLong_AsSsize_t(entries_obj);
@@ -422,7 +423,7 @@ static unsigned char *buf_ring_of(PyObject *mem_obj, PyObject *entries_obj, Py_b
         return NULL;
     if (PyObject_GetBuffer(mem_obj, mem, flags) < 0)
         return NULL;
-    if (*entries <= 0 || (*entries & (*entries - 1)) || *entries > mem->len / 16) {
+    if (*entries <= 0 || (*entries & (*entries - 1)) || *entries > mem->len / BUF_ENTRY_SIZE) {
         PyBuffer_Release(mem);
         PyErr_SetString(PyExc_ValueError, "a buffer ring of that many entries does not fit");
         return NULL;
@@ -476,16 +477,10 @@ static PyObject *accel_buf_provide(PyObject *self, PyObject *const *args, Py_ssi
     } else {
         unsigned long long mask = (unsigned long long)entries - 1;
         uint32_t len = (uint32_t)bs;
-        for (i = 0; i < n; i++) {
-            unsigned char *ent = e + ((tail + i) & mask) * 16;
-            uint64_t addr = base + v[i] * bs;
-            uint16_t bid = (uint16_t)v[i];
-            memcpy(ent, &addr, 8);
-            memcpy(ent + 8, &len, 4);
-            memcpy(ent + 12, &bid, 2);
-        }
+        for (i = 0; i < n; i++)
+            buf_put(buf_entry(e, tail + i, mask), base + v[i] * bs, len, (uint16_t)v[i]);
         tail = (tail + n) & 0xFFFF;
-        __atomic_store_n((uint16_t *)(e + 14), (uint16_t)tail, __ATOMIC_RELEASE);
+        buf_publish_tail(e, (uint16_t)tail);
         ret = PyLong_FromUnsignedLongLong(tail);
     }
     PyMem_Free(v);
@@ -516,11 +511,8 @@ static PyObject *accel_buf_in_step(PyObject *self, PyObject *const *args, Py_ssi
     }
     unsigned long long mask = (unsigned long long)entries - 1;
     int same = n <= entries;
-    for (Py_ssize_t i = 0; same && i < n; i++) {
-        uint16_t bid;
-        memcpy(&bid, e + ((head + i) & mask) * 16 + 12, 2);
-        same = v[i] == bid;
-    }
+    for (Py_ssize_t i = 0; same && i < n; i++)
+        same = v[i] == buf_bid(buf_entry(e, head + i, mask));
     PyMem_Free(v);
     PyBuffer_Release(&mem);
     return PyBool_FromLong(same);
@@ -598,6 +590,23 @@ done:
  * per buffer. Anything else returns None and the provider's numpy path takes the round, with
  * its checks and errors. */
 
+/* The records returned, as numpy reads them (ROUND_RECORD in zcnet.uring.bufring,
+ * _ROUND_RECORD in zcnet.rx.zc.zcrx_rings); natural alignment leaves no padding but ``pad``. */
+typedef struct {
+    int64_t offset;
+    int32_t length;
+    uint16_t bid, pad;
+} SoftRecord;
+
+typedef struct {
+    uint64_t token;
+    int64_t offset;
+    int32_t length;
+    uint32_t pad;
+} ZcrxRecord;
+
+_Static_assert(sizeof(SoftRecord) == 16 && sizeof(ZcrxRecord) == 24, "record layout");
+
 /* The CQEs' copy: n entries of ``size`` bytes; NULL (no error) when it is shorter. */
 static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size,
                                     Py_buffer *b) {
@@ -647,12 +656,13 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
             return NULL;
         Py_RETURN_NONE;
     }
-    const unsigned char *e = buf_ring_of(args[7], args[8], &mem, PyBUF_SIMPLE, &entries);
+    unsigned char *e = buf_ring_of(args[7], args[8], &mem, PyBUF_SIMPLE, &entries);
     if (!e) {
         PyBuffer_Release(&cb);
         return NULL;
     }
-    PyObject *out = n <= entries ? PyBytes_FromStringAndSize(NULL, n * 16) : Py_NewRef(Py_None);
+    PyObject *out = n <= entries ? PyBytes_FromStringAndSize(NULL, n * sizeof(SoftRecord))
+                                 : Py_NewRef(Py_None);
     Py_ssize_t k = 0;        /* records written; -1: not the common round */
     int32_t final = INT32_MIN; /* the last CQE's res when it ends the multishot */
     if (out && out != Py_None) {
@@ -660,15 +670,10 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
         unsigned long long mask = (unsigned long long)entries - 1;
         for (Py_ssize_t i = 0; i < n; i++) {
             const unsigned char *q = c + i * size; /* record k: CQE i, if data */
-            uint64_t u;
-            int32_t res;
-            uint32_t flags;
-            uint16_t ring_bid;
-            memcpy(&u, q + CQE_USER_DATA, 8);
-            memcpy(&res, q + CQE_RES, 4);
-            memcpy(&flags, q + CQE_FLAGS, 4);
-            memcpy(&ring_bid, e + ((head + i) & mask) * 16 + 12, 2);
-            uint16_t bid = (uint16_t)(flags >> shift);
+            uint64_t u = cqe_user_data(q);
+            int32_t res = cqe_res(q);
+            uint32_t flags = cqe_flags(q);
+            uint16_t bid = cqe_buffer_id(flags, (unsigned)shift);
             if (i == n - 1 && !(flags & f_more)) { /* the multishot's end */
                 final = res;
                 if (res <= 0) { /* EOF or an errno: no buffer */
@@ -678,17 +683,12 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
                 }
             }
             if (u != ud || !(flags & f_buffer) || res <= 0 || (unsigned long long)res > bs ||
-                bid != ring_bid) {
+                bid != buf_bid(buf_entry(e, head + i, mask))) {
                 k = -1;
                 break;
             }
-            int64_t off = (int64_t)(base + bid * bs);
-            uint16_t pad = 0;
-            memcpy(o + k * 16, &off, 8);
-            memcpy(o + k * 16 + 8, &res, 4);
-            memcpy(o + k * 16 + 12, &bid, 2);
-            memcpy(o + k * 16 + 14, &pad, 2);
-            k++;
+            SoftRecord rec = {(int64_t)(base + bid * bs), res, bid, 0};
+            memcpy(o + k++ * sizeof rec, &rec, sizeof rec);
         }
     }
     PyBuffer_Release(&mem);
@@ -727,27 +727,21 @@ static PyObject *accel_zcrx_round(PyObject *self, PyObject *const *args, Py_ssiz
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 24);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * sizeof(ZcrxRecord));
     if (out) {
         unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
         for (Py_ssize_t i = 0; i < n; i++) {
             const unsigned char *q = c + i * CQE32_SIZE;
-            uint64_t u, tok;
-            int32_t res;
-            uint32_t flags, pad = 0;
-            memcpy(&u, q + CQE_USER_DATA, 8);
-            memcpy(&res, q + CQE_RES, 4);
-            memcpy(&flags, q + CQE_FLAGS, 4);
-            memcpy(&tok, q + CQE_SIZE, 8); /* big_cqe[0]: struct io_uring_zcrx_cqe.off */
-            if (u != ud || res <= 0 || (i == n - 1 && !(flags & f_more))) {
+            int32_t res = cqe_res(q);
+            uint64_t tok;
+            memcpy(&tok, q + CQE_SIZE, sizeof tok); /* big_cqe[0]: io_uring_zcrx_cqe.off */
+            if (cqe_user_data(q) != ud || res <= 0 ||
+                (i == n - 1 && !(cqe_flags(q) & f_more))) {
                 Py_SETREF(out, Py_NewRef(Py_None));
                 break;
             }
-            int64_t off = (int64_t)(tok & off_mask);
-            memcpy(o + i * 24, &tok, 8);
-            memcpy(o + i * 24 + 8, &off, 8);
-            memcpy(o + i * 24 + 16, &res, 4);
-            memcpy(o + i * 24 + 20, &pad, 4);
+            ZcrxRecord rec = {tok, (int64_t)(tok & off_mask), res, 0};
+            memcpy(o + i * sizeof rec, &rec, sizeof rec);
         }
     }
     PyBuffer_Release(&cb);
@@ -774,6 +768,7 @@ static PyObject *accel_int_sum(PyObject *self, PyObject *seq) {
 }
 
 static PyMethodDef zc_rx_methods[] = {
+    BUFRING_LAYOUT_METHOD,
     {"make_chunks", (PyCFunction)(void (*)(void))accel_make_chunks, METH_FASTCALL,
      "make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)"},
     {"chunk_release", (PyCFunction)(void (*)(void))accel_chunk_release, METH_FASTCALL,

@@ -1,0 +1,64 @@
+/* zcnet/_bufring.h: writing and reading a provided-buffer ring's entries, for the compiled
+ * halves that give buffers back to the kernel (zcnet.uring._accel's receive path,
+ * zcnet.aio._loopaccel's Round).
+ *
+ * struct io_uring_buf (include/uapi/linux/io_uring.h): __u64 addr at byte 0, __u32 len at 8,
+ * __u16 bid at 12, __u16 resv at 14; 16 bytes an entry. Entry 0's resv is the ring's tail
+ * (struct io_uring_buf_ring overlays it), which the kernel reads after the entries, so it is
+ * stored last with release ordering. Ring index i is entry (i & mask). The layout is exported
+ * by each module's bufring_layout() so a test compares it with zcnet.uapi.io_uring.io_uring_buf.
+ */
+#ifndef ZCNET_BUFRING_H
+#define ZCNET_BUFRING_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    BUF_ADDR = 0,
+    BUF_LEN = 8,
+    BUF_BID = 12,
+    BUF_TAIL = 14, /* entry 0's resv */
+    BUF_ENTRY_SIZE = 16,
+};
+
+/* The entry of ring index ``index``. */
+static inline unsigned char *buf_entry(unsigned char *entries, unsigned long long index,
+                                       unsigned long long mask) {
+    return entries + (size_t)(index & mask) * BUF_ENTRY_SIZE;
+}
+
+/* Publish buffer ``bid`` at ``addr``, ``len`` bytes, in ``entry``. */
+static inline void buf_put(unsigned char *entry, uint64_t addr, uint32_t len, uint16_t bid) {
+    memcpy(entry + BUF_ADDR, &addr, sizeof addr);
+    memcpy(entry + BUF_LEN, &len, sizeof len);
+    memcpy(entry + BUF_BID, &bid, sizeof bid);
+}
+
+/* The buffer id an entry holds (ours: the kernel writes addr and len, never bid). */
+static inline uint16_t buf_bid(const unsigned char *entry) {
+    uint16_t bid;
+    memcpy(&bid, entry + BUF_BID, sizeof bid);
+    return bid;
+}
+
+/* Store the ring's tail after the entries written before it (release). */
+static inline void buf_publish_tail(unsigned char *entries, uint16_t tail) {
+    __atomic_store_n((uint16_t *)(entries + BUF_TAIL), tail, __ATOMIC_RELEASE);
+}
+
+/* bufring_layout() -> dict: the layout this header assumes, for the test that holds it to
+ * zcnet.uapi. Listed in each module's methods. */
+static inline PyObject *bufring_layout(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("{sisisisisi}", "addr", BUF_ADDR, "len", BUF_LEN, "bid", BUF_BID,
+                         "resv", BUF_TAIL, "size", BUF_ENTRY_SIZE);
+}
+
+#define BUFRING_LAYOUT_METHOD                                                               \
+    {"bufring_layout", (PyCFunction)bufring_layout, METH_NOARGS,                            \
+     "bufring_layout() -> the struct io_uring_buf layout this module was built for"}
+
+#endif /* ZCNET_BUFRING_H */
