@@ -6,35 +6,33 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+from typing import Any
 
 import pytest
 
 from zcnet.uapi import io_uring as u
 
 
-@pytest.mark.parametrize("module", ["zcnet.uring._accel", "zcnet.aio._loopaccel"])
-def test_compiled_cqe_layout_is_the_uapi_one(module: str) -> None:
+@pytest.fixture(params=["zcnet.uring._accel", "zcnet.aio._loopaccel"])
+def compiled(request: pytest.FixtureRequest) -> Any:
     try:
-        mod = importlib.import_module(module)
+        return importlib.import_module(request.param)
     except ImportError:
-        pytest.skip(f"{module} is not built (no C compiler at install)")
+        pytest.skip(f"{request.param} is not built (no C compiler at install)")
+
+
+def test_compiled_cqe_layout_is_the_uapi_one(compiled: Any) -> None:
     cqe = u.io_uring_cqe
-    assert mod.cqe_layout() == {
+    assert compiled.cqe_layout() == {
         "user_data": cqe.user_data.offset, "res": cqe.res.offset, "flags": cqe.flags.offset,
         "size": ctypes.sizeof(cqe), "size_cqe32": 2 * ctypes.sizeof(cqe),
     }
 
 
-@pytest.mark.parametrize("module", ["zcnet.uring._accel", "zcnet.aio._loopaccel"])
-def test_compiled_buffer_ring_layout_is_the_uapi_one(module: str) -> None:
-    """Both write provided-buffer ring entries through src/zcnet/_bufring.h; its layout is
-    struct io_uring_buf's, the tail in entry 0's resv."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        pytest.skip(f"{module} is not built (no C compiler at install)")
+def test_compiled_buffer_ring_layout_is_the_uapi_one(compiled: Any) -> None:
+    """The tail is entry 0's resv."""
     buf = u.io_uring_buf
-    assert mod.bufring_layout() == {
+    assert compiled.bufring_layout() == {
         "addr": buf.addr.offset, "len": buf.len.offset, "bid": buf.bid.offset,
         "resv": buf.resv.offset, "size": ctypes.sizeof(buf),
     }
