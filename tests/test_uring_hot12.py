@@ -78,7 +78,7 @@ def test_batch_provide_and_take_on_a_ring_smaller_than_its_mapping() -> None:
     from zcnet.uring.syscall import backend
 
     with Ring(4) as r, BufRing(r, 4, 4, 4096) as br:
-        assert (br._fast is not None) == (backend() == "c")
+        assert (br.accel is not None) == (backend() == "c")
         br.take(np.array([0, 1, 2, 3], dtype=np.uint16))
         br.provide([2, 0])
         br.provide(np.array([3, 1], dtype=np.uint16))

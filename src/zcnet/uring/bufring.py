@@ -87,10 +87,11 @@ class BufRing:
         # len u32 4i+2, its bid u16 8i+6.
         mv = self._mem.memview()
         self._mv64, self._mv32, self._mv16 = mv.cast("Q"), mv.cast("I"), mv.cast("H")
-        # The batch writes and the in-step check in one C call each (None: the numpy path).
-        # They get the entries as ``mv`` only after the same open checks as the numpy path.
+        # The batch writes and the in-step check in one C call each (None: the numpy path),
+        # as the ring's backend says; providers read it too for their own choices. The C calls
+        # get the entries as ``mv`` only after the same open checks as the numpy path.
         self._mv = mv
-        self._fast = accel_for(ring.backend)
+        self.accel = accel_for(ring.backend)
         self._tail = 0
         self._head = 0  # our copy of the kernel's consumption point
         # area address of each buffer id, so publishing is one take per batch
@@ -135,8 +136,8 @@ class BufRing:
             return
         if self.in_ring + n > self.entries:
             raise ValueError("more buffers provided than the ring holds (double release?)")
-        if self._fast is not None and self._pos is None:
-            t = self._fast.buf_provide(self._mv, self.entries, self._tail, bids, self.base,
+        if self.accel is not None and self._pos is None:
+            t = self.accel.buf_provide(self._mv, self.entries, self._tail, bids, self.base,
                                          self.buf_size)
             if t is not None:
                 self._tail = t
@@ -205,8 +206,8 @@ class BufRing:
         each, no bundles): they must be the next ones in ring order."""
         n = len(bids)
         spans = self._next(n)
-        if self._fast is not None:
-            ok = self._fast.buf_in_step(self._mv, self.entries, self._head, bids)
+        if self.accel is not None:
+            ok = self.accel.buf_in_step(self._mv, self.entries, self._head, bids)
         else:
             ok = (b"".join([self._bid[lo:hi].tobytes() for lo, hi in spans])
                   == np.asarray(bids, np.uint16).tobytes())
@@ -225,9 +226,9 @@ class BufRing:
         if not self._registered or self.ring.fd < 0:
             self._check_open()
         raw, n = c.raw, len(c)
-        if self._fast is None or raw is None or self.incremental or n > self.in_ring:
+        if self.accel is None or raw is None or self.incremental or n > self.in_ring:
             return None
-        got = self._fast.soft_round(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE,
+        got = self.accel.soft_round(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE,
                                     u.IORING_CQE_F_BUFFER, u.IORING_CQE_BUFFER_SHIFT, self._mv,
                                     self.entries, self._head, self.buf_size, self.area_offset)
         if got is None:

@@ -63,13 +63,9 @@ class Receiver(DebugViews):
         self._view = self.area.view
         self.debug = debug
         self.coalesce = coalesce
-        accel = accel_for(backend())  # the compiled per-chunk constructor, unless ZCNET_PURE
-        self._make_chunks = accel.make_chunks if accel is not None else None
-        self._chunk_tokens = accel.chunk_tokens if accel is not None else None
+        # The compiled per-chunk and per-round work (zcnet.uring._accel), unless ZCNET_PURE
+        self._accel = accel = accel_for(backend())
         self._chunk_cls: type[Chunk] = CompiledChunk if accel is not None else Chunk
-        self._chunk_iter = accel.ChunkIter if accel is not None else None
-        self._int_sum = accel.int_sum if accel is not None else None  # numpy's costs ~1 us
-        self._mark_released = accel.mark_released if accel is not None else None
         self._stats = Stats()
         self._limit = int(self.area.size * max_held)
         self._releases = ReleaseQueue()
@@ -125,8 +121,8 @@ class Receiver(DebugViews):
             self.provider.recycle(b._tok, b.lengths)
             return
         # The iterator: one int token per chunk
-        if self._chunk_tokens is not None:
-            got = self._chunk_tokens(done, self._chunk_cls)  # one pass in C, or None
+        if self._accel is not None:
+            got = self._accel.chunk_tokens(done, self._chunk_cls)  # one pass in C, or None
             if got is not None:
                 self._stats.note_released(len(done), got[2])
                 self.provider.recycle(got[0], got[1])
@@ -192,7 +188,7 @@ class Receiver(DebugViews):
         lengths = d.lengths
         if type(lengths) is not np.ndarray:
             n = sum(lengths)
-        elif self._int_sum is None or (n := self._int_sum(lengths)) is None:
+        elif self._accel is None or (n := self._accel.int_sum(lengths)) is None:  # numpy: 1 us
             n = int(_sum(lengths))
         self._stats.note_delivered(len(lengths), n)
         self._stream_off = s + n
@@ -290,9 +286,9 @@ class Receiver(DebugViews):
                     self._stats.coalesced += b - a - 1
                 out.append(c)
                 s += c.length
-        elif self._make_chunks is not None:
+        elif self._accel is not None:
             # The per-buffer hot path: every Chunk made in C, with no __init__ frame each.
-            out, s = self._make_chunks(self._chunk_cls, self, offsets, lengths, tokens, s)
+            out, s = self._accel.make_chunks(self._chunk_cls, self, offsets, lengths, tokens, s)
         else:
             # One C-level map instead of a Python loop: this is the per-buffer hot path.
             starts = list(itertools.accumulate(lengths, initial=s))
@@ -306,8 +302,8 @@ class Receiver(DebugViews):
         """Chunks until EOF; raises the stream's error after the data before it. If the loop
         is left early, chunks received but not yet handed out are released (a chunk the loop
         body got is the application's to release)."""
-        if self._chunk_iter is not None:
-            return self._chunk_iter(self)  # the same loop in C: no generator frame per chunk
+        if self._accel is not None:
+            return self._accel.ChunkIter(self)  # the same loop in C: no generator per chunk
         return self._iterate()
 
     def _iterate(self) -> Iterator[Chunk]:
@@ -337,7 +333,7 @@ class Receiver(DebugViews):
         """Release several chunks with one queue operation; all are checked before any is
         released, so a bad one leaves the rest untouched."""
         batch = list(chunks)
-        if self.debug or self._mark_released is None or not self._mark_released(
+        if self.debug or self._accel is None or not self._accel.mark_released(
                 batch, self, _Held):  # checked and marked in one C pass, or:
             if set(map(_rx_of, batch)) - {self}:  # find the culprit only if needed
                 for c in batch:

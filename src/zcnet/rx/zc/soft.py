@@ -40,7 +40,6 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
-from zcnet.uring.syscall import accel_for
 
 _maximum = np.maximum.reduce
 # Rounds of at most this many CQEs take the plain-Python path, whose cost grows per CQE, where
@@ -80,8 +79,6 @@ class SoftProvider:
                        if bundle is None else bundle)
         self._buf = BufRing(ring, bgid, self.entries, self.buf_size, area=self.area.mapping,
                             area_offset=0)
-        # The ring's hot path decides where plain Python beats a vectorized round (see FEW).
-        self._compiled = accel_for(ring.backend) is not None
 
     def _init_buffers(self, fd: int, area: Area, buf_size: int) -> None:
         """The fields of a soft provider whichever ring its buffer group goes on (its own, or an
@@ -124,7 +121,7 @@ class SoftProvider:
         n = len(c)
         if not n:
             return out
-        if n <= (FEW if self._compiled else FEW_PURE):
+        if n <= (FEW if buf.accel is not None else FEW_PURE):  # the ring's hot path decides
             self._take_few(c.tuples(), out)
             return out
         if (got := buf.take_round(c, RECV_UD)) is not None:  # the common round, in C
@@ -211,7 +208,7 @@ class SoftProvider:
         buf = self._buf
         if buf is None:
             raise ClosedError.of(self, "recycle")
-        if not self._compiled and type(tokens) is list and len(tokens) <= FEW_PURE:
+        if buf.accel is None and type(tokens) is list and len(tokens) <= FEW_PURE:
             if tokens:
                 buf.provide_few(tokens)
         elif len(tokens):

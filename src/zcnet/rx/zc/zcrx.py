@@ -63,7 +63,6 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Ring
-from zcnet.uring.syscall import accel_for, backend
 
 RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 MODES = ("device", "copy")
@@ -107,7 +106,6 @@ class ZcrxProvider:
             register_ifq(self._ring, self._reg, ifname=ifname or "(no device, copy mode)")
             self.rq = self._map_refill_ring()
             undo.pop_all()
-        self._accel = accel_for(backend())  # the common round's parse in C, or None
         self.ifq_id = int(self._reg.ifq.zcrx_id)
         # 7.x writes back the buffer size; older kernels leave our 0 (one page).
         self.buf_len = int(self._reg.ifq.rx_buf_len) or PAGE_SIZE
@@ -158,7 +156,7 @@ class ZcrxProvider:
         ring = self._ring
         if ring is None:
             raise ClosedError.of(self, "reap")
-        out = parse_completions(reap_ready(ring, timeout), fast=self._accel)
+        out = parse_completions(reap_ready(ring, timeout), fast=self.rq.accel)
         if out.end is not None or out.stopped:
             self.armed = False
             self._starved = out.stopped == "exhausted"

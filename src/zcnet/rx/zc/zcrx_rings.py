@@ -59,8 +59,8 @@ class RefillRing:
         self.full_events = 0
         self.produced = 0  # entries written over the ring's life
         # The whole push in one C call when everything fits (None: the numpy path, which also
-        # holds back what does not fit).
-        self._fast = accel_for(backend())
+        # holds back what does not fit); the provider parses its rounds with it too.
+        self.accel = accel_for(backend())
         self._where = (mem, head, tail, rqes, entries)
 
     def _acquire_khead(self) -> int:
@@ -95,8 +95,8 @@ class RefillRing:
 
         Vectorized: the entries are written with a few slice operations (two where the ring
         wraps), no Python object per buffer for arrays."""
-        if self._fast is not None and not len(self._held_off):
-            t = self._fast.refill_push(*self._where, self._tail, offs, lens, self.area_token,
+        if self.accel is not None and not len(self._held_off):
+            t = self.accel.refill_push(*self._where, self._tail, offs, lens, self.area_token,
                                        OFF_MASK)
             if t is not None:
                 n = (t - self._tail) & 0xFFFFFFFF
