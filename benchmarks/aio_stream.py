@@ -55,6 +55,9 @@ BLOCK = bytes(1 << 20)
 #: The rows that set SO_RCVLOWAT (``--rcvlowat``).
 LOWAT_ROWS = ("uvloop-proto-lowat", "zcnet", "zcnet-asyncio", "zcnet-proto")
 PROTO_BUF = 256 << 10
+#: Multishot receives the zcnet rows re-armed, summed over the receiving process's streams: each
+#: one is a pass spent on a receive that ended (chiefly a bundle that took the ring's last buffer).
+REARMS = [0]
 
 
 def _cpu() -> tuple[float, float]:
@@ -129,6 +132,7 @@ def recv_zcnet(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], 
             while (batch := await rx.recv_batch()) is not None:
                 n += batch.length
                 batch.release()
+            REARMS[0] += rx.stats.rearms
         return n
     return run
 
@@ -140,11 +144,15 @@ class _ZcCount(aio.ZcProtocol):
         self.n = 0
         self.done = done
 
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
     def chunk_received(self, chunk: Any) -> None:
         self.n += chunk.length
         chunk.release()
 
     def eof_received(self) -> bool:
+        REARMS[0] += self.transport.stats.rearms
         self.done.set_result(self.n)
         return False
 
@@ -158,11 +166,19 @@ def recv_zcnet_proto(area: int, buf: int, rcvlowat: int) -> Callable[[socket.soc
     return run
 
 
+def receivers_area(args: argparse.Namespace, streams: int = 100) -> tuple[int, int]:
+    """(area, buffer size) in KiB of each zcnet receiver. Many streams: a smaller area each (it
+    is populated at open, per connection), but twice rcvlowat: a wake-up's bundle receive that
+    takes the ring's last buffer ends the multishot (docs/aio.md, "Sizing the area"); with
+    1 MiB areas and 1 MiB rcvlowat that happened once per MiB."""
+    if streams == 1:
+        return args.zc_area, args.zc_buf
+    return args.zc_many_area or max(2 * args.rcvlowat, 1024), args.zc_many_buf
+
+
 def receivers(args: argparse.Namespace,
               streams: int = 1) -> dict[str, tuple[Callable[[], Any], Any]]:
-    # Many streams: a small area each (it is populated at open, per connection).
-    area, buf = ((args.zc_area, args.zc_buf) if streams == 1
-                 else (args.zc_many_area, args.zc_many_buf))
+    area, buf = receivers_area(args, streams)
     lowat = args.rcvlowat << 10
     zc = recv_zcnet(area << 10, buf << 10, lowat)
     return {
@@ -196,7 +212,8 @@ def receive_main(name: str, args: argparse.Namespace, srv: socket.socket, stream
             conns.append(c)
         got = await asyncio.gather(*(handler(c) for c in conns))
         c1 = _cpu()
-        return sum(got), time.perf_counter() - t0, c1[0] - c0[0], c1[1] - c0[1]
+        return (sum(got), time.perf_counter() - t0, c1[0] - c0[0], c1[1] - c0[1],
+                REARMS[0])
 
     with asyncio.Runner(loop_factory=new_loop) as r:
         out.send(r.run(main()))
@@ -241,14 +258,14 @@ def measure(name: str, args: argparse.Namespace, streams: int, total: int,
         rp.start()
         sp = ctx.Process(target=send_main, args=(srv.getsockname()[1], streams, per, cpus[1]))
         sp.start()
-    nbytes, secs, user, system = rd.recv()
+    nbytes, secs, user, system, rearms = rd.recv()
     rp.join()
     sp.join()
     if nbytes != per * streams:
         raise SystemExit(f"{name}: received {nbytes} of {per * streams} bytes")
     gib = nbytes / (1 << 30)
     return {"gbps": nbytes * 8 / secs / 1e9, "cpu_ms_per_gib": (user + system) / gib * 1e3,
-            "user_ms_per_gib": user / gib * 1e3}
+            "user_ms_per_gib": user / gib * 1e3, "rearms_per_gib": rearms / gib}
 
 
 def run_case(title: str, args: argparse.Namespace, names: list[str], streams: int,
@@ -265,7 +282,8 @@ def run_case(title: str, args: argparse.Namespace, names: list[str], streams: in
     for n, m in med.items():
         spread = [f"{x['gbps']:.1f}" for x in rows[n]]
         print(f"  {n:14s} {m['gbps']:6.2f} Gbit/s  {m['cpu_ms_per_gib']:7.1f} ms CPU/GiB "
-              f"({m['user_ms_per_gib']:6.1f} user)  (rounds: {', '.join(spread)})")
+              f"({m['user_ms_per_gib']:6.1f} user)  (rounds: {', '.join(spread)})"
+              + (f"  re-arms/GiB {m['rearms_per_gib']:.0f}" if n.startswith("zcnet") else ""))
     return med
 
 
@@ -283,8 +301,9 @@ def main() -> None:
                     help="zcnet area, KiB (default: zcnet.aio's)")
     ap.add_argument("--zc-buf", type=int, default=BUF_SIZE >> 10,
                     help="zcnet soft buffer size, KiB (default: zcnet.aio's)")
-    ap.add_argument("--zc-many-area", type=int, default=1024,
-                    help="zcnet area per stream in the many-stream case, KiB")
+    ap.add_argument("--zc-many-area", type=int, default=0,
+                    help="zcnet area per stream in the many-stream case, KiB (default: twice "
+                         "--rcvlowat, at least 1024)")
     ap.add_argument("--zc-many-buf", type=int, default=64,
                     help="zcnet soft buffer size in the many-stream case, KiB")
     ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
@@ -300,6 +319,9 @@ def main() -> None:
           "(zcnet.aio._loopaccel)")
     print(f"SO_RCVLOWAT {args.rcvlowat} KiB set by: {', '.join(LOWAT_ROWS)}; "
           "the other rows wake on any data")
+    many_area = receivers_area(args)
+    print(f"zcnet areas: one stream {args.zc_area} KiB of {args.zc_buf} KiB buffers; "
+          f"{args.streams} streams {many_area[0]} KiB of {many_area[1]} KiB buffers each")
     if args.only:
         for case, cpus in (("one CPU", (c0, c0)), ("two CPUs", (c0, c1))):
             run_case(case, args, args.only.split(","), 1, cpus)

@@ -561,6 +561,38 @@ def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
         prov.area.close()
 
 
+def test_a_bundle_that_takes_the_last_buffer_ends_the_multishot_with_its_data(tcp_pair):
+    """The kernel fact behind sizing an area at twice rcvlowat (docs/aio.md): with more queued
+    than the ring holds, a bundle receive fills every buffer and its CQE, with the data, is the
+    multishot's last (no F_MORE: stopped "rearm"); without bundles the ring's last buffer is
+    filled and the next receive ends it with -ENOBUFS ("exhausted"). Either way every queued
+    byte that fit is delivered in place, and the rest arrives after a release and a re-arm."""
+    conn, cli = tcp_pair
+    bs = 4096
+    data = PAT.expected(0, 12 * bs).tobytes()
+    cli.sendall(data)
+    got = bytearray()
+    for bundle, stop in ((True, "rearm"), (False, "exhausted")):
+        prov = soft.open_soft(conn.fileno(), 4 * bs, bs, bundle=bundle)
+        try:
+            assert prov.bundle is bundle
+            prov.arm()
+            tokens: list[int] = []
+            for _ in range(100):
+                d = prov.reap(2.0)
+                for off, ln in zip(list(d.offsets), list(d.lengths), strict=True):
+                    got += prov.area.array[off:off + ln].tobytes()
+                tokens += [int(t) for t in d.tokens]
+                if d.stopped or d.end is not None:
+                    break
+            assert (d.stopped, d.end) == (stop, None), bundle
+            assert len(tokens) == 4 and not prov.armed and prov.extra_stats()["in_ring"] == 0
+        finally:
+            prov.close()
+            prov.area.close()
+    assert got == data[:len(got)] and len(got) == 8 * bs  # two rings' worth, in order
+
+
 @pytest.mark.parametrize("nbuf", [8, 32], ids=["few-cqes", "many-cqes"])
 def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair, nbuf):
     """All buffers full: the multishot ends with -ENOBUFS (stopped "exhausted", not armed,

@@ -287,7 +287,8 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``rcvlowat``: for bulk ingest, the socket's SO_RCVLOWAT in bytes (e.g.
     :data:`zcnet.rx.engine.RCVLOWAT`, 1 MiB): the loop is woken once that much is queued, not
     per segment (:func:`zcnet.sockcheck.set_rcvlowat`); 0 (the default) wakes on any data,
-    which request/response protocols need.
+    which request/response protocols need. Give the area at least twice ``rcvlowat``: a
+    receive that empties the buffer ring ends the multishot (``stats.rearms``; docs/aio.md).
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
     False gives this one a ring of its own, as the other providers (and ``incremental`` or
     ``dmabuf_fd``) always have.

@@ -102,6 +102,7 @@ class Stats:
     peak_in_flight_bytes: int = 0
     refill_full: int = 0         # times the refill ring had no room and buffers were held back
     rearms: int = 0              # multishot receives armed again after a final completion
+                                 # (soft: mostly a bundle that emptied the buffer ring)
     exhausted: int = 0           # multishot stopped because the provider ran out of buffers
     backpressure: int = 0        # times delivery paused because the app held too much
     coalesced: int = 0           # chunks merged into a larger contiguous span

@@ -117,9 +117,10 @@ def reap_ready(ring: Ring, timeout: float | None) -> Completions:
 
 def note_final(out: Delivery, res: int, stops: Mapping[int, str]) -> None:
     """Record in ``out`` what the final CQE (no F_MORE) of a multishot receive means: res 0 is
-    EOF; a positive res is data whose CQE took the multishot's end (no CQ room for another), so
-    re-arm; an errno in ``stops`` stops delivery for that reason (the Receiver re-arms when it
-    may); any other errno ends the stream."""
+    EOF; a positive res is data whose CQE took the multishot's end, so re-arm (a bundle that
+    took the buffer ring's last buffer, the common case, or no CQ room for another CQE); an
+    errno in ``stops`` stops delivery for that reason (the Receiver re-arms when it may); any
+    other errno ends the stream."""
     if res == 0:
         out.end = 0
     elif res > 0:
