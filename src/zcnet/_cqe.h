@@ -27,8 +27,9 @@ enum {
     CQE32_SIZE = 32, /* with IORING_SETUP_CQE32 */
 };
 
-/* Whether ``size`` is the size of an entry of some CQ ring. */
-static inline int cqe_size_valid(unsigned size) {
+/* Whether ``size`` is the size of an entry of some CQ ring (wide: a caller's value is checked
+ * before any narrowing). */
+static inline int cqe_size_valid(long long size) {
     return size == CQE_SIZE || size == CQE32_SIZE;
 }
 

@@ -49,26 +49,30 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
     if (!out)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ln = PyList_GET_ITEM(lens, i);
-        long long l = PyLong_AsLongLong(ln);
-        if (l == -1 && PyErr_Occurred())
-            goto fail;
-        PyObject *so = PyLong_FromLongLong(s);
-        if (!so)
-            goto fail;
-        PyObject *c = cls->tp_alloc(cls, 0);
-        if (!c) {
-            Py_DECREF(so);
+        /* tp_alloc can run a GC pass whose finalizers could change the lists: this index's
+         * items are held first, and the lists are checked to still reach it. */
+        if (i >= PyList_GET_SIZE(offs) || i >= PyList_GET_SIZE(lens) ||
+            i >= PyList_GET_SIZE(toks)) {
+            PyErr_SetString(PyExc_RuntimeError, "make_chunks: the lists changed during the call");
             goto fail;
         }
-        Py_INCREF(rx);
-        set_slot(c, o_rx, rx);
-        Py_INCREF(PyList_GET_ITEM(offs, i));
-        set_slot(c, o_off, PyList_GET_ITEM(offs, i));
-        Py_INCREF(ln);
+        PyObject *of = Py_NewRef(PyList_GET_ITEM(offs, i)),
+                 *ln = Py_NewRef(PyList_GET_ITEM(lens, i)),
+                 *tk = Py_NewRef(PyList_GET_ITEM(toks, i));
+        long long l = PyLong_AsLongLong(ln);
+        PyObject *so = l == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s);
+        PyObject *c = so ? cls->tp_alloc(cls, 0) : NULL;
+        if (!c) {
+            Py_XDECREF(so);
+            Py_DECREF(of);
+            Py_DECREF(ln);
+            Py_DECREF(tk);
+            goto fail;
+        }
+        set_slot(c, o_rx, Py_NewRef(rx));
+        set_slot(c, o_off, of);
         set_slot(c, o_len, ln);
-        Py_INCREF(PyList_GET_ITEM(toks, i));
-        set_slot(c, o_tok, PyList_GET_ITEM(toks, i));
+        set_slot(c, o_tok, tk);
         set_slot(c, o_so, so);
         PyList_SET_ITEM(out, i, c);
         s += l;
@@ -391,11 +395,16 @@ static Py_ssize_t load_ints(PyObject *o, unsigned long long **out) {
         f++;
     char t = f[0];
     Py_ssize_t size = t == 'H' || t == 'h' ? 2 : t == 'I' || t == 'i' ? 4 : 8;
-    if (b.ndim != 1 || f[1] || !strchr("HhIiLlQq", t) || size != b.itemsize) {
+    /* t checked before f[1]: "" (or a lone byte-order mark) ends at f[0] */
+    if (b.ndim != 1 || !t || f[1] || !strchr("HhIiLlQq", t) || size != b.itemsize) {
         PyBuffer_Release(&b);
         return NOT_INTS;
     }
     n = b.shape[0];
+    if (n > (PY_SSIZE_T_MAX - 1) / (Py_ssize_t)sizeof *v) { /* n * 8 + 1 would wrap */
+        PyBuffer_Release(&b);
+        return NOT_INTS;
+    }
     if (!(v = PyMem_Malloc(n * sizeof *v + 1))) {
         PyBuffer_Release(&b);
         return PyErr_NoMemory(), -1;
@@ -545,8 +554,10 @@ static PyObject *accel_refill_push(PyObject *self, PyObject *const *args, Py_ssi
     if (PyObject_GetBuffer(args[0], &mem, PyBUF_WRITABLE) < 0)
         return NULL;
     unsigned long long size = (unsigned long long)mem.len;
-    if (!entries || (entries & (entries - 1)) || head_off + 4 > size || tail_off + 4 > size ||
-        rqes_off + entries * 16 > size) {
+    /* Each bound as a comparison that cannot wrap; the u32 indexes are 4-byte aligned. */
+    if (!entries || (entries & (entries - 1)) || size < 4 || head_off > size - 4 ||
+        tail_off > size - 4 || (head_off | tail_off) & 3 || rqes_off > size ||
+        entries > (size - rqes_off) / 16) {
         PyBuffer_Release(&mem);
         PyErr_SetString(PyExc_ValueError, "the refill ring does not fit in its region");
         return NULL;
@@ -612,7 +623,7 @@ static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size
                                     Py_buffer *b) {
     if (PyObject_GetBuffer(raw, b, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (n <= 0 || b->len < n * size) {
+    if (n <= 0 || size <= 0 || n > b->len / size) { /* no n * size: it could wrap */
         PyBuffer_Release(b);
         return NULL;
     }
@@ -644,7 +655,7 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
                        base = PyLong_AsUnsignedLongLong(args[11]);
     if (PyErr_Occurred())
         return NULL;
-    if (!cqe_size_valid((unsigned)size)) {
+    if (!cqe_size_valid(size)) {
         PyErr_SetString(PyExc_ValueError, "soft_round: a CQE is 16 or 32 bytes");
         return NULL;
     }

@@ -1,0 +1,94 @@
+"""The ring accelerator (zcnet.uring._accel) checks what it is given before it touches memory:
+sizes and counts whose products would wrap, a CQE size that only fits once narrowed, a refill
+ring region past its mapping, a typeless buffer, and lists a finalizer empties during the call.
+Each is refused (an error, or None: "not for the compiled path") instead of reading or writing
+out of bounds. Every case runs in its own interpreter, so a regression is a failed test, not a
+crashed suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("zcnet.uring._accel") is None,
+                                reason="zcnet.uring._accel is not built (no C compiler)")
+
+PRELUDE = "import struct, numpy as np, zcnet.uring._accel as a\n"
+UD, MORE, BUF, SHIFT = 7, 2, 1, 16
+
+CASES = {
+    # 2**61 two-byte elements of one value (stride 0): 2**61 * 8 bytes of ints would wrap.
+    "int list that cannot be allocated": (
+        "print(a.int_sum(np.broadcast_to(np.uint16(1), (2**61,))))", "None"),
+    # n * 32 wraps to 0: the 64 bytes given do not hold 2**61 CQEs.
+    "more CQEs than the bytes hold": (
+        f"c = struct.pack('<QiI', {UD}, 100, {MORE}) + bytes(16)\n"
+        f"r = a.zcrx_round(c * 2, 2**61, {UD}, {MORE}, (1 << 48) - 1)\n"
+        # records written into b"" would overwrite the interpreter's one-byte bytes objects
+        "print(r, b''.join(bytes([i]) for i in range(256)) == bytes(range(256)))",
+        "None True"),
+    # 2**62 + 16 is 16 once narrowed to 32 bits.
+    "CQE size that fits only when narrowed": (
+        f"raw = struct.pack('<QiI', {UD}, 10, {MORE | BUF}) * 4\n"
+        "try:\n"
+        f"    a.soft_round(raw, 4, 2**62 + 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4,"
+        " 0, 4096, 0)\n"
+        "except ValueError as e:\n"
+        "    print(e)", "soft_round: a CQE is 16 or 32 bytes"),
+    # 2**60 entries of 16 bytes wrap to 0 bytes.
+    "refill ring larger than its region": (
+        "try:\n"
+        "    a.refill_push(bytearray(64), 0, 4, 8, 2**60, 2**40, [0], [1], 0, 0)\n"
+        "except ValueError as e:\n"
+        "    print(e)", "the refill ring does not fit in its region"),
+    "refill index past the region's end": (
+        "try:\n"
+        "    a.refill_push(bytearray(64), 2**64 - 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
+        "except ValueError as e:\n"
+        "    print(e)", "the refill ring does not fit in its region"),
+    "misaligned refill index": (
+        "try:\n"
+        "    a.refill_push(bytearray(64), 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
+        "except ValueError as e:\n"
+        "    print(e)", "the refill ring does not fit in its region"),
+    # A GC pass inside the call runs a finalizer that empties the lists being read.
+    "lists emptied by a finalizer mid-call": (
+        "import gc\n"
+        "class C:\n"
+        "    __slots__ = ('_rx', 'offset', 'length', '_tok', 'stream_offset')\n"
+        "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
+        "class Bomb:\n"
+        "    def __del__(self):\n"
+        "        offs.clear(); lens.clear(); toks.clear()\n"
+        "b = Bomb(); b.me = b; del b\n"
+        "gc.set_threshold(1)\n"
+        "try:\n"
+        "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)", "make_chunks: the lists changed during the call"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_input_is_refused_not_followed(case: str) -> None:
+    code, expected = CASES[case]
+    p = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True,
+                       timeout=60)
+    assert (p.returncode, p.stdout.strip()) == (0, expected), p.stderr[-2000:]
+
+
+def test_the_same_calls_still_work_when_their_input_fits() -> None:
+    """The checks refuse only what does not fit: sums and a refill push that fit still work."""
+    import numpy as np
+    import zcnet.uring._accel as a
+
+    assert a.int_sum(np.arange(10, dtype=np.uint16)) == 45
+    assert a.int_sum(np.broadcast_to(np.uint16(3), (1000,))) == 3000
+    mem = bytearray(8 + 2 * 16)  # head at 0, tail at 4, two entries from 8
+    assert a.refill_push(mem, 0, 4, 8, 2, 0, [4096], [100], 0, (1 << 48) - 1) == 1
+    assert int.from_bytes(mem[4:8], "little") == 1
+    assert int.from_bytes(mem[8:16], "little") == 4096
+    assert int.from_bytes(mem[16:20], "little") == 100
