@@ -1,6 +1,7 @@
 """The ring accelerator (zcnet.uring._accel) checks what it is given before it touches memory:
 sizes and counts whose products would wrap, a CQE size that only fits once narrowed, a refill
-ring region past its mapping, a typeless buffer, and lists a finalizer empties during the call.
+ring region past its mapping, a typeless buffer, lists a finalizer empties during the call, a
+CQ head out of step, and a ring Core with no ring.
 Each is refused (an error, or None: "not for the compiled path") instead of reading or writing
 out of bounds. Every case runs in its own interpreter, so a regression is a failed test, not a
 crashed suite."""
@@ -69,6 +70,33 @@ CASES = {
         "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
         "except RuntimeError as e:\n"
         "    print(e)", "make_chunks: the lists changed during the call"),
+    # The ring's Core: a CQ head moved 100000 back (a second reaper out of step, or a write
+    # through Ring.cq_addresses) makes tail - head larger than the ring; no copy past it.
+    "CQ head out of step with the tail": (
+        "import ctypes\n"
+        "from zcnet.uring.ring import Ring\n"
+        "r = Ring(8)\n"
+        "h = ctypes.c_uint32.from_address(r.cq_addresses().cq_head)\n"
+        "h.value = (h.value - 100000) & 0xFFFFFFFF\n"
+        "print(r.backend, len(r.reap()) >= 0)", "c True"),
+    # A Core made without __init__, or whose __init__ failed on a closed ring, has no ring.
+    "Core never initialised": (
+        "try:\n"
+        "    a.Core.__new__(a.Core).reap_one()\n"
+        "except ValueError as e:\n"
+        "    print(e)", "reap_one() on a Core that was never bound to a ring"),
+    "Core whose second __init__ failed": (
+        "from zcnet.uring.ring import Ring\n"
+        "r = Ring(8); core = r._core; r.close()\n"
+        "try:\n"
+        "    core.__init__(r, Exception, 'not a type', (), 0, 3, 0, 0, 0, 0, 0, 0, 0, 7, 8, 64,"
+        " 0, 15, 16, 0)\n"
+        "except TypeError:\n"
+        "    pass\n"
+        "try:\n"
+        "    core.reap_one()\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)", "ClosedError"),
 }
 
 

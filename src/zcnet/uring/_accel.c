@@ -55,6 +55,14 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (!as_long(args[5], &argsz))
         return NULL;
+    /* Checked before the casts below: a value that only fits once narrowed would reach the
+     * kernel as another number (and the GIL decision would be made on the wide one). */
+    if (v[0] < 0 || v[0] > INT_MAX || v[1] < 0 || v[1] > UINT_MAX || v[2] < 0 ||
+        v[2] > UINT_MAX || v[3] < 0 || v[3] > UINT_MAX || argsz < 0) {
+        PyErr_SetString(PyExc_ValueError, "enter: fd, to_submit, min_complete, flags and argsz "
+                                          "must be unsigned 32-bit values");
+        return NULL;
+    }
     long ret;
     if (v[2] > 0) {
         Py_BEGIN_ALLOW_THREADS
@@ -132,49 +140,75 @@ static void core_dealloc(Core *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
+static PyObject *core_new(PyTypeObject *t, PyObject *args, PyObject *kw) {
+    Core *c = (Core *)PyType_GenericNew(t, args, kw);
+    if (c)
+        c->closed = 1; /* no ring until __init__ succeeds: every method refuses */
+    return (PyObject *)c;
+}
+
 static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
-    unsigned khead, ktail, kcq_head, kcq_tail;
+    unsigned khead, ktail, kcq_head, kcq_tail, sq_mask, sq_entries, sqe_size, cq_mask, cqe_size;
+    int cqe32, fd, closed;
     PyObject *ring, *err, *of, *keep;
-    if (!PyArg_ParseTuple(args, "OOOOiiKIIKIIKIIIKIII", &ring, &err, &of, &keep, &c->cqe32,
-                          &c->fd, &sq,
-                          &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &c->sq_mask,
-                          &c->sq_entries, &c->sqe_size, &cqes, &c->cq_mask, &c->cqe_size,
-                          &c->closed))
+    /* Parsed into locals and stored only once every check passed: a failed __init__ leaves
+     * the Core as it was (closed, or bound to its ring). */
+    if (!PyArg_ParseTuple(args, "OOOOiiKIIKIIKIIIKIII", &ring, &err, &of, &keep, &cqe32, &fd,
+                          &sq, &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &sq_mask,
+                          &sq_entries, &sqe_size, &cqes, &cq_mask, &cqe_size, &closed))
         return -1;
-    if (c->cqe_size != (c->cqe32 ? CQE32_SIZE : CQE_SIZE)) {
-        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", c->cqe_size,
-                     c->cqe32);
+    if (cqe_size != (cqe32 ? CQE32_SIZE : CQE_SIZE)) {
+        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", cqe_size,
+                     cqe32);
+        return -1;
+    }
+    if (sqe_size != 64 && sqe_size != 128) {
+        PyErr_Format(PyExc_ValueError, "Core: sqe_size %u is not 64 or 128", sqe_size);
         return -1;
     }
     if (!PyType_Check(of)) {
         PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
         return -1;
     }
+    Py_ssize_t comp_off[8];
     for (int i = 0; i < 8; i++)
-        if ((c->comp_off[i] = slot_offset((PyTypeObject *)of, comp_slots[i])) < 0)
+        if ((comp_off[i] = slot_offset((PyTypeObject *)of, comp_slots[i])) < 0)
             return -1;
-    Py_INCREF(of);
-    Py_XSETREF(c->comp, (PyTypeObject *)of);
-    Py_INCREF(keep);
-    Py_XSETREF(c->keep, keep);
+    PyObject *ring_ref = PyWeakref_NewRef(ring, NULL);
+    PyObject *owner = ring_ref ? PyUnicode_FromString(Py_TYPE(ring)->tp_name) : NULL;
+    if (!owner) {
+        Py_XDECREF(ring_ref);
+        return -1;
+    }
+    memcpy(c->comp_off, comp_off, sizeof comp_off);
+    Py_XSETREF(c->comp, (PyTypeObject *)Py_NewRef(of));
+    Py_XSETREF(c->keep, Py_NewRef(keep));
+    Py_XSETREF(c->ring_ref, ring_ref);
+    Py_XSETREF(c->closed_error, Py_NewRef(err));
+    Py_XSETREF(c->owner, owner);
+    c->cqe32 = cqe32;
+    c->fd = fd;
+    c->sq_mask = sq_mask;
+    c->sq_entries = sq_entries;
+    c->sqe_size = sqe_size;
+    c->cq_mask = cq_mask;
+    c->cqe_size = cqe_size;
     c->khead = (unsigned *)(uintptr_t)(sq + khead);
     c->ktail = (unsigned *)(uintptr_t)(sq + ktail);
     c->kcq_head = (unsigned *)(uintptr_t)(cq + kcq_head);
     c->kcq_tail = (unsigned *)(uintptr_t)(cq + kcq_tail);
     c->sqes = (char *)(uintptr_t)sqes;
     c->cqes = (char *)(uintptr_t)cqes;
-    Py_XSETREF(c->ring_ref, PyWeakref_NewRef(ring, NULL));
-    if (!c->ring_ref)
-        return -1;
-    Py_INCREF(err);
-    Py_XSETREF(c->closed_error, err);
-    Py_XSETREF(c->owner, PyUnicode_FromString(Py_TYPE(ring)->tp_name));
-    return c->owner ? 0 : -1;
+    c->closed = closed;
+    return 0;
 }
 
 static PyObject *core_closed(Core *c, const char *method) {
-    PyErr_Format(c->closed_error, "%s() on a closed %U", method, c->owner);
+    if (!c->closed_error || !c->owner) /* never initialised: no ring, no error class */
+        PyErr_Format(PyExc_ValueError, "%s() on a Core that was never bound to a ring", method);
+    else
+        PyErr_Format(c->closed_error, "%s() on a closed %U", method, c->owner);
     return NULL;
 }
 
@@ -304,8 +338,9 @@ static PyObject *core_prep(Core *c, PyObject *const *args, size_t nargsf, PyObje
     int32_t fd;
     if (c->closed)
         return core_closed(c, "prep");
-    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, prep_pos, 6, ((1u << F_N) - 1) & ~1u,
-                given) || !convert(given, -1, v, &fd))
+    if (c->sqe_size != 64 || /* write_sqe fills 64 bytes; the Python path zeroes 128 */
+        !gather(args, PyVectorcall_NARGS(nargsf), kwnames, prep_pos, 6,
+                ((1u << F_N) - 1) & ~1u, given) || !convert(given, -1, v, &fd))
         goto slow;
     unsigned tail = *c->ktail;
     if (tail - __atomic_load_n(c->khead, __ATOMIC_RELAXED) >= c->sq_entries)
@@ -335,12 +370,17 @@ static PyObject *core_prep_batch(Core *c, PyObject *const *args, size_t nargsf,
         return core_closed(c, "prep_batch");
     unsigned kw_ok = 1u << F_UD | 1u << F_FD | 1u << F_ADDR | 1u << F_LEN | 1u << F_FLAGS |
                      1u << F_IOPRIO | 1u << F_OPFLAGS | 1u << F_BUFINDEX;
-    if (!gather(args, PyVectorcall_NARGS(nargsf), kwnames, batch_pos, 2, kw_ok, given) ||
+    if (c->sqe_size != 64 ||
+        !gather(args, PyVectorcall_NARGS(nargsf), kwnames, batch_pos, 2, kw_ok, given) ||
         !given[F_UD] || !convert(given, F_UD, v, &fd))
         goto slow;
     if (PyObject_GetBuffer(given[F_UD], &ud, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         goto slow;
+    }
+    if (c->closed) { /* a Python __buffer__ (3.12+) can close the ring: it is unmapped now */
+        PyBuffer_Release(&ud);
+        return core_closed(c, "prep_batch");
     }
     const char *f = ud.format ? ud.format : "B";
     if (*f == '<' || *f == '=' || *f == '@')
@@ -460,11 +500,15 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
         if (!PyLong_CheckExact(args[0]))
             return core_delegate(c, "_reap_py", args, nargsf, kwnames);
         long long m = PyLong_AsLongLong(args[0]);
-        if (m == -1 && PyErr_Occurred())
+        if (m == -1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* too big for C: the Python method takes it */
             return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        }
         if (m < (long long)n)
             n = m < 0 ? 0 : (unsigned)m;
     }
+    if (n > c->cq_mask + 1) /* a head out of step (written through cq_addresses): no copy */
+        return core_delegate(c, "_reap_py", args, nargsf, kwnames);
     size_t sz = c->cqe_size, ring_bytes = (size_t)(c->cq_mask + 1) * sz;
     size_t start = (size_t)(head & c->cq_mask) * sz, len = (size_t)n * sz;
     PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
@@ -523,7 +567,7 @@ static PyTypeObject CoreType = {
     .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, "
               "cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, "
               "cq_mask, cqe_size, closed)",
-    .tp_new = PyType_GenericNew,
+    .tp_new = core_new,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
     .tp_methods = core_methods,

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zcnet.errors import ClosedError
+from zcnet.errors import ClosedError, UsageError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.accel_bind import bind_accel
 from zcnet.uring.completions import Completions
@@ -95,6 +95,11 @@ class Ring:
 
     def __init__(self, entries: int = 256, *, flags: int = 0,
                  cq_entries: int | None = None) -> None:
+        if flags & u.IORING_SETUP_SQPOLL:
+            # The kernel's SQ thread would read the SQ while we write it, and sleep until an
+            # enter with IORING_ENTER_SQ_WAKEUP: both against this module's design (above).
+            raise UsageError("Ring: IORING_SETUP_SQPOLL is not supported",
+                             "drop the flag: zcnet submits from its own io_uring_enter")
         p = u.io_uring_params()
         p.flags = flags
         if cq_entries is not None:
@@ -183,7 +188,8 @@ class Ring:
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
              user_data: int = 0, *, flags: int = 0, ioprio: int = 0, op_flags: int = 0,
              buf_index: int = 0, file_index: int = 0, addr3: int = 0) -> int:
-        """Fill one SQE (all 64 bytes, one pack_into call). Returns the slot index.
+        """Fill one SQE (every byte: one pack_into call, and zeros past the first 64 of a
+        128-byte SQE). Returns the slot index.
 
         The named prep_* helpers in zcnet.uring.prep call this. The slot is taken only once
         the SQE is written, so a bad argument leaves no half-written SQE to be submitted.
@@ -196,8 +202,11 @@ class Ring:
             self._make_room(1)
             tail = sq[self._ktail_i]
         slot = tail & self.sq_mask
-        _SQE.pack_into(self._sqes, slot * self._sqe_size, opcode, flags, ioprio, fd, off,
+        sz = self._sqe_size
+        _SQE.pack_into(self._sqes, slot * sz, opcode, flags, ioprio, fd, off,
                        addr, length, op_flags, user_data, buf_index, 0, file_index, addr3, 0)
+        if sz != 64:  # SQE128: the command area past the 64 bytes holds an earlier command's
+            self._sqes[slot * sz + 64:(slot + 1) * sz] = bytes(sz - 64)
         sq[self._ktail_i] = (tail + 1) & _U32  # published at once: see the module docstring
         return slot
 
@@ -274,6 +283,9 @@ class Ring:
         fd = self.fd
         if fd < 0:
             raise ClosedError.of(self, "submit")
+        if not 0 <= wait_nr <= _U32:
+            raise UsageError(f"Ring.submit: wait_nr={wait_nr} is not a count of completions",
+                             "pass 0..2**32-1 completions to wait for")
         sq = self._sqm
         n = (sq[self._ktail_i] - sq[self._khead_i]) & _U32
         if timeout is None:
