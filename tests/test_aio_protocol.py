@@ -353,3 +353,76 @@ def test_writes_of_the_wrong_kind_or_after_close_raise_on_both_passes(loop_kind,
         assert await asyncio.wait_for(p.lost, 10) is None
 
     run(loop_kind, main)
+
+
+def test_a_callback_that_fails_leaves_other_connections_in_order(loop_kind, no_leaks):
+    """A's callback raises while B's older data waits in the same pass: A's teardown closes a
+    receiver, whose cancel runs a nested pass over the shared ring that brings B newer data.
+    B still gets its bytes in stream order and keeps its connection."""
+
+    async def main() -> None:
+        seen = exceptions_seen()
+        ca, sa = await tcp_pair()
+        cb, sb = await tcp_pair()
+        cb.setblocking(True)
+        got: list[bytes] = []
+        lost: list[BaseException | None] = []
+
+        class A(aio.ZcProtocol):
+            fired = False
+
+            def chunk_received(self, chunk: aio.Chunk) -> None:
+                chunk.release()
+                if not A.fired:
+                    A.fired = True
+                    cb.sendall(b"2" * 100)  # B's newer data, arriving during A's callback
+                    threading.Event().wait(0.01)
+                    raise ValueError("a protocol bug on connection A")
+
+        class B(aio.ZcProtocol):
+            def chunk_received(self, chunk: aio.Chunk) -> None:
+                got.append(bytes(chunk.data))
+                chunk.release()
+
+            def connection_lost(self, exc: BaseException | None) -> None:
+                lost.append(exc)
+
+        ta = aio.start_protocol(sa, A(), **SMALL)
+        tb = aio.start_protocol(sb, B(), **SMALL)
+        await asyncio.sleep(0.05)
+        ca.send(b"a" * 100)  # first in the pass: A's completion
+        cb.sendall(b"1" * 100)  # then B's older data
+        threading.Event().wait(0.05)  # the loop is busy: both land in one pass
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if sum(map(len, got)) >= 200:
+                break
+        assert b"".join(got) == b"1" * 100 + b"2" * 100 and not lost
+        assert any("protocol callback failed" in ctx["message"] for ctx in seen)
+        assert ta.is_closing() and not tb.is_closing()
+        tb.close()
+        ca.close()
+        cb.close()
+        await asyncio.sleep(0.05)
+
+    run(loop_kind, main)
+
+
+def test_a_write_of_wide_items_that_the_socket_takes_in_part_keeps_every_byte(loop_kind,
+                                                                               no_leaks):
+    """The socket's count is bytes: the rest of an int32 array written when the socket takes
+    only part is buffered by bytes, not by items, and arrives whole."""
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        data = np.arange(4 << 20, dtype=np.int32)  # 16 MiB: more than the socket takes at once
+        tr = aio.start_protocol(s, aio.ZcProtocol(), **SMALL)
+        tr.write(data)
+        tr.write(memoryview(data[:3]))  # behind the buffered rest: appended as bytes too
+        got = await recv_exactly(c, data.nbytes + 12)
+        assert got == data.tobytes() + data[:3].tobytes()
+        tr.close()
+        c.close()
+        await asyncio.sleep(0.05)
+
+    run(loop_kind, main)

@@ -205,16 +205,18 @@ GC_METHODS(Router, router, ROUTER_REFS)
 
 static int router_init(Router *r, PyObject *args, PyObject *kw) {
     PyObject *ring, *members, *kh, *kt, *cq, *of, *sqf;
-    unsigned int mask, cqe_size;
+    long long mask, cqe_size, work, getevents, local_bits;
     Py_ssize_t few;
-    if (!PyArg_ParseTuple(args, "OO!OOOIIOnOIII", &ring, &PyDict_Type, &members, &kh, &kt,
-                          &cq, &mask, &cqe_size, &of, &few, &sqf, &r->work, &r->getevents,
-                          &r->local_bits))
+    void *khead, *ktail, *cqes, *sq_flags;
+    /* Parsed wide and checked before anything is stored: a failed __init__ changes nothing. */
+    if (!PyArg_ParseTuple(args, "OO!OOOLLOnOLLL", &ring, &PyDict_Type, &members, &kh, &kt,
+                          &cq, &mask, &cqe_size, &of, &few, &sqf, &work, &getevents,
+                          &local_bits))
         return -1;
-    if (!as_ptr(kh, (void **)&r->khead) || !as_ptr(kt, (void **)&r->ktail) ||
-        !as_ptr(cq, (void **)&r->cqes) || !as_ptr(sqf, (void **)&r->sq_flags))
+    if (!as_ptr(kh, &khead) || !as_ptr(kt, &ktail) || !as_ptr(cq, &cqes) ||
+        !as_ptr(sqf, &sq_flags))
         return -1;
-    if (r->local_bits == 0 || r->local_bits > 32) {
+    if (local_bits < 1 || local_bits > 32) {
         PyErr_SetString(PyExc_ValueError, "Router: local_bits is 1..32");
         return -1;
     }
@@ -222,14 +224,26 @@ static int router_init(Router *r, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "Router: cqe_size is 16 or 32");
         return -1;
     }
-    Py_INCREF(ring);
-    Py_XSETREF(r->ring, ring);
-    Py_INCREF(members);
-    Py_XSETREF(r->members, members);
-    Py_INCREF(of);
-    Py_XSETREF(r->completions_of, of);
-    r->mask = mask;
-    r->cqe_size = cqe_size;
+    if (mask < 0 || mask > 0x7FFFFFFF || (mask & (mask + 1)) || work < 0 ||
+        work > UINT32_MAX || getevents < 0 || getevents > UINT32_MAX || few < 0 || !khead ||
+        !ktail || !cqes || !sq_flags || ((uintptr_t)khead | (uintptr_t)ktail |
+                                         (uintptr_t)sq_flags) & 3) {
+        PyErr_SetString(PyExc_ValueError, "Router: a mask of 2**k - 1, 32-bit flags, few >= 0 "
+                                          "and aligned ring addresses");
+        return -1;
+    }
+    Py_XSETREF(r->ring, Py_NewRef(ring));
+    Py_XSETREF(r->members, Py_NewRef(members));
+    Py_XSETREF(r->completions_of, Py_NewRef(of));
+    r->khead = khead;
+    r->ktail = ktail;
+    r->cqes = cqes;
+    r->sq_flags = sq_flags;
+    r->mask = (uint32_t)mask;
+    r->cqe_size = (uint32_t)cqe_size;
+    r->work = (uint32_t)work;
+    r->getevents = (uint32_t)getevents;
+    r->local_bits = (unsigned)local_bits;
     r->few = few;
     return 0;
 }
@@ -330,25 +344,43 @@ static void wake(PyObject *m, Exc *exc) {
 }
 
 /* route() -> int: every ready CQE to its member (see the module docstring); the number taken. A
- * failing on_ready/kick does not stop the others; the first failure is raised at the end. */
+ * failing on_ready/kick does not stop the others; the first failure is raised at the end.
+ *
+ * The CQEs are copied out and the head published before anything can run Python: an
+ * allocation below can start a GC pass, whose finalizers may close a receiver (and with the
+ * last one the ring, unmapping the CQ) or run a nested pass. Every group goes into its member's
+ * inbox before any member is woken, so a pass nested in a wake-up (a receiver closed from a
+ * callback waits on this ring) finds each inbox holding the older CQEs first. */
 static PyObject *do_route(Router *r) {
     uint32_t head = *r->khead;
     uint32_t tail = __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE);
     uint32_t n = tail - head;
     if (n == 0)
         return PyLong_FromLong(0);
-    /* Members in order of their first CQE; few distinct ones per pass, so a linear search. */
-    Group stack[64];
-    Group *groups = stack;
-    Py_ssize_t ng = 0;
-    if (n > 64) {
-        groups = PyMem_Malloc(sizeof(Group) * n);
-        if (!groups)
-            return PyErr_NoMemory();
+    if (n > r->mask + 1) {
+        PyErr_SetString(PyExc_RuntimeError, "route: the CQ head is out of step with its tail");
+        return NULL;
     }
+    /* A pass of up to 64 CQEs (the common one) uses the stack only. */
+    unsigned char small[64 * CQE32_SIZE];
+    Group stack[64];
+    PyObject *mstack[64];
+    unsigned char *copy = n <= 64 ? small : PyMem_Malloc((size_t)n * r->cqe_size);
+    Group *groups = n <= 64 ? stack : PyMem_Malloc(sizeof(Group) * n);
+    PyObject **woken = n <= 64 ? mstack : PyMem_Malloc(sizeof(PyObject *) * n);
+    Py_ssize_t nw = 0; /* the members given CQEs, in group order (new references) */
+    if (!copy || !groups || !woken) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(copy + (size_t)i * r->cqe_size, cqe_at(r->cqes, head + i, r->mask, r->cqe_size),
+               r->cqe_size);
+    __atomic_store_n(r->khead, head + n, __ATOMIC_RELEASE); /* the copy above is done */
+    /* Members in order of their first CQE; few distinct ones per pass, so a linear search. */
+    Py_ssize_t ng = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t mid = cqe_user_data(cqe_at(r->cqes, head + i, r->mask, r->cqe_size)) >>
-                       r->local_bits;
+        uint64_t mid = cqe_user_data(copy + (size_t)i * r->cqe_size) >> r->local_bits;
         Py_ssize_t g = 0;
         while (g < ng && groups[g].mid != mid)
             g++;
@@ -360,6 +392,7 @@ static PyObject *do_route(Router *r) {
         groups[g].count++;
     }
     PyObject *items = PyList_New(ng); /* per group: a list of tuples, or a Completions */
+    Exc exc = {NULL, NULL, NULL};
     if (!items)
         goto fail;
     for (Py_ssize_t g = 0; g < ng; g++) {
@@ -379,7 +412,7 @@ static PyObject *do_route(Router *r) {
         PyList_SET_ITEM(items, g, it);
     }
     for (uint32_t i = 0; i < n; i++) {
-        const unsigned char *c = cqe_at(r->cqes, head + i, r->mask, r->cqe_size);
+        const unsigned char *c = copy + (size_t)i * r->cqe_size;
         uint64_t ud = cqe_user_data(c);
         uint64_t mid = ud >> r->local_bits;
         Py_ssize_t g = 0;
@@ -401,68 +434,71 @@ static PyObject *do_route(Router *r) {
             Py_DECREF(t);
         }
     }
-    /* Every CQE is copied: hand the slots back before anything can run. */
-    __atomic_store_n(r->khead, head + n, __ATOMIC_RELEASE);
-    Exc exc = {NULL, NULL, NULL};
+    /* Every group to its member's inbox, then the wake-ups. */
     for (Py_ssize_t g = 0; g < ng; g++) {
         PyObject *key = PyLong_FromUnsignedLongLong(groups[g].mid);
         if (!key)
-            goto fail_after;
+            goto fail;
         PyObject *m = PyDict_GetItemWithError(r->members, key); /* borrowed */
         Py_DECREF(key);
         if (!m) {
             if (PyErr_Occurred())
-                goto fail_after;
+                goto fail;
             continue; /* a member that left; its cancel completed before it did */
         }
         Py_INCREF(m);
         PyObject *it = PyList_GET_ITEM(items, g);
-        PyObject *box = NULL;
+        PyObject *box = iget(m, s_inbox), *comp = NULL;
         int ok = 0;
-        if (PyByteArray_CheckExact(it)) {
-            PyObject *comp = PyObject_CallFunction(r->completions_of, "OnO", it,
-                                                   groups[g].count,
-                                                   r->cqe_size == CQE32_SIZE ? Py_True : Py_False);
-            if (comp) {
-                box = iget(m, s_inbox);
-                ok = box && PyList_Append(box, comp) == 0;
-                Py_DECREF(comp);
-            }
-        } else {
-            box = iget(m, s_inbox);
-            ok = box && PyList_Append(box, it) == 0;
+        if (box && PyByteArray_CheckExact(it)) {
+            comp = PyObject_CallFunction(r->completions_of, "OnO", it, groups[g].count,
+                                         r->cqe_size == CQE32_SIZE ? Py_True : Py_False);
+            ok = comp && PyList_Append(box, comp) == 0;
+        } else if (box) {
+            ok = PyList_Append(box, it) == 0;
         }
+        Py_XDECREF(comp);
         Py_XDECREF(box);
         if (ok)
-            wake(m, &exc);
-        else
+            woken[nw++] = m; /* the reference taken above */
+        else {
+            Py_DECREF(m);
             keep_first(&exc);
-        Py_DECREF(m);
+        }
     }
+    for (Py_ssize_t i = 0; i < nw; i++)
+        wake(woken[i], &exc);
     Py_DECREF(items);
-    if (groups != stack)
-        PyMem_Free(groups);
-    if (exc.type) {
+    PyObject *ret = NULL;
+    if (exc.type)
         exc_restore(exc);
-        return NULL;
-    }
-    return PyLong_FromUnsignedLong(n);
+    else
+        ret = PyLong_FromUnsignedLong(n);
+    goto done_ret;
 fail:
-    Py_XDECREF(items);
-    if (groups != stack)
-        PyMem_Free(groups);
-    return NULL;
-fail_after:
     exc_drop(exc);
     Py_XDECREF(items);
+done:
+    ret = NULL;
+done_ret:
+    for (Py_ssize_t i = 0; i < nw; i++)
+        Py_DECREF(woken[i]);
+    if (copy != small)
+        PyMem_Free(copy);
     if (groups != stack)
         PyMem_Free(groups);
-    return NULL;
+    if (woken != mstack)
+        PyMem_Free(woken);
+    return ret;
 }
 
 /* The ring's fd, or -1 with an exception set (-2 without one: the ring is closed). */
 static long long ring_fd(Router *r) {
     long long fd;
+    if (!r->ring) { /* never initialised, or cleared by the cycle collector */
+        PyErr_SetString(PyExc_ValueError, "the Router has no ring");
+        return -1;
+    }
     if (!iget_ll(r->ring, s_fd, &fd))
         return -1;
     return fd < 0 ? -2 : fd;
@@ -489,9 +525,13 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     int entered = PyObject_IsTrue(args[0]);
-    int efd = PyLong_AsLong(args[1]);
+    long efd = PyLong_AsLong(args[1]);
     if (entered < 0 || (efd == -1 && PyErr_Occurred()))
         return NULL;
+    if (efd < 0 || efd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "poll: efd is a file descriptor");
+        return NULL;
+    }
     long long fd = ring_fd(r);
     if (fd < 0)
         return fd == -2 ? PyLong_FromLong(-1) : NULL;
@@ -516,7 +556,7 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
     if (!entered)
         return PyLong_FromLong(-1);
     uint64_t v;
-    if (read(efd, &v, sizeof v) < 0 && errno != EAGAIN)
+    if (read((int)efd, &v, sizeof v) < 0 && errno != EAGAIN)
         return PyErr_SetFromErrno(PyExc_OSError);
     int more = (__atomic_load_n(r->sq_flags, __ATOMIC_ACQUIRE) & r->work) ||
                __atomic_load_n(r->ktail, __ATOMIC_ACQUIRE) != *r->khead;
@@ -581,28 +621,39 @@ GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
-    long long recv_ud, f_more;
-    unsigned int shift;
-    if (!PyArg_ParseTuple(args, "OOOOO!OOLLI", &tr, &rx, &member, &prov, &PyType_Type, &cls,
+    long long recv_ud, f_more, shift;
+    /* Checked in locals first: a failed __init__ leaves the Round as it was. */
+    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL", &tr, &rx, &member, &prov, &PyType_Type, &cls,
                           &queue, &stats, &recv_ud, &f_more, &shift))
         return -1;
-    r->f_more = f_more;
-    r->buffer_shift = shift;
+    if (shift < 0 || shift > 31) {
+        PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
+        return -1;
+    }
     PyObject *const names[5] = {s_rx, s_offset, s_length, s_tok, s_stream_offset};
-    Py_ssize_t *offs[5] = {&r->o_rx, &r->o_off, &r->o_len, &r->o_tok, &r->o_so};
+    Py_ssize_t offs[5];
     for (int i = 0; i < 5; i++)
-        if (!(*offs[i] = type_slot_offset((PyTypeObject *)cls, names[i]))) {
+        if (!(offs[i] = type_slot_offset((PyTypeObject *)cls, names[i]))) {
             PyErr_Format(PyExc_TypeError, "%R.%U is not a __slots__ member", cls, names[i]);
             return -1;
         }
     PyObject *pop = PyObject_GetAttr(queue, s_popleft);
     if (!pop)
         return -1;
-    Py_XSETREF(r->pop, pop);
     /* No transport (None): an AsyncReceiver's round, which only takes. */
     PyObject *w = tr == Py_None ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(tr), s_write);
-    if (!w && tr != Py_None)
+    if (!w && tr != Py_None) {
+        Py_DECREF(pop);
         return -1;
+    }
+    r->f_more = f_more;
+    r->buffer_shift = (unsigned)shift;
+    r->o_rx = offs[0];
+    r->o_off = offs[1];
+    r->o_len = offs[2];
+    r->o_tok = offs[3];
+    r->o_so = offs[4];
+    Py_XSETREF(r->pop, pop);
     Py_XSETREF(r->py_write, w);
     Py_CLEAR(r->buf);
     Py_CLEAR(r->buf_ring);
@@ -637,6 +688,11 @@ static int cache_buf(Round *r, PyObject *buf) {
     if (!ok || !get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &n) ||
         !get_ll(buf, s_mask, &mask) || !get_ll(buf, s_buf_size, &bs))
         return 0;
+    if (n < 1 || n > 32768 || mask != n - 1 || (n & mask) || bs < 1 || !addr) {
+        PyErr_SetString(PyExc_ValueError, "a buffer ring of 2**k entries (at most 32768) and "
+                                          "a buffer size > 0");
+        return 0;
+    }
     PyObject *ring = PyObject_GetAttr(buf, s_ring);
     if (!ring)
         return 0;
@@ -690,11 +746,16 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
             verdict = -1; /* a batch, a coalesced chunk: the Python flush */
         else {
             PyObject *tok = SLOT(c, r->o_tok), *len = SLOT(c, r->o_len); /* borrowed */
-            long long t = tok && PyLong_CheckExact(tok) ? PyLong_AsLongLong(tok) : -1;
-            if (t < 0 || t >= b->n || !len || !PyLong_CheckExact(len))
+            int ovf = 0, ovf2 = 0;
+            long long t = tok && PyLong_CheckExact(tok) ? PyLong_AsLongLongAndOverflow(tok, &ovf)
+                                                        : -1;
+            long long l = len && PyLong_CheckExact(len) ? PyLong_AsLongLongAndOverflow(len, &ovf2)
+                                                        : -1;
+            /* exact ints: no error but overflow, which the Python flush reports as it does */
+            if (ovf || ovf2 || t < 0 || t >= b->n || l < 0 || l > LLONG_MAX - nbytes)
                 verdict = -1;
             else
-                nbytes += PyLong_AsLongLong(len);
+                nbytes += l;
         }
         Py_DECREF(c);
     }
@@ -848,33 +909,46 @@ static PyObject *take_chunks(Round *r, int *code) {
             BAIL(FALLBACK);
         k += count;
     }
+    /* The buffer ids, read now: the allocations below can start a GC pass whose finalizers
+     * may close the receiver and unmap its buffer ring. */
+    uint16_t *bids = PyMem_Malloc((size_t)(k ? k : 1) * sizeof *bids);
+    if (!bids) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t j = 0; j < k; j++)
+        bids[j] = buf_bid(ENTRY(&b, b.head + j));
     /* Committed from here: the completions are taken. */
     Py_INCREF(cqes);
     if (PyList_SetSlice(box, 0, 1, NULL) < 0) {
         Py_DECREF(cqes);
+        PyMem_Free(bids);
         goto error;
     }
     long long s;
     if (!iget_ll(r->rx, s_stream_off, &s)) {
         Py_DECREF(cqes);
+        PyMem_Free(bids);
         goto error;
     }
     long long s0 = s;
     chunks = PyList_New(k);
     if (!chunks) {
         Py_DECREF(cqes);
+        PyMem_Free(bids);
         goto error;
     }
     Py_ssize_t j = 0;
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
         while (res > 0) {
-            uint16_t bid = buf_bid(ENTRY(&b, b.head + j));
+            uint16_t bid = bids[j];
             long long n = res < b.bs ? res : b.bs;
             res -= n;
             PyObject *c = ((PyTypeObject *)r->cls)->tp_alloc((PyTypeObject *)r->cls, 0);
             if (!c) {
                 Py_DECREF(cqes);
+                PyMem_Free(bids);
                 goto error;
             }
             /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
@@ -885,6 +959,7 @@ static PyObject *take_chunks(Round *r, int *code) {
                 !(SLOT(c, r->o_so) = PyLong_FromLongLong(s))) {
                 Py_DECREF(c);
                 Py_DECREF(cqes);
+                PyMem_Free(bids);
                 goto error; /* only memory runs out here */
             }
             PyList_SET_ITEM(chunks, j, c);
@@ -893,6 +968,7 @@ static PyObject *take_chunks(Round *r, int *code) {
         }
     }
     Py_DECREF(cqes);
+    PyMem_Free(bids);
     b.head = (b.head + k) & 0xFFFF;
     b.in_ring -= k;
     dl += k;

@@ -230,6 +230,8 @@ class ZcTransport:
         if self._wbuf:
             self._wbuf += data
             return
+        if type(data) is not bytes:  # counts below are in bytes, whatever the item size
+            data = memoryview(data).cast("B")
         n = len(data)
         if not n:
             return
@@ -252,7 +254,7 @@ class ZcTransport:
 
     def _buffer_rest(self, data: bytes | bytearray | memoryview, sent: int) -> None:
         """Copy what the socket did not take; it goes when the socket is writable."""
-        self._wbuf += memoryview(data)[sent:]
+        self._wbuf += memoryview(data).cast("B")[sent:]  # ``sent`` counts bytes, not items
         self.loop.add_writer(self._fd, self._on_writable)
         self._writing = True
 

@@ -230,14 +230,16 @@ class LoopRing:
         res, flags = c.res, c.flags
         first = int(keys[0])
         if keys.tobytes() == np.full(len(keys), first, _U64).tobytes():
-            self._deliver(first, Completions(local, res, flags))
+            self._deliver([(first, Completions(local, res, flags))])
             return
         order = np.argsort(keys, kind="stable")
         sk = keys[order]
         cuts = [0, *(np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist(), len(sk)]
+        groups = []
         for a, b in itertools.pairwise(cuts):
             idx = order[a:b]
-            self._deliver(int(sk[a]), Completions(local[idx], res[idx], flags[idx]))
+            groups.append((int(sk[a]), Completions(local[idx], res[idx], flags[idx])))
+        self._deliver(groups)
 
     def _dispatch_few(self, ring: Ring, n: int) -> None:
         """A few CQEs as Python tuples: cheaper than the ~8 numpy calls of ``_dispatch``."""
@@ -248,17 +250,30 @@ class LoopRing:
                 break
             ud, res, flags = cqe
             groups.setdefault(ud >> LOCAL_BITS, []).append((ud & LOCAL_MASK, res, flags))
-        for mid, cqes in groups.items():
-            self._deliver(mid, cqes)
+        self._deliver(list(groups.items()))
 
-    def _deliver(self, mid: int, c: Completions | list[tuple[int, int, int]]) -> None:
-        m = self.members.get(mid)
-        if m is not None:  # else: a member that left; its cancel completed before it did
-            m.inbox.append(c)
-            if m.on_ready is not None:
-                m.on_ready()
-            else:
-                m.kick()
+    def _deliver(self, groups: list[tuple[int, Completions | list[tuple[int, int, int]]]]) -> None:
+        """Every group into its member's inbox, then the wake-ups: a pass nested in a wake-up
+        (a receiver closed from a callback waits on this ring) then finds each inbox holding
+        the older completions first. A failing wake-up does not stop the others; the first
+        failure is raised at the end."""
+        woken = []
+        for mid, c in groups:
+            m = self.members.get(mid)
+            if m is not None:  # else: a member that left; its cancel completed before it did
+                m.inbox.append(c)
+                woken.append(m)
+        failure: BaseException | None = None
+        for m in woken:
+            try:
+                if m.on_ready is not None:
+                    m.on_ready()
+                else:
+                    m.kick()
+            except Exception as e:  # one try per member: the others still run
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
 
 class MemberRing:

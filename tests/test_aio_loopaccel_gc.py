@@ -1,0 +1,112 @@
+"""The compiled pass (zcnet.aio._loopaccel) while Python runs inside it: a GC pass during the
+shared ring's routing, or during a round's chunk making, runs a finalizer that closes the loop's
+only receiver (and with it the ring and its buffer ring, unmapped). The pass must not read the
+unmapped rings afterwards. A Router or Round that was never initialised refuses to run. Each
+case runs in its own interpreter, so a regression fails the test instead of crashing the suite.
+Whether a GC pass lands at that spot is up to the collector: a run where it did not is skipped
+with the reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from zcnet.aio import shared
+
+pytestmark = pytest.mark.skipif(shared._loopaccel is None,
+                                reason="zcnet.aio._loopaccel is not built (no C compiler)")
+
+# The finalizer fires once the collector runs inside the named frame at the named line.
+GC_CASE = '''
+import asyncio, gc, inspect, socket, sys, time
+from zcnet import aio
+from zcnet.aio import receiver as aiorx, shared
+FRAME, LINE_TEXT, SEND = {frame}, {line!r}, {send}
+src, start = inspect.getsourcelines(FRAME)
+LINE = start + next(i for i, l in enumerate(src) if LINE_TEXT in l)
+state = {{"rx": None, "fired": False}}
+keep = []
+
+class Bomb:
+    def __init__(self):
+        self.me = self  # a cycle: only the collector frees it
+    def __del__(self):
+        try:
+            f = sys._getframe(1)
+        except ValueError:
+            f = None
+        if (f is not None and not state["fired"] and state["rx"] is not None
+                and f.f_code is FRAME.__code__ and f.f_lineno == LINE):
+            state["fired"] = True
+            state["rx"].close()
+        else:
+            Bomb()
+
+async def main():
+    loop = asyncio.get_running_loop()
+    ls = socket.create_server(("127.0.0.1", 0)); ls.setblocking(False)
+    c = socket.socket(); c.setblocking(False)
+    await loop.sock_connect(c, ls.getsockname()); s, _ = await loop.sock_accept(ls); ls.close()
+    c.setblocking(True)
+    rx = aio.open_receiver(s, own_socket=True, area_size=256 << 10, buf_size=4096)
+    state["rx"] = rx
+    async def consume():
+        try:
+            async for ch in rx:
+                ch.release()
+        except Exception:
+            pass  # the receiver was closed under it: the error it gets is the point
+    t = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.01)
+    Bomb()
+    gc.set_threshold(1, 1000, 1000)
+    for i in range(300):
+        if state["fired"]:
+            break
+        c.sendall(b"x" * SEND)
+        time.sleep(0.002)  # the loop is blocked: many CQEs wait for one pass
+        keep.append([[] for _ in range(200)])
+        keep.append([(i, j, 0) for j in range(3000)])
+        await asyncio.sleep(0.005)
+    gc.set_threshold(700, 10, 10)
+    print("fired" if state["fired"] else "missed", "survived")
+    t.cancel()
+    c.close()
+
+asyncio.run(main())
+'''
+
+CASES = {
+    "routing": GC_CASE.format(frame="shared.LoopRing.poll", line="router.poll(",
+                              send=12 * 4096),
+    "chunk making": GC_CASE.format(frame="aiorx.AsyncReceiver._round", line="got = take()",
+                                   send=8 * 4096),
+}
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "ZCNET_PURE": "0"})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_finalizer_that_closes_the_receiver_mid_pass_is_survived(case: str) -> None:
+    p = _run(CASES[case])
+    assert p.returncode == 0 and p.stdout.split()[-1:] == ["survived"], p.stderr[-3000:]
+    if p.stdout.split()[0] != "fired":
+        pytest.skip("no GC pass landed inside the pass in this run")
+
+
+@pytest.mark.parametrize(("what", "code", "expected"), [
+    ("Router.route", "_loopaccel.Router.__new__(_loopaccel.Router).route()",
+     "the Router has no ring"),
+    ("Router.poll", "_loopaccel.Router.__new__(_loopaccel.Router).poll(True, 0)",
+     "the Router has no ring"),
+])
+def test_an_uninitialised_router_refuses(what: str, code: str, expected: str) -> None:
+    p = _run("from zcnet.aio import _loopaccel\ntry:\n    " + code +
+             "\nexcept ValueError as e:\n    print(e)")
+    assert (p.returncode, p.stdout.strip()) == (0, expected), (what, p.stderr[-2000:])
