@@ -294,3 +294,28 @@ def test_close_from_another_task_while_a_receive_waits(loop_kind, no_leaks):
         c.close()
 
     run(loop_kind, main)
+
+
+@pytest.mark.parametrize("shared_ring", [True, False], ids=["shared", "own-ring"])
+def test_a_second_task_awaiting_the_same_receiver_is_refused(loop_kind, shared_ring, no_leaks):
+    """One waiter at a time: a second would replace the first, which would then never wake
+    (not by data, not by close). The second gets a UsageError; the first still gets the data."""
+    from zcnet.errors import UsageError
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        async with aio.open_receiver(s, own_socket=True, shared_ring=shared_ring,
+                                     **SMALL) as rx:
+            first = asyncio.create_task(rx.recv())
+            await asyncio.sleep(0.05)
+            with pytest.raises(UsageError, match="already awaited by another task") as e:
+                await rx.recv()
+            assert "hand chunks to others" in str(e.value)
+            await asyncio.get_running_loop().sock_sendall(c, b"x" * 1000)
+            chunks = await asyncio.wait_for(first, 10)
+            assert sum(ch.length for ch in chunks) > 0
+            for ch in chunks:
+                ch.release()
+        c.close()
+
+    run(loop_kind, main)

@@ -10,7 +10,7 @@ import pytest
 from aio_util import LOOPS, StreamCheck, pattern, run, tcp_pair
 from smaps import field, smaps_entry
 from zcnet import aio
-from zcnet.errors import ZcnetError
+from zcnet.errors import ClosedError, ZcnetError
 
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
 
@@ -212,3 +212,116 @@ def test_the_registered_buffer_is_never_a_transparent_huge_page(loop_kind, no_le
             s.close()
 
     assert "nh" in run(loop_kind, main)
+
+
+async def _drain(s, n: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while len(out) < n:
+        part = await loop.sock_recv(s, 1 << 20)
+        if not part:
+            break
+        out += part
+    return bytes(out)
+
+
+@pytest.mark.parametrize("kind", ["sendzc", "copy"])
+def test_concurrent_sendalls_go_one_after_the_other_and_both_finish(loop_kind, kind, no_leaks):
+    """Two tasks send more than the socket buffers hold while the peer is not reading: both
+    finish and every byte arrives; copy sends wait their turn as SEND_ZC's do, so each copy
+    message arrives whole."""
+    a, b = bytes([65]) * (24 << 20), bytes([66]) * (24 << 20)
+
+    async def main() -> bytes:
+        c, s = await tcp_pair()
+        async with aio.open_sender(c, kind, slots=4, slot_size=1 << 20, own_socket=True) as tx:
+            t1 = asyncio.create_task(tx.sendall(a))
+            t2 = asyncio.create_task(tx.sendall(b))
+            await asyncio.sleep(0.1)  # both under way, the socket full
+            got = asyncio.create_task(_drain(s, len(a) + len(b)))
+            await asyncio.wait_for(asyncio.gather(t1, t2), 30)
+            await tx.flush()
+        s_out = await asyncio.wait_for(got, 30)
+        s.close()
+        return s_out
+
+    out = run(loop_kind, main)
+    assert out.count(65) == len(a) and out.count(66) == len(b)
+    if kind == "copy":  # one send per sendall: whole messages (sendzc's go slot by slot)
+        assert out in (a + b, b + a)
+
+
+def test_a_cancelled_copy_send_still_sends_its_whole_slot(loop_kind, no_leaks):
+    """Cancelled while the socket is full, a copy send leaves the rest to finish (as a SEND_ZC
+    send does): the peer gets the whole message, then the next one; the slot comes back."""
+    size = 32 << 20
+
+    async def main() -> tuple[bytes, int]:
+        c, s = await tcp_pair()
+        async with aio.open_sender(c, "copy", slots=2, slot_size=size, own_socket=True) as tx:
+            sl = await tx.acquire()
+            sl.view[:] = bytes([65]) * size
+            t = asyncio.create_task(tx.send(sl, size))
+            await asyncio.sleep(0.1)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            got = asyncio.create_task(_drain(s, size + 4))
+            await tx.sendall(b"next")
+            await tx.flush()
+            free = len(tx._free)
+        out = await asyncio.wait_for(got, 30)
+        s.close()
+        return out, free
+
+    out, free = run(loop_kind, main)
+    assert out == bytes([65]) * size + b"next" and free == 2
+
+
+@pytest.mark.parametrize("kind", ["sendzc", "copy"])
+def test_a_send_cancelled_before_its_turn_gives_its_slot_back(loop_kind, kind, no_leaks):
+    async def main() -> int:
+        c, s = await tcp_pair()
+        got = None
+        async with aio.open_sender(c, kind, slots=2, slot_size=BIG_SLOT, own_socket=True) as tx:
+            a = await tx.acquire()
+            first = asyncio.create_task(tx.send(a, BIG_SLOT))  # in flight: the peer is idle
+            await asyncio.sleep(0.1)
+            b = await tx.acquire()
+            second = asyncio.create_task(tx.send(b, 4))  # waits for the first
+            await asyncio.sleep(0.05)
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            got = asyncio.create_task(_drain(s, BIG_SLOT))
+            await asyncio.wait_for(first, 30)
+            await tx.flush()
+            slots = [await asyncio.wait_for(tx.acquire(), 5) for _ in range(2)]
+        await asyncio.wait_for(got, 30)
+        s.close()
+        return len(slots)
+
+    assert run(loop_kind, main) == 2
+
+
+@pytest.mark.parametrize("kind", ["sendzc", "copy"])
+def test_a_cancelled_aclose_still_frees_everything(loop_kind, kind, no_leaks):
+    """aclose waits (bounded) for sends in flight; cancelled meanwhile, it still frees the
+    ring, its eventfd and the owned socket (no_leaks checks them)."""
+    async def main() -> None:
+        c, s = await tcp_pair()
+        tx = aio.open_sender(c, kind, slots=2, slot_size=BIG_SLOT, own_socket=True)
+        sl = await tx.acquire()
+        sender = asyncio.create_task(tx.send(sl, BIG_SLOT))
+        await asyncio.sleep(0.1)
+        closing = asyncio.create_task(tx.aclose())
+        await asyncio.sleep(0.1)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert c.fileno() == -1 and tx.ring is None
+        r = (await asyncio.gather(sender, return_exceptions=True))[0]
+        assert isinstance(r, ClosedError), r  # the reason, not a bare cancel
+        s.close()
+
+    run(loop_kind, main)

@@ -179,6 +179,14 @@ async def wait_for(loop: Loop, aw: Any, timeout: float) -> None:
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
 
 
+def awaited(fut: Any) -> bool:
+    """Whether a task waits on ``fut`` now. A cancelled asyncio waiter cancels its future; a
+    trio waiter whose scope was cancelled leaves a TrioFuture pending, with no waiter."""
+    if fut is None or fut.done():
+        return False
+    return bool(fut._waiters) if isinstance(fut, TrioFuture) else True
+
+
 class TrioFuture:
     """A one-shot result for trio tasks, shaped like asyncio.Future (see the module docstring).
     Callbacks run at once when it is settled (in the run's thread)."""

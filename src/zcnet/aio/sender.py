@@ -6,7 +6,8 @@ Kinds, as in :mod:`zcnet.tx.senders`:
   result CQE and later a notification CQE (F_NOTIF) once the kernel no longer reads the slot;
   the notification resolves the future ``send`` returned and frees the slot. The ring wakes
   the loop through an eventfd (:mod:`zcnet.aio.wakeup`), whose callback reaps and resolves.
-- ``copy``: the loop's ``sock_sendall``; the slot is free as soon as the call returns.
+- ``copy``: a plain ``send`` of what the socket takes now, the rest from a writer callback;
+  the slot is free once the socket took it all.
 
 The same code runs under trio: the futures, events, the shield and the timeout come from
 :mod:`zcnet.aio.backend`, which gives asyncio's own on an asyncio loop.
@@ -14,7 +15,9 @@ The same code runs under trio: the futures, events, the shield and the timeout c
 Back-pressure: ``acquire`` waits for a free slot. Order: io_uring retries a send that met a full
 socket buffer later, from poll, so a second send submitted meanwhile could overtake it; one send
 is in flight at a time (its result CQE is awaited), any number of notifications are outstanding.
-A task cancelled while its send is in flight leaves the send to finish; the next one waits.
+A task cancelled while its send is in flight leaves the send to finish; the next one waits. Copy
+sends keep the same two rules (one at a time, a cancelled one finishes), so a stream never holds
+part of one message followed by another, whichever kind runs (sendzc falls back to copy).
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ class AsyncSender:
         self._done = [0] * slots
         self._notified: list[Future[bool] | None] = [None] * slots
         self._copied = [False] * slots
-        self._sending = -1                # slot whose send result is awaited
+        self._sending = -1                # slot whose send result is awaited (copy: 0 for
+        self._copy_fd = -1                # sendall's own data), and a copy's writer fd
         self._sent: Future[None] | None = None
         self._idle = backend.event(self.loop)
         self._idle.set()
@@ -129,30 +133,29 @@ class AsyncSender:
         """Send the first ``nbytes`` of ``slot``; returns once the kernel has taken them all.
 
         The returned future resolves when the kernel no longer reads the slot (then the slot
-        is free again): True if the kernel copied after all (loopback always does), False for
-        a true zero-copy send. The slot is the sender's from here on; do not write it.
+        is free again): True if the kernel copied after all (loopback always does, and so does
+        the copy kind), False for a true zero-copy send. The slot is the sender's from here on;
+        do not write it.
         """
         self._check()
-        if slot.index not in self._held or slot.view is not self._views[slot.index]:
-            raise UsageError("send() takes a slot from this sender's acquire(), once")
+        self._check_slot(slot)
         if not 0 < nbytes <= self.slot_size:
             raise UsageError(f"send of {nbytes} B does not fit a {self.slot_size} B slot")
-        self._held.discard(slot.index)
-        done: Future[bool] = self.loop.create_future()
-        if self.ring is None:
-            try:
-                await self.loop.sock_sendall(self.sock, slot.view[:nbytes])
-            finally:
+        try:
+            await self._turn()
+        except BaseException:  # cancelled before the send began: the slot is free again
+            if slot.index in self._held and not self._closed:
+                self._held.discard(slot.index)
                 self._give_back(slot.index)
-            self._stats.sends += 1
-            self._stats.bytes += nbytes
+            raise
+        self._check_slot(slot)  # another task may have sent it while this one waited
+        self._held.discard(slot.index)  # the sender's from here, whatever happens to the caller
+        done: Future[bool] = self.loop.create_future()
+        i = slot.index
+        if self.ring is None:
+            await self._copy(slot.view[:nbytes], i)  # gives the slot back when it ends
             done.set_result(True)
             return done
-        while self._sending >= 0:  # a cancelled sender's send is still in flight
-            self._idle.clear()
-            await self._idle.wait()
-            self._check()
-        i = slot.index
         self._notified[i] = done
         self._want[i], self._done[i] = nbytes, 0
         self._sending = i
@@ -163,31 +166,95 @@ class AsyncSender:
         self.ring.submit()
         self._process()
         try:
-            await backend.shield(self.loop, sent)
-        except BaseException:  # cancelled (asyncio's or trio's), or the send's error
-            # The send goes on in the kernel; its outcome has no reader any more.
-            sent.add_done_callback(_consume)
-            raise
+            await self._await_sent(sent)
         finally:
             sent = None  # it holds any error, whose traceback holds this frame: no cycle
         self._stats.bytes += nbytes
         return done
+
+    def _check_slot(self, slot: Slot) -> None:
+        if slot.index not in self._held or slot.view is not self._views[slot.index]:
+            raise UsageError("send() takes a slot from this sender's acquire(), once")
+
+    async def _turn(self) -> None:
+        """Wait until no send is in flight (one at a time keeps the stream in order)."""
+        while self._sending >= 0:
+            self._idle.clear()
+            await self._idle.wait()
+            self._check()
+
+    async def _await_sent(self, sent: Future[None]) -> None:
+        try:
+            await backend.shield(self.loop, sent)
+        except BaseException:  # cancelled (asyncio's or trio's), or the send's error
+            # The send goes on; its outcome has no reader any more.
+            sent.add_done_callback(_consume)
+            raise
+
+    async def _copy(self, mv: memoryview, i: int) -> None:
+        """A copy send: at once as far as the socket takes it, the rest from a writer callback
+        that goes on if the caller is cancelled, as a SEND_ZC send does. ``i``: the slot to
+        give back at the end (-1: none, sendall's own data)."""
+        try:
+            n = self.sock.send(mv)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            if i >= 0:
+                self._give_back(i)
+            raise
+        self._stats.sends += 1
+        if n == len(mv):
+            self._stats.bytes += n
+            if i >= 0:
+                self._give_back(i)
+            return
+        sent: Future[None] = self.loop.create_future()
+        rest = [mv[n:]]
+        fd = self.sock.fileno()
+
+        def writable() -> None:
+            try:
+                k = self.sock.send(rest[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._copy_end(fd, i, e)
+                return
+            rest[0] = rest[0][k:]
+            if not rest[0]:
+                self._copy_end(fd, i, None)
+
+        self._sending, self._copy_fd = max(i, 0), fd
+        self._idle.clear()
+        self._sent = sent
+        self.loop.add_writer(fd, writable)
+        self._stats.bytes += len(mv)
+        await self._await_sent(sent)
+
+    def _copy_end(self, fd: int, i: int, err: OSError | None) -> None:
+        self.loop.remove_writer(fd)
+        self._copy_fd = -1
+        self._sending = -1
+        self._idle.set()
+        if i >= 0:
+            self._give_back(i)
+        else:
+            self._freed.set()  # flush() waits for the send to end
+        sent, self._sent = self._sent, None
+        if sent is not None and not sent.done():
+            if err is None:
+                sent.set_result(None)
+            else:
+                sent.set_exception(err)
 
     async def sendall(self, data: Any) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
         self._check()
         mv = memoryview(data).cast("B")
         if self.ring is None:
-            # What the socket takes now goes with one non-blocking send and no coroutine of the
-            # loop's; only the rest waits in sock_sendall (the socket is non-blocking: open).
-            try:
-                sent = self.sock.send(mv)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent < len(mv):
-                await self.loop.sock_sendall(self.sock, mv[sent:])
-            self._stats.sends += 1
-            self._stats.bytes += len(mv)
+            await self._turn()
+            await self._copy(mv, -1)
             return
         for start in range(0, len(mv), self.slot_size):
             piece = mv[start:start + self.slot_size]
@@ -309,17 +376,25 @@ class AsyncSender:
         if self._closed:
             return
         self._owner.check()
-        if self.ring is not None and (self.outstanding or self._sending >= 0):
-            with contextlib.suppress(ZcnetError):  # closing the ring gives up on them
-                await self.flush()
-        self._free_all()
+        try:
+            if self.outstanding or self._sending >= 0:
+                with contextlib.suppress(ZcnetError):  # closing gives up on them
+                    await self.flush()
+        finally:  # also when the closing task is cancelled: nothing stays open
+            self._free_all()
 
     def _free_all(self) -> None:
         self._closed = True
         untrack(self.loop, self)
         sent, self._sent = self._sent, None
+        if self._copy_fd >= 0 and not self.loop.is_closed():
+            self.loop.remove_writer(self._copy_fd)  # a copy send given up, as SEND_ZC's are
+            self._copy_fd = -1
         if sent is not None and not sent.done() and not self.loop.is_closed():
-            sent.cancel()  # wakes a send() waiting for its result
+            # wakes a send() waiting for its result, with the reason (not a bare cancel: the
+            # task itself was not cancelled)
+            sent.set_exception(ClosedError("the zcnet.aio sender was closed while a send "
+                                           "waited for the kernel"))
         self._idle.set()
         self._freed.set()
         try:

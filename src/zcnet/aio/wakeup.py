@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from zcnet.aio import backend
 from zcnet.aio.backend import Future, Loop
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Ring
@@ -79,6 +80,11 @@ class Wakeup:
         """Drain the eventfd after an enter that posted CQEs (see the module docstring)."""
         if self.efd >= 0:
             drain(self.efd)
+
+    @property
+    def waiting(self) -> bool:
+        """A task waits on this wakeup now."""
+        return backend.awaited(self._waiter)
 
     async def wait(self) -> None:
         if self.fd < 0:
