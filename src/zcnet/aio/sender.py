@@ -235,18 +235,11 @@ class AsyncSender:
     def _copy_end(self, fd: int, i: int, err: OSError | None) -> None:
         self.loop.remove_writer(fd)
         self._copy_fd = -1
-        self._sending = -1
-        self._idle.set()
+        self._turn_over(err)
         if i >= 0:
             self._give_back(i)
         else:
             self._freed.set()  # flush() waits for the send to end
-        sent, self._sent = self._sent, None
-        if sent is not None and not sent.done():
-            if err is None:
-                sent.set_result(None)
-            else:
-                sent.set_exception(err)
 
     async def sendall(self, data: Any) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
@@ -309,7 +302,9 @@ class AsyncSender:
             else:
                 self._end_send(i, None)
 
-    def _end_send(self, i: int, err: OSError | None) -> None:
+    def _turn_over(self, err: OSError | None) -> None:
+        """The send in flight ended (``err``: how it failed): the next one may go, and its
+        caller, if still waiting, learns the outcome."""
         self._sending = -1
         self._idle.set()
         sent, self._sent = self._sent, None
@@ -318,6 +313,9 @@ class AsyncSender:
                 sent.set_result(None)
             else:
                 sent.set_exception(err)
+
+    def _end_send(self, i: int, err: OSError | None) -> None:
+        self._turn_over(err)
         if err is not None:
             fut = self._notified[i]
             if fut is not None and not fut.done():
