@@ -153,7 +153,9 @@ class AsyncSender:
         done: Future[bool] = self.loop.create_future()
         i = slot.index
         if self.ring is None:
-            await self._copy(slot.view[:nbytes], i)  # gives the slot back when it ends
+            sent_copy = self._copy(slot.view[:nbytes], i)  # gives the slot back when it ends
+            if sent_copy is not None:
+                await self._await_sent(sent_copy)
             done.set_result(True)
             return done
         self._notified[i] = done
@@ -191,10 +193,11 @@ class AsyncSender:
             sent.add_done_callback(_consume)
             raise
 
-    async def _copy(self, mv: memoryview, i: int) -> None:
-        """A copy send: at once as far as the socket takes it, the rest from a writer callback
-        that goes on if the caller is cancelled, as a SEND_ZC send does. ``i``: the slot to
-        give back at the end (-1: none, sendall's own data)."""
+    def _copy(self, mv: memoryview, i: int) -> Future[None] | None:
+        """Start a copy send: at once as far as the socket takes it (None: all of it), the rest
+        from a writer callback that goes on if the caller is cancelled, as a SEND_ZC send does;
+        the future resolves when it ends. ``i``: the slot to give back at the end (-1: none,
+        sendall's own data). Not a coroutine: the common send costs no frame."""
         try:
             n = self.sock.send(mv)
         except (BlockingIOError, InterruptedError):
@@ -208,7 +211,7 @@ class AsyncSender:
             self._stats.bytes += n
             if i >= 0:
                 self._give_back(i)
-            return
+            return None
         sent: Future[None] = self.loop.create_future()
         rest = [mv[n:]]
         fd = self.sock.fileno()
@@ -230,7 +233,7 @@ class AsyncSender:
         self._sent = sent
         self.loop.add_writer(fd, writable)
         self._stats.bytes += len(mv)
-        await self._await_sent(sent)
+        return sent
 
     def _copy_end(self, fd: int, i: int, err: OSError | None) -> None:
         self.loop.remove_writer(fd)
@@ -246,8 +249,11 @@ class AsyncSender:
         self._check()
         mv = memoryview(data).cast("B")
         if self.ring is None:
-            await self._turn()
-            await self._copy(mv, -1)
+            if self._sending >= 0:
+                await self._turn()
+            sent = self._copy(mv, -1)
+            if sent is not None:
+                await self._await_sent(sent)
             return
         for start in range(0, len(mv), self.slot_size):
             piece = mv[start:start + self.slot_size]
