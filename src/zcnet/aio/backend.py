@@ -43,7 +43,7 @@ import warnings
 from collections.abc import Callable, Generator
 from typing import Any, Protocol, TypeVar
 
-from zcnet.errors import ClosedError, ZcnetError
+from zcnet.errors import ClosedError, UsageError, ZcnetError
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +179,15 @@ async def wait_for(loop: Loop, aw: Any, timeout: float) -> None:
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
 
 
-def awaited(fut: Any) -> bool:
-    """Whether a task waits on ``fut`` now. A cancelled asyncio waiter cancels its future; a
-    trio waiter whose scope was cancelled leaves a TrioFuture pending, with no waiter."""
-    if fut is None or fut.done():
-        return False
-    return bool(fut._waiters) if isinstance(fut, TrioFuture) else True
+def check_one_waiter(fut: Any) -> None:
+    """Refuse a second task's wait while ``fut`` (the first task's) is awaited: the second
+    would replace it, and the first would never wake (not by data, not by close). A cancelled
+    asyncio waiter cancels its future; a trio waiter whose scope was cancelled leaves a
+    TrioFuture pending, with no waiter."""
+    if fut is None or fut.done() or (isinstance(fut, TrioFuture) and not fut._waiters):
+        return
+    raise UsageError("a zcnet.aio receiver is already awaited by another task",
+                     "receive from one task and hand chunks to others (a queue)")
 
 
 class TrioFuture:

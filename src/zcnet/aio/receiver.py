@@ -21,7 +21,6 @@ import socket
 from collections import deque
 from typing import Any
 
-from zcnet.aio import backend
 from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.shared import (
     ROUND_DONE,
@@ -93,8 +92,6 @@ class AsyncReceiver:
                     # No pass from here: the loop's eventfd pass reaps for every member at
                     # once (one enter per loop iteration, not one per message and task).
                     assert m is not None  # a take exists only for a shared-ring member
-                    if m.waiter is not None and backend.awaited(m.waiter):
-                        raise _second_waiter()
                     await m.wait()
                     continue
             if m is not None and m.inbox:
@@ -143,14 +140,11 @@ class AsyncReceiver:
         return bool(ring.cq_ready())
 
     async def _wait(self) -> None:
-        m, wake = self._member, self._wake
-        if backend.awaited(m.waiter) if m is not None else (wake is not None and wake.waiting):
-            raise _second_waiter()
-        if m is not None:
-            await m.wait()
+        if self._member is not None:
+            await self._member.wait()
         else:
-            assert wake is not None
-            await wake.wait()
+            assert self._wake is not None
+            await self._wake.wait()
 
     def _kick_threadsafe(self) -> None:
         """Wake the waiting task from any thread (a release); a no-op once the loop closed."""
@@ -313,9 +307,3 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
         rx.close()
         raise
 
-
-def _second_waiter() -> UsageError:
-    """One waiter at a time: a second would replace the first, which then never wakes (not by
-    data, not by close)."""
-    return UsageError("a zcnet.aio receiver is already awaited by another task",
-                      "receive from one task and hand chunks to others (a queue)")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.aio.backend import Future, Loop
+from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import RECV_UD, Delivery
@@ -354,6 +354,7 @@ class MemberRing:
     def wait(self) -> Future[None]:
         """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
         per wake-up. One whose waiter was cancelled is dropped by the next kick or wait."""
+        check_one_waiter(self.waiter)
         fut: Future[None] = self.lr.loop.create_future()
         self.waiter = fut
         return fut

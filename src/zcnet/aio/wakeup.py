@@ -81,14 +81,10 @@ class Wakeup:
         if self.efd >= 0:
             drain(self.efd)
 
-    @property
-    def waiting(self) -> bool:
-        """A task waits on this wakeup now."""
-        return backend.awaited(self._waiter)
-
     async def wait(self) -> None:
         if self.fd < 0:
             raise ValueError("wait on a closed wakeup")
+        backend.check_one_waiter(self._waiter)
         if not self._watching:
             self.loop.add_reader(self.fd, self._ready)
             self._watching = True
