@@ -145,6 +145,24 @@ def misuse_from_thread(rx: aio.AsyncReceiver, chunks: list,
     return t, errors
 
 
+async def refused_in_thread(use: Callable[[], Awaitable[Any]]) -> str:
+    """Run ``use()`` in a new asyncio loop on another thread (joined off this loop); the
+    ZcnetError it must raise, as text."""
+    errors: list[str] = []
+
+    def other() -> None:
+        try:
+            asyncio.run(use())  # type: ignore[arg-type]
+        except ZcnetError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    await asyncio.get_running_loop().run_in_executor(None, t.join)
+    assert errors, "the other thread's use was not refused"
+    return errors[0]
+
+
 def release_held_after_close(held: list, expected: np.ndarray, area: Any) -> None:
     """Chunks held past their receiver's close still read ``expected``; the area stays mapped
     until the last is released, and goes then."""

@@ -1,6 +1,6 @@
-/* zcnet.aio._loopaccel: the optional compiled half of the event loop's shared-ring pass.
+/* zcnet.aio._loopaccel: the optional compiled half of zcnet.aio's per-message paths.
  *
- * Two objects, each a C version of a Python hot path that stays in place as the fallback:
+ * Four objects, each a C version of a Python hot path that stays in place as the fallback:
  *
  * - Router: takes every ready CQE off the loop's shared io_uring and hands each member (one
  *   receiver) its own, as zcnet.aio.shared.LoopRing does in Python: a few CQEs as a list of
@@ -12,10 +12,13 @@
  *   (a batch or coalesced chunk released, an error or final completion, back-pressure, a closed
  *   receiver, a buffer ring out of step, a double release) returns FALLBACK before changing
  *   anything, and the Python round runs with its own checks and errors.
+ * - Anext: an AsyncReceiver's ``__anext__`` on such a round, as an awaitable with no
+ *   coroutine frame; anything but a chunk now or a wait for data goes to the Python step.
+ * - CopySend: a copy sender's ``sendall`` when the socket takes the bytes at once.
  *
- * Both work on mapped memory through raw pointers: they check the ring's fd (and the buffer
- * ring's registration) before every access; the Python owners close them before unmapping.
- * Private to zcnet.aio.shared and zcnet.aio.protocol, which pass valid addresses.
+ * Router and Round work on mapped memory through raw pointers: they check the ring's fd (and
+ * the buffer ring's registration) before every access; the Python owners close them before
+ * unmapping. Private to zcnet.aio's modules, which pass valid addresses.
  *
  * Built at install time when a C compiler exists (setup.py, optional); without it, or with
  * ZCNET_PURE=1 in the environment, the Python path runs.
@@ -49,7 +52,9 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
     *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
     *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
-    *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset;
+    *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
+    *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
+    *s_sends, *s_bytes;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -160,6 +165,16 @@ static int iset_ll(PyObject *o, PyObject *name, long long v) {
     int r = PyObject_SetAttr(o, name, x);
     Py_DECREF(x);
     return r == 0;
+}
+
+/* o.name = v, as iget: 0 done, -1 error. */
+static int iset(PyObject *o, PyObject *name, PyObject *v) {
+    Py_ssize_t off = slot_offset(o, name);
+    if (off) {
+        Py_XSETREF(SLOT(o, off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, name, v);
 }
 
 static int as_ptr(PyObject *o, void **out) {
@@ -321,6 +336,23 @@ static int run_fast(PyObject *m) {
     return 1;
 }
 
+/* MemberRing.kick: the waiting task's future (``m.waiter``) resolved, and forgotten. */
+static PyObject *kick(PyObject *m) {
+    PyObject *w = iget(m, s_waiter);
+    if (!w || w == Py_None || iset(m, s_waiter, Py_None) < 0) {
+        Py_XDECREF(w);
+        return w ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_None)) : NULL;
+    }
+    PyObject *d = PyObject_CallMethodNoArgs(w, s_done);
+    int done = d ? PyObject_IsTrue(d) : -1;
+    Py_XDECREF(d);
+    PyObject *res = done < 0  ? NULL
+                    : done    ? Py_NewRef(Py_None)
+                              : PyObject_CallMethodOneArg(w, s_set_result, Py_None);
+    Py_DECREF(w);
+    return res;
+}
+
 /* Run ``m``'s compiled round, else call ``m.on_ready()`` or ``m.kick()``; the first failure is
  * kept in *exc. */
 static void wake(PyObject *m, Exc *exc) {
@@ -333,7 +365,7 @@ static void wake(PyObject *m, Exc *exc) {
     PyObject *cb = iget(m, s_on_ready);
     PyObject *res = NULL;
     if (cb) {
-        res = cb == Py_None ? PyObject_CallMethodNoArgs(m, s_kick) : PyObject_CallNoArgs(cb);
+        res = cb == Py_None ? kick(m) : PyObject_CallNoArgs(cb);
         Py_DECREF(cb);
     }
     if (res) {
@@ -1136,6 +1168,484 @@ static PyMethodDef round_methods[] = {
 
 OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case).");
 
+
+/* ---------------------------------------------------------------------------------------- */
+/* Anext(round, receiver, member, owner_tid, is_running, create_future, pending, py_anext,  */
+/*       closed_error): an AsyncReceiver's ``__anext__`` (zcnet.aio.receiver) in C.        */
+/*                                                                                          */
+/* Each call gives an awaitable (AnextOp) for one chunk, as the Python ``__anext__`` and    */
+/* ``_round`` give it: one waiting in ``pending``, else the Round's take(); with none yet,  */
+/* the member's waiter future (as MemberRing.wait makes it) is awaited through its own      */
+/* __await__, and take() runs again once it resolves. Anything else (another thread or    */
+/* loop, a closed receiver, another task's live waiter, a FALLBACK round) hands the step to */
+/* the Python coroutine ``py_anext``, which receives or raises with its own checks. What   */
+/* it saves per chunk: two coroutine frames, and the owner and waiter checks in Python.     */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *round, *arx, *member, *running, *create_future, *pending, *popleft, *py_anext,
+        *closed_error;
+    unsigned long tid;
+} Anext;
+
+#define ANEXT_REFS(X)                                                                      \
+    X(round) X(arx) X(member) X(running) X(create_future) X(pending) X(popleft) X(py_anext)  \
+    X(closed_error)
+GC_METHODS(Anext, anext, ANEXT_REFS)
+
+static int anext_init(Anext *a, PyObject *args, PyObject *kw) {
+    PyObject *round, *arx, *member, *running, *cf, *pending, *py_anext, *closed_error;
+    unsigned long long tid;
+    if (!PyArg_ParseTuple(args, "O!OOKOOOOO", &RoundType, &round, &arx, &member, &tid,
+                          &running, &cf, &pending, &py_anext, &closed_error))
+        return -1;
+    if (!PyCallable_Check(running) || !PyCallable_Check(cf) || !PyCallable_Check(py_anext) ||
+        !PyExceptionClass_Check(closed_error)) {
+        PyErr_SetString(PyExc_TypeError, "Anext: is_running, create_future and py_anext are "
+                                         "callables, closed_error an exception class");
+        return -1;
+    }
+    PyObject *popleft = PyObject_GetAttr(pending, s_popleft);
+    if (!popleft)
+        return -1;
+    PyObject *objs[8] = {round, arx, member, running, cf, pending, py_anext, closed_error};
+    PyObject **dst[8] = {&a->round,   &a->arx,     &a->member,   &a->running,
+                         &a->create_future, &a->pending, &a->py_anext, &a->closed_error};
+    for (int i = 0; i < 8; i++)
+        Py_XSETREF(*dst[i], Py_NewRef(objs[i]));
+    Py_XSETREF(a->popleft, popleft);
+    a->tid = (unsigned long)tid;
+    return 0;
+}
+
+#ifdef Py_TPFLAGS_HAVE_AM_SEND /* 3.10 reads am_send only with it */
+#define AM_SEND_FLAG Py_TPFLAGS_HAVE_AM_SEND
+#else
+#define AM_SEND_FLAG 0
+#endif
+
+/* One await of the next chunk: FRESH until first sent to, then waiting on the member's
+ * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. */
+enum { OP_FRESH, OP_WAIT, OP_PY, OP_DONE };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *a, *delegate;
+    int state;
+} AnextOp;
+
+#define ANEXTOP_REFS(X) X(a) X(delegate)
+GC_METHODS(AnextOp, anextop, ANEXTOP_REFS)
+static PyTypeObject AnextOpType;
+
+static PyObject *anext_call(Anext *a, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "Anext() takes no arguments");
+        return NULL;
+    }
+    AnextOp *op = PyObject_GC_New(AnextOp, &AnextOpType);
+    if (!op)
+        return NULL;
+    op->a = Py_NewRef(a);
+    op->delegate = NULL;
+    op->state = OP_FRESH;
+    PyObject_GC_Track(op);
+    return (PyObject *)op;
+}
+
+/* Send ``arg`` into the delegate; a result other than NEXT ends the delegation. */
+static PySendResult op_delegate(AnextOp *op, PyObject *arg, PyObject **result) {
+    PySendResult r = PyIter_Send(op->delegate, arg, result);
+    if (r != PYGEN_NEXT)
+        Py_CLEAR(op->delegate);
+    return r;
+}
+
+/* Hand the step to the Python coroutine. */
+static PySendResult op_py(AnextOp *op, PyObject **result) {
+    PyObject *co = PyObject_CallNoArgs(((Anext *)op->a)->py_anext);
+    if (!co) {
+        op->state = OP_DONE;
+        return PYGEN_ERROR;
+    }
+    op->delegate = co;
+    op->state = OP_PY;
+    PySendResult r = op_delegate(op, Py_None, result);
+    if (r != PYGEN_NEXT)
+        op->state = OP_DONE;
+    return r;
+}
+
+/* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF). */
+static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
+    Anext *a = (Anext *)op->a;
+    Py_ssize_t n = PyList_GET_SIZE(chunks);
+    op->state = OP_DONE;
+    if (n == 0) {
+        Py_DECREF(chunks);
+        PyErr_SetNone(PyExc_StopAsyncIteration);
+        return PYGEN_ERROR;
+    }
+    if (n > 1) {
+        PyObject *rest = PyList_GetSlice(chunks, 1, n);
+        PyObject *res = rest ? PyObject_CallMethodOneArg(a->pending, s_extend, rest) : NULL;
+        Py_XDECREF(rest);
+        if (!res) {
+            Py_DECREF(chunks);
+            return PYGEN_ERROR;
+        }
+        Py_DECREF(res);
+    }
+    *result = Py_NewRef(PyList_GET_ITEM(chunks, 0));
+    Py_DECREF(chunks);
+    return PYGEN_RETURN;
+}
+
+/* Whether a new waiter may replace the member's (none, or resolved); -1 on error. */
+static int waiter_free(PyObject *member) {
+    PyObject *w = iget(member, s_waiter);
+    if (!w || w == Py_None) {
+        Py_XDECREF(w);
+        return w ? 1 : -1;
+    }
+    PyObject *d = PyObject_CallMethodNoArgs(w, s_done);
+    Py_DECREF(w);
+    int done = d ? PyObject_IsTrue(d) : -1;
+    Py_XDECREF(d);
+    return done;
+}
+
+/* The member's new waiter future, awaited: NEXT with it yielded, else RETURN (it resolved at
+ * once: *result None) or ERROR. */
+static PySendResult op_wait(AnextOp *op, PyObject **result) {
+    Anext *a = (Anext *)op->a;
+    PyObject *fut = PyObject_CallNoArgs(a->create_future);
+    if (!fut)
+        return PYGEN_ERROR;
+    unaryfunc aw = Py_TYPE(fut)->tp_as_async ? Py_TYPE(fut)->tp_as_async->am_await : NULL;
+    PyObject *it = NULL;
+    if (!aw)
+        PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
+    else if (iset(a->member, s_waiter, fut) == 0)
+        it = aw(fut);
+    Py_DECREF(fut);
+    if (!it)
+        return PYGEN_ERROR;
+    op->delegate = it;
+    op->state = OP_WAIT;
+    return op_delegate(op, Py_None, result);
+}
+
+static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
+    Anext *a = (Anext *)op->a;
+    PyObject *res;
+    int v;
+    *result = NULL;
+    switch (op->state) {
+    case OP_DONE:
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited receive");
+        return PYGEN_ERROR;
+    case OP_PY: {
+        PySendResult r = op_delegate(op, arg, result);
+        if (r != PYGEN_NEXT)
+            op->state = OP_DONE;
+        return r;
+    }
+    case OP_WAIT: {
+        PySendResult r = op_delegate(op, arg, result);
+        if (r != PYGEN_RETURN) {
+            if (r == PYGEN_ERROR)
+                op->state = OP_DONE;
+            return r;
+        }
+        Py_CLEAR(*result);
+        goto woken;
+    }
+    default: /* FRESH: from the owner's thread with its loop running, on an open receiver */
+        if (PyThread_get_thread_ident() != a->tid)
+            return op_py(op, result);
+        if (!(res = PyObject_CallNoArgs(a->running)))
+            goto error;
+        Py_DECREF(res);
+        if (res != Py_True || (v = iget_true(a->arx, s_closed)) > 0)
+            return op_py(op, result);
+        if (v < 0)
+            goto error;
+        if ((v = (int)PyObject_Length(a->pending)) != 0) {
+            if (v < 0 || !(*result = PyObject_CallNoArgs(a->popleft)))
+                goto error;
+            op->state = OP_DONE;
+            return PYGEN_RETURN;
+        }
+    }
+    for (;;) {
+        if (!(res = round_take((Round *)a->round, NULL)))
+            goto error;
+        if (PyList_CheckExact(res))
+            return op_got(op, res, result);
+        long code = PyLong_AsLong(res);
+        Py_DECREF(res);
+        if (code != DONE || (v = waiter_free(a->member)) == 0)
+            return PyErr_Occurred() ? (op->state = OP_DONE, PYGEN_ERROR) : op_py(op, result);
+        if (v < 0)
+            goto error;
+        PySendResult r = op_wait(op, result);
+        if (r != PYGEN_RETURN) {
+            if (r == PYGEN_ERROR)
+                op->state = OP_DONE;
+            return r;
+        }
+        Py_CLEAR(*result);
+    woken: /* as the Python round after its wait: closed meanwhile, or take again */
+        if ((v = iget_true(a->arx, s_closed)) != 0) {
+            if (v > 0)
+                PyErr_SetString(a->closed_error,
+                                "the zcnet.aio receiver was closed while a receive waited");
+            goto error;
+        }
+    }
+error:
+    op->state = OP_DONE;
+    return PYGEN_ERROR;
+}
+
+/* A return value as StopIteration (what an iterator's __next__ and send do). */
+static PyObject *stop_with(PyObject *value) {
+    if (value != Py_None) {
+        PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, value);
+        if (e) {
+            PyErr_SetObject(PyExc_StopIteration, e);
+            Py_DECREF(e);
+        }
+    }
+    Py_DECREF(value);
+    return NULL;
+}
+
+static PyObject *op_iternext(AnextOp *op) {
+    PyObject *res;
+    PySendResult r = op_send(op, Py_None, &res);
+    return r == PYGEN_NEXT ? res : r == PYGEN_RETURN ? stop_with(res) : NULL;
+}
+
+static PyObject *op_send_method(AnextOp *op, PyObject *arg) {
+    PyObject *res;
+    PySendResult r = op_send(op, arg, &res);
+    return r == PYGEN_NEXT ? res : r == PYGEN_RETURN ? stop_with(res) : NULL;
+}
+
+/* throw(exc): into the delegate (the waiter's __await__, which re-raises it, or the Python
+ * step, whose finally runs), else raised here; either way the receive is over unless the
+ * Python step goes on. */
+static PyObject *op_throw(AnextOp *op, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw(type[, value[, traceback]])");
+        return NULL;
+    }
+    if (op->delegate) {
+        PyObject *meth = PyObject_GetAttr(op->delegate, s_throw);
+        PyObject *res = meth ? PyObject_Vectorcall(meth, args, (size_t)nargs, NULL) : NULL;
+        Py_XDECREF(meth);
+        if (res)
+            return res; /* the Python step awaits something else */
+        Py_CLEAR(op->delegate);
+        op->state = OP_DONE;
+        return NULL;
+    }
+    op->state = OP_DONE;
+    PyObject *typ = args[0];
+    if (PyExceptionInstance_Check(typ))
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    else if (PyExceptionClass_Check(typ))
+        PyErr_SetObject(typ, nargs > 1 ? args[1] : Py_None);
+    else
+        PyErr_SetString(PyExc_TypeError,
+                        "exceptions must be classes or instances deriving from BaseException");
+    return NULL;
+}
+
+static PyObject *op_close(AnextOp *op, PyObject *unused) {
+    PyObject *d = op->delegate;
+    op->delegate = NULL;
+    op->state = OP_DONE;
+    if (d) {
+        PyObject *res = PyObject_CallMethodNoArgs(d, s_close);
+        Py_DECREF(d);
+        if (!res)
+            return NULL;
+        Py_DECREF(res);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *op_await(PyObject *op) { return Py_NewRef(op); }
+
+static PySendResult op_am_send(PyObject *op, PyObject *arg, PyObject **result) {
+    return op_send((AnextOp *)op, arg, result);
+}
+
+static PyAsyncMethods anextop_async = {.am_await = op_await, .am_send = op_am_send};
+
+static PyMethodDef anextop_methods[] = {
+    {"send", (PyCFunction)op_send_method, METH_O, "Resume the receive."},
+    {"throw", (PyCFunction)(void (*)(void))op_throw, METH_FASTCALL,
+     "Raise an exception at the receive's await."},
+    {"close", (PyCFunction)op_close, METH_NOARGS, "End the receive."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AnextOpType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel.AnextOp",
+    .tp_basicsize = sizeof(AnextOp),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | AM_SEND_FLAG,
+    .tp_doc = "One await of an AsyncReceiver's next chunk.",
+    .tp_traverse = (traverseproc)anextop_traverse,
+    .tp_clear = (inquiry)anextop_clear,
+    .tp_dealloc = (destructor)anextop_dealloc,
+    .tp_as_async = &anextop_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)op_iternext,
+    .tp_methods = anextop_methods,
+};
+
+static PyMethodDef anext_methods[] = {{NULL, NULL, 0, NULL}};
+
+static PyTypeObject AnextType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel.Anext",
+    .tp_basicsize = sizeof(Anext),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An AsyncReceiver's __anext__ in C: each call, an awaitable for one chunk.",
+    .tp_traverse = (traverseproc)anext_traverse,
+    .tp_clear = (inquiry)anext_clear,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)anext_init,
+    .tp_dealloc = (destructor)anext_dealloc,
+    .tp_call = (ternaryfunc)anext_call,
+    .tp_methods = anext_methods,
+};
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* CopySend(sender, sock, owner_tid, is_running): an AsyncSender's copy sendall (zcnet.aio. */
+/* sender) in its common case: the owner's thread with its loop running, the sender open    */
+/* with no ring (the copy kind) and no send in flight, and the socket taking bytes now.     */
+/* Calling it with ``data`` sends what the socket takes at once, without blocking, and      */
+/* counts it in the sender's stats: True when that was all of it, else the bytes it took    */
+/* (0 when it did not try), for the Python sendall to go on from. A send error is raised   */
+/* as the socket's send raises it.                                                           */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sender, *sock, *running;
+    unsigned long tid;
+} CopySend;
+
+#define COPYSEND_REFS(X) X(sender) X(sock) X(running)
+GC_METHODS(CopySend, copysend, COPYSEND_REFS)
+
+static int copysend_init(CopySend *c, PyObject *args, PyObject *kw) {
+    PyObject *sender, *sock, *running;
+    unsigned long long tid;
+    if (!PyArg_ParseTuple(args, "OOKO", &sender, &sock, &tid, &running))
+        return -1;
+    if (!PyCallable_Check(running)) {
+        PyErr_SetString(PyExc_TypeError, "CopySend: is_running is a callable");
+        return -1;
+    }
+    Py_XSETREF(c->sender, Py_NewRef(sender));
+    Py_XSETREF(c->sock, Py_NewRef(sock));
+    Py_XSETREF(c->running, Py_NewRef(running));
+    c->tid = (unsigned long)tid;
+    return 0;
+}
+
+/* stats.name += n */
+static int add_stat(PyObject *stats, PyObject *name, long long n) {
+    long long v;
+    return iget_ll(stats, name, &v) && iset_ll(stats, name, v + n);
+}
+
+static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
+    PyObject *data, *res;
+    long long fd, sending;
+    int v;
+    if (!c->sender) {
+        PyErr_SetString(PyExc_ValueError, "the CopySend is cleared");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O", &data))
+        return NULL;
+    if (PyThread_get_thread_ident() != c->tid)
+        return PyLong_FromLong(0);
+    if (!(res = PyObject_CallNoArgs(c->running)))
+        return NULL;
+    Py_DECREF(res);
+    if (res != Py_True)
+        return PyLong_FromLong(0);
+    /* Open, the copy kind (no ring), no send in flight. */
+    if ((v = iget_true(c->sender, s_closed)) != 0)
+        return v < 0 ? NULL : PyLong_FromLong(0);
+    if (!(res = iget(c->sender, s_ring)))
+        return NULL;
+    Py_DECREF(res);
+    if (res != Py_None)
+        return PyLong_FromLong(0);
+    if (!iget_ll(c->sender, s_sending, &sending))
+        return NULL;
+    if (sending >= 0)
+        return PyLong_FromLong(0);
+    if (!(res = PyObject_CallMethodNoArgs(c->sock, s_fileno)))
+        return NULL;
+    fd = PyLong_AsLongLong(res);
+    Py_DECREF(res);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (fd < 0 || fd > INT_MAX || PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* the Python sendall raises what applies */
+        return PyLong_FromLong(0);
+    }
+    if (view.len == 0) {
+        PyBuffer_Release(&view);
+        return PyLong_FromLong(0);
+    }
+    ssize_t n = send((int)fd, view.buf, (size_t)view.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    int err = errno;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    if (n < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (n <= 0)
+        return PyLong_FromLong(0);
+    PyObject *stats = iget(c->sender, s_stats);
+    if (!stats)
+        return NULL;
+    /* One send per sendall, as the Python one counts: a partial one's rest counts it. */
+    int ok = (n < len || add_stat(stats, s_sends, 1)) && add_stat(stats, s_bytes, n);
+    Py_DECREF(stats);
+    if (!ok)
+        return NULL;
+    return n == len ? Py_NewRef(Py_True) : PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef copysend_methods[] = {{NULL, NULL, 0, NULL}};
+
+static PyTypeObject CopySendType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel.CopySend",
+    .tp_basicsize = sizeof(CopySend),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An AsyncSender's copy sendall in C (the common case).",
+    .tp_traverse = (traverseproc)copysend_traverse,
+    .tp_clear = (inquiry)copysend_clear,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)copysend_init,
+    .tp_dealloc = (destructor)copysend_dealloc,
+    .tp_call = (ternaryfunc)copysend_call,
+    .tp_methods = copysend_methods,
+};
+
 static PyMethodDef loopaccel_methods[] = {
     CQE_LAYOUT_METHOD,
     BUFRING_LAYOUT_METHOD,
@@ -1170,18 +1680,25 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
         {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
         {&s_rx, "_rx"}, {&s_offset, "offset"}, {&s_length, "length"}, {&s_tok, "_tok"},
-        {&s_stream_offset, "stream_offset"},
+        {&s_stream_offset, "stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
+        {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
+        {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
+        {&s_sends, "sends"}, {&s_bytes, "bytes"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
             return NULL;
-    if (PyType_Ready(&RouterType) < 0 || PyType_Ready(&RoundType) < 0)
+    if (PyType_Ready(&RouterType) < 0 || PyType_Ready(&RoundType) < 0 ||
+        PyType_Ready(&AnextType) < 0 || PyType_Ready(&AnextOpType) < 0 ||
+        PyType_Ready(&CopySendType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&loopaccel_module);
     if (!m)
         return NULL;
     if (PyModule_AddObjectRef(m, "Router", (PyObject *)&RouterType) < 0 ||
         PyModule_AddObjectRef(m, "Round", (PyObject *)&RoundType) < 0 ||
+        PyModule_AddObjectRef(m, "Anext", (PyObject *)&AnextType) < 0 ||
+        PyModule_AddObjectRef(m, "CopySend", (PyObject *)&CopySendType) < 0 ||
         PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
         PyModule_AddIntConstant(m, "AGAIN", AGAIN) < 0 ||
         PyModule_AddIntConstant(m, "FALLBACK", FALLBACK) < 0 ||

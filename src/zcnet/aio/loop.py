@@ -42,7 +42,7 @@ def running_loop(what: str) -> Loop:
 class Owner:
     """The loop and thread an object belongs to; ``check`` refuses use from anywhere else."""
 
-    __slots__ = ("_current", "_ident", "_running", "loop", "thread", "what")
+    __slots__ = ("_current", "_ident", "is_running", "loop", "thread", "what")
 
     def __init__(self, what: str) -> None:
         self.what = what
@@ -50,13 +50,14 @@ class Owner:
         self.thread = threading.get_ident()
         # asyncio.get_running_loop and the loop, or trio's current_trio_token and the token
         self._current, self._ident = identity(self.loop)
-        self._running = None if isinstance(self.loop, TrioLoop) else self.loop.is_running
+        #: The asyncio loop's is_running (None under trio): with ``thread``, the fast check.
+        self.is_running = None if isinstance(self.loop, TrioLoop) else self.loop.is_running
 
     def check(self) -> None:
         # The hot path skips asyncio.get_running_loop, which costs a getpid syscall on Python
         # 3.11 (twice per echoed message): our thread with our loop running is enough, since a
         # thread runs one asyncio loop at a time.
-        running = self._running
+        running = self.is_running
         if running is not None and threading.get_ident() == self.thread and running():
             return
         try:

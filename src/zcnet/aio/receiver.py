@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import socket
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any
 
 from zcnet.aio.loop import Owner, running_loop, track, untrack
@@ -27,6 +28,7 @@ from zcnet.aio.shared import (
     MemberRing,
     SharedSoftProvider,
     compiled_round,
+    loop_accel,
     open_shared_soft,
 )
 from zcnet.aio.sockets import check_tcp_socket
@@ -68,6 +70,13 @@ class AsyncReceiver:
         #: ring, or None: the Python round only.
         fast = None if self._member is None else compiled_round(None, rx)
         self._take = None if fast is None else fast.take
+        #: ``__anext__`` in C (zcnet.aio._loopaccel.Anext) with the compiled round on an asyncio
+        #: loop; it hands whatever is not the common case to ``_anext``.
+        self._cnext: Any = None
+        if fast is not None and self._owner.is_running is not None:
+            self._cnext = loop_accel().Anext(
+                fast, self, self._member, self._owner.thread, self._owner.is_running,
+                self._owner.loop.create_future, self._pending, self._anext, ClosedError)
         track(self._owner.loop, self)
 
     # --- receiving -------------------------------------------------------------------------
@@ -172,7 +181,11 @@ class AsyncReceiver:
     def __aiter__(self) -> AsyncReceiver:
         return self
 
-    async def __anext__(self) -> Chunk:
+    def __anext__(self) -> Awaitable[Chunk]:
+        cnext = self._cnext
+        return self._anext() if cnext is None else cnext()  # type: ignore[no-any-return]
+
+    async def _anext(self) -> Chunk:
         pending = self._pending
         if pending:
             self._owner.check()

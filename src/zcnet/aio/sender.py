@@ -32,6 +32,7 @@ import numpy as np
 from zcnet.aio import backend
 from zcnet.aio.backend import Future
 from zcnet.aio.loop import Owner, track, untrack
+from zcnet.aio.shared import loop_accel
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError, ZcnetError
@@ -91,6 +92,12 @@ class AsyncSender:
         self._idle.set()
         if kind == "sendzc":
             self._open_ring()
+        #: sendall's copy send in C (zcnet.aio._loopaccel.CopySend) on an asyncio loop; it
+        #: leaves everything but a send the socket takes at once to the Python sendall.
+        accel = loop_accel()
+        running = self._owner.is_running
+        self._csend: Any = (None if accel is None or running is None or self.ring is not None
+                            else accel.CopySend(self, sock, self._owner.thread, running))
         track(self.loop, self)
 
     def _open_ring(self) -> None:
@@ -246,8 +253,12 @@ class AsyncSender:
 
     async def sendall(self, data: Any) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
+        csend = self._csend
+        sent = 0 if csend is None else csend(data)  # the copy kind's common case, in C
+        if sent is True:
+            return
         self._check()
-        mv = memoryview(data).cast("B")
+        mv = memoryview(data).cast("B")[sent:]
         if self.ring is None:
             if self._sending >= 0:
                 await self._turn()

@@ -282,7 +282,7 @@ class MemberRing:
 
     # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
     # the rest lives in the instance dict.
-    __slots__ = ("__dict__", "__weakref__", "fast", "inbox", "on_ready")
+    __slots__ = ("__dict__", "__weakref__", "fast", "inbox", "on_ready", "waiter")
 
     def __init__(self, lr: LoopRing, mid: int, bgid: int) -> None:
         self.lr = lr
