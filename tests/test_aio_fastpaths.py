@@ -1,28 +1,32 @@
 """The compiled per-message paths of zcnet.aio (zcnet.aio._loopaccel): a receiver's ``__anext__``
 (Anext) and a copy sender's ``sendall`` (CopySend), against the Python code they stand in
-for. Each case runs on both passes: with ZCNET_PURE the Python code runs alone, and both must
-give the same chunks, counts and errors."""
+for. The cases marked ``both_passes`` run on both: with ZCNET_PURE the Python code runs alone,
+and both must give the same chunks, counts and errors."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
 
 from aio_util import LOOPS, StreamCheck, loop_pass, pattern, refused_in_thread, run, tcp_pair
 from zcnet import aio
+from zcnet.aio import shared
 from zcnet.errors import ClosedError, UsageError
 
-pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
-              pytest.mark.usefixtures("loop_pass")]
+pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
+both_passes = pytest.mark.usefixtures("loop_pass")
 __all__ = ["loop_pass"]  # the fixture, imported for pytest
 
 SMALL = {"area_size": 256 << 10, "buf_size": 16 << 10}
 
 
+@both_passes
 def test_the_compiled_anext_runs_when_built(loop_kind, loop_pass, no_leaks):
     """What each pass gives for ``__anext__``: the C awaitable, or the Python coroutine."""
 
@@ -38,6 +42,7 @@ def test_the_compiled_anext_runs_when_built(loop_kind, loop_pass, no_leaks):
     assert run(loop_kind, main) == ("AnextOp" if loop_pass == "c" else "coroutine")
 
 
+@both_passes
 def test_async_for_under_backpressure_and_a_cancel_loses_nothing(loop_kind, no_leaks):
     """Held chunks past max_held stall the receiver (the compiled step hands it to the Python
     one, which waits for a release); a task cancelled there, and one cancelled while waiting
@@ -83,6 +88,7 @@ def test_async_for_under_backpressure_and_a_cancel_loses_nothing(loop_kind, no_l
     assert st["backpressure"] >= 1 and st["in_flight"] == 0 and st["delivered"] == st["released"]
 
 
+@both_passes
 def test_a_second_async_for_while_one_waits_is_refused(loop_kind, no_leaks):
     async def main() -> None:
         c, s = await tcp_pair()
@@ -100,6 +106,7 @@ def test_a_second_async_for_while_one_waits_is_refused(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+@both_passes
 def test_closing_under_a_waiting_async_for_raises_closed(loop_kind, no_leaks):
     async def main() -> str:
         c, s = await tcp_pair()
@@ -115,6 +122,7 @@ def test_closing_under_a_waiting_async_for_raises_closed(loop_kind, no_leaks):
     assert "closed while a receive waited" in run(loop_kind, main)
 
 
+@both_passes
 def test_an_awaited_step_cannot_be_awaited_again(loop_kind, no_leaks):
     async def main() -> None:
         c, s = await tcp_pair()
@@ -130,6 +138,7 @@ def test_an_awaited_step_cannot_be_awaited_again(loop_kind, no_leaks):
     run(loop_kind, main)
 
 
+@both_passes
 def test_receiving_from_another_thread_is_refused(loop_kind, no_leaks):
     async def main() -> str:
         c, s = await tcp_pair()
@@ -141,6 +150,7 @@ def test_receiving_from_another_thread_is_refused(loop_kind, no_leaks):
     assert "another thread" in run(loop_kind, main)
 
 
+@both_passes
 def test_copy_sendall_counts_each_send_and_every_byte(loop_kind, no_leaks):
     msgs = [bytes([i]) * (1 + i * 37) for i in range(200)]
 
@@ -163,6 +173,7 @@ def test_copy_sendall_counts_each_send_and_every_byte(loop_kind, no_leaks):
     assert st["sends"] == len(msgs) + 1 and st["bytes"] == len(out)
 
 
+@both_passes
 def test_copy_sendall_on_a_closed_socket_never_reaches_a_reused_fd(loop_kind, no_leaks):
     """The socket closed under the sender, its fd number taken by a new socket: sendall fails
     (the socket is closed) and the new socket's peer gets nothing."""
@@ -188,6 +199,7 @@ def test_copy_sendall_on_a_closed_socket_never_reaches_a_reused_fd(loop_kind, no
     assert run(loop_kind, main) == b""
 
 
+@both_passes
 def test_sendall_to_a_reset_peer_raises_the_socket_error(loop_kind, no_leaks):
     async def main() -> None:
         c, s = await tcp_pair()
@@ -200,3 +212,104 @@ def test_sendall_to_a_reset_peer_raises_the_socket_error(loop_kind, no_leaks):
                     await tx.sendall(b"x" * 100)
 
     run(loop_kind, main)
+
+
+@both_passes
+def test_a_step_behaves_as_a_coroutine_does_on_misuse(loop_kind, no_leaks):
+    """What the C step and the Python coroutine both do: a value sent to a fresh one, an
+    exception thrown into one (instance, or class and value), reuse once over, one awaiter."""
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
+            step = rx.__anext__()
+            with pytest.raises(TypeError, match="non-None value"):
+                step.send(1)
+            step.close()
+            step = rx.__anext__()
+            with pytest.raises(KeyError, match="k"):
+                step.throw(KeyError("k"))
+            with pytest.raises(RuntimeError, match="cannot reuse already awaited"):
+                step.send(None)
+            step = rx.__anext__()
+            with pytest.raises(KeyError):
+                step.throw(KeyError, "k")
+            first = asyncio.ensure_future(rx.__anext__())
+            await asyncio.sleep(0.02)
+            step = rx.__anext__()
+
+            async def second() -> None:
+                await step
+            with pytest.raises(UsageError, match="already awaited by another task"):
+                await second()  # another step while the first waits: the one-waiter rule
+            step.close()
+            c.send(b"x")
+            (await asyncio.wait_for(first, 10)).release()
+        c.close()
+
+    run(loop_kind, main)
+
+
+@both_passes
+def test_one_step_awaited_by_two_tasks_is_refused(loop_kind, no_leaks):
+    """The same step awaited a second time while it waits: RuntimeError, as for a coroutine;
+    cancelling the first awaiter leaves the receiver usable."""
+
+    async def main() -> None:
+        c, s = await tcp_pair()
+        async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
+            step = rx.__anext__()
+
+            async def wait_on() -> Any:
+                return await step
+            t1 = asyncio.create_task(wait_on())
+            await asyncio.sleep(0.02)
+            with pytest.raises(RuntimeError, match="being awaited already"):
+                await wait_on()
+            t1.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t1
+            c.send(b"y")
+            chunk = await asyncio.wait_for(anext(aiter(rx)), 10)
+            assert bytes(chunk.data) == b"y"
+            chunk.release()
+        c.close()
+
+    run(loop_kind, main)
+
+
+@pytest.mark.skipif(shared._loopaccel is None, reason="zcnet.aio._loopaccel is not built")
+def test_a_step_re_entered_from_the_python_step_is_refused(loop_kind, monkeypatch, no_leaks):
+    """A step driving the Python coroutine (here: the receiver seen closed, so it hands over)
+    refuses send, throw and close from inside that coroutine (a finalizer or callback could
+    do it), as a running coroutine refuses, and still ends with the coroutine's result."""
+    monkeypatch.setenv("ZCNET_PURE", "0")
+
+    async def main() -> list[str]:
+        c, s = await tcp_pair()
+        refused: list[str] = []
+        async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
+            box: dict[str, Any] = {}
+
+            async def py_step() -> str:
+                for attempt in (lambda: box["op"].send(None), box["op"].close,
+                                lambda: box["op"].throw(KeyError)):
+                    with pytest.raises(ValueError, match="already executing") as e:
+                        attempt()
+                    refused.append(str(e.value))
+                return "done"
+
+            class Closed:
+                _closed = True  # the step hands every call to py_step
+            owner = rx._owner
+            anext_ = shared.loop_accel().Anext(
+                shared.compiled_round(None, rx.rx), Closed(), rx._member, owner.thread,
+                owner.is_running, owner.loop.create_future, collections.deque(), py_step,
+                ClosedError)
+            box["op"] = anext_()
+            assert await box["op"] == "done"
+        c.close()
+        return refused
+
+    assert len(run(loop_kind, main)) == 3
+

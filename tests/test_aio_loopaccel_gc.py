@@ -1,10 +1,10 @@
 """The compiled pass (zcnet.aio._loopaccel) while Python runs inside it: a GC pass during the
 shared ring's routing, or during a round's chunk making, runs a finalizer that closes the loop's
 only receiver (and with it the ring and its buffer ring, unmapped). The pass must not read the
-unmapped rings afterwards. A Router or Round that was never initialised refuses to run. Each
-case runs in its own interpreter, so a regression fails the test instead of crashing the suite.
-Whether a GC pass lands at that spot is up to the collector: a run where it did not is skipped
-with the reason."""
+unmapped rings afterwards. A Router, Anext or CopySend that was never initialised refuses to
+run. Each case runs in its own interpreter, so a regression fails the test instead of crashing
+the suite. Whether a GC pass lands at that spot is up to the collector: a run where it did not
+is skipped with the reason."""
 
 from __future__ import annotations
 
@@ -105,6 +105,10 @@ def test_a_finalizer_that_closes_the_receiver_mid_pass_is_survived(case: str) ->
      "the Router has no ring"),
     ("Router.poll", "_loopaccel.Router.__new__(_loopaccel.Router).poll(True, 0)",
      "the Router has no ring"),
+    ("Anext", "_loopaccel.Anext.__new__(_loopaccel.Anext)().send(None)",
+     "the Anext is not initialised"),
+    ("CopySend", "_loopaccel.CopySend.__new__(_loopaccel.CopySend)(b'x')",
+     "the CopySend is cleared"),
 ])
 def test_an_uninitialised_router_refuses(what: str, code: str, expected: str) -> None:
     p = _run("from zcnet.aio import _loopaccel\ntry:\n    " + code +

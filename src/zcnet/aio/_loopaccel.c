@@ -1231,7 +1231,7 @@ enum { OP_FRESH, OP_WAIT, OP_PY, OP_DONE };
 typedef struct {
     PyObject_HEAD
     PyObject *a, *delegate;
-    int state;
+    int state, running; /* running: a send, throw or close is under way (re-entry refused) */
 } AnextOp;
 
 #define ANEXTOP_REFS(X) X(a) X(delegate)
@@ -1249,16 +1249,31 @@ static PyObject *anext_call(Anext *a, PyObject *args, PyObject *kw) {
     op->a = Py_NewRef(a);
     op->delegate = NULL;
     op->state = OP_FRESH;
+    op->running = 0;
     PyObject_GC_Track(op);
     return (PyObject *)op;
 }
 
-/* Send ``arg`` into the delegate; a result other than NEXT ends the delegation. */
+/* Send ``arg`` into the delegate (held while it runs); a result other than NEXT ends the
+ * delegation. */
 static PySendResult op_delegate(AnextOp *op, PyObject *arg, PyObject **result) {
-    PySendResult r = PyIter_Send(op->delegate, arg, result);
-    if (r != PYGEN_NEXT)
+    PyObject *d = Py_NewRef(op->delegate);
+    PySendResult r = PyIter_Send(d, arg, result);
+    if (r != PYGEN_NEXT && op->delegate == d)
         Py_CLEAR(op->delegate);
+    Py_DECREF(d);
     return r;
+}
+
+/* A step may not start while one runs (a finalizer or a callback re-entering it), as a
+ * running coroutine refuses. */
+static int op_enter(AnextOp *op) {
+    if (op->running) {
+        PyErr_SetString(PyExc_ValueError, "receive already executing");
+        return 0;
+    }
+    op->running = 1;
+    return 1;
 }
 
 /* Hand the step to the Python coroutine. */
@@ -1323,10 +1338,23 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     if (!fut)
         return PYGEN_ERROR;
     unaryfunc aw = Py_TYPE(fut)->tp_as_async ? Py_TYPE(fut)->tp_as_async->am_await : NULL;
-    PyObject *it = NULL;
+    PyObject *it = NULL, *box = NULL;
+    Py_ssize_t queued = -1;
     if (!aw)
         PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
-    else if (iset(a->member, s_waiter, fut) == 0)
+    else if (iset(a->member, s_waiter, fut) == 0 && (box = iget(a->member, s_inbox)))
+        queued = PyObject_Length(box);
+    Py_XDECREF(box);
+    if (queued > 0) {
+        /* Completions came while no waiter was set (a GC pass between take() and here can
+         * run a nested pass): take them instead of sleeping. */
+        Py_DECREF(fut);
+        if (iset(a->member, s_waiter, Py_None) < 0)
+            return PYGEN_ERROR;
+        *result = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
+    }
+    if (queued == 0)
         it = aw(fut);
     Py_DECREF(fut);
     if (!it)
@@ -1341,6 +1369,11 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     PyObject *res;
     int v;
     *result = NULL;
+    if (!a->round || !a->arx || !a->member || !a->running || !a->create_future ||
+        !a->pending || !a->popleft || !a->py_anext || !a->closed_error) {
+        PyErr_SetString(PyExc_ValueError, "the Anext is not initialised");
+        return PYGEN_ERROR;
+    }
     switch (op->state) {
     case OP_DONE:
         PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited receive");
@@ -1362,6 +1395,11 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
         goto woken;
     }
     default: /* FRESH: from the owner's thread with its loop running, on an open receiver */
+        if (arg != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "can't send non-None value to a just-started receive");
+            goto error;
+        }
         if (PyThread_get_thread_ident() != a->tid)
             return op_py(op, result);
         if (!(res = PyObject_CallNoArgs(a->running)))
@@ -1422,66 +1460,110 @@ static PyObject *stop_with(PyObject *value) {
     return NULL;
 }
 
-static PyObject *op_iternext(AnextOp *op) {
-    PyObject *res;
-    PySendResult r = op_send(op, Py_None, &res);
-    return r == PYGEN_NEXT ? res : r == PYGEN_RETURN ? stop_with(res) : NULL;
+static PySendResult op_am_send(PyObject *o, PyObject *arg, PyObject **result) {
+    AnextOp *op = (AnextOp *)o;
+    if (!op_enter(op)) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    PySendResult r = op_send(op, arg, result);
+    op->running = 0;
+    return r;
 }
 
 static PyObject *op_send_method(AnextOp *op, PyObject *arg) {
     PyObject *res;
-    PySendResult r = op_send(op, arg, &res);
+    PySendResult r = op_am_send((PyObject *)op, arg, &res);
     return r == PYGEN_NEXT ? res : r == PYGEN_RETURN ? stop_with(res) : NULL;
+}
+
+static PyObject *op_iternext(AnextOp *op) { return op_send_method(op, Py_None); }
+
+/* The exception throw(type[, value[, traceback]]) names, raised here, as a generator's throw
+ * raises it. */
+static PyObject *raise_thrown(PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
+    if (tb && !PyTraceBack_Check(tb)) {
+        PyErr_SetString(PyExc_TypeError, "throw() third argument must be a traceback object");
+        return NULL;
+    }
+    if (PyExceptionClass_Check(typ)) {
+        PyErr_Restore(Py_NewRef(typ), val == Py_None ? NULL : Py_NewRef(val), Py_XNewRef(tb));
+    } else if (PyExceptionInstance_Check(typ)) {
+        if (val != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
+            return NULL;
+        }
+        PyErr_Restore(Py_NewRef(Py_TYPE(typ)), Py_NewRef(typ),
+                      tb ? Py_NewRef(tb) : PyException_GetTraceback(typ));
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "exceptions must be classes or instances deriving from BaseException, "
+                     "not %s", Py_TYPE(typ)->tp_name);
+    }
+    return NULL;
 }
 
 /* throw(exc): into the delegate (the waiter's __await__, which re-raises it, or the Python
  * step, whose finally runs), else raised here; either way the receive is over unless the
  * Python step goes on. */
+static PyObject *op_throw_in(AnextOp *op, PyObject *const *args, Py_ssize_t nargs) {
+    if (op->state == OP_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited receive");
+        return NULL;
+    }
+    if (!op->delegate) {
+        op->state = OP_DONE;
+        return raise_thrown(args, nargs);
+    }
+    PyObject *d = Py_NewRef(op->delegate);
+    PyObject *meth = PyObject_GetAttr(d, s_throw);
+    PyObject *res = meth ? PyObject_Vectorcall(meth, args, (size_t)nargs, NULL) : NULL;
+    Py_XDECREF(meth);
+    if (!res) { /* it raised, or returned (StopIteration): the receive is over */
+        if (op->delegate == d)
+            Py_CLEAR(op->delegate);
+        op->state = OP_DONE;
+    }
+    Py_DECREF(d);
+    return res; /* else the Python step awaits something else */
+}
+
 static PyObject *op_throw(AnextOp *op, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 3) {
         PyErr_SetString(PyExc_TypeError, "throw(type[, value[, traceback]])");
         return NULL;
     }
-    if (op->delegate) {
-        PyObject *meth = PyObject_GetAttr(op->delegate, s_throw);
-        PyObject *res = meth ? PyObject_Vectorcall(meth, args, (size_t)nargs, NULL) : NULL;
-        Py_XDECREF(meth);
-        if (res)
-            return res; /* the Python step awaits something else */
-        Py_CLEAR(op->delegate);
-        op->state = OP_DONE;
+    if (!op_enter(op))
         return NULL;
-    }
-    op->state = OP_DONE;
-    PyObject *typ = args[0];
-    if (PyExceptionInstance_Check(typ))
-        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
-    else if (PyExceptionClass_Check(typ))
-        PyErr_SetObject(typ, nargs > 1 ? args[1] : Py_None);
-    else
-        PyErr_SetString(PyExc_TypeError,
-                        "exceptions must be classes or instances deriving from BaseException");
-    return NULL;
+    PyObject *res = op_throw_in(op, args, nargs);
+    op->running = 0;
+    return res;
 }
 
 static PyObject *op_close(AnextOp *op, PyObject *unused) {
+    if (!op_enter(op))
+        return NULL;
     PyObject *d = op->delegate;
     op->delegate = NULL;
     op->state = OP_DONE;
-    if (d) {
-        PyObject *res = PyObject_CallMethodNoArgs(d, s_close);
-        Py_DECREF(d);
-        if (!res)
-            return NULL;
-        Py_DECREF(res);
-    }
+    PyObject *res = d ? PyObject_CallMethodNoArgs(d, s_close) : Py_NewRef(Py_None);
+    Py_XDECREF(d);
+    op->running = 0;
+    if (!res)
+        return NULL;
+    Py_DECREF(res);
     Py_RETURN_NONE;
 }
 
-static PyObject *op_await(PyObject *op) { return Py_NewRef(op); }
-
-static PySendResult op_am_send(PyObject *op, PyObject *arg, PyObject **result) {
-    return op_send((AnextOp *)op, arg, result);
+/* Awaited by one task at a time, as a coroutine is. */
+static PyObject *op_await(PyObject *o) {
+    if (((AnextOp *)o)->delegate) {
+        PyErr_SetString(PyExc_RuntimeError, "receive is being awaited already");
+        return NULL;
+    }
+    return Py_NewRef(o);
 }
 
 static PyAsyncMethods anextop_async = {.am_await = op_await, .am_send = op_am_send};
@@ -1530,9 +1612,9 @@ static PyTypeObject AnextType = {
 /* sender) in its common case: the owner's thread with its loop running, the sender open    */
 /* with no ring (the copy kind) and no send in flight, and the socket taking bytes now.     */
 /* Calling it with ``data`` sends what the socket takes at once, without blocking, and      */
-/* counts it in the sender's stats: True when that was all of it, else the bytes it took    */
-/* (0 when it did not try), for the Python sendall to go on from. A send error is raised   */
-/* as the socket's send raises it.                                                           */
+/* counts it in the sender's stats (the send, and its bytes): True when that was all of it, */
+/* else the bytes it took (0 when it did not try), for the Python sendall to go on from    */
+/* without counting the send again. A send error is raised as the socket's send raises it. */
 
 typedef struct {
     PyObject_HEAD
@@ -1622,8 +1704,8 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
     PyObject *stats = iget(c->sender, s_stats);
     if (!stats)
         return NULL;
-    /* One send per sendall, as the Python one counts: a partial one's rest counts it. */
-    int ok = (n < len || add_stat(stats, s_sends, 1)) && add_stat(stats, s_bytes, n);
+    /* One send per sendall, as the Python one counts (its rest is not counted again). */
+    int ok = add_stat(stats, s_sends, 1) && add_stat(stats, s_bytes, n);
     Py_DECREF(stats);
     if (!ok)
         return NULL;

@@ -200,11 +200,12 @@ class AsyncSender:
             sent.add_done_callback(_consume)
             raise
 
-    def _copy(self, mv: memoryview, i: int) -> Future[None] | None:
+    def _copy(self, mv: memoryview, i: int, counted: bool = False) -> Future[None] | None:
         """Start a copy send: at once as far as the socket takes it (None: all of it), the rest
         from a writer callback that goes on if the caller is cancelled, as a SEND_ZC send does;
         the future resolves when it ends. ``i``: the slot to give back at the end (-1: none,
-        sendall's own data). Not a coroutine: the common send costs no frame."""
+        sendall's own data). ``counted``: the rest of a send already counted in ``sends``
+        (CopySend's). Not a coroutine: the common send costs no frame."""
         try:
             n = self.sock.send(mv)
         except (BlockingIOError, InterruptedError):
@@ -213,7 +214,8 @@ class AsyncSender:
             if i >= 0:
                 self._give_back(i)
             raise
-        self._stats.sends += 1
+        if not counted:
+            self._stats.sends += 1
         if n == len(mv):
             self._stats.bytes += n
             if i >= 0:
@@ -254,15 +256,15 @@ class AsyncSender:
     async def sendall(self, data: Any) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
         csend = self._csend
-        sent = 0 if csend is None else csend(data)  # the copy kind's common case, in C
-        if sent is True:
+        took = 0 if csend is None else csend(data)  # the copy kind's common case, in C
+        if took is True:
             return
         self._check()
-        mv = memoryview(data).cast("B")[sent:]
+        mv = memoryview(data).cast("B")[took:]
         if self.ring is None:
             if self._sending >= 0:
                 await self._turn()
-            sent = self._copy(mv, -1)
+            sent = self._copy(mv, -1, counted=took > 0)
             if sent is not None:
                 await self._await_sent(sent)
             return
