@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import socket
 import struct
 from typing import Any
@@ -313,3 +314,62 @@ def test_a_step_re_entered_from_the_python_step_is_refused(loop_kind, monkeypatc
 
     assert len(run(loop_kind, main)) == 3
 
+
+
+@both_passes
+def test_batches_and_chunks_released_together_go_back_once(loop_kind, no_leaks):
+    """Rounds alternate between recv() (chunks) and recv_batch() (one Batch, from the compiled
+    round when built); each round is released with the one after it, so the releases a round
+    flushes mix both kinds. Every byte arrives once, in order, and every buffer comes back."""
+    size = 6 << 20
+    data = pattern(11, size)
+
+    async def send_slowly(c: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for off in range(0, size, 64 << 10):  # small rounds: two held stay far below max_held
+            await loop.sock_sendall(c, memoryview(data)[off:off + (64 << 10)])
+            await asyncio.sleep(0.001)
+        c.close()
+
+    async def receive(rx: aio.AsyncReceiver, check: StreamCheck) -> Any:
+        older: list[Any] = []
+        first = None
+        for turn in itertools.count():
+            got = await (rx.recv_batch() if turn % 2 else rx.recv())
+            if not got:
+                break
+            if turn % 2:
+                for v in got.views():
+                    check.add(v)
+                now = [got]
+                first = first or got
+            else:
+                for ch in got:
+                    check.add(ch.data, ch.stream_offset)
+                now = list(got)
+            if len(older) and turn % 2:  # release two rounds, a batch's and chunks, at once
+                for h in older + now:
+                    h.release()
+                older = []
+            else:
+                older += now
+        for h in older:
+            h.release()
+        return first
+
+    async def main() -> dict:
+        c, s = await tcp_pair()
+        check = StreamCheck(data)
+        sender = asyncio.create_task(send_slowly(c))
+        async with aio.open_receiver(s, own_socket=True, area_size=4 << 20,
+                                     buf_size=16 << 10) as rx:
+            first = await asyncio.wait_for(receive(rx, check), 60)
+            await sender
+            with pytest.raises(ValueError, match="released twice"):
+                first.release()
+            rx.flush()
+            assert check.complete
+            return rx.stats_dict()
+
+    st = run(loop_kind, main)
+    assert st["in_flight"] == 0 and st["delivered"] == st["released"]

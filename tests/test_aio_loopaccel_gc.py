@@ -114,3 +114,25 @@ def test_an_uninitialised_router_refuses(what: str, code: str, expected: str) ->
     p = _run("from zcnet.aio import _loopaccel\ntry:\n    " + code +
              "\nexcept ValueError as e:\n    print(e)")
     assert (p.returncode, p.stdout.strip()) == (0, expected), (what, p.stderr[-2000:])
+
+
+def test_a_round_refuses_a_batch_class_without_the_slots_it_writes() -> None:
+    """The batch round writes a Batch's slots in place: a class whose held-object slots are
+    not the chunk class's, or that lacks one, is refused when the Round is made."""
+    p = _run("from collections import deque\nfrom zcnet.aio import _loopaccel\n"
+             "from zcnet.rx.zc.chunks import Batch, Chunk\n"
+             "class B:\n"
+             "    __slots__ = ('_rx', 'length', '_tok', 'stream_offset', 'offsets', 'lengths',"
+             " '_linear')\n"
+             "class NoLinear(Chunk):\n"
+             "    __slots__ = ('offsets', 'lengths')\n"
+             "for cls in (B, NoLinear, Batch):\n"
+             "    try:\n"
+             "        _loopaccel.Round(None, 0, 0, 0, Chunk, deque(), 0, 0, 2, 16, cls)\n"
+             "        print('made')\n"
+             "    except TypeError as e:\n"
+             "        print(e)")
+    out = p.stdout.split("\n")
+    assert "B'>._rx is not the __slots__ member" in out[0], (out, p.stderr[-2000:])
+    assert "NoLinear'>._linear is not the __slots__ member" in out[1], out
+    assert out[2] == "made", out

@@ -12,6 +12,8 @@
  *   (a batch or coalesced chunk released, an error or final completion, back-pressure, a closed
  *   receiver, a buffer ring out of step, a double release) returns FALLBACK before changing
  *   anything, and the Python round runs with its own checks and errors.
+ *   Its take() and take_batch() are the same round for an AsyncReceiver's ``recv`` and
+ *   ``recv_batch``, returning the chunks (or one Batch) instead of calling a protocol.
  * - Anext: an AsyncReceiver's ``__anext__`` on such a round, as an awaitable with no
  *   coroutine frame; anything but a chunk now or a wait for data goes to the Python step.
  * - CopySend: a copy sender's ``sendall`` when the socket takes the bytes at once.
@@ -54,7 +56,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
     *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
     *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
-    *s_sends, *s_bytes;
+    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -626,9 +628,11 @@ OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
 struct Round {
     PyObject_HEAD
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
+    PyObject *bcls;                                /* the Batch class (NULL: no batch rounds) */
     long long recv_ud, f_more;
     unsigned int buffer_shift;
     Py_ssize_t o_rx, o_off, o_len, o_tok, o_so;    /* the chunk class's slot offsets */
+    Py_ssize_t o_offs, o_lens, o_lin;              /* the Batch class's own ones */
     PyObject *pop;                                 /* queue.popleft */
     PyObject *py_write;                            /* the transport class's own write */
     /* The provider's buffer ring as last seen, with what stays fixed for its life: its
@@ -648,15 +652,15 @@ static PyObject *round_transport(Round *r) {
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(pop) X(py_write) X(buf)       \
-    X(buf_ring)
+    X(buf_ring) X(bcls)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
-    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
+    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats, *bcls = NULL;
     long long recv_ud, f_more, shift;
     /* Checked in locals first: a failed __init__ leaves the Round as it was. */
-    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL", &tr, &rx, &member, &prov, &PyType_Type, &cls,
-                          &queue, &stats, &recv_ud, &f_more, &shift))
+    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL|O!", &tr, &rx, &member, &prov, &PyType_Type, &cls,
+                          &queue, &stats, &recv_ud, &f_more, &shift, &PyType_Type, &bcls))
         return -1;
     if (shift < 0 || shift > 31) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
@@ -669,6 +673,20 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
             PyErr_Format(PyExc_TypeError, "%R.%U is not a __slots__ member", cls, names[i]);
             return -1;
         }
+    /* A Batch class: the chunk's held-object slots at the same offsets, and its own three. */
+    PyObject *const bnames[7] = {s_rx, s_length, s_tok, s_stream_offset, s_offsets, s_lengths,
+                                 s_linear};
+    Py_ssize_t boffs[7] = {0};
+    for (int i = 0; bcls && i < 7; i++) {
+        boffs[i] = type_slot_offset((PyTypeObject *)bcls, bnames[i]);
+        Py_ssize_t want = i == 0 ? offs[0] : i == 1 ? offs[2] : i == 2 ? offs[3]
+                        : i == 3 ? offs[4] : boffs[i];
+        if (!boffs[i] || boffs[i] != want) {
+            PyErr_Format(PyExc_TypeError, "%R.%U is not the __slots__ member a round needs",
+                         bcls, bnames[i]);
+            return -1;
+        }
+    }
     PyObject *pop = PyObject_GetAttr(queue, s_popleft);
     if (!pop)
         return -1;
@@ -685,6 +703,11 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     r->o_len = offs[2];
     r->o_tok = offs[3];
     r->o_so = offs[4];
+    r->o_offs = boffs[4];
+    r->o_lens = boffs[5];
+    r->o_lin = boffs[6];
+    Py_XINCREF(bcls);
+    Py_XSETREF(r->bcls, bcls);
     Py_XSETREF(r->pop, pop);
     Py_XSETREF(r->py_write, w);
     Py_CLEAR(r->buf);
@@ -751,9 +774,41 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
 #define ENTRY(b, i)                                                                        \
     buf_entry((b)->entries, (unsigned long long)(i), (unsigned long long)(b)->mask)
 
-/* Released chunks back to the buffer ring (Receiver._flush_releases + BufRing.provide_few for
- * plain chunks); *rel and *relb, the stats' released counts as the caller read them, are
- * advanced and written back. 1 done, 0 error, -1 fall back (nothing changed). */
+/* A released item's buffer ids and bytes: a plain chunk's one token, or a Batch's list of
+ * them. 1 done (*ntok ids and *nbytes added), -1 anything else (nothing changed). */
+static int held_tokens(Round *r, PyObject *c, long long bufs, long long *ntok,
+                       long long *nbytes) {
+    PyObject *tok = SLOT(c, r->o_tok), *len = SLOT(c, r->o_len); /* borrowed */
+    PyObject *one[1] = {tok};
+    PyObject **toks = one;
+    Py_ssize_t k = 1;
+    if ((PyObject *)Py_TYPE(c) == r->cls)
+        ;
+    else if (r->bcls && (PyObject *)Py_TYPE(c) == r->bcls && tok && PyList_CheckExact(tok)) {
+        toks = PySequence_Fast_ITEMS(tok);
+        k = PyList_GET_SIZE(tok);
+    } else
+        return -1; /* a coalesced chunk, a batch of arrays: the Python flush */
+    int ovf = 0;
+    long long l = len && PyLong_CheckExact(len) ? PyLong_AsLongLongAndOverflow(len, &ovf) : -1;
+    if (ovf || l < 0 || l > LLONG_MAX - *nbytes)
+        return -1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        /* exact ints: no error but overflow, which the Python flush reports as it does */
+        long long t = toks[i] && PyLong_CheckExact(toks[i])
+                          ? PyLong_AsLongLongAndOverflow(toks[i], &ovf) : -1;
+        if (ovf || t < 0 || t >= bufs)
+            return -1;
+    }
+    *ntok += k;
+    *nbytes += l;
+    return 1;
+}
+
+/* Released chunks and batches back to the buffer ring (Receiver._flush_releases +
+ * BufRing.provide for plain chunks and list batches); *rel and *relb, the stats' released
+ * counts as the caller read them, are advanced and written back. 1 done, 0 error, -1 fall back
+ * (nothing changed). */
 static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
                           long long *relb) {
     Py_ssize_t n = PyObject_Length(r->queue);
@@ -761,12 +816,10 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         return 0;
     if (n == 0)
         return 1;
-    if (b->in_ring + n > b->n)
-        return -1; /* a double release: BufRing's check raises it */
     PyObject *it = PyObject_GetIter(r->queue);
     if (!it)
         return 0;
-    long long nbytes = 0;
+    long long nbytes = 0, ntok = 0;
     int verdict = 1;
     for (Py_ssize_t i = 0; i < n && verdict == 1; i++) {
         PyObject *c = PyIter_Next(it);
@@ -774,26 +827,14 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
             verdict = PyErr_Occurred() ? 0 : -1;
             break;
         }
-        if ((PyObject *)Py_TYPE(c) != r->cls)
-            verdict = -1; /* a batch, a coalesced chunk: the Python flush */
-        else {
-            PyObject *tok = SLOT(c, r->o_tok), *len = SLOT(c, r->o_len); /* borrowed */
-            int ovf = 0, ovf2 = 0;
-            long long t = tok && PyLong_CheckExact(tok) ? PyLong_AsLongLongAndOverflow(tok, &ovf)
-                                                        : -1;
-            long long l = len && PyLong_CheckExact(len) ? PyLong_AsLongLongAndOverflow(len, &ovf2)
-                                                        : -1;
-            /* exact ints: no error but overflow, which the Python flush reports as it does */
-            if (ovf || ovf2 || t < 0 || t >= b->n || l < 0 || l > LLONG_MAX - nbytes)
-                verdict = -1;
-            else
-                nbytes += l;
-        }
+        verdict = held_tokens(r, c, b->n, &ntok, &nbytes);
         Py_DECREF(c);
     }
     Py_DECREF(it);
     if (verdict != 1)
         return verdict;
+    if (b->in_ring + ntok > b->n)
+        return -1; /* a double release: BufRing's check raises it */
     PyObject *pop = r->pop;
     long long t = b->tail;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -801,16 +842,20 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         if (!c) {
             return 0; /* cannot happen: n items were there and only this thread takes */
         }
-        uint16_t bid = (uint16_t)PyLong_AsLong(SLOT(c, r->o_tok)); /* checked above */
+        PyObject *tok = SLOT(c, r->o_tok); /* checked above; nothing ran Python since */
+        PyObject **toks = PyList_CheckExact(tok) ? PySequence_Fast_ITEMS(tok) : &tok;
+        Py_ssize_t k = PyList_CheckExact(tok) ? PyList_GET_SIZE(tok) : 1;
+        for (Py_ssize_t j = 0; j < k; j++, t++) {
+            uint16_t bid = (uint16_t)PyLong_AsLong(toks[j]);
+            buf_put(ENTRY(b, t), b->base + (uint64_t)bid * (uint64_t)b->bs, (uint32_t)b->bs,
+                    bid);
+        }
         Py_DECREF(c);
-        buf_put(ENTRY(b, t), b->base + (uint64_t)bid * (uint64_t)b->bs, (uint32_t)b->bs,
-                bid);
-        t++;
     }
     b->tail = t & 0xFFFF;
-    b->in_ring += n;
+    b->in_ring += ntok;
     buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
-    *rel += n;
+    *rel += ntok;
     *relb += nbytes;
     if (!iset_ll(buf, s_tail, b->tail) ||
         !iset_ll(buf, s_in_ring, b->in_ring) ||
@@ -838,12 +883,16 @@ static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
     return res != NULL;
 }
 
+static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
+                            long long bs, long long s);
+
 /* The common case of a round up to its chunks, for round_run (which then gives them to the
  * protocol) and round_take (which returns them): every check, the releases back to the buffer
  * ring, the member's completions taken, the chunks made and the counts advanced. A new list of
- * at least one chunk; or NULL with no exception and *code DONE (no completions: the releases
- * went back) or FALLBACK (nothing changed: the Python round runs); or NULL with an exception. */
-static PyObject *take_chunks(Round *r, int *code) {
+ * at least one chunk (``batch``: one Batch instead); or NULL with no exception and *code DONE
+ * (no completions: the releases went back) or FALLBACK (nothing changed: the Python round
+ * runs); or NULL with an exception. */
+static PyObject *take_chunks(Round *r, int *code, int batch) {
     PyObject *buf = NULL, *chunks = NULL;
     int v;
     long long x;
@@ -964,6 +1013,16 @@ static PyObject *take_chunks(Round *r, int *code) {
         goto error;
     }
     long long s0 = s;
+    if (batch) {
+        chunks = make_batch(r, cqes, bids, k, b.bs, s);
+        Py_DECREF(cqes);
+        PyMem_Free(bids);
+        if (!chunks)
+            goto error; /* only memory runs out there */
+        PyObject *len = SLOT(chunks, r->o_len);
+        s += PyLong_AsLongLong(len);
+        goto taken;
+    }
     chunks = PyList_New(k);
     if (!chunks) {
         Py_DECREF(cqes);
@@ -1001,6 +1060,7 @@ static PyObject *take_chunks(Round *r, int *code) {
     }
     Py_DECREF(cqes);
     PyMem_Free(bids);
+taken:
     b.head = (b.head + k) & 0xFFFF;
     b.in_ring -= k;
     dl += k;
@@ -1026,6 +1086,62 @@ error:
 #undef FALLBACK_NULL
 }
 
+/* One Batch of the round's k buffers (``bids``, in the order the CQEs filled them), as
+ * Receiver.recv_batch makes it from a few CQEs: lists of tokens, offsets and lengths, starting
+ * at stream offset ``s``. NULL only when memory runs out. */
+static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
+                            long long bs, long long s) {
+    PyTypeObject *cls = (PyTypeObject *)r->bcls;
+    PyObject *toks = PyList_New(k), *offs = PyList_New(k), *lens = PyList_New(k);
+    PyObject *bt = toks && offs && lens ? cls->tp_alloc(cls, 0) : NULL;
+    long long s0 = s;
+    if (!bt)
+        goto error;
+    /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
+    SLOT(bt, r->o_rx) = Py_NewRef(r->rx);
+    SLOT(bt, r->o_tok) = Py_NewRef(toks);
+    SLOT(bt, r->o_offs) = Py_NewRef(offs);
+    SLOT(bt, r->o_lens) = Py_NewRef(lens);
+    SLOT(bt, r->o_lin) = Py_NewRef(Py_None);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cqes); i++) {
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+        for (; res > 0 && j < k; j++) {
+            long long n = res < bs ? res : bs;
+            PyObject *t = PyLong_FromLong(bids[j]), *o = PyLong_FromLongLong(bids[j] * bs),
+                     *l = PyLong_FromLongLong(n);
+            if (!t || !o || !l) {
+                Py_XDECREF(t);
+                Py_XDECREF(o);
+                Py_XDECREF(l);
+                goto error;
+            }
+            PyList_SET_ITEM(toks, j, t);
+            PyList_SET_ITEM(offs, j, o);
+            PyList_SET_ITEM(lens, j, l);
+            res -= n;
+            s += n;
+        }
+    }
+    if (j != k) { /* cannot happen: k was counted from the same CQEs */
+        PyErr_SetString(PyExc_RuntimeError, "batch round: buffers out of step");
+        goto error;
+    }
+    if (!(SLOT(bt, r->o_so) = PyLong_FromLongLong(s0)) ||
+        !(SLOT(bt, r->o_len) = PyLong_FromLongLong(s - s0)))
+        goto error;
+    Py_DECREF(toks);
+    Py_DECREF(offs);
+    Py_DECREF(lens);
+    return bt;
+error:
+    Py_XDECREF(bt);
+    Py_XDECREF(toks);
+    Py_XDECREF(offs);
+    Py_XDECREF(lens);
+    return NULL;
+}
+
 /* run() -> int: one round; DONE (nothing more now), AGAIN (call again), FALLBACK (run the
  * Python round), STOPPED (the protocol closed or paused the transport in a callback). */
 static PyObject *round_run(Round *r, PyObject *unused) {
@@ -1038,7 +1154,7 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     for (int i = 0; i < 4; i++)
         if ((v = iget_true(r->tr, flags[i])) != 0)
             return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
-    if (!(chunks = take_chunks(r, &code)))
+    if (!(chunks = take_chunks(r, &code, 0)))
         return PyErr_Occurred() ? NULL : PyLong_FromLong(code);
     Py_ssize_t k = PyList_GET_SIZE(chunks);
     /* To the protocol. */
@@ -1099,9 +1215,21 @@ static PyObject *round_take(Round *r, PyObject *unused) {
     int code = FALLBACK;
     if (!r->rx)
         return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector */
-    PyObject *chunks = take_chunks(r, &code);
+    PyObject *chunks = take_chunks(r, &code, 0);
     if (chunks || PyErr_Occurred())
         return chunks;
+    return PyLong_FromLong(code);
+}
+
+/* take_batch() -> Batch | int: the same round as one Batch, for ``recv_batch``; FALLBACK when
+ * the Round was made without a Batch class. */
+static PyObject *round_take_batch(Round *r, PyObject *unused) {
+    int code = FALLBACK;
+    if (!r->rx || !r->bcls)
+        return PyLong_FromLong(FALLBACK);
+    PyObject *bt = take_chunks(r, &code, 1);
+    if (bt || PyErr_Occurred())
+        return bt;
     return PyLong_FromLong(code);
 }
 
@@ -1160,6 +1288,8 @@ static PyObject *round_write(Round *r, PyObject *data) {
 static PyMethodDef round_methods[] = {
     {"run", (PyCFunction)round_run, METH_NOARGS,
      "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+    {"take_batch", (PyCFunction)round_take_batch, METH_NOARGS,
+     "One receive round as a Batch, else DONE 0 or FALLBACK 2."},
     {"take", (PyCFunction)round_take, METH_NOARGS,
      "One receive round's chunks as a list, else DONE 0 or FALLBACK 2."},
     {"write", (PyCFunction)round_write, METH_O, "The transport's write (common case)."},
@@ -1765,7 +1895,8 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_stream_offset, "stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
         {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
         {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
-        {&s_sends, "sends"}, {&s_bytes, "bytes"},
+        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "offsets"},
+        {&s_lengths, "lengths"}, {&s_linear, "_linear"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

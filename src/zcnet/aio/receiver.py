@@ -70,6 +70,7 @@ class AsyncReceiver:
         #: ring, or None: the Python round only.
         fast = None if self._member is None else compiled_round(None, rx)
         self._take = None if fast is None else fast.take
+        self._take_batch = None if fast is None else fast.take_batch
         #: ``__anext__`` in C (zcnet.aio._loopaccel.Anext) with the compiled round on an asyncio
         #: loop; it hands whatever is not the common case to ``_anext``.
         self._cnext: Any = None
@@ -87,15 +88,16 @@ class AsyncReceiver:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
         m = self._member
-        take = None if batch else self._take
+        take = self._take_batch if batch else self._take
         while True:
             if self._closed:  # by another task while this one slept: the ring is unmapped
                 raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
             if take is not None:
                 # The common case in C: releases back, this member's completions made into
-                # chunks. DONE: none yet; FALLBACK: the Python round below, with its checks.
+                # chunks (or one Batch). DONE: none yet; FALLBACK: the Python round below,
+                # with its checks.
                 got = take()
-                if got.__class__ is list:
+                if got.__class__ is not int:
                     return got
                 if got == ROUND_DONE:
                     # No pass from here: the loop's eventfd pass reaps for every member at

@@ -35,6 +35,7 @@ import numpy as np
 from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.provider import RECV_UD, Delivery
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
@@ -73,14 +74,15 @@ ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 
 def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
-    (``run``), or with ``transport`` None an AsyncReceiver's (``take``). None when the compiled
+    (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
+    when the compiled
     pass is off, or the receiver needs the Python round's (debug views revoked, coalescing)."""
     accel = loop_accel()
     if accel is None or rx.debug or rx.coalesce:
         return None
     return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
-                       rx._releases._q,
-                       rx._stats, RECV_UD, u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT)
+                       rx._releases._q, rx._stats, RECV_UD, u.IORING_CQE_F_MORE,
+                       u.IORING_CQE_BUFFER_SHIFT, Batch)
 
 
 def loop_backend() -> str:
