@@ -341,16 +341,21 @@ static int run_fast(PyObject *m) {
 /* MemberRing.kick: the waiting task's future (``m.waiter``) resolved, and forgotten. */
 static PyObject *kick(PyObject *m) {
     PyObject *w = iget(m, s_waiter);
-    if (!w || w == Py_None || iset(m, s_waiter, Py_None) < 0) {
-        Py_XDECREF(w);
-        return w ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_None)) : NULL;
+    if (!w)
+        return NULL;
+    if (w == Py_None) {
+        Py_DECREF(w);
+        Py_RETURN_NONE;
     }
-    PyObject *d = PyObject_CallMethodNoArgs(w, s_done);
-    int done = d ? PyObject_IsTrue(d) : -1;
-    Py_XDECREF(d);
-    PyObject *res = done < 0  ? NULL
-                    : done    ? Py_NewRef(Py_None)
-                              : PyObject_CallMethodOneArg(w, s_set_result, Py_None);
+    PyObject *res = NULL;
+    if (iset(m, s_waiter, Py_None) == 0) {
+        PyObject *d = PyObject_CallMethodNoArgs(w, s_done);
+        int done = d ? PyObject_IsTrue(d) : -1;
+        Py_XDECREF(d);
+        res = done < 0 ? NULL
+              : done   ? Py_NewRef(Py_None)
+                       : PyObject_CallMethodOneArg(w, s_set_result, Py_None);
+    }
     Py_DECREF(w);
     return res;
 }
@@ -673,15 +678,15 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
             PyErr_Format(PyExc_TypeError, "%R.%U is not a __slots__ member", cls, names[i]);
             return -1;
         }
-    /* A Batch class: the chunk's held-object slots at the same offsets, and its own three. */
+    /* A Batch class: the chunk's held-object slots at the same offsets (``names`` 0, 2, 3, 4),
+     * and its own three. */
     PyObject *const bnames[7] = {s_rx, s_length, s_tok, s_stream_offset, s_offsets, s_lengths,
                                  s_linear};
+    const int same[4] = {0, 2, 3, 4};
     Py_ssize_t boffs[7] = {0};
     for (int i = 0; bcls && i < 7; i++) {
         boffs[i] = type_slot_offset((PyTypeObject *)bcls, bnames[i]);
-        Py_ssize_t want = i == 0 ? offs[0] : i == 1 ? offs[2] : i == 2 ? offs[3]
-                        : i == 3 ? offs[4] : boffs[i];
-        if (!boffs[i] || boffs[i] != want) {
+        if (!boffs[i] || (i < 4 && boffs[i] != offs[same[i]])) {
             PyErr_Format(PyExc_TypeError, "%R.%U is not the __slots__ member a round needs",
                          bcls, bnames[i]);
             return -1;
@@ -1354,6 +1359,18 @@ static int anext_init(Anext *a, PyObject *args, PyObject *kw) {
 #define AM_SEND_FLAG 0
 #endif
 
+/* 1 when called from the owner's thread with its loop running (``running``: the loop's
+ * is_running), 0 when not (the Python path says why), -1 on an error. */
+static int owner_here(unsigned long tid, PyObject *running) {
+    if (PyThread_get_thread_ident() != tid)
+        return 0;
+    PyObject *res = PyObject_CallNoArgs(running);
+    if (!res)
+        return -1;
+    Py_DECREF(res);
+    return res == Py_True;
+}
+
 /* One await of the next chunk: FRESH until first sent to, then waiting on the member's
  * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. */
 enum { OP_FRESH, OP_WAIT, OP_PY, OP_DONE };
@@ -1530,15 +1547,12 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
                             "can't send non-None value to a just-started receive");
             goto error;
         }
-        if (PyThread_get_thread_ident() != a->tid)
-            return op_py(op, result);
-        if (!(res = PyObject_CallNoArgs(a->running)))
+        int here = owner_here(a->tid, a->running);
+        int closed = here > 0 ? iget_true(a->arx, s_closed) : 0;
+        if (here < 0 || closed < 0)
             goto error;
-        Py_DECREF(res);
-        if (res != Py_True || (v = iget_true(a->arx, s_closed)) > 0)
+        if (!here || closed)
             return op_py(op, result);
-        if (v < 0)
-            goto error;
         if ((v = (int)PyObject_Length(a->pending)) != 0) {
             if (v < 0 || !(*result = PyObject_CallNoArgs(a->popleft)))
                 goto error;
@@ -1787,13 +1801,8 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
     }
     if (!PyArg_ParseTuple(args, "O", &data))
         return NULL;
-    if (PyThread_get_thread_ident() != c->tid)
-        return PyLong_FromLong(0);
-    if (!(res = PyObject_CallNoArgs(c->running)))
-        return NULL;
-    Py_DECREF(res);
-    if (res != Py_True)
-        return PyLong_FromLong(0);
+    if ((v = owner_here(c->tid, c->running)) <= 0)
+        return v < 0 ? NULL : PyLong_FromLong(0);
     /* Open, the copy kind (no ring), no send in flight. */
     if ((v = iget_true(c->sender, s_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(0);

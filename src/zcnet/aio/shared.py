@@ -75,8 +75,8 @@ ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
-    when the compiled
-    pass is off, or the receiver needs the Python round's (debug views revoked, coalescing)."""
+    when the compiled pass is off, or the receiver needs the Python round's (debug views
+    revoked, coalescing)."""
     accel = loop_accel()
     if accel is None or rx.debug or rx.coalesce:
         return None
