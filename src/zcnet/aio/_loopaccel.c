@@ -779,10 +779,30 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
 #define ENTRY(b, i)                                                                        \
     buf_entry((b)->entries, (unsigned long long)(i), (unsigned long long)(b)->mask)
 
-/* A released item's buffer ids and bytes: a plain chunk's one token, or a Batch's list of
- * them. 1 done (*ntok ids and *nbytes added), -1 anything else (nothing changed). */
-static int held_tokens(Round *r, PyObject *c, long long bufs, long long *ntok,
-                       long long *nbytes) {
+/* Buffer ids collected in C memory (no Python object, so no GC pass while it grows). */
+typedef struct {
+    uint16_t *v;
+    Py_ssize_t n, cap;
+} Ids;
+
+static int ids_push(Ids *ids, long long t) {
+    if (ids->n == ids->cap) {
+        Py_ssize_t cap = ids->cap ? 2 * ids->cap : 64;
+        uint16_t *v = PyMem_Realloc(ids->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        ids->v = v;
+        ids->cap = cap;
+    }
+    ids->v[ids->n++] = (uint16_t)t;
+    return 1;
+}
+
+/* A released item's buffer ids (into ``ids``) and bytes: a plain chunk's one token, or a
+ * Batch's list of them. 1 done, 0 error, -1 anything else (the Python flush takes it). */
+static int held_tokens(Round *r, PyObject *c, long long bufs, Ids *ids, long long *nbytes) {
     PyObject *tok = SLOT(c, r->o_tok), *len = SLOT(c, r->o_len); /* borrowed */
     PyObject *one[1] = {tok};
     PyObject **toks = one;
@@ -804,8 +824,9 @@ static int held_tokens(Round *r, PyObject *c, long long bufs, long long *ntok,
                           ? PyLong_AsLongLongAndOverflow(toks[i], &ovf) : -1;
         if (ovf || t < 0 || t >= bufs)
             return -1;
+        if (!ids_push(ids, t))
+            return 0;
     }
-    *ntok += k;
     *nbytes += l;
     return 1;
 }
@@ -813,7 +834,12 @@ static int held_tokens(Round *r, PyObject *c, long long bufs, long long *ntok,
 /* Released chunks and batches back to the buffer ring (Receiver._flush_releases +
  * BufRing.provide for plain chunks and list batches); *rel and *relb, the stats' released
  * counts as the caller read them, are advanced and written back. 1 done, 0 error, -1 fall back
- * (nothing changed). */
+ * (nothing changed).
+ *
+ * Every item is checked and its ids copied before anything changes; the items are then taken
+ * off the queue and held until the ring and the counts are written: dropping the last
+ * reference to one can run Python (a finalizer of something stored in it), which then finds
+ * the ring, the queue and the counts consistent. */
 static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
                           long long *relb) {
     Py_ssize_t n = PyObject_Length(r->queue);
@@ -824,50 +850,55 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
     PyObject *it = PyObject_GetIter(r->queue);
     if (!it)
         return 0;
-    long long nbytes = 0, ntok = 0;
+    Ids ids = {NULL, 0, 0};
+    long long nbytes = 0;
     int verdict = 1;
     for (Py_ssize_t i = 0; i < n && verdict == 1; i++) {
-        PyObject *c = PyIter_Next(it);
+        PyObject *c = PyIter_Next(it); /* the queue keeps its own reference */
         if (!c) {
             verdict = PyErr_Occurred() ? 0 : -1;
             break;
         }
-        verdict = held_tokens(r, c, b->n, &ntok, &nbytes);
+        verdict = held_tokens(r, c, b->n, &ids, &nbytes);
         Py_DECREF(c);
     }
     Py_DECREF(it);
-    if (verdict != 1)
-        return verdict;
-    if (b->in_ring + ntok > b->n)
-        return -1; /* a double release: BufRing's check raises it */
-    PyObject *pop = r->pop;
-    long long t = b->tail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *c = PyObject_CallNoArgs(pop);
-        if (!c) {
-            return 0; /* cannot happen: n items were there and only this thread takes */
-        }
-        PyObject *tok = SLOT(c, r->o_tok); /* checked above; nothing ran Python since */
-        PyObject **toks = PyList_CheckExact(tok) ? PySequence_Fast_ITEMS(tok) : &tok;
-        Py_ssize_t k = PyList_CheckExact(tok) ? PyList_GET_SIZE(tok) : 1;
-        for (Py_ssize_t j = 0; j < k; j++, t++) {
-            uint16_t bid = (uint16_t)PyLong_AsLong(toks[j]);
-            buf_put(ENTRY(b, t), b->base + (uint64_t)bid * (uint64_t)b->bs, (uint32_t)b->bs,
-                    bid);
-        }
-        Py_DECREF(c);
+    PyObject **items = verdict == 1 ? PyMem_Malloc((size_t)n * sizeof *items) : NULL;
+    if (verdict == 1 && !items) {
+        PyErr_NoMemory();
+        verdict = 0;
     }
-    b->tail = t & 0xFFFF;
-    b->in_ring += ntok;
-    buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
-    *rel += ntok;
-    *relb += nbytes;
-    if (!iset_ll(buf, s_tail, b->tail) ||
-        !iset_ll(buf, s_in_ring, b->in_ring) ||
-        !iset_ll(r->stats, s_released, *rel) ||
-        !iset_ll(r->stats, s_released_bytes, *relb))
-        return 0;
-    return 1;
+    if (verdict == 1 && b->in_ring + ids.n > b->n)
+        verdict = -1; /* a double release: BufRing's check raises it */
+    if (verdict != 1) {
+        PyMem_Free(ids.v);
+        PyMem_Free(items);
+        return verdict;
+    }
+    Py_ssize_t taken = 0;
+    for (; taken < n; taken++) /* popleft runs no Python: the items are the ones checked */
+        if (!(items[taken] = PyObject_CallNoArgs(r->pop)))
+            break;
+    if (taken == n) {
+        long long t = b->tail;
+        for (Py_ssize_t j = 0; j < ids.n; j++, t++)
+            buf_put(ENTRY(b, t), b->base + (uint64_t)ids.v[j] * (uint64_t)b->bs,
+                    (uint32_t)b->bs, ids.v[j]);
+        b->tail = t & 0xFFFF;
+        b->in_ring += ids.n;
+        buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
+        *rel += ids.n;
+        *relb += nbytes;
+        verdict = iset_ll(buf, s_tail, b->tail) && iset_ll(buf, s_in_ring, b->in_ring) &&
+                  iset_ll(r->stats, s_released, *rel) &&
+                  iset_ll(r->stats, s_released_bytes, *relb);
+    } else
+        verdict = 0; /* cannot happen: n items were there and only this thread takes */
+    PyMem_Free(ids.v);
+    for (Py_ssize_t i = 0; i < taken; i++)
+        Py_DECREF(items[i]);
+    PyMem_Free(items);
+    return verdict;
 }
 
 /* The chunks from ``i`` on were never the protocol's: the transport keeps them in ``_held``
@@ -890,6 +921,8 @@ static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
 
 static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
                             long long bs, long long s);
+static PyObject *make_chunks(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
+                             long long bs, long long s);
 
 /* The common case of a round up to its chunks, for round_run (which then gives them to the
  * protocol) and round_take (which returns them): every check, the releases back to the buffer
@@ -1011,84 +1044,81 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         PyMem_Free(bids);
         goto error;
     }
-    long long s;
-    if (!iget_ll(r->rx, s_stream_off, &s)) {
+    long long s0, total = 0;
+    if (!iget_ll(r->rx, s_stream_off, &s0)) {
         Py_DECREF(cqes);
         PyMem_Free(bids);
         goto error;
     }
-    long long s0 = s;
-    if (batch) {
-        chunks = make_batch(r, cqes, bids, k, b.bs, s);
-        Py_DECREF(cqes);
-        PyMem_Free(bids);
-        if (!chunks)
-            goto error; /* only memory runs out there */
-        PyObject *len = SLOT(chunks, r->o_len);
-        s += PyLong_AsLongLong(len);
-        goto taken;
-    }
-    chunks = PyList_New(k);
-    if (!chunks) {
-        Py_DECREF(cqes);
-        PyMem_Free(bids);
-        goto error;
-    }
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < ncqe; i++) {
-        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
-        while (res > 0) {
-            uint16_t bid = bids[j];
-            long long n = res < b.bs ? res : b.bs;
-            res -= n;
-            PyObject *c = ((PyTypeObject *)r->cls)->tp_alloc((PyTypeObject *)r->cls, 0);
-            if (!c) {
-                Py_DECREF(cqes);
-                PyMem_Free(bids);
-                goto error;
-            }
-            /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
-            SLOT(c, r->o_rx) = Py_NewRef(r->rx);
-            if (!(SLOT(c, r->o_off) = PyLong_FromLongLong((long long)bid * b.bs)) ||
-                !(SLOT(c, r->o_len) = PyLong_FromLongLong(n)) ||
-                !(SLOT(c, r->o_tok) = PyLong_FromLong(bid)) ||
-                !(SLOT(c, r->o_so) = PyLong_FromLongLong(s))) {
-                Py_DECREF(c);
-                Py_DECREF(cqes);
-                PyMem_Free(bids);
-                goto error; /* only memory runs out here */
-            }
-            PyList_SET_ITEM(chunks, j, c);
-            j++;
-            s += n;
-        }
-    }
-    Py_DECREF(cqes);
-    PyMem_Free(bids);
-taken:
-    b.head = (b.head + k) & 0xFFFF;
-    b.in_ring -= k;
-    dl += k;
-    dlb += s - s0;
+    for (Py_ssize_t i = 0; i < ncqe; i++)
+        total += PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+    /* The ring's head and count, the delivered counts and the stream offset, written before
+     * any object is made: an allocation below can start a GC pass whose finalizers release
+     * and flush (moving the ring's tail and count), which must find them current. */
     long long pk, pkb;
-    if (!iset_ll(buf, s_head, b.head) ||
-        !iset_ll(buf, s_in_ring, b.in_ring) ||
-        !iset_ll(r->stats, s_delivered, dl) ||
-        !iset_ll(r->stats, s_delivered_bytes, dlb) ||
+    if (!iset_ll(buf, s_head, (b.head + k) & 0xFFFF) ||
+        !iset_ll(buf, s_in_ring, b.in_ring - k) ||
+        !iset_ll(r->stats, s_delivered, dl + k) ||
+        !iset_ll(r->stats, s_delivered_bytes, dlb + total) ||
         !iget_ll(r->stats, s_peak, &pk) ||
         !iget_ll(r->stats, s_peak_bytes, &pkb) ||
-        (dl - rel > pk && !iset_ll(r->stats, s_peak, dl - rel)) ||
-        (dlb - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb - relb)) ||
-        !iset_ll(r->rx, s_stream_off, s))
-        goto error;
+        (dl + k - rel > pk && !iset_ll(r->stats, s_peak, dl + k - rel)) ||
+        (dlb + total - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb + total - relb)) ||
+        !iset_ll(r->rx, s_stream_off, s0 + total)) {
+        Py_DECREF(cqes);
+        PyMem_Free(bids);
+        goto error; /* only memory runs out here */
+    }
+    /* Then the chunks, or the one Batch. Memory running out from here loses these buffers to
+     * the receiver (counted delivered, never handed out) until it closes; the ring stays in
+     * step with the kernel. */
+    chunks = batch ? make_batch(r, cqes, bids, k, b.bs, s0) : make_chunks(r, cqes, bids, k,
+                                                                          b.bs, s0);
+    Py_DECREF(cqes);
+    PyMem_Free(bids);
     Py_DECREF(buf);
     return chunks;
 error:
     Py_XDECREF(buf);
-    Py_XDECREF(chunks);
     return NULL;
 #undef BAIL
 #undef FALLBACK_NULL
+}
+
+/* The round's k buffers (``bids``, in the order the CQEs filled them) as a list of chunks,
+ * from stream offset ``s``. NULL only when memory runs out. */
+static PyObject *make_chunks(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
+                             long long bs, long long s) {
+    PyTypeObject *cls = (PyTypeObject *)r->cls;
+    PyObject *chunks = PyList_New(k);
+    if (!chunks)
+        return NULL;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cqes); i++) {
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+        for (; res > 0 && j < k; j++) {
+            long long n = res < bs ? res : bs;
+            PyObject *c = cls->tp_alloc(cls, 0);
+            if (!c)
+                goto error;
+            /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
+            SLOT(c, r->o_rx) = Py_NewRef(r->rx);
+            PyList_SET_ITEM(chunks, j, c);
+            if (!(SLOT(c, r->o_off) = PyLong_FromLongLong((long long)bids[j] * bs)) ||
+                !(SLOT(c, r->o_len) = PyLong_FromLongLong(n)) ||
+                !(SLOT(c, r->o_tok) = PyLong_FromLong(bids[j])) ||
+                !(SLOT(c, r->o_so) = PyLong_FromLongLong(s)))
+                goto error;
+            res -= n;
+            s += n;
+        }
+    }
+    if (j == k)
+        return chunks;
+    PyErr_SetString(PyExc_RuntimeError, "round: buffers out of step"); /* cannot happen */
+error:
+    Py_DECREF(chunks);
+    return NULL;
 }
 
 /* One Batch of the round's k buffers (``bids``, in the order the CQEs filled them), as
