@@ -610,7 +610,8 @@ static PyMethodDef router_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-#define OBJECT_TYPE(Name, name, doc)                                                      \
+/* A type of this module; further slots (``tp_call``) may follow the doc. */
+#define OBJECT_TYPE(Name, name, doc, ...)                                                 \
     static PyTypeObject Name##Type = {                                                    \
         PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel." #Name,           \
         .tp_basicsize = sizeof(Name),                                                     \
@@ -622,6 +623,7 @@ static PyMethodDef router_methods[] = {
         .tp_init = (initproc)name##_init,                                                 \
         .tp_dealloc = (destructor)name##_dealloc,                                         \
         .tp_methods = name##_methods,                                                     \
+        __VA_ARGS__                                                                       \
     }
 
 OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
@@ -919,10 +921,16 @@ static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
     return res != NULL;
 }
 
-static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
-                            long long bs, long long s);
-static PyObject *make_chunks(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
-                             long long bs, long long s);
+/* One buffer of a round: its id and the bytes the kernel put in it. */
+typedef struct {
+    uint16_t bid;
+    uint32_t len;
+} Piece;
+
+static PyObject *make_batch(Round *r, const Piece *pieces, Py_ssize_t k, long long bs,
+                            long long s);
+static PyObject *make_chunks(Round *r, const Piece *pieces, Py_ssize_t k, long long bs,
+                             long long s);
 
 /* The common case of a round up to its chunks, for round_run (which then gives them to the
  * protocol) and round_take (which returns them): every check, the releases back to the buffer
@@ -1010,6 +1018,7 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     /* Each CQE's buffers: the next ones in ring order, the first named by the CQE (with
      * bundles one CQE fills several, each full but the last). */
     Py_ssize_t ncqe = PyList_GET_SIZE(cqes), k = 0;
+    long long total = 0;
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         PyObject *t = PyList_GET_ITEM(cqes, i);
         if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3)
@@ -1027,31 +1036,28 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         if (cqe_buffer_id((uint32_t)fl, r->buffer_shift) != buf_bid(ENTRY(&b, b.head + k)))
             BAIL(FALLBACK);
         k += count;
+        total += res;
     }
-    /* The buffer ids, read now: the allocations below can start a GC pass whose finalizers
+    /* Each buffer's id and bytes (in ring order; with bundles a CQE fills several, each full
+     * but the last), read now: the allocations below can start a GC pass whose finalizers
      * may close the receiver and unmap its buffer ring. */
-    uint16_t *bids = PyMem_Malloc((size_t)(k ? k : 1) * sizeof *bids);
-    if (!bids) {
+    Piece *pieces = PyMem_Malloc((size_t)(k ? k : 1) * sizeof *pieces);
+    if (!pieces) {
         PyErr_NoMemory();
         goto error;
     }
-    for (Py_ssize_t j = 0; j < k; j++)
-        bids[j] = buf_bid(ENTRY(&b, b.head + j));
+    for (Py_ssize_t i = 0, j = 0; i < ncqe; i++) {
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+        for (; res > 0; j++, res -= b.bs)
+            pieces[j] = (Piece){buf_bid(ENTRY(&b, b.head + j)),
+                                (uint32_t)(res < b.bs ? res : b.bs)};
+    }
     /* Committed from here: the completions are taken. */
-    Py_INCREF(cqes);
-    if (PyList_SetSlice(box, 0, 1, NULL) < 0) {
-        Py_DECREF(cqes);
-        PyMem_Free(bids);
+    long long s0;
+    if (PyList_SetSlice(box, 0, 1, NULL) < 0 || !iget_ll(r->rx, s_stream_off, &s0)) {
+        PyMem_Free(pieces);
         goto error;
     }
-    long long s0, total = 0;
-    if (!iget_ll(r->rx, s_stream_off, &s0)) {
-        Py_DECREF(cqes);
-        PyMem_Free(bids);
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < ncqe; i++)
-        total += PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
     /* The ring's head and count, the delivered counts and the stream offset, written before
      * any object is made: an allocation below can start a GC pass whose finalizers release
      * and flush (moving the ring's tail and count), which must find them current. */
@@ -1065,17 +1071,14 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         (dl + k - rel > pk && !iset_ll(r->stats, s_peak, dl + k - rel)) ||
         (dlb + total - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb + total - relb)) ||
         !iset_ll(r->rx, s_stream_off, s0 + total)) {
-        Py_DECREF(cqes);
-        PyMem_Free(bids);
+        PyMem_Free(pieces);
         goto error; /* only memory runs out here */
     }
     /* Then the chunks, or the one Batch. Memory running out from here loses these buffers to
      * the receiver (counted delivered, never handed out) until it closes; the ring stays in
      * step with the kernel. */
-    chunks = batch ? make_batch(r, cqes, bids, k, b.bs, s0) : make_chunks(r, cqes, bids, k,
-                                                                          b.bs, s0);
-    Py_DECREF(cqes);
-    PyMem_Free(bids);
+    chunks = batch ? make_batch(r, pieces, k, b.bs, s0) : make_chunks(r, pieces, k, b.bs, s0);
+    PyMem_Free(pieces);
     Py_DECREF(buf);
     return chunks;
 error:
@@ -1085,47 +1088,37 @@ error:
 #undef FALLBACK_NULL
 }
 
-/* The round's k buffers (``bids``, in the order the CQEs filled them) as a list of chunks,
- * from stream offset ``s``. NULL only when memory runs out. */
-static PyObject *make_chunks(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
-                             long long bs, long long s) {
+/* The round's k buffers as a list of chunks, from stream offset ``s``. NULL only when memory
+ * runs out. */
+static PyObject *make_chunks(Round *r, const Piece *pieces, Py_ssize_t k, long long bs,
+                             long long s) {
     PyTypeObject *cls = (PyTypeObject *)r->cls;
     PyObject *chunks = PyList_New(k);
     if (!chunks)
         return NULL;
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cqes); i++) {
-        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
-        for (; res > 0 && j < k; j++) {
-            long long n = res < bs ? res : bs;
-            PyObject *c = cls->tp_alloc(cls, 0);
-            if (!c)
-                goto error;
-            /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
-            SLOT(c, r->o_rx) = Py_NewRef(r->rx);
-            PyList_SET_ITEM(chunks, j, c);
-            if (!(SLOT(c, r->o_off) = PyLong_FromLongLong((long long)bids[j] * bs)) ||
-                !(SLOT(c, r->o_len) = PyLong_FromLongLong(n)) ||
-                !(SLOT(c, r->o_tok) = PyLong_FromLong(bids[j])) ||
-                !(SLOT(c, r->o_so) = PyLong_FromLongLong(s)))
-                goto error;
-            res -= n;
-            s += n;
-        }
+    for (Py_ssize_t j = 0; j < k; s += pieces[j].len, j++) {
+        PyObject *c = cls->tp_alloc(cls, 0);
+        if (!c)
+            goto error;
+        /* A fresh object's slots are NULL: set in place; its dealloc frees what is set. */
+        SLOT(c, r->o_rx) = Py_NewRef(r->rx);
+        PyList_SET_ITEM(chunks, j, c);
+        if (!(SLOT(c, r->o_off) = PyLong_FromLongLong(pieces[j].bid * bs)) ||
+            !(SLOT(c, r->o_len) = PyLong_FromUnsignedLong(pieces[j].len)) ||
+            !(SLOT(c, r->o_tok) = PyLong_FromLong(pieces[j].bid)) ||
+            !(SLOT(c, r->o_so) = PyLong_FromLongLong(s)))
+            goto error;
     }
-    if (j == k)
-        return chunks;
-    PyErr_SetString(PyExc_RuntimeError, "round: buffers out of step"); /* cannot happen */
+    return chunks;
 error:
     Py_DECREF(chunks);
     return NULL;
 }
 
-/* One Batch of the round's k buffers (``bids``, in the order the CQEs filled them), as
- * Receiver.recv_batch makes it from a few CQEs: lists of tokens, offsets and lengths, starting
- * at stream offset ``s``. NULL only when memory runs out. */
-static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_ssize_t k,
-                            long long bs, long long s) {
+/* The round's k buffers as one Batch, as Receiver.recv_batch makes it from a few CQEs: lists
+ * of tokens, offsets and lengths, from stream offset ``s``. NULL only when memory runs out. */
+static PyObject *make_batch(Round *r, const Piece *pieces, Py_ssize_t k, long long bs,
+                            long long s) {
     PyTypeObject *cls = (PyTypeObject *)r->bcls;
     PyObject *toks = PyList_New(k), *offs = PyList_New(k), *lens = PyList_New(k);
     PyObject *bt = toks && offs && lens ? cls->tp_alloc(cls, 0) : NULL;
@@ -1138,29 +1131,19 @@ static PyObject *make_batch(Round *r, PyObject *cqes, const uint16_t *bids, Py_s
     SLOT(bt, r->o_offs) = Py_NewRef(offs);
     SLOT(bt, r->o_lens) = Py_NewRef(lens);
     SLOT(bt, r->o_lin) = Py_NewRef(Py_None);
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cqes); i++) {
-        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
-        for (; res > 0 && j < k; j++) {
-            long long n = res < bs ? res : bs;
-            PyObject *t = PyLong_FromLong(bids[j]), *o = PyLong_FromLongLong(bids[j] * bs),
-                     *l = PyLong_FromLongLong(n);
-            if (!t || !o || !l) {
-                Py_XDECREF(t);
-                Py_XDECREF(o);
-                Py_XDECREF(l);
-                goto error;
-            }
-            PyList_SET_ITEM(toks, j, t);
-            PyList_SET_ITEM(offs, j, o);
-            PyList_SET_ITEM(lens, j, l);
-            res -= n;
-            s += n;
+    for (Py_ssize_t j = 0; j < k; s += pieces[j].len, j++) {
+        PyObject *t = PyLong_FromLong(pieces[j].bid);
+        PyObject *o = PyLong_FromLongLong(pieces[j].bid * bs);
+        PyObject *l = PyLong_FromUnsignedLong(pieces[j].len);
+        if (!t || !o || !l) {
+            Py_XDECREF(t);
+            Py_XDECREF(o);
+            Py_XDECREF(l);
+            goto error;
         }
-    }
-    if (j != k) { /* cannot happen: k was counted from the same CQEs */
-        PyErr_SetString(PyExc_RuntimeError, "batch round: buffers out of step");
-        goto error;
+        PyList_SET_ITEM(toks, j, t);
+        PyList_SET_ITEM(offs, j, o);
+        PyList_SET_ITEM(lens, j, l);
     }
     if (!(SLOT(bt, r->o_so) = PyLong_FromLongLong(s0)) ||
         !(SLOT(bt, r->o_len) = PyLong_FromLongLong(s - s0)))
@@ -1766,25 +1749,14 @@ static PyTypeObject AnextOpType = {
 
 static PyMethodDef anext_methods[] = {{NULL, NULL, 0, NULL}};
 
-static PyTypeObject AnextType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel.Anext",
-    .tp_basicsize = sizeof(Anext),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "An AsyncReceiver's __anext__ in C: each call, an awaitable for one chunk.",
-    .tp_traverse = (traverseproc)anext_traverse,
-    .tp_clear = (inquiry)anext_clear,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)anext_init,
-    .tp_dealloc = (destructor)anext_dealloc,
-    .tp_call = (ternaryfunc)anext_call,
-    .tp_methods = anext_methods,
-};
+OBJECT_TYPE(Anext, anext, "An AsyncReceiver's __anext__ in C: each call, an awaitable for one "
+            "chunk.", .tp_call = (ternaryfunc)anext_call);
 
 
 /* ---------------------------------------------------------------------------------------- */
 /* CopySend(sender, sock, owner_tid, is_running): an AsyncSender's copy sendall (zcnet.aio. */
 /* sender) in its common case: the owner's thread with its loop running, the sender open    */
-/* with no ring (the copy kind) and no send in flight, and the socket taking bytes now.     */
+/* (one of the copy kind) with no send in flight, and the socket taking bytes now.          */
 /* Calling it with ``data`` sends what the socket takes at once, without blocking, and      */
 /* counts it in the sender's stats (the send, and its bytes): True when that was all of it, */
 /* else the bytes it took (0 when it did not try), for the Python sendall to go on from    */
@@ -1833,14 +1805,9 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
         return NULL;
     if ((v = owner_here(c->tid, c->running)) <= 0)
         return v < 0 ? NULL : PyLong_FromLong(0);
-    /* Open, the copy kind (no ring), no send in flight. */
+    /* Open, no send in flight (the sender makes a CopySend only for the copy kind). */
     if ((v = iget_true(c->sender, s_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(0);
-    if (!(res = iget(c->sender, s_ring)))
-        return NULL;
-    Py_DECREF(res);
-    if (res != Py_None)
-        return PyLong_FromLong(0);
     if (!iget_ll(c->sender, s_sending, &sending))
         return NULL;
     if (sending >= 0)
@@ -1883,19 +1850,8 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
 
 static PyMethodDef copysend_methods[] = {{NULL, NULL, 0, NULL}};
 
-static PyTypeObject CopySendType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "zcnet.aio._loopaccel.CopySend",
-    .tp_basicsize = sizeof(CopySend),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "An AsyncSender's copy sendall in C (the common case).",
-    .tp_traverse = (traverseproc)copysend_traverse,
-    .tp_clear = (inquiry)copysend_clear,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)copysend_init,
-    .tp_dealloc = (destructor)copysend_dealloc,
-    .tp_call = (ternaryfunc)copysend_call,
-    .tp_methods = copysend_methods,
-};
+OBJECT_TYPE(CopySend, copysend, "An AsyncSender's copy sendall in C (the common case).",
+            .tp_call = (ternaryfunc)copysend_call);
 
 static PyMethodDef loopaccel_methods[] = {
     CQE_LAYOUT_METHOD,
