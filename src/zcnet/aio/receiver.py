@@ -321,4 +321,3 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     except BaseException:
         rx.close()
         raise
-

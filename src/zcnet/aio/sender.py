@@ -200,21 +200,23 @@ class AsyncSender:
             sent.add_done_callback(_consume)
             raise
 
-    def _copy(self, mv: memoryview, i: int, counted: bool = False) -> Future[None] | None:
+    def _copy(self, mv: memoryview, i: int, full: bool = False) -> Future[None] | None:
         """Start a copy send: at once as far as the socket takes it (None: all of it), the rest
         from a writer callback that goes on if the caller is cancelled, as a SEND_ZC send does;
         the future resolves when it ends. ``i``: the slot to give back at the end (-1: none,
-        sendall's own data). ``counted``: the rest of a send already counted in ``sends``
-        (CopySend's). Not a coroutine: the common send costs no frame."""
-        try:
-            n = self.sock.send(mv)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError:
-            if i >= 0:
-                self._give_back(i)
-            raise
-        if not counted:
+        sendall's own data). ``full``: ``mv`` is what CopySend's send (counted) left, the
+        socket full just now: straight to the writer. Not a coroutine: the common send costs
+        no frame."""
+        n = 0
+        if not full:
+            try:
+                n = self.sock.send(mv)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                if i >= 0:
+                    self._give_back(i)
+                raise
             self._stats.sends += 1
         if n == len(mv):
             self._stats.bytes += n
@@ -264,7 +266,7 @@ class AsyncSender:
         if self.ring is None:
             if self._sending >= 0:
                 await self._turn()
-            sent = self._copy(mv, -1, counted=took > 0)
+            sent = self._copy(mv, -1, full=took > 0)
             if sent is not None:
                 await self._await_sent(sent)
             return
