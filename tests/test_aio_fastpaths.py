@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import itertools
 import socket
 import struct
@@ -15,10 +16,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aio_util import LOOPS, StreamCheck, loop_pass, pattern, refused_in_thread, run, tcp_pair
+from aio_util import (
+    LOOPS,
+    Recorder,
+    StreamCheck,
+    loop_pass,
+    pattern,
+    refused_in_thread,
+    run,
+    tcp_pair,
+)
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.errors import ClosedError, UsageError
+from zcnet.rx.zc.receiver import Receiver
 
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
 both_passes = pytest.mark.usefixtures("loop_pass")
@@ -373,3 +384,128 @@ def test_batches_and_chunks_released_together_go_back_once(loop_kind, no_leaks):
 
     st = run(loop_kind, main)
     assert st["in_flight"] == 0 and st["delivered"] == st["released"]
+
+
+# --- a receive that ended with data ----------------------------------------------------------
+
+#: 16 buffers: a wake-up with 64 KiB queued takes them all in one bundle, and that CQE (data,
+#: no F_MORE) ends the multishot receive.
+ENDING = {"area_size": 64 << 10, "buf_size": 4096}
+
+
+def _count_python_rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts calls of Receiver._next, the Python round (the compiled round never calls it)."""
+    calls = [0]
+    python_round = Receiver._next
+
+    def counted(self: Receiver, *args: Any) -> Any:
+        calls[0] += 1
+        return python_round(self, *args)
+
+    monkeypatch.setattr(Receiver, "_next", counted)
+    return calls
+
+
+async def _queued_pair(data: np.ndarray) -> tuple[socket.socket, Any]:
+    """A pair whose client sends all of ``data`` from a thread and closes; returns the server
+    side and the send's future. A receiver opened on it afterwards finds most of the stream
+    queued at each wake-up."""
+    c, s = await tcp_pair()
+    c.setblocking(True)
+    send = asyncio.get_running_loop().run_in_executor(
+        None, lambda: (c.sendall(data.tobytes()), c.close()))
+    await asyncio.sleep(0.05)
+    return s, send
+
+
+@both_passes
+@pytest.mark.parametrize("style", ["recv_batch", "async for", "protocol"])
+def test_a_receive_that_ended_with_data_is_re_armed_by_the_compiled_round(
+        loop_kind, loop_pass, style, monkeypatch, no_leaks):
+    """The stream is queued before the receiver reads, so the receive ends with data again and
+    again. Through the compiled round that data is delivered and the receive re-armed without
+    the Python round, which runs only for the first arm and at EOF; through the Python round
+    it runs every time. Both: every byte once and in order, every re-arm counted."""
+    size = 2 << 20
+    data = pattern(5, size)
+    calls = _count_python_rounds(monkeypatch)
+
+    async def main() -> dict:
+        s, send = await _queued_pair(data)
+        check = StreamCheck(data)
+        if style == "protocol":
+            rec = Recorder(data)
+            tr = aio.start_protocol(s, rec, **ENDING)
+            assert await asyncio.wait_for(rec.lost, 60) is None
+            await send
+            assert rec.check.complete and rec.eof
+            return {k: getattr(tr.stats, k) for k in ("in_flight", "delivered", "released",
+                                                       "rearms")}
+        async with aio.open_receiver(s, own_socket=True, **ENDING) as rx:
+            if style == "recv_batch":
+                while (b := await asyncio.wait_for(rx.recv_batch(), 60)) is not None:
+                    for v in b.views():
+                        check.add(v)
+                    b.release()
+            else:
+                async for ch in rx:
+                    check.add(ch.data, ch.stream_offset)
+                    ch.release()
+            await send
+            rx.flush()
+            assert check.complete
+            return rx.stats_dict()
+
+    st = run(loop_kind, main)
+    assert st["in_flight"] == 0 and st["delivered"] == st["released"]
+    assert st["rearms"] >= 8, st
+    if loop_pass == "c":  # the first arm, a first round of many CQEs, EOF
+        assert calls[0] <= 8 and calls[0] < st["rearms"], (calls[0], st["rearms"])
+    else:
+        assert calls[0] > st["rearms"]
+
+
+@both_passes
+def test_a_re_arm_that_fails_raises_from_the_receive_and_the_next_one_goes_on(
+        loop_kind, monkeypatch, no_leaks):
+    """The provider's arm() raising at a re-arm (the compiled round calls it too) reaches the
+    task awaiting recv_batch(); the next call re-arms and the stream goes on whole."""
+    size = 1 << 20
+    data = pattern(6, size)
+
+    async def main() -> tuple[int, dict]:
+        s, send = await _queued_pair(data)
+        check = StreamCheck(data)
+        failed = 0
+        async with aio.open_receiver(s, own_socket=True, **ENDING) as rx:
+            prov = rx.rx.provider
+            arm = prov.arm
+            left = [2]  # the first arm, then one re-arm, succeed; the next re-arm fails
+
+            def arm_once_failing() -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    raise OSError(errno.ENOMEM, "injected arm failure")
+                arm()
+
+            prov.arm = arm_once_failing
+            while True:
+                try:
+                    b = await asyncio.wait_for(rx.recv_batch(), 60)
+                except OSError as e:
+                    assert "injected" in str(e)
+                    failed += 1
+                    continue
+                if b is None:
+                    break
+                for v in b.views():
+                    check.add(v)
+                b.release()
+            await send
+            rx.flush()
+            assert check.complete
+            return failed, rx.stats_dict()
+
+    failed, st = run(loop_kind, main)
+    assert failed == 1
+    assert st["in_flight"] == 0 and st["rearms"] >= 3

@@ -8,10 +8,12 @@
  *   user_data made local; then calls the member's on_ready() or kick().
  * - Round: one receive round of a ZcTransport (zcnet.aio.protocol) in the common case: every
  *   released chunk goes back to the buffer ring, every completion is data of the receive in
- *   one buffer, the chunks are made and given to the protocol's chunk_received. Anything else
- *   (a batch or coalesced chunk released, an error or final completion, back-pressure, a closed
- *   receiver, a buffer ring out of step, a double release) returns FALLBACK before changing
- *   anything, and the Python round runs with its own checks and errors.
+ *   one buffer, the chunks are made and given to the protocol's chunk_received. Data that ended
+ *   the multishot (a bundle took the ring's last buffer) is delivered the same way, and the
+ *   next round re-arms the receive through the provider's own arm(). Anything else (a batch
+ *   or coalesced chunk released, an error or EOF completion, back-pressure, a closed receiver,
+ *   a buffer ring out of step, a double release) returns FALLBACK before changing anything,
+ *   and the Python round runs with its own checks and errors.
  *   Its take() and take_batch() are the same round for an AsyncReceiver's ``recv`` and
  *   ``recv_batch``, returning the chunks (or one Batch) instead of calling a protocol.
  * - Anext: an AsyncReceiver's ``__anext__`` on such a round, as an awaitable with no
@@ -56,7 +58,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
     *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
     *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
-    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear;
+    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -936,15 +938,16 @@ static PyObject *make_chunks(Round *r, const Piece *pieces, Py_ssize_t k, long l
  * protocol) and round_take (which returns them): every check, the releases back to the buffer
  * ring, the member's completions taken, the chunks made and the counts advanced. A new list of
  * at least one chunk (``batch``: one Batch instead); or NULL with no exception and *code DONE
- * (no completions: the releases went back) or FALLBACK (nothing changed: the Python round
- * runs); or NULL with an exception. */
+ * (no completions: the releases went back, and a receive that had ended is re-armed) or
+ * FALLBACK (nothing changed: the Python round runs); or NULL with an exception. */
 static PyObject *take_chunks(Round *r, int *code, int batch) {
     PyObject *buf = NULL, *chunks = NULL;
     int v;
     long long x;
 #define BAIL(c) do { Py_XDECREF(buf); *code = (c); return NULL; } while (0)
 #define FALLBACK_NULL (*code = FALLBACK, (PyObject *)NULL)
-    /* The receiver: open, owned by this thread, not ended, not paused, armed. */
+    /* The receiver: open, owned by this thread, not ended, not paused; armed, or its
+     * multishot ended with data after an earlier arm (re-armed below, as Receiver._next does). */
     if ((v = iget_true(r->rx, s_closed)) != 0)
         return v < 0 ? NULL : FALLBACK_NULL;
     if (!iget_ll(r->rx, s_owner_tid, &x))
@@ -963,7 +966,10 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     Py_DECREF(o);
     if (o != Py_None)
         return FALLBACK_NULL;
-    if ((v = iget_true(r->prov, s_armed)) != 1)
+    int armed = iget_true(r->prov, s_armed);
+    if (armed < 0)
+        return NULL;
+    if (!armed && (v = iget_true(r->rx, s_armed_once)) != 1)
         return v < 0 ? NULL : FALLBACK_NULL;
     buf = iget(r->prov, s_buf);
     if (!buf)
@@ -1010,15 +1016,32 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     Py_DECREF(box); /* the member keeps it */
     if (!PyList_CheckExact(box))
         BAIL(FALLBACK);
+    if (!armed) {
+        /* The last round's final CQE ended the multishot (a bundle took the ring's last
+         * buffer). With the releases back, arm it again and wait for its completions; left
+         * completions, or no buffer to arm with (the Python round pauses), go to Python. */
+        if (PyList_GET_SIZE(box) != 0 || b.in_ring == 0)
+            BAIL(FALLBACK);
+        long long n;
+        if (!iget_ll(r->stats, s_rearms, &n) || !iset_ll(r->stats, s_rearms, n + 1))
+            goto error;
+        PyObject *ok = PyObject_CallMethodNoArgs(r->prov, s_arm);
+        if (!ok)
+            goto error;
+        Py_DECREF(ok);
+        BAIL(DONE);
+    }
     if (PyList_GET_SIZE(box) == 0)
         BAIL(DONE);
     PyObject *cqes = PyList_GET_ITEM(box, 0);
     if (PyList_GET_SIZE(box) != 1 || !PyList_CheckExact(cqes))
         BAIL(FALLBACK);
     /* Each CQE's buffers: the next ones in ring order, the first named by the CQE (with
-     * bundles one CQE fills several, each full but the last). */
+     * bundles one CQE fills several, each full but the last). Only the last CQE may lack
+     * F_MORE: data that ended the multishot, re-armed by the next round. */
     Py_ssize_t ncqe = PyList_GET_SIZE(cqes), k = 0;
     long long total = 0;
+    int ended = 0;
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         PyObject *t = PyList_GET_ITEM(cqes, i);
         if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3)
@@ -1028,8 +1051,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         long long fl = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
         if (PyErr_Occurred())
             goto error;
-        if (ud != r->recv_ud || res <= 0 || !(fl & r->f_more))
+        if (ud != r->recv_ud || res <= 0 || (!(fl & r->f_more) && i != ncqe - 1))
             BAIL(FALLBACK);
+        ended = !(fl & r->f_more);
         long long count = (res + b.bs - 1) / b.bs;
         if (k + count > b.in_ring)
             BAIL(FALLBACK); /* out of step: the Python round raises it */
@@ -1070,7 +1094,8 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         !iget_ll(r->stats, s_peak_bytes, &pkb) ||
         (dl + k - rel > pk && !iset_ll(r->stats, s_peak, dl + k - rel)) ||
         (dlb + total - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb + total - relb)) ||
-        !iset_ll(r->rx, s_stream_off, s0 + total)) {
+        !iset_ll(r->rx, s_stream_off, s0 + total) ||
+        (ended && PyObject_SetAttr(r->prov, s_armed, Py_False) < 0)) {
         PyMem_Free(pieces);
         goto error; /* only memory runs out here */
     }
@@ -1891,7 +1916,8 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
         {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
         {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "offsets"},
-        {&s_lengths, "lengths"}, {&s_linear, "_linear"},
+        {&s_lengths, "lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
+        {&s_rearms, "rearms"}, {&s_arm, "arm"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
