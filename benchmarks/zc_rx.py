@@ -7,7 +7,9 @@ Each round runs every engine once, in a rotating order, on one loopback TCP flow
 process; the medians over rounds are compared, so drift on a shared machine hits all alike. Every
 engine first receives a short warm-up flow that is not counted, so imports and first-use costs
 do not land in one engine's CPU per GiB. Receiver CPU is getrusage of this process (the sender
-is a child): tick-sampled, so short runs are coarse.
+is a child): tick-sampled, so short runs are coarse. ``--cpu`` pins the receiver and puts the
+sender on the other CPUs; ``--cpu N --sender-cpu N`` runs both on one CPU, where the receiver's
+own cost decides the rate instead of the sender's.
 Targets: soft-zc >= 1.0x uring and >= 1.1x uring-mshot, soft-zc user CPU <= 30 ms per GiB,
 consumer thread >= 0.9x same, verify >= 5 GB/s.
 """
@@ -31,8 +33,13 @@ from zcnet.rx.engine import EngineOptions
 from zcnet.rx.registry import make_engine
 from zcnet.uring.syscall import backend
 
+#: CPUs the sender process runs on (None: wherever the scheduler puts it).
+SENDER_CPUS: set[int] | None = None
+
 
 def sender(port: int, total: int, chunk: int) -> None:
+    if SENDER_CPUS is not None:  # else a forked sender would inherit the receiver's pinning
+        os.sched_setaffinity(0, SENDER_CPUS)
     mv = memoryview(TILED)
     with socket.create_connection(("127.0.0.1", port)) as s:
         sent = 0
@@ -98,8 +105,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=2048, help="MiB per run")
     ap.add_argument("--verify", action="store_true", help="consumers verify every byte")
-    ap.add_argument("--cpu", type=int, default=None, help="pin the receiver to this CPU")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="pin the receiver to this CPU (the sender to the others)")
+    ap.add_argument("--sender-cpu", type=int, default=None,
+                    help="pin the sender to this CPU (with --cpu and the same number: one CPU)")
     args = ap.parse_args()
+    global SENDER_CPUS
+    allowed = os.sched_getaffinity(0)
+    for c in (args.cpu, args.sender_cpu):
+        if c is not None and c not in allowed:
+            raise SystemExit(f"CPU {c} is not one this process may run on "
+                             f"({', '.join(map(str, sorted(allowed)))}): pick one of those")
+    if args.sender_cpu is not None:
+        SENDER_CPUS = {args.sender_cpu}
+    elif args.cpu is not None:
+        SENDER_CPUS = (allowed - {args.cpu}) or {args.cpu}
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     total = args.mib << 20
@@ -128,7 +148,10 @@ def main() -> int:
             busy[key].append(extra[key].pop("sender_busy"))
             cpu[key].append((after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime))
     print(f"loopback, {args.mib} MiB per run, {args.rounds} rounds, verify={args.verify}, "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, ring hot path {backend()}, "
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, receiver on "
+          f"{args.cpu if args.cpu is not None else 'any'} CPU, sender on "
+          f"{','.join(map(str, sorted(SENDER_CPUS))) if SENDER_CPUS else 'any'}, "
+          f"ring hot path {backend()}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     med = {k: statistics.median(v) for k, v in results.items()}
     usr_ms: dict[str, float] = {}

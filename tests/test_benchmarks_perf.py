@@ -4,6 +4,7 @@ its target lines."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,20 @@ def test_tcp_zc_order0_block_restores_the_old_value_when_stopped(tmp_path, monke
         assert fake.read_text() == "1"
         raise stop
     assert fake.read_text() == "0"
+
+
+def test_zc_rx_pins_the_sender_apart_from_the_receiver_and_names_a_bad_cpu() -> None:
+    """``--cpu`` pins the receiver; the sender, a forked child, no longer inherits that pinning
+    but runs on the other CPUs (the header says where each ran). A CPU the process may not use
+    is refused by name, before any flow starts."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    out = run("zc_rx.py", "--rounds", "1", "--mib", "16", "--cpu", str(cpus[0]))
+    others = ",".join(map(str, cpus[1:]))
+    assert f"receiver on {cpus[0]} CPU, sender on {others}," in out
+    assert "target softzc_vs_uring_mshot" in out
+    p = subprocess.run([sys.executable, str(BENCH / "zc_rx.py"), "--cpu", "4096"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "CPU 4096 is not one this process may run on" in p.stderr
