@@ -33,13 +33,10 @@ from zcnet.rx.engine import EngineOptions
 from zcnet.rx.registry import make_engine
 from zcnet.uring.syscall import backend
 
-#: CPUs the sender process runs on (None: wherever the scheduler puts it).
-SENDER_CPUS: set[int] | None = None
 
-
-def sender(port: int, total: int, chunk: int) -> None:
-    if SENDER_CPUS is not None:  # else a forked sender would inherit the receiver's pinning
-        os.sched_setaffinity(0, SENDER_CPUS)
+def sender(port: int, total: int, chunk: int, cpus: set[int] | None) -> None:
+    if cpus is not None:  # else the forked sender inherits the receiver's pinning
+        os.sched_setaffinity(0, cpus)
     mv = memoryview(TILED)
     with socket.create_connection(("127.0.0.1", port)) as s:
         sent = 0
@@ -48,7 +45,8 @@ def sender(port: int, total: int, chunk: int) -> None:
             sent += s.send(mv[start:start + min(chunk, total - sent)])
 
 
-def run_engine(name: str, total: int, verify: bool, **opts: Any) -> tuple[float, dict[str, Any]]:
+def run_engine(name: str, total: int, verify: bool, sender_cpus: set[int] | None = None,
+               **opts: Any) -> tuple[float, dict[str, Any]]:
     """Gbit/s of one engine receiving ``total`` bytes, and its engine stats (plus the sender
     process's busy share under ``sender_busy``: user + system over the receive's wall time;
     on loopback that system time includes the receive softirq, which runs on the sender)."""
@@ -60,7 +58,8 @@ def run_engine(name: str, total: int, verify: bool, **opts: Any) -> tuple[float,
         raise SystemExit(f"{name}: unsupported: {why}")
     with socket.create_server(("127.0.0.1", 0)) as srv:
         p = mp.get_context("fork").Process(target=sender,
-                                           args=(srv.getsockname()[1], total, 1 << 20))
+                                           args=(srv.getsockname()[1], total, 1 << 20,
+                                                 sender_cpus))
         p.start()
         conn, _ = srv.accept()
     with conn:
@@ -110,16 +109,17 @@ def main() -> int:
     ap.add_argument("--sender-cpu", type=int, default=None,
                     help="pin the sender to this CPU (with --cpu and the same number: one CPU)")
     args = ap.parse_args()
-    global SENDER_CPUS
     allowed = os.sched_getaffinity(0)
     for c in (args.cpu, args.sender_cpu):
         if c is not None and c not in allowed:
             raise SystemExit(f"CPU {c} is not one this process may run on "
                              f"({', '.join(map(str, sorted(allowed)))}): pick one of those")
     if args.sender_cpu is not None:
-        SENDER_CPUS = {args.sender_cpu}
+        sender_cpus: set[int] | None = {args.sender_cpu}
     elif args.cpu is not None:
-        SENDER_CPUS = (allowed - {args.cpu}) or {args.cpu}
+        sender_cpus = (allowed - {args.cpu}) or {args.cpu}
+    else:
+        sender_cpus = None
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     total = args.mib << 20
@@ -131,7 +131,7 @@ def main() -> int:
         "soft-zc/incremental": ("soft-zc", {"zc_incremental": True}),
     }
     for eng, opts in cells.values():  # warm-up: imports, first mappings; not counted
-        run_engine(eng, 64 << 20, args.verify, **opts)
+        run_engine(eng, 64 << 20, args.verify, sender_cpus, **opts)
     results: dict[str, list[float]] = {k: [] for k in cells}
     extra: dict[str, dict[str, Any]] = {}
     cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in cells}
@@ -142,7 +142,7 @@ def main() -> int:
         for key in order:
             eng, opts = cells[key]
             before = resource.getrusage(resource.RUSAGE_SELF)
-            gbps, extra[key] = run_engine(eng, total, args.verify, **opts)
+            gbps, extra[key] = run_engine(eng, total, args.verify, sender_cpus, **opts)
             after = resource.getrusage(resource.RUSAGE_SELF)
             results[key].append(gbps)
             busy[key].append(extra[key].pop("sender_busy"))
@@ -150,7 +150,7 @@ def main() -> int:
     print(f"loopback, {args.mib} MiB per run, {args.rounds} rounds, verify={args.verify}, "
           f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, receiver on "
           f"{args.cpu if args.cpu is not None else 'any'} CPU, sender on "
-          f"{','.join(map(str, sorted(SENDER_CPUS))) if SENDER_CPUS else 'any'}, "
+          f"{','.join(map(str, sorted(sender_cpus))) if sender_cpus else 'any'}, "
           f"ring hot path {backend()}, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     med = {k: statistics.median(v) for k, v in results.items()}
