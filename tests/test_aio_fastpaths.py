@@ -509,3 +509,27 @@ def test_a_re_arm_that_fails_raises_from_the_receive_and_the_next_one_goes_on(
     failed, st = run(loop_kind, main)
     assert failed == 1
     assert st["in_flight"] == 0 and st["rearms"] >= 3
+
+
+@both_passes
+@pytest.mark.parametrize("step", ["recv_batch", "anext"])
+def test_a_re_arm_that_closes_the_receiver_raises_closed_not_a_wait(loop_kind, step, no_leaks):
+    """Python run by the re-arm (a GC pass inside arm(), here arm() itself) closes the
+    receiver: the receive raises ClosedError on both passes instead of waiting for completions
+    that will never come."""
+
+    async def main() -> None:
+        s, send = await _queued_pair(pattern(8, 256 << 10))
+        rx = aio.open_receiver(s, own_socket=True, **ENDING)
+        prov = rx.rx.provider
+        while prov.armed or not rx.rx._armed_once:  # until a receive has ended with data
+            b = await asyncio.wait_for(rx.recv_batch(), 10)
+            assert b is not None
+            b.release()
+        prov.arm = rx.close
+        with pytest.raises(ClosedError):
+            await asyncio.wait_for(rx.recv_batch() if step == "recv_batch" else anext(rx), 10)
+        assert rx.rx._closed
+        await send
+
+    run(loop_kind, main)

@@ -170,6 +170,11 @@ class Flusher:  # stored in a released batch: its finalizer runs when the round 
     def __del__(self):
         state["rx"].rx.flush()
 
+class HeldFlusher:  # the same, but it releases a held batch first: the ring moves under the round
+    def __del__(self):
+        state.pop("held").release()
+        state["rx"].rx.flush()
+
 class Bomb:  # in a cycle: its finalizer runs in a GC pass, inside the round's allocations
     def __init__(self):
         self.me = self
@@ -194,6 +199,17 @@ async def main():
             b1.release(); b2.release()
             del b1, b2
             got = rx._take_batch()
+        elif {finalizer!r} == "release_held":
+            b1 = await batch(rx, c, 3 * 4096)
+            state["held"] = await batch(rx, c, 3 * 4096)
+            c.setblocking(True); c.sendall(b"y" * 2 * 4096); c.setblocking(False)
+            while not rx._member.inbox:
+                await asyncio.sleep(0.01)
+            b1.offsets = HeldFlusher()
+            b1.release()
+            del b1
+            got = rx._take_batch()  # its flush drops b1: the finalizer moves the ring
+            got.release()
         else:
             state["held"] = await batch(rx, c, 5 * 4096)
             c.setblocking(True); c.sendall(b"y" * 3 * 4096); c.setblocking(False)
@@ -220,7 +236,7 @@ asyncio.run(main())
 '''
 
 
-@pytest.mark.parametrize("finalizer", ["release", "gc"])
+@pytest.mark.parametrize("finalizer", ["release", "release_held", "gc"])
 def test_python_inside_a_round_that_releases_and_flushes_keeps_the_ring_in_step(
         finalizer: str) -> None:
     p = _run(RELEASE_CASE.format(finalizer=finalizer))

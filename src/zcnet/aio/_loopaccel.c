@@ -783,6 +783,20 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
 #define ENTRY(b, i)                                                                        \
     buf_entry((b)->entries, (unsigned long long)(i), (unsigned long long)(b)->mask)
 
+/* The buffer ring as it stands now: registered, its fd open, its head, tail and count read
+ * into *b. 1; -1 when it is not usable (the Python round runs); 0 with an exception. */
+static int ring_now(Round *r, PyObject *buf, BufState *b) {
+    long long fd;
+    int v = iget_true(buf, s_registered);
+    if (v != 1)
+        return v < 0 ? 0 : -1;
+    if (!iget_ll(r->buf_ring, s_fd, &fd))
+        return 0;
+    if (fd < 0)
+        return -1;
+    return read_buf(r, buf, b);
+}
+
 /* Buffer ids collected in C memory (no Python object, so no GC pass while it grows). */
 typedef struct {
     uint16_t *v;
@@ -978,27 +992,17 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         BAIL(FALLBACK);
     if (!cache_buf(r, buf))
         goto error;
-    if ((v = iget_true(buf, s_registered)) != 1) {
-        if (v < 0)
+    BufState b;
+    if ((v = ring_now(r, buf, &b)) != 1) {
+        if (v == 0)
             goto error;
         BAIL(FALLBACK);
     }
-    if (!iget_ll(r->buf_ring, s_fd, &x))
-        goto error;
-    if (x < 0)
-        BAIL(FALLBACK);
-    BufState b;
-    if (!read_buf(r, buf, &b))
-        goto error;
     if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
-    /* The counts, read once: the release flush advances the released ones. */
+    /* The counts: the release flush advances the released ones. */
     long long dl, dlb, rel, relb, limit;
-    if (!iget_ll(r->stats, s_delivered, &dl) ||
-        !iget_ll(r->stats, s_delivered_bytes, &dlb) ||
-        !iget_ll(r->stats, s_released, &rel) ||
-        !iget_ll(r->stats, s_released_bytes, &relb) ||
-        !iget_ll(r->rx, s_limit, &limit))
+    if (!iget_ll(r->stats, s_released, &rel) || !iget_ll(r->stats, s_released_bytes, &relb))
         goto error;
     /* Releases first, as Receiver._next does. */
     if ((v = flush_releases(r, buf, &b, &rel, &relb)) != 1) {
@@ -1006,6 +1010,24 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
             goto error;
         BAIL(FALLBACK);
     }
+    /* The flush dropped the released items: a finalizer may have released and flushed in
+     * Python, or closed the receiver. Everything used below is read after it. */
+    if ((v = iget_true(r->rx, s_closed)) != 0) {
+        if (v < 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    if ((v = ring_now(r, buf, &b)) != 1) {
+        if (v == 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    if (!iget_ll(r->stats, s_delivered, &dl) ||
+        !iget_ll(r->stats, s_delivered_bytes, &dlb) ||
+        !iget_ll(r->stats, s_released, &rel) ||
+        !iget_ll(r->stats, s_released_bytes, &relb) ||
+        !iget_ll(r->rx, s_limit, &limit))
+        goto error;
     /* Back-pressure: the Python round pauses and counts it. */
     if (dlb - relb > limit)
         BAIL(FALLBACK);
@@ -1029,6 +1051,13 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         if (!ok)
             goto error;
         Py_DECREF(ok);
+        /* arm() ran Python (a GC pass, say) that may have closed the receiver: waiting then
+         * would never end; the Python round raises ClosedError instead. */
+        if ((v = iget_true(r->rx, s_closed)) != 0) {
+            if (v < 0)
+                goto error;
+            BAIL(FALLBACK);
+        }
         BAIL(DONE);
     }
     if (PyList_GET_SIZE(box) == 0)
