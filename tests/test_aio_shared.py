@@ -247,3 +247,91 @@ def test_completion_queue_overflow_loses_no_byte(loop_kind, no_leaks, monkeypatc
         assert stats["rearms"] >= 1
 
     run(loop_kind, main)
+
+
+# --- spare areas -----------------------------------------------------------------------------
+
+def test_a_closed_receivers_area_is_populated_memory_for_the_next(loop_kind, no_leaks):
+    """While the loop's ring lives (another receiver keeps it), a closed receiver's area goes
+    to its spares and the next receiver of that size and kind takes it instead of populating
+    a new one; bytes arrive intact through it. A debug receiver's area (poisoned on release)
+    is not kept; the spares are unmapped with the ring (no_leaks)."""
+
+    async def main() -> None:
+        (kc, ks), (c1, s1), (c2, s2), (c3, s3), (c4, s4) = [await tcp_pair() for _ in range(5)]
+        keeper = aio.open_receiver(ks, own_socket=True, **SMALL)
+        lr = keeper.rx.provider.member.lr
+        rx1 = aio.open_receiver(s1, own_socket=True, **SMALL)
+        area = rx1.rx.area
+        c1.sendall(b"first")
+        for ch in await rx1.recv():
+            ch.release()
+        rx1.close()
+        assert lr.spare == [area] and not area.closed
+        rx2 = aio.open_receiver(s2, own_socket=True, area_size=512 << 10, buf_size=16 << 10)
+        assert rx2.rx.area is not area and lr.spare == [area]  # another size: a new one
+        rx3 = aio.open_receiver(s3, own_socket=True, **SMALL)
+        assert rx3.rx.area is area and lr.spare == []
+        data = pattern(3, 1 << 20)
+        check = StreamCheck(data)
+        send = asyncio.get_running_loop().run_in_executor(
+            None, lambda: (c3.setblocking(True), c3.sendall(data.tobytes()), c3.close()))
+        async for ch in rx3:
+            check.add(ch.data, ch.stream_offset)
+            ch.release()
+        await send
+        assert check.complete
+        rx3.close()
+        dbg = aio.open_receiver(s4, own_socket=True, debug=True, **SMALL)
+        assert dbg.rx.area is area
+        dbg.close()
+        assert area.closed and lr.spare == []
+        rx2.close()
+        keeper.close()
+        assert lr.ring.closed and lr.spare == []
+        for c in (kc, c1, c2, c4):
+            c.close()
+
+    run(loop_kind, main)
+
+
+def test_an_area_still_held_or_not_safe_to_reuse_is_unmapped_not_kept(loop_kind, monkeypatch,
+                                                                        no_leaks):
+    """The area of a receiver closed with a chunk held is kept only when that chunk is released
+    on the loop's thread; released from another thread, or past SPARE_AREA_BYTES, or after a
+    cancel the kernel did not confirm (a receive that may still write to it), it is unmapped."""
+    monkeypatch.setattr(shared, "SPARE_AREA_BYTES", SMALL["area_size"])
+
+    async def main() -> None:
+        pairs = [await tcp_pair() for _ in range(5)]
+        keeper = aio.open_receiver(pairs[0][1], own_socket=True, **SMALL)
+        lr = keeper.rx.provider.member.lr
+        rxs = [aio.open_receiver(s, own_socket=True, **SMALL) for _, s in pairs[1:]]
+        held = []
+        for (c, _), rx in zip(pairs[1:], rxs, strict=True):
+            c.sendall(b"held")
+            held.append(await rx.__anext__())
+        areas = [rx.rx.area for rx in rxs]
+        for rx in rxs:
+            rx.close()
+        assert lr.spare == [] and not any(a.closed for a in areas)  # chunks still held
+        t = threading.Thread(target=held[0].release)  # last release from another thread
+        t.start()
+        t.join()
+        assert areas[0].closed and lr.spare == []
+        held[1].release()  # on the loop's thread: kept
+        assert lr.spare == [areas[1]]
+        held[2].release()  # no room left
+        assert areas[2].closed and lr.spare == [areas[1]]
+        prov = rxs[3].rx.provider
+        prov.armed = True  # as after a cancel the kernel did not confirm
+        lr.spare.remove(areas[1])
+        areas[1].close()
+        held[3].release()
+        assert areas[3].closed and lr.spare == []
+        prov.armed = False
+        keeper.close()
+        for c, _ in pairs:
+            c.close()
+
+    run(loop_kind, main)

@@ -278,8 +278,10 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
                          f"it takes area_size, buf_size, {', '.join(sorted(_SHARED_OPTIONS))}")
     p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False))
     try:
-        return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=kw.get("debug", False),
-                        coalesce=kw.get("coalesce", False), why="soft provider requested")
+        debug = kw.get("debug", False)
+        return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=debug,
+                        coalesce=kw.get("coalesce", False), why="soft provider requested",
+                        area_done=None if debug else p.retire_area)  # debug poisons memory
     except BaseException:
         p.close()
         p.area.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -34,12 +35,13 @@ import numpy as np
 
 from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
-from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.provider import RECV_UD, Delivery
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.eventfd import drain, register_eventfd
+from zcnet.uring.mem import page_align
 from zcnet.uring.ring import Completions, Ring
 
 try:
@@ -56,6 +58,10 @@ CQ_ENTRIES = 32768   # CQEs of every receiver between two passes; overflow ends 
 LOCAL_BITS = 8
 LOCAL_MASK = (1 << LOCAL_BITS) - 1
 FEW = 16  # passes of at most this many CQEs are dispatched as Python tuples
+#: Areas of closed receivers a loop's ring keeps for the next ones, in bytes: populating a new
+#: area is most of what opening a receiver costs (~1.5 ms for the default 4 MiB, against
+#: ~0.1 ms for the rest; docs/aio.md).
+SPARE_AREA_BYTES = 64 << 20
 _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
 
@@ -102,6 +108,9 @@ class LoopRing:
         self._bgids = 0
         self._scheduled = False
         self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
+        self.thread = threading.get_ident()
+        #: Areas of closed receivers, populated and free, for the next ones (keep_area).
+        self.spare: list[Area] = []
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -151,7 +160,31 @@ class LoopRing:
         if not self.ring.closed:
             self._free_bgids.append(bgid)
 
+    # --- spare areas ---------------------------------------------------------------------
+    def spare_area(self, size: int, hugetlb: bool) -> Area | None:
+        """A kept area of the size and kind an Area(size, hugetlb=...) would have, or None."""
+        kind = "hugetlb" if hugetlb else "anon"
+        want = page_align(size, HUGE_2MB if hugetlb else PAGE_SIZE)
+        for i, a in enumerate(self.spare):
+            if a.size == want and a.kind == kind:
+                return self.spare.pop(i)
+        return None
+
+    def keep_area(self, area: Area) -> None:
+        """Keep a closed receiver's area (nothing in it held, no receive left that can write
+        to it) for the next receiver while there is room; otherwise unmap it. Only on the
+        loop's thread: a last release after close may come from any thread."""
+        if (threading.get_ident() == self.thread and not self.ring.closed
+                and area.kind in ("anon", "hugetlb")
+                and sum(a.size for a in self.spare) + area.size <= SPARE_AREA_BYTES):
+            self.spare.append(area)
+        else:
+            area.close()
+
     def close(self) -> None:
+        spare, self.spare = self.spare, []
+        for a in spare:
+            a.close()
         if _rings.get(self.loop) is self:
             del _rings[self.loop]
         if self.efd >= 0:
@@ -391,6 +424,14 @@ class SharedSoftProvider(SoftProvider):
             return out
         return super().reap(timeout)
 
+    def retire_area(self, area: Area) -> None:
+        """The Receiver's ``area_done``: the area goes to the loop's spares, unless a receive
+        whose cancel was not confirmed may still write to it (then it is unmapped)."""
+        if self.armed:
+            area.close()
+        else:
+            self.member.lr.keep_area(area)
+
     def close(self) -> None:
         try:
             super().close()  # cancels the receive, unregisters the group, leaves the ring
@@ -413,7 +454,7 @@ def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int,
         lr = _rings[loop] = LoopRing(loop)
     m = lr.join()
     try:
-        area = Area(area_size, hugetlb=hugetlb)
+        area = lr.spare_area(area_size, hugetlb) or Area(area_size, hugetlb=hugetlb)
         try:
             return SharedSoftProvider(fd, area, buf_size, m)
         except BaseException:

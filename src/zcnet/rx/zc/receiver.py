@@ -52,7 +52,7 @@ class Receiver(DebugViews):
 
     def __init__(self, sock: socket.socket | int, provider: Provider, *,
                  max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
-                 why: str = "") -> None:
+                 why: str = "", area_done: Callable[[Area], object] | None = None) -> None:
         if not 0.0 < max_held <= 1.0:
             raise UsageError(f"max_held must be in (0, 1], got {max_held}")
         self.fd = sock if isinstance(sock, int) else sock.fileno()
@@ -77,6 +77,9 @@ class Receiver(DebugViews):
         self._armed_once = False
         self._debug_views = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
+        #: Given the area once the receiver is closed and none of it is held: unmaps it, or
+        #: keeps it for another receiver (zcnet.aio's loop ring).
+        self._area_done: Callable[[Area], object] = area_done or Area.close
 
     @property
     def stats(self) -> Stats:
@@ -384,7 +387,7 @@ class Receiver(DebugViews):
         done = self._releases.drain()
         self._stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
         if self._stats.in_flight == 0 and not self.area.closed:
-            self.area.close()
+            self._area_done(self.area)
 
     def __enter__(self) -> Receiver:
         return self
