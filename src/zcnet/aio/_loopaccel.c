@@ -489,13 +489,15 @@ static PyObject *do_route(Router *r) {
         }
         Py_INCREF(m);
         PyObject *it = PyList_GET_ITEM(items, g);
-        PyObject *box = iget(m, s_inbox), *comp = NULL;
+        PyObject *box = NULL, *comp = NULL;
         int ok = 0;
-        if (box && PyByteArray_CheckExact(it)) {
+        if (PyByteArray_CheckExact(it)) {
+            /* Python (a GC pass) may run a round that replaces the member's inbox: read it
+             * after. */
             comp = PyObject_CallFunction(r->completions_of, "OnO", it, groups[g].count,
                                          r->cqe_size == CQE32_SIZE ? Py_True : Py_False);
-            ok = comp && PyList_Append(box, comp) == 0;
-        } else if (box) {
+            ok = comp && (box = iget(m, s_inbox)) && PyList_Append(box, comp) == 0;
+        } else if ((box = iget(m, s_inbox))) {
             ok = PyList_Append(box, it) == 0;
         }
         Py_XDECREF(comp);
@@ -583,6 +585,8 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
             if (!res)
                 return NULL;
             Py_DECREF(res);
+            if ((fd = ring_fd(r)) < 0) /* that Python closed the ring (a GC pass) */
+                return fd == -2 ? PyLong_FromLong(-1) : NULL;
         }
         entered = 1;
     }
@@ -881,6 +885,19 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         Py_DECREF(c);
     }
     Py_DECREF(it);
+    /* Getting the iterator allocates: a GC pass there may have released and flushed in
+     * Python, or closed the receiver. Nothing from here on runs Python: read the state now. */
+    if (verdict == 1) {
+        int closed = iget_true(r->rx, s_closed);
+        int usable = closed == 0 ? ring_now(r, buf, b) : -1;
+        if (closed < 0 || usable == 0)
+            verdict = 0;
+        else if (usable < 0)
+            verdict = -1;
+        else if (!iget_ll(r->stats, s_released, rel) ||
+                 !iget_ll(r->stats, s_released_bytes, relb))
+            verdict = 0;
+    }
     PyObject **items = verdict == 1 ? PyMem_Malloc((size_t)n * sizeof *items) : NULL;
     if (verdict == 1 && !items) {
         PyErr_NoMemory();
@@ -960,31 +977,13 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     long long x;
 #define BAIL(c) do { Py_XDECREF(buf); *code = (c); return NULL; } while (0)
 #define FALLBACK_NULL (*code = FALLBACK, (PyObject *)NULL)
-    /* The receiver: open, owned by this thread, not ended, not paused; armed, or its
-     * multishot ended with data after an earlier arm (re-armed below, as Receiver._next does). */
+    /* The receiver: open and owned by this thread; its buffer ring usable. */
     if ((v = iget_true(r->rx, s_closed)) != 0)
         return v < 0 ? NULL : FALLBACK_NULL;
     if (!iget_ll(r->rx, s_owner_tid, &x))
         return NULL;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
         return FALLBACK_NULL;
-    PyObject *o = iget(r->rx, s_end);
-    if (!o)
-        return NULL;
-    Py_DECREF(o);
-    if (o != Py_None)
-        return FALLBACK_NULL;
-    o = iget(r->rx, s_stalled);
-    if (!o)
-        return NULL;
-    Py_DECREF(o);
-    if (o != Py_None)
-        return FALLBACK_NULL;
-    int armed = iget_true(r->prov, s_armed);
-    if (armed < 0)
-        return NULL;
-    if (!armed && (v = iget_true(r->rx, s_armed_once)) != 1)
-        return v < 0 ? NULL : FALLBACK_NULL;
     buf = iget(r->prov, s_buf);
     if (!buf)
         return NULL;
@@ -1000,19 +999,39 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     }
     if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
-    /* The counts: the release flush advances the released ones. */
-    long long dl, dlb, rel, relb, limit;
-    if (!iget_ll(r->stats, s_released, &rel) || !iget_ll(r->stats, s_released_bytes, &relb))
-        goto error;
     /* Releases first, as Receiver._next does. */
+    long long dl, dlb, rel, relb, limit;
     if ((v = flush_releases(r, buf, &b, &rel, &relb)) != 1) {
         if (v == 0)
             goto error;
         BAIL(FALLBACK);
     }
-    /* The flush dropped the released items: a finalizer may have released and flushed in
-     * Python, or closed the receiver. Everything used below is read after it. */
+    /* The flush dropped the released items: a finalizer may have released and flushed, run a
+     * round in Python (which may arm or end the receive), or closed the receiver. Everything
+     * used below is read after it. The receiver: open, not ended, not paused; armed, or its
+     * multishot ended with data after an earlier arm (re-armed below, as Receiver._next
+     * does). */
     if ((v = iget_true(r->rx, s_closed)) != 0) {
+        if (v < 0)
+            goto error;
+        BAIL(FALLBACK);
+    }
+    PyObject *o = iget(r->rx, s_end);
+    if (!o)
+        goto error;
+    Py_DECREF(o);
+    if (o != Py_None)
+        BAIL(FALLBACK);
+    o = iget(r->rx, s_stalled);
+    if (!o)
+        goto error;
+    Py_DECREF(o);
+    if (o != Py_None)
+        BAIL(FALLBACK);
+    int armed = iget_true(r->prov, s_armed);
+    if (armed < 0)
+        goto error;
+    if (!armed && (v = iget_true(r->rx, s_armed_once)) != 1) {
         if (v < 0)
             goto error;
         BAIL(FALLBACK);
@@ -1559,9 +1578,14 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     else if (iset(a->member, s_waiter, fut) == 0 && (box = iget(a->member, s_inbox)))
         queued = PyObject_Length(box);
     Py_XDECREF(box);
+    if (queued == 0) {
+        int closed = iget_true(a->arx, s_closed);
+        queued = closed < 0 ? -1 : closed;
+    }
     if (queued > 0) {
-        /* Completions came while no waiter was set (a GC pass between take() and here can
-         * run a nested pass): take them instead of sleeping. */
+        /* Completions came while no waiter was set, or the receiver was closed then (a GC
+         * pass in create_future or between take() and here can run a nested pass or a
+         * close, whose kick found no waiter): take them, or raise, instead of sleeping. */
         Py_DECREF(fut);
         if (iset(a->member, s_waiter, Py_None) < 0)
             return PYGEN_ERROR;

@@ -331,6 +331,7 @@ class MemberRing:
         #: The compiled round of a transport (zcnet.aio._loopaccel.Round): the compiled pass
         #: runs it directly and calls ``on_ready`` only when it cannot finish the round.
         self.fast: Any = None
+        self.closed = False
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
@@ -374,6 +375,7 @@ class MemberRing:
                            np.concatenate([c.flags for c in parts]))
 
     def close(self) -> None:
+        self.closed = True
         self.inbox = []
         self.kick()
         self.lr.leave(self)
@@ -392,6 +394,8 @@ class MemberRing:
         check_one_waiter(self.waiter)
         fut: Future[None] = self.lr.loop.create_future()
         self.waiter = fut
+        if self.closed:  # closed while the future was made (a GC pass): no kick will come
+            self.kick()
         return fut
 
 
