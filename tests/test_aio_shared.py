@@ -15,6 +15,7 @@ from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.aio.shared import SharedSoftProvider
+from zcnet.errors import UsageError
 from zcnet.rx.zc.soft import SoftProvider
 
 pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
@@ -332,6 +333,35 @@ def test_an_area_still_held_or_not_safe_to_reuse_is_unmapped_not_kept(loop_kind,
         prov.armed = False
         keeper.close()
         for c, _ in pairs:
+            c.close()
+
+    run(loop_kind, main)
+
+
+def test_a_kept_area_is_handed_on_once_and_bad_sizes_are_still_refused(loop_kind, no_leaks):
+    """A closed receiver gives its area away once: an empty release_many after close (which
+    settles the accounting again) neither keeps it twice nor takes it back from the receiver
+    now using it. A size that is not a whole number is refused as before, spare or not."""
+
+    async def main() -> None:
+        (kc, ks), (c1, s1), (c2, s2) = [await tcp_pair() for _ in range(3)]
+        keeper = aio.open_receiver(ks, own_socket=True, **SMALL)
+        lr = keeper.rx.provider.member.lr
+        rx1 = aio.open_receiver(s1, own_socket=True, **SMALL)
+        area = rx1.rx.area
+        rx1.close()
+        rx1.rx.release_many([])
+        assert lr.spare == [area]
+        with pytest.raises(UsageError, match="area size"):
+            aio.open_receiver(s2, area_size=float(SMALL["area_size"]), buf_size=16 << 10)
+        assert lr.spare == [area]
+        rx2 = aio.open_receiver(s2, own_socket=True, **SMALL)
+        assert rx2.rx.area is area
+        rx1.rx.release_many([])
+        assert lr.spare == [] and not area.closed
+        rx2.close()
+        keeper.close()
+        for c in (kc, c1, c2):
             c.close()
 
     run(loop_kind, main)

@@ -162,7 +162,10 @@ class LoopRing:
 
     # --- spare areas ---------------------------------------------------------------------
     def spare_area(self, size: int, hugetlb: bool) -> Area | None:
-        """A kept area of the size and kind an Area(size, hugetlb=...) would have, or None."""
+        """A kept area of the size and kind an Area(size, hugetlb=...) would have, or None
+        (also for a size that is not a positive int: Area refuses it with the reason)."""
+        if type(size) is not int or size <= 0:
+            return None
         kind = "hugetlb" if hugetlb else "anon"
         want = page_align(size, HUGE_2MB if hugetlb else PAGE_SIZE)
         for i, a in enumerate(self.spare):

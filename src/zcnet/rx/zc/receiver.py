@@ -78,8 +78,8 @@ class Receiver(DebugViews):
         self._debug_views = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
         #: Given the area once the receiver is closed and none of it is held: unmaps it, or
-        #: keeps it for another receiver (zcnet.aio's loop ring).
-        self._area_done: Callable[[Area], object] = area_done or Area.close
+        #: keeps it for another receiver (zcnet.aio's loop ring). Called once: None after.
+        self._area_done: Callable[[Area], object] | None = area_done or Area.close
 
     @property
     def stats(self) -> Stats:
@@ -386,8 +386,12 @@ class Receiver(DebugViews):
     def _account_closed(self) -> None:
         done = self._releases.drain()
         self._stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
-        if self._stats.in_flight == 0 and not self.area.closed:
-            self._area_done(self.area)
+        done = self._area_done
+        if self._stats.in_flight == 0 and done is not None:
+            # Once: a kept area is not closed, and a later call (an empty release_many, a
+            # release that waited for the lock during close) must not hand it on again.
+            self._area_done = None
+            done(self.area)
 
     def __enter__(self) -> Receiver:
         return self
