@@ -787,6 +787,21 @@ static int read_buf(Round *r, PyObject *buf, BufState *b) {
 #define ENTRY(b, i)                                                                        \
     buf_entry((b)->entries, (unsigned long long)(i), (unsigned long long)(b)->mask)
 
+/* The receiver open: 1; -1 closed; 0 with an exception (the tri-state of ring_now). */
+static int is_open(PyObject *rx) {
+    int v = iget_true(rx, s_closed);
+    return v < 0 ? 0 : v ? -1 : 1;
+}
+
+/* Attribute ``name`` of ``o`` is None: 1; -1 not; 0 with an exception. */
+static int is_none(PyObject *o, PyObject *name) {
+    PyObject *v = iget(o, name);
+    if (!v)
+        return 0;
+    Py_DECREF(v);
+    return v == Py_None ? 1 : -1;
+}
+
 /* The buffer ring as it stands now: registered, its fd open, its head, tail and count read
  * into *b. 1; -1 when it is not usable (the Python round runs); 0 with an exception. */
 static int ring_now(Round *r, PyObject *buf, BufState *b) {
@@ -854,16 +869,15 @@ static int held_tokens(Round *r, PyObject *c, long long bufs, Ids *ids, long lon
 }
 
 /* Released chunks and batches back to the buffer ring (Receiver._flush_releases +
- * BufRing.provide for plain chunks and list batches); *rel and *relb, the stats' released
- * counts as the caller read them, are advanced and written back. 1 done, 0 error, -1 fall back
- * (nothing changed).
+ * BufRing.provide for plain chunks and list batches), the stats' released counts advanced.
+ * 1 done, 0 error, -1 fall back (nothing changed). The ring and the counts are read here,
+ * after the last point where Python can run before they are written.
  *
  * Every item is checked and its ids copied before anything changes; the items are then taken
  * off the queue and held until the ring and the counts are written: dropping the last
  * reference to one can run Python (a finalizer of something stored in it), which then finds
  * the ring, the queue and the counts consistent. */
-static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
-                          long long *relb) {
+static int flush_releases(Round *r, PyObject *buf) {
     Py_ssize_t n = PyObject_Length(r->queue);
     if (n < 0)
         return 0;
@@ -881,23 +895,17 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
             verdict = PyErr_Occurred() ? 0 : -1;
             break;
         }
-        verdict = held_tokens(r, c, b->n, &ids, &nbytes);
+        verdict = held_tokens(r, c, r->n, &ids, &nbytes);
         Py_DECREF(c);
     }
     Py_DECREF(it);
     /* Getting the iterator allocates: a GC pass there may have released and flushed in
      * Python, or closed the receiver. Nothing from here on runs Python: read the state now. */
-    if (verdict == 1) {
-        int closed = iget_true(r->rx, s_closed);
-        int usable = closed == 0 ? ring_now(r, buf, b) : -1;
-        if (closed < 0 || usable == 0)
-            verdict = 0;
-        else if (usable < 0)
-            verdict = -1;
-        else if (!iget_ll(r->stats, s_released, rel) ||
-                 !iget_ll(r->stats, s_released_bytes, relb))
-            verdict = 0;
-    }
+    BufState bs, *b = &bs;
+    long long rel, relb;
+    if (verdict == 1 && (verdict = is_open(r->rx)) == 1 && (verdict = ring_now(r, buf, b)) == 1 &&
+        !(iget_ll(r->stats, s_released, &rel) && iget_ll(r->stats, s_released_bytes, &relb)))
+        verdict = 0;
     PyObject **items = verdict == 1 ? PyMem_Malloc((size_t)n * sizeof *items) : NULL;
     if (verdict == 1 && !items) {
         PyErr_NoMemory();
@@ -922,11 +930,9 @@ static int flush_releases(Round *r, PyObject *buf, BufState *b, long long *rel,
         b->tail = t & 0xFFFF;
         b->in_ring += ids.n;
         buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
-        *rel += ids.n;
-        *relb += nbytes;
         verdict = iset_ll(buf, s_tail, b->tail) && iset_ll(buf, s_in_ring, b->in_ring) &&
-                  iset_ll(r->stats, s_released, *rel) &&
-                  iset_ll(r->stats, s_released_bytes, *relb);
+                  iset_ll(r->stats, s_released, rel + ids.n) &&
+                  iset_ll(r->stats, s_released_bytes, relb + nbytes);
     } else
         verdict = 0; /* cannot happen: n items were there and only this thread takes */
     PyMem_Free(ids.v);
@@ -976,58 +982,30 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     int v;
     long long x;
 #define BAIL(c) do { Py_XDECREF(buf); *code = (c); return NULL; } while (0)
-#define FALLBACK_NULL (*code = FALLBACK, (PyObject *)NULL)
-    /* The receiver: open and owned by this thread; its buffer ring usable. */
-    if ((v = iget_true(r->rx, s_closed)) != 0)
-        return v < 0 ? NULL : FALLBACK_NULL;
+/* A check answering 1 (go on), -1 (the Python round runs) or 0 (an exception). */
+#define CHECK(e) do { if ((v = (e)) != 1) { if (v == 0) goto error; BAIL(FALLBACK); } } while (0)
+    /* The receiver: open and owned by this thread; releases first, as Receiver._next does. */
+    CHECK(is_open(r->rx));
     if (!iget_ll(r->rx, s_owner_tid, &x))
-        return NULL;
+        goto error;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
-        return FALLBACK_NULL;
+        BAIL(FALLBACK);
     buf = iget(r->prov, s_buf);
     if (!buf)
-        return NULL;
+        goto error;
     if (buf == Py_None)
         BAIL(FALLBACK);
     if (!cache_buf(r, buf))
         goto error;
-    BufState b;
-    if ((v = ring_now(r, buf, &b)) != 1) {
-        if (v == 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
-    if (b.bs > INT32_MAX)
-        BAIL(FALLBACK);
-    /* Releases first, as Receiver._next does. */
-    long long dl, dlb, rel, relb, limit;
-    if ((v = flush_releases(r, buf, &b, &rel, &relb)) != 1) {
-        if (v == 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
+    CHECK(flush_releases(r, buf));
     /* The flush dropped the released items: a finalizer may have released and flushed, run a
      * round in Python (which may arm or end the receive), or closed the receiver. Everything
      * used below is read after it. The receiver: open, not ended, not paused; armed, or its
      * multishot ended with data after an earlier arm (re-armed below, as Receiver._next
      * does). */
-    if ((v = iget_true(r->rx, s_closed)) != 0) {
-        if (v < 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
-    PyObject *o = iget(r->rx, s_end);
-    if (!o)
-        goto error;
-    Py_DECREF(o);
-    if (o != Py_None)
-        BAIL(FALLBACK);
-    o = iget(r->rx, s_stalled);
-    if (!o)
-        goto error;
-    Py_DECREF(o);
-    if (o != Py_None)
-        BAIL(FALLBACK);
+    CHECK(is_open(r->rx));
+    CHECK(is_none(r->rx, s_end));
+    CHECK(is_none(r->rx, s_stalled));
     int armed = iget_true(r->prov, s_armed);
     if (armed < 0)
         goto error;
@@ -1036,11 +1014,11 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
             goto error;
         BAIL(FALLBACK);
     }
-    if ((v = ring_now(r, buf, &b)) != 1) {
-        if (v == 0)
-            goto error;
+    BufState b;
+    CHECK(ring_now(r, buf, &b));
+    if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
-    }
+    long long dl, dlb, rel, relb, limit;
     if (!iget_ll(r->stats, s_delivered, &dl) ||
         !iget_ll(r->stats, s_delivered_bytes, &dlb) ||
         !iget_ll(r->stats, s_released, &rel) ||
@@ -1072,11 +1050,7 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         Py_DECREF(ok);
         /* arm() ran Python (a GC pass, say) that may have closed the receiver: waiting then
          * would never end; the Python round raises ClosedError instead. */
-        if ((v = iget_true(r->rx, s_closed)) != 0) {
-            if (v < 0)
-                goto error;
-            BAIL(FALLBACK);
-        }
+        CHECK(is_open(r->rx));
         BAIL(DONE);
     }
     if (PyList_GET_SIZE(box) == 0)
@@ -1158,7 +1132,7 @@ error:
     Py_XDECREF(buf);
     return NULL;
 #undef BAIL
-#undef FALLBACK_NULL
+#undef CHECK
 }
 
 /* The round's k buffers as a list of chunks, from stream offset ``s``. NULL only when memory
