@@ -15,6 +15,7 @@ import uvloop
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.errors import ZcnetError
+from zcnet.rx.zc.chunks import Batch
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -89,6 +90,20 @@ class StreamCheck:
         want = self.expected[self.got:self.got + len(a)]
         assert len(want) == len(a) and np.array_equal(a, want), f"mismatch at {self.got}"
         self.got += len(a)
+
+    def take(self, got: Any) -> None:
+        """Check and release one chunk or Batch (a Batch's views come in stream order)."""
+        if isinstance(got, Batch):
+            for v in got.views():
+                self.add(v)
+        else:
+            self.add(got.data, got.stream_offset)
+        got.release()
+
+    async def drain(self, rx: aio.AsyncReceiver) -> None:
+        """``async for`` over ``rx`` to its end, each chunk checked and released."""
+        async for chunk in rx:
+            self.take(chunk)
 
     @property
     def complete(self) -> bool:

@@ -90,9 +90,7 @@ def test_async_for_under_backpressure_and_a_cancel_loses_nothing(loop_kind, no_l
                 chunk.release()
             await sender
             c.close()
-            async for chunk in rx:
-                check.add(chunk.data, chunk.stream_offset)
-                chunk.release()
+            await check.drain(rx)
             assert check.complete
             return rx.stats_dict()
 
@@ -444,13 +442,9 @@ def test_a_receive_that_ended_with_data_is_re_armed_by_the_compiled_round(
         async with aio.open_receiver(s, own_socket=True, **ENDING) as rx:
             if style == "recv_batch":
                 while (b := await asyncio.wait_for(rx.recv_batch(), 60)) is not None:
-                    for v in b.views():
-                        check.add(v)
-                    b.release()
+                    check.take(b)
             else:
-                async for ch in rx:
-                    check.add(ch.data, ch.stream_offset)
-                    ch.release()
+                await check.drain(rx)
             await send
             rx.flush()
             assert check.complete
@@ -498,9 +492,7 @@ def test_a_re_arm_that_fails_raises_from_the_receive_and_the_next_one_goes_on(
                     continue
                 if b is None:
                     break
-                for v in b.views():
-                    check.add(v)
-                b.release()
+                check.take(b)
             await send
             rx.flush()
             assert check.complete

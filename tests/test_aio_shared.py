@@ -277,9 +277,7 @@ def test_a_closed_receivers_area_is_populated_memory_for_the_next(loop_kind, no_
         check = StreamCheck(data)
         send = asyncio.get_running_loop().run_in_executor(
             None, lambda: (c3.setblocking(True), c3.sendall(data.tobytes()), c3.close()))
-        async for ch in rx3:
-            check.add(ch.data, ch.stream_offset)
-            ch.release()
+        await check.drain(rx3)
         await send
         assert check.complete
         rx3.close()
