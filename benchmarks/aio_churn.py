@@ -11,13 +11,14 @@ each in its own process on uvloop, pinned to one CPU (the client threads to anot
   zcnet         task style: ``open_receiver`` per accepted socket, ``async for``, the loop's
                 ``sock_sendall``
   zcnet-proto   callback style: ``start_protocol`` per accepted socket, ``transport.write``
+  .../kept      the same two, serving inside ``async with zcnet.aio.keep_ring()``
 
 The zcnet rows use zcnet.aio's default area (``--area``), what a service gets. Opening a
 receiver populates its area unless the loop's ring kept one from a closed receiver (spare
 areas, docs/aio.md), and the ring itself is set up with the loop's first receiver and torn
-down with its last. With ``--concurrency 1`` every connection is the loop's only one: each
-pays for a ring. ``--keep`` opens one idle receiver on the server's loop first, so the ring
-and its spare areas stay, as in a server that always has some connection open.
+down with its last. With ``--concurrency 1`` every connection is the loop's only one: without
+``keep_ring`` each pays for a ring and a new area; the /kept rows hold the ring and its spare
+areas between connections, as a server should.
 
 Reported: connections per second and the server's CPU time per connection (user + system,
 getrusage of the server process over the measured connections); medians over rounds, every
@@ -47,7 +48,8 @@ from zcnet.aio.shared import loop_backend
 from zcnet.uring.syscall import backend
 
 MSG = 64
-SERVERS = ("uvloop-proto", "zcnet", "zcnet-proto")
+KEPT = "/kept"  # suffix: the server holds its loop's ring with zcnet.aio.keep_ring()
+SERVERS = ("uvloop-proto", "zcnet", "zcnet-proto", "zcnet" + KEPT, "zcnet-proto" + KEPT)
 
 
 async def zc_echo(conn: socket.socket, area: int) -> None:
@@ -65,22 +67,17 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def server_main(name: str, srv: socket.socket, cpu: int, area: int, keep: bool,
-                ctl: Any) -> None:
+def server_main(name: str, srv: socket.socket, cpu: int, area: int, ctl: Any) -> None:
     """Serves until the parent closes ``ctl``; answers each byte on it with its CPU time."""
     os.sched_setaffinity(0, {cpu})
+    keep = name.endswith(KEPT)
+    name = name.removesuffix(KEPT)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         srv.setblocking(False)
-        idle = peer = None
-        if keep and name != "uvloop-proto":  # one idle receiver: the ring stays open
-            with socket.create_server(("127.0.0.1", 0)) as ls:
-                peer = socket.create_connection(ls.getsockname())
-                b, _ = ls.accept()
-            b.setblocking(False)
-            idle = aio.open_receiver(b, own_socket=True, area_size=area,
-                                     buf_size=min(BUF_SIZE, area // 2))
+        # the ring (and the areas it keeps) stays open between connections
+        keeper = aio.keep_ring() if keep else None
         stop = loop.create_future()
 
         def on_ctl() -> None:
@@ -115,9 +112,8 @@ def server_main(name: str, srv: socket.socket, cpu: int, area: int, keep: bool,
         ctl.send(_cpu())  # ready
         await stop
         acceptor.cancel()
-        if idle is not None and peer is not None:
-            idle.close()
-            peer.close()
+        if keeper is not None:
+            keeper.close()
 
     uvloop.run(main())
 
@@ -165,7 +161,7 @@ def measure(name: str, args: argparse.Namespace, concurrency: int) -> dict[str, 
     with socket.create_server(("127.0.0.1", 0), backlog=1024) as srv:
         ours, theirs = ctx.Pipe()
         p = ctx.Process(target=server_main,
-                        args=(name, srv, args.cpus[0], args.area << 10, args.keep, theirs))
+                        args=(name, srv, args.cpus[0], args.area << 10, theirs))
         p.start()
         theirs.close()
         try:
@@ -198,8 +194,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--area", type=int, default=AREA_SIZE >> 10,
                     help="zcnet area per connection, KiB (default: zcnet.aio's)")
-    ap.add_argument("--keep", action="store_true",
-                    help="one idle receiver keeps the server loop's ring (and spares) open")
     ap.add_argument("--only", help="comma-separated servers (default: all)")
     args = ap.parse_args()
     try:
@@ -219,7 +213,6 @@ def main() -> None:
         raise SystemExit("needs two CPUs: one for the server, one for the client")
     args.cpus = cpus[:2]
     print(f"hot path: ring {backend()}, loop pass {loop_backend()}; zcnet area {args.area} KiB; "
-          f"{'one idle receiver keeps the ring' if args.keep else 'no idle receiver'}; "
           f"server CPU {args.cpus[0]}, client CPU {args.cpus[1]}")
     for conc in levels:
         rows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
@@ -230,7 +223,7 @@ def main() -> None:
         print(f"\n{args.connections} connections, {conc} at a time, median of {args.rounds}")
         for n, m in med.items():
             spread = ", ".join(f"{x['rate']:.0f}" for x in rows[n])
-            print(f"  {n:13s} {m['rate']:8.0f} connections/s  server CPU {m['cpu_us']:7.1f} "
+            print(f"  {n:17s} {m['rate']:8.0f} connections/s  server CPU {m['cpu_us']:7.1f} "
                   f"us per connection  (rounds: {spread})")
         if "uvloop-proto" in med:
             base = med["uvloop-proto"]

@@ -124,7 +124,7 @@ async def self_test(clients: int, requests: int, callbacks: bool) -> None:
     server = await asyncio.start_server(handle_callbacks if callbacks else handle,
                                         "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with server:
+    async with server, aio.keep_ring():  # connections reuse the loop's ring and areas
         t0 = time.perf_counter()
         per_client = await asyncio.gather(*(client(port, requests) for _ in range(clients)))
         rtts = sorted(t for ts in per_client for t in ts)
@@ -137,7 +137,7 @@ async def self_test(clients: int, requests: int, callbacks: bool) -> None:
 async def serve(host: str, port: int, callbacks: bool) -> None:
     server = await asyncio.start_server(handle_callbacks if callbacks else handle, host, port)
     print(f"serving on {host}:{server.sockets[0].getsockname()[1]}", flush=True)
-    async with server:
+    async with server, aio.keep_ring():  # connections reuse the loop's ring and areas
         await server.serve_forever()
 
 

@@ -7,6 +7,7 @@ import queue
 import socket
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.aio.shared import SharedSoftProvider
-from zcnet.errors import UsageError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.soft import SoftProvider
 
 pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
@@ -363,3 +364,79 @@ def test_a_kept_area_is_handed_on_once_and_bad_sizes_are_still_refused(loop_kind
             c.close()
 
     run(loop_kind, main)
+
+
+# --- keep_ring -------------------------------------------------------------------------------
+
+def test_keep_ring_holds_the_ring_and_its_spare_areas_between_connections(loop_kind, no_leaks):
+    """One connection at a time under keep_ring: each closes with its area kept, the next
+    gets the same ring and area, and bytes arrive intact through it. Let go with a receiver
+    still open, the ring stays until that receiver closes; then it is freed (no_leaks)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with aio.keep_ring() as keeper:
+            lr = shared._rings[loop]  # opened by keep_ring itself: the first connection is cheap
+            assert not lr.ring.closed and not lr.members
+            areas = []
+            for i in range(3):
+                c, s = await tcp_pair()
+                async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
+                    assert rx.rx.provider.member.lr is lr
+                    areas.append(rx.rx.area)
+                    data = pattern(40 + i, 600 << 10)  # more than the area: buffers come back
+                    check = StreamCheck(data)
+                    send = loop.run_in_executor(
+                        None, lambda c=c, d=data: (c.setblocking(True), c.sendall(d.tobytes()),
+                                                   c.close()))
+                    await check.drain(rx)
+                    await send
+                    assert check.complete
+                assert not lr.ring.closed and lr.spare == [areas[0]]
+            assert areas == [areas[0]] * 3
+            c, s = await tcp_pair()
+            rx = aio.open_receiver(s, own_socket=True, **SMALL)
+            keeper.close()
+            assert keeper.closed and not lr.ring.closed  # the receiver still uses it
+            c.sendall(b"after")
+            c.close()
+            last = StreamCheck(np.frombuffer(b"after", dtype=np.uint8))
+            await last.drain(rx)
+            assert last.complete
+            rx.close()
+            assert lr.ring.closed and lr.spare == [] and areas[0].closed
+        assert shared._rings.get(loop) is None
+
+    run(loop_kind, main)
+
+
+def test_keep_ring_left_open_is_closed_at_shutdown_and_misuse_is_refused(loop_kind, no_leaks):
+    """A keeper still open when the loop shuts down is closed there with a ResourceWarning,
+    like a forgotten receiver; opening one outside a loop, or closing it from another thread,
+    is a clear error."""
+    with pytest.raises(ZcnetError, match="needs a running asyncio event loop"):
+        aio.keep_ring()
+    state: dict = {}
+
+    async def main() -> None:
+        state["keeper"] = keeper = aio.keep_ring()
+        errors: list[str] = []
+
+        def other() -> None:
+            try:
+                keeper.close()
+            except ZcnetError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=other)
+        t.start()
+        await asyncio.get_running_loop().run_in_executor(None, t.join)
+        assert errors and "another thread" in errors[0] and not keeper.closed
+        state["lr"] = shared._rings[asyncio.get_running_loop()]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(loop_kind, main)
+    assert any(issubclass(w.category, ResourceWarning) and "ring keeper" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    assert state["keeper"].closed and state["lr"].ring.closed

@@ -225,6 +225,27 @@ def test_run_ends_with_receiver_and_sender_open(runner, no_leaks):
     state["s2"].close()
 
 
+
+@trio_runs
+def test_keep_ring_holds_the_runs_ring_between_connections(runner, no_leaks):
+    """keep_ring under trio, as on asyncio: connections one after another share the run's
+    ring and the area the first left behind, bytes intact; freed when the holder closes."""
+
+    async def main() -> None:
+        async with aio.keep_ring():
+            seen = []
+            for i, (c, s) in enumerate(tcp_pair(2)):
+                data = pattern(50 + i, 300 << 10)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(sendall, c, data)
+                    async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
+                        seen.append((rx.rx.provider.member.lr, rx.rx.area))
+                        assert (await receive_checked(rx, data)).complete
+            (lr, area), (lr2, area2) = seen
+            assert lr2 is lr and area2 is area and not lr.ring.closed
+        assert lr.ring.closed and area.closed
+
+
 class _Echo(aio.ZcProtocol):
     """Writes every chunk back, releases it, records the ending."""
 

@@ -103,16 +103,16 @@ def test_zc_rx_pins_the_sender_apart_from_the_receiver_and_names_a_bad_cpu() -> 
 
 def test_aio_churn_serves_every_connection_on_each_server_and_refuses_bad_options() -> None:
     """Each server echoes every connection (the client fails the run otherwise), with and
-    without an idle receiver keeping the loop's ring; the rows and report lines come out; bad
+    without keep_ring holding the loop's ring; the rows and report lines come out; bad
     options are refused by name."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
-    out = run("aio_churn.py", "--connections", "20", "--rounds", "1", "--concurrency", "1,3",
-              "--keep")
-    for name in ("uvloop-proto", "zcnet", "zcnet-proto"):
+    out = run("aio_churn.py", "--connections", "20", "--rounds", "1", "--concurrency", "1,3")
+    for name in ("uvloop-proto", "zcnet", "zcnet-proto", "zcnet/kept", "zcnet-proto/kept"):
         rows = [ln for ln in out.splitlines() if ln.strip().startswith(name + " ")]
         assert len(rows) == 2 and all("connections/s" in r for r in rows), out
     assert "target churn_3_zcnet_vs_uvloop_proto" in out
+    assert "target churn_1_zcnet-proto/kept_vs_uvloop_proto" in out
     for bad, msg in ((["--concurrency", "x"], "--concurrency takes numbers"),
                      (["--only", "nginx"], "unknown server 'nginx'")):
         p = subprocess.run([sys.executable, str(BENCH / "aio_churn.py"), *bad],

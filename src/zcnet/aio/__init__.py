@@ -13,6 +13,9 @@
 
     zcnet.aio.start_protocol(sock, MyProtocol())  # callbacks: chunk_received(chunk), no Task
 
+    async with zcnet.aio.keep_ring():       # a server: the loop's ring and spare areas stay
+        await server.serve_forever()        # between connections (zcnet.aio.keep)
+
 Design decisions, and why:
 
 - **Waking the loop: an eventfd registered with the ring (IORING_REGISTER_EVENTFD), not the ring
@@ -28,7 +31,9 @@ Design decisions, and why:
   reader callback and one enter per pass for every connection, completions dispatched by
   user_data, arms submitted together once per loop iteration, and no enter that finds
   nothing (IORING_SETUP_TASKRUN_FLAG). Other providers keep a ring of their own
-  (:mod:`zcnet.aio.wakeup`).
+  (:mod:`zcnet.aio.wakeup`). The ring lives from the first receiver to the last, or as long
+  as :func:`keep_ring` holds it: an explicit holder, since asyncio tells a library nothing
+  when a loop closes (:mod:`zcnet.aio.keep`).
 - **Cancelling loses nothing**: what the kernel delivered waits in the receiver (completions
   dispatched to it, chunks reaped but not yet handed out by ``async for``), never in the
   task; a task sleeps only when nothing is there for it.
@@ -53,11 +58,12 @@ calls built on trio's lowlevel API); all tested. The receive/send logic is the s
 of them.
 """
 
+from zcnet.aio.keep import RingKeeper, keep_ring
 from zcnet.aio.protocol import ZcProtocol, ZcTransport, start_protocol
 from zcnet.aio.receiver import AsyncReceiver, open_receiver
 from zcnet.aio.sender import AsyncSender, Slot, open_sender
 from zcnet.aio.sockets import adopt_stream, adopt_transport, check_tcp_socket
 
-__all__ = ["AsyncReceiver", "AsyncSender", "Slot", "ZcProtocol", "ZcTransport", "adopt_stream",
-           "adopt_transport", "check_tcp_socket", "open_receiver", "open_sender",
-           "start_protocol"]
+__all__ = ["AsyncReceiver", "AsyncSender", "RingKeeper", "Slot", "ZcProtocol", "ZcTransport",
+           "adopt_stream", "adopt_transport", "check_tcp_socket", "keep_ring", "open_receiver",
+           "open_sender", "start_protocol"]

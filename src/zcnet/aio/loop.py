@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import threading
 import weakref
+from typing import TypeVar
 
 from zcnet.aio.backend import (
     Loop,
@@ -73,6 +74,40 @@ class Owner:
                              "opened it",
                              "use it only from tasks of that loop; other threads may only "
                              "release chunks")
+
+
+R = TypeVar("R", bound="LoopResource")
+
+
+class LoopResource:
+    """What a zcnet.aio object open on a loop shares: ``close()`` (once, from its owner),
+    ``aclose()`` and ``async with``, and the guard's ``_shutdown``. A subclass sets ``_owner``
+    and ``_closed`` and frees itself in ``_free``."""
+
+    _owner: Owner
+    _closed: bool
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._owner.check()
+        self._free()
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        if not self._closed:
+            self._free()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self: R) -> R:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Guard:

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
-from zcnet.aio.loop import Owner, running_loop, track, untrack
+from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
 from zcnet.aio.shared import (
     ROUND_DONE,
     MemberRing,
@@ -43,7 +43,7 @@ AREA_SIZE = 4 << 20
 BUF_SIZE = 64 << 10
 
 
-class AsyncReceiver:
+class AsyncReceiver(LoopResource):
     """Zero-copy receive on one TCP socket inside an event loop.
 
     ``async for chunk in rx`` yields :class:`~zcnet.rx.zc.Chunk` views until EOF and raises the
@@ -221,10 +221,7 @@ class AsyncReceiver:
         """Stop receiving and free the ring, eventfd and (once no chunk is held) the area.
         Chunks still held stay valid until released. Closes the socket if the receiver was
         opened on one with ``own_socket``."""
-        if self._closed:
-            return
-        self._owner.check()
-        self._free()
+        super().close()
 
     def _free(self) -> None:
         self._closed = True
@@ -244,19 +241,6 @@ class AsyncReceiver:
             finally:
                 if self.sock is not None:
                     self.sock.close()
-
-    def _shutdown(self) -> None:
-        if not self._closed:
-            self._free()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    async def __aenter__(self) -> AsyncReceiver:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -111,6 +111,8 @@ class LoopRing:
         self.thread = threading.get_ident()
         #: Areas of closed receivers, populated and free, for the next ones (keep_area).
         self.spare: list[Area] = []
+        #: Open zcnet.aio.keep_ring holders: the ring outlives its last member while any is.
+        self.keepers = 0
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -152,7 +154,13 @@ class LoopRing:
 
     def leave(self, m: MemberRing) -> None:
         """``m`` is gone; its buffer group id is reused only once ``free_bgid`` says so."""
-        if self.members.pop(m.mid, None) is not None and not self.members:
+        if self.members.pop(m.mid, None) is not None and not self.members and not self.keepers:
+            self.close()
+
+    def unkeep(self) -> None:
+        """A keep_ring holder let go: with no member left either, the ring closes now."""
+        self.keepers -= 1
+        if not self.keepers and not self.members:
             self.close()
 
     def free_bgid(self, bgid: int) -> None:
@@ -453,12 +461,18 @@ _rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
     weakref.WeakKeyDictionary())
 
 
-def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int,
-                     hugetlb: bool) -> SharedSoftProvider:
-    """A soft provider on ``loop``'s shared ring (opened now if this is its first member)."""
+def loop_ring(loop: Loop) -> LoopRing:
+    """``loop``'s shared ring, opened now if it has none."""
     lr = _rings.get(loop)
     if lr is None or lr.ring.closed:
         lr = _rings[loop] = LoopRing(loop)
+    return lr
+
+
+def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int,
+                     hugetlb: bool) -> SharedSoftProvider:
+    """A soft provider on ``loop``'s shared ring (opened now if this is its first member)."""
+    lr = loop_ring(loop)
     m = lr.join()
     try:
         area = lr.spare_area(area_size, hugetlb) or Area(area_size, hugetlb=hugetlb)
