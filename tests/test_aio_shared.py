@@ -440,3 +440,94 @@ def test_keep_ring_left_open_is_closed_at_shutdown_and_misuse_is_refused(loop_ki
     assert any(issubclass(w.category, ResourceWarning) and "ring keeper" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
     assert state["keeper"].closed and state["lr"].ring.closed
+
+
+# --- kept buffer groups ----------------------------------------------------------------------
+
+async def _stream_through(rx: aio.AsyncReceiver, c: socket.socket, seed: int, size: int) -> None:
+    """Send ``size`` pattern bytes on ``c`` (then close it) and check them through ``rx``."""
+    data = pattern(seed, size)
+    check = StreamCheck(data)
+    send = asyncio.get_running_loop().run_in_executor(
+        None, lambda: (c.setblocking(True), c.sendall(data.tobytes()), c.close()))
+    await check.drain(rx)
+    await send
+    assert check.complete
+
+
+def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind, no_leaks):
+    """A receiver closed with every buffer back in its group leaves the group registered with
+    its area: the next receiver of that size takes both (no register, no unregister), and
+    bytes arrive intact through them; its id is not handed to anyone else meanwhile. Another
+    buffer size on that area gets a new group and the kept one is unregistered."""
+
+    async def main() -> None:
+        async with aio.keep_ring():
+            lr = shared._rings[asyncio.get_running_loop()]
+            c, s = await tcp_pair()
+            rx1 = aio.open_receiver(s, own_socket=True, **SMALL)
+            buf, bgid = rx1.rx.provider._buf, rx1.rx.provider.member.bgid
+            await _stream_through(rx1, c, 60, 3 * SMALL["area_size"])  # buffers cycle
+            rx1.close()
+            assert lr.groups == {id(rx1.rx.area): buf} and not buf.closed
+            assert bgid not in lr._free_bgids
+            c, s = await tcp_pair()
+            rx2 = aio.open_receiver(s, own_socket=True, **SMALL)
+            assert rx2.rx.provider._buf is buf and rx2.rx.provider.member.bgid == bgid
+            assert rx2.rx.area is rx1.rx.area and lr.groups == {}
+            await _stream_through(rx2, c, 61, 3 * SMALL["area_size"])
+            assert buf.kernel_head() == buf._head & 0xFFFF  # the kernel's ring and ours agree
+            rx2.close()
+            c, s = await tcp_pair()
+            rx3 = aio.open_receiver(s, own_socket=True, area_size=SMALL["area_size"],
+                                    buf_size=8 << 10)
+            assert rx3.rx.area is rx1.rx.area and rx3.rx.provider._buf is not buf
+            assert buf.closed and lr.groups == {}
+            await _stream_through(rx3, c, 62, 1 << 20)
+            rx3.close()
+        assert lr.ring.closed and lr.groups == {}
+
+    run(loop_kind, main)
+
+
+def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks, monkeypatch):
+    """The group goes with its receiver when a chunk is still held at close, for a debug
+    receiver, when the kernel's head is not ours (or cannot be read) and when the ring closes
+    with the receiver; the area may still be kept on its own."""
+
+    async def main() -> None:
+        lr = None
+        async with aio.keep_ring():
+            lr = shared._rings[asyncio.get_running_loop()]
+            c, s = await tcp_pair()
+            rx = aio.open_receiver(s, own_socket=True, **SMALL)
+            buf = rx.rx.provider._buf
+            c.sendall(b"held")
+            chunk = await rx.__anext__()
+            rx.close()
+            assert buf.closed and lr.groups == {}
+            chunk.release()
+            assert lr.spare == [rx.rx.area] and lr.groups == {}  # the area alone
+            c.close()
+            for kind in ("debug", "head", "status"):
+                c, s = await tcp_pair()
+                rx = aio.open_receiver(s, own_socket=True, debug=kind == "debug", **SMALL)
+                buf = rx.rx.provider._buf
+                await _stream_through(rx, c, 63, 100_000)
+                with monkeypatch.context() as m:
+                    if kind == "head":
+                        m.setattr(type(buf), "kernel_head", lambda self: (self._head + 1) & 0xFFFF)
+                    elif kind == "status":
+                        def refused(self: object) -> int:
+                            raise OSError(22, "Invalid argument")
+                        m.setattr(type(buf), "kernel_head", refused)
+                    rx.close()
+                assert buf.closed and lr.groups == {}, kind
+        c, s = await tcp_pair()
+        rx = aio.open_receiver(s, own_socket=True, **SMALL)  # the ring's only member
+        lr, buf = rx.rx.provider.member.lr, rx.rx.provider._buf
+        await _stream_through(rx, c, 64, 100_000)
+        rx.close()
+        assert lr.ring.closed and buf.closed and rx.rx.area.closed
+
+    run(loop_kind, main)

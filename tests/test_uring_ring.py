@@ -172,6 +172,27 @@ def test_buffer_ring_exhaustion_gives_enobufs_then_recovers(no_leaks, tcp_pair) 
         assert r.reap().res[0] > 0
 
 
+
+def test_kernel_head_follows_the_buffers_the_kernel_took(no_leaks, tcp_pair) -> None:
+    """IORING_REGISTER_PBUF_STATUS reports the kernel's head: where ours is once every
+    completion is seen, ahead of it while one is not (what zcnet.aio.shared checks before
+    handing a registered group to the next receiver)."""
+    c, s = tcp_pair
+    with Ring(16, flags=FAST) as r, BufRing(r, 6, 4, 4096) as br:
+        assert br.kernel_head() == br._head == 0
+        prep_recv_multishot(r, s.fileno(), 6, 7)
+        c.sendall(b"h" * 3000)
+        r.submit(1)
+        r.wait(1)
+        assert br.kernel_head() == 1 and br._head == 0  # taken, completion not yet seen
+        cs = r.reap()
+        br.consumed(int(cs.res[0]), int(cs.flags[0]) >> u.IORING_CQE_BUFFER_SHIFT)
+        assert br.kernel_head() == br._head == 1
+    with Ring(4) as r, BufRing(r, 2, 4, 4096) as br:
+        br.close()
+        with pytest.raises(ClosedError):
+            br.kernel_head()
+
 def test_double_provide_is_refused(no_leaks) -> None:
     with Ring(4) as r, BufRing(r, 1, 4, 4096) as br, pytest.raises(ValueError):
         br.provide(np.array([0], dtype=np.uint16))

@@ -28,7 +28,6 @@ from zcnet.aio.shared import (
     MemberRing,
     SharedSoftProvider,
     compiled_round,
-    loop_accel,
     open_shared_soft,
 )
 from zcnet.aio.sockets import check_tcp_socket
@@ -75,7 +74,7 @@ class AsyncReceiver(LoopResource):
         #: loop; it hands whatever is not the common case to ``_anext``.
         self._cnext: Any = None
         if fast is not None and self._owner.is_running is not None:
-            self._cnext = loop_accel().Anext(
+            self._cnext = self._member.lr.accel.Anext(
                 fast, self, self._member, self._owner.thread, self._owner.is_running,
                 self._owner.loop.create_future, self._pending, self._anext, ClosedError)
         track(self._owner.loop, self)
@@ -260,9 +259,10 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
     if extra:
         raise UsageError(f"{what} does not take {', '.join(sorted(extra))}",
                          f"it takes area_size, buf_size, {', '.join(sorted(_SHARED_OPTIONS))}")
-    p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False))
+    debug = kw.get("debug", False)
+    p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False),
+                         reuse=not debug)
     try:
-        debug = kw.get("debug", False)
         return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=debug,
                         coalesce=kw.get("coalesce", False), why="soft provider requested",
                         area_done=None if debug else p.retire_area)  # debug poisons memory

@@ -22,6 +22,7 @@ Some facts that shape it:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import os
@@ -37,9 +38,10 @@ from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.provider import RECV_UD, Delivery
+from zcnet.rx.zc.provider import CANCEL_UD, RECV_UD, Delivery, cancel_multishot
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.mem import page_align
 from zcnet.uring.ring import Completions, Ring
@@ -81,9 +83,9 @@ ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
-    when the compiled pass is off, or the receiver needs the Python round's (debug views
-    revoked, coalescing)."""
-    accel = loop_accel()
+    when the compiled pass is off for its ring, or the receiver needs the Python round's
+    (debug views revoked, coalescing)."""
+    accel = rx.provider.member.lr.accel
     if accel is None or rx.debug or rx.coalesce:
         return None
     return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
@@ -109,8 +111,14 @@ class LoopRing:
         self._scheduled = False
         self.prepped = False  # SQEs were prepared since the last submit (MemberRing.prep)
         self.thread = threading.get_ident()
+        #: The compiled pass, or None: read once per ring (ZCNET_PURE is an environment
+        #: lookup, a few microseconds that every connection would otherwise pay three times).
+        self.accel = loop_accel()
         #: Areas of closed receivers, populated and free, for the next ones (keep_area).
         self.spare: list[Area] = []
+        #: The buffer group still registered over a spare area (by the area's id): the next
+        #: receiver of that area takes it as it is, with no register or unregister.
+        self.groups: dict[int, BufRing] = {}
         #: Open zcnet.aio.keep_ring holders: the ring outlives its last member while any is.
         self.keepers = 0
         try:
@@ -129,7 +137,7 @@ class LoopRing:
 
     def _make_router(self) -> Any:
         """The compiled reap-and-dispatch over this ring's CQ, or None (the Python one)."""
-        accel = loop_accel()
+        accel = self.accel
         if accel is None:
             return None
         a = self.ring.cq_addresses()
@@ -138,17 +146,19 @@ class LoopRing:
                             u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------
-    def join(self) -> MemberRing:
+    def join(self, bgid: int | None = None) -> MemberRing:
+        """A new member, with buffer group id ``bgid`` (a kept group's) or a free one."""
         mid = self._next_id
         self._next_id += 1
-        if self._free_bgids:
-            bgid = self._free_bgids.pop()
-        elif self._bgids <= 0xFFFF:
-            bgid = self._bgids
-            self._bgids += 1
-        else:
-            raise ZcnetError("65536 receivers already share this event loop's io_uring",
-                             "close some, or open with shared_ring=False")
+        if bgid is None:
+            if self._free_bgids:
+                bgid = self._free_bgids.pop()
+            elif self._bgids <= 0xFFFF:
+                bgid = self._bgids
+                self._bgids += 1
+            else:
+                raise ZcnetError("65536 receivers already share this event loop's io_uring",
+                                 "close some, or open with shared_ring=False")
         m = self.members[mid] = MemberRing(self, mid, bgid)
         return m
 
@@ -169,6 +179,33 @@ class LoopRing:
             self._free_bgids.append(bgid)
 
     # --- spare areas ---------------------------------------------------------------------
+    def settled(self, buf: BufRing) -> bool:
+        """Whether a closing member's buffer group can serve the next receiver as it is: the
+        ring outlives the member, every buffer is back in the group, and the kernel's head is
+        ours (it took no buffer whose completion we have not seen). Only on the loop's thread:
+        the group is registered on its ring (SINGLE_ISSUER)."""
+        if (threading.get_ident() != self.thread or self.ring.closed
+                or (len(self.members) <= 1 and not self.keepers)
+                or buf.in_ring != buf.entries):
+            return False
+        try:
+            return buf.kernel_head() == buf._head & 0xFFFF
+        except OSError:  # no IORING_REGISTER_PBUF_STATUS (Linux < 6.8): not known, not kept
+            return False
+
+    def take_group(self, area: Area, buf_size: int) -> BufRing | None:
+        """The group kept registered over spare ``area`` when its buffers are ``buf_size``
+        bytes; a group of another buffer size is unregistered (its id freed)."""
+        buf = self.groups.pop(id(area), None)
+        if buf is not None and buf.buf_size != buf_size:
+            self._drop_group(buf)
+            return None
+        return buf
+
+    def _drop_group(self, buf: BufRing) -> None:
+        buf.close()  # raises when the kernel refuses: then the id stays out of use
+        self.free_bgid(buf.bgid)
+
     def spare_area(self, size: int, hugetlb: bool) -> Area | None:
         """A kept area of the size and kind an Area(size, hugetlb=...) would have, or None
         (also for a size that is not a positive int: Area refuses it with the reason)."""
@@ -181,21 +218,32 @@ class LoopRing:
                 return self.spare.pop(i)
         return None
 
-    def keep_area(self, area: Area) -> None:
+    def keep_area(self, area: Area, buf: BufRing | None = None) -> None:
         """Keep a closed receiver's area (nothing in it held, no receive left that can write
-        to it) for the next receiver while there is room; otherwise unmap it. Only on the
-        loop's thread: a last release after close may come from any thread."""
+        to it), with its still registered group ``buf`` if ``settled`` said so, for the next
+        receiver while there is room; otherwise unmap it (and unregister the group). Only on
+        the loop's thread: a last release after close may come from any thread."""
         if (threading.get_ident() == self.thread and not self.ring.closed
                 and area.kind in ("anon", "hugetlb")
                 and sum(a.size for a in self.spare) + area.size <= SPARE_AREA_BYTES):
             self.spare.append(area)
-        else:
+            if buf is not None:
+                self.groups[id(area)] = buf
+            return
+        try:
+            if buf is not None:
+                self._drop_group(buf)
+        finally:
             area.close()
 
     def close(self) -> None:
         spare, self.spare = self.spare, []
-        for a in spare:
-            a.close()
+        groups, self.groups = self.groups, {}
+        with contextlib.ExitStack() as undo:  # every mapping goes, even if one close fails
+            for buf in groups.values():
+                undo.callback(buf.close)
+            for a in spare:
+                undo.callback(a.close)
         if _rings.get(self.loop) is self:
             del _rings[self.loop]
         if self.efd >= 0:
@@ -421,11 +469,16 @@ class SharedSoftProvider(SoftProvider):
     """The soft provider with its buffer group on the loop's ring instead of a ring of its own;
     everything else (reaping, recycling, cancelling) is SoftProvider's own code."""
 
-    def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing) -> None:
+    def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing, *,
+                 buf: BufRing | None = None, reuse: bool = True) -> None:
         self._init_buffers(fd, area, buf_size)
         self.note += ", on the loop's shared io_uring"
-        self._attach(member.lr.ring, member.bgid, member)
+        self._attach(member.lr.ring, member.bgid, member, buf=buf)
         self.member = member
+        #: The Receiver hands the area back through ``retire_area`` (not a debug receiver),
+        #: so a settled buffer group may stay registered with it for the next receiver.
+        self.reuse = reuse
+        self._kept: BufRing | None = None  # that group, between close and retire_area
 
     def reap(self, timeout: float | None) -> Delivery:
         """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
@@ -442,19 +495,29 @@ class SharedSoftProvider(SoftProvider):
     def retire_area(self, area: Area) -> None:
         """The Receiver's ``area_done``: the area goes to the loop's spares, unless a receive
         whose cancel was not confirmed may still write to it (then it is unmapped)."""
+        buf, self._kept = self._kept, None
         if self.armed:
             area.close()
         else:
-            self.member.lr.keep_area(area)
+            self.member.lr.keep_area(area, buf)
 
     def close(self) -> None:
+        buf = self._buf
         try:
-            super().close()  # cancels the receive, unregisters the group, leaves the ring
+            if self.reuse and buf is not None and self._ring is not None:
+                if self.armed:  # cancel first: whether the group is settled is known after
+                    self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
+                if not self.armed and self.member.lr.settled(buf):
+                    self._buf, self._kept = None, buf  # stays registered: see retire_area
         finally:
-            # A receive whose cancel was not confirmed may still pick buffers from its group
-            # id: that id is never given to another receiver.
-            if not self.armed:
-                self.member.lr.free_bgid(self.member.bgid)
+            try:
+                super().close()  # cancels the receive, unregisters the group, leaves the ring
+            finally:
+                # A receive whose cancel was not confirmed may still pick buffers from its
+                # group id: that id is never given to another receiver. A kept group's id
+                # goes with it.
+                if not self.armed and self._kept is None:
+                    self.member.lr.free_bgid(self.member.bgid)
 
 
 _rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
@@ -469,17 +532,29 @@ def loop_ring(loop: Loop) -> LoopRing:
     return lr
 
 
-def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int,
-                     hugetlb: bool) -> SharedSoftProvider:
-    """A soft provider on ``loop``'s shared ring (opened now if this is its first member)."""
+def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int, hugetlb: bool,
+                     reuse: bool = True) -> SharedSoftProvider:
+    """A soft provider on ``loop``'s shared ring (opened now if this is its first member), on
+    a kept area (and its registered group) where one fits; ``reuse``: see SharedSoftProvider."""
     lr = loop_ring(loop)
-    m = lr.join()
+    area = lr.spare_area(area_size, hugetlb)
+    buf = None if area is None else lr.take_group(area, buf_size)
     try:
-        area = lr.spare_area(area_size, hugetlb) or Area(area_size, hugetlb=hugetlb)
+        m = lr.join(None if buf is None else buf.bgid)
+    except BaseException:  # no buffer group id left: the spare goes back
+        if area is not None:
+            lr.keep_area(area, buf)
+        raise
+    try:
+        area = area or Area(area_size, hugetlb=hugetlb)
         try:
-            return SharedSoftProvider(fd, area, buf_size, m)
+            return SharedSoftProvider(fd, area, buf_size, m, buf=buf, reuse=reuse)
         except BaseException:
-            area.close()
+            try:
+                if buf is not None:
+                    buf.close()
+            finally:
+                area.close()
             raise
     except BaseException:
         m.close()

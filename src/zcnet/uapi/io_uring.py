@@ -247,6 +247,10 @@ class io_uring_buf_reg(ctypes.Structure):
     )
 
 
+class io_uring_buf_status(ctypes.Structure):  # IORING_REGISTER_PBUF_STATUS (Linux 6.8)
+    _fields_ = (("buf_group", u32), ("head", u32), ("resv", u32 * 8))
+
+
 class io_uring_getevents_arg(ctypes.Structure):
     _fields_ = (("sigmask", u64), ("sigmask_sz", u32), ("min_wait_usec", u32), ("ts", u64))
 

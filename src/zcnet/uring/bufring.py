@@ -295,6 +295,14 @@ class BufRing:
             self.in_ring -= 1
         return at
 
+    def kernel_head(self) -> int:
+        """The kernel's consumption point, a u16 (IORING_REGISTER_PBUF_STATUS, Linux 6.8+;
+        OSError before). Equal to ``_head & 0xFFFF`` when we have seen every buffer it took."""
+        self._check_open()
+        st = u.io_uring_buf_status(buf_group=self.bgid)
+        self.ring.register(u.IORING_REGISTER_PBUF_STATUS, st, 1)
+        return int(st.head)
+
     def _release_memory(self) -> None:
         self._mem.close()
         if self._own_area:

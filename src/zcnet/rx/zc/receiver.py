@@ -374,9 +374,15 @@ class Receiver(DebugViews):
         with self._close_lock:
             self._closed = True
             try:
-                self.provider.close()
-            finally:  # Ctrl-C during the provider's cancel must not leak the area
-                self._account_closed()
+                # What was released goes back first when the provider can then keep its
+                # buffers for the next receiver (a loop's shared ring, zcnet.aio.shared).
+                if getattr(self.provider, "reuse", False):
+                    self._flush_releases()
+            finally:
+                try:
+                    self.provider.close()
+                finally:  # Ctrl-C during the provider's cancel must not leak the area
+                    self._account_closed()
 
     def _release_after_close(self) -> None:
         # The owner no longer drains; whoever releases last does the accounting.

@@ -66,10 +66,11 @@ class SoftProvider:
         build_or_close(lambda: self._attach(ring, BGID, bundle=bundle), ring.close)
 
     def _attach(self, ring: Ring, bgid: int, requests: Any = None,
-                bundle: bool | None = None) -> None:
-        """Register the buffer group ``bgid`` on ``ring``. Requests and completions go through
-        ``requests``: ``ring`` itself, or a view of a ring shared with other providers (an
-        event loop's, zcnet.aio.shared: local user_data, the slice of Ring used here)."""
+                bundle: bool | None = None, buf: BufRing | None = None) -> None:
+        """Register the buffer group ``bgid`` on ``ring``, or take ``buf``, a group already
+        registered there over this area with every buffer in it. Requests and completions go
+        through ``requests``: ``ring`` itself, or a view of a ring shared with other providers
+        (an event loop's, zcnet.aio.shared: local user_data, the slice of Ring used here)."""
         self._ring = ring if requests is None else requests
         # RECV_UD as the user_data of a full round: the hot path compares bytes with it. A
         # shared ring's round of one provider holds at most a CQE per buffer plus the final one.
@@ -77,8 +78,8 @@ class SoftProvider:
         self._ud_ok = np.full(n, RECV_UD, np.uint64).tobytes()
         self.bundle = (bool(ring.features & u.IORING_FEAT_RECVSEND_BUNDLE)
                        if bundle is None else bundle)
-        self._buf = BufRing(ring, bgid, self.entries, self.buf_size, area=self.area.mapping,
-                            area_offset=0)
+        self._buf = buf or BufRing(ring, bgid, self.entries, self.buf_size,
+                                   area=self.area.mapping, area_offset=0)
 
     def _init_buffers(self, fd: int, area: Area, buf_size: int) -> None:
         """The fields of a soft provider whichever ring its buffer group goes on (its own, or an
