@@ -20,7 +20,7 @@ import vmplugin
 from zcnet.bench import remote
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.vm import archive, bootimage, initramfs, runner
-from zcnet.vm.accel import choose_accel, probe_kvm
+from zcnet.vm.accel import Accel, choose_accel, probe_kvm
 from zcnet.vm.archive import Candidate, NoSuchKernel, choose, packages_for
 from zcnet.vm.kernels import Kernel
 from zcnet.vm.runner import (
@@ -265,6 +265,41 @@ def test_vm_refuses_bad_use_and_use_after_close(kernel: Kernel, no_leaks) -> Non
         vm.run(["true"])
     vm.close()
 
+
+
+def test_kvm_that_does_not_start_this_kernel_means_tcg(kernel: Kernel, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boot-sector probe can pass on a host whose KVM then hangs a Linux guest (seen
+    here: nothing on the console, QEMU spinning): with ``auto`` the kernel itself must start a
+    command under KVM first, or the VM runs on TCG, with the reason. The verdict is kept for
+    the host's boot, so the next VM does not try again; a kernel that starts keeps KVM."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(runner, "choose_accel", lambda qemu, wanted: Accel("kvm", "probe ran"))
+    tries: list[str] = []
+
+    def hangs(self: VM, argv: list[str], *rest: object) -> object:
+        tries.append(self.accel.name)
+        raise runner.VMTimeout(self.timeout, "(nothing)")
+
+    monkeypatch.setattr(VM, "_boot_and_run", hangs)
+    for _ in range(2):
+        with VM(kernel) as vm:
+            assert vm.accel.name == "tcg" and vm.timeout == runner.DEFAULT_TIMEOUT
+            assert "did not start a command within 30 s under KVM" in vm.accel.reason
+    assert tries == ["kvm"]  # once: the second VM read the verdict
+    with VM(kernel, accel="kvm") as vm:  # asked for: taken as given, not tried
+        assert vm.accel.name == "kvm" and tries == ["kvm"]
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+
+    def starts(self: VM, argv: list[str], *rest: object) -> runner.RunResult:
+        tries.append(self.accel.name)
+        return runner.RunResult(0, 1.0, self.accel.name)
+
+    monkeypatch.setattr(VM, "_boot_and_run", starts)
+    with VM(kernel) as vm:
+        assert vm.accel.name == "kvm" and vm.accel.reason == "probe ran"
+    assert tries == ["kvm", "kvm"]
 
 # -- booting a guest -----------------------------------------------------------------------------
 

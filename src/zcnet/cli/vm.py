@@ -26,6 +26,7 @@ from zcnet.vm.runner import (
     VM,
     NoQemu,
     find_qemu,
+    kvm_verdicts,
     stream_sink,
 )
 
@@ -140,6 +141,10 @@ def _status(args: argparse.Namespace) -> int:
     if qemu is not None:
         accel = choose_accel(qemu)
         console.print(f"QEMU: {qemu}; accelerator: {accel.name} ({accel.reason})")
+        for key, why in kvm_verdicts().items():  # what booting a kernel under KVM showed
+            image = key.split(" ")[2]
+            console.print(f"  KVM with {image}: "
+                          + ("starts it" if not why else f"TCG instead, {why}"), markup=False)
     kernels = cached_kernels()
     if not kernels:
         console.print(f"no cached kernels in {kernels_dir()}; `zcnet vm fetch` gets one")

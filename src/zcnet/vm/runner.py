@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import shlex
 import shutil
@@ -42,7 +43,7 @@ from typing import BinaryIO
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.vm import initramfs
 from zcnet.vm.accel import Accel, choose_accel
-from zcnet.vm.kernels import Kernel
+from zcnet.vm.kernels import Kernel, cache_root
 
 QEMU = "qemu-system-x86_64"
 IN_VM_ENV = "ZCNET_IN_VM"
@@ -105,6 +106,44 @@ class RunResult:
     returncode: int
     seconds: float
     accel: str
+
+
+#: Seconds a kernel gets to start its first command under KVM before KVM is taken as unusable
+#: for it (it takes 1-3 s where KVM works, and about as long under TCG).
+KVM_BOOT_CHECK = 30.0
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _verdicts_path() -> Path:
+    return cache_root() / "kvm-boots.json"
+
+
+def kvm_verdicts() -> dict[str, str]:
+    """Whether KVM started each kernel tried on this host ("" yes, else why not), keyed by
+    host boot, QEMU and kernel image: a new boot or a rebuilt kernel is tried again."""
+    try:
+        got = json.loads(_verdicts_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    boot = _boot_id()
+    return {k: v for k, v in got.items() if isinstance(v, str) and k.startswith(boot)}
+
+
+def save_kvm_verdicts(verdicts: dict[str, str]) -> None:
+    path = _verdicts_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(verdicts))
+        tmp.replace(path)
+    except OSError:  # a read-only cache: the check runs again next time
+        pass
 
 
 def find_qemu() -> str:
@@ -246,8 +285,34 @@ class VM:
             self._stack.callback(shutil.rmtree, self._tmp, ignore_errors=True)
             self._initrd = self._tmp / "initramfs.cpio"
             initramfs.build(kernel.modules, busybox, self._initrd)
+            self._closed = False
+            if accel == "auto" and self.accel.name == "kvm":
+                self.accel = self._kvm_or_tcg()
             setup.pop_all()
-        self._closed = False
+
+    def _kvm_or_tcg(self) -> Accel:
+        """KVM if this kernel starts a command under it, else TCG: a host has been seen whose
+        KVM runs the probe's boot sector but hangs a Linux guest for good (QEMU spinning in
+        the host kernel, nothing on the console). Known per kernel image for this host boot
+        (kvm_verdicts), so the boot is tried once, not per run."""
+        image = Path(self.kernel.boot_image)
+        key = f"{_boot_id()} {self.qemu} {image} {image.stat().st_mtime_ns}"
+        verdicts = kvm_verdicts()
+        if key not in verdicts:
+            saved, self.timeout = self.timeout, KVM_BOOT_CHECK
+            try:
+                r = self._boot_and_run(["true"], None, self.share, None, time.monotonic())
+                verdicts[key] = "" if r.returncode == 0 else f"`true` exited {r.returncode}"
+            except VMTimeout:
+                verdicts[key] = (f"this kernel did not start a command within "
+                                 f"{KVM_BOOT_CHECK:.0f} s under KVM")
+            except VMCrashed as exc:
+                verdicts[key] = f"this kernel crashed under KVM: {exc.args[0] if exc.args else exc}"
+            finally:
+                self.timeout = saved
+            save_kvm_verdicts(verdicts)
+        why = verdicts[key]
+        return self.accel if not why else Accel("tcg", f"KVM unusable ({why})")
 
     def __enter__(self) -> VM:
         return self
