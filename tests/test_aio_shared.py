@@ -531,3 +531,52 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
         assert lr.ring.closed and buf.closed and rx.rx.area.closed
 
     run(loop_kind, main)
+
+
+def test_kept_groups_survive_failed_opens_and_a_failing_unregister(loop_kind, no_leaks,
+                                                                    monkeypatch):
+    """Opens that fail after taking a kept area (a bad buffer size, a bad max_held) leave no
+    group registered and no id lost; a provider closed twice frees its id once; a group whose
+    unregister fails at ring close still lets the ring and its eventfd close."""
+
+    async def main() -> None:
+        keeper = aio.keep_ring()
+        lr = shared._rings[asyncio.get_running_loop()]
+
+        async def settle_one() -> tuple:
+            c, s = await tcp_pair()
+            rx = aio.open_receiver(s, own_socket=True, **SMALL)
+            await _stream_through(rx, c, 65, 100_000)
+            rx.close()
+            assert len(lr.groups) == 1
+            return rx.rx.area, next(iter(lr.groups.values()))
+
+        area, buf = await settle_one()
+        c, s = await tcp_pair()
+        with pytest.raises(UsageError):
+            aio.open_receiver(s, area_size=SMALL["area_size"], buf_size=1 << 30)
+        assert lr.spare == [area] and lr.groups == {}  # the area goes back; the group
+        assert buf.closed and buf.bgid in lr._free_bgids  # (another buffer size) is freed
+        with pytest.raises(UsageError, match="max_held"):
+            aio.open_receiver(s, max_held=2.0, **SMALL)
+        assert lr.spare == [] and lr.groups == {} and area.closed  # nothing left registered
+        assert lr._free_bgids == [buf.bgid]  # taken by the failed open and given back once
+        area, buf = await settle_one()
+        rx = aio.open_receiver(s, own_socket=True, **SMALL)
+        p = rx.rx.provider
+        assert p._buf is buf
+        rx.close()
+        p.close()  # again: nothing more to free
+        assert lr.groups == {id(area): buf} and buf.bgid not in lr._free_bgids
+        c.close()
+        with monkeypatch.context() as m:
+            def refuses(self: object) -> None:
+                raise OSError(16, "Device or resource busy")
+
+            m.setattr(type(buf), "close", refuses)
+            with pytest.raises(OSError, match="busy"):
+                keeper.close()
+        assert lr.ring.closed and lr.efd == -1 and shared._rings.get(lr.loop) is None
+        buf.close()  # what the refusal left: unmapped here for no_leaks
+
+    run(loop_kind, main)

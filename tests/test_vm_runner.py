@@ -301,6 +301,19 @@ def test_kvm_that_does_not_start_this_kernel_means_tcg(kernel: Kernel, tmp_path:
         assert vm.accel.name == "kvm" and vm.accel.reason == "probe ran"
     assert tries == ["kvm", "kvm"]
 
+    # A crash may not be KVM's doing (memory, QEMU): TCG this time, tried again next time.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "third"))
+
+    def crashes(self: VM, argv: list[str], *rest: object) -> object:
+        tries.append(self.accel.name)
+        raise VMCrashed("cannot set up guest memory", "(nothing)")
+
+    monkeypatch.setattr(VM, "_boot_and_run", crashes)
+    for _ in range(2):
+        with VM(kernel) as vm:
+            assert vm.accel.name == "tcg" and "cannot set up guest memory" in vm.accel.reason
+    assert tries == ["kvm", "kvm", "kvm", "kvm"]
+
 # -- booting a guest -----------------------------------------------------------------------------
 
 

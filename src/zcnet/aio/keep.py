@@ -28,7 +28,12 @@ class RingKeeper(LoopResource):
         self._lr: LoopRing = loop_ring(self._owner.loop)
         self._lr.keepers += 1
         self._closed = False
-        track(self._owner.loop, self)
+        try:
+            track(self._owner.loop, self)
+        except BaseException:  # a trio run that is ending: let go at once
+            self._closed = True
+            self._lr.unkeep()
+            raise
 
     @property
     def closed(self) -> bool:

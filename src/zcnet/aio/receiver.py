@@ -267,6 +267,7 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
                         coalesce=kw.get("coalesce", False), why="soft provider requested",
                         area_done=None if debug else p.retire_area)  # debug poisons memory
     except BaseException:
+        p.reuse = False  # no Receiver will hand the area back: the group goes with it
         p.close()
         p.area.close()
         raise

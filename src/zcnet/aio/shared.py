@@ -38,7 +38,7 @@ from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.provider import CANCEL_UD, RECV_UD, Delivery, cancel_multishot
+from zcnet.rx.zc.provider import CANCEL_UD, RECV_UD, Delivery, cancel_multishot, close_ring
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
@@ -189,33 +189,36 @@ class LoopRing:
                 or buf.in_ring != buf.entries):
             return False
         try:
-            return buf.kernel_head() == buf._head & 0xFFFF
+            return buf.kernel_head() == buf._head  # both u16 (bufring masks its copy)
         except OSError:  # no IORING_REGISTER_PBUF_STATUS (Linux < 6.8): not known, not kept
             return False
-
-    def take_group(self, area: Area, buf_size: int) -> BufRing | None:
-        """The group kept registered over spare ``area`` when its buffers are ``buf_size``
-        bytes; a group of another buffer size is unregistered (its id freed)."""
-        buf = self.groups.pop(id(area), None)
-        if buf is not None and buf.buf_size != buf_size:
-            self._drop_group(buf)
-            return None
-        return buf
 
     def _drop_group(self, buf: BufRing) -> None:
         buf.close()  # raises when the kernel refuses: then the id stays out of use
         self.free_bgid(buf.bgid)
 
-    def spare_area(self, size: int, hugetlb: bool) -> Area | None:
-        """A kept area of the size and kind an Area(size, hugetlb=...) would have, or None
-        (also for a size that is not a positive int: Area refuses it with the reason)."""
+    def spare_area(self, size: int, hugetlb: bool,
+                   buf_size: int) -> tuple[Area, BufRing | None] | None:
+        """A kept area of the size and kind an Area(size, hugetlb=...) would have, with the
+        group kept registered over it when its buffers are ``buf_size`` bytes (one of another
+        size is unregistered, its id freed), or None (also for a size that is not a positive
+        int: Area refuses it with the reason)."""
         if type(size) is not int or size <= 0:
             return None
         kind = "hugetlb" if hugetlb else "anon"
         want = page_align(size, HUGE_2MB if hugetlb else PAGE_SIZE)
         for i, a in enumerate(self.spare):
             if a.size == want and a.kind == kind:
-                return self.spare.pop(i)
+                del self.spare[i]
+                buf = self.groups.pop(id(a), None)
+                if buf is not None and buf.buf_size != buf_size:
+                    try:
+                        self._drop_group(buf)
+                    except BaseException:
+                        a.close()
+                        raise
+                    buf = None
+                return a, buf
         return None
 
     def keep_area(self, area: Area, buf: BufRing | None = None) -> None:
@@ -239,20 +242,25 @@ class LoopRing:
     def close(self) -> None:
         spare, self.spare = self.spare, []
         groups, self.groups = self.groups, {}
-        with contextlib.ExitStack() as undo:  # every mapping goes, even if one close fails
+        with contextlib.ExitStack() as undo:  # everything goes, even if one close fails
+            undo.callback(self._close_ring)
             for buf in groups.values():
                 undo.callback(buf.close)
             for a in spare:
                 undo.callback(a.close)
+
+    def _close_ring(self) -> None:
         if _rings.get(self.loop) is self:
             del _rings[self.loop]
-        if self.efd >= 0:
-            if not self.loop.is_closed():
-                self.loop.remove_reader(self.efd)
-            os.close(self.efd)
-            self.efd = -1
-        self._router = None
-        self.ring.close()
+        try:
+            if self.efd >= 0:
+                if not self.loop.is_closed():
+                    self.loop.remove_reader(self.efd)
+                os.close(self.efd)
+                self.efd = -1
+        finally:
+            self._router = None
+            self.ring.close()
 
     # --- passes --------------------------------------------------------------------------------
     def schedule(self) -> None:
@@ -501,22 +509,33 @@ class SharedSoftProvider(SoftProvider):
         else:
             self.member.lr.keep_area(area, buf)
 
+    def quiesce(self) -> None:
+        """Cancel the receive ahead of close (Receiver.close, before it gives back what was
+        released), so no buffer given back is filled again and the group can settle."""
+        if self.armed and self._ring is not None:
+            self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
+
     def close(self) -> None:
-        buf = self._buf
+        ring, buf = self._ring, self._buf
+        if ring is None:
+            return
+        self._ring = self._buf = None
+        keep = False
         try:
-            if self.reuse and buf is not None and self._ring is not None:
-                if self.armed:  # cancel first: whether the group is settled is known after
-                    self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
-                if not self.armed and self.member.lr.settled(buf):
-                    self._buf, self._kept = None, buf  # stays registered: see retire_area
+            if self.armed:
+                self.armed = not cancel_multishot(ring, RECV_UD, CANCEL_UD)
+            keep = (self.reuse and buf is not None and not self.armed
+                    and self.member.lr.settled(buf))
         finally:
-            try:
-                super().close()  # cancels the receive, unregisters the group, leaves the ring
+            try:  # the receive is over (or its cancel unconfirmed): the group and the ring
+                close_ring(ring, False, *(() if buf is None or keep else (buf.close,)))
             finally:
+                if keep:
+                    self._kept = buf  # still registered: retire_area keeps it with the area
                 # A receive whose cancel was not confirmed may still pick buffers from its
                 # group id: that id is never given to another receiver. A kept group's id
                 # goes with it.
-                if not self.armed and self._kept is None:
+                elif not self.armed:
                     self.member.lr.free_bgid(self.member.bgid)
 
 
@@ -537,8 +556,8 @@ def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int, hugetlb
     """A soft provider on ``loop``'s shared ring (opened now if this is its first member), on
     a kept area (and its registered group) where one fits; ``reuse``: see SharedSoftProvider."""
     lr = loop_ring(loop)
-    area = lr.spare_area(area_size, hugetlb)
-    buf = None if area is None else lr.take_group(area, buf_size)
+    spare = lr.spare_area(area_size, hugetlb, buf_size)
+    area, buf = spare or (None, None)
     try:
         m = lr.join(None if buf is None else buf.bgid)
     except BaseException:  # no buffer group id left: the spare goes back
@@ -547,16 +566,21 @@ def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int, hugetlb
         raise
     try:
         area = area or Area(area_size, hugetlb=hugetlb)
-        try:
-            return SharedSoftProvider(fd, area, buf_size, m, buf=buf, reuse=reuse)
-        except BaseException:
-            try:
-                if buf is not None:
-                    buf.close()
-            finally:
-                area.close()
-            raise
     except BaseException:
         m.close()
-        lr.free_bgid(m.bgid)  # nothing was armed on it
+        lr.free_bgid(m.bgid)
+        raise
+    try:
+        return SharedSoftProvider(fd, area, buf_size, m, buf=buf, reuse=reuse)
+    except BaseException:  # a bad buf_size, say: nothing was armed; a spare goes back
+        m.close()
+        if spare is None:
+            try:
+                area.close()
+            finally:
+                lr.free_bgid(m.bgid)
+        else:
+            lr.keep_area(area, buf)  # with its group (and id), or both freed there
+            if buf is None:
+                lr.free_bgid(m.bgid)
         raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -142,7 +143,9 @@ def _status(args: argparse.Namespace) -> int:
         accel = choose_accel(qemu)
         console.print(f"QEMU: {qemu}; accelerator: {accel.name} ({accel.reason})")
         for key, why in kvm_verdicts().items():  # what booting a kernel under KVM showed
-            image = key.split(" ")[2]
+            _, used, image, _ = json.loads(key)
+            if used != qemu:
+                continue
             console.print(f"  KVM with {image}: "
                           + ("starts it" if not why else f"TCG instead, {why}"), markup=False)
     kernels = cached_kernels()

@@ -131,19 +131,22 @@ def kvm_verdicts() -> dict[str, str]:
         got = json.loads(_verdicts_path().read_text())
     except (OSError, ValueError):
         return {}
-    boot = _boot_id()
-    return {k: v for k, v in got.items() if isinstance(v, str) and k.startswith(boot)}
+    if not isinstance(got, dict):
+        return {}
+    boot = json.dumps(_boot_id())
+    return {k: v for k, v in got.items()
+            if isinstance(v, str) and k.startswith(f"[{boot},")}
 
 
 def save_kvm_verdicts(verdicts: dict[str, str]) -> None:
     path = _verdicts_path()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(verdicts))
         tmp.replace(path)
-    except OSError:  # a read-only cache: the check runs again next time
-        pass
+    except OSError:  # a read-only or full cache: the check runs again next time
+        tmp.unlink(missing_ok=True)
 
 
 def find_qemu() -> str:
@@ -296,18 +299,18 @@ class VM:
         the host kernel, nothing on the console). Known per kernel image for this host boot
         (kvm_verdicts), so the boot is tried once, not per run."""
         image = Path(self.kernel.boot_image)
-        key = f"{_boot_id()} {self.qemu} {image} {image.stat().st_mtime_ns}"
+        key = json.dumps([_boot_id(), self.qemu, str(image), image.stat().st_mtime_ns])
         verdicts = kvm_verdicts()
         if key not in verdicts:
             saved, self.timeout = self.timeout, KVM_BOOT_CHECK
             try:
                 r = self._boot_and_run(["true"], None, self.share, None, time.monotonic())
                 verdicts[key] = "" if r.returncode == 0 else f"`true` exited {r.returncode}"
-            except VMTimeout:
+            except VMTimeout:  # the hang seen: kept for this host boot
                 verdicts[key] = (f"this kernel did not start a command within "
                                  f"{KVM_BOOT_CHECK:.0f} s under KVM")
-            except VMCrashed as exc:
-                verdicts[key] = f"this kernel crashed under KVM: {exc.args[0] if exc.args else exc}"
+            except VMCrashed as exc:  # maybe not KVM's doing (memory, QEMU): this VM only
+                return Accel("tcg", f"KVM unusable this time ({exc.args[0]})")
             finally:
                 self.timeout = saved
             save_kvm_verdicts(verdicts)

@@ -374,9 +374,12 @@ class Receiver(DebugViews):
         with self._close_lock:
             self._closed = True
             try:
-                # What was released goes back first when the provider can then keep its
-                # buffers for the next receiver (a loop's shared ring, zcnet.aio.shared).
-                if getattr(self.provider, "reuse", False):
+                # A provider that can keep its buffers for the next receiver (a loop's shared
+                # ring, zcnet.aio.shared) stops receiving first, then gets back what was
+                # released, so that at close nothing is missing from its ring.
+                quiesce = getattr(self.provider, "quiesce", None)
+                if quiesce is not None:
+                    quiesce()
                     self._flush_releases()
             finally:
                 try:
