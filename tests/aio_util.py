@@ -105,6 +105,15 @@ class StreamCheck:
         async for chunk in rx:
             self.take(chunk)
 
+    async def through(self, rx: aio.AsyncReceiver, c: socket.socket) -> None:
+        """Send the whole expected stream on ``c`` from a thread (then close it) while
+        draining ``rx``; afterwards every byte has arrived."""
+        send = asyncio.get_running_loop().run_in_executor(
+            None, lambda: (c.setblocking(True), c.sendall(self.expected.tobytes()), c.close()))
+        await self.drain(rx)
+        await send
+        assert self.complete
+
     @property
     def complete(self) -> bool:
         return self.got == len(self.expected)

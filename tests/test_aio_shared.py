@@ -274,13 +274,7 @@ def test_a_closed_receivers_area_is_populated_memory_for_the_next(loop_kind, no_
         assert rx2.rx.area is not area and lr.spare == [area]  # another size: a new one
         rx3 = aio.open_receiver(s3, own_socket=True, **SMALL)
         assert rx3.rx.area is area and lr.spare == []
-        data = pattern(3, 1 << 20)
-        check = StreamCheck(data)
-        send = asyncio.get_running_loop().run_in_executor(
-            None, lambda: (c3.setblocking(True), c3.sendall(data.tobytes()), c3.close()))
-        await check.drain(rx3)
-        await send
-        assert check.complete
+        await StreamCheck(pattern(3, 1 << 20)).through(rx3, c3)
         rx3.close()
         dbg = aio.open_receiver(s4, own_socket=True, debug=True, **SMALL)
         assert dbg.rx.area is area
@@ -384,14 +378,8 @@ def test_keep_ring_holds_the_ring_and_its_spare_areas_between_connections(loop_k
                 async with aio.open_receiver(s, own_socket=True, **SMALL) as rx:
                     assert rx.rx.provider.member.lr is lr
                     areas.append(rx.rx.area)
-                    data = pattern(40 + i, 600 << 10)  # more than the area: buffers come back
-                    check = StreamCheck(data)
-                    send = loop.run_in_executor(
-                        None, lambda c=c, d=data: (c.setblocking(True), c.sendall(d.tobytes()),
-                                                   c.close()))
-                    await check.drain(rx)
-                    await send
-                    assert check.complete
+                    # more than the area: buffers come back
+                    await StreamCheck(pattern(40 + i, 600 << 10)).through(rx, c)
                 assert not lr.ring.closed and lr.spare == [areas[0]]
             assert areas == [areas[0]] * 3
             c, s = await tcp_pair()
@@ -444,17 +432,6 @@ def test_keep_ring_left_open_is_closed_at_shutdown_and_misuse_is_refused(loop_ki
 
 # --- kept buffer groups ----------------------------------------------------------------------
 
-async def _stream_through(rx: aio.AsyncReceiver, c: socket.socket, seed: int, size: int) -> None:
-    """Send ``size`` pattern bytes on ``c`` (then close it) and check them through ``rx``."""
-    data = pattern(seed, size)
-    check = StreamCheck(data)
-    send = asyncio.get_running_loop().run_in_executor(
-        None, lambda: (c.setblocking(True), c.sendall(data.tobytes()), c.close()))
-    await check.drain(rx)
-    await send
-    assert check.complete
-
-
 def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind, no_leaks):
     """A receiver closed with every buffer back in its group leaves the group registered with
     its area: the next receiver of that size takes both (no register, no unregister), and
@@ -467,7 +444,7 @@ def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind
             c, s = await tcp_pair()
             rx1 = aio.open_receiver(s, own_socket=True, **SMALL)
             buf, bgid = rx1.rx.provider._buf, rx1.rx.provider.member.bgid
-            await _stream_through(rx1, c, 60, 3 * SMALL["area_size"])  # buffers cycle
+            await StreamCheck(pattern(60, 3 * SMALL["area_size"])).through(rx1, c)  # buffers cycle
             rx1.close()
             assert lr.groups == {id(rx1.rx.area): buf} and not buf.closed
             assert bgid not in lr._free_bgids
@@ -475,7 +452,7 @@ def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind
             rx2 = aio.open_receiver(s, own_socket=True, **SMALL)
             assert rx2.rx.provider._buf is buf and rx2.rx.provider.member.bgid == bgid
             assert rx2.rx.area is rx1.rx.area and lr.groups == {}
-            await _stream_through(rx2, c, 61, 3 * SMALL["area_size"])
+            await StreamCheck(pattern(61, 3 * SMALL["area_size"])).through(rx2, c)
             assert buf.kernel_head() == buf._head & 0xFFFF  # the kernel's ring and ours agree
             rx2.close()
             c, s = await tcp_pair()
@@ -483,7 +460,7 @@ def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind
                                     buf_size=8 << 10)
             assert rx3.rx.area is rx1.rx.area and rx3.rx.provider._buf is not buf
             assert buf.closed and lr.groups == {}
-            await _stream_through(rx3, c, 62, 1 << 20)
+            await StreamCheck(pattern(62, 1 << 20)).through(rx3, c)
             rx3.close()
         assert lr.ring.closed and lr.groups == {}
 
@@ -513,7 +490,7 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
                 c, s = await tcp_pair()
                 rx = aio.open_receiver(s, own_socket=True, debug=kind == "debug", **SMALL)
                 buf = rx.rx.provider._buf
-                await _stream_through(rx, c, 63, 100_000)
+                await StreamCheck(pattern(63, 100_000)).through(rx, c)
                 with monkeypatch.context() as m:
                     if kind == "head":
                         m.setattr(type(buf), "kernel_head", lambda self: (self._head + 1) & 0xFFFF)
@@ -526,7 +503,7 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
         c, s = await tcp_pair()
         rx = aio.open_receiver(s, own_socket=True, **SMALL)  # the ring's only member
         lr, buf = rx.rx.provider.member.lr, rx.rx.provider._buf
-        await _stream_through(rx, c, 64, 100_000)
+        await StreamCheck(pattern(64, 100_000)).through(rx, c)
         rx.close()
         assert lr.ring.closed and buf.closed and rx.rx.area.closed
 
@@ -546,7 +523,7 @@ def test_kept_groups_survive_failed_opens_and_a_failing_unregister(loop_kind, no
         async def settle_one() -> tuple:
             c, s = await tcp_pair()
             rx = aio.open_receiver(s, own_socket=True, **SMALL)
-            await _stream_through(rx, c, 65, 100_000)
+            await StreamCheck(pattern(65, 100_000)).through(rx, c)
             rx.close()
             assert len(lr.groups) == 1
             return rx.rx.area, next(iter(lr.groups.values()))

@@ -509,12 +509,6 @@ class SharedSoftProvider(SoftProvider):
         else:
             self.member.lr.keep_area(area, buf)
 
-    def quiesce(self) -> None:
-        """Cancel the receive ahead of close (Receiver.close, before it gives back what was
-        released), so no buffer given back is filled again and the group can settle."""
-        if self.armed and self._ring is not None:
-            self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
-
     def close(self) -> None:
         ring, buf = self._ring, self._buf
         if ring is None:

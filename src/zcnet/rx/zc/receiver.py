@@ -374,9 +374,9 @@ class Receiver(DebugViews):
         with self._close_lock:
             self._closed = True
             try:
-                # A provider that can keep its buffers for the next receiver (a loop's shared
-                # ring, zcnet.aio.shared) stops receiving first, then gets back what was
-                # released, so that at close nothing is missing from its ring.
+                # A provider that can stop receiving ahead of close (the soft ones) does so,
+                # then gets back what was released: its buffers are whole at close, which a
+                # loop's shared ring needs to keep them for the next receiver.
                 quiesce = getattr(self.provider, "quiesce", None)
                 if quiesce is not None:
                     quiesce()

@@ -25,11 +25,13 @@ from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import (
     BGID,
+    CANCEL_UD,
     RECV_UD,
     RING_FLAGS,
     Delivery,
     buffer_count,
     build_or_close,
+    cancel_multishot,
     close_ring,
     note_final,
     reap_ready,
@@ -221,6 +223,15 @@ class SoftProvider:
     def extra_stats(self) -> dict[str, int]:
         return {"buffers": self.entries, "buf_size": self.buf_size,
                 "in_ring": self._buf.in_ring if self._buf else 0}
+
+    def quiesce(self) -> None:
+        """Cancel the receive ahead of close: Receiver.close then gives back what was released
+        with nothing left to fill it, so the group is whole at close (a loop's shared ring
+        keeps such a group for the next receiver, zcnet.aio.shared)."""
+        if self._ring is None:
+            raise ClosedError.of(self, "quiesce")
+        if self.armed:
+            self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
 
     def close(self) -> None:
         ring, self._ring = self._ring, None
