@@ -39,6 +39,7 @@ BUFRING_CALLS = {
     "consumed_ids": "o.consumed_ids(4096, 0)",
     "filled": "o.filled(10, 0, True)",
     "kernel_head": "o.kernel_head()",
+    "took": "o.took(1)",
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
     "provide_few": "o.provide_few([0])",
     "take": "o.take(np.array([0], dtype=np.uint16))",

@@ -173,6 +173,32 @@ def test_buffer_ring_exhaustion_gives_enobufs_then_recovers(no_leaks, tcp_pair) 
 
 
 
+
+def test_a_capped_multishot_ends_at_its_limit_and_took_counts_by_completion(no_leaks,
+                                                                           tcp_pair) -> None:
+    """The SQE's optlen caps a multishot receive's bytes (zcnet.aio.pool's quota): with 16 KiB
+    of buffers free it ends after the 8 KiB asked, the rest stays in the socket. ``took``
+    accounts buffers named by their completions and refuses more than the ring held."""
+    c, s = tcp_pair
+    with Ring(16, flags=FAST) as r, BufRing(r, 9, 4, 4096) as br:
+        c.sendall(b"q" * 40000)
+        prep_recv_multishot(r, s.fileno(), 9, 7, limit=8192)
+        got = []
+        while not got or got[-1][1] & u.IORING_CQE_F_MORE:
+            r.submit(1)
+            cs = r.reap()
+            got += zip(cs.res.tolist(), cs.flags.tolist(), strict=True)
+        assert sum(res for res, _ in got) == 8192 and all(res > 0 for res, _ in got)
+        br.took(len(got))
+        assert br.in_ring == 4 - len(got)
+        assert s.recv(65536, socket.MSG_DONTWAIT)  # the rest was left in the socket
+        with pytest.raises(RuntimeError, match="buffer ring out of step: 3 buffers taken"):
+            br.took(3)
+        br.close()
+        with pytest.raises(ClosedError):
+            br.took(1)
+
+
 def test_kernel_head_follows_the_buffers_the_kernel_took(no_leaks, tcp_pair) -> None:
     """IORING_REGISTER_PBUF_STATUS reports the kernel's head: where ours is once every
     completion is seen, ahead of it while one is not (what zcnet.aio.shared checks before

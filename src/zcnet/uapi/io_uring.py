@@ -219,7 +219,7 @@ class io_uring_sqe(ctypes.Structure):
 # Other members of the header's unions: (name, offset, size).
 SQE_ALIASES: tuple[tuple[str, int, int], ...] = (
     ("addr2", 8, 8), ("msg_flags", 28, 4), ("nop_flags", 28, 4), ("buf_group", 40, 2),
-    ("file_index", 44, 4), ("zcrx_ifq_idx", 44, 4), ("addr_len", 44, 2),
+    ("file_index", 44, 4), ("zcrx_ifq_idx", 44, 4), ("optlen", 44, 4), ("addr_len", 44, 2),
 )
 
 

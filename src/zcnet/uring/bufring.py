@@ -272,6 +272,17 @@ class BufRing:
             bids += self._bid[lo:hi].tolist()
         return bids
 
+    def took(self, n: int) -> None:
+        """``n`` buffers left the ring, each named by its own completion: a group shared by
+        several receives whose completions are read per receive, not in CQ order
+        (zcnet.aio.pool; one buffer per completion, no bundles). Our head is not followed."""
+        if not self._registered or self.ring.fd < 0:
+            self._check_open()
+        if n > self.in_ring:
+            raise RuntimeError(f"buffer ring out of step: {n} buffers taken, {self.in_ring} "
+                               "were in it")
+        self.in_ring -= n
+
     def filled(self, nbytes: int, bid: int, more: bool) -> int:
         """Incremental mode: a completion wrote ``nbytes`` into buffer ``bid`` right behind its
         earlier data; returns where in the buffer they start. ``more`` is the CQE's

@@ -26,11 +26,13 @@ def prep_read_fixed(ring: Ring, fd: int, addr: int, length: int, buf_index: int,
 
 
 def prep_recv_multishot(ring: Ring, fd: int, bgid: int, user_data: int = 0, *,
-                        bundle: bool = False, msg_flags: int = 0) -> int:
-    """Multishot RECV selecting buffers from provided-buffer group ``bgid``."""
+                        bundle: bool = False, msg_flags: int = 0, limit: int = 0) -> int:
+    """Multishot RECV selecting buffers from provided-buffer group ``bgid``. ``limit``: the
+    receive ends (its CQE without F_MORE) once it has taken that many bytes in all (the SQE's
+    ``optlen``; kernels without the cap refuse a nonzero one with -EINVAL)."""
     ioprio = u.IORING_RECV_MULTISHOT | (u.IORING_RECVSEND_BUNDLE if bundle else 0)
     return ring.prep(u.IORING_OP_RECV, fd, 0, 0, user_data=user_data, flags=u.IOSQE_BUFFER_SELECT,
-                     ioprio=ioprio, op_flags=msg_flags, buf_index=bgid)
+                     ioprio=ioprio, op_flags=msg_flags, buf_index=bgid, file_index=limit)
 
 
 def prep_send(ring: Ring, fd: int, addr: int, length: int, user_data: int = 0,
