@@ -354,15 +354,16 @@ def rx_release_off(rx: Receiver) -> None:
 
 
 def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
-                   buf_size: int = BUF_SIZE, rcvlowat: int = 0, **kw: Any) -> ZcTransport:
+                   buf_size: int = BUF_SIZE, rcvlowat: int = 0, pool: bool | int = False,
+                   **kw: Any) -> ZcTransport:
     """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
     ``protocol``'s methods from the event loop; returns the transport after
     ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
-    soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``, and ``rcvlowat`` for bulk
-    ingest only)."""
+    soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``, and ``rcvlowat`` and
+    ``pool`` for bulk ingest only)."""
     check_tcp_socket(sock, "zcnet.aio.start_protocol")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.start_protocol")
-    rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol")
+    rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol", pool)
     try:
         sock.setblocking(False)
         tr = ZcTransport(sock, rx, protocol)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
+from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import (
     ROUND_DONE,
     MemberRing,
@@ -251,14 +252,16 @@ _SHARED_OPTIONS = frozenset({"hugetlb", "max_held", "coalesce", "debug"})
 
 
 def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
-                         kw: dict[str, Any], what: str) -> Receiver:
+                         kw: dict[str, Any], what: str, pool: bool | int = False) -> Receiver:
     """A soft-provider Receiver on the running loop's shared ring; ``kw`` holds only
-    ``_SHARED_OPTIONS``."""
+    ``_SHARED_OPTIONS``. ``pool``: on the loop's pool instead of an area of its own."""
     loop = running_loop(what)  # a clear error before anything is allocated
     extra = set(kw) - _SHARED_OPTIONS
     if extra:
         raise UsageError(f"{what} does not take {', '.join(sorted(extra))}",
                          f"it takes area_size, buf_size, {', '.join(sorted(_SHARED_OPTIONS))}")
+    if pool is not False:
+        return _open_pooled(loop, sock, pool, buf_size, kw, what)
     debug = kw.get("debug", False)
     p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False),
                          reuse=not debug)
@@ -273,9 +276,32 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
         raise
 
 
+def _open_pooled(loop: Any, sock: socket.socket, pool: bool | int, buf_size: int,
+                 kw: dict[str, Any], what: str) -> Receiver:
+    if set(kw) - {"max_held"}:
+        raise UsageError(f"{what} with pool= does not take "
+                         f"{', '.join(sorted(set(kw) - {'max_held'}))}",
+                         "a pooled receiver takes max_held only: its buffers are the loop's pool")
+    size = POOL_SIZE if pool is True else pool
+    if type(size) is not int or size <= 0:
+        raise UsageError(f"{what}: pool must be True or a size in bytes, got {pool!r}",
+                         "pass pool=True (2 MiB), or a size such as pool=1 << 20")
+    p = open_pooled_soft(loop, sock.fileno(), size, buf_size)
+    try:
+        rx = Receiver(sock, p, max_held=kw.get("max_held", 0.75),
+                      why="soft provider requested, on the event loop's pool",
+                      area_done=p.pool.holder_done)
+    except BaseException:  # a bad max_held: the pool loses this holder again
+        p.close()
+        p.pool.holder_done()
+        raise
+    p.pool.receivers[id(p)] = rx
+    return rx
+
+
 def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
                   area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, shared_ring: bool = True,
-                  rcvlowat: int = 0, **kw: Any) -> AsyncReceiver:
+                  rcvlowat: int = 0, pool: bool | int = False, **kw: Any) -> AsyncReceiver:
     """Open a zero-copy receiver on a connected TCP socket, for use in the running loop::
 
         async with zcnet.aio.open_receiver(sock, "soft") as rx:
@@ -294,12 +320,21 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
     False gives this one a ring of its own, as the other providers (and ``incremental`` or
     ``dmabuf_fd``) always have.
+    ``pool``: True (2 MiB) or a size in bytes: no area of its own, but the loop's small
+    buffer group that every pooled receiver fills in turn (:mod:`zcnet.aio.pool`), for many
+    bulk streams on one loop; ``area_size`` is then unused and only ``max_held`` (a share of
+    the pool) is taken.
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.open_receiver")
     max_held = kw.get("max_held", 0.75)
-    if provider == "soft" and shared_ring and set(kw) <= _SHARED_OPTIONS:
-        rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver")
+    if pool is not False and (provider != "soft" or not shared_ring):
+        raise UsageError("zcnet.aio.open_receiver: pool= is for soft receivers on the loop's "
+                         "shared ring", "drop pool=, or open with provider='soft' and "
+                         "shared_ring=True")
+    if provider == "soft" and shared_ring and (pool is not False or set(kw) <= _SHARED_OPTIONS):
+        rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver",
+                                  pool)
     else:
         running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
         rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)

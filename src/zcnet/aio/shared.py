@@ -84,9 +84,9 @@ def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
     when the compiled pass is off for its ring, or the receiver needs the Python round's
-    (debug views revoked, coalescing)."""
+    (debug views revoked, coalescing, a pooled receiver's one-buffer completions)."""
     accel = rx.provider.member.lr.accel
-    if accel is None or rx.debug or rx.coalesce:
+    if accel is None or rx.debug or rx.coalesce or getattr(rx.provider, "pooled", False):
         return None
     return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
                        rx._releases._q, rx._stats, RECV_UD, u.IORING_CQE_F_MORE,
@@ -121,6 +121,8 @@ class LoopRing:
         self.groups: dict[int, BufRing] = {}
         #: Open zcnet.aio.keep_ring holders: the ring outlives its last member while any is.
         self.keepers = 0
+        #: The buffer group pooled receivers share (zcnet.aio.pool.Pool), made by the first.
+        self.pool: Any = None
         try:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
@@ -148,19 +150,22 @@ class LoopRing:
     # --- members ---------------------------------------------------------------------------
     def join(self, bgid: int | None = None) -> MemberRing:
         """A new member, with buffer group id ``bgid`` (a kept group's) or a free one."""
+        if bgid is None:
+            bgid = self.take_bgid()
         mid = self._next_id
         self._next_id += 1
-        if bgid is None:
-            if self._free_bgids:
-                bgid = self._free_bgids.pop()
-            elif self._bgids <= 0xFFFF:
-                bgid = self._bgids
-                self._bgids += 1
-            else:
-                raise ZcnetError("65536 receivers already share this event loop's io_uring",
-                                 "close some, or open with shared_ring=False")
         m = self.members[mid] = MemberRing(self, mid, bgid)
         return m
+
+    def take_bgid(self) -> int:
+        """A buffer group id no group on this ring uses."""
+        if self._free_bgids:
+            return self._free_bgids.pop()
+        if self._bgids > 0xFFFF:
+            raise ZcnetError("65536 receivers already share this event loop's io_uring",
+                             "close some, or open with shared_ring=False")
+        self._bgids += 1
+        return self._bgids - 1
 
     def leave(self, m: MemberRing) -> None:
         """``m`` is gone; its buffer group id is reused only once ``free_bgid`` says so."""
@@ -242,8 +247,11 @@ class LoopRing:
     def close(self) -> None:
         spare, self.spare = self.spare, []
         groups, self.groups = self.groups, {}
+        pool, self.pool = self.pool, None
         with contextlib.ExitStack() as undo:  # everything goes, even if one close fails
             undo.callback(self._close_ring)
+            if pool is not None:
+                undo.callback(pool.close)
             for buf in groups.values():
                 undo.callback(buf.close)
             for a in spare:
@@ -297,6 +305,8 @@ class LoopRing:
             more = router.poll(entered, self.efd)
             if more > 0 or (more == 0 and self.prepped):
                 self.schedule()
+            if self.pool is not None:
+                self.pool.end_pass()
             return
         if ring.sq_flags & _WORK:
             ring.get_events()
@@ -312,6 +322,8 @@ class LoopRing:
             drain(self.efd)
             if self.work():
                 self.schedule()
+        if self.pool is not None:
+            self.pool.end_pass()
 
     def wait(self, m: MemberRing, timeout: float) -> None:
         """Block up to ``timeout`` s until ``m`` has a completion (only close() waits so)."""

@@ -395,6 +395,9 @@ class Receiver(DebugViews):
     def _account_closed(self) -> None:
         done = self._releases.drain()
         self._stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
+        # Buffers that outlive their receiver (an event loop's pool, zcnet.aio.pool) go back.
+        if done and (late := getattr(self.provider, "recycle_closed", None)) is not None:
+            late(done)
         done = self._area_done
         if self._stats.in_flight == 0 and done is not None:
             # Once: a kept area is not closed, and a later call (an empty release_many, a

@@ -1,0 +1,356 @@
+"""One small buffer group per event loop, shared by the soft receivers opened with ``pool``.
+
+Why: a receiver with a group of its own copies into an area of its own. With 100 streams on
+one CPU that is 100 areas, far more than the cache, and the kernel's copy into them (and the
+sender's copy after it) misses. One small group that every receive fills in turn stays in the
+cache, as uvloop's per-connection buffer does, which it reads again at once.
+``benchmarks/uring_pool.py`` measured it at the ring layer: 1.98x the rate at 0.32x the CPU
+per GiB (docs/aio.md, "A pool per loop").
+
+How it works:
+
+- The pool is a buffer group on the loop's shared ring over one area (``POOL_SIZE``, 2 MiB of
+  64 KiB buffers by default). Every pooled receiver's multishot receive selects from it
+  without bundles: each completion names its one buffer, so a receiver's completions can be
+  taken whenever its round runs. With bundles a completion's buffers are the next ones in the
+  shared ring's order, which only CQ order across all receivers gives.
+- The pool runs dry in normal operation. The receive that takes the last buffer ends, and so do
+  the others when their data comes (-ENOBUFS). A receive that ended waits in a FIFO queue. At
+  the end of each pass of the loop's ring, once the released buffers are back, ``PACE`` of
+  them are woken to re-arm. Re-arming all of them at once made almost every one fail again
+  at once: 131,000 re-arms per GiB against 2,400.
+- At the end of a pass with receivers waiting and the pool dry, every pooled receiver's
+  released chunks go back to the pool: a receiver that waits runs no round of its own to
+  return them. When the pool is still dry then (the application holds all of it), that is
+  retried every ``DRY_RETRY`` seconds until a release refills it.
+- Each receive is capped (the SQE's ``optlen``): it ends after a ``PACE``-th of the pool, or
+  what its receiver may still take below ``max_held``, and waits its turn again. A receive
+  that stayed armed while its application read nothing would otherwise fill the whole pool
+  and starve the others; with the cap one that holds its chunks leaves the rest to them.
+- Lifetime: the group lives with the loop's ring, and the area stays mapped until the ring is
+  closed and no pooled receiver holds a chunk of it. Chunks released after their receiver
+  closed go back to the pool, from another thread at the loop's next turn. The completions that
+  arrive while a closing receiver's receive is cancelled give their buffers back too.
+
+Not kept: a receive whose cancel the kernel did not confirm (a stuck close) may still take
+buffers, and those stay lost to the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from zcnet.aio.backend import Loop
+from zcnet.aio.shared import LoopRing, MemberRing, SharedSoftProvider, loop_ring
+from zcnet.errors import ClosedError, UsageError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.provider import (
+    BGID,
+    CANCEL_UD,
+    RECV_UD,
+    SOFT_STOPS,
+    Delivery,
+    buffer_count,
+    note_final,
+)
+from zcnet.uapi import io_uring as u
+from zcnet.uring.bufring import BufRing
+from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+
+POOL_SIZE = 2 << 20
+#: Receives re-armed per pass of the loop's ring while others wait (benchmarks/uring_pool.py:
+#: one, two and eight gave the same rate; all at once, half of it).
+PACE = 2
+#: How often a dry pool with receivers waiting looks for released chunks again, in seconds.
+DRY_RETRY = 0.001
+_F_MORE = u.IORING_CQE_F_MORE
+_SHIFT = u.IORING_CQE_BUFFER_SHIFT
+
+
+class Pool:
+    """The buffer group every pooled receiver of one loop's ring selects from."""
+
+    def __init__(self, lr: LoopRing, size: int, buf_size: int) -> None:
+        entries = buffer_count(size, buf_size)
+        self.lr = lr
+        self.size = size
+        self.buf_size = buf_size
+        self.area = Area(entries * buf_size)
+        try:
+            self.bgid = lr.take_bgid()
+            self.buf = BufRing(lr.ring, self.bgid, entries, buf_size, area=self.area.mapping)
+        except BaseException:
+            self.area.close()
+            raise
+        #: Receivers whose receive ended and that wait for buffers, oldest first.
+        self.waiting: deque[PooledSoftProvider] = deque()
+        #: Open pooled receivers by provider id: their releases are returned at a pass's end.
+        self.receivers: dict[int, Any] = {}
+        self.arms = 0        # receives armed in this pass
+        self.holders = 0     # receivers not yet done with the area (Receiver's area_done)
+        self.late: deque[list[int]] = deque()  # released after close, off the loop's thread
+        self.closed = False
+        self._retry: Any = None  # the DRY_RETRY timer, while one is set
+
+    # --- a pass -----------------------------------------------------------------------------
+    def end_pass(self) -> None:
+        """The loop's ring finished a pass: return what was released, wake ``PACE`` waiting
+        receivers to re-arm, and make sure another look comes while some still wait."""
+        self.arms = 0
+        if self.late:
+            self._take_late()
+        if not self.waiting or self.closed:
+            return
+        buf = self.buf
+        if not buf.in_ring:  # what was released but is not back yet (no round flushed it)
+            for rx in list(self.receivers.values()):
+                if len(rx._releases):
+                    rx.flush()
+        woken = 0
+        while self.waiting and woken < PACE and buf.in_ring:
+            p = self.waiting.popleft()
+            p.queued = False
+            if p._ring is None:  # closed while it waited
+                continue
+            p.granted = True
+            woken += 1
+            wake(p.member)
+        if self.waiting:
+            if buf.in_ring:
+                self.lr.schedule()
+            elif self._retry is None:
+                self._retry = self.lr.loop.call_later(DRY_RETRY, self._dry_retry)
+
+    def _dry_retry(self) -> None:
+        self._retry = None
+        if not self.closed:
+            self.end_pass()
+
+    def enqueue(self, p: PooledSoftProvider) -> None:
+        if not p.queued:
+            p.queued = True
+            self.waiting.append(p)
+            self.lr.schedule()  # a pass ends soon, and its end_pass wakes the oldest
+
+    # --- buffers back -----------------------------------------------------------------------
+    def give_back(self, bids: list[int]) -> None:
+        """Buffers released after their receiver closed, from any thread."""
+        if self.closed or not bids:
+            return
+        if threading.get_ident() == self.lr.thread:
+            self.buf.provide(bids)
+            return
+        self.late.append(bids)
+        with contextlib.suppress(RuntimeError):  # the loop closed: the ring goes with it
+            self.lr.loop.call_soon_threadsafe(self._take_late)
+
+    def _take_late(self) -> None:
+        while self.late and not self.closed:
+            self.buf.provide(self.late.popleft())
+
+    # --- lifetime ---------------------------------------------------------------------------
+    def holder_done(self, _area: object = None) -> None:
+        """A pooled receiver is closed and holds nothing (its Receiver's ``area_done``)."""
+        self.holders -= 1
+        if self.closed and not self.holders:
+            self.area.close()
+
+    def close(self) -> None:
+        """With the loop's ring (before it): the group goes now, the area once nothing of it
+        is held."""
+        if self.closed:
+            return
+        self.closed = True
+        self.waiting.clear()
+        self.late.clear()
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        try:
+            self.buf.close()
+        finally:
+            if not self.holders:
+                self.area.close()
+
+
+def wake(m: MemberRing) -> None:
+    """Run ``m``'s round as a dispatch would: its transport's, or its waiting task's."""
+    if m.on_ready is not None:
+        m.on_ready()
+    else:
+        m.kick()
+
+
+class PooledSoftProvider(SharedSoftProvider):
+    """The soft provider on its loop's pool: SharedSoftProvider's release and arming, with
+    completions taken one buffer each and the pool's pacing of re-arms."""
+
+    pooled = True  # zcnet.aio.shared.compiled_round: the Python round only
+
+    def __init__(self, fd: int, pool: Pool, member: MemberRing) -> None:
+        self._init_buffers(fd, pool.area, pool.buf_size)
+        self.note += ", the event loop's pool"
+        self._attach(pool.lr.ring, pool.bgid, member, bundle=False, buf=pool.buf)
+        self.member = member
+        self.pool = pool
+        self.reuse = False
+        self._kept = None
+        self.queued = False   # in the pool's waiting queue
+        self.granted = False  # woken by the pool: may arm once
+
+    def can_arm(self) -> bool:
+        if self._ring is None:
+            raise ClosedError.of(self, "can_arm")
+        if self.granted:
+            return True
+        pool = self.pool
+        if not pool.waiting and pool.arms < PACE and pool.buf.in_ring:
+            pool.arms += 1
+            return True
+        pool.enqueue(self)
+        return False
+
+    def arm(self) -> None:
+        """The receive, capped at this receiver's quota: what it takes before it ends and
+        waits its turn again (a receive that stays armed while its application reads
+        nothing would otherwise take the whole pool)."""
+        if self._ring is None:
+            raise ClosedError.of(self, "arm")
+        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, limit=self.quota())
+        self._ring.submit()
+        self.armed = True
+        self.granted = False
+
+    def quota(self) -> int:
+        """A ``PACE``-th of the pool, no more than the receiver may still take before it is
+        held back (``max_held``), and at least one buffer."""
+        pool = self.pool
+        bs = pool.buf_size
+        share = pool.buf.entries * bs // PACE
+        rx = pool.receivers.get(id(self))
+        if rx is not None:
+            share = min(share, rx._limit - rx._stats.in_flight_bytes)
+        return max(bs, share // bs * bs)
+
+    def reap(self, timeout: float | None) -> Delivery:
+        ring = self._ring
+        if ring is None:
+            raise ClosedError.of(self, "reap")
+        m = self.member
+        if not m.inbox and timeout:
+            ring.submit(1, timeout)
+        box, m.inbox = m.inbox, []
+        out = Delivery()
+        for part in box:
+            self._take_few(part if type(part) is list else part.tuples(), out)
+        return out
+
+    def _take_few(self, cqes: Iterable[tuple[int, int, int]], out: Delivery) -> None:
+        """Every data CQE is one buffer, named by the CQE (no bundles)."""
+        bs = self.buf_size
+        offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
+        n = len(tokens)  # ``out`` may hold an earlier part's
+        last = None
+        for ud, r, f in cqes:
+            if ud != RECV_UD:
+                continue
+            last = (r, f)
+            if r > 0:
+                b = f >> _SHIFT
+                tokens.append(b)
+                offsets.append(b * bs)
+                lengths.append(r)
+        if len(tokens) > n:
+            self.pool.buf.took(len(tokens) - n)
+        if last is not None and not last[1] & _F_MORE:
+            self.armed = False
+            note_final(out, last[0], SOFT_STOPS)
+
+    def _cancel(self) -> bool:
+        """cancel_multishot, with every buffer that completions taken meanwhile carry given
+        back to the pool (a group of its own would simply go; the pool stays)."""
+        ring = self._ring
+        assert ring is not None
+        prep_cancel(ring, RECV_UD, CANCEL_UD)
+        ring.submit()
+        for _ in range(50):
+            ring.submit(1, 0.1)
+            out = Delivery()
+            cqes = ring.reap().tuples()
+            final = any(ud == RECV_UD and not f & _F_MORE for ud, _, f in cqes)
+            self._take_few(cqes, out)
+            if out.tokens:
+                self.pool.buf.provide(out.tokens)
+            if final:
+                return True
+        return False
+
+    def quiesce(self) -> None:
+        if self._ring is None:
+            raise ClosedError.of(self, "quiesce")
+        if self.armed:
+            self.armed = not self._cancel()
+
+    def recycle_closed(self, chunks: list[Any]) -> None:
+        """Chunks released after the receiver closed (Receiver._account_closed, any thread):
+        their buffers are the pool's, not the receiver's."""
+        bids: list[int] = []
+        for c in chunks:
+            t = c._tok
+            if type(t) is int:
+                bids.append(t)
+            else:
+                bids.extend(int(b) for b in t)
+        self.pool.give_back(bids)
+
+    def retire_area(self, area: Area) -> None:  # the pool's, not this receiver's
+        self.pool.holder_done()
+
+    def close(self) -> None:
+        ring = self._ring
+        if ring is None:
+            return
+        pool = self.pool
+        try:
+            if self.armed:
+                self.armed = not self._cancel()
+        finally:
+            self._ring = self._buf = None
+            pool.receivers.pop(id(self), None)
+            if self.queued:
+                self.queued = False
+                with contextlib.suppress(ValueError):
+                    pool.waiting.remove(self)
+            self.member.close()
+
+
+def open_pooled_soft(loop: Loop, fd: int, size: int, buf_size: int) -> PooledSoftProvider:
+    """A soft provider on ``loop``'s pool (made now, ``size`` bytes of ``buf_size`` buffers,
+    if the loop's ring has none). Its Receiver must be registered with ``pool.receivers`` and
+    hand ``pool.holder_done`` as its ``area_done``."""
+    lr = loop_ring(loop)
+    pool = lr.pool
+    if pool is None:
+        try:
+            pool = lr.pool = Pool(lr, size, buf_size)
+        except BaseException:
+            if not lr.members and not lr.keepers:
+                lr.close()
+            raise
+    elif (pool.size, pool.buf_size) != (size, buf_size):
+        raise UsageError(
+            f"this event loop's pool is {pool.size} bytes of {pool.buf_size}-byte buffers, "
+            f"not {size} of {buf_size}",
+            "open every pooled receiver of a loop with the same pool size and buf_size")
+    m = lr.join(pool.bgid)
+    try:
+        p = PooledSoftProvider(fd, pool, m)
+    except BaseException:
+        m.close()
+        raise
+    pool.holders += 1
+    return p

@@ -1,0 +1,205 @@
+"""The buffer group one event loop's pooled receivers share (zcnet.aio.pool)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from aio_util import LOOPS, Recorder, StreamCheck, loop_pass, pattern, run, tcp_pair
+from zcnet import aio
+from zcnet.aio.pool import PooledSoftProvider
+from zcnet.aio.shared import loop_ring
+from zcnet.errors import UsageError
+
+pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
+              pytest.mark.usefixtures("loop_pass")]
+__all__ = ["loop_pass"]  # the fixture, imported for pytest
+
+#: Eight 4 KiB buffers for every stream: the pool runs dry all the time.
+POOL = {"pool": 32 << 10, "buf_size": 4096}
+
+
+def sender(c: socket.socket, data: np.ndarray, reset: bool = False) -> threading.Thread:
+    """Send ``data`` on ``c`` from a thread, then close it (with an RST when ``reset``)."""
+    def send() -> None:
+        c.setblocking(True)
+        c.sendall(data.tobytes())
+        if reset:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01" + b"\x00" * 7)
+        c.close()
+    t = threading.Thread(target=send)
+    t.start()
+    return t
+
+
+def whole(pool) -> bool:
+    """Every buffer is back in the pool and no receiver waits for one."""
+    return pool.buf.in_ring == pool.buf.entries and not pool.waiting and not pool.receivers
+
+
+@pytest.mark.parametrize("style", ["task", "callback"])
+def test_many_streams_share_a_pool_that_runs_dry_and_lose_no_byte(loop_kind, style, no_leaks):
+    """20 streams of 200 KiB through a 32 KiB pool: every byte arrives in order, the pool ran
+    dry (receives ended and waited their turn), and at the end every buffer is back."""
+    n, size = 20, 200_000
+
+    async def main() -> int:
+        async with aio.keep_ring():
+            pairs = [await tcp_pair() for _ in range(n)]
+            data = [pattern(i, size) for i in range(n)]
+            threads = [sender(c, d) for (c, _), d in zip(pairs, data, strict=True)]
+            exhausted = 0
+            if style == "task":
+                rxs = [aio.open_receiver(s, own_socket=True, **POOL) for _, s in pairs]
+                assert all(type(rx.rx.provider) is PooledSoftProvider for rx in rxs)
+                checks = [StreamCheck(d) for d in data]
+                await asyncio.gather(*(ck.drain(rx) for ck, rx in zip(checks, rxs, strict=True)))
+                assert all(ck.complete for ck in checks)
+                exhausted = sum(rx.stats.exhausted for rx in rxs)
+                for rx in rxs:
+                    rx.close()
+            else:
+                recs = [Recorder(d) for d in data]
+                trs = [aio.start_protocol(s, r, **POOL) for (_, s), r in zip(pairs, recs,
+                                                                              strict=True)]
+                await asyncio.gather(*(r.lost for r in recs))
+                assert all(r.eof and r.check.complete for r in recs)
+                exhausted = sum(tr.stats.exhausted for tr in trs)
+            for t in threads:
+                await asyncio.get_running_loop().run_in_executor(None, t.join)
+            pool = loop_ring(asyncio.get_running_loop()).pool
+            assert whole(pool) and pool.holders == 0
+            area = pool.area
+        assert area.closed  # with the ring, the keeper gone
+        return exhausted
+
+    assert run(loop_kind, main) > 0
+
+
+def test_chunks_held_past_close_stay_valid_and_go_back_to_the_pool(loop_kind, no_leaks):
+    """A receiver closed with chunks held: they still read the stream; released on the loop
+    they refill the pool at once, released from another thread at the loop's next turn; the
+    area outlives the ring while one is held."""
+    async def main() -> None:
+        keeper = aio.keep_ring()
+        c, s = await tcp_pair()
+        data = pattern(3, 12 << 10)
+        c.sendall(data.tobytes())
+        c.close()
+        rx = aio.open_receiver(s, own_socket=True, **POOL)
+        held = []
+        async for chunk in rx:
+            held.append(chunk)
+        rx.close()
+        pool = loop_ring(asyncio.get_running_loop()).pool
+        assert pool.buf.in_ring == pool.buf.entries - len(held)
+        got = np.concatenate([np.frombuffer(ch.data, np.uint8) for ch in held])
+        assert np.array_equal(got, data)
+        held.pop().release()  # on the loop: back now
+        assert pool.buf.in_ring == pool.buf.entries - len(held)
+        other = held.pop()
+        t = threading.Thread(target=other.release)
+        t.start()
+        t.join()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert pool.buf.in_ring == pool.buf.entries - len(held)
+        keeper.close()  # the ring and the pool's group go; the area stays while held
+        assert pool.closed and not pool.area.closed
+        assert bytes(held[0].data) == data[:held[0].length].tobytes()
+        for ch in held:
+            ch.release()
+        assert pool.area.closed
+
+    run(loop_kind, main)
+
+
+def test_a_receiver_holding_its_share_does_not_stop_the_others(loop_kind, no_leaks):
+    """One receiver keeps every chunk it gets (up to max_held of the pool); another streams
+    more than the whole pool through the rest, then the first releases and finishes."""
+    async def main() -> None:
+        async with aio.keep_ring():
+            (ca, sa), (cb, sb) = await tcp_pair(), await tcp_pair()
+            da, db = pattern(1, 64 << 10), pattern(2, 400 << 10)
+            ta, tb = sender(ca, da), sender(cb, db)
+            a = aio.open_receiver(sa, own_socket=True, max_held=0.5, **POOL)
+            b = aio.open_receiver(sb, own_socket=True, **POOL)
+            held = []
+            while a.stats.in_flight_bytes <= 16 << 10:
+                held += await a.recv()
+            check = StreamCheck(db)
+            await check.drain(b)  # 400 KiB through the 16 KiB the first leaves
+            assert check.complete
+            assert a.stats.in_flight_bytes > 16 << 10 and not a.eof
+            first = StreamCheck(da)
+            for ch in held:
+                first.take(ch)
+            await first.drain(a)
+            assert first.complete
+            for rx in (a, b):
+                rx.close()
+            for t in (ta, tb):
+                t.join()
+            assert whole(loop_ring(asyncio.get_running_loop()).pool)
+
+    run(loop_kind, main)
+
+
+def test_peer_reset_ends_its_stream_and_its_buffers_go_back(loop_kind, no_leaks):
+    async def main() -> None:
+        async with aio.keep_ring():
+            (c1, s1), (c2, s2) = await tcp_pair(), await tcp_pair()
+            bad = aio.open_receiver(s1, own_socket=True, **POOL)
+            good = aio.open_receiver(s2, own_socket=True, **POOL)
+            t1 = sender(c1, pattern(1, 50_000), reset=True)  # a reset socket cannot be opened
+            t2 = sender(c2, pattern(2, 150_000))
+            with pytest.raises(ConnectionResetError):
+                async for chunk in bad:
+                    chunk.release()
+            check = StreamCheck(pattern(2, 150_000))
+            await check.drain(good)
+            assert check.complete
+            for rx in (bad, good):
+                rx.close()
+            t1.join()
+            t2.join()
+            assert whole(loop_ring(asyncio.get_running_loop()).pool)
+
+    run(loop_kind, main)
+
+
+def test_bad_pool_options_are_refused_by_name(loop_kind, no_leaks):
+    async def main() -> list[str]:
+        async with aio.keep_ring():
+            c, s = await tcp_pair()
+            errors = []
+            for kw in ({"pool": True, "debug": True}, {"pool": True, "shared_ring": False},
+                       {"pool": "big"}, {"pool": 0}, {"pool": True, "provider": "auto"}):
+                with pytest.raises(UsageError) as e:
+                    aio.open_receiver(s, **kw)
+                errors.append(str(e.value))
+            rx = aio.open_receiver(s, **POOL)
+            with pytest.raises(UsageError) as e:  # another shape than the loop's pool
+                aio.open_receiver(c, pool=32 << 10, buf_size=8192)
+            errors.append(str(e.value))
+            with pytest.raises(UsageError) as e:
+                aio.start_protocol(c, aio.ZcProtocol(), hugetlb=True, **POOL)
+            errors.append(str(e.value))
+            rx.close()
+            pool = loop_ring(asyncio.get_running_loop()).pool
+            assert whole(pool) and pool.holders == 0
+            c.close()
+            s.close()
+            return errors
+
+    e = run(loop_kind, main)
+    assert "with pool= does not take debug" in e[0]
+    assert "pool= is for soft receivers on the loop's shared ring" in e[1] and e[4] == e[1]
+    assert "pool must be True or a size in bytes, got 'big'" in e[2]
+    assert "got 0" in e[3]
+    assert "is 32768 bytes of 4096-byte buffers, not 32768 of 8192" in e[5]
+    assert "with pool= does not take hugetlb" in e[6]
