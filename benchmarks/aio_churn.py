@@ -12,6 +12,8 @@ each in its own process on uvloop, pinned to one CPU (the client threads to anot
                 ``sock_sendall``
   zcnet-proto   callback style: ``start_protocol`` per accepted socket, ``transport.write``
   .../kept      the same two, serving inside ``async with zcnet.aio.keep_ring()``
+  .../pool      the same two inside ``keep_ring``, each receiver on the loop's pool
+                (``pool=True``: no area of its own to populate, no buffer ring to register)
 
 The zcnet rows use zcnet.aio's default area (``--area``), what a service gets. Opening a
 receiver populates its area unless the loop's ring kept one from a closed receiver (spare
@@ -49,13 +51,15 @@ from zcnet.uring.syscall import backend
 
 MSG = 64
 KEPT = "/kept"  # suffix: the server holds its loop's ring with zcnet.aio.keep_ring()
-SERVERS = ("uvloop-proto", "zcnet", "zcnet-proto", "zcnet" + KEPT, "zcnet-proto" + KEPT)
+POOLED = "/pool"  # suffix: the same, and its receivers are on the loop's pool
+SERVERS = ("uvloop-proto", "zcnet", "zcnet-proto", "zcnet" + KEPT, "zcnet-proto" + KEPT,
+           "zcnet" + POOLED, "zcnet-proto" + POOLED)
 
 
-async def zc_echo(conn: socket.socket, area: int) -> None:
+async def zc_echo(conn: socket.socket, area: int, pool: bool) -> None:
     loop = asyncio.get_running_loop()
     async with aio.open_receiver(conn, own_socket=True, area_size=area,
-                                 buf_size=min(BUF_SIZE, area // 2)) as rx:
+                                 buf_size=min(BUF_SIZE, area // 2), pool=pool) as rx:
         async for chunk in rx:
             data = bytes(chunk.data)
             chunk.release()
@@ -70,8 +74,9 @@ def _cpu() -> float:
 def server_main(name: str, srv: socket.socket, cpu: int, area: int, ctl: Any) -> None:
     """Serves until the parent closes ``ctl``; answers each byte on it with its CPU time."""
     os.sched_setaffinity(0, {cpu})
-    keep = name.endswith(KEPT)
-    name = name.removesuffix(KEPT)
+    pool = name.endswith(POOLED)
+    keep = pool or name.endswith(KEPT)
+    name = name.removesuffix(KEPT).removesuffix(POOLED)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -99,12 +104,12 @@ def server_main(name: str, srv: socket.socket, cpu: int, area: int, ctl: Any) ->
                 c, _ = await loop.sock_accept(srv)
                 c.setblocking(False)
                 if name == "zcnet":
-                    t = asyncio.create_task(zc_echo(c, area))
+                    t = asyncio.create_task(zc_echo(c, area, pool))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
                 elif name == "zcnet-proto":
                     aio.start_protocol(c, ZcEcho(), area_size=area,
-                                       buf_size=min(BUF_SIZE, area // 2))
+                                       buf_size=min(BUF_SIZE, area // 2), pool=pool)
                 else:
                     await loop.connect_accepted_socket(EchoProto, c)
 

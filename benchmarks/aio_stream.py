@@ -46,6 +46,7 @@ from typing import Any
 import uvloop
 
 from zcnet import aio
+from zcnet.aio.pool import POOL_SIZE
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE
 from zcnet.aio.shared import loop_backend
 from zcnet.rx.engine import RCVLOWAT
@@ -124,11 +125,12 @@ async def recv_blocking(conn: socket.socket) -> int:
     return n
 
 
-def recv_zcnet(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], Any]:
+def recv_zcnet(area: int, buf: int, rcvlowat: int, pool: int) -> Callable[[socket.socket], Any]:
     async def run(conn: socket.socket) -> int:
         n = 0
         async with aio.open_receiver(conn, "soft", own_socket=True, area_size=area,
-                                     buf_size=buf, rcvlowat=rcvlowat) as rx:
+                                     buf_size=buf, rcvlowat=rcvlowat,
+                                     pool=pool or False) as rx:
             while (batch := await rx.recv_batch()) is not None:
                 n += batch.length
                 batch.release()
@@ -157,37 +159,41 @@ class _ZcCount(aio.ZcProtocol):
         return False
 
 
-def recv_zcnet_proto(area: int, buf: int, rcvlowat: int) -> Callable[[socket.socket], Any]:
+def recv_zcnet_proto(area: int, buf: int, rcvlowat: int,
+                     pool: int) -> Callable[[socket.socket], Any]:
     async def run(conn: socket.socket) -> int:
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         aio.start_protocol(conn, _ZcCount(done), area_size=area, buf_size=buf,
-                           rcvlowat=rcvlowat)
+                           rcvlowat=rcvlowat, pool=pool or False)
         return await done
     return run
 
 
-def receivers_area(args: argparse.Namespace, streams: int = 100) -> tuple[int, int]:
-    """(area, buffer size) in KiB of each zcnet receiver. Many streams: a smaller area each (it
-    is populated at open, per connection), but twice rcvlowat: a wake-up's bundle receive that
-    takes the ring's last buffer ends the multishot (docs/aio.md, "Sizing the area"); with
-    1 MiB areas and 1 MiB rcvlowat that happened once per MiB."""
+def receivers_area(args: argparse.Namespace, streams: int = 100) -> tuple[int, int, int]:
+    """(area, buffer size, pool) in KiB of each zcnet receiver. Many streams: the loop's pool
+    (``--zc-many-pool``: one small group all streams fill in turn, docs/aio.md "A pool per
+    loop"), or with ``--zc-many-pool 0`` an area each, twice rcvlowat: a wake-up's bundle
+    receive that takes the ring's last buffer ends the multishot (docs/aio.md, "Sizing the
+    area"); with 1 MiB areas and 1 MiB rcvlowat that happened once per MiB."""
     if streams == 1:
-        return args.zc_area, args.zc_buf
-    return args.zc_many_area or max(2 * args.rcvlowat, 1024), args.zc_many_buf
+        return args.zc_area, args.zc_buf, 0
+    return (args.zc_many_area or max(2 * args.rcvlowat, 1024), args.zc_many_buf,
+            args.zc_many_pool)
 
 
 def receivers(args: argparse.Namespace,
               streams: int = 1) -> dict[str, tuple[Callable[[], Any], Any]]:
-    area, buf = receivers_area(args, streams)
+    area, buf, pool = receivers_area(args, streams)
     lowat = args.rcvlowat << 10
-    zc = recv_zcnet(area << 10, buf << 10, lowat)
+    zc = recv_zcnet(area << 10, buf << 10, lowat, pool << 10)
     return {
         "streams": (asyncio.new_event_loop, recv_streams),
         "asyncio-proto": (asyncio.new_event_loop, recv_proto),
         "uvloop-proto": (uvloop.new_event_loop, recv_proto),
         "uvloop-proto-lowat": (uvloop.new_event_loop, recv_proto_lowat(lowat)),
         "zcnet": (uvloop.new_event_loop, zc),
-        "zcnet-proto": (uvloop.new_event_loop, recv_zcnet_proto(area << 10, buf << 10, lowat)),
+        "zcnet-proto": (uvloop.new_event_loop,
+                        recv_zcnet_proto(area << 10, buf << 10, lowat, pool << 10)),
         "zcnet-asyncio": (asyncio.new_event_loop, zc),
         "blocking-1m": (asyncio.new_event_loop, recv_blocking),
     }
@@ -306,6 +312,9 @@ def main() -> None:
                          "--rcvlowat, at least 1024)")
     ap.add_argument("--zc-many-buf", type=int, default=64,
                     help="zcnet soft buffer size in the many-stream case, KiB")
+    ap.add_argument("--zc-many-pool", type=int, default=POOL_SIZE >> 10,
+                    help="the loop's pool in the many-stream case, KiB (default: zcnet.aio's; "
+                         "0: an area per stream, --zc-many-area)")
     ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
     ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
                     help="SO_RCVLOWAT of the zcnet and uvloop-proto-lowat rows, KiB (0: none)")
@@ -320,8 +329,10 @@ def main() -> None:
     print(f"SO_RCVLOWAT {args.rcvlowat} KiB set by: {', '.join(LOWAT_ROWS)}; "
           "the other rows wake on any data")
     many_area = receivers_area(args)
+    many = (f"the loop's pool of {many_area[2]} KiB" if many_area[2]
+            else f"{many_area[0]} KiB each")
     print(f"zcnet areas: one stream {args.zc_area} KiB of {args.zc_buf} KiB buffers; "
-          f"{args.streams} streams {many_area[0]} KiB of {many_area[1]} KiB buffers each")
+          f"{args.streams} streams {many} of {many_area[1]} KiB buffers")
     if args.only:
         for case, cpus in (("one CPU", (c0, c0)), ("two CPUs", (c0, c1))):
             run_case(case, args, args.only.split(","), 1, cpus)

@@ -53,7 +53,7 @@ from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
-ZERO = bytes(1 << 20)
+ZERO = memoryview(bytes(1 << 20))
 AIO_ROWS = ("zcnet-proto", "uvloop-proto", "uvloop-proto-lowat")
 
 
@@ -174,7 +174,7 @@ def send_main(port: int, args: argparse.Namespace, per: int) -> None:
         for key, _ in sel.select():
             s = key.fileobj
             n = min(1 << 20, per - sent[s])
-            data = ZERO[:n] if pattern is None else pattern.expected(sent[s], n)
+            data = ZERO[:n] if pattern is None else pattern.expected(sent[s], n)  # views
             try:
                 sent[s] += s.send(data)
             except BlockingIOError:
@@ -214,9 +214,11 @@ def measure(layout: str, args: argparse.Namespace, per: int) -> dict[str, float]
 
 
 def aio_args(args: argparse.Namespace) -> argparse.Namespace:
-    """aio_stream.py's options for its rows: 2 MiB areas of 64 KiB buffers, our rcvlowat."""
+    """aio_stream.py's options for its rows: zcnet.aio's pool of ``--pool`` KiB, our buffers
+    and rcvlowat."""
     return argparse.Namespace(zc_area=args.area, zc_buf=args.buf, zc_many_area=args.area,
-                              zc_many_buf=args.buf, rcvlowat=args.rcvlowat, streams=args.streams)
+                              zc_many_buf=args.buf, zc_many_pool=args.pool,
+                              rcvlowat=args.rcvlowat, streams=args.streams)
 
 
 def main() -> None:
