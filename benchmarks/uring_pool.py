@@ -227,7 +227,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--area", type=int, default=2048, help="per-stream group, KiB (default 2048)")
-    ap.add_argument("--pool", type=int, default=512, help="the shared group, KiB (default 512)")
+    ap.add_argument("--pool", type=int, default=2048,
+                    help="the shared group, KiB (default 2048, zcnet.aio's)")
     ap.add_argument("--buf", type=int, default=64, help="buffer size, KiB (default 64)")
     ap.add_argument("--pace", type=int, default=2,
                     help="pool: receives re-armed per pass (0: all; default 2)")
