@@ -149,6 +149,43 @@ def test_a_receiver_holding_its_share_does_not_stop_the_others(loop_kind, no_lea
     run(loop_kind, main)
 
 
+
+def test_a_pool_held_dry_resumes_the_others_on_a_release_from_another_thread(loop_kind,
+                                                                             no_leaks):
+    """One receiver may hold the whole pool (max_held=1.0) while another waits for a buffer.
+    Its releases, from a thread and with no round of its own to return them, reach the waiting
+    one through the dry pool's retry."""
+    async def main() -> None:
+        async with aio.keep_ring():
+            (ca, sa), (cb, sb) = await tcp_pair(), await tcp_pair()
+            a = aio.open_receiver(sa, own_socket=True, max_held=1.0, **POOL)
+            b = aio.open_receiver(sb, own_socket=True, **POOL)
+            ta = sender(ca, pattern(1, 32 << 10))  # exactly the pool
+            held = []
+            while sum(ch.length for ch in held) < 32 << 10:
+                held += await a.recv()
+            pool = loop_ring(asyncio.get_running_loop()).pool
+            assert pool.buf.in_ring == 0
+            tb = sender(cb, pattern(2, 100_000))
+            waiting = asyncio.ensure_future(b.recv())
+            await asyncio.sleep(0.05)
+            assert not waiting.done() and pool.waiting  # nothing to take
+            t = threading.Thread(target=lambda: [ch.release() for ch in held])
+            t.start()
+            t.join()
+            check = StreamCheck(pattern(2, 100_000))
+            for ch in await asyncio.wait_for(waiting, 5):
+                check.take(ch)
+            await check.drain(b)
+            assert check.complete and await a.recv() == []
+            for rx in (a, b):
+                rx.close()
+            ta.join()
+            tb.join()
+            assert whole(pool)
+
+    run(loop_kind, main)
+
 def test_peer_reset_ends_its_stream_and_its_buffers_go_back(loop_kind, no_leaks):
     async def main() -> None:
         async with aio.keep_ring():
