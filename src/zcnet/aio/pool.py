@@ -82,8 +82,13 @@ class Pool:
         self.area = Area(entries * buf_size)
         try:
             self.bgid = lr.take_bgid()
+        except BaseException:
+            self.area.close()
+            raise
+        try:
             self.buf = BufRing(lr.ring, self.bgid, entries, buf_size, area=self.area.mapping)
         except BaseException:
+            lr.free_bgid(self.bgid)
             self.area.close()
             raise
         #: Receivers whose receive ended and that wait for buffers, oldest first.
@@ -108,8 +113,8 @@ class Pool:
         buf = self.buf
         if not buf.in_ring:  # what was released but is not back yet (no round flushed it)
             for rx in list(self.receivers.values()):
-                if len(rx._releases):
-                    rx.flush()
+                if len(rx._releases) and not rx._closed:  # a closing one flushes its own
+                    rx._flush_releases()
         woken = 0
         while self.waiting and woken < PACE and buf.in_ring:
             p = self.waiting.popleft()
