@@ -4,8 +4,9 @@
     python examples/aio_ingest.py --out /tmp/ingest        # each stream into its own file
     python examples/aio_ingest.py --listen 127.0.0.1:9000 --streams 0   # serve until Ctrl-C
 
-Each connection gets a zcnet.aio receiver (``--provider``, soft by default). A chunk is a
-view into the receiver's registered area: the numpy consumer checksums it in place, the file
+Each connection gets a zcnet.aio receiver (``--provider``, soft by default; ``--pool``: all of
+them on the loop's one small pool instead of an area each). A chunk is a view into the
+receiver's registered area: the numpy consumer checksums it in place, the file
 consumer hands the view straight to os.write (no copy in Python); then the chunk is released
 and the kernel may fill that memory again.
 
@@ -30,13 +31,14 @@ from zcnet import aio
 from zcnet.rx.engine import RCVLOWAT
 
 
-async def ingest(sock: socket.socket, out: Path | None, name: str,
-                 provider: str = "soft", rcvlowat: int = RCVLOWAT) -> tuple[int, int]:
+async def ingest(sock: socket.socket, out: Path | None, name: str, provider: str = "soft",
+                 rcvlowat: int = RCVLOWAT, pool: bool = False) -> tuple[int, int]:
     """Receive one stream to EOF; returns (bytes, checksum of the bytes as uint64 sum)."""
     total = checksum = 0
     fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if out else -1
     try:
-        async with aio.open_receiver(sock, provider, own_socket=True, rcvlowat=rcvlowat) as rx:
+        async with aio.open_receiver(sock, provider, own_socket=True, rcvlowat=rcvlowat,
+                                     pool=pool) as rx:
             while (batch := await rx.recv_batch()) is not None:
                 for view in batch.views(coalesce=True):
                     if fd >= 0:
@@ -53,10 +55,13 @@ async def ingest(sock: socket.socket, out: Path | None, name: str,
 
 
 async def serve(listen: tuple[str, int], out: Path | None, expect: int,
-                provider: str = "soft", rcvlowat: int = RCVLOWAT) -> list[tuple[int, int]]:
+                provider: str = "soft", rcvlowat: int = RCVLOWAT,
+                pool: bool = False) -> list[tuple[int, int]]:
     """Accept connections and ingest each in its own task; with ``expect`` > 0 stop after that
-    many streams ended, else serve until cancelled."""
+    many streams ended, else serve until cancelled. ``pool``: every receiver on the loop's
+    pool, held (with the loop's ring) between connections."""
     loop = asyncio.get_running_loop()
+    keeper = aio.keep_ring() if pool else None
     srv = socket.create_server(listen, backlog=1024)
     srv.setblocking(False)
     print(f"listening on {srv.getsockname()[0]}:{srv.getsockname()[1]}", flush=True)
@@ -68,10 +73,12 @@ async def serve(listen: tuple[str, int], out: Path | None, expect: int,
             conn, peer = await loop.sock_accept(srv)
             n += 1
             tasks.add(loop.create_task(ingest(conn, out, f"stream-{n:05d}-{peer[1]}",
-                                              provider, rcvlowat)))
+                                              provider, rcvlowat, pool)))
         results = await asyncio.gather(*tasks)
     finally:
         srv.close()
+        if keeper is not None:
+            keeper.close()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -103,7 +110,8 @@ async def self_test(args: argparse.Namespace) -> None:
     port_box.set_result(srv.getsockname()[1])
     srv.close()  # serve() binds it again: the port is only borrowed here
     server = asyncio.create_task(serve(("127.0.0.1", port_box.result()), args.out,
-                                       args.streams, args.provider, args.rcvlowat << 10))
+                                       args.streams, args.provider, args.rcvlowat << 10,
+                                       args.pool))
     await asyncio.sleep(0.1)
     t0 = time.perf_counter()
     want = await feed(port_box.result(), args.streams, size)
@@ -129,13 +137,17 @@ def main() -> None:
                          "per connection, which costs time at open)")
     ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
                     help="SO_RCVLOWAT of each stream, KiB (0: wake on any data)")
+    ap.add_argument("--pool", action="store_true",
+                    help="every stream on the loop's pool (2 MiB for all) instead of an area "
+                         "each (soft provider)")
     args = ap.parse_args()
     if args.rcvlowat < 0:
         ap.error(f"--rcvlowat {args.rcvlowat}: expected KiB >= 0 (0 wakes on any data)")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     aio_common.run(args, lambda host, port: serve((host, port), args.out, args.streams,
-                                                  args.provider, args.rcvlowat << 10),
+                                                  args.provider, args.rcvlowat << 10,
+                                                  args.pool),
                    lambda: self_test(args))
 
 

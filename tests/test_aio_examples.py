@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
     ["aio_ingest.py", "--streams", "8", "--mib", "2"],
     ["aio_ingest.py", "--streams", "4", "--mib", "1", "--uvloop", "--out", "{tmp}"],
     ["aio_ingest.py", "--streams", "4", "--mib", "1", "--rcvlowat", "0"],
+    ["aio_ingest.py", "--streams", "16", "--mib", "2", "--pool", "--out", "{tmp}"],
     ["aio_echo.py", "--clients", "5", "--requests", "20"],
     ["aio_echo.py", "--clients", "3", "--requests", "20", "--uvloop"],
     ["aio_echo.py", "--clients", "5", "--requests", "20", "--callbacks"],
@@ -27,4 +28,5 @@ def test_example_runs(argv, tmp_path, no_leaks):
     assert p.returncode == 0, p.stderr
     assert "every" in p.stdout and "Traceback" not in p.stderr
     if "--out" in args:
-        assert sorted(f.stat().st_size for f in tmp_path.iterdir()) == [1 << 20] * 4
+        n, mib = int(args[args.index("--streams") + 1]), int(args[args.index("--mib") + 1])
+        assert sorted(f.stat().st_size for f in tmp_path.iterdir()) == [mib << 20] * n
