@@ -186,6 +186,54 @@ def test_a_pool_held_dry_resumes_the_others_on_a_release_from_another_thread(loo
 
     run(loop_kind, main)
 
+
+def test_receivers_that_stop_reading_leave_the_free_buffers_to_the_others(loop_kind, no_leaks):
+    """Two receivers read once and then not at all while their receives stay armed: the
+    buffers the kernel fills for them wait in completions no round reads. A third receiver
+    still gets the buffers that are free, and once it holds them waiting does not spin the
+    loop (the pool counts what the kernel can still take, not its own book)."""
+    async def main() -> None:
+        async with aio.keep_ring():
+            pairs = [await tcp_pair() for _ in range(3)]
+            idle = [aio.open_receiver(s, own_socket=True, **POOL) for _, s in pairs[:2]]
+            for (c, _), rx in zip(pairs[:2], idle, strict=True):
+                c.send(bytes(4096))
+                for ch in await rx.recv():
+                    ch.release()
+                c.send(bytes(8192))  # two more buffers, taken while nobody reads
+            await asyncio.sleep(0.1)
+            pool = loop_ring(asyncio.get_running_loop()).pool
+            unread = sum(len(part) for r in idle for part in r._member.inbox)
+            free = pool.free()
+            assert unread and free and free == pool.buf.in_ring - unread  # the book counts them
+            rx = aio.open_receiver(pairs[2][1], own_socket=True, **POOL)
+            t = sender(pairs[2][0], pattern(5, 100_000))
+            check = StreamCheck(pattern(5, 100_000))
+            got = []
+            while sum(ch.length for ch in got) < free * 4096:  # every free buffer, held
+                got += await asyncio.wait_for(rx.recv(), 5)
+            assert pool.free() == 0
+            waiter = asyncio.ensure_future(rx.recv())
+            await asyncio.sleep(0.2)  # nothing to take: no receive armed to fail at once
+            assert rx.stats.rearms <= 4  # before: a re-arm per pass, each failing at once
+            for ch in got:
+                check.take(ch)
+            for ch in await asyncio.wait_for(waiter, 5):
+                check.take(ch)
+            for (c, _), r in zip(pairs[:2], idle, strict=True):
+                c.close()
+                async for ch in r:
+                    ch.release()
+            await asyncio.wait_for(check.drain(rx), 5)
+            assert check.complete
+            for r in (*idle, rx):
+                r.close()
+            t.join()
+            assert whole(pool)
+
+    run(loop_kind, main)
+
+
 def test_peer_reset_ends_its_stream_and_its_buffers_go_back(loop_kind, no_leaks):
     async def main() -> None:
         async with aio.keep_ring():

@@ -364,3 +364,34 @@ def test_trio_guest_run_inside_asyncio(no_leaks):
     guest, mine = asyncio.run(host())
     assert guest == ("TrioLoop", True)
     assert mine[1] and mine[0] != "TrioLoop"
+
+
+@trio_runs
+def test_a_pool_held_dry_resumes_under_trio(runner, no_leaks):
+    """The dry pool's retry is a timer (TrioLoop.call_later): one receiver holds the whole
+    pool, another waits; a release from a thread reaches it."""
+    pool = {"pool": 32 << 10, "buf_size": 4096}
+
+    async def main() -> bool:
+        (ca, sa), (cb, sb) = tcp_pair(2)
+        a = aio.open_receiver(sa, own_socket=True, max_held=1.0, **pool)
+        b = aio.open_receiver(sb, own_socket=True, **pool)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sendall, ca, pattern(1, 32 << 10))
+            held: list = []
+            while sum(ch.length for ch in held) < 32 << 10:
+                held += await a.recv()
+            tg.start_soon(sendall, cb, pattern(2, 100_000))
+            with anyio.move_on_after(0.2):
+                held += await b.recv()  # nothing comes: the pool is dry
+                raise AssertionError("a receive while the pool was held dry")
+            t = threading.Thread(target=lambda: [ch.release() for ch in held])
+            t.start()
+            t.join()
+            with anyio.fail_after(10):
+                check = await receive_checked(b, pattern(2, 100_000))
+        for rx in (a, b):
+            rx.close()
+        return check.complete
+
+    assert RUNNERS[runner](main)

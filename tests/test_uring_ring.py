@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
-from zcnet.errors import ClosedError
+from zcnet.errors import ClosedError, UsageError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing, probe, register_buffers, unregister_buffers, unsupported
 from zcnet.uring.mem import Mapping
@@ -194,6 +194,9 @@ def test_a_capped_multishot_ends_at_its_limit_and_took_counts_by_completion(no_l
         assert s.recv(65536, socket.MSG_DONTWAIT)  # the rest was left in the socket
         with pytest.raises(RuntimeError, match="buffer ring out of step: 3 buffers taken"):
             br.took(3)
+        for bad in (1 << 31, -1):  # the kernel reads optlen as an int: 2**31 is negative
+            with pytest.raises(UsageError, match=r"is not 0\.\.2\*\*31-1 bytes"):
+                prep_recv_multishot(r, s.fileno(), 9, 8, limit=bad)
         br.close()
         with pytest.raises(ClosedError):
             br.took(1)

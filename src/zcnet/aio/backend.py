@@ -70,6 +70,7 @@ class Loop(Protocol):
     def create_future(self) -> Any: ...
     def call_soon(self, callback: Callable[..., object], *args: Any) -> Any: ...
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> Any: ...
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any: ...
     def add_reader(self, fd: int, callback: Callable[..., object], *args: Any) -> None: ...
     def remove_reader(self, fd: int) -> bool: ...
     def add_writer(self, fd: int, callback: Callable[..., object], *args: Any) -> None: ...
@@ -313,6 +314,16 @@ class _Watch:
         self.active = True
 
 
+class TrioTimer:
+    """What TrioLoop.call_later returns: asyncio's TimerHandle, as far as zcnet.aio uses it."""
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+
 class TrioLoop:
     """The :class:`Loop` of one trio run (see the module docstring). Made by
     :func:`current_loop` on first use in a run and kept in a RunVar for the rest of it."""
@@ -354,6 +365,22 @@ class TrioLoop:
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
         """From any thread; RuntimeError (trio.RunFinishedError) once the run has ended."""
         self.token.run_sync_soon(self._call, callback, args)
+
+    def call_later(self, delay: float, callback: Callable[..., object],
+                   *args: Any) -> TrioTimer:
+        """``callback`` after ``delay`` seconds, from a system task of its own; ``cancel()``
+        on the handle stops it (and so does the run's end)."""
+        if self._closed:
+            raise RuntimeError("the trio run that zcnet.aio was used in is ending")
+        timer = TrioTimer(self.trio.CancelScope())
+
+        async def fire() -> None:
+            with timer.scope:
+                await self.trio.sleep(delay)
+                self._call(callback, args)
+
+        self.trio.lowlevel.spawn_system_task(fire, name="zcnet.aio timer")
+        return timer
 
     def _unpark(self, _: object) -> Any:
         self._parked = None

@@ -32,8 +32,15 @@ How it works:
   closed go back to the pool, from another thread at the loop's next turn. The completions that
   arrive while a closing receiver's receive is cancelled give their buffers back too.
 
-Not kept: a receive whose cancel the kernel did not confirm (a stuck close) may still take
-buffers, and those stay lost to the pool.
+Not covered:
+
+- A receive whose cancel the kernel did not confirm (a stuck close) may still take buffers,
+  and those stay lost to the pool.
+- The cap counts bytes, not buffers. A receiver of small messages whose application stops
+  reading can take every buffer, one message each, before its cap is reached, and the others
+  wait until it reads again. The pool is for bulk streams whose application reads them.
+- ``max_held`` is a share of the whole pool. Receivers that each hold chunks until they get
+  more can hold all of it between them and wait for each other.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ POOL_SIZE = 2 << 20
 PACE = 2
 #: How often a dry pool with receivers waiting looks for released chunks again, in seconds.
 DRY_RETRY = 0.001
+#: The largest receive cap: the kernel reads the SQE's optlen as an int.
+_CAP_MAX = 0x7FFFFFFF
 _F_MORE = u.IORING_CQE_F_MORE
 _SHIFT = u.IORING_CQE_BUFFER_SHIFT
 
@@ -97,6 +106,7 @@ class Pool:
         self.receivers: dict[int, Any] = {}
         self.arms = 0        # receives armed in this pass
         self.holders = 0     # receivers not yet done with the area (Receiver's area_done)
+        self._holders_lock = threading.Lock()  # holder_done runs on the releasing thread
         self.late: deque[list[int]] = deque()  # released after close, off the loop's thread
         self.closed = False
         self._retry: Any = None  # the DRY_RETRY timer, while one is set
@@ -110,13 +120,14 @@ class Pool:
             self._take_late()
         if not self.waiting or self.closed:
             return
-        buf = self.buf
-        if not buf.in_ring:  # what was released but is not back yet (no round flushed it)
+        free = self.free()
+        if not free:  # what was released but is not back yet (no round flushed it)
             for rx in list(self.receivers.values()):
                 if len(rx._releases) and not rx._closed:  # a closing one flushes its own
                     rx._flush_releases()
+            free = self.free()
         woken = 0
-        while self.waiting and woken < PACE and buf.in_ring:
+        while self.waiting and woken < PACE and free:
             p = self.waiting.popleft()
             p.queued = False
             if p._ring is None:  # closed while it waited
@@ -125,10 +136,18 @@ class Pool:
             woken += 1
             wake(p.member)
         if self.waiting:
-            if buf.in_ring:
+            if free:
                 self.lr.schedule()
             elif self._retry is None:
                 self._retry = self.lr.loop.call_later(DRY_RETRY, self._dry_retry)
+
+    def free(self) -> int:
+        """Buffers the kernel can still take. Not ``in_ring``: that counts buffers the kernel
+        filled until a round reads their completions, and a receiver whose application is not
+        reading leaves them unread (waking the others then only fails their receives at
+        once). One system call: at a pass's end while receivers wait, and per arm."""
+        buf = self.buf
+        return (buf._tail - buf.kernel_head()) & 0xFFFF
 
     def _dry_retry(self) -> None:
         self._retry = None
@@ -160,8 +179,10 @@ class Pool:
     # --- lifetime ---------------------------------------------------------------------------
     def holder_done(self, _area: object = None) -> None:
         """A pooled receiver is closed and holds nothing (its Receiver's ``area_done``)."""
-        self.holders -= 1
-        if self.closed and not self.holders:
+        with self._holders_lock:
+            self.holders -= 1
+            last = self.closed and not self.holders
+        if last:
             self.area.close()
 
     def close(self) -> None:
@@ -178,7 +199,9 @@ class Pool:
         try:
             self.buf.close()
         finally:
-            if not self.holders:
+            with self._holders_lock:
+                last = not self.holders
+            if last:
                 self.area.close()
 
 
@@ -213,7 +236,7 @@ class PooledSoftProvider(SharedSoftProvider):
         if self.granted:
             return True
         pool = self.pool
-        if not pool.waiting and pool.arms < PACE and pool.buf.in_ring:
+        if not pool.waiting and pool.arms < PACE and pool.free():
             pool.arms += 1
             return True
         pool.enqueue(self)
@@ -235,7 +258,7 @@ class PooledSoftProvider(SharedSoftProvider):
         held back (``max_held``), and at least one buffer."""
         pool = self.pool
         bs = pool.buf_size
-        share = pool.buf.entries * bs // PACE
+        share = min(pool.buf.entries * bs // PACE, _CAP_MAX)
         rx = pool.receivers.get(id(self))
         if rx is not None:
             share = min(share, rx._limit - rx._stats.in_flight_bytes)
@@ -357,5 +380,6 @@ def open_pooled_soft(loop: Loop, fd: int, size: int, buf_size: int) -> PooledSof
     except BaseException:
         m.close()
         raise
-    pool.holders += 1
+    with pool._holders_lock:
+        pool.holders += 1
     return p

@@ -5,6 +5,7 @@ Variants are suffixes (``_fixed``, ``_multishot``). They return the SQE slot ind
 
 from __future__ import annotations
 
+from zcnet.errors import UsageError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Ring
 
@@ -30,6 +31,9 @@ def prep_recv_multishot(ring: Ring, fd: int, bgid: int, user_data: int = 0, *,
     """Multishot RECV selecting buffers from provided-buffer group ``bgid``. ``limit``: the
     receive ends (its CQE without F_MORE) once it has taken that many bytes in all (the SQE's
     ``optlen``; kernels without the cap refuse a nonzero one with -EINVAL)."""
+    if not 0 <= limit <= 0x7FFFFFFF:  # the kernel reads it as an int: larger is negative
+        raise UsageError(f"receive limit {limit} is not 0..2**31-1 bytes",
+                         "cap a receive at less than 2 GiB (0: no cap)")
     ioprio = u.IORING_RECV_MULTISHOT | (u.IORING_RECVSEND_BUNDLE if bundle else 0)
     return ring.prep(u.IORING_OP_RECV, fd, 0, 0, user_data=user_data, flags=u.IOSQE_BUFFER_SELECT,
                      ioprio=ioprio, op_flags=msg_flags, buf_index=bgid, file_index=limit)
