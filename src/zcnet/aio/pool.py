@@ -323,6 +323,13 @@ class PooledSoftProvider(SharedSoftProvider):
         if self.armed:
             self.armed = not self._cancel()
 
+    def recycle(self, tokens: list[int] | Any, lengths: list[int] | Any) -> None:
+        """Back to the pool; with receivers waiting for buffers, a pass soon wakes them (its
+        end does): a pass already ended may have found the pool dry."""
+        super().recycle(tokens, lengths)
+        if self.pool.waiting and len(tokens):
+            self.pool.lr.schedule()
+
     def recycle_closed(self, chunks: list[Any]) -> None:
         """Chunks released after the receiver closed (Receiver._account_closed, any thread):
         their buffers are the pool's, not the receiver's."""
