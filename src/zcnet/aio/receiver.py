@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
+from zcnet.aio.backend import Loop
 from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
 from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import (
@@ -276,7 +277,7 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
         raise
 
 
-def _open_pooled(loop: Any, sock: socket.socket, pool: bool | int, buf_size: int,
+def _open_pooled(loop: Loop, sock: socket.socket, pool: bool | int, buf_size: int,
                  kw: dict[str, Any], what: str) -> Receiver:
     if set(kw) - {"max_held"}:
         raise UsageError(f"{what} with pool= does not take "
