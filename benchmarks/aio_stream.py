@@ -170,12 +170,11 @@ def recv_zcnet_proto(area: int, buf: int, rcvlowat: int,
 
 
 def receivers_area(args: argparse.Namespace, streams: int = 100) -> tuple[int, int, int]:
-    """(area, buffer size, pool) in KiB of each zcnet receiver. Many streams: an area each,
-    twice rcvlowat: a wake-up's bundle receive that takes the ring's last buffer ends the
+    """(area, buffer size, pool) in KiB of each zcnet receiver. Many streams: the loop's pool
+    (``--zc-many-pool``; docs/aio.md, "The loop's pool"), or with ``--zc-many-pool 0`` an area
+    each, twice rcvlowat: a wake-up's bundle receive that takes the ring's last buffer ends the
     multishot (docs/aio.md, "Sizing the area"); with 1 MiB areas and 1 MiB rcvlowat that
-    happened once per MiB. With ``--zc-many-pool`` the loop's pool instead (docs/aio.md, "The
-    loop's pool"): on par with the areas here (docs/aio.md, sixth session), so not the
-    default."""
+    happened once per MiB."""
     if streams == 1:
         return args.zc_area, args.zc_buf, 0
     return (args.zc_many_area or max(2 * args.rcvlowat, 1024), args.zc_many_buf,
@@ -313,9 +312,9 @@ def main() -> None:
                          "--rcvlowat, at least 1024)")
     ap.add_argument("--zc-many-buf", type=int, default=64,
                     help="zcnet soft buffer size in the many-stream case, KiB")
-    ap.add_argument("--zc-many-pool", type=int, default=0,
-                    help="the many-stream case on the loop's pool of this many KiB (zcnet.aio's "
-                         f"is {POOL_SIZE >> 10}; default 0: an area per stream, --zc-many-area)")
+    ap.add_argument("--zc-many-pool", type=int, default=POOL_SIZE >> 10,
+                    help="the many-stream case on the loop's pool of this many KiB (default: "
+                         "zcnet.aio's; 0: an area per stream, --zc-many-area)")
     ap.add_argument("--streams", type=int, default=100, help="streams of the many-stream case")
     ap.add_argument("--rcvlowat", type=int, default=RCVLOWAT >> 10,
                     help="SO_RCVLOWAT of the zcnet and uvloop-proto-lowat rows, KiB (0: none)")

@@ -46,6 +46,7 @@ from typing import Any
 
 from aio_stream import measure as measure_aio  # the asyncio rows, as measured there
 
+from zcnet.aio.pool import POOL_SIZE
 from zcnet.pattern import StreamPattern
 from zcnet.rx.zc.provider import RING_FLAGS
 from zcnet.uapi import io_uring as u
@@ -227,8 +228,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--area", type=int, default=2048, help="per-stream group, KiB (default 2048)")
-    ap.add_argument("--pool", type=int, default=2048,
-                    help="the shared group, KiB (default 2048, zcnet.aio's)")
+    ap.add_argument("--pool", type=int, default=POOL_SIZE >> 10,
+                    help=f"the shared group, KiB (default {POOL_SIZE >> 10}, zcnet.aio's)")
     ap.add_argument("--buf", type=int, default=64, help="buffer size, KiB (default 64)")
     ap.add_argument("--pace", type=int, default=2,
                     help="pool: receives re-armed per pass (0: all; default 2)")

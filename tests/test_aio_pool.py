@@ -288,3 +288,19 @@ def test_bad_pool_options_are_refused_by_name(loop_kind, no_leaks):
     assert "got 0" in e[3]
     assert "is 32768 bytes of 4096-byte buffers, not 32768 of 8192" in e[5]
     assert "with pool= does not take hugetlb" in e[6]
+
+
+def test_the_default_pool_caps_each_receive_at_a_wake_ups_worth(loop_kind, no_leaks):
+    """pool=True: 8 MiB, each receive capped at 1 MiB (the rcvlowat zcnet uses), eight armed
+    per pass; a receiver's cap shrinks to what it may still take below max_held."""
+    async def main() -> tuple[int, int, int, int]:
+        c, s = await tcp_pair()
+        rx = aio.open_receiver(s, own_socket=True, pool=True, max_held=0.0625)
+        pool = rx.rx.provider.pool
+        got = (pool.size, pool.quota, pool.pace, rx.rx.provider.quota())
+        rx.close()
+        c.close()
+        return got
+
+    assert run(loop_kind, main) == (8 << 20, 1 << 20, 8, 512 << 10)
+

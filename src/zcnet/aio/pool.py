@@ -9,22 +9,26 @@ per GiB (docs/aio.md, "A pool per loop").
 
 How it works:
 
-- The pool is a buffer group on the loop's shared ring over one area (``POOL_SIZE``, 2 MiB of
+- The pool is a buffer group on the loop's shared ring over one area (``POOL_SIZE``, 8 MiB of
   64 KiB buffers by default). Every pooled receiver's multishot receive selects from it
   without bundles: each completion names its one buffer, so a receiver's completions can be
   taken whenever its round runs. With bundles a completion's buffers are the next ones in the
   shared ring's order, which only CQ order across all receivers gives.
 - The pool runs dry in normal operation. The receive that takes the last buffer ends, and so do
   the others when their data comes (-ENOBUFS). A receive that ended waits in a FIFO queue. At
-  the end of each pass of the loop's ring, once the released buffers are back, ``PACE`` of
-  them are woken to re-arm. Re-arming all of them at once made almost every one fail again
-  at once: 131,000 re-arms per GiB against 2,400.
+  the end of each pass of the loop's ring, once the released buffers are back, as many of them
+  are woken to re-arm as the pool holds receive caps (``Pool.pace``: 8 for 8 MiB). Re-arming
+  all of them at once made almost every one fail again at once: 131,000 re-arms per GiB
+  against 2,400.
 - At the end of a pass with receivers waiting and the pool dry, every pooled receiver's
   released chunks go back to the pool: a receiver that waits runs no round of its own to
   return them. When the pool is still dry then (the application holds all of it), that is
   retried every ``DRY_RETRY`` seconds until a release refills it.
-- Each receive is capped (the SQE's ``optlen``): it ends after a ``PACE``-th of the pool, or
-  what its receiver may still take below ``max_held``, and waits its turn again. A receive
+- Each receive is capped (the SQE's ``optlen``): it ends after ``QUOTA`` (1 MiB, a wake-up's
+  worth at zcnet's ``rcvlowat``; half the pool when that is smaller), or what its receiver may
+  still take below ``max_held``, and waits its turn again. 100 streams on one CPU, callback
+  style: caps of 1 MiB ran at 26-28 Gbit/s (8 and 16 MiB pools), 512 KiB at 15, 2 MiB at
+  20-22; areas of their own at 18-19 (docs/aio.md). A receive
   that stayed armed while its application read nothing would otherwise fill the whole pool
   and starve the others; with the cap one that holds its chunks leaves the rest to them.
 - Lifetime: the group lives with the loop's ring, and the area stays mapped until the ring is
@@ -68,10 +72,9 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_cancel, prep_recv_multishot
 
-POOL_SIZE = 2 << 20
-#: Receives re-armed per pass of the loop's ring while others wait (benchmarks/uring_pool.py:
-#: one, two and eight gave the same rate; all at once, half of it).
-PACE = 2
+POOL_SIZE = 8 << 20
+#: What one receive may take before it ends and waits its turn again.
+QUOTA = 1 << 20
 #: How often a dry pool with receivers waiting looks for released chunks again, in seconds.
 DRY_RETRY = 0.001
 #: The largest receive cap: the kernel reads the SQE's optlen as an int.
@@ -104,6 +107,11 @@ class Pool:
         self.waiting: deque[PooledSoftProvider] = deque()
         #: Open pooled receivers by provider id: their releases are returned at a pass's end.
         self.receivers: dict[int, Any] = {}
+        pool_bytes = entries * buf_size
+        #: Bytes one receive may take (QUOTA, at most half the pool, whole buffers) and how
+        #: many receives are armed per pass: as many as the pool holds of those.
+        self.quota = max(buf_size, min(QUOTA, pool_bytes // 2, _CAP_MAX) // buf_size * buf_size)
+        self.pace = max(2, pool_bytes // self.quota)
         self.arms = 0        # receives armed in this pass
         self.holders = 0     # receivers not yet done with the area (Receiver's area_done)
         self._holders_lock = threading.Lock()  # holder_done runs on the releasing thread
@@ -113,7 +121,7 @@ class Pool:
 
     # --- a pass -----------------------------------------------------------------------------
     def end_pass(self) -> None:
-        """The loop's ring finished a pass: return what was released, wake ``PACE`` waiting
+        """The loop's ring finished a pass: return what was released, wake ``pace`` waiting
         receivers to re-arm, and make sure another look comes while some still wait."""
         self.arms = 0
         if self.late:
@@ -127,7 +135,7 @@ class Pool:
                     rx._flush_releases()
             free = self.free()
         woken = 0
-        while self.waiting and woken < PACE and free:
+        while self.waiting and woken < self.pace and free:
             p = self.waiting.popleft()
             p.queued = False
             if p._ring is None:  # closed while it waited
@@ -236,7 +244,7 @@ class PooledSoftProvider(SharedSoftProvider):
         if self.granted:
             return True
         pool = self.pool
-        if not pool.waiting and pool.arms < PACE and pool.free():
+        if not pool.waiting and pool.arms < pool.pace and pool.free():
             pool.arms += 1
             return True
         pool.enqueue(self)
@@ -254,11 +262,11 @@ class PooledSoftProvider(SharedSoftProvider):
         self.granted = False
 
     def quota(self) -> int:
-        """A ``PACE``-th of the pool, no more than the receiver may still take before it is
-        held back (``max_held``), and at least one buffer."""
+        """The pool's quota, no more than the receiver may still take before it is held back
+        (``max_held``), and at least one buffer."""
         pool = self.pool
         bs = pool.buf_size
-        share = min(pool.buf.entries * bs // PACE, _CAP_MAX)
+        share = pool.quota
         rx = pool.receivers.get(id(self))
         if rx is not None:
             share = min(share, rx._limit - rx._stats.in_flight_bytes)

@@ -286,7 +286,7 @@ def _open_pooled(loop: Loop, sock: socket.socket, pool: bool | int, buf_size: in
     size = POOL_SIZE if pool is True else pool
     if type(size) is not int or size <= 0:
         raise UsageError(f"{what}: pool must be True or a size in bytes, got {pool!r}",
-                         "pass pool=True (2 MiB), or a size such as pool=1 << 20")
+                         "pass pool=True (8 MiB), or a size such as pool=4 << 20")
     p = open_pooled_soft(loop, sock.fileno(), size, buf_size)
     try:
         rx = Receiver(sock, p, max_held=kw.get("max_held", 0.75),
@@ -321,7 +321,7 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
     False gives this one a ring of its own, as the other providers (and ``incremental`` or
     ``dmabuf_fd``) always have.
-    ``pool``: True (2 MiB) or a size in bytes: no area of its own, but the loop's small
+    ``pool``: True (8 MiB) or a size in bytes: no area of its own, but the loop's
     buffer group that every pooled receiver fills in turn (:mod:`zcnet.aio.pool`), for many
     bulk streams on one loop; ``area_size`` is then unused and only ``max_held`` (a share of
     the pool) is taken.
