@@ -395,3 +395,52 @@ def test_a_pool_held_dry_resumes_under_trio(runner, no_leaks):
         return check.complete
 
     assert RUNNERS[runner](main)
+
+
+def test_a_run_ending_with_pooled_transports_waiting_closes_them_all(no_leaks):
+    """One transport holds the whole pool, 200 others wait with data queued; the main task
+    releases the held chunks and returns. At the run's end every pass runs at once: the
+    buffers coming back must not wake receivers (a nesting chain of re-arms, then a timer on
+    the ending run), so every transport is closed and nothing is left or logged."""
+    pool = {"pool": 32 << 10, "buf_size": 4096}
+    errors: list[object] = []
+
+    class Keep(aio.ZcProtocol):
+        def __init__(self) -> None:
+            self.held: list = []
+
+        def chunk_received(self, chunk) -> None:
+            self.held.append(chunk)
+
+    class Drop(aio.ZcProtocol):
+        def chunk_received(self, chunk) -> None:
+            chunk.release()
+
+    clients: list[socket.socket] = []
+
+    async def main() -> None:
+        [(c, s)] = tcp_pair()
+        clients.append(c)
+        keep = Keep()
+        aio.start_protocol(s, keep, max_held=1.0, **pool)
+        c.setblocking(True)
+        c.sendall(pattern(1, 32 << 10).tobytes())
+        with trio.fail_after(5):
+            while sum(ch.length for ch in keep.held) < 32 << 10:
+                await trio.sleep(0.005)
+        for i, (c2, s2) in enumerate(tcp_pair(200)):
+            clients.append(c2)
+            aio.start_protocol(s2, Drop(), **pool)
+            c2.send(pattern(2 + i, 20000).tobytes())
+        await trio.sleep(0.1)
+        loop = aio.backend.current_loop()
+        loop.call_exception_handler = lambda ctx: errors.append(ctx)  # type: ignore[method-assign]
+        for ch in keep.held:
+            ch.release()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # the leftovers, closed by the guard
+        trio.run(main)
+    for c in clients:
+        c.close()
+    assert not errors

@@ -126,8 +126,8 @@ class Pool:
         self.arms = 0
         if self.late:
             self._take_late()
-        if not self.waiting or self.closed:
-            return
+        if not self.waiting or self.closed or self.lr.loop.is_closed():
+            return  # shutting down: every pass runs at once there, and nothing is to be woken
         free = self.free()
         if not free:  # what was released but is not back yet (no round flushed it)
             for rx in list(self.receivers.values()):
@@ -147,7 +147,8 @@ class Pool:
             if free:
                 self.lr.schedule()
             elif self._retry is None:
-                self._retry = self.lr.loop.call_later(DRY_RETRY, self._dry_retry)
+                with contextlib.suppress(RuntimeError):  # a trio run ending meanwhile
+                    self._retry = self.lr.loop.call_later(DRY_RETRY, self._dry_retry)
 
     def free(self) -> int:
         """Buffers the kernel can still take. Not ``in_ring``: that counts buffers the kernel
@@ -196,9 +197,10 @@ class Pool:
     def close(self) -> None:
         """With the loop's ring (before it): the group goes now, the area once nothing of it
         is held."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._holders_lock:  # one of this and the last holder_done unmaps the area
+            if self.closed:
+                return
+            self.closed = True
         self.waiting.clear()
         self.late.clear()
         if self._retry is not None:
@@ -335,8 +337,9 @@ class PooledSoftProvider(SharedSoftProvider):
         """Back to the pool; with receivers waiting for buffers, a pass soon wakes them (its
         end does): a pass already ended may have found the pool dry."""
         super().recycle(tokens, lengths)
-        if self.pool.waiting and len(tokens):
-            self.pool.lr.schedule()
+        lr = self.pool.lr
+        if self.pool.waiting and len(tokens) and not lr.loop.is_closed():
+            lr.schedule()
 
     def recycle_closed(self, chunks: list[Any]) -> None:
         """Chunks released after the receiver closed (Receiver._account_closed, any thread):
