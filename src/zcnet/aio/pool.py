@@ -60,17 +60,17 @@ from zcnet.aio.shared import LoopRing, MemberRing, SharedSoftProvider, loop_ring
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import (
-    BGID,
     CANCEL_UD,
     RECV_UD,
     SOFT_STOPS,
     Delivery,
     buffer_count,
+    cancel_multishot,
     note_final,
 )
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
-from zcnet.uring.prep import prep_cancel, prep_recv_multishot
+from zcnet.uring.ring import Completions
 
 POOL_SIZE = 8 << 20
 #: What one receive may take before it ends and waits its turn again.
@@ -92,15 +92,13 @@ class Pool:
         self.size = size
         self.buf_size = buf_size
         self.area = Area(entries * buf_size)
+        self.bgid = -1
         try:
             self.bgid = lr.take_bgid()
-        except BaseException:
-            self.area.close()
-            raise
-        try:
             self.buf = BufRing(lr.ring, self.bgid, entries, buf_size, area=self.area.mapping)
         except BaseException:
-            lr.free_bgid(self.bgid)
+            if self.bgid >= 0:
+                lr.free_bgid(self.bgid)
             self.area.close()
             raise
         #: Receivers whose receive ended and that wait for buffers, oldest first.
@@ -142,7 +140,7 @@ class Pool:
                 continue
             p.granted = True
             woken += 1
-            wake(p.member)
+            p.member.wake()
         if self.waiting:
             if free:
                 self.lr.schedule()
@@ -215,14 +213,6 @@ class Pool:
                 self.area.close()
 
 
-def wake(m: MemberRing) -> None:
-    """Run ``m``'s round as a dispatch would: its transport's, or its waiting task's."""
-    if m.on_ready is not None:
-        m.on_ready()
-    else:
-        m.kick()
-
-
 class PooledSoftProvider(SharedSoftProvider):
     """The soft provider on its loop's pool: SharedSoftProvider's release and arming, with
     completions taken one buffer each and the pool's pacing of re-arms."""
@@ -253,15 +243,13 @@ class PooledSoftProvider(SharedSoftProvider):
         return False
 
     def arm(self) -> None:
-        """The receive, capped at this receiver's quota: what it takes before it ends and
-        waits its turn again (a receive that stays armed while its application reads
-        nothing would otherwise take the whole pool)."""
-        if self._ring is None:
-            raise ClosedError.of(self, "arm")
-        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, limit=self.quota())
-        self._ring.submit()
-        self.armed = True
+        super().arm()
         self.granted = False
+
+    def receive_cap(self) -> int:
+        """The receive ends at this receiver's quota and waits its turn again (one that stays
+        armed while its application reads nothing would otherwise take the whole pool)."""
+        return self.quota()
 
     def quota(self) -> int:
         """The pool's quota, no more than the receiver may still take before it is held back
@@ -308,30 +296,15 @@ class PooledSoftProvider(SharedSoftProvider):
             self.armed = False
             note_final(out, last[0], SOFT_STOPS)
 
-    def _cancel(self) -> bool:
-        """cancel_multishot, with every buffer that completions taken meanwhile carry given
-        back to the pool (a group of its own would simply go; the pool stays)."""
-        ring = self._ring
-        assert ring is not None
-        prep_cancel(ring, RECV_UD, CANCEL_UD)
-        ring.submit()
-        for _ in range(50):
-            ring.submit(1, 0.1)
-            out = Delivery()
-            cqes = ring.reap().tuples()
-            final = any(ud == RECV_UD and not f & _F_MORE for ud, _, f in cqes)
-            self._take_few(cqes, out)
-            if out.tokens:
-                self.pool.buf.provide(out.tokens)
-            if final:
-                return True
-        return False
+    def _cancel(self, ring: Any) -> bool:
+        """cancel_multishot, with the buffers of completions reaped meanwhile given back to
+        the pool (a group of its own would simply go; the pool stays)."""
+        return cancel_multishot(ring, RECV_UD, CANCEL_UD, self._reaped_at_cancel)
 
-    def quiesce(self) -> None:
-        if self._ring is None:
-            raise ClosedError.of(self, "quiesce")
-        if self.armed:
-            self.armed = not self._cancel()
+    def _reaped_at_cancel(self, c: Completions) -> None:
+        out = Delivery()
+        self._take_few(c.tuples(), out)
+        self.pool.give_back(out.tokens)
 
     def recycle(self, tokens: list[int] | Any, lengths: list[int] | Any) -> None:
         """Back to the pool; with receivers waiting for buffers, a pass soon wakes them (its
@@ -363,7 +336,7 @@ class PooledSoftProvider(SharedSoftProvider):
         pool = self.pool
         try:
             if self.armed:
-                self.armed = not self._cancel()
+                self.armed = not self._cancel(ring)
         finally:
             self._ring = self._buf = None
             pool.receivers.pop(id(self), None)

@@ -38,7 +38,7 @@ from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.provider import CANCEL_UD, RECV_UD, Delivery, cancel_multishot, close_ring
+from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring
 from zcnet.rx.zc.soft import SoftProvider
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
@@ -380,10 +380,7 @@ class LoopRing:
         failure: BaseException | None = None
         for m in woken:
             try:
-                if m.on_ready is not None:
-                    m.on_ready()
-                else:
-                    m.kick()
+                m.wake()
             except Exception as e:  # one try per member: the others still run
                 failure = failure or e
         if failure is not None:
@@ -460,6 +457,13 @@ class MemberRing:
         self.lr.leave(self)
 
     # --- the receiver's side ---------------------------------------------------------------------
+    def wake(self) -> None:
+        """Run the receiver's round as a dispatch does: its transport's, or its task's."""
+        if self.on_ready is not None:
+            self.on_ready()
+        else:
+            self.kick()
+
     def kick(self) -> None:
         w = self.waiter
         if w is not None:
@@ -529,7 +533,7 @@ class SharedSoftProvider(SoftProvider):
         keep = False
         try:
             if self.armed:
-                self.armed = not cancel_multishot(ring, RECV_UD, CANCEL_UD)
+                self.armed = not self._cancel(ring)
             keep = (self.reuse and buf is not None and not self.armed
                     and self.member.lr.settled(buf))
         finally:

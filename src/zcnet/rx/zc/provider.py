@@ -156,15 +156,19 @@ def close_ring(ring: Ring, armed: bool, *closers: Callable[[], object]) -> bool:
         return not armed or cancel_multishot(ring, RECV_UD, CANCEL_UD)
 
 
-def cancel_multishot(ring: Ring, user_data: int, cancel_user_data: int) -> bool:
+def cancel_multishot(ring: Ring, user_data: int, cancel_user_data: int,
+                     seen: Callable[[Completions], object] | None = None) -> bool:
     """Cancel the multishot request ``user_data`` and wait for its final CQE, so the kernel is
     done with the area before the ring goes. The wait is bounded (50 x 0.1 s): a stuck cancel
-    must not hang close. True when the final CQE was seen."""
+    must not hang close. True when the final CQE was seen. ``seen`` gets every CQE reaped
+    meanwhile (buffers they carry that must go back somewhere: zcnet.aio.pool)."""
     prep_cancel(ring, user_data, cancel_user_data)
     ring.submit()
     for _ in range(50):
         ring.submit(1, 0.1)
         c = ring.reap()
+        if seen is not None:
+            seen(c)
         if ((c.user_data == user_data) & ((c.flags & u.IORING_CQE_F_MORE) == 0)).any():
             return True
     return False

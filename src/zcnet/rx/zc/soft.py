@@ -105,9 +105,14 @@ class SoftProvider:
     def arm(self) -> None:
         if self._ring is None:
             raise ClosedError.of(self, "arm")
-        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle)
+        prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle,
+                            limit=self.receive_cap())
         self._ring.submit()
         self.armed = True
+
+    def receive_cap(self) -> int:
+        """Bytes after which a receive ends (its SQE's ``optlen``); 0: none."""
+        return 0
 
     def reap(self, timeout: float | None) -> Delivery:
         """What the kernel delivered, as arrays: offsets, lengths and tokens (buffer ids).
@@ -231,7 +236,11 @@ class SoftProvider:
         if self._ring is None:
             raise ClosedError.of(self, "quiesce")
         if self.armed:
-            self.armed = not cancel_multishot(self._ring, RECV_UD, CANCEL_UD)
+            self.armed = not self._cancel(self._ring)
+
+    def _cancel(self, ring: Any) -> bool:
+        """Cancel the receive and wait for its end (cancel_multishot); True when it ended."""
+        return cancel_multishot(ring, RECV_UD, CANCEL_UD)
 
     def close(self) -> None:
         ring, self._ring = self._ring, None
