@@ -49,6 +49,7 @@ from zcnet import aio
 from zcnet.aio.pool import POOL_SIZE
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE
 from zcnet.aio.shared import loop_backend
+from zcnet.pattern import StreamPattern
 from zcnet.rx.engine import RCVLOWAT
 from zcnet.uring.syscall import backend
 
@@ -225,33 +226,41 @@ def receive_main(name: str, args: argparse.Namespace, srv: socket.socket, stream
         out.send(r.run(main()))
 
 
-def send_main(port: int, streams: int, per_stream: int, cpu: int) -> None:
+def send_main(port: int, streams: int, per_stream: int, cpu: int, verify: bool = False) -> None:
+    """``streams`` connections of ``per_stream`` bytes each, round-robin as their sockets take
+    data; ``verify``: zcnet's stream pattern instead of zeros (benchmarks/uring_pool.py)."""
     os.sched_setaffinity(0, {cpu})
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
     mv = memoryview(BLOCK)
+    pattern = StreamPattern() if verify else None
+
+    def chunk(at: int) -> Any:  # views, never copies
+        n = min(len(mv), per_stream - at)
+        return mv[:n] if pattern is None else pattern.expected(at, n)
+
     if streams == 1:
-        s, left = socks[0], per_stream
-        while left:
-            left -= s.send(mv[:min(len(mv), left)])
+        s, sent = socks[0], 0
+        while sent < per_stream:
+            sent += s.send(chunk(sent))
         s.close()
         return
     sel = selectors.DefaultSelector()
-    left = {}
+    sent_on = {}
     for s in socks:
         s.setblocking(False)
         sel.register(s, selectors.EVENT_WRITE)
-        left[s] = per_stream
-    while left:
+        sent_on[s] = 0
+    while sent_on:
         for key, _ in sel.select():
             s = key.fileobj
             try:
-                left[s] -= s.send(mv[:min(len(mv), left[s])])
+                sent_on[s] += s.send(chunk(sent_on[s]))
             except BlockingIOError:
                 continue
-            if not left[s]:
+            if sent_on[s] == per_stream:
                 sel.unregister(s)
                 s.close()
-                del left[s]
+                del sent_on[s]
 
 
 def measure(name: str, args: argparse.Namespace, streams: int, total: int,

@@ -38,13 +38,13 @@ import errno
 import multiprocessing as mp
 import os
 import resource
-import selectors
 import socket
 import statistics
 import time
 from typing import Any
 
 from aio_stream import measure as measure_aio  # the asyncio rows, as measured there
+from aio_stream import send_main  # the same sender for every row
 
 from zcnet.aio.pool import POOL_SIZE
 from zcnet.pattern import StreamPattern
@@ -54,7 +54,6 @@ from zcnet.uring.bufring import BufRing
 from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
-ZERO = memoryview(bytes(1 << 20))
 AIO_ROWS = ("zcnet-proto", "uvloop-proto", "uvloop-proto-lowat")
 
 
@@ -160,39 +159,14 @@ def receive_main(layout: str, args: argparse.Namespace, srv: socket.socket, out:
     out.send((s.got, time.perf_counter() - t0, _cpu() - c0, s.rearms, s.nobufs))
 
 
-def send_main(port: int, args: argparse.Namespace, per: int) -> None:
-    """Every stream round-robin as its socket takes data, like aio_stream.py's sender."""
-    os.sched_setaffinity(0, {args.cpu})
-    pattern = StreamPattern() if args.verify else None
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(args.streams)]
-    sel = selectors.DefaultSelector()
-    sent = {}
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_WRITE)
-        sent[s] = 0
-    while sent:
-        for key, _ in sel.select():
-            s = key.fileobj
-            n = min(1 << 20, per - sent[s])
-            data = ZERO[:n] if pattern is None else pattern.expected(sent[s], n)  # views
-            try:
-                sent[s] += s.send(data)
-            except BlockingIOError:
-                continue
-            if sent[s] == per:
-                sel.unregister(s)
-                s.close()
-                del sent[s]
-
-
 def measure(layout: str, args: argparse.Namespace, per: int) -> dict[str, float]:
     ctx = mp.get_context("fork")
     with socket.create_server(("127.0.0.1", 0), backlog=args.streams) as srv:
         rd, wr = ctx.Pipe(duplex=False)
         rp = ctx.Process(target=receive_main, args=(layout, args, srv, wr))
         rp.start()
-        sp = ctx.Process(target=send_main, args=(srv.getsockname()[1], args, per))
+        sp = ctx.Process(target=send_main, args=(srv.getsockname()[1], args.streams, per,
+                                                 args.cpu, args.verify))
         sp.start()
     try:
         if not rd.poll(600):
