@@ -246,7 +246,7 @@ class PooledSoftProvider(SharedSoftProvider):
         super().arm()
         self.granted = False
 
-    def receive_cap(self) -> int:
+    def _receive_cap(self) -> int:
         """The receive ends at this receiver's quota and waits its turn again (one that stays
         armed while its application reads nothing would otherwise take the whole pool)."""
         return self.quota()

@@ -106,11 +106,11 @@ class SoftProvider:
         if self._ring is None:
             raise ClosedError.of(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD, bundle=self.bundle,
-                            limit=self.receive_cap())
+                            limit=self._receive_cap())
         self._ring.submit()
         self.armed = True
 
-    def receive_cap(self) -> int:
+    def _receive_cap(self) -> int:
         """Bytes after which a receive ends (its SQE's ``optlen``); 0: none."""
         return 0
 
