@@ -10,7 +10,10 @@
  *   released chunk goes back to the buffer ring, every completion is data of the receive in
  *   one buffer, the chunks are made and given to the protocol's chunk_received. Data that ended
  *   the multishot (a bundle took the ring's last buffer) is delivered the same way, and the
- *   next round re-arms the receive through the provider's own arm(). Anything else (a batch
+ *   next round re-arms the receive through the provider's own arm(). A pooled receiver's
+ *   round (zcnet.aio.pool: a buffer group shared by the loop's receivers) takes each buffer
+ *   by the id its completion names, since other receivers' completions interleave in ring
+ *   order, and leaves re-arming to the pool's pacing in Python. Anything else (a batch
  *   or coalesced chunk released, an error or EOF completion, back-pressure, a closed receiver,
  *   a buffer ring out of step, a double release) returns FALLBACK before changing anything,
  *   and the Python round runs with its own checks and errors.
@@ -58,7 +61,8 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
     *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
     *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
-    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm;
+    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm,
+    *s_waiting, *s_released_now, *s_tuples;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -273,8 +277,9 @@ typedef struct {
 } Group;
 
 /* Whether member ``mid`` takes any number of CQEs as tuples: one driven by callbacks
- * (``on_ready`` set: the compiled Round takes them without a Python object per field);
- * otherwise a big group goes as arrays. -1 on error. */
+ * (``on_ready`` set: the compiled Round takes them without a Python object per field), or
+ * one that asks for them (``tuples``: a pooled receiver, a CQE per buffer); otherwise a big
+ * group goes as arrays. -1 on error. */
 static int takes_tuples(Router *r, uint64_t mid) {
     PyObject *key = PyLong_FromUnsignedLongLong(mid);
     if (!key)
@@ -287,7 +292,7 @@ static int takes_tuples(Router *r, uint64_t mid) {
     if (!cb)
         return -1;
     Py_DECREF(cb);
-    return cb != Py_None;
+    return cb != Py_None ? 1 : iget_true(m, s_tuples);
 }
 
 /* Keep the pending exception in *exc when it is the first (else drop it). */
@@ -642,6 +647,7 @@ struct Round {
     PyObject_HEAD
     PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
     PyObject *bcls;                                /* the Batch class (NULL: no batch rounds) */
+    PyObject *pool;                                /* the loop's Pool (NULL: a group of its own) */
     long long recv_ud, f_more;
     unsigned int buffer_shift;
     Py_ssize_t o_rx, o_off, o_len, o_tok, o_so;    /* the chunk class's slot offsets */
@@ -665,15 +671,16 @@ static PyObject *round_transport(Round *r) {
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(pop) X(py_write) X(buf)       \
-    X(buf_ring) X(bcls)
+    X(buf_ring) X(bcls) X(pool)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
-    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats, *bcls = NULL;
+    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats, *bcls = NULL, *pool = Py_None;
     long long recv_ud, f_more, shift;
     /* Checked in locals first: a failed __init__ leaves the Round as it was. */
-    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL|O!", &tr, &rx, &member, &prov, &PyType_Type, &cls,
-                          &queue, &stats, &recv_ud, &f_more, &shift, &PyType_Type, &bcls))
+    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL|O!O", &tr, &rx, &member, &prov, &PyType_Type,
+                          &cls, &queue, &stats, &recv_ud, &f_more, &shift, &PyType_Type, &bcls,
+                          &pool))
         return -1;
     if (shift < 0 || shift > 31) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
@@ -721,6 +728,7 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     r->o_lin = boffs[6];
     Py_XINCREF(bcls);
     Py_XSETREF(r->bcls, bcls);
+    Py_XSETREF(r->pool, pool == Py_None ? NULL : Py_NewRef(pool));
     Py_XSETREF(r->pop, pop);
     Py_XSETREF(r->py_write, w);
     Py_CLEAR(r->buf);
@@ -868,6 +876,19 @@ static int held_tokens(Round *r, PyObject *c, long long bufs, Ids *ids, long lon
     return 1;
 }
 
+/* Buffers went back to the loop's pool: with receivers waiting for some, its ``released()``
+ * makes a pass come soon (PooledSoftProvider.recycle in Python). 1 done, 0 error. */
+static int pool_released(PyObject *pool) {
+    PyObject *waiting = PyObject_GetAttr(pool, s_waiting);
+    int v = waiting ? PyObject_IsTrue(waiting) : -1;
+    Py_XDECREF(waiting);
+    if (v <= 0)
+        return v == 0;
+    PyObject *res = PyObject_CallMethodNoArgs(pool, s_released_now);
+    Py_XDECREF(res);
+    return res != NULL;
+}
+
 /* Released chunks and batches back to the buffer ring (Receiver._flush_releases +
  * BufRing.provide for plain chunks and list batches), the stats' released counts advanced.
  * 1 done, 0 error, -1 fall back (nothing changed). The ring and the counts are read here,
@@ -939,6 +960,8 @@ static int flush_releases(Round *r, PyObject *buf) {
     for (Py_ssize_t i = 0; i < taken; i++)
         Py_DECREF(items[i]);
     PyMem_Free(items);
+    if (verdict == 1 && ids.n && r->pool)
+        verdict = pool_released(r->pool);
     return verdict;
 }
 
@@ -1038,8 +1061,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     if (!armed) {
         /* The last round's final CQE ended the multishot (a bundle took the ring's last
          * buffer). With the releases back, arm it again and wait for its completions; left
-         * completions, or no buffer to arm with (the Python round pauses), go to Python. */
-        if (PyList_GET_SIZE(box) != 0 || b.in_ring == 0)
+         * completions, or no buffer to arm with (the Python round pauses), go to Python, and
+         * so does a pooled receiver, which waits for the pool's turn to arm. */
+        if (PyList_GET_SIZE(box) != 0 || b.in_ring == 0 || r->pool)
             BAIL(FALLBACK);
         long long n;
         if (!iget_ll(r->stats, s_rearms, &n) || !iset_ll(r->stats, s_rearms, n + 1))
@@ -1059,8 +1083,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     if (PyList_GET_SIZE(box) != 1 || !PyList_CheckExact(cqes))
         BAIL(FALLBACK);
     /* Each CQE's buffers: the next ones in ring order, the first named by the CQE (with
-     * bundles one CQE fills several, each full but the last). Only the last CQE may lack
-     * F_MORE: data that ended the multishot, re-armed by the next round. */
+     * bundles one CQE fills several, each full but the last); pooled, the one buffer the CQE
+     * names. Only the last CQE may lack F_MORE: data that ended the multishot, re-armed by
+     * the next round (pooled: at the pool's turn). */
     Py_ssize_t ncqe = PyList_GET_SIZE(cqes), k = 0;
     long long total = 0;
     int ended = 0;
@@ -1079,7 +1104,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         long long count = (res + b.bs - 1) / b.bs;
         if (k + count > b.in_ring)
             BAIL(FALLBACK); /* out of step: the Python round raises it */
-        if (cqe_buffer_id((uint32_t)fl, r->buffer_shift) != buf_bid(ENTRY(&b, b.head + k)))
+        unsigned bid = cqe_buffer_id((uint32_t)fl, r->buffer_shift);
+        if (r->pool ? count != 1 || (long long)bid >= b.n
+                    : bid != buf_bid(ENTRY(&b, b.head + k)))
             BAIL(FALLBACK);
         k += count;
         total += res;
@@ -1093,7 +1120,13 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         goto error;
     }
     for (Py_ssize_t i = 0, j = 0; i < ncqe; i++) {
-        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(PyList_GET_ITEM(cqes, i), 1));
+        PyObject *t = PyList_GET_ITEM(cqes, i);
+        long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
+        if (r->pool) { /* checked above: one buffer, named by the CQE */
+            uint32_t fl = (uint32_t)PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+            pieces[j++] = (Piece){(uint16_t)cqe_buffer_id(fl, r->buffer_shift), (uint32_t)res};
+            continue;
+        }
         for (; res > 0; j++, res -= b.bs)
             pieces[j] = (Piece){buf_bid(ENTRY(&b, b.head + j)),
                                 (uint32_t)(res < b.bs ? res : b.bs)};
@@ -1108,7 +1141,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
      * any object is made: an allocation below can start a GC pass whose finalizers release
      * and flush (moving the ring's tail and count), which must find them current. */
     long long pk, pkb;
-    if (!iset_ll(buf, s_head, (b.head + k) & 0xFFFF) ||
+    /* Pooled: BufRing.took, the shared ring's head is not followed (CQE order is not ring
+     * order across receivers). */
+    if ((!r->pool && !iset_ll(buf, s_head, (b.head + k) & 0xFFFF)) ||
         !iset_ll(buf, s_in_ring, b.in_ring - k) ||
         !iset_ll(r->stats, s_delivered, dl + k) ||
         !iset_ll(r->stats, s_delivered_bytes, dlb + total) ||
@@ -1944,7 +1979,8 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
         {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "offsets"},
         {&s_lengths, "lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
-        {&s_rearms, "rearms"}, {&s_arm, "arm"},
+        {&s_rearms, "rearms"}, {&s_arm, "arm"}, {&s_waiting, "waiting"},
+        {&s_released_now, "released"}, {&s_tuples, "tuples"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

@@ -179,6 +179,13 @@ class Pool:
         with contextlib.suppress(RuntimeError):  # the loop closed: the ring goes with it
             self.lr.loop.call_soon_threadsafe(self._take_late)
 
+    def released(self) -> None:
+        """Buffers came back (a round's releases; the compiled round calls this too): with
+        receivers waiting for some, a pass soon wakes them (its end does), since a pass that
+        already ended may have found the pool dry."""
+        if self.waiting and not self.lr.loop.is_closed():
+            self.lr.schedule()
+
     def _take_late(self) -> None:
         while self.late and not self.closed:
             self.buf.provide(self.late.popleft())
@@ -217,13 +224,12 @@ class PooledSoftProvider(SharedSoftProvider):
     """The soft provider on its loop's pool: SharedSoftProvider's release and arming, with
     completions taken one buffer each and the pool's pacing of re-arms."""
 
-    pooled = True  # zcnet.aio.shared.compiled_round: the Python round only
-
     def __init__(self, fd: int, pool: Pool, member: MemberRing) -> None:
         self._init_buffers(fd, pool.area, pool.buf_size)
         self.note += ", the event loop's pool"
         self._attach(pool.lr.ring, pool.bgid, member, bundle=False, buf=pool.buf)
         self.member = member
+        member.tuples = True  # a completion per buffer: many per pass, for the compiled round
         self.pool = pool
         self.reuse = False
         self._kept = None
@@ -307,12 +313,9 @@ class PooledSoftProvider(SharedSoftProvider):
         self.pool.give_back(out.tokens)
 
     def recycle(self, tokens: list[int] | Any, lengths: list[int] | Any) -> None:
-        """Back to the pool; with receivers waiting for buffers, a pass soon wakes them (its
-        end does): a pass already ended may have found the pool dry."""
         super().recycle(tokens, lengths)
-        lr = self.pool.lr
-        if self.pool.waiting and len(tokens) and not lr.loop.is_closed():
-            lr.schedule()
+        if len(tokens):
+            self.pool.released()
 
     def recycle_closed(self, chunks: list[Any]) -> None:
         """Chunks released after the receiver closed (Receiver._account_closed, any thread):

@@ -84,13 +84,14 @@ def compiled_round(transport: Any, rx: Any) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
     when the compiled pass is off for its ring, or the receiver needs the Python round's
-    (debug views revoked, coalescing, a pooled receiver's one-buffer completions)."""
+    (debug views revoked, coalescing). A pooled receiver's round is given its pool
+    (zcnet.aio.pool): completions name their buffers, and the pool paces re-arms."""
     accel = rx.provider.member.lr.accel
-    if accel is None or rx.debug or rx.coalesce or getattr(rx.provider, "pooled", False):
+    if accel is None or rx.debug or rx.coalesce:
         return None
     return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
                        rx._releases._q, rx._stats, RECV_UD, u.IORING_CQE_F_MORE,
-                       u.IORING_CQE_BUFFER_SHIFT, Batch)
+                       u.IORING_CQE_BUFFER_SHIFT, Batch, getattr(rx.provider, "pool", None))
 
 
 def loop_backend() -> str:
@@ -393,7 +394,7 @@ class MemberRing:
 
     # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
     # the rest lives in the instance dict.
-    __slots__ = ("__dict__", "__weakref__", "fast", "inbox", "on_ready", "waiter")
+    __slots__ = ("__dict__", "__weakref__", "fast", "inbox", "on_ready", "tuples", "waiter")
 
     def __init__(self, lr: LoopRing, mid: int, bgid: int) -> None:
         self.lr = lr
@@ -407,6 +408,10 @@ class MemberRing:
         #: The compiled round of a transport (zcnet.aio._loopaccel.Round): the compiled pass
         #: runs it directly and calls ``on_ready`` only when it cannot finish the round.
         self.fast: Any = None
+        #: The compiled pass hands this member any number of CQEs as tuples, which its
+        #: compiled round takes (callback members always: ``on_ready``); else more than
+        #: FEW go as arrays. A pooled receiver's CQEs are one buffer each, so many per pass.
+        self.tuples = False
         self.closed = False
 
     # --- what SoftProvider and zcnet.rx.zc.provider call ---------------------------------------
