@@ -29,6 +29,9 @@ server measured in each round in rotating order.
 
 from __future__ import annotations
 
+import quiet_blas  # noqa: F401  (first: before numpy is imported)
+
+# isort: split
 import argparse
 import asyncio
 import contextlib

@@ -22,6 +22,9 @@ p50 and p99 are medians over rounds, every server measured in each round in rota
 
 from __future__ import annotations
 
+import quiet_blas  # noqa: F401  (first: before numpy is imported)
+
+# isort: split
 import argparse
 import asyncio
 import multiprocessing as mp

@@ -31,6 +31,9 @@ order; medians over rounds are compared, so drift on a shared machine hits all a
 
 from __future__ import annotations
 
+import quiet_blas  # noqa: F401  (first: before numpy is imported)
+
+# isort: split
 import argparse
 import asyncio
 import multiprocessing as mp

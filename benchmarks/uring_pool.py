@@ -32,6 +32,9 @@ zcnet.aio. ``--verify`` sends zcnet's stream pattern and checks every byte of ev
 
 from __future__ import annotations
 
+import quiet_blas  # noqa: F401  (first: before numpy is imported)
+
+# isort: split
 import argparse
 import collections
 import errno
