@@ -11,6 +11,7 @@ import pytest
 
 from aio_util import LOOPS, Recorder, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
+from zcnet.aio import shared
 from zcnet.aio.pool import PooledSoftProvider
 from zcnet.aio.shared import loop_ring
 from zcnet.errors import UsageError
@@ -90,9 +91,9 @@ def test_many_streams_share_a_pool_that_runs_dry_and_lose_no_byte(loop_kind, sty
 def test_pooled_rounds_run_compiled_when_it_is_built(loop_kind, loop_pass, style, monkeypatch,
                                                      no_leaks):
     """Four 8 MiB streams on the default pool: with the compiled pass most buffers come through
-    the compiled round (the Python round runs for the pool's re-arms, a dry pool's -ENOBUFS
-    and the last round, whose EOF comes with data); with the pure pass all of them through
-    Python. Every byte arrives either way."""
+    the compiled round (the Python round re-arms ended receives and takes each stream's last
+    round, whose EOF comes with data); with the pure pass all of them through Python. Every
+    byte arrives either way. (A dry pool's -ENOBUFS: the many-streams test above.)"""
     n, size = 4, 8 << 20
     by_python = [0]
     python_round = Receiver._next
@@ -115,6 +116,43 @@ def test_pooled_rounds_run_compiled_when_it_is_built(loop_kind, loop_pass, style
         assert by_python[0] < delivered // 4, (by_python[0], delivered)
     else:
         assert by_python[0] == delivered
+
+
+def test_a_compiled_flush_wakes_a_receiver_waiting_for_the_pool(loop_kind, loop_pass,
+                                                                 no_leaks):
+    """A holds the whole pool and B waits for it. A's releases go back through A's compiled
+    round, which asks for a pass at once (Pool.released): B need not wait for the dry pool's
+    retry timer."""
+    if loop_pass != "c":
+        pytest.skip("the compiled round's flush; the Python one is PooledSoftProvider.recycle")
+
+    async def main() -> tuple[tuple[int, int, bool], tuple[int, bool]]:
+        (ca, sa), (cb, sb) = await tcp_pair(), await tcp_pair()
+        a = aio.open_receiver(sa, own_socket=True, max_held=1.0, **POOL)
+        b = aio.open_receiver(sb, own_socket=True, **POOL)
+        assert a._take is not None
+        ca.sendall(pattern(1, 32 << 10).tobytes())
+        held = []
+        while sum(ch.length for ch in held) < 32 << 10:
+            held += await a.recv()
+        cb.sendall(pattern(2, 20000).tobytes())
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(b.recv(), 0.1)
+        lr = loop_ring(asyncio.get_running_loop())
+        before = (len(lr.pool.waiting), lr.pool.free(), lr._scheduled)
+        for ch in held:
+            ch.release()  # into A's queue: nothing is back yet
+        # A's compiled round: the flush, then FALLBACK (A's receive ended: its re-arm waits
+        # for the pool's turn in Python) or DONE
+        assert a._take() in (shared.ROUND_FALLBACK, shared.ROUND_DONE)
+        after = (lr.pool.free(), lr._scheduled)
+        for x in (a, b, ca, cb):
+            x.close()
+        return before, after
+
+    before, after = run(loop_kind, main)
+    assert before == (1, 0, False)
+    assert after == (8, True)
 
 
 def test_chunks_held_past_close_stay_valid_and_go_back_to_the_pool(loop_kind, no_leaks):

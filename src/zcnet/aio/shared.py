@@ -410,7 +410,8 @@ class MemberRing:
         self.fast: Any = None
         #: The compiled pass hands this member any number of CQEs as tuples, which its
         #: compiled round takes (callback members always: ``on_ready``); else more than
-        #: FEW go as arrays. A pooled receiver's CQEs are one buffer each, so many per pass.
+        #: FEW go as arrays, which only the Python round reads. A pooled receiver's CQEs are
+        #: one buffer each, so a pass often brings it more than FEW.
         self.tuples = False
         self.closed = False
 
