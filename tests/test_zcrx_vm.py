@@ -90,6 +90,10 @@ def test_256mib_verified_refill_ring_wraps(pair):
         rq = rx.provider.rq
         assert rq.produced == st.released and rq.produced >= 1000 * rq.entries
         assert rq.held == 0 and rq.kernel_head() == rq.tail  # the flush consumed everything
+        # Copy mode copies every byte, and the kernel's own counter (zcrx_stats) says so.
+        copied = rx.stats_dict()
+        assert (copied["kernel_copied_bytes"], copied["zero_copy_share"]) == (total, 0.0)
+        assert copied["kernel_copied_source"] == "zcrx_stats.copy_bytes"
     snd.join()
     assert snd.error is None
     assert not mapped(area_addr) and not mapped(region_addr)
@@ -227,6 +231,9 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
     (cell,) = doc["results"]
     assert cell["status"] == "ok", cell.get("reason")
     assert cell["zcrx_mode"] == "copy" and cell["engine_stats"]["zcrx_copy"] == 1
+    # Over the veth lab every byte is the kernel's copy, counted by the kernel, carried in the cell.
+    stats = cell["engine_stats"]
+    assert (stats["kernel_copied_bytes"], stats["zero_copy_share"]) == (cell["bytes"], 0.0)
     assert cell["verify"]["mismatches"] == 0 and cell["verify"]["checked_bytes"] > 0
     assert " copy" in cell_text(cell).plain
     assert any("zcrx copy mode" in n for n in bench_notes(doc))

@@ -29,7 +29,7 @@ from zcnet.nic.device import Device
 from zcnet.nic.ethtool import privflags_get, privflags_set
 from zcnet.nic.info import ipv4_of, nic_env
 from zcnet.rx.registry import engine_names
-from zcnet.rx.zc.devnote import copy_note
+from zcnet.rx.zc.devnote import device_note
 from zcnet.rx.zc.zcrx import kernel_offers
 
 log = logging.getLogger(__name__)
@@ -202,8 +202,8 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
                     consumer=cell.get("consumer", "same"))
-    if engine in NIC_ENGINES and (note := copy_note(ifname)):
-        row["note"] = note  # a driver that copies (netdevsim): registration real, DMA not
+    if engine in NIC_ENGINES and (note := device_note(ifname)):
+        row["note"] = note  # netdevsim: simulated DMA, or (upstream) the kernel's copies
     row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": rig.remote}
     return _bench_rows(cell, [row])
 

@@ -38,8 +38,9 @@ from zcnet.lab import Lab, netdevsim
 from zcnet.lab.sweep import before_run
 from zcnet.netns import can_create_netns
 from zcnet.nic import setup
+from zcnet.nic.device import Device
 from zcnet.nic.info import nic_env
-from zcnet.rx.zc.devnote import COPYING_DRIVERS
+from zcnet.rx.zc.devnote import device_note
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,13 @@ def _to_the_lab() -> str:
 
 def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
     """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
-    0, channels; restored at exit) and make the sending port transmit on that queue (XPS), which
-    is how netdevsim steers: no ntuple there."""
+    0, channels; restored at exit) and make the sending port transmit on that queue (XPS).
+    The flows' ports are not known here, so no RSS change and no flow rule: with neither,
+    netdevsim receives on the queue numbered like the sender's TX queue."""
     cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
-    stack.enter_context(setup.applied(cfg))
+    with Device.open(lab.if_b, lab.ns_b) as dev:
+        steps = [s for s in setup.plan(dev, cfg) if s.kind in ("channels", "rings")]
+    stack.enter_context(setup.applied(cfg, steps=steps))
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
 
 
@@ -144,11 +148,11 @@ def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
     if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
         # Register on the lab's receiving port (queue 0 unless --queue): on veth the cell shows
         # the kernel's own answer (EOPNOTSUPP), tested up to the device boundary; on netdevsim
-        # the registration succeeds and the kernel copies (the cell says so).
+        # the registration succeeds and the cell's note says whose copy or DMA filled it.
         engine_opts.update(ifname=t.lab.if_b, queue=engine_opts.get("queue") or 0)
     res = run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
-    if engine in NIC_ENGINES and "netdevsim" in t.env:
-        res["note"] = COPYING_DRIVERS["netdevsim"]
+    if engine in NIC_ENGINES and "netdevsim" in t.env and t.lab is not None:
+        res["note"] = device_note(t.lab.if_b, t.lab.ns_b)
     return res
 
 

@@ -23,7 +23,7 @@ from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, LinearChunk, _as_list, _Held
 from zcnet.rx.zc.debugviews import DebugViews
-from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.rx.zc.provider import CopyCount, Delivery, Provider
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import accel_for, backend
 
@@ -34,6 +34,19 @@ _rx_of = operator.attrgetter("_rx")
 _tok_of = operator.attrgetter("_tok")
 _len_of = operator.attrgetter("length")
 _sum = np.add.reduce
+
+
+# The keys stats_dict() adds for the kernel's copies (engine stats carry them into bench cells).
+COPY_FIELDS = ("kernel_copied_bytes", "kernel_copied_source", "zero_copy_share")
+
+
+def copy_fields(count: CopyCount, delivered: int) -> dict[str, int | float | str | None]:
+    """``COPY_FIELDS`` for ``delivered`` bytes of which the kernel copied ``count``."""
+    copied = delivered if count.every_byte else count.bytes
+    share = None
+    if copied is not None and delivered:
+        share = round(max(0.0, 1.0 - copied / delivered), 6)
+    return dict(zip(COPY_FIELDS, (copied, count.source, share), strict=True))
 
 
 class Receiver(DebugViews):
@@ -356,9 +369,12 @@ class Receiver(DebugViews):
 
     # --- lifetime ------------------------------------------------------------------------------
     def stats_dict(self) -> dict[str, Any]:
-        """Counters for reports (only consistent when read from the owner thread)."""
+        """Counters for reports (only consistent when read from the owner thread), with
+        ``COPY_FIELDS``: how many of the delivered bytes the kernel copied (None: unknown,
+        and ``kernel_copied_source`` says why), and the zero-copy share of them."""
         d: dict[str, Any] = self.stats.as_dict()
         d.update(self.provider.extra_stats())
+        d.update(copy_fields(self.provider.kernel_copy(), self._stats.delivered_bytes))
         d["provider"] = self.name
         d["why"] = self.why
         return d
