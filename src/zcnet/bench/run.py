@@ -38,7 +38,6 @@ from zcnet.lab import Lab, netdevsim
 from zcnet.lab.sweep import before_run
 from zcnet.netns import can_create_netns
 from zcnet.nic import setup
-from zcnet.nic.device import Device
 from zcnet.nic.info import nic_env
 from zcnet.rx.zc.devnote import device_note
 
@@ -59,6 +58,11 @@ class BenchSite:
     set_mtu: Callable[[int], None] | None
     env: dict[str, Any]
     lab: Lab | None = None  # for peers that run inside it
+    data_port: int | None = None  # the receiving port a flow rule steers (None: any port)
+
+
+# The receiving port of flows in a netdevsim lab: nic setup's flow rule steers it to --queue.
+NETDEVSIM_DATA_PORT = 9000
 
 
 def softirq_cpu() -> int:
@@ -83,12 +87,13 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
     if use_lab:
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
+            data_port = None
             if device == "netdevsim" and queue is not None:
-                _netdevsim_queue(stack, lab, queue)
+                data_port = _netdevsim_queue(stack, lab, queue)
             if device == "veth" and rx_steer:
                 steer(lab)
             servers = stack.enter_context(lab_servers(lab))
-            yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
+            yield BenchSite(servers, lab.set_mtu, lab.env(), lab, data_port)
     else:
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
@@ -105,16 +110,21 @@ def _to_the_lab() -> str:
     return "run as root to use the lab"
 
 
-def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
-    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
-    0, channels; restored at exit) and make the sending port transmit on that queue (XPS).
-    The flows' ports are not known here, so no RSS change and no flow rule: with neither,
-    netdevsim receives on the queue numbered like the sender's TX queue."""
-    cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
-    with Device.open(lab.if_b, lab.ns_b) as dev:
-        steps = [s for s in setup.plan(dev, cfg) if s.kind in ("channels", "rings")]
-    stack.enter_context(setup.applied(cfg, steps=steps))
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> int | None:
+    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` as a NIC is prepared
+    (`nic setup`, restored at exit); returns the data port the flows must use, or None.
+
+    zcnet's netdevsim (ntuple, RSS) gets the whole plan: RSS off the queue and a flow rule for
+    NETDEVSIM_DATA_PORT, so only the data flow lands there: a control connection on a queue
+    holding a provider would find its bytes unreadable. Upstream netdevsim (no ntuple, and no
+    DMA into provider memory) gets channels and HDS, and the sending port transmits on the
+    queue (XPS): it receives on the queue numbered like the sender's TX queue."""
+    cfg = setup.NicConfig(lab.if_b, queue, NETDEVSIM_DATA_PORT, netns=lab.ns_b)
+    steps = stack.enter_context(setup.applied(cfg))
+    if any(s.kind == "flow-rule" for s in steps):
+        return NETDEVSIM_DATA_PORT
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
+    return None
 
 
 def _nic_env(t: BenchSite) -> dict[str, Any]:
@@ -161,7 +171,7 @@ def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: B
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
     copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
                               verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,
-                              tx_app_cpu=tx_cpu)
+                              tx_app_cpu=tx_cpu, data_port=t.data_port)
     try:
         r = run(copts)
     except ServerRefused as e:

@@ -288,10 +288,9 @@ def _maybe_open(cfg: NicConfig, device: Device | None) -> Iterator[Device]:
 
 
 @contextmanager
-def applied(cfg: NicConfig, *, steps: list[Step] | None = None) -> Iterator[list[Step]]:
-    """Apply for the duration of a block (a bench run), restore afterwards, even on error.
-    ``steps``: only these (some of ``plan``'s), not the whole plan."""
-    steps = apply(cfg, steps=steps)
+def applied(cfg: NicConfig) -> Iterator[list[Step]]:
+    """Apply for the duration of a block (a bench run), restore afterwards, even on error."""
+    steps = apply(cfg)
     try:
         yield steps
     finally:
