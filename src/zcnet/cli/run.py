@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from zcnet.bench.spec import Spec, load_spec
 from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report import export, plots
-from zcnet.report.cells import check_figures
 from zcnet.report.export import make_console, say
+from zcnet.report.load import load_result
 from zcnet.report.tables import experiment_tables
 
 
@@ -176,27 +175,6 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
             return 130
     report(doc, args, console, spec.name)
     return 0 if any(r.get("status") == "ok" for r in doc.get("results", [])) else 1
-
-
-def load_result(path: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}", "give a file from --json/--out") \
-            from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON: {exc}", "give a file from --json/--out") from None
-    if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
-            or not isinstance(doc.get("results"), list):
-        raise UsageError(f"{path} is not a zcnet result file", "give a file from --json/--out")
-    for key, kind in (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
-                      ("complete", bool)):
-        if key in doc and not isinstance(doc[key], kind):
-            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
-                             f" but {doc[key]!r}",
-                             "give a file written by --json/--out (not edited by hand)")
-    check_figures(doc, path)
-    return doc
 
 
 def _handler(args: argparse.Namespace) -> int:

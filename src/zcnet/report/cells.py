@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.cpustat import SHARES
 from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
 from zcnet.report.stats import Summary, summarize
@@ -106,7 +107,7 @@ def metrics_present(cells: Iterable[Cell]) -> list[str]:
 # Fields of a result row read back from a file that are measured figures: never negative,
 # never NaN or infinite.
 FIGURE_FIELDS = ("seconds", "bytes", "sent", "received", *(m for m in METRICS if m != "rx_busy"))
-CPU_SHARE_FIELDS = ("usr", "sys", "iowait", "irq", "soft", "idle", "busy")
+CPU_SHARE_FIELDS = (*SHARES, "busy")
 
 
 def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
