@@ -56,8 +56,9 @@ class CpuTimes:
 def shares(delta: np.ndarray) -> dict[str, float]:
     """Percent per category (``SHARES``, adding up to 100) and ``busy`` (100 - idle - iowait);
     empty when no tick elapsed (nothing was sampled: an unknown share, not an idle CPU)."""
-    d = dict(zip(_FIELDS, (float(x) for x in delta), strict=True))
-    total = float(sum(delta[:_TIME]))
+    vals = [float(x) for x in delta][: len(_FIELDS)]
+    d = dict(zip(_FIELDS, vals + [0.0] * (len(_FIELDS) - len(vals)), strict=True))
+    total = sum(vals[:_TIME])
     if total <= 0:
         return {}
     # A guest share larger than the user time it lies in (the counters are read one after the

@@ -1,7 +1,8 @@
 """How steady a flow was, and how busy the machine was around it.
 
 A flow's receiver samples, every ``interval`` seconds, the bytes its socket has received
-(TCP_INFO ``tcpi_bytes_received``) and the tasks running on the machine (``/proc/loadavg``'s
+(TCP_INFO ``tcpi_bytes_received``, where the
+peer's FIN counts as one byte) and the tasks running on the machine (``/proc/loadavg``'s
 fourth field, the kernel's nr_running), from a thread beside the receive loop: the engines'
 loops stay as they are. The coefficient of variation (stdev / mean) of the per-interval rate
 says whether one cell's number is a steady rate or an average of something that wandered.
@@ -57,6 +58,8 @@ class IntervalSampler:
         self.seconds: list[float] = []
         self.bytes: list[int] = []
         self.running: list[int] = []
+        self._last_t: float = 0.0
+        self._last_b: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="zcnet-intervals", daemon=True)
 
@@ -66,20 +69,26 @@ class IntervalSampler:
         except OSError:  # the engine closed the socket: the flow is over
             return None
 
+    def _sample(self) -> bool:
+        """Close the interval since the last sample; False once the socket is gone."""
+        now, got = time.monotonic(), self._received()
+        if got is None or self._last_b is None:
+            return False
+        self.seconds.append(round(now - self._last_t, 6))
+        self.bytes.append(got - self._last_b)
+        self._last_t, self._last_b = now, got
+        return True
+
     def _run(self) -> None:
-        last_t, last_b = time.monotonic(), self._received()
-        while last_b is not None and not self._stop.wait(self.interval):
-            now, got = time.monotonic(), self._received()
-            if got is None:
-                return
+        while not self._stop.wait(self.interval):
             running = running_tasks()
-            self.seconds.append(round(now - last_t, 6))
-            self.bytes.append(got - last_b)
+            if not self._sample():
+                return
             if running is not None:
                 self.running.append(max(0, running - 1))  # not the sampler itself
-            last_t, last_b = now, got
 
     def __enter__(self) -> IntervalSampler:
+        self._last_t, self._last_b = time.monotonic(), self._received()
         self._thread.start()
         return self
 
@@ -87,6 +96,8 @@ class IntervalSampler:
                  tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join()
+        if et is None:
+            self._sample()  # the last, shorter interval: the intervals add up to the flow
 
     def as_dict(self) -> dict[str, Any]:
         return {"interval": self.interval, "seconds": self.seconds, "bytes": self.bytes,

@@ -24,7 +24,7 @@ from zcnet.cli._progress import CellProgress
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.netns import can_create_netns
 from zcnet.report import plots
-from zcnet.report.bench_table import cell_text, print_report
+from zcnet.report.bench_table import print_report, progress_text
 from zcnet.report.export import make_console, say
 from zcnet.rx.engine import CONSUMERS
 from zcnet.rx.registry import engine_names
@@ -140,10 +140,7 @@ def main(args: argparse.Namespace) -> int:
             progress.start(f"{engine} mtu {mtu} {placement}")
 
         def on_cell(r: dict[str, Any]) -> None:
-            text = f"{r['engine']} mtu {r['mtu']} {r['placement']}"
-            result = (cell_text(r).plain + " Gbit/s (busy %)" if r["status"] == "ok"
-                      else f"{r['status']}: {r['reason']}")
-            progress.done(text, result)
+            progress.done(f"{r['engine']} mtu {r['mtu']} {r['placement']}", progress_text(r))
 
         try:
             doc = run_bench(opts, on_cell, on_start)

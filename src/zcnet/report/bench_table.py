@@ -60,6 +60,18 @@ def cell_text(r: dict[str, Any] | None) -> Text:
     return text
 
 
+def progress_text(r: dict[str, Any]) -> str:
+    """One finished cell in a line of progress; the reasons wait for the notes."""
+    if r["status"] != "ok":
+        reason = str(r.get("reason") or "")
+        return f"{r['status']}" + (f": {reason[:60]}…" if len(reason) > 60 else
+                                   f": {reason}" if reason else "")
+    busy = _busy(r)
+    return (f"{r['gbps']:.1f} Gbit/s, CPU " + (f"{busy:.0f}% busy" if busy is not None
+                                                 else "n/a")
+            + (" (warning)" if r.get("warning") or r.get("warnings") else ""))
+
+
 def repeats_text(rows: list[dict[str, Any]]) -> Text:
     """One cell over its repeats: ``cell_text`` of a row holding the medians (Gbit/s, busy %),
     then on a second line the Gbit/s range, and on a third how many repeats did not succeed."""

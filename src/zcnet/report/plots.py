@@ -105,9 +105,14 @@ def _figure(plt: Any, ctx: Context, what: str, notes: list[str], panels: int = 1
 
 
 def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """The PNG, atomically; its title and small print also go into its text chunks (Title,
+    Description), where a reader or a test finds them without looking at the pixels."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    title = fig.get_suptitle()
+    meta = {"Title": title, "Software": "zcnet",
+            "Description": "\n".join(t.get_text() for t in fig.texts if t.get_text() != title)}
     try:
-        fig.savefig(tmp, dpi=DPI, format="png")
+        fig.savefig(tmp, dpi=DPI, format="png", metadata=meta)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from zcnet.bench.cpustat import SHARES
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.cells import METRICS, Cell, group, key_text
+from zcnet.report.cells import METRICS, Cell, cell_key, group, key_text
 from zcnet.report.labels import ZCRX_COPY_NOTE
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 from zcnet.report.warning_notes import notes_for
@@ -33,6 +33,14 @@ class Table:
     rows: list[list[str]]
     notes: list[str] = field(default_factory=list)
     compact: bool = False  # no vertical lines nor edge padding: more room in 80 columns
+
+
+def result_text(rows: list[dict[str, Any]], metric: str) -> str:
+    """One measured cell in a line of progress: its metric, or why it has none."""
+    cell = Cell(cell_key(rows[0]), rows)
+    if cell.status != "ok":
+        return f"{cell.status}" + (f": {cell.reason}" if cell.reason else "")
+    return fmt_summary(cell.summary(metric), metric)
 
 
 def fmt_summary(s: Summary | None, metric: str) -> str:
