@@ -124,6 +124,12 @@ def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
     for name in ("status", "reason", "warning"):
         if not isinstance(row.get(name, ""), str):
             return name, row[name], "must be text"
+    if not isinstance(row.get("warnings", []), list) or not all(
+            isinstance(w, str) for w in row.get("warnings", [])):
+        return "warnings", row["warnings"], "must be a list of texts"
+    cv = row.get("interval_cv")
+    if cv is not None and (why := quantities.problem("figure", cv)) is not None:
+        return "interval_cv", cv, why
     for name in ("cpu", "cpus", "verify", "tx_stats", "engine_stats", "tcp"):
         if row.get(name) is not None and not isinstance(row[name], dict):
             return name, row[name], "must be an object"

@@ -98,7 +98,7 @@ def _figure(plt: Any, ctx: Context, what: str, notes: list[str], panels: int = 1
     fig.text(0.01, 0.01, literal("\n".join(small)), fontsize=7.5, va="bottom", ha="left",
              color="0.2")
     fig.subplots_adjust(top=top, bottom=0.08 + 0.022 * len(small), left=0.07,
-                        right=0.83, wspace=0.08)
+                        right=0.79, wspace=0.08)
     for ax in axes[0]:
         ax.grid(True, axis="y", alpha=0.3)
     return fig, list(axes[0])
@@ -189,8 +189,10 @@ def _panels(cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
 
 
 def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "gbps",
-                      ctx: Context | None = None) -> Path:
-    """One line per engine (and other axes) over the MTUs, a panel per placement."""
+                      ctx: Context | None = None,
+                      peers: list[dict[str, Any]] | None = None) -> Path:
+    """One line per engine (and other axes) over the MTUs, a panel per placement; the C tools
+    run in the same lab (``peers``) as dashed grey lines."""
     ctx = ctx or Context("throughput", "")
     plt = _pyplot()
     m = METRICS[metric]
@@ -207,12 +209,22 @@ def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "
         for cell in block:
             if (p := _point(cell, metric, ctx.by_median)) is not None:
                 series.setdefault(label(cell), []).append((mtus.index(int(cell.fields["mtu"])), p))
-        for s, pts in series.items():
+        peer_lines = _peer_series(peers or [], {c.fields.get("placement") for c in block}, mtus,
+                                  metric, ctx.by_median)
+        lines = len(series) + len(peer_lines)
+        for i, (s, pts) in enumerate(series.items()):
             pts.sort()
             color = colors.setdefault(s, f"C{len(colors) % 10}")
-            ax.errorbar([x for x, _ in pts], [p[0] for _, p in pts],
+            dodge = (i - (lines - 1) / 2) * 0.04  # side by side, so error bars do not overlap
+            ax.errorbar([x + dodge for x, _ in pts], [p[0] for _, p in pts],
                         yerr=[[p[1] for _, p in pts], [p[2] for _, p in pts]], marker="o",
                         capsize=4, color=color, label=literal(s))
+        for i, (peer, pts) in enumerate(peer_lines.items(), start=len(series)):
+            dodge = (i - (lines - 1) / 2) * 0.04
+            ax.errorbar([x + dodge for x, _ in pts], [p[0] for _, p in pts],
+                        yerr=[[p[1] for _, p in pts], [p[2] for _, p in pts]], marker="s",
+                        linestyle="--", capsize=4, color=("0.35", "0.6")[(i - len(series)) % 2],
+                        label=literal(f"{peer} (C tool, same lab)"))
         ax.set_title(literal(name), fontsize=9)
         ax.set_xticks(range(len(mtus)), [str(x) for x in mtus])
         ax.set_xlim(-0.5, len(mtus) - 0.5)
@@ -224,6 +236,19 @@ def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "
         fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=9,
                    title="engine" if "engine" in {f for c in cells for f, _ in c.key} else None)
     return _save(plt, fig, path)
+
+
+def _peer_series(peers: list[dict[str, Any]], places: set[Any], mtus: list[int], metric: str,
+                 by_median: bool) -> dict[str, list[tuple[int, tuple[float, float, float]]]]:
+    """Each peer tool's points at the MTUs of the plot, in the panel's placement."""
+    out: dict[str, list[tuple[int, tuple[float, float, float]]]] = {}
+    for cell in group(peers).values():
+        mtu, where = cell.fields.get("mtu"), cell.fields.get("placement")
+        if (where not in places and where is not None) or mtu not in mtus:
+            continue
+        if (p := _point(cell, metric, by_median)) is not None:
+            out.setdefault(str(cell.fields.get("peer")), []).append((mtus.index(int(mtu)), p))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _roles(cell: Cell, cpu: str) -> list[str]:
@@ -310,7 +335,7 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
                if p in used]
     fig.legend(handles, [f"%{p}" for p in (*CPU_PARTS, "idle") if p in used],
                loc="center right", fontsize=9)
-    fig.subplots_adjust(left=0.2, wspace=0.75 if len(panels) > 1 else 0.08)
+    fig.subplots_adjust(left=0.18, right=0.85, wspace=0.95 if len(panels) > 1 else 0.08)
     return _save(plt, fig, path)
 
 
@@ -367,6 +392,8 @@ def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
         kwargs: dict[str, Any] = {"ctx": ctx}
         if name != "cpu-breakdown" and rep.get("metric"):
             kwargs["metric"] = rep["metric"]
+        if name == "throughput-vs-mtu":
+            kwargs["peers"] = [r for r in doc.get("results", []) if r.get("peer")]
         paths.append(PLOTTERS[name](results, out / f"{stem}-{name}.png", **kwargs))
     return paths
 
