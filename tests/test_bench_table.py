@@ -8,9 +8,12 @@ from typing import Any
 
 from rich.console import Console
 
+import report_docs
+from report_docs import bench_rows
 from zcnet.report.bench_table import bench_legend, bench_notes, print_report
 
-ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem", "iperf3", "sockperf")
+PEERS = ("iperf3", "sockperf")
+ENGINES = (*report_docs.ENGINES, *PEERS)
 
 
 def _cell(engine: str, mtu: int, placement: str, status: str = "ok", **kw: Any) -> dict[str, Any]:
@@ -59,23 +62,15 @@ def test_table_has_a_block_per_placement_and_na_cells() -> None:
 def test_many_engines_repeats_and_warnings_fit_80_columns() -> None:
     """The default engines, both peers, three MTUs, both placements, three repeats each with
     a range line, warnings and failures: readable at 80 columns, no name or number cut."""
-    rows = []
-    for rep in range(3):
-        for p in ("same", "split"):
-            for m in (1500, 4096, 9000):
-                for i, e in enumerate(ENGINES):
-                    if e in ("zcrx", "devmem"):
-                        rows.append(_cell(e, m, p, "unsupported", repeat=rep,
-                                          reason="device lacks queue management ops"))
-                        continue
-                    extra = {"peer": e} if e in ("iperf3", "sockperf") else {}
-                    if e == "uring" and rep == 1:
-                        rows.append(_cell(e, m, p, "error", repeat=rep, reason="flow failed"))
-                        continue
-                    rows.append(_cell(e, m, p, gbps=10.0 + i + rep / 3, busy=99.0, repeat=rep,
-                                      interval_cv=0.2 if e == "epoll" else 0.01,
-                                      warnings=["rate not steady: ..."] if e == "epoll" else [],
-                                      **extra))
+    def ok(rep: int, p: str, m: int, i: int, e: str) -> dict[str, Any]:
+        if e == "uring" and rep == 1:
+            return {"status": "error", "reason": "flow failed"}
+        return {"gbps": 10.0 + i + rep / 3, "cpu": {"rx": {"busy": 99.0}},
+                "interval_cv": 0.2 if e == "epoll" else 0.01,
+                "warnings": ["rate not steady: ..."] if e == "epoll" else [],
+                **({"peer": e} if e in PEERS else {})}
+
+    rows = bench_rows(ENGINES, ok)
     doc = _doc(rows, warnings=["machine busy before the run: 1-minute load average 3.10 on "
                                "2 CPUs; results may be low and spread"])
     text = render(doc)

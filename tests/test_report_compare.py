@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from report_docs import FIX
+from report_docs import ENGINES, FIX, bench_rows
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report.compare import compare, key_text
@@ -137,27 +137,11 @@ def test_compare_to_a_missing_directory_is_an_error_not_a_traceback(
 
 # ---- readable at 80 columns --------------------------------------------------------------
 
-ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem")
-
-
 def _run(gbps: float) -> dict[str, Any]:
     """A bench run as `zcnet bench --repeat 3` writes it: every engine, MTU and placement."""
-    a = load("bench-a.json")
-    rows = []
-    for rep in range(3):
-        for p in ("same", "split"):
-            for mtu in (1500, 4096, 9000):
-                for i, e in enumerate(ENGINES):
-                    if e in ("zcrx", "devmem"):
-                        rows.append({"engine": e, "mtu": mtu, "placement": p, "repeat": rep,
-                                     "status": "unsupported",
-                                     "reason": f"device lacks queue management ops ({e})"})
-                        continue
-                    rows.append({"engine": e, "mtu": mtu, "placement": p, "repeat": rep,
-                                 "status": "ok", "reason": "", "tx": "copy",
-                                 "consumer": "same", "gbps": gbps + i + mtu / 1000 + rep / 10,
-                                 "cpu": {"rx": {"busy": 99.0}}})
-    return {**a, "results": rows}
+    return {**load("bench-a.json"), "results": bench_rows(ENGINES, lambda rep, p, mtu, i, e: {
+        "tx": "copy", "consumer": "same", "gbps": gbps + i + mtu / 1000 + rep / 10,
+        "cpu": {"rx": {"busy": 99.0}}})}
 
 
 def render(argv: list[str], width: int = 80) -> str:
