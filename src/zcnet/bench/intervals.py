@@ -1,18 +1,18 @@
 """How steady a flow was, and how busy the machine was around it.
 
 A flow's receiver samples, every ``interval`` seconds, the bytes its socket has received
-(TCP_INFO ``tcpi_bytes_received``, where the
-peer's FIN counts as one byte) and the tasks running on the machine (``/proc/loadavg``'s
-fourth field, the kernel's nr_running), from a thread beside the receive loop: the engines'
-loops stay as they are. The coefficient of variation (stdev / mean) of the per-interval rate
-says whether one cell's number is a steady rate or an average of something that wandered.
+(TCP_INFO ``tcpi_bytes_received``, in which the peer's FIN counts as one byte) and the tasks
+running on the machine (``/proc/loadavg``'s fourth field, the kernel's nr_running), from a
+thread beside the receive loop: the engines' loops stay as they are. The coefficient of
+variation (stdev / mean) of the per-interval rate says whether one cell's number is a steady
+rate or an average of something that wandered.
 
 Some facts that shape it: TCP on veth reaches its rate within a few milliseconds, but the first
 interval also holds the connection's start and the last one the drain after the sender
 stopped, so both are left out of the spread. nr_running counts every runnable task, the
-sampler itself included (it is running when it reads), and kernel threads such as ksoftirqd
-(which take the receive softirq under load); so the tasks besides the flow's own are an upper
-bound, and a warning reads them only together with the rate's spread and the load average.
+sampler itself included (it is running when it reads, so it is taken off), and kernel threads
+such as ksoftirqd, which takes the flow's own receive softirq under load; so the tasks beside
+the flow's own are an upper bound, and zcnet.bench.busy allows for one such thread.
 """
 
 from __future__ import annotations
