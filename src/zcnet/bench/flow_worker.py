@@ -209,6 +209,8 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
         conn, _ = ls.accept()
     with conn:
         conn.settimeout(None)
+        # Nothing is sent before "start": what the socket has received now is the flow's zero.
+        at_accept = tcpinfo.read(conn).get("tcpi_bytes_received")
         chan.send({"event": "accepted", "cpu": _incoming_cpu(conn)})
         duration = _wait_start(chan)
         if duration is None:
@@ -216,7 +218,7 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
         before = tcpinfo.read(conn)
         if spec.mode == "stream":
             # The rate per interval, for the cell's spread (zcnet.bench.intervals).
-            with IntervalSampler(conn, interval_for(duration)) as sampler:
+            with IntervalSampler(conn, interval_for(duration), at_accept) as sampler:
                 result = RX_MODES[spec.mode](spec, conn, engine)
             result["intervals"] = sampler.as_dict()
         else:

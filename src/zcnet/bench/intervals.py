@@ -50,11 +50,17 @@ def running_tasks(path: str = "/proc/loadavg") -> int | None:
 
 class IntervalSampler:
     """Samples ``sock``'s received bytes and the machine's running tasks from a thread, every
-    ``interval`` seconds, while the ``with`` block runs; ``as_dict()`` holds the intervals."""
+    ``interval`` seconds, while the ``with`` block runs; ``as_dict()`` holds the intervals.
 
-    def __init__(self, sock: socket.socket, interval: float) -> None:
+    ``received``: the socket's tcpi_bytes_received before the sender could start (read at
+    accept). The sender starts when told, not when this sampler is ready, so bytes can arrive
+    before ``__enter__``; counted from ``received`` they land in the first interval (left out
+    of the spread) and the intervals add up to the flow."""
+
+    def __init__(self, sock: socket.socket, interval: float, received: int | None = None) -> None:
         self.sock = sock
         self.interval = interval
+        self._start_bytes = received  # what the socket had received before the flow began
         self.seconds: list[float] = []
         self.bytes: list[int] = []
         self.running: list[int] = []
@@ -88,7 +94,9 @@ class IntervalSampler:
                 self.running.append(max(0, running - 1))  # not the sampler itself
 
     def __enter__(self) -> IntervalSampler:
-        self._last_t, self._last_b = time.monotonic(), self._received()
+        now = self._received()
+        self._last_t = time.monotonic()
+        self._last_b = now if self._start_bytes is None or now is None else self._start_bytes
         self._thread.start()
         return self
 
