@@ -276,3 +276,14 @@ def test_huge_integers_are_an_error_not_a_traceback(tmp_path: Path,
     f = tmp_path / "digits.json"
     f.write_text('{"tool": "zcnet", "results": [], "n": ' + "9" * 5000 + "}")
     assert "not a result file" in _refused(capsys, str(f), str(FIX / "bench-a.json"))
+
+
+def test_single_runs_say_why_there_is_no_verdict(tmp_path: Path) -> None:
+    a = load("bench-a.json")
+    a["results"] = [r for r in a["results"] if r.get("repeat", 0) == 0]
+    f = tmp_path / "once.json"
+    f.write_text(json.dumps(a))
+    text = render([str(f), str(f)])
+    assert re.search(r"^epoll .* 1\.00x +no verdict", text, re.M)
+    assert "no verdict: a side ran the cell once; a t-test needs --repeat 2" in \
+        " ".join(text.split())

@@ -206,6 +206,9 @@ def compare_table(rows: list[Row], name_a: str = "A", name_b: str = "B",
             if r.verdict is None and r.note and not r.note.startswith("only in"):
                 why.setdefault(r.note, []).append(label(r))
         t.notes += [f"n/a: {', '.join(cells)}: {note}" for note, cells in why.items()]
+        if any(row[-1] == "no verdict" for row in t.rows):
+            t.notes.append("no verdict: a side ran the cell once; a t-test needs --repeat 2 or "
+                           "more on both sides")
         t.notes += unstable_sides(block, label)
         tables.append(t)
     if not tables:
