@@ -105,16 +105,17 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
     if outs["plots"]:
         _plots(doc, outs["plots"], explicit=bool(args.plots), console=console)
     elif outs["json"] and not getattr(args, "no_plots", False):
-        _plots(doc, outs["json"], explicit=False, console=console)
+        _plots(doc, outs["json"], explicit=False, console=console, beside=True)
     written = [str(p) for k, p in outs.items() if p is not None and k != "plots"]
     if written:
         say(console, "wrote " + ", ".join(written), "dim")
 
 
-def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console) -> None:
-    """Plots into directory ``where``, or beside the result file ``where``."""
+def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console,
+           beside: bool = False) -> None:
+    """Plots into directory ``where``, or ``beside`` the result file ``where``."""
     try:
-        paths = plots.plot_beside(doc, where) if where.suffix else plots.plot_all(doc, where)
+        paths = plots.plot_beside(doc, where) if beside else plots.plot_all(doc, where)
     except ZcnetError as exc:
         if explicit:
             raise
