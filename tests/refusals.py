@@ -38,9 +38,11 @@ def run_zcnet(*argv: str, env: Mapping[str, str] | None = None, timeout: float =
                           text=True, timeout=timeout, env=full, **kw)
 
 
-def refusal(rc: int, err: str, code: int, *needles: str | Path) -> str:
+def refusal(rc: int, err: str, code: int, *needles: str | Path,
+            progress: tuple[str, ...] = ()) -> str:
     """Assert a refusal: exit ``code``, no traceback, exactly one error line (with at most a
-    fix line after it, or argparse's usage lines before it), and every needle in the message.
+    fix line after it, or argparse's usage lines before it, and lines starting with one of
+    ``progress`` that the command prints as it goes), and every needle in the message.
     Returns the error line."""
     assert rc == code, err
     assert "Traceback" not in err, err
@@ -48,7 +50,7 @@ def refusal(rc: int, err: str, code: int, *needles: str | Path) -> str:
     errors = [ln for ln in lines if "error:" in ln]
     assert len(errors) == 1, err
     others = [ln for ln in lines if ln not in errors and not ln.startswith(
-        ("usage:", " ", "zcnet: fix:", "zcnet: WARNING:"))]
+        ("usage:", " ", "zcnet: fix:", "zcnet: WARNING:", *progress))]
     assert not others, err
     assert sum(ln.startswith("zcnet: fix:") for ln in lines) <= 1, err
     for needle in needles:

@@ -41,6 +41,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.userfile import FileProblem, read_text
 from zcnet.vm import initramfs
 from zcnet.vm.accel import Accel, choose_accel
 from zcnet.vm.kernels import Kernel, cache_root
@@ -128,14 +129,23 @@ def kvm_verdicts() -> dict[str, str]:
     """Whether KVM started each kernel tried on this host ("" yes, else why not), keyed by
     host boot, QEMU and kernel image: a new boot or a rebuilt kernel is tried again."""
     try:
-        got = json.loads(_verdicts_path().read_text())
-    except (OSError, ValueError):
+        got = json.loads(read_text(_verdicts_path(), "cache file", limit=1 << 20, fix=""))
+    except (FileProblem, ValueError, RecursionError):   # none yet, or damaged: tried again
         return {}
     if not isinstance(got, dict):
         return {}
     boot = json.dumps(_boot_id())
     return {k: v for k, v in got.items()
-            if isinstance(v, str) and k.startswith(f"[{boot},")}
+            if isinstance(v, str) and k.startswith(f"[{boot},") and _verdict_key(k)}
+
+
+def _verdict_key(key: str) -> bool:
+    """A key as ``VM._kvm_or_tcg`` writes it: [boot id, QEMU, image, mtime]."""
+    try:
+        parts = json.loads(key)
+    except ValueError:
+        return False
+    return isinstance(parts, list) and len(parts) == 4
 
 
 def save_kvm_verdicts(verdicts: dict[str, str]) -> None:
@@ -280,6 +290,7 @@ class VM:
                              "/ and /run", "share (or run from) another directory")
         self.qemu = find_qemu()
         busybox = initramfs.find_busybox()
+        kernel.verify()   # a damaged entry boots into failures that point nowhere near it
         self.accel: Accel = choose_accel(self.qemu, accel)
         self._stack = ExitStack()
         with ExitStack() as setup:
