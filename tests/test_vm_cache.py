@@ -185,6 +185,29 @@ def test_one_damaged_entry_is_not_passed_over_for_another(cache: Path) -> None:
         find_cached("latest")
 
 
+# --- what QEMU or the runner refuses ----------------------------------------------------------
+
+
+@needs_qemu
+def test_qemu_refusing_to_start_is_one_line(entry: Kernel) -> None:
+    """This entry is whole as far as zcnet checks, but its setup header says boot protocol 0,
+    for which QEMU loads no initramfs: QEMU's last words are the reason, no empty console."""
+    r = run_zcnet("vm", "run", "--accel", "tcg", "--", "true")
+    refusal(r.returncode, r.stderr, 125, "QEMU did not start the guest: qemu: linux kernel too "
+            "old to load a ram disk", "fix what QEMU names")
+    assert "kernel log" not in r.stderr
+
+
+@needs_qemu
+def test_runner_options_it_cannot_honour(entry: Kernel, tmp_path: Path) -> None:
+    rc, _, err = run_main("vm", "run", "--cpus", "256", "--", "true")
+    refusal(rc, err, 2, "--cpus 256", "1 to 255")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = run_zcnet("vm", "run", "--", "true", cwd=gone, preexec_fn=gone.rmdir)
+    refusal(r.returncode, r.stderr, 2, "the current directory no longer exists", "--share")
+
+
 # --- a cache directory that cannot be used ----------------------------------------------------
 
 
