@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from refusals import refusal, run_main, run_zcnet
-from zcnet.bench.spec import MAX_SPEC, builtin_text
+from zcnet.bench.spec import MAX_CELLS, MAX_SPEC, builtin_text
 
 HUGE = 16 << 30   # a sparse file: reading it whole would take seconds and 16 GiB
 
@@ -81,6 +81,26 @@ def test_a_spec_at_the_size_limit_is_read(tmp_path: Path) -> None:
     assert spec.stat().st_size == MAX_SPEC
     rc, _, err = run_main("run", str(spec))
     refusal(rc, err, 2, "run.duration")   # parsed, then refused for its content
+
+
+def test_a_matrix_too_large_to_run_is_refused_before_planning(tmp_path: Path) -> None:
+    """A few hundred KiB of spec can ask for 400 million cells: planning them took 9 GB in a
+    minute (and went on). The product of the axes is checked first."""
+    text = builtin_text("tx-mpwqe")
+    text = text.replace("payload = [64]", f"payload = {list(range(1, 20_001))}")
+    text = text.replace("burst = [32]", f"burst = {list(range(1, 5_001))}")
+    spec = tmp_path / "big.toml"
+    spec.write_text(text)
+    tracemalloc.start()
+    try:
+        rc, _, err = run_main("run", str(spec), "--out", str(tmp_path / "out"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    refusal(rc, err, 2, spec, "400000000 cells (4 mode x 20000 payload x 5000 burst); at most "
+            f"{MAX_CELLS}", "fewer values")
+    assert peak < 64 << 20, peak
+    assert not (tmp_path / "out").exists()
 
 
 # --- token files ----------------------------------------------------------------------------

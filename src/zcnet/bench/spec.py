@@ -8,6 +8,7 @@ table (see ``_line_of``); TOML syntax errors already carry tomllib's own line an
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -30,6 +31,10 @@ else:  # pragma: no cover - exercised on 3.10 only
 TOOLS = ("bench", "txbench")
 # The built-in specs are a few KiB; a file far larger than any spec is a wrong path.
 MAX_SPEC = 1 << 20
+# Cells of one matrix (the product of its axes' lengths). The built-in ones have at most a few
+# dozen; a run of this many would take hours, and a matrix of millions of cells would not even
+# be planned in memory.
+MAX_CELLS = 10_000
 ENGINES = engine_names()
 TX_MODES = ("single", "mmsg", "uring", "gso")
 TABLES = ("grid", "ab", "mpstat")
@@ -251,6 +256,10 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
     for axis in needed:
         if axis not in matrix:
             raise ck.fail(("matrix", axis), f"missing (a {tool} experiment needs it)")
+    if (cells := math.prod(len(v) for v in matrix.values())) > MAX_CELLS:
+        sizes = " x ".join(f"{len(v)} {axis}" for axis, v in matrix.items())
+        raise ck.fail(("matrix",), f"{cells} cells ({sizes}); at most {MAX_CELLS}",
+                      "give the axes fewer values, or split the matrix into several specs")
 
     run = ck.table(doc, "run", required=False)
     ck.unknown(run, ("run",), {"duration", "repeat", "peers"})
