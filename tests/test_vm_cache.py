@@ -206,6 +206,10 @@ def test_runner_options_it_cannot_honour(entry: Kernel, tmp_path: Path) -> None:
     gone.mkdir()
     r = run_zcnet("vm", "run", "--", "true", cwd=gone, preexec_fn=gone.rmdir)
     refusal(r.returncode, r.stderr, 2, "the current directory no longer exists", "--share")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    rc, _, err = run_main("vm", "run", "--share", str(loop), "--", "true")
+    refusal(rc, err, 2, f"share {loop} cannot be resolved (Symlink loop")
 
 
 # --- a cache directory that cannot be used ----------------------------------------------------

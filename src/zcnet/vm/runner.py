@@ -288,11 +288,17 @@ class VM:
         if accel not in ("auto", "kvm", "tcg"):
             raise UsageError(f"unknown accelerator {accel!r}", "auto, kvm or tcg")
         self.kernel, self.cpus, self.mem, self.timeout = kernel, cpus, parse_mem(mem), timeout
+        if share is None:
+            try:
+                share = Path.cwd()
+            except FileNotFoundError:   # getcwd() of a directory removed since
+                raise UsageError("the current directory no longer exists",
+                                 "cd to a directory that exists, or pass --share DIR") from None
         try:
-            self.share = (share or Path.cwd()).resolve()
-        except FileNotFoundError:   # getcwd() of a directory removed since
-            raise UsageError("the current directory no longer exists",
-                             "cd to a directory that exists, or pass --share DIR") from None
+            self.share = share.resolve()
+        except (OSError, RuntimeError) as exc:   # RuntimeError: a symlink loop
+            raise UsageError(f"share {share} cannot be resolved ({exc})",
+                             "give a directory") from None
         if not self.share.is_dir():
             raise UsageError(f"share {self.share} is not a directory")
         if self.share == Path("/") or self.share.is_relative_to("/run"):
