@@ -205,7 +205,7 @@ def test_names_the_kernel_refuses_are_usage_errors(action: str) -> None:
     for name, why in BAD_NAMES.items():
         rc, _, err = run_main("nic", action, name, *extra)
         refusal(rc, err, 2, "is not an interface name", why)
-    for netns in ("a/b", "..", ""):
+    for netns in ("a/b", "..", "", "n" * 256):
         rc, _, err = run_main("nic", action, "lo", "--netns", netns, *extra)
         refusal(rc, err, 2, "--netns", "bad network namespace name")
 
@@ -229,7 +229,9 @@ def _unusable_dirs(tmp_path) -> dict[str, tuple[str, str]]:
             str(plain / "sub"): ("cannot create the state directory", "Not a directory"),
             "/sys/kernel/zcnet-state": ("cannot create the state directory",
                                         "Operation not permitted"),
-            "/sys/kernel": ("cannot create state file", "Permission denied")}
+            "/sys/kernel": ("cannot create state file", "Permission denied"),
+            str(tmp_path / ("x" * 300)): ("cannot create the state directory",
+                                          "File name too long")}
 
 
 def test_unusable_state_dir_refused_before_the_device_changes(lab, tmp_path, monkeypatch):

@@ -221,7 +221,9 @@ def _unusable(tmp_path: Path) -> dict[str, tuple[str, ...]]:
     return {str(plain): (f"{plain} is not a directory",),
             str(plain / "sub"): (f"{plain} is not a directory",),
             "/sys/kernel": ("cannot create the cache directory /sys/kernel/zcnet",
-                            "Operation not permitted")}
+                            "Operation not permitted"),
+            str(tmp_path / ("x" * 300)): ("cannot create the cache directory",
+                                          "File name too long")}
 
 
 @pytest.mark.parametrize("argv", [["fetch"], ["run", "--", "true"], ["build-kernel"]])

@@ -96,6 +96,14 @@ def decode(data: bytes, path: str | Path, what: str, fix: str) -> str:
                           f"line {line}, column {column})", fix) from None
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The first of ``path`` and its parents that exists and is not a directory (a file where
+    a directory should be: mkdir then says EEXIST or ENOTDIR), or None. Never raises: a name
+    too long or a loop counts as absent."""
+    return next((a for a in (path, *path.parents)
+                 if os.path.lexists(a) and not os.path.isdir(a)), None)
+
+
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else \
         f"{n >> 10} KiB" if n >= 1 << 10 and not n % (1 << 10) else f"{n} bytes"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.userfile import FileProblem, read_bytes
+from zcnet.userfile import FileProblem, file_in_the_way, read_bytes
 
 MIN_TOKEN = 8
 MAX_TOKEN = 4096
@@ -151,7 +151,7 @@ def _ensure_dir(d: Path) -> None:
 def _why(d: Path, e: OSError) -> str:
     """What stops ``d`` being used: a file where one of its directories should be (mkdir says
     EEXIST, lstat ENOTDIR), else the error."""
-    file = next((a for a in d.parents if a.exists() and not a.is_dir()), None)
+    file = file_in_the_way(d.parent)
     return f"{file} is not a directory" if file is not None else str(e.strerror)
 
 

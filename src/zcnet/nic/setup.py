@@ -33,7 +33,7 @@ from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device
 from zcnet.nic.ifname import ifname_problem
 from zcnet.nic.steps import STEPS, Step, channel_key
-from zcnet.userfile import FileProblem, read_text
+from zcnet.userfile import FileProblem, file_in_the_way, read_text
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def state_path(ifname: str, netns: str | None = None) -> Path:
 def _state_dir_ready() -> Path:
     """The state directory, created if missing; a one-line error if it cannot be used."""
     d = state_dir()
-    if d.exists() and not d.is_dir():
+    if file_in_the_way(d) == d:
         raise ZcnetError(f"the state directory {d} is not a directory", _WRITE_FIX)
     try:
         d.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     path = state_path(ifname, netns)
     damaged = (f"check {ifname} with 'zcnet nic show', put back by hand what setup changed, "
                f"then remove {path}")
-    if path.parent.exists() and not path.parent.is_dir():
+    if file_in_the_way(path.parent) == path.parent:
         raise ZcnetError(f"the state directory {path.parent} is not a directory", _WRITE_FIX)
     if not os.path.lexists(path):
         return None

@@ -163,7 +163,7 @@ def built_kernels() -> list[tuple[Kernel, dict[str, str]]]:
     """Built entries whose key matches today's fragment and patch, newest source first; a
     :class:`BrokenEntry` for one whose metadata is damaged."""
     root = nsim_dir()
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return []
     fragment, patch = fragment_text(), patch_text()
     found = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.userfile import FileProblem, read_text
+from zcnet.userfile import FileProblem, file_in_the_way, read_text
 from zcnet.vm.integrity import bzimage_problem, elf_problem, manifest, manifest_problem
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,7 @@ def cache_root() -> Path:
 def cache_dir(path: Path) -> Path:
     """``path`` (a directory under the cache) created if missing; a one-line error naming it
     and the fix if it cannot be (a file in the way, no permission, a read-only file system)."""
-    blocker = next((a for a in (path, *path.parents) if a.exists() and not a.is_dir()), None)
-    if blocker is not None:
+    if (blocker := file_in_the_way(path)) is not None:
         raise ZcnetError(f"cannot use the cache directory {path}: {blocker} is not a directory",
                          _WHERE)
     try:
@@ -222,7 +221,7 @@ def _meta_problem(meta: Any) -> str | None:
 def scan(root: Path, remake: str = REFETCH) -> tuple[list[Kernel], list[BrokenEntry]]:
     """The entries under ``root`` whose metadata reads, newest version first, and the ones
     whose metadata does not. Directories starting with '.' are work in progress."""
-    if not root.is_dir():
+    if not os.path.isdir(root):   # absent, or a name the file system refuses
         return [], []
     good, broken = [], []
     for entry in root.iterdir():
