@@ -21,11 +21,13 @@ HUGE = 16 << 30   # a sparse file: reading it whole would take seconds and 16 Gi
 def files(tmp_path: Path) -> dict[str, Path]:
     """One hostile file of each kind, by name."""
     made = {"latin-1": tmp_path / "latin1.toml", "binary": tmp_path / "binary.toml",
+            "utf-16": tmp_path / "utf16.toml",
             "huge": tmp_path / "huge.toml", "fifo": tmp_path / "fifo",
             "directory": tmp_path / "dir", "device": Path("/dev/zero"),
             "missing": tmp_path / "nothing-here.toml", "deep": tmp_path / "deep.toml"}
     made["latin-1"].write_bytes('[experiment]\ntitle = "café"\n'.encode("latin-1"))
-    made["binary"].write_bytes(bytes(range(255, -1, -1)) * 8)
+    made["binary"].write_bytes(bytes(range(128, 256)) * 16)
+    made["utf-16"].write_text('[experiment]\nname = "x"\n', encoding="utf-16")
     with open(made["huge"], "wb") as f:
         f.truncate(HUGE)
     os.mkfifo(made["fifo"])
@@ -36,7 +38,8 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 SPEC_REFUSALS = {
     "latin-1": "is not UTF-8 text (byte 0xe9 at line 2, column 13)",
-    "binary": "is not UTF-8 text (byte 0xff at line 1, column 1)",
+    "binary": "is not UTF-8 text (byte 0x80 at line 1, column 1)",
+    "utf-16": "is UTF-16 text, not UTF-8",
     "huge": "is larger than 1 MiB",
     "fifo": "is a FIFO, not a regular file",
     "directory": "is a directory, not a regular file",
@@ -56,7 +59,7 @@ def test_run_refuses_a_hostile_spec(files: dict[str, Path], kind: str) -> None:
 
 
 def test_hostile_spec_in_process_leaks_nothing(files: dict[str, Path], no_leaks: None) -> None:
-    for kind in ("latin-1", "binary", "huge", "directory", "deep", "missing"):
+    for kind in ("latin-1", "binary", "utf-16", "huge", "directory", "deep", "missing"):
         rc, _, err = run_main("run", str(files[kind]))
         refusal(rc, err, 2, files[kind], SPEC_REFUSALS[kind])
 

@@ -14,6 +14,7 @@ Some facts that shape it:
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 from collections.abc import Callable
@@ -21,6 +22,9 @@ from pathlib import Path
 
 from zcnet.errors import UsageError
 
+# Byte-order marks of encodings that are not UTF-8 (UTF-32 first: its LE mark starts like UTF-16's).
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+         (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"))
@@ -45,7 +49,9 @@ def read_bytes(path: str | Path, what: str, *, limit: int, fix: str, nofollow: b
     errors ("spec", "token file") and ``fix`` says what to do about it. ``check(st)`` may refuse
     the opened file by its stat (owner, mode) before anything is read. ``nofollow``: a symlink
     is refused (``FileProblem.errno`` ELOOP)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0)
+    # O_NOCTTY: a terminal given by mistake must not become our controlling terminal.
+    flags = (os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+             | (os.O_NOFOLLOW if nofollow else 0))
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -71,7 +77,7 @@ def _read_upto(fd: int, n: int, path: str | Path, what: str, fix: str) -> bytes:
     while left:
         try:
             chunk = os.read(fd, min(left, 1 << 20))
-        except OSError as exc:   # EIO, a file system that refuses
+        except OSError as exc:   # EAGAIN (/proc/kmsg is "regular" and blocks), EIO
             raise FileProblem(f"cannot read {what} {path}: {exc.strerror}", fix,
                               exc.errno) from None
         if not chunk:
@@ -90,6 +96,8 @@ def decode(data: bytes, path: str | Path, what: str, fix: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if bom := next((name for mark, name in _BOMS if data.startswith(mark)), None):
+            raise FileProblem(f"{what} {path} is {bom} text, not UTF-8", fix) from None
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise FileProblem(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
