@@ -140,3 +140,17 @@ def test_server_refuses_beyond_its_limits_on_its_own(limited: tuple[ServerProc, 
             assert refused.value.code == "limit"
     finally:
         control.close()
+
+
+@pytest.mark.parametrize("limited_side", ["src", "dst"])
+def test_each_server_of_a_run_is_held_to_its_own_limits(
+        limited: tuple[ServerProc, Path], sent: list[str], tmp_path: Path,
+        limited_side: str, no_leaks: None) -> None:
+    """Flows open on dst and connect from src: whichever of the two allows fewer is named."""
+    s, token = limited
+    with server(tmp_path, "127.0.0.2", "--token-file", str(token)) as roomy:
+        ends = {"src": roomy.address, "dst": roomy.address, limited_side: s.address}
+        rc, _, err = run_main("client", "--src", ends["src"], "--dst", ends["dst"],
+                              "--token-file", str(token), "-n", "3", "-t", "1")
+    refusal(rc, err, 2, f"the server at {s.address} allows at most 2 flows")
+    assert sent == []
