@@ -39,19 +39,17 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from zcnet.errors import ZcnetError
-from zcnet.userfile import FileProblem, read_text
 from zcnet.vm.archive import Apt, ArchiveUnreachable, extract_deb
 from zcnet.vm.integrity import manifest, manifest_problem
 from zcnet.vm.kernels import (
-    MAX_META,
     MIN_VERSION,
     BrokenEntry,
     Kernel,
     cache_dir,
     cache_root,
+    read_json,
     version_tuple,
 )
 from zcnet.vm.sources import Mirror, system_mirror
@@ -170,7 +168,7 @@ def built_kernels() -> list[tuple[Kernel, dict[str, str]]]:
     for entry in root.iterdir():
         if entry.name.startswith(".") or not (entry / BUILD_JSON).is_file():
             continue
-        meta = _read_json(entry / BUILD_JSON)
+        meta = read_json(entry / BUILD_JSON, REBUILD)
         try:
             ok = entry.name == cache_key(meta["source_package_version"], fragment, patch)
         except (KeyError, TypeError, AttributeError):
@@ -187,17 +185,6 @@ def find_built() -> Kernel | None:
     return built[0][0] if built else None
 
 
-def _read_json(path: Path) -> Any:
-    """A small JSON file of a cache entry; :class:`BrokenEntry` (of its directory) if it is
-    unreadable or not JSON."""
-    try:
-        return json.loads(read_text(path, "cache file", limit=MAX_META, fix=""))
-    except FileProblem as exc:
-        raise BrokenEntry(path.parent, exc.message, REBUILD) from None
-    except (ValueError, RecursionError) as exc:
-        raise BrokenEntry(path.parent, f"{path.name} is not JSON ({exc})", REBUILD) from None
-
-
 @contextmanager
 def _lock() -> Iterator[None]:
     root = cache_dir(nsim_dir())
@@ -212,7 +199,7 @@ def _cached_sources() -> list[Source]:
     out = []
     for meta in (nsim_dir() / "src").glob("*/source.json"):
         try:
-            data = _read_json(meta)
+            data = read_json(meta, REBUILD)
             src = Source(data["package"], data["package_version"], meta.parent / data["tarball"])
             if not (_SOURCE.match(src.package) and _TARBALL.match(data["tarball"])):
                 raise BrokenEntry(meta.parent, "source.json is not what zcnet writes", REBUILD)

@@ -155,33 +155,28 @@ class Kernel:
         """Raise :class:`BrokenEntry` unless every file a boot reads is there and whole: as
         recorded when the entry was made, and as the formats say (see zcnet.vm.integrity)."""
         names = self.boot_files()
-        why = manifest_problem(self.path, self.files) if self.files is not None else None
-        for name in names:
-            path = self.path / name
-            if why is not None:
-                break
-            if not path.is_file():
-                why = f"{name} is missing"
-            elif name == "vmlinuz":
-                why = bzimage_problem(path)
-            elif name == "vmlinux" or name.startswith("modules/"):
-                why = elf_problem(path)
+        why = (manifest_problem(self.path, self.files) if self.files is not None else None) \
+            or next(filter(None, map(self._file_problem, names)), None)
         if why is None and not self.config():
             why = "config holds no CONFIG_ option"
         if why is not None:
             raise BrokenEntry(self.path, why, self.remake)
 
+    def _file_problem(self, name: str) -> str | None:
+        path = self.path / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if name == "vmlinuz":
+            return bzimage_problem(path)
+        if name == "vmlinux" or name.startswith("modules/"):
+            return elf_problem(path)
+        return None
+
     @classmethod
     def load(cls, path: Path, remake: str = REFETCH) -> Kernel:
         """The entry in ``path``; :class:`BrokenEntry` if its metadata is not what zcnet
         writes. Its files are checked by ``verify``."""
-        try:
-            meta = json.loads(read_text(path / KERNEL_JSON, "cache file", limit=MAX_META,
-                                        fix=""))
-        except FileProblem as exc:
-            raise BrokenEntry(path, exc.message, remake) from None
-        except (ValueError, RecursionError) as exc:
-            raise BrokenEntry(path, f"{KERNEL_JSON} is not JSON ({exc})", remake) from None
+        meta = read_json(path / KERNEL_JSON, remake)
         if why := _meta_problem(meta):
             raise BrokenEntry(path, f"{KERNEL_JSON}: {why}", remake)
         return cls(path, meta["release"], meta["version"], meta["package_version"],
@@ -193,6 +188,17 @@ class Kernel:
                 "package_version": self.package_version, "packages": list(self.packages),
                 "files": manifest(self.path, self.boot_files())}
         (self.path / KERNEL_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def read_json(path: Path, remake: str = REFETCH) -> Any:
+    """A small JSON file of the cache entry ``path.parent``; :class:`BrokenEntry` if it cannot
+    be read or is not JSON."""
+    try:
+        return json.loads(read_text(path, "cache file", limit=MAX_META, fix=""))
+    except FileProblem as exc:
+        raise BrokenEntry(path.parent, exc.message, remake) from None
+    except (ValueError, RecursionError) as exc:
+        raise BrokenEntry(path.parent, f"{path.name} is not JSON ({exc})", remake) from None
 
 
 def _meta_problem(meta: Any) -> str | None:
