@@ -13,7 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import collect_env, envelope
-from zcnet.cli._args import number, unique
+from zcnet.cli._args import ifname, number, unique
+from zcnet.errors import ZcnetError
+from zcnet.netns import netns_path
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
 from zcnet.rx.zc.area import udmabuf_create
@@ -29,8 +31,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions = parser.add_subparsers(dest="nic_action", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("iface", metavar="IFACE", help="network interface")
-        p.add_argument("--netns", metavar="NAME", help="interface lives in this namespace")
+        p.add_argument("iface", metavar="IFACE", type=ifname, help="network interface")
+        p.add_argument("--netns", metavar="NAME", type=netns_name,
+                       help="interface lives in this namespace")
 
     show = actions.add_parser("show", help="driver, channels, rings/HDS, queues, page pools")
     common(show)
@@ -60,6 +63,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rs = actions.add_parser("restore", help="undo 'zcnet nic setup' from its saved state")
     common(rs)
     rs.set_defaults(func=_restore)
+
+
+def netns_name(text: str) -> str:
+    """An argparse type: a name ``ip netns`` could have made (it may not exist)."""
+    try:
+        netns_path(text)
+    except ZcnetError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
 
 
 def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
