@@ -63,6 +63,8 @@ def read_bytes(path: str | Path, what: str, *, limit: int, fix: str, nofollow: b
             raise FileProblem(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file", fix)
         if check is not None:
             check(st)
+        if st.st_size > limit:  # refused unread; a size that lies (procfs: 0) stops below
+            raise FileProblem(f"{what} {path} is larger than {_size(limit)}", fix)
         data = _read_upto(fd, limit + 1, path, what, fix)
     finally:
         os.close(fd)
@@ -93,11 +95,17 @@ def read_text(path: str | Path, what: str, *, limit: int, fix: str) -> str:
 
 
 def decode(data: bytes, path: str | Path, what: str, fix: str) -> str:
+    """UTF-8 text (a UTF-8 byte-order mark is dropped); another encoding is named, and NUL
+    bytes (binary, or UTF-16/32 without a mark) are refused as not text."""
+    if bom := next((name for mark, name in _BOMS if data.startswith(mark)), None):
+        raise FileProblem(f"{what} {path} is {bom} text, not UTF-8",
+                          f"{fix}, or convert it: iconv -f {bom} -t UTF-8")
+    if b"\0" in data[:4096]:
+        raise FileProblem(f"{what} {path} is binary or UTF-16/32 without a byte-order mark, "
+                          "not UTF-8 text", fix)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        if bom := next((name for mark, name in _BOMS if data.startswith(mark)), None):
-            raise FileProblem(f"{what} {path} is {bom} text, not UTF-8", fix) from None
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise FileProblem(f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at "
