@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import mmap
 import os
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -288,3 +291,20 @@ def test_udmabuf_missing_or_bad_size_is_named() -> None:
     with pytest.raises(ZcnetError, match=f"{UDMABUF_DEV} does not exist") as ei:
         Udmabuf(SIZE)
     assert "modprobe udmabuf" in ei.value.hint  # and its memfd is closed (no_leaks)
+
+
+# --- the bench ------------------------------------------------------------------------------------
+
+@pytest.mark.root
+def test_bench_tx_devmem_on_veth_is_the_devices_refusal(tmp_path) -> None:
+    """The lab's veth cannot send from a dma-buf: the cell says so in one line, with the fix."""
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "zcnet", "bench", "--engine", "epoll", "--tx",
+                        "devmem", "--mtu", "1500", "--placement", "same", "--duration", "0.3",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (cell,) = json.loads(out.read_text())["results"]
+    assert cell["status"] == "error" and "\n" not in cell["reason"]
+    assert cell["reason"].startswith("tx worker (send path devmem): device ")
+    assert f"cannot send from a dma-buf ({VETH_REFUSAL})" in cell["reason"]
+    assert "--tx msgzc" in cell["reason"]
