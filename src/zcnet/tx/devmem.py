@@ -120,11 +120,12 @@ class DevmemMsg:
         self.binding_id = binding_id
         self.size = size
         self.ifname = ifname
-        self._ctrl = ctypes.create_string_buffer(devmem_cmsg(binding_id))
+        ctrl = devmem_cmsg(binding_id)
+        self._ctrl = ctypes.create_string_buffer(ctrl, len(ctrl))  # no NUL added
         self._iov = iovec()
         self._msg = user_msghdr(msg_iov=ctypes.pointer(self._iov), msg_iovlen=1,
                                 msg_control=ctypes.addressof(self._ctrl),
-                                msg_controllen=len(self._ctrl.raw))
+                                msg_controllen=len(ctrl))
         self._addr = ctypes.addressof(self._msg)
 
     def send(self, sock: socket.socket, offset: int, length: int) -> int:
@@ -178,7 +179,9 @@ class DevmemMsg:
         if err == errno.EFAULT:
             return DevmemError(err, f"{what}: the kernel found a range outside the dma-buf "
                                "(EFAULT)", "send ranges inside the dma-buf")
-        return DevmemError(err, f"{what}: {os.strerror(err)}", "see the errno above")
+        return DevmemError(err, f"{what}: {os.strerror(err)}",
+                           "nothing devmem-specific: the connection refused the send (closed or "
+                           "reset by the peer?)")
 
 
 def egress_ifname(sock: socket.socket) -> str:
