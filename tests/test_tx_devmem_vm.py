@@ -22,7 +22,7 @@ from contextlib import ExitStack
 import numpy as np
 import pytest
 
-from zcnet.errors import UsageError
+from zcnet.errors import ClosedError, UsageError
 from zcnet.lab import Lab
 from zcnet.netns import in_netns
 from zcnet.nic import netdev
@@ -161,6 +161,11 @@ def test_devmem_stream_arrives_verified_with_every_completion_accounted(lab) -> 
                 issued = sender.tracker.next_id
             finally:
                 sender.close()
+            with pytest.raises(ClosedError):
+                sender.send(CHUNK)
+            assert sender.stats() == stats  # the final counters stay readable
+            with pytest.raises(DevmemError, match=f"knows no TX binding {binding}"):
+                DevmemMsg(binding, SLOTS * CHUNK, lab.if_a).send(sock, 0, 4096)  # unbound
         sock.shutdown(socket.SHUT_WR)
         got = peer.join()
     assert len(got) == SENDS * CHUNK
