@@ -72,7 +72,7 @@ class MemfdBuffer:
 
 
 @pytest.fixture
-def memfd_buf() -> Iterator[MemfdBuffer]:
+def memfd_buf(no_leaks) -> Iterator[MemfdBuffer]:
     buf = MemfdBuffer()
     yield buf
     buf.close()
@@ -236,8 +236,9 @@ def test_bind_tx_request_encoding() -> None:
 
 
 @pytest.fixture
-def lab_flow() -> Iterator[tuple[Lab, socket.socket, socket.socket]]:
-    """A TCP connection from lab side a (the sender) to side b."""
+def lab_flow(no_leaks) -> Iterator[tuple[Lab, socket.socket, socket.socket]]:
+    """A TCP connection from lab side a (the sender) to side b (after no_leaks: its check sees
+    the lab gone)."""
     with ExitStack() as stack:
         lab = stack.enter_context(Lab())
         with in_netns(lab.ns_b):
