@@ -171,7 +171,7 @@ def test_devmem_stream_arrives_verified_with_every_completion_accounted(lab) -> 
     assert len(got) == SENDS * CHUNK
     assert _is_the_pattern(got), "bytes at the peer differ from what was written"
     assert stats.kind == stats.path == "devmem" and stats.bytes == SENDS * CHUNK
-    assert stats.note == f"{lab.if_a}, dma-buf binding {binding}"
+    assert not stats.note  # a note is for a fallback, and devmem has none
     # Every call that queued bytes took one zero-copy id; every id came back, none as a copy.
     assert stats.pending == 0 and issued == stats.sends >= SENDS
     assert stats.zerocopy == stats.sends and stats.copied == 0

@@ -283,7 +283,6 @@ class DevmemSender(MsgZerocopySender):
                 sock.setsockopt(SOL_SOCKET, socket.SO_BINDTODEVICE, dev.encode())
             self.ifname = dev
             self._msg = DevmemMsg(self.binding.id, size, dev)
-            self._stats.note = f"{dev}, dma-buf binding {self.binding.id}"
             undo.pop_all()
 
     def _drop_views(self) -> None:
