@@ -258,7 +258,8 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
             row.update({k: v for k, v in (("tx_stats", t.get("tx_stats")),
                                           ("engine_stats", r.get("engine_stats")),
                                           ("syscalls", r.get("calls")),
-                                          ("verify", r.get("verify"))) if v is not None})
+                                          ("verify", r.get("verify")),
+                                          ("intervals", r.get("intervals"))) if v is not None})
             ver = row.get("verify") or {}
             if ver.get("mismatches"):
                 row.update(status="error",

@@ -115,14 +115,28 @@ class Device:
             raise
         return struct.unpack_from("=i", ifr, 16)[0]
 
+    def flags(self) -> int:
+        """SIOCGIFFLAGS: the interface's IFF_* flags."""
+        self._check_open("flags")
+        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), 0))
+        fcntl.ioctl(self.ioctl_sock.fileno(), e.SIOCGIFFLAGS, ifr, True)
+        return int(struct.unpack_from("=H", ifr, 16)[0])  # ifr_flags: a short
+
     def drvinfo(self) -> DrvInfo:
-        """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these)."""
+        """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these).
+
+        The loopback device has no ethtool driver info nor a parent device to name one (the
+        kernel's fallback): it is named "loopback", after drivers/net/loopback.c, from its
+        IFF_LOOPBACK flag."""
         self._check_open("drvinfo")
         if self._drvinfo is None:
             info = e.ethtool_drvinfo(cmd=e.ETHTOOL_GDRVINFO)
             try:
                 self.ifreq_ioctl(e.SIOCETHTOOL, info)
             except OSError as exc:
+                if exc.errno in _UNSUPPORTED and self.flags() & e.IFF_LOOPBACK:
+                    self._drvinfo = DrvInfo("loopback", "", "", "", 0)
+                    return self._drvinfo
                 raise NetlinkError(exc.errno or errno_mod.EIO,
                                    f"driver info of {self.where}") from None
             self._drvinfo = DrvInfo(
