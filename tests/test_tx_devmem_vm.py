@@ -1,9 +1,10 @@
 """devmem TX for real, inside a VM booted with zcnet's netdevsim test kernel (udmabuf built in):
-the udmabuf's memfd view is the dma-buf's memory; with a netdevsim that advertises netmem TX
-(the scaffolding reads the dma-buf the way a NIC's DMA would and hands the peer ordinary pages)
-the sender's bytes arrive verified at the peer with every completion accounted for, and the
-kernel's own answers to a wrong binding id, a socket routed past the device and a range past
-the dma-buf's end are what zcnet says they are. Scaffolding, not a NIC: the DMA is simulated."""
+the udmabuf's memfd view is the dma-buf's memory; netdevsim advertises netmem TX (the
+scaffolding reads the dma-buf through its DMA addresses, as a NIC would, and hands the peer
+ordinary pages), so the sender's bytes arrive verified at the peer with every completion
+accounted for, and the kernel's own answers to a wrong binding id, a socket routed past the
+device and a range past the dma-buf's end are what zcnet says they are. Scaffolding, not a
+NIC: the DMA is simulated."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ from zcnet.tx.devmem import DevmemError, DevmemMsg, open_tx_dmabuf
 from zcnet.tx.senders import make_sender
 from zcnet.uapi.socket import SO_ZEROCOPY, SOL_SOCKET
 from zcnet.uring.dmabuf import Udmabuf
-from zcnet.vm.kbuild import patch_text
 
 pytestmark = [pytest.mark.vm(kernel="nsim"), pytest.mark.root]
 
@@ -41,13 +41,6 @@ CHUNK = 256 << 10
 SLOTS = 8
 SENDS = 64  # 16 MiB through a 2 MiB dma-buf: every slot reused eight times
 POISON = 0xA5
-
-
-def require_netmem_tx() -> None:
-    """The end-to-end tests need the netdevsim patch's netmem TX. When the patch claims it the
-    kernel must deliver (no probe: a refusal then fails the test)."""
-    if "netmem_tx" not in patch_text():
-        pytest.skip("zcnet's netdevsim patch does not give netdevsim netmem TX yet")
 
 
 @pytest.fixture
@@ -126,7 +119,6 @@ def test_udmabuf_view_is_the_dmabufs_memory(no_leaks) -> None:
 # --- the send path ------------------------------------------------------------------------------
 
 def test_devmem_stream_arrives_verified_with_every_completion_accounted(lab) -> None:
-    require_netmem_tx()
     peer = Peer(lab)
     fills: Counter[int] = Counter()
     releases: Counter[int] = Counter()
@@ -188,7 +180,6 @@ def _is_the_pattern(got: bytes) -> bool:
 @pytest.fixture
 def bound(lab) -> Iterator[tuple[Lab, Peer, socket.socket, netdev.DmabufBinding, Udmabuf]]:
     """Side a connected to b, bound to if_a with SO_ZEROCOPY, and a dma-buf bound for TX."""
-    require_netmem_tx()
     peer = Peer(lab)
     with ExitStack() as stack:
         sock = stack.enter_context(peer.connect(lab))
@@ -253,7 +244,6 @@ def test_ranges_past_the_end_what_the_kernel_does_and_why_zcnet_checks_first(bou
 # --- the bench ----------------------------------------------------------------------------------
 
 def test_bench_tx_devmem_cell_is_verified(no_leaks, tmp_path) -> None:
-    require_netmem_tx()
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "zcnet", "bench", "--lab-device", "netdevsim",
                         "--engine", "epoll", "--tx", "devmem", "--mtu", "1500", "--placement",
