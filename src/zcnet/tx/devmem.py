@@ -19,9 +19,10 @@ Some facts about devmem TX (Documentation/networking/devmem.rst; net/ipv4/tcp.c
 - The route must leave through the bound device, ENODEV otherwise (the dma addresses are that
   device's). So the sender binds the socket to it (SO_BINDTODEVICE) and leaves it bound at
   close: retransmissions of bytes still in flight must leave the same way.
-- An offset at or past the dma-buf's end is EFAULT, but only where the kernel reaches it: the
-  bytes of the same call before it are queued and sent. Ranges are checked here, before the call,
-  so a bad range sends nothing.
+- Past the dma-buf's end the kernel drops the segment that reaches it (EFAULT when that is the
+  call's first) but keeps the segments it filled before: a range running past the end is sent in
+  part and the call returns the short count (seen in the netdevsim VM). Ranges are checked here,
+  before the call, so a bad range sends nothing.
 - Completions are MSG_ZEROCOPY's (error-queue id ranges, ``zcnet.tx.zerocopy``), so the sender is
   a ``MsgZerocopySender`` whose one send differs: a slot (a range of the dma-buf) is written
   again only after its completion.
