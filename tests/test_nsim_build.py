@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_fragment_asks_for_what_the_issue_needs():
     for name in ("NETDEVSIM", "UDMABUF", "IO_URING", "IO_URING_ZCRX", "NET_DEVMEM", "NET_NS",
                  "VETH", "ETHTOOL_NETLINK", "PAGE_POOL_STATS", "NET_9P_VIRTIO", "9P_FS",
                  "OVERLAY_FS", "DEVTMPFS", "SERIAL_8250_CONSOLE", "VIRTIO_CONSOLE", "ACPI",
-                 "SMP", "64BIT", "XPS"):
+                 "SMP", "64BIT", "XPS", "HUGETLBFS"):
         assert opts.get(f"CONFIG_{name}") == "y", name
     assert opts["CONFIG_MODULES"] == "n"  # everything built in: the initramfs loads nothing
 
@@ -40,9 +41,15 @@ def test_patch_says_it_is_scaffolding_and_touches_every_pool():
     assert "NOT upstream behaviour" in patch
     assert "+\tnsim_bus_dev->dev.dma_mask = &nsim_bus_dev->dev.coherent_dma_mask;" in patch
     assert "PP_FLAG_ALLOW_UNREADABLE_NETMEM" in patch and "DMA_FROM_DEVICE" in patch
-    # The pool helper and its three callers (probe, and both queue-restart modes).
-    assert patch.count("+\t\t\t\t    dev, idx);") + patch.count("+\t\t\t\t\t     dev, idx);") == 2
-    assert "nsim_create_page_pool(&rq->page_pool, &rq->napi, dev, i)" in patch
+    # The pool helper and its three callers (probe, and both queue-restart modes), each with
+    # the queue's config (its rx_page_size).
+    assert patch.count("dev, idx, qcfg);") == 2
+    assert "+\t\terr = nsim_create_page_pool(&rq->page_pool, &rq->napi, dev, i," in patch
+    # The datapath hooks: RX split into the pool, TX read of unreadable frags, steering.
+    for hook in ("skb = nsim_rx_dma(ns, rq, skb);", "skb = nsim_tx_dma(dev, skb);",
+                 "rxq = nsim_steer_rxq(peer_ns, skb, rxq);",
+                 "dev->netmem_tx = NETMEM_TX_DMA;", ".supported_params\t= QCFG_RX_PAGE_SIZE,"):
+        assert f"+\t{hook}" in patch or f"+\t\t{hook}" in patch, hook
 
 
 def test_config_mismatch_names_dropped_options():
@@ -199,3 +206,57 @@ def test_build_kernel_cli_builds_once_then_reports_cached():
     meta = json.loads((kernel.path / kbuild.BUILD_JSON).read_text())
     assert kernel.path.name == kbuild.cache_key(meta["source_package_version"],
                                                 kbuild.fragment_text(), kbuild.patch_text())
+
+
+def test_an_interrupted_step_stops_its_whole_process_group(tmp_path, monkeypatch):
+    """Ctrl-C (or a test's timeout) while make runs: its children must not keep writing into
+    the tree that the next build resumes (seen: two builds interleaved in one tree)."""
+    pidfile = tmp_path / "child.pid"
+    real_wait = subprocess.Popen.wait
+
+    def interrupted(self, timeout=None):  # type: ignore[no-untyped-def]
+        if timeout is None and not hasattr(self, "_interrupted"):  # the step's own wait
+            self._interrupted = True
+            for _ in range(500):
+                if pidfile.is_file() and pidfile.read_text().strip():
+                    break
+                time.sleep(0.01)
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted)
+    builder = kbuild._Builder(tmp_path, tmp_path / "build.log", 1)
+    # A grandchild that ignores SIGINT, as a background job of a non-interactive shell does.
+    with pytest.raises(KeyboardInterrupt):
+        builder.step("compile", ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"])
+    child = int(pidfile.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{child}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the step's grandchild outlived the interrupt"
+
+
+def test_a_step_ends_when_the_builder_is_killed(tmp_path):
+    """The builder SIGKILLed (a test runner's timeout kills `zcnet vm build-kernel` so): its
+    make gets SIGTERM from the kernel (PR_SET_PDEATHSIG), never orphaned to go on building."""
+    pidfile = tmp_path / "make.pid"
+    code = ("import sys; from pathlib import Path; from zcnet.vm import kbuild\n"
+            f"b = kbuild._Builder(Path({str(tmp_path)!r}), Path({str(tmp_path)!r}) / 'log', 1)\n"
+            f"b.step('compile', ['sh', '-c', 'echo $$ > {pidfile}; exec sleep 300'])\n")
+    builder = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(500):
+            if pidfile.is_file() and pidfile.read_text().strip():
+                break
+            time.sleep(0.01)
+        step = int(pidfile.read_text())
+        assert Path(f"/proc/{step}").exists()
+    finally:
+        builder.kill()
+        builder.wait()
+    for _ in range(100):
+        if not Path(f"/proc/{step}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{step}").exists(), "the step outlived its killed builder"

@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="check every received byte against the sender's pattern")
     p.add_argument("--tx", default="copy", choices=tuple(KINDS), metavar="PATH",
                    help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
-                        "from a fixed buffer), sendzc-plain (default copy)")
+                        "from a fixed buffer), sendzc-plain, devmem (from a udmabuf bound to the "
+                        "sending device: needs netmem TX, e.g. --lab-device netdevsim in the "
+                        "nsim VM) (default copy)")
     p.add_argument("--consumer", choices=CONSUMERS, default="same",
                    help="zero-copy engines: release chunks in the ring's thread (same) or hand "
                         "them to a consumer thread (thread), the zcrx-refs experiment")

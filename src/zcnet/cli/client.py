@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
     p.add_argument("--tx", default="copy",
-                   help="send path on src: copy, msgzc, sendzc, sendzc-plain (default copy)")
+                   help="send path on src: copy, msgzc, sendzc, sendzc-plain, devmem (needs a "
+                        "device with netmem TX on src) (default copy)")
     p.add_argument("--verify", action="store_true",
                    help="stream: check every received byte against the sent pattern")
     p.add_argument("-n", "--flows", type=number("flows"), default=1)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import Interrupted, write_json
-from zcnet.bench.txbench import ALL_MODES, BASELINE, parse_dst, run_txbench
+from zcnet.bench.txbench import ALL_MODES, BASELINE, NOT_MEASURED, parse_dst, run_txbench
 from zcnet.cli._args import check_output_file, choice_list, number, number_list
 from zcnet.report.export import print_notes
 from zcnet.tx.hwcount import NO_COUNTERS
@@ -24,8 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="A pktgen-like UDP single stream from one lab namespace into a sink in the "
                     "other (or to --dst). Modes: single (send per packet), mmsg (sendmmsg per "
                     "burst), uring (a burst of SEND SQEs, one io_uring_enter), gso (UDP_SEGMENT, "
-                    "one send per burst; bursts GSO cannot carry go by mmsg and are counted).")
-    p.add_argument("--mode", type=choice_list("mode", ALL_MODES), default=list(ALL_MODES),
+                    "one send per burst; bursts GSO cannot carry go by mmsg and are counted). "
+                    "Not devmem: devmem TX is TCP-only in the kernel (zcnet bench --tx devmem).")
+    # Paths txbench cannot measure parse, so run_txbench says why they are refused.
+    p.add_argument("--mode", type=choice_list("mode", (*ALL_MODES, *NOT_MEASURED)),
+                   default=list(ALL_MODES),
                    help=f"comma-separated modes (default {','.join(ALL_MODES)})")
     p.add_argument("--size", type=number("payload"), default=64, help="UDP payload bytes (64)")
     p.add_argument("--sizes", type=number_list("payload", "size", unique=False), default=None,

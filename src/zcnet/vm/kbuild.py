@@ -31,17 +31,19 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from zcnet.errors import ZcnetError
 from zcnet.vm.archive import Apt, ArchiveUnreachable, extract_deb
+from zcnet.vm.child import pdeathsig
 from zcnet.vm.integrity import manifest, manifest_problem
 from zcnet.vm.kernels import (
     MIN_VERSION,
@@ -64,6 +66,7 @@ FAILED_LOG = "last-failed-build.log"
 # Markers in the build tree: the step before them completed.
 UNPACKED, PATCHED = ".zcnet-unpacked", ".zcnet-patched"
 LOG_TAIL = 30
+STOP_GRACE = 10.0  # seconds an interrupted step's make gets to clean up before SIGKILL
 # Programs the build runs, and the apt package that has each.
 TOOLS = {"gcc": "build-essential", "make": "build-essential", "patch": "patch",
          "flex": "flex", "bison": "bison", "bc": "bc", "tar": "tar", "xz": "xz-utils",
@@ -299,13 +302,37 @@ class _Builder:
             out.write(f"\n### {name}: {' '.join(argv)}\n".encode())
             out.flush()
             fin = stack.enter_context(open(stdin, "rb")) if stdin else subprocess.DEVNULL
-            proc = subprocess.run(argv, cwd=self.tree, stdin=fin, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, check=False)
-        if proc.returncode != 0:
+            # SIGTERM if this process dies unwinding nothing (SIGKILL): make passes it on to
+            # the compilers it started and deletes the targets they were writing.
+            proc = subprocess.Popen(argv, cwd=self.tree, stdin=fin, stdout=out,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=pdeathsig(signal.SIGTERM))
+            stack.enter_context(_whole_group(proc))
+            returncode = proc.wait()
+        if returncode != 0:
             raise _StepFailed(name)
 
     def make(self, name: str, *targets: str) -> None:
         self.step(name, ["make", f"-j{self.jobs}", "ARCH=x86_64", *targets])
+
+
+@contextmanager
+def _whole_group(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Stop a step's whole process group unless it finished: an interrupted make (Ctrl-C, a
+    test's timeout) would otherwise leave its compilers writing into the tree while the next
+    build (which the lock then lets in) resumes there. SIGINT first, as a terminal's Ctrl-C,
+    so make deletes the targets it was writing; then SIGKILL for whatever is left."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(STOP_GRACE)
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class _StepFailed(Exception):

@@ -22,7 +22,6 @@ Some facts that shape it:
 from __future__ import annotations
 
 import collections
-import ctypes
 import json
 import os
 import shlex
@@ -44,6 +43,7 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.userfile import FileProblem, read_text
 from zcnet.vm import initramfs
 from zcnet.vm.accel import Accel, choose_accel
+from zcnet.vm.child import pdeathsig
 from zcnet.vm.kernels import Kernel, cache_root
 
 QEMU = "qemu-system-x86_64"
@@ -69,7 +69,6 @@ KERNEL_CMDLINE = ("console=ttyS0 loglevel=4 panic=-1 rdinit=/init 8250.nr_uarts=
 _ENV_DROP = frozenset({"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS",
                        "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_",
                        "INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET"})
-_PR_SET_PDEATHSIG = 1
 
 
 class NoQemu(ZcnetError):
@@ -217,10 +216,6 @@ def _tail(data: bytes, lines: int = TAIL_LINES) -> str:
     alarm = next((i for i, line in enumerate(text) if any(a in line for a in _ALARMS)), None)
     start = len(text) - lines if alarm is None else max(alarm - 2, len(text) - 2 * lines)
     return "\n".join(text[max(start, 0):]) or "(nothing)"
-
-
-def _set_pdeathsig() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @contextmanager
@@ -412,7 +407,8 @@ class VM:
             stack.enter_context(_signals_unwind())
             proc = subprocess.Popen(self._qemu_argv(ctl, console_log), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=qemu_err,
-                                    start_new_session=True, preexec_fn=_set_pdeathsig)
+                                    start_new_session=True,
+                                    preexec_fn=pdeathsig(signal.SIGKILL))
             assert proc.stdout is not None
             pump = _Pump(proc.stdout, output)
             stack.callback(self._stop, proc, pump)
