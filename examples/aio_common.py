@@ -1,8 +1,9 @@
 """What the zcnet.aio examples share: the command line around a service and how it is run.
 
 Each example is either a self-test on loopback (the default) or a server (``--listen``), on
-the default asyncio loop or on uvloop (``--uvloop``); Ctrl-C ends it quietly and a zcnet
-error is printed as one line, not a traceback.
+the default asyncio loop or on uvloop (``--uvloop``, from zcnet's ``aio`` extra: ``pip install
+'zcnet[aio]'``); Ctrl-C ends it quietly, and a zcnet error or a missing uvloop is printed as one
+line, not a traceback.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def run(args: argparse.Namespace, serve: Callable[[str, int], Coroutine[Any, Any
         coro = self_test()
     runner: Callable[[Coroutine[Any, Any, Any]], Any] = asyncio.run
     if args.uvloop:
-        import uvloop
-
+        try:
+            import uvloop
+        except ImportError:
+            coro.close()  # never started: no "was never awaited" warning
+            raise SystemExit("error: --uvloop needs uvloop, which is not installed; "
+                             "install zcnet's aio extra: pip install 'zcnet[aio]'") from None
         runner = uvloop.run
     try:
         with contextlib.suppress(KeyboardInterrupt):

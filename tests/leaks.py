@@ -29,11 +29,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from zcnet.lab.names import parse_lab, parse_netns, pid_alive
+from zcnet.lab.netdevsim import owner_of
+
 ANON_SLACK = 2 << 20
 MALLOC_HEAP_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit
 NETDEVSIM = Path("/sys/bus/netdevsim/devices")
-# Namespaces tests make outside a Lab name their owner too (tests/test_tx_senders.py: ifb).
+# Namespaces and links tests make outside a Lab name their owner too: zctx<pid>, a link's peer
+# zctx<pid>p (tests/test_tx_senders.py: ifb; test_experiments_runner.py: a bare veth).
 _TEST_NETNS = re.compile(r"zctx([1-9][0-9]*)")
+_NSIM_DIR = re.compile(r"netdevsim([0-9]+)")
+_VM_TMP = re.compile(r"/zcnet-vm-([1-9][0-9]*)-")  # zcnet.vm.runner's temp dir
 
 
 def _ppid(pid: int) -> int:
@@ -44,35 +50,42 @@ def _ppid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def _foreign(ns: str) -> bool:
-    """A lab namespace owned by a live process that is neither us nor our descendant.
-
-    Other test runs (or a developer's ``zcnet bench``) may run at the same time; their labs are
-    not our leak. A lab whose owner died is always counted: nobody else will remove it.
-    """
-    from zcnet.lab.names import parse_netns, pid_alive
-
-    lab = parse_netns(ns)
-    owner = lab.owner if lab is not None else None
-    if (m := _TEST_NETNS.fullmatch(ns)) is not None:
-        owner = int(m[1])
-    if owner is None or not pid_alive(owner):
-        return False
-    pid, me = owner, os.getpid()
+def _descends_from_us(pid: int) -> bool:
+    me = os.getpid()
     while pid > 1:
         if pid == me:
-            return False
+            return True
         pid = _ppid(pid)
-    return True
+    return False
+
+
+def _could_be_ours(name: str) -> bool:
+    """Only what this test could have made is counted, so another program's lab never fails a
+    test. A name no zcnet test gives is never ours. zcnet's names carry their owner: a
+    ``zc<pid>x<n>`` lab, or ``zctx<pid>`` as tests name what they make outside a lab."""
+    if (m := _TEST_NETNS.fullmatch(name)) is not None:
+        return _owner_may_be_us(int(m[1]))
+    lab = parse_netns(name) or parse_lab(name)
+    return lab is not None and _owner_may_be_us(lab.owner)
+
+
+def _owner_may_be_us(owner: int | None) -> bool:
+    """A persistent lab (``zcup<n>``, owner not recorded) and one whose owner died (nobody else
+    will remove it) may be ours; one owned by a live process other than us and our descendants
+    is theirs."""
+    return owner is None or not pid_alive(owner) or _descends_from_us(owner)
 
 
 def _netns() -> frozenset[str]:
     d = Path("/run/netns")
     names = (p.name for p in d.iterdir()) if d.is_dir() else ()
-    return frozenset(n for n in names if not _foreign(n))
+    return frozenset(n for n in names if _could_be_ours(n))
 
 
 def _veths() -> frozenset[str]:
+    """veth links in our namespace that a test could have made (see _could_be_ours); a lab's
+    ends live inside its namespaces, so these are what a test made outside a lab, or a lab's
+    end that outlived its namespace."""
     out = set()
     for dev in Path("/sys/class/net").iterdir():
         try:
@@ -84,17 +97,41 @@ def _veths() -> frozenset[str]:
         if "DEVTYPE" not in kind and not drv.exists() and (dev / "iflink").exists():
             iflink = (dev / "iflink").read_text().strip()
             ifindex = (dev / "ifindex").read_text().strip()
-            if iflink != ifindex and dev.name != "lo":
+            if iflink != ifindex and dev.name != "lo" and _could_be_ours(
+                    dev.name.removesuffix("p")):
                 out.add(dev.name)
     return frozenset(out)
 
 
 def _netdevsim() -> frozenset[str]:
-    return frozenset(p.name for p in NETDEVSIM.iterdir()) if NETDEVSIM.is_dir() else frozenset()
+    """netdevsim devices a test could have made: zcnet's IDs encode the owning lab
+    (zcnet.lab.netdevsim.owner_of); devices with other IDs are another program's."""
+    if not NETDEVSIM.is_dir():
+        return frozenset()
+    out = set()
+    for p in NETDEVSIM.iterdir():
+        m = _NSIM_DIR.fullmatch(p.name)
+        owner = owner_of(int(m[1])) if m is not None else None
+        if owner is not None and _owner_may_be_us(owner.pid):
+            out.add(p.name)
+    return frozenset(out)
+
+
+def _vm_could_be_ours(pid: int) -> bool:
+    """zcnet's VM runner boots from a temp dir named for its process (zcnet-vm-<pid>-...): a QEMU
+    with none in its command line is another program's; one whose runner is a live process
+    other than us and our descendants is another run's."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    m = _VM_TMP.search(argv)
+    return m is not None and _owner_may_be_us(int(m[1]))
 
 
 def _processes() -> tuple[frozenset[str], frozenset[str]]:
-    """(our descendants at any depth, orphaned QEMU processes), each as 'pid:comm'.
+    """(our descendants at any depth, orphaned QEMU processes we could have started), each as
+    'pid:comm'.
 
     A QEMU whose parent died is reparented to init: it is then nobody's child, but it is still
     a VM somebody started and left running."""
@@ -120,7 +157,8 @@ def _processes() -> tuple[frozenset[str], frozenset[str]]:
                 ours.add(pid)
                 break
             q, seen = parent.get(q, 0), seen + 1
-    orphans = {pid for pid, pp in parent.items() if pp == 1 and comm[pid].startswith("qemu")}
+    orphans = {pid for pid, pp in parent.items()
+               if pp == 1 and comm[pid].startswith("qemu") and _vm_could_be_ours(pid)}
     return (frozenset(f"{p}:{comm[p]}" for p in ours),
             frozenset(f"{p}:{comm[p]}" for p in orphans))
 

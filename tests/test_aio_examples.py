@@ -30,3 +30,15 @@ def test_example_runs(argv, tmp_path, no_leaks):
     if "--out" in args:
         n, mib = int(args[args.index("--streams") + 1]), int(args[args.index("--mib") + 1])
         assert sorted(f.stat().st_size for f in tmp_path.iterdir()) == [mib << 20] * n
+
+
+@pytest.mark.parametrize("example", ["aio_ingest.py", "aio_echo.py"])
+def test_uvloop_missing_names_the_extra(example: str) -> None:
+    """--uvloop where uvloop cannot be imported: one line naming the extra to install."""
+    code = ("import runpy, sys; sys.modules['uvloop'] = None; "  # import uvloop now fails
+            f"sys.argv = [{example!r}, '--uvloop']; sys.path.insert(0, {str(EXAMPLES)!r}); "
+            f"runpy.run_path({str(EXAMPLES / example)!r}, run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip() == ("error: --uvloop needs uvloop, which is not installed; install "
+                                "zcnet's aio extra: pip install 'zcnet[aio]'")

@@ -4,6 +4,7 @@ and a `zcnet compare` verdict between two such runs; bad values are one-line usa
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,8 @@ def test_summary_has_median_and_spread_of_each_cell() -> None:
 def test_table_cell_reads_medians_range_and_failures() -> None:
     rows = [row("epoll", 30.0, 40), row("epoll", 36.0, 50), row("epoll", None),
             row("epoll", 33.0, 70)]
-    assert repeats_text(rows).plain == "33.0 Gbps (50%) [30.0..36.0] 1/4 failed"
-    assert repeats_text(rows[:1]).plain == "30.0 Gbps (40%)"
+    assert repeats_text(rows).plain == "33.0 (50%)\n[30.0..36.0]\n1/4 failed"
+    assert repeats_text(rows[:1]).plain == "30.0 (40%)"
     assert repeats_text([row("epoll", None)]).plain == "error"
 
 
@@ -113,4 +114,8 @@ def test_repeated_bench_interleaves_and_compare_gives_a_verdict(tmp_path: Path) 
         assert "needs --repeat" not in r.verdict.text()
     r = zcnet("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr
-    assert "needs --repeat" not in r.stdout and "engine=uring" in r.stdout
+    # Each engine's row ends in a verdict with its p-value, never "no verdict".
+    for engine in ("epoll", "uring"):
+        assert re.search(rf"^{engine} .* (faster|slower|n\.s\.) p[=<]\d", r.stdout, re.M), \
+            r.stdout
+    assert "no verdict" not in r.stdout

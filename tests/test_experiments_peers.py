@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from zcnet.bench.cpustat import SHARES
 from zcnet.bench.peers import parse_peers, run_peer
 from zcnet.errors import UsageError
 from zcnet.lab import Lab
@@ -27,9 +28,8 @@ def _check_cpu(row: dict[str, Any]) -> None:
     for side in ("rx", "tx"):
         shares = row["cpu"][side]
         assert set(shares) >= {"usr", "sys", "irq", "soft", "idle"}
-        # The shares leave out steal time, which a VM has: they sum to 100 or a little less.
-        total = sum(shares[k] for k in ("usr", "sys", "iowait", "irq", "soft", "idle"))
-        assert 85.0 <= total <= 100.5
+        # Every share of the CPU's time, steal (a VM has it) and guest included: 100 in all.
+        assert sum(shares[k] for k in SHARES) == pytest.approx(100.0, abs=0.1)
 
 
 @pytest.mark.root
@@ -68,8 +68,9 @@ def test_missing_binary_says_not_installed(lab: Lab, monkeypatch: pytest.MonkeyP
         {"engine": "epoll", "mtu": 1500, "placement": "same", "status": "ok", "gbps": 9.0},
         row]}
     peer_table = experiment_tables(doc)[-1]
-    assert peer_table.rows == [["sockperf", "1500", "same",
-                                "not installed (apt-get install sockperf)", "", ""]]
+    assert peer_table.rows == [["sockperf", "1500", "same", "n/a", "", ""]]
+    assert peer_table.notes == ["n/a: sockperf mtu 1500 same: not installed (apt-get install "
+                                "sockperf)"]
 
 
 def test_peer_table_ratio_against_best_engine() -> None:
@@ -80,8 +81,25 @@ def test_peer_table_ratio_against_best_engine() -> None:
          "status": "ok", "gbps": 10.0}]}
     tables = experiment_tables(doc)
     assert tables[0].headers == ["MTU", "epoll", "uring"]  # peers are not engine columns
-    assert tables[-1].rows == [["iperf3", "9000", "split", "10.00 Gbit/s", "12.00 Gbit/s",
-                                "1.20x"]]
+    assert tables[-1].rows == [["iperf3", "9000", "split", "10.00", "uring 12.00", "1.20x"]]
+    assert "Gbit/s" in tables[-1].title
+
+
+def test_repeated_peers_read_one_row_per_mtu_with_median_and_range() -> None:
+    """`reproduce --repeat 3`: each peer once per MTU and placement, its median and range, and
+    the ratio of the medians (not one row per repeat)."""
+    def row(engine: str, mtu: int, gbps: float, rep: int, peer: bool = False) -> dict[str, Any]:
+        return {"engine": engine, "mtu": mtu, "placement": "same", "status": "ok",
+                "gbps": gbps, "repeat": rep, **({"peer": engine} if peer else {})}
+
+    results = [r for rep, (a, b, c) in enumerate(((20.0, 10.0, 30.0), (22.0, 14.0, 33.0),
+                                                 (21.0, 12.0, 36.0)))
+               for r in (row("uring", 1500, a, rep), row("uring", 9000, b, rep),
+                         row("iperf3", 1500, c, rep, True), row("iperf3", 9000, c / 2, rep, True))]
+    table = experiment_tables({"tool": "zcnet", "kind": "bench", "results": results})[-1]
+    assert table.rows == [
+        ["iperf3", "1500", "same", "33.00 [30.00..36.00]", "uring 21.00", "0.64x"],
+        ["iperf3", "9000", "same", "16.50 [15.00..18.00]", "uring 12.00", "0.73x"]]
 
 
 def test_parse_peers() -> None:

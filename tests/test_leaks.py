@@ -108,3 +108,62 @@ def test_namespaces_of_other_live_processes_are_theirs():
     finally:
         for ns in (theirs, ours):
             subprocess.run(["ip", "netns", "del", ns], check=True)
+
+
+@pytest.mark.root
+def test_only_links_and_namespaces_a_test_could_have_made_count():
+    """Another program's namespace (a name no zcnet test gives) and another live run's veth are
+    not our leak; a veth named for us is."""
+    import subprocess
+
+    before = Snapshot.take()
+    made: list[list[str]] = []
+    try:
+        for cmd in (["ip", "netns", "add", "otherprog0"],
+                    ["ip", "link", "add", "zctx1", "type", "veth", "peer", "name", "zctx1p"],
+                    ["ip", "link", "add", f"zctx{os.getpid()}", "type", "veth", "peer", "name",
+                     f"zctx{os.getpid()}p"]):
+            subprocess.run(cmd, check=True)
+            made.append(cmd)
+        problems = Snapshot.take().leaked_since(before)
+        ours = f"zctx{os.getpid()}"
+        assert problems == [f"veth links left: {sorted([ours, ours + 'p'])}"]
+    finally:
+        for cmd in made:
+            subprocess.run([*cmd[:2], "del", cmd[3]], check=True)
+    assert Snapshot.take().leaked_since(before) == []
+
+
+def test_netdevsim_devices_count_by_the_lab_their_id_names():
+    """A device of a live foreign run's lab is theirs; of our lab, of a dead owner's lab or of a
+    persistent lab it may be ours; an ID zcnet never gives is another program's."""
+    from leaks import _owner_may_be_us
+    from zcnet.lab.names import owned, persistent
+    from zcnet.lab.netdevsim import device_id, owner_of
+
+    def may_be_ours(dev_id: int) -> bool:
+        owner = owner_of(dev_id)
+        return owner is not None and _owner_may_be_us(owner.pid)
+
+    assert not may_be_ours(device_id(owned(1, 3), "a"))
+    assert may_be_ours(device_id(owned(os.getpid(), 3), "b"))
+    assert may_be_ours(device_id(persistent(2), "a"))
+    assert not may_be_ours(7)
+
+
+def test_an_orphaned_vm_counts_only_when_zcnet_could_have_started_it_for_us():
+    """zcnet's runner names its temp dir for its process; the check reads QEMU's command line."""
+    import subprocess
+    import sys
+
+    from leaks import _vm_could_be_ours
+
+    for marker, ours in (("/tmp/zcnet-vm-1-abc/initramfs.cpio", False),
+                         (f"/tmp/zcnet-vm-{os.getpid()}-abc/initramfs.cpio", True),
+                         ("/tmp/other/initramfs.cpio", False)):
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+        try:
+            assert _vm_could_be_ours(p.pid) is ours, marker
+        finally:
+            p.kill()
+            p.wait()

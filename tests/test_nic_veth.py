@@ -241,3 +241,46 @@ def test_page_pool_stats_rows_belong_to_the_device(dev):
     if not rows:
         pytest.skip(f"{dev.ifname} has no page pool now (veth makes one for XDP or GRO)")
     assert all(r["info"]["ifindex"] == dev.ifindex for r in rows)
+
+
+@pytest.mark.root
+def test_doctor_picks_a_queue_the_device_has(dev):
+    """Without --queue: the device's last RX queue; a --queue it lacks is a usage error that
+    names the queues it has."""
+    before = ethtool.channels_get(dev)
+    top = before["rx-max"]  # veth: one per CPU, 2 or more
+    ethtool.channels_set(dev, rx_count=top)
+    try:
+        assert doctor.rx_queues(dev) == list(range(top))
+        assert doctor.pick_queue(dev, None) == top - 1
+        assert doctor.pick_queue(dev, 0) == 0
+        with pytest.raises(UsageError, match=rf"has no RX queue {top} \(its RX queues: "
+                                             rf"0\.\.{top - 1}\)"):
+            doctor.pick_queue(dev, top)
+    finally:
+        ethtool.channels_set(dev, rx_count=before["rx-count"])
+
+
+def test_loopback_is_named_by_its_driver(no_leaks):
+    """lo has no ethtool driver info: it is "loopback", not "?", in show, doctor and errors."""
+    with Device.open("lo") as lo:
+        assert lo.drvinfo().driver == "loopback" and lo.driver == "loopback"
+        assert lo.flags() & 0x8  # IFF_LOOPBACK
+        assert info.show(lo)["driver"]["driver"] == "loopback"
+        assert info.show(lo)["channels"] == {
+            "unsupported": "driver loopback does not support channels"}
+        checks = {c.name: c for c in doctor.run(lo, doctor.pick_queue(lo, None))}
+    qops = checks["driver: queue management ops"]
+    assert (qops.status, qops.detail) == (doctor.FAIL,
+                                          "driver loopback has no queue management ops")
+    assert "queue 0 free of providers" in checks
+    assert not any("driver ?" in c.detail for c in checks.values())
+
+
+def test_doctor_cli_queue_it_lacks_is_one_line(no_leaks, capsys):
+    from zcnet.cli import main
+
+    assert main(["nic", "doctor", "lo", "--queue", "9"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["zcnet: error: lo has no RX queue 9 (its RX queues: 0)",
+                   "zcnet: fix: give one of them, e.g. --queue 0, or leave --queue out"]

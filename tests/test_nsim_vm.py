@@ -1,5 +1,5 @@
-"""For real on netdevsim: labs, NIC setup and steering, zcrx and devmem on an RX queue, devmem
-TX. These run inside a VM booted with zcnet's netdevsim test kernel (``zcnet vm build-kernel``);
+"""For real on netdevsim: labs, NIC setup and steering, zcrx and devmem on an RX queue (devmem TX:
+tests/test_tx_devmem_vm.py). These run inside a VM booted with zcnet's netdevsim test kernel (``zcnet vm build-kernel``);
 on the host they report the inner outcome. That netdevsim is a header-split NIC whose DMA is
 simulated: it writes the payload into the queue's provider memory through the DMA address, a
 CPU copy standing in for the DMA engine. So the kernel's zero-copy paths run for real (its own
@@ -7,19 +7,14 @@ copy counters say 0); a NIC's DMA and its speed are not shown."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import logging
-import mmap
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,12 +27,9 @@ from zcnet.lab import Lab, netdevsim
 from zcnet.netns import in_netns
 from zcnet.nic import ethtool, info, netdev, ntuple, setup
 from zcnet.nic.device import Device
-from zcnet.nic.genl import GenlSocket
 from zcnet.rx.zc import open_receiver
 from zcnet.rx.zc.area import HUGE_2MB, udmabuf_create
 from zcnet.rx.zc.devnote import NETDEVSIM_DMA_NOTE
-from zcnet.uapi import netdev as nd
-from zcnet.uapi import socket as usock
 
 pytestmark = [pytest.mark.vm(kernel="nsim"), pytest.mark.root]
 
@@ -468,79 +460,3 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
                for c in zcrx), zcrx
     assert all(c["engine_stats"]["kernel_copied_bytes"] == 0 for c in zcrx), zcrx
 
-
-# --- devmem TX: the kernel side (netdevsim reads the dma-buf through its DMA address) ----------
-# zcnet has no devmem send path yet; these few lines are the uapi calls it will make.
-
-class _iovec(ctypes.Structure):
-    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
-
-
-class _msghdr(ctypes.Structure):
-    _fields_ = (("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
-                ("msg_iov", ctypes.POINTER(_iovec)), ("msg_iovlen", ctypes.c_size_t),
-                ("msg_control", ctypes.c_void_p), ("msg_controllen", ctypes.c_size_t),
-                ("msg_flags", ctypes.c_int))
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def _send_dmabuf(sock: socket.socket, offset: int, length: int, binding_id: int) -> int:
-    """sendmsg(MSG_ZEROCOPY) of ``length`` bytes at ``offset`` in the bound dma-buf: the iov's
-    base is the offset, the SCM_DEVMEM_DMABUF cmsg names the binding (devmem.rst)."""
-    iov = _iovec(offset, length)
-    control = ctypes.create_string_buffer(socket.CMSG_SPACE(4))
-    struct.pack_into("=QiiI", control, 0, socket.CMSG_LEN(4), socket.SOL_SOCKET,
-                     usock.SCM_DEVMEM_DMABUF, binding_id)
-    msg = _msghdr(None, 0, ctypes.pointer(iov), 1, ctypes.addressof(control), len(control), 0)
-    sent = _LIBC.sendmsg(sock.fileno(), ctypes.byref(msg), usock.MSG_ZEROCOPY)
-    if sent < 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    return int(sent)
-
-
-def test_devmem_tx_reads_the_dmabuf_and_the_peer_gets_every_byte(lab):
-    """bind-tx on side a's port, sends by dma-buf offset; netdevsim reads each unreadable frag
-    through its DMA address (netmem_tx), side b receives the dma-buf's bytes, and every send's
-    completion comes back on the error queue."""
-    from zcnet.tx.zerocopy import coalesce, wait_completions
-
-    size, piece = 4 << 20, 1 << 20
-    fd = udmabuf_create(size)
-    with ExitStack() as stack:
-        stack.callback(os.close, fd)
-        buf = stack.enter_context(mmap.mmap(fd, size))
-        buf[:] = PAT.expected(0, size).tobytes()
-        dev = stack.enter_context(Device.open(lab.if_a, lab.ns_a))
-        genl = stack.enter_context(GenlSocket(dev.netns, dev.genl.timeout))  # the binding's life
-        bound = genl.do(nd.NETDEV_FAMILY_NAME, nd.NETDEV_CMD_BIND_TX, netdev.DMABUF,
-                        {"ifindex": dev.ifindex, "fd": fd}, what="bind-tx")
-        client, server = _pair(lab)
-        stack.enter_context(client)
-        stack.enter_context(server)
-        client.settimeout(None)  # blocking: each send queues all of its piece
-        client.setsockopt(socket.SOL_SOCKET, usock.SO_ZEROCOPY, 1)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, lab.if_a.encode())
-        got = bytearray()
-        reader = threading.Thread(target=lambda: got.extend(_read_all(server)))
-        reader.start()
-        sends = 0
-        for off in range(0, size, piece):
-            assert _send_dmabuf(client, off, piece, bound["id"]) == piece
-            sends += 1
-        ranges = []
-        deadline = time.monotonic() + 60
-        while sum(map(len, coalesce(ranges))) < sends and time.monotonic() < deadline:
-            ranges += wait_completions(client, 1000)
-        client.shutdown(socket.SHUT_WR)
-        reader.join(120)
-    assert bytes(got) == PAT.expected(0, size).tobytes()
-    assert [(r.lo, r.hi) for r in coalesce(ranges)] == [(0, sends - 1)]
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    out = bytearray()
-    while chunk := sock.recv(1 << 16):
-        out += chunk
-    return bytes(out)

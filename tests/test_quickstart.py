@@ -55,7 +55,7 @@ def test_quickstart_with_a_pep668_system_python(tmp_path: Path) -> None:
                             "--engine", "epoll", "--placement", "same", "--mtu", lo_mtu],
                            cwd=repo, capture_output=True, text=True, timeout=900, env=env)
     assert bench.returncode == 0, bench.stderr[-3000:]
-    assert "using a venv" in bench.stderr and "Gbps" in bench.stdout
+    assert "using a venv" in bench.stderr and "Gbit/s" in bench.stdout
     venv = repo / ".venv"
     cfg = (venv / "pyvenv.cfg").read_text()
     assert "include-system-site-packages = false" in cfg

@@ -72,3 +72,27 @@ def test_plot_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
     with pytest.raises(ZcnetError):
         plot_all(doc, tmp_path, [first])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_plots_say_what_they_show(tmp_path: Path) -> None:
+    """Titled in words, the error bars named, the substitutions named (in the PNG's text)."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    doc = load("mlx5-zcrx")
+    by_mtu, cpu = plots.plot_all(doc, tmp_path)
+    meta = Image.open(by_mtu).text
+    assert meta["Title"] == f"{doc['experiment']['title']}: throughput by MTU"
+    assert "points: mean of up to 3 runs per cell; error bars: ± 1 standard deviation" in \
+        meta["Description"]
+    assert "substituted: engine zcrx runs as soft-zc" in meta["Description"]
+    assert "Linux 6.18.44-fc-v595, 2 CPUs, AMD EPYC" in meta["Description"]
+    cpu_meta = Image.open(cpu).text
+    assert cpu_meta["Title"].endswith(": where the CPU time went")
+    assert "the shares add up to 100 %" in cpu_meta["Description"]
+    # A bench file: medians with their range, as its table shows them.
+    bench = load("bench-a")
+    bench["kind"] = "bench"
+    (path, _) = plots.plot_all(bench, tmp_path, stem="b")
+    assert "error bars: lowest to highest run" in Image.open(path).text["Description"]
+    assert "not plotted (no value): zcrx (unsupported)" in Image.open(path).text["Description"]

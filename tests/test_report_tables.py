@@ -38,7 +38,10 @@ def test_grid_is_the_seed_table_with_stats_and_notes() -> None:
     assert table.headers == ["MTU", "epoll", "uring", "soft-zc"]
     assert [r[0] for r in table.rows] == ["1500", "4096", "9000"]
     # 1500/epoll repeats 11.2, 11.6, 11.4: mean 11.40, sample stdev 0.20; CPU 99% busy.
-    assert table.rows[0][1] == "11.40 ± 0.20 Gbit/s, 99% CPU"
+    assert table.rows[0][1] == "11.40 ± 0.20, 99% CPU"
+    assert table.title.endswith(": throughput in Gbit/s, mean ± stdev")  # the unit, once
+    assert any(n.startswith("N% CPU: how busy the CPU the receiving application") for n in
+               table.notes)
     assert any(n.startswith("substituted: engine zcrx runs as soft-zc") for n in table.notes)
     # 9000/soft-zc repeats 24, 30, 36: stdev 6 = 20% of the mean, so it is flagged.
     unstable = [n for n in table.notes if n.startswith("warning:")]
@@ -61,15 +64,17 @@ def test_mpstat_tables_per_cell() -> None:
     assert mp[0].rows == [["0", "4.90", "63.68", "0.00", "1.64", "2.84", "26.94"],
                           ["1", "0.00", "0.00", "0.00", "0.30", "89.50", "10.20"]]
     # 15.2 Gbit/s = 1900 MB/s, as the seed prints it.
-    assert mp[0].title.endswith("MB/s=1900")
+    assert mp[0].title.endswith(": 1900 MB/s")
+    # What the shares are, once; the file predates %nice/%steal/%guest: not shown as 0.
+    assert mp[-1].notes[-1].startswith("% of each CPU's time")
+    assert mp[-1].notes[-1].endswith("%nice, %steal, %guest: not recorded in this file, not shown")
 
 
 def test_plain_bench_envelope_gets_default_grid_with_na() -> None:
     tables = experiment_tables(load("bench-a"))
     (table,) = tables
     assert table.headers == ["MTU", "epoll", "uring", "zcrx"]
-    assert table.rows == [["1500", "10.00 ± 0.16 Gbit/s, 95% CPU",
-                           "12.00 ± 0.16 Gbit/s, 95% CPU", "n/a"]]
+    assert table.rows == [["1500", "10.00 ± 0.16, 95% CPU", "12.00 ± 0.16, 95% CPU", "n/a"]]
     assert any("unsupported: device lacks queue management ops" in n for n in table.notes)
 
 
@@ -90,7 +95,7 @@ def test_cli_renders_a_result_file(tmp_path: Path, capsys: pytest.CaptureFixture
                "--csv", str(cs)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "11.40 ± 0.20 Gbit/s, 99% CPU" in out
+    assert "11.40 ± 0.20, 99% CPU" in out and "throughput in Gbit/s" in out
     assert md.read_text() == (FIX / "mlx5-zcrx.expected.md").read_text()
     rows = list(csv.DictReader(io.StringIO(cs.read_text())))
     assert len(rows) == 9 and (rows[0]["engine"], rows[0]["mtu"]) == ("epoll", "1500")
@@ -147,3 +152,19 @@ def test_ab_against_a_zero_baseline(monkeypatch: pytest.MonkeyPatch, scipy: bool
     (table,) = experiment_tables(doc)
     text = " ".join(" ".join(r) for r in table.rows)
     assert "nan" not in text and "inf" not in text
+
+
+def test_per_cpu_columns_steal_shown_where_measured_and_na_never_zero() -> None:
+    """A VM's stolen time gets its column when some CPU had it; a share a row did not record
+    reads n/a, not 0.00."""
+    doc = copy.deepcopy(load("zcrx-refs"))
+    full = {"usr": 10.0, "nice": 0.0, "sys": 20.0, "iowait": 5.0, "irq": 1.0, "soft": 4.0,
+            "steal": 7.5, "guest": 0.0, "idle": 52.5}
+    for row in doc["results"]:
+        row["cpus"]["0"] = dict(full)
+    tables = [t for t in experiment_tables(doc) if t.headers[0] == "CPU"]
+    assert tables[0].headers == ["CPU", "%usr", "%sys", "%iowait", "%irq", "%soft", "%steal",
+                                 "%idle"]
+    assert tables[0].rows[0] == ["0", "10.00", "20.00", "5.00", "1.00", "4.00", "7.50", "52.50"]
+    assert tables[0].rows[1][6] == "n/a"  # CPU 1's row has no steal recorded
+    assert "%nice, %guest: 0 wherever recorded, not shown" in tables[-1].notes[-1]

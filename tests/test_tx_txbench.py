@@ -92,8 +92,17 @@ def test_cli_loopback_json(no_leaks, tmp_path, capsys) -> None:
     doc = json.loads(out.read_text())
     assert doc["kind"] == "txbench" and {r["mode"] for r in doc["results"]} == {"single", "gso"}
     assert all(r["received"] == 256 for r in doc["results"])
+    assert "TCP-only" in doc["not_measured"]["devmem"]
     text = capsys.readouterr().out
     assert "single -> gso" in text and "Packet rate" in text
+
+
+def test_devmem_is_refused_saying_why(no_leaks, capsys) -> None:
+    """devmem TX exists for TCP only: txbench (UDP) says so instead of measuring something else."""
+    assert main(["txbench", "--loopback", "--mode", "single,devmem"]) == 2
+    err = capsys.readouterr().err
+    assert "txbench cannot measure devmem: devmem TX is TCP-only" in err
+    assert "zcnet bench --tx devmem" in err
 
 
 def test_gso_fallback_is_noted_in_the_results(no_leaks) -> None:

@@ -329,11 +329,13 @@ def test_run_streams_output_and_returns_status(kernel: Kernel, no_leaks) -> None
 @pytest.mark.slow
 def test_cli_exit_status_env_and_share(kernel: Kernel, tmp_path: Path) -> None:
     env = dict(os.environ, ZCNET_TEST_TOKEN="tok'en 1")
+    share = tmp_path / "a share"   # the guest's /init once split the path at the space
+    share.mkdir()
     script = 'echo "$ZCNET_TEST_TOKEN $ZCNET_IN_VM $(pwd)" > out.txt; echo done; exit 7'
     rc, out, _ = _finish(_zcnet("vm", "run", "--kernel", kernel.release, "--", "sh", "-c", script,
-                                env=env, cwd=tmp_path))
+                                env=env, cwd=share))
     assert rc == 7 and "done" in out
-    assert (tmp_path / "out.txt").read_text() == f"tok'en 1 1 {tmp_path}\n"
+    assert (share / "out.txt").read_text() == f"tok'en 1 1 {share}\n"
 
 
 @pytest.mark.slow

@@ -80,8 +80,10 @@ def _setns(fd: int) -> None:
 
 
 def netns_path(name: str) -> Path:
-    if not name or "/" in name or name in (".", ".."):
-        raise ZcnetError(f"bad network namespace name {name!r}")
+    # A file name under /run/netns: NAME_MAX (255) bytes at most.
+    if not name or "/" in name or name in (".", "..") or len(os.fsencode(name)) > 255:
+        raise ZcnetError(f"bad network namespace name {name[:64]!r}",
+                         "`ip netns list` shows the names")
     return NETNS_RUN_DIR / name
 
 

@@ -27,8 +27,10 @@ import pwd
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.userfile import FileProblem, file_in_the_way, read_bytes
 
 MIN_TOKEN = 8
 MAX_TOKEN = 4096
@@ -63,35 +65,51 @@ def _check_owner_mode(path: Path | str, st: os.stat_result, what: str, bits: int
                          f"(mode {stat.S_IMODE(st.st_mode):04o})", f"{fix} {path}")
 
 
+_ELSEWHERE = "set XDG_CONFIG_HOME to a directory you own, or pass --token-file FILE"
+_MAKE_ONE = "make one with e.g. `(umask 077; head -c 32 /dev/urandom | base64 > FILE)`"
+
+
 def read_token(path: Path | str, *, follow_symlinks: bool = True) -> bytes:
     """The secret in ``path`` (first line, stripped); refused unless only its owner (this user,
-    or root) can read or change it."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks
-                                                           else os.O_NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        if e.errno == errno.ELOOP and not follow_symlinks:
-            raise UsageError(f"token file {path} is a symlink", f"remove it: rm {path} "
-                             "(the server creates a new one)") from None
-        hint = ("start `zcnet server` once as this user (it creates the file), or pass "
-                "--token-file FILE" if e.errno == errno.ENOENT and not follow_symlinks else
-                "create it with e.g. `(umask 077; head -c 32 /dev/urandom | base64 > FILE)`")
-        raise UsageError(f"cannot read token file {path}: {e.strerror}", hint) from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"token file {path} is not a regular file",
-                             "give the path of a file holding the secret")
+    or root) can read or change it. ``follow_symlinks=False`` is for the default file, whose
+    fixes are about the file the server creates."""
+    default = not follow_symlinks
+    redo = f"remove {path} (the server creates a new one)"
+
+    def owner_mode(st: os.stat_result) -> None:
         _check_owner_mode(path, st, "token file", 0o077, "chmod 600")
-        data = f.read(MAX_TOKEN + 1)
+
+    try:
+        data = read_bytes(path, "token file", limit=MAX_TOKEN, nofollow=default,
+                          fix=redo if default else "give a file whose first line is the secret "
+                                                   "(e.g. 32 random bytes in base64), mode 600",
+                          check=owner_mode)
+    except FileProblem as e:
+        if e.errno == errno.ELOOP and default:
+            raise UsageError(f"token file {path} is a symlink", redo) from None
+        if e.errno == errno.ENOENT:
+            hint = ("start `zcnet server` once as this user (it creates the file), or pass "
+                    "--token-file FILE" if default else _MAKE_ONE)
+            raise UsageError(e.message, hint) from None
+        raise
     token = data.split(b"\n", 1)[0].strip()
     if len(token) < MIN_TOKEN:
         raise UsageError(f"token in {path} is shorter than {MIN_TOKEN} bytes",
-                         "use a longer secret")
-    if len(data) > MAX_TOKEN:
-        raise UsageError(f"token file {path} is larger than {MAX_TOKEN} bytes",
-                         "a token is one line (e.g. 32 random bytes in base64)")
+                         redo if default else _MAKE_ONE)
+    return token
+
+
+def token_from_stream(stream: BinaryIO, where: str) -> bytes:
+    """The secret on the first line of ``stream`` (``--token-file -``): at most ``MAX_TOKEN``
+    bytes are read, so endless input without a newline is refused, not held in memory."""
+    line = stream.readline(MAX_TOKEN + 1)
+    if len(line) > MAX_TOKEN:
+        raise UsageError(f"token on {where} is longer than {MAX_TOKEN} bytes",
+                         "send one line (e.g. 32 random bytes in base64)")
+    token = line.strip()
+    if len(token) < MIN_TOKEN:
+        raise UsageError(f"token on {where} is shorter than {MIN_TOKEN} bytes",
+                         "send a longer secret")
     return token
 
 
@@ -113,7 +131,7 @@ def _check_dir(d: Path) -> None:
     except FileNotFoundError:
         return   # reading the token then says what to do
     except OSError as e:
-        raise UsageError(f"cannot use {d}: {e.strerror}", "check its permissions") from None
+        raise UsageError(f"cannot use {d}: {_why(d, e)}", _ELSEWHERE) from None
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{d} is not a directory (a symlink?)",
                          f"remove it: rm {d} (the server creates the directory, mode 0700)")
@@ -126,10 +144,15 @@ def _ensure_dir(d: Path) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
     except OSError as e:
-        raise ZcnetError(f"cannot create {d}: {e.strerror}",
-                         "set XDG_CONFIG_HOME to a directory you own, or pass --token-file FILE"
-                         ) from None
+        raise ZcnetError(f"cannot create {d}: {_why(d, e)}", _ELSEWHERE) from None
     _check_dir(d)
+
+
+def _why(d: Path, e: OSError) -> str:
+    """What stops ``d`` being used: a file where one of its directories should be (mkdir says
+    EEXIST, lstat ENOTDIR), else the error."""
+    file = file_in_the_way(d.parent)
+    return f"{file} is not a directory" if file is not None else str(e.strerror)
 
 
 def _create(path: Path) -> None:
@@ -146,9 +169,7 @@ def _create(path: Path) -> None:
         with contextlib.suppress(FileExistsError):   # another server won the race: use its
             os.link(tmp, path)
     except OSError as e:
-        raise ZcnetError(f"cannot create token file {path}: {e.strerror}",
-                         "set XDG_CONFIG_HOME to a directory you own, or pass --token-file FILE"
-                         ) from None
+        raise ZcnetError(f"cannot create token file {path}: {e.strerror}", _ELSEWHERE) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -25,7 +25,14 @@ from zcnet.bench import proto
 from zcnet.bench.control import Control
 from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.hist import merge_encoded, summarize
-from zcnet.bench.proto import GRACE, OptionValue, ProtocolError
+from zcnet.bench.proto import (
+    GRACE,
+    Budget,
+    LimitExceeded,
+    OptionValue,
+    ProtocolError,
+    buffer_sizes,
+)
 from zcnet.bench.remote import NetnsServer
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab import Lab
@@ -173,6 +180,7 @@ def run(opts: ClientOptions) -> ClientResult:
             controls.append(src)
         opts.check_cpus("dst", dst.cpus)
         opts.check_cpus("src", src.cpus)
+        _check_limits(opts, src, dst)
         placed = [_place(opts, src, dst, i) for i in range(opts.flows)]
         for c in reversed(controls):  # receivers (dst) were started first, by convention
             c.send({"type": "start", "duration": float(opts.duration)})
@@ -185,21 +193,67 @@ def run(opts: ClientOptions) -> ClientResult:
         return result
 
 
+def _open_msg(opts: ClientOptions, flow: int) -> dict[str, Any]:
+    return {"type": "open", "flow": flow, "mode": opts.mode, "engine": opts.rx_engine,
+            "read_size": opts.read_size, "req_size": opts.req_size, "resp_size": opts.resp_size,
+            **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
+            **({"verify": True} if opts.verify else {}),
+            **({"port": opts.data_port + flow} if opts.data_port else {})}
+
+
+def _connect_msg(opts: ClientOptions, flow: int, host: str, port: int) -> dict[str, Any]:
+    return {"type": "connect", "flow": flow, "host": host, "port": port, "mode": opts.mode,
+            "tx": opts.tx, "write_size": opts.write_size, "req_size": opts.req_size,
+            "resp_size": opts.resp_size, **({"verify": True} if opts.verify else {})}
+
+
+def _check_limits(opts: ClientOptions, src: Control, dst: Control) -> None:
+    """Every request of the run charged against each server's limits (from its welcome), the
+    way the server will: a run it would refuse half-way is refused before any flow starts.
+    Reconnecting a flow closes it first, so one attempt per flow is the whole budget."""
+    start = {"type": "start", "duration": float(opts.duration)}
+    host = opts.data_host or dst.host
+    plans = {id(dst): (dst, [_open_msg(opts, i) for i in range(opts.flows)])}
+    plans.setdefault(id(src), (src, []))[1].extend(
+        _connect_msg(opts, i, host, 1) for i in range(opts.flows))
+    for control, plan in plans.values():
+        budget = Budget(control.limits)
+        for msg in [*plan, start]:
+            try:
+                budget.check(msg)
+            except LimitExceeded as e:
+                need = sum(sum(buffer_sizes(m)) for m in plan)
+                raise _over_limit(opts, control.addr, e, need) from None
+            budget.record(msg)
+
+
+def _over_limit(opts: ClientOptions, addr: str, e: LimitExceeded, need: int) -> UsageError:
+    """The refusal ``e`` a server at ``addr`` would give, said in the client's options."""
+    server = f"the server at {addr}"
+    buffers = "--read-size/--write-size (--req-size/--resp-size with --rr) or the engine's " \
+              "area/ring options"
+    if e.limit == "max_flows":
+        return UsageError(f"-n {opts.flows}: {server} allows at most {int(e.allowed)} flows "
+                          "per session", f"use -n {int(e.allowed)} or fewer, or start that "
+                          "server with a higher --max-flows")
+    if e.limit == "max_duration":
+        return UsageError(f"-t {opts.duration:g}: {server} allows runs of at most "
+                          f"{e.allowed:g} s", f"use -t {e.allowed:g} or less, or start that "
+                          "server with a higher --max-duration")
+    if e.limit == "max_buffer":
+        return UsageError(f"a buffer of {int(e.asked)} bytes: {server} allows at most "
+                          f"{int(e.allowed)} bytes per buffer", f"lower {buffers}")
+    return UsageError(f"{opts.flows} flow(s) need {need} bytes of buffers on {server}, which "
+                      f"allows {int(e.allowed)} bytes per session", f"use fewer flows, lower "
+                      f"{buffers}, or start that server with a higher --max-memory")
+
+
 def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[str, Any]:
     """Open, connect and probe one flow until its RX CPU is wanted; then pin it."""
     data_host = opts.data_host or dst.host
     for attempt in range(1, opts.max_attempts + 1):
-        opened = dst.request({"type": "open", "flow": flow, "mode": opts.mode,
-                              "engine": opts.rx_engine, "read_size": opts.read_size,
-                              "req_size": opts.req_size, "resp_size": opts.resp_size,
-                              **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
-                              **({"verify": True} if opts.verify else {}),
-                              **({"port": opts.data_port + flow} if opts.data_port else {})})
-        connected = src.request({"type": "connect", "flow": flow, "host": data_host,
-                                 "port": opened["port"], "mode": opts.mode, "tx": opts.tx,
-                                 "write_size": opts.write_size, "req_size": opts.req_size,
-                                 "resp_size": opts.resp_size,
-                                 **({"verify": True} if opts.verify else {})})
+        opened = dst.request(_open_msg(opts, flow))
+        connected = src.request(_connect_msg(opts, flow, data_host, opened["port"]))
         rx_cpu = dst.request({"type": "probe", "flow": flow})["cpu"]
         if opts.wanted(rx_cpu):
             break
@@ -258,7 +312,8 @@ def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str,
             row.update({k: v for k, v in (("tx_stats", t.get("tx_stats")),
                                           ("engine_stats", r.get("engine_stats")),
                                           ("syscalls", r.get("calls")),
-                                          ("verify", r.get("verify"))) if v is not None})
+                                          ("verify", r.get("verify")),
+                                          ("intervals", r.get("intervals"))) if v is not None})
             ver = row.get("verify") or {}
             if ver.get("mismatches"):
                 row.update(status="error",

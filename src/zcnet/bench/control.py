@@ -44,7 +44,7 @@ class Control:
                        "caps": list(proto.CAPABILITIES)})
             welcome = self.receive(REQUEST_TIMEOUT)
             self.cpus: int = welcome["cpus"]
-            self.limits: dict[str, Any] = welcome["limits"]
+            self.limits: proto.Limits = self.conn.limits   # as the welcome said
             self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
             auth_ok = self.receive(REQUEST_TIMEOUT)
             self.env: dict[str, Any] = auth_ok.get("host") or {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zcnet.bench import meta
+from zcnet.bench import busy, meta
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.control import ServerRefused
 from zcnet.bench.matrix import NIC_ENGINES, BenchOptions
@@ -201,7 +201,7 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
                 raise Unsupported(e.cause) from None
             raise
     row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
-                    consumer=cell.get("consumer", "same"))
+                    consumer=cell.get("consumer", "same"), sender_here=False)
     if engine in NIC_ENGINES and (note := device_note(ifname)):
         row["note"] = note  # netdevsim: simulated DMA, or (upstream) the kernel's copies
     row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": rig.remote}
@@ -262,9 +262,10 @@ MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_tx
 
 
 def new_document(spec: Spec, rig: ExperimentRig, the_plan: Plan, repeat: int) -> dict[str, Any]:
-    env = meta.collect_env(lab=rig.ifname is None, nic=rig.ifname, remote=rig.remote)
+    env = meta.collect_env(lab=rig.ifname is None, nic=rig.ifname, remote=rig.remote,
+                           machine=busy.before())
     return meta.envelope(
-        "experiment", env, [],
+        "experiment", env, [], warnings=[],
         experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
                     "about": spec.about.strip(), "source": spec.source, "repeat": repeat,
                     "duration": spec.duration, "substitutions": the_plan.substitutions},
@@ -321,6 +322,8 @@ def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None
         if progress:
             progress(done, total, {})
     finally:
+        busy.after(doc["env"]["machine"])
+        doc["warnings"] = busy.warnings(doc["env"]["machine"], doc["results"])
         # Interrupted or not, the file holds every cell measured so far.
         if json_path is not None:
             _save(json_path, doc)

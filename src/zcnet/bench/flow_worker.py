@@ -34,6 +34,7 @@ import numpy as np
 
 from zcnet.bench import tcpinfo
 from zcnet.bench.hist import encode_histogram, new_histogram, record_batch, summarize
+from zcnet.bench.intervals import IntervalSampler, interval_for
 from zcnet.bench.proto import UNSUPPORTED_HERE, OptionValue
 from zcnet.bench.stream import send_stream
 from zcnet.errors import UsageError, ZcnetError
@@ -208,11 +209,20 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
         conn, _ = ls.accept()
     with conn:
         conn.settimeout(None)
+        # Nothing is sent before "start": what the socket has received now is the flow's zero.
+        at_accept = tcpinfo.read(conn).get("tcpi_bytes_received")
         chan.send({"event": "accepted", "cpu": _incoming_cpu(conn)})
-        if _wait_start(chan) is None:
+        duration = _wait_start(chan)
+        if duration is None:
             return
         before = tcpinfo.read(conn)
-        result = RX_MODES[spec.mode](spec, conn, engine)
+        if spec.mode == "stream":
+            # The rate per interval, for the cell's spread (zcnet.bench.intervals).
+            with IntervalSampler(conn, interval_for(duration), at_accept) as sampler:
+                result = RX_MODES[spec.mode](spec, conn, engine)
+            result["intervals"] = sampler.as_dict()
+        else:
+            result = RX_MODES[spec.mode](spec, conn, engine)
         result.update(event="result", role="rx", incoming_cpu=_incoming_cpu(conn),
                       app_cpu=os.sched_getaffinity(0).pop() if len(os.sched_getaffinity(0)) == 1
                       else None, tcp=tcpinfo.delta(before, tcpinfo.read(conn)))

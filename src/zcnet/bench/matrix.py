@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.cpustat import SHARES
 from zcnet.bench.peers import parse_peers
 from zcnet.bench.proto import OptionValue
 from zcnet.errors import UsageError
@@ -24,7 +25,7 @@ DEFAULT_MTUS = (1500, 4096, 9000)
 DEFAULT_ENGINES = default_engines()
 PLACEMENTS = ("same", "split")
 NIC_ENGINES = tuple(name for name, info in ENGINES.items() if info.needs_nic)
-CPU_FIELDS = ("usr", "sys", "irq", "soft", "idle")
+CPU_FIELDS = SHARES  # the per-CPU shares a result row carries (zcnet.bench.cpustat)
 
 
 @dataclass

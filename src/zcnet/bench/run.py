@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from zcnet.bench import busy, intervals
 from zcnet.bench.client import ClientResult, LabServers, lab_servers, run
 from zcnet.bench.control import ServerRefused
 from zcnet.bench.matrix import (
@@ -185,11 +186,12 @@ def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: B
 
 
 def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str,
-              consumer: str) -> dict[str, Any]:
+              consumer: str, sender_here: bool = True) -> dict[str, Any]:
     """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts).
 
     CPU shares are those of the receiving application's CPU on the receiving host and of the
-    sender's CPU on the sending host (each side's own /proc/stat).
+    sender's CPU on the sending host (each side's own /proc/stat). ``sender_here``: the sender
+    runs on the receiving machine too (lab, loopback), so its task is the flow's own.
     """
     f = r.flows[0]
     rx_cpu = f.get("rx_app_cpu") if f.get("rx_app_cpu") is not None else f.get("rx_cpu")
@@ -218,14 +220,42 @@ def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str
     mode = zcrx_mode(f.get("engine_stats") or {})
     if mode:
         out["zcrx_mode"] = mode
-    incoming = f.get("rx_cpu_end")
-    if placement == "same" and incoming not in (None, -1, rx_cpu):
-        out["warning"] = (f"receive softirq ran on CPU {incoming}, not the application's CPU "
-                          f"{rx_cpu}")
-    elif placement == "split" and incoming is not None and incoming == rx_cpu:
-        out["warning"] = (f"receive softirq ran on the application's CPU {rx_cpu}: this cell "
-                          "measured same-CPU placement, not split")
+    warnings = _placement_warnings(placement, f.get("rx_cpu_end"), rx_cpu)
+    warnings += _spread(out, f.get("intervals"), own=2 if sender_here else 1)
+    if warnings:
+        out["warnings"] = warnings
+        out["warning"] = "; ".join(warnings)  # one text, as files before the list had it
     return out
+
+
+def _placement_warnings(placement: str, incoming: int | None, rx_cpu: int | None) -> list[str]:
+    if placement == "same" and incoming not in (None, -1, rx_cpu):
+        return [f"receive softirq ran on CPU {incoming}, not the application's CPU {rx_cpu}"]
+    if placement == "split" and incoming is not None and incoming == rx_cpu:
+        return [f"receive softirq ran on the application's CPU {rx_cpu}: this cell measured "
+                "same-CPU placement, not split"]
+    return []
+
+
+def _spread(out: dict[str, Any], samples: Any, own: int) -> list[str]:
+    """Record the flow's per-interval samples, their spread (coefficient of variation) and the
+    tasks that ran besides the flow's ``own``; a warning when the rate wandered."""
+    if not isinstance(samples, dict):
+        return []
+    out["intervals"] = samples
+    cv = intervals.spread(samples)
+    others = intervals.others_running(samples, own)
+    out["interval_cv"] = None if cv is None else round(cv, 4)
+    out["others_running"] = others
+    if cv is None or cv <= intervals.UNSTABLE_CV:
+        return []
+    n = len(samples.get("seconds") or []) - 2
+    text = (f"{intervals.UNSTEADY}: per-interval Gbit/s varied {100 * cv:.0f}% (stdev/mean "
+            f"over {n} intervals of {samples.get('interval', 0):g} s, limit "
+            f"{100 * intervals.UNSTABLE_CV:.0f}%)")
+    if others:
+        text += f", with a median of {others:g} other tasks running beside the flow"
+    return [text]
 
 
 def steer(lab: Lab) -> None:
@@ -267,17 +297,20 @@ def run_peer_cell(t: BenchSite, mtu: int, peer: str, placement: str, opts: Bench
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
+StartFn = Callable[[int, str, str], None]  # (mtu, engine, placement) of the cell beginning
 
 
-def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str, Any]:
+def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None,
+              on_start: StartFn | None = None) -> dict[str, Any]:
     """Run every cell ``opts.repeat`` times (each repeat runs every cell once); returns the JSON
     envelope, whose rows carry ``repeat`` and whose ``summary`` has each cell's medians and
-    spread. Writes ``opts.json_path`` after each cell."""
+    spread. Writes ``opts.json_path`` after each cell. ``on_start`` hears of each cell as it
+    begins, ``on_cell`` gets its result row."""
     opts = opts.resolved()
     opts.validate()
     results: list[dict[str, Any]] = []
-    env: dict[str, Any] = collect_env(lab=False)
-    doc = envelope("bench", env, results)
+    env: dict[str, Any] = collect_env(lab=False, machine=busy.before())
+    doc = envelope("bench", env, results, warnings=[])
     if not opts.mtus:
         raise UsageError("no MTU given", "pass --mtu 1500,4096,9000 or leave it out")
     by_mtu: dict[int, list[tuple[str, str]]] = {}
@@ -300,6 +333,8 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
                         t.env = t.lab.env()
                     mtu_now = mtu
                     for engine, placement in cells:
+                        if on_start:
+                            on_start(mtu, engine, placement)
                         res = run_one(t, mtu, engine, placement, opts)
                         res["repeat"] = rep
                         results.append(res)
@@ -313,6 +348,8 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None) -> dict[str
         # Whatever was measured is kept (and written below), marked incomplete.
         raise Interrupted(doc) from None
     finally:
+        busy.after(env["machine"])
+        doc["warnings"] = busy.warnings(env["machine"], results)
         if opts.json_path:
             write_json(opts.json_path, doc)
     return doc

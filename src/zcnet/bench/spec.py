@@ -8,6 +8,7 @@ table (see ``_line_of``); TOML syntax errors already carry tomllib's own line an
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from zcnet import quantities
 from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
 from zcnet.rx.registry import engine_names
+from zcnet.userfile import FileProblem, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,6 +29,12 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOOLS = ("bench", "txbench")
+# The built-in specs are a few KiB; a file far larger than any spec is a wrong path.
+MAX_SPEC = 1 << 20
+# Cells of one matrix (the product of its axes' lengths). The built-in ones have at most a few
+# dozen; a run of this many would take hours, and a matrix of millions of cells would not even
+# be planned in memory.
+MAX_CELLS = 10_000
 ENGINES = engine_names()
 TX_MODES = ("single", "mmsg", "uring", "gso")
 TABLES = ("grid", "ab", "mpstat")
@@ -226,6 +234,9 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}", "fix the syntax at that line") from None
+    except RecursionError:   # tomllib recurses per nested array or inline table
+        raise SpecError(f"{source}: arrays or tables nested too deeply",
+                        "a spec nests a few levels at most") from None
     ck = _Checker(text, source)
     ck.unknown(doc, (), {"experiment", "matrix", "run", "substitute", "nic", "report"})
 
@@ -245,6 +256,10 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
     for axis in needed:
         if axis not in matrix:
             raise ck.fail(("matrix", axis), f"missing (a {tool} experiment needs it)")
+    if (cells := math.prod(len(v) for v in matrix.values())) > MAX_CELLS:
+        sizes = " x ".join(f"{len(v)} {axis}" for axis, v in matrix.items())
+        raise ck.fail(("matrix",), f"{cells} cells ({sizes}); at most {MAX_CELLS}",
+                      "give the axes fewer values, or split the matrix into several specs")
 
     run = ck.table(doc, "run", required=False)
     ck.unknown(run, ("run",), {"duration", "repeat", "peers"})
@@ -311,13 +326,14 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
-    p = Path(path)
+    """The spec in file ``path``: a regular UTF-8 file of at most ``MAX_SPEC`` bytes."""
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecError(f"cannot read spec {p}: {exc.strerror}",
-                        "give the path of a .toml spec, or a name from `zcnet reproduce`") from None
-    return parse_spec(text, str(p))
+        text = read_text(path, "spec", limit=MAX_SPEC,
+                         fix="give the path of a UTF-8 .toml spec, or a name from "
+                             "`zcnet reproduce`")
+    except FileProblem as exc:
+        raise SpecError(exc.message, exc.hint) from None
+    return parse_spec(text, str(path))
 
 
 # --- built-in specs ------------------------------------------------------------------------------

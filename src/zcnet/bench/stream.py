@@ -1,13 +1,15 @@
 """The stream sender loops every zcnet flow uses: the verification pattern for a duration.
 
 ``copy`` sends views of the tiled pattern (no user-space copy at all); the zcnet.tx paths
-(MSG_ZEROCOPY, SEND_ZC ...) send from slots of one buffer, and with ``verify`` each slot is
-filled with the pattern at its stream offset just before it is sent (a copy, which is why only
-verifying runs pay it). Either way the receiver can check every byte it gets.
+(MSG_ZEROCOPY, SEND_ZC, devmem ...) send from slots of one buffer (for devmem a udmabuf, written
+through its memfd mapping), and with ``verify`` each slot is filled with the pattern at its
+stream offset just before it is sent (a copy, which is why only verifying runs pay it). Either
+way the receiver can check every byte it gets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, pattern_view
+from zcnet.tx.devmem import open_tx_dmabuf
 from zcnet.tx.senders import make_sender
 from zcnet.tx.sendzc import send_buffer
 
@@ -36,9 +39,6 @@ def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, d
 def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
               verify: bool) -> tuple[int, dict[str, Any]]:
     slots, chunk = 8, min(chunk, 256 << 10)
-    buf = np.frombuffer(send_buffer(slots * chunk), dtype=np.uint8)  # never a THP: see send_buffer
-    for i in range(slots):
-        buf[i * chunk:(i + 1) * chunk] = pattern_view(i * chunk, chunk)
     pos = 0
 
     def fill(slot: int, view: memoryview) -> None:
@@ -46,16 +46,28 @@ def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
         np.frombuffer(view, dtype=np.uint8)[:chunk] = pattern_view(pos, chunk)
         pos += chunk
 
-    sender = make_sender(tx, sock, buf, slots=slots, on_fill=fill if verify else None)
-    sent = 0
-    try:
-        deadline = time.monotonic() + duration
-        while time.monotonic() < deadline:
-            for _ in range(8):
-                sent += sender.send(chunk)
-        sender.flush()
-    finally:
-        sender.close()
+    with contextlib.ExitStack() as stack:
+        if tx == "devmem":  # the device reads the payload from a dma-buf bound to it
+            dmabuf = stack.enter_context(open_tx_dmabuf(sock, slots * chunk))
+            mem: Any = dmabuf
+            buf = np.frombuffer(dmabuf.view, dtype=np.uint8)
+            writing = dmabuf.cpu_write()
+        else:
+            mem = buf = np.frombuffer(send_buffer(slots * chunk), dtype=np.uint8)  # never a THP
+            writing = contextlib.nullcontext()
+        with writing:
+            for i in range(slots):
+                buf[i * chunk:(i + 1) * chunk] = pattern_view(i * chunk, chunk)
+        sender = make_sender(tx, sock, mem, slots=slots, on_fill=fill if verify else None)
+        sent = 0
+        try:
+            deadline = time.monotonic() + duration
+            while time.monotonic() < deadline:
+                for _ in range(8):
+                    sent += sender.send(chunk)
+            sender.flush()
+        finally:
+            sender.close()
     return sent, sender.stats().as_dict()
 
 

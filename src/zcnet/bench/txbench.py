@@ -38,6 +38,11 @@ from zcnet.uapi.socket import SO_SNDBUFFORCE
 
 ALL_MODES = ("single", "mmsg", "uring", "gso")
 BASELINE = "single"
+# Send paths txbench cannot measure, and why; every document says so ("not_measured").
+NOT_MEASURED = {
+    "devmem": "devmem TX is TCP-only in the kernel (only tcp_sendmsg reads SCM_DEVMEM_DMABUF) "
+              "and txbench sends UDP: measure it with `zcnet bench --tx devmem`",
+}
 _HEADERS = {socket.AF_INET: 20 + 8, socket.AF_INET6: 40 + 8}
 _SNDBUF = 4 << 20
 _QUIET_MS = 60
@@ -208,6 +213,9 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
     that many per repeat (rounded down to whole bursts) instead of running for ``duration``.
     """
     unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown and unknown[0] in NOT_MEASURED:
+        raise UsageError(f"txbench cannot measure {unknown[0]}: {NOT_MEASURED[unknown[0]]}",
+                         f"choose from {','.join(ALL_MODES)}")
     if unknown:
         raise UsageError(f"unknown txbench mode {unknown[0]!r}", f"choose from {ALL_MODES}")
     if not modes or len(set(modes)) != len(modes):
@@ -264,6 +272,7 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             extra = {k: v for k, v in env_extra.items() if k != "lab"}
             doc = envelope("txbench", collect_env(lab=in_lab, **extra), rows, complete=complete)
             doc["summary"] = _summarize(rows, modes)
+            doc["not_measured"] = NOT_MEASURED
             return doc
 
         try:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from zcnet import quantities
 from zcnet.errors import UsageError
+from zcnet.nic.ifname import ifname_problem
 
 
 def number(name: str) -> Callable[[str], int | float]:
@@ -139,15 +139,19 @@ def check_output_dir(path: str | None, option: str) -> None:
                          "give a directory you may write to")
 
 
-_IFNAME = re.compile(r"[^/\s:]{1,15}\Z")  # IFNAMSIZ - 1 bytes, no '/', ':' or whitespace
+def ifname(text: str) -> str:
+    """An argparse type: a name the kernel would take for an interface (it may not exist)."""
+    if (why := ifname_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an interface name: it {why}")
+    return text
 
 
 def check_ifname(name: str | None, option: str = "--ifname") -> None:
     """Fail before measuring when ``name`` is no interface of this network namespace."""
     if name is None:
         return
-    if not _IFNAME.match(name) or name in (".", ".."):
-        raise UsageError(f"{option} {name!r} is not an interface name",
+    if (why := ifname_problem(name)) is not None:
+        raise UsageError(f"{option} {name!r} is not an interface name: it {why}",
                          "give a name from `ip link`, e.g. eth0")
     if not (Path("/sys/class/net") / name).exists():
         raise UsageError(f"{option} {name!r}: no such network interface here",

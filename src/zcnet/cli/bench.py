@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from zcnet.bench.matrix import DEFAULT_ENGINES, PLACEMENTS, BenchOptions, verify_failed
@@ -21,9 +20,12 @@ from zcnet.cli._args import (
     number,
     number_list,
 )
-from zcnet.errors import UsageError
+from zcnet.cli._progress import CellProgress
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.netns import can_create_netns
-from zcnet.report.bench_table import bench_notes, bench_tables
+from zcnet.report import plots
+from zcnet.report.bench_table import print_report, progress_text
+from zcnet.report.export import make_console, say
 from zcnet.rx.engine import CONSUMERS
 from zcnet.rx.registry import engine_names
 from zcnet.tx.senders import KINDS
@@ -50,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="check every received byte against the sender's pattern")
     p.add_argument("--tx", default="copy", choices=tuple(KINDS), metavar="PATH",
                    help="sender's send path: copy, msgzc (MSG_ZEROCOPY), sendzc (io_uring SEND_ZC "
-                        "from a fixed buffer), sendzc-plain (default copy)")
+                        "from a fixed buffer), sendzc-plain, devmem (from a udmabuf bound to the "
+                        "sending device: needs netmem TX, e.g. --lab-device netdevsim in the "
+                        "nsim VM) (default copy)")
     p.add_argument("--consumer", choices=CONSUMERS, default="same",
                    help="zero-copy engines: release chunks in the ring's thread (same) or hand "
                         "them to a consumer thread (thread), the zcrx-refs experiment")
@@ -66,7 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "steering it to the sender's CPU")
     p.add_argument("--peers", type=choice_list("peer", tuple(PEERS)), default=(),
                    help="also run these C tools in the same lab and placement: iperf3,sockperf")
-    p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE")
+    p.add_argument("--json", metavar="FILE", help="write results (JSON envelope) to FILE, and "
+                   "PNG plots beside it (FILE's name with -throughput-vs-mtu.png and "
+                   "-cpu-breakdown.png)")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="write no plots beside --json")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--no-lab", dest="lab", action="store_false", default=None,
                        help="run on loopback instead of a namespace lab")
@@ -87,12 +95,22 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, OptionValue]:
     return opts
 
 
-def print_report(doc: dict[str, Any], console: Console) -> None:
-    """The tables and notes; text from results (reasons, host names) is printed literally."""
-    for table in bench_tables(doc):
-        console.print(table)
-    for note in bench_notes(doc):
-        console.print(Text(note, style="dim"))
+def _plots(doc: dict[str, Any], json_path: str, console: Console) -> None:
+    """The PNG plots beside the JSON; a missing matplotlib is a note, the results stand."""
+    try:
+        paths = plots.plot_beside(doc, json_path)
+    except ZcnetError as exc:
+        say(console, f"plots not written: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+            "yellow")
+        return
+    if paths:
+        say(console, "plots: " + ", ".join(map(str, paths)), "dim")
+
+
+def _report(doc: dict[str, Any], args: argparse.Namespace, out: Console) -> None:
+    print_report(doc, out)
+    if args.json and args.plots:
+        _plots(doc, args.json, out)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -118,29 +136,27 @@ def main(args: argparse.Namespace) -> int:
                            "127.0.0.1 (loopback) instead of a lab of network namespaces; MTU "
                            "is lo's"))
     total = len(opts.cells()) * opts.repeat
-    out = Console(markup=False)
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=total)
+    out = make_console()
+    with CellProgress(console, total, "bench") as progress:
+        def on_start(mtu: int, engine: str, placement: str) -> None:
+            progress.start(f"{engine} mtu {mtu} {placement}")
 
         def on_cell(r: dict[str, Any]) -> None:
-            progress.update(task, advance=1,
-                            description=f"{r['engine']} mtu {r['mtu']} {r['placement']}")
+            progress.done(f"{r['engine']} mtu {r['mtu']} {r['placement']}", progress_text(r))
 
         try:
-            doc = run_bench(opts, on_cell)
+            doc = run_bench(opts, on_cell, on_start)
         except Interrupted as stop:
             progress.stop()
-            print_report(stop.doc, out)
+            _report(stop.doc, args, out)
             kept = len(stop.doc["results"])
             where = f" in {args.json}" if args.json else " (pass --json to keep them)"
             print(f"zcnet: interrupted: {kept} of {total} cells measured{where}",
                   file=sys.stderr)
             return 130
-    print_report(doc, out)
+    _report(doc, args, out)
     if args.json:
-        out.print(Text(f"results written to {args.json}", style="dim"))
+        say(out, f"results written to {args.json}", "dim")
     if opts.verify and verify_failed(doc):
         print("zcnet: error: received data did not match what was sent", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ from zcnet.bench.remote import RemoteServer
 from zcnet.cli._args import check_output_file, number
 from zcnet.errors import UsageError
 from zcnet.report.export import make_console, print_tables, write_text
-from zcnet.report.tables import MPSTAT_COLUMNS, Table
+from zcnet.report.tables import Table, fmt_share, mpstat_columns, mpstat_legend
 from zcnet.rx.registry import engine_names
 
 _SIZE = re.compile(r"(\d+)([kKmMgG]?)(i?[bB])?\Z")
@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rx engine option, repeatable (e.g. ifname=eth1, queue=3 for zcrx)")
     p.add_argument("--tx", default="copy",
-                   help="send path on src: copy, msgzc, sendzc, sendzc-plain (default copy)")
+                   help="send path on src: copy, msgzc, sendzc, sendzc-plain, devmem (needs a "
+                        "device with netmem TX on src) (default copy)")
     p.add_argument("--verify", action="store_true",
                    help="stream: check every received byte against the sent pattern")
     p.add_argument("-n", "--flows", type=number("flows"), default=1)
@@ -203,22 +204,34 @@ def tables(result: ClientResult) -> list[Table]:
     notes = []
     for f in result.flows:
         tcp = f.get("tcp_tx", {})
+        ok = f["status"] == "ok"  # a failed flow's figures were not measured: n/a, not 0
         rows.append([str(f["flow"]), f["status"], _fmt(f["rx_cpu"]), _fmt(f["rx_app_cpu"]),
                      _fmt(f["tx_cpu"]), _fmt(f["tx_app_cpu"]),
-                     *(_fmt(f.get(k)) for k in perf),
+                     *(_fmt(f.get(k), 0 if k == "tps" else 2) if ok else "n/a" for k in perf),
                      _fmt(tcp.get("retrans")), _fmt(tcp.get("rtt_us")), _fmt(tcp.get("snd_cwnd"))])
         if f.get("error"):
             notes.append(f"warning: flow {f['flow']}: {f['error']}")
     s = result.summary
-    total = (f"total {s['tps']:.0f} tps, p50 {s.get('p50_us', 0):.1f} us, p99 "
-             f"{s.get('p99_us', 0):.1f} us" if rr else f"total {s.get('gbps', 0):.2f} Gbit/s")
+
+    def us(key: str) -> str:
+        return f"{s[key]:.1f} us" if isinstance(s.get(key), (int, float)) else "n/a"
+
+    total = (f"total {s['tps']:.0f} tps, p50 {us('p50_us')}, p99 {us('p99_us')}" if rr
+             else f"total {s.get('gbps', 0):.2f} Gbit/s")
     notes.insert(0, f"{total} over {s['ok']}/{s['flows']} flows")
-    out = [Table("flows", heads, rows, notes)]
+    notes.append("rx/tx cpu: the CPU that ran each end's receive softirq (SO_INCOMING_CPU); "
+                 "rx/tx app: the CPU each application was pinned to (- not pinned); retrans, "
+                 "rtt, cwnd: the sender's TCP_INFO")
+    out = [Table("flows", heads, rows, notes, compact=True)]
     cpu_rows = []
+    shares = [sh for cpus in result.cpus.values() for sh in cpus.values()]
+    columns = mpstat_columns(shares)
     for side, cpus in result.cpus.items():
         for cpu, sh in sorted(cpus.items(), key=lambda kv: int(kv[0])):
             cpu_rows.append([side, cpu, ",".join(sh.get("roles", [])) or "-",
-                             *(_fmt(sh.get(k)) for k, _ in MPSTAT_COLUMNS)])
+                             *(fmt_share(sh.get(k)) for k, _ in columns)])
     out.append(Table("per-CPU (/proc/stat over the run)",
-                     ["side", "cpu", "roles", *(h for _, h in MPSTAT_COLUMNS)], cpu_rows))
+                     ["side", "cpu", "roles", *(h for _, h in columns)], cpu_rows,
+                     [mpstat_legend(columns, [sh for sh in shares if "idle" in sh])],
+                     compact=True))
     return out

@@ -8,7 +8,6 @@ from typing import Any
 
 from zcnet.bench import meta
 from zcnet.cli._args import check_output_file
-from zcnet.cli.run import load_result
 from zcnet.report import export
 from zcnet.report.cells import METRICS
 from zcnet.report.compare import (
@@ -19,6 +18,8 @@ from zcnet.report.compare import (
     row_dict,
 )
 from zcnet.report.export import make_console
+from zcnet.report.load import load_result
+from zcnet.report.tables import Table
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -27,19 +28,20 @@ def _handler(args: argparse.Namespace) -> int:
     doc_a, doc_b = load_result(args.a), load_result(args.b)
     diffs = check_comparable(doc_a, doc_b, force=args.force)
     rows = compare(doc_a, doc_b, force=args.force, metric=args.metric)
-    table = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
-    table.notes = incomplete_notes(doc_a, doc_b) + table.notes
+    tables = compare_table(rows, Path(args.a).name, Path(args.b).name, diffs)
+    if tables:
+        tables[0].notes[:0] = incomplete_notes(doc_a, doc_b)
     # Files first: whatever happens on the terminal, the comparison is kept; a file that
     # cannot be written still leaves the table on the terminal.
     try:
-        _write_files(args, doc_a, doc_b, diffs, rows, table)
+        _write_files(args, doc_a, doc_b, diffs, rows, tables)
     finally:
-        export.print_tables(make_console(), [table])
+        export.print_tables(make_console(), tables)
     return 0
 
 
 def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[str, Any],
-                 diffs: list[str], rows: list[Any], table: Any) -> None:
+                 diffs: list[str], rows: list[Any], tables: list[Table]) -> None:
     if args.json:
         env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
         try:
@@ -50,7 +52,7 @@ def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[st
         except OSError as exc:
             raise export.unwritable(args.json, exc) from None
     if args.markdown:
-        export.write_text(args.markdown, export.to_markdown([table]))
+        export.write_text(args.markdown, export.to_markdown(tables))
     if args.csv:
         export.write_text(args.csv, _csv(rows))
 

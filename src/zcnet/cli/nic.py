@@ -7,12 +7,15 @@ import json
 import sys
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import collect_env, envelope
-from zcnet.cli._args import number, unique
+from zcnet.cli._args import ifname, number, unique
+from zcnet.errors import ZcnetError
+from zcnet.netns import netns_path
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
 from zcnet.rx.zc.area import udmabuf_create
@@ -28,8 +31,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions = parser.add_subparsers(dest="nic_action", metavar="ACTION", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("iface", metavar="IFACE", help="network interface")
-        p.add_argument("--netns", metavar="NAME", help="interface lives in this namespace")
+        p.add_argument("iface", metavar="IFACE", type=ifname, help="network interface")
+        p.add_argument("--netns", metavar="NAME", type=netns_name,
+                       help="interface lives in this namespace")
 
     show = actions.add_parser("show", help="driver, channels, rings/HDS, queues, page pools")
     common(show)
@@ -38,8 +42,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     doc = actions.add_parser("doctor", help="checklist for zero-copy receive; exit 0 if ready")
     common(doc)
-    doc.add_argument("--queue", type=number("queue"), default=1,
-                     help="RX queue to receive on (default 1)")
+    doc.add_argument("--queue", type=number("queue"), default=None,
+                     help="RX queue to receive on (default: the device's last RX queue)")
     doc.add_argument("--mode", choices=setup.MODES, default="zcrx")
     doc.add_argument("--json", action="store_true", help="JSON envelope on stdout")
     doc.set_defaults(func=_doctor)
@@ -59,6 +63,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rs = actions.add_parser("restore", help="undo 'zcnet nic setup' from its saved state")
     common(rs)
     rs.set_defaults(func=_restore)
+
+
+def netns_name(text: str) -> str:
+    """An argparse type: a name ``ip netns`` could have made (it may not exist)."""
+    try:
+        netns_path(text)
+    except ZcnetError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
 
 
 def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
@@ -111,7 +124,7 @@ def _show(args: argparse.Namespace) -> int:
             table.add_row(f"{q['type']} {q['id']}", str(q.get("napi") or "-"),
                           " ".join(map(str, q.get("page_pools", []))) or "-",
                           str(q.get("irq") or "-"), q.get("effective") or q.get("affinity")
-                          or "-", str(q.get("napi_thread_cpu", "-")),
+                          or "-", _thread_cpu(q),
                           ", ".join(q["providers"]) or "-")
         console.print(table)
     else:
@@ -134,20 +147,35 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _thread_cpu(q: dict[str, Any]) -> str:
+    """"-" without a NAPI thread; n/a when it has one whose CPU could not be read."""
+    if "napi_thread" not in q:
+        return "-"
+    return "n/a" if q.get("napi_thread_cpu") is None else str(q["napi_thread_cpu"])
+
+
 def _doctor(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
+        args.queue = doctor.pick_queue(dev, args.queue)
         checks = doctor.run(dev, args.queue, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
-        _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok)
+        _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok, queue=args.queue,
+                  mode=args.mode)
         return 0 if ok else 1
-    table = Table(title=Text(f"{args.iface}: ready for {args.mode} on queue {args.queue}?"),
-                  title_justify="left")
-    for col in ("check", "status", "detail", "fix"):
-        table.add_column(col)
+    # Three columns, the fix under its detail: four narrow ones wrapped every cell at 80.
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check")
+    table.add_column("detail, and the fix")
     for c in checks:
-        table.add_row(c.name, Text(c.status, style=STATUS_STYLE[c.status]), c.detail, c.fix)
+        detail = Text(c.detail)
+        if c.fix:
+            detail.append(f"\nfix: {c.fix}", style="dim")
+        table.add_row(Text(c.status, style=STATUS_STYLE[c.status]), c.name, detail)
     console = Console(markup=False)
+    console.print(Text(f"{args.iface}: ready for {args.mode} on queue {args.queue}?",
+                       style="bold"))
     console.print(table)
     if ok:
         console.print(Text("ready", style="green"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from zcnet.bench.spec import builtin_names, builtin_spec, builtin_text
 from zcnet.cli.run import add_run_options, execute
@@ -14,12 +16,14 @@ from zcnet.report.export import make_console
 
 
 def _list(console: Console) -> int:
-    t = Table(title="built-in experiments (zcnet reproduce NAME)", title_justify="left")
-    for col in ("name", "tool", "seed", "what"):
-        t.add_column(col)
+    # The seed's file name says nothing to a reader; `--show` prints it with the rest.
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in ("name", "tool", "what it measures"):
+        t.add_column(col, no_wrap=col != "what it measures")
     for name in builtin_names():
         spec = builtin_spec(name)
-        t.add_row(name, spec.tool, spec.seed, spec.title)
+        t.add_row(name, spec.tool, spec.title)
+    console.print(Text("built-in experiments (zcnet reproduce NAME)", style="bold"))
     console.print(t)
     console.print("copy one to edit it: zcnet reproduce NAME --show > my.toml; "
                   "then: zcnet run my.toml", style="dim", highlight=False)

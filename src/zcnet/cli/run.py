@@ -7,30 +7,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zcnet.bench.authtoken import read_token
 from zcnet.bench.spec import Spec, load_spec
 from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
+from zcnet.cli._progress import CellProgress
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report import export, plots
-from zcnet.report.cells import check_figures
+from zcnet.report.cells import cell_key, key_text
 from zcnet.report.export import make_console, say
-from zcnet.report.tables import experiment_tables
+from zcnet.report.load import load_result
+from zcnet.report.tables import experiment_tables, result_text
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the JSON envelope (rewritten after each "
-                   "cell, so an interrupted run keeps what it measured)")
+                   "cell, so an interrupted run keeps what it measured) and PNG plots beside it")
     p.add_argument("--csv", metavar="FILE", help="write one line per cell: mean, stdev, min, max")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write no plots beside --json or into --out")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -68,7 +70,8 @@ def _outputs(args: argparse.Namespace, name: str) -> dict[str, Path | None]:
 
     return {"json": pick(args.json, ".json"), "csv": pick(args.csv, ".csv"),
             "markdown": pick(args.markdown, ".md"),
-            "plots": Path(args.plots) if args.plots else out}
+            "plots": Path(args.plots) if args.plots else
+            None if getattr(args, "no_plots", False) else out}
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -101,14 +104,18 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
         raise failed[0]
     if outs["plots"]:
         _plots(doc, outs["plots"], explicit=bool(args.plots), console=console)
+    elif outs["json"] and not getattr(args, "no_plots", False):
+        _plots(doc, outs["json"], explicit=False, console=console, beside=True)
     written = [str(p) for k, p in outs.items() if p is not None and k != "plots"]
     if written:
         say(console, "wrote " + ", ".join(written), "dim")
 
 
-def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console) -> None:
+def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console,
+           beside: bool = False) -> None:
+    """Plots into directory ``where``, or ``beside`` the result file ``where``."""
     try:
-        paths = plots.plot_all(doc, where)
+        paths = plots.plot_beside(doc, where) if beside else plots.plot_all(doc, where)
     except ZcnetError as exc:
         if explicit:
             raise
@@ -153,19 +160,21 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     for sub in the_plan.substitutions:
         say(err, f"substituted: {sub['text']}", "yellow")
     doc: dict[str, Any] = {}
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(spec.name, total=None)
-
+    total = (args.repeat or spec.repeat) * len(the_plan.cells)
+    with CellProgress(err, total, spec.name) as bar:
         def progress(done: int, total: int, cell: dict[str, Any]) -> None:
-            text = " ".join(f"{k}={v}" for k, v in cell.items())
-            bar.update(task, completed=done, total=total, description=f"{spec.name} {text}")
+            if cell:
+                bar.start(" ".join(f"{k}={v}" for k, v in cell.items()))
 
         try:
+            seen = 0
             for partial in iter_run(spec, rig=rig, repeat=args.repeat,
                                     json_path=json_path, progress=progress):
                 doc = partial
+                rows = doc["results"][seen:]
+                seen = len(doc["results"])
+                if rows:
+                    bar.done(key_text(cell_key(rows[0])), result_text(rows, spec.metric))
         except KeyboardInterrupt:
             bar.stop()
             kept = len(doc.get("results", []))
@@ -176,27 +185,6 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
             return 130
     report(doc, args, console, spec.name)
     return 0 if any(r.get("status") == "ok" for r in doc.get("results", [])) else 1
-
-
-def load_result(path: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}", "give a file from --json/--out") \
-            from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON: {exc}", "give a file from --json/--out") from None
-    if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
-            or not isinstance(doc.get("results"), list):
-        raise UsageError(f"{path} is not a zcnet result file", "give a file from --json/--out")
-    for key, kind in (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
-                      ("complete", bool)):
-        if key in doc and not isinstance(doc[key], kind):
-            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
-                             f" but {doc[key]!r}",
-                             "give a file written by --json/--out (not edited by hand)")
-    check_figures(doc, path)
-    return doc
 
 
 def _handler(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from zcnet.bench.authtoken import MIN_TOKEN, default_token_path, read_token
+from zcnet.bench.authtoken import default_token_path, read_token, token_from_stream
 from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.proto import Limits
 from zcnet.cli._args import number
@@ -50,11 +50,7 @@ def _token(path: str | None) -> bytes | None:
     if path is None:
         return None   # the server uses this user's token file
     if path == "-":
-        token = sys.stdin.buffer.readline().strip()
-        if len(token) < MIN_TOKEN:
-            raise UsageError(f"token on stdin is shorter than {MIN_TOKEN} bytes",
-                             "send a longer secret")
-        return token
+        return token_from_stream(sys.stdin.buffer, "stdin")
     return read_token(path)
 
 

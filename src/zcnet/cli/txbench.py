@@ -12,8 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import Interrupted, write_json
-from zcnet.bench.txbench import ALL_MODES, BASELINE, parse_dst, run_txbench
+from zcnet.bench.txbench import ALL_MODES, BASELINE, NOT_MEASURED, parse_dst, run_txbench
 from zcnet.cli._args import check_output_file, choice_list, number, number_list
+from zcnet.report.export import print_notes
 from zcnet.tx.hwcount import NO_COUNTERS
 
 
@@ -23,8 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="A pktgen-like UDP single stream from one lab namespace into a sink in the "
                     "other (or to --dst). Modes: single (send per packet), mmsg (sendmmsg per "
                     "burst), uring (a burst of SEND SQEs, one io_uring_enter), gso (UDP_SEGMENT, "
-                    "one send per burst; bursts GSO cannot carry go by mmsg and are counted).")
-    p.add_argument("--mode", type=choice_list("mode", ALL_MODES), default=list(ALL_MODES),
+                    "one send per burst; bursts GSO cannot carry go by mmsg and are counted). "
+                    "Not devmem: devmem TX is TCP-only in the kernel (zcnet bench --tx devmem).")
+    # Paths txbench cannot measure parse, so run_txbench says why they are refused.
+    p.add_argument("--mode", type=choice_list("mode", (*ALL_MODES, *NOT_MEASURED)),
+                   default=list(ALL_MODES),
                    help=f"comma-separated modes (default {','.join(ALL_MODES)})")
     p.add_argument("--size", type=number("payload"), default=64, help="UDP payload bytes (64)")
     p.add_argument("--sizes", type=number_list("payload", "size", unique=False), default=None,
@@ -46,8 +50,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_run, without_lab="--loopback")
 
 
+LEGEND = ("Mpps, ns/pkt: mean±stdev over the repeats; ns/pkt: the sending thread's CPU time per "
+          "packet; drops: sent - sink received; bad: damaged payloads; fallbk: packets GSO "
+          "could not carry (sent by sendmmsg); retry: sends retried after EAGAIN/ENOBUFS")
+
+
 def _show(doc: dict[str, Any], console: Console) -> None:
     console.print(render(doc))
+    print_notes(console, [LEGEND])
     for line in seed_lines(doc):
         console.print(Text(line))
     if not doc.get("complete", True):
@@ -100,11 +110,9 @@ def render(doc: dict[str, Any]) -> Table:
     repeats = len(doc["results"]) // max(len(summary), 1)
     title = (f"txbench: UDP payload {first.get('payload')} B, burst {first.get('burst')}, "
              f"{repeats} repeats" if first else "txbench: nothing measured")
-    table = Table(title=Text(title),
-                  box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="ns/pkt: sender thread CPU; drops: sent - sink received; "
-                          "bad: damaged payloads; fallbk: packets GSO could not carry")
-    columns = ["mode", "Mpps", f"x{BASELINE}", "ns/pkt"]
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, show_edge=False)
+    columns = ["mode", "Mpps", f"vs {BASELINE}", "ns/pkt"]
     if hw:
         columns += ["instr/pkt", "cycles/pkt"]
     columns += ["drops", "bad", "fallbk", "retry"]

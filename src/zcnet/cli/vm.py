@@ -18,7 +18,7 @@ from zcnet.vm.accel import choose_accel
 from zcnet.vm.archive import fetch
 from zcnet.vm.caps import capabilities
 from zcnet.vm.kbuild import NSIM, build, nsim_kernel, resolve_source
-from zcnet.vm.kernels import Kernel, cached_kernels, find_cached, kernels_dir
+from zcnet.vm.kernels import BrokenEntry, Kernel, find_cached, kernels_dir, scan
 from zcnet.vm.runner import (
     DEFAULT_CPUS,
     DEFAULT_MEM,
@@ -148,10 +148,19 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             console.print(f"  KVM with {image}: "
                           + ("starts it" if not why else f"TCG instead, {why}"), markup=False)
-    kernels = cached_kernels()
+    kernels, broken = scan(kernels_dir())
+    for kernel in list(kernels):
+        try:
+            kernel.verify()
+        except BrokenEntry as exc:
+            kernels.remove(kernel)
+            broken.append(exc)
+    for exc in broken:   # said as errors, and the status says so
+        print(f"zcnet: error: {exc.message}\nzcnet: fix: {exc.hint}", file=sys.stderr)
     if not kernels:
-        console.print(f"no cached kernels in {kernels_dir()}; `zcnet vm fetch` gets one")
-        return 0
+        console.print(f"no {'whole ' if broken else ''}cached kernels in {kernels_dir()}; "
+                      "`zcnet vm fetch` gets one")
+        return 1 if broken else 0
     table = Table(title=f"cached kernels in {kernels_dir()}")
     table.add_column("capability")
     for kernel in kernels:
@@ -163,4 +172,4 @@ def _status(args: argparse.Namespace) -> int:
         source += cap.detail
         table.add_row(cap.name, *("yes" if r[i].available else "no" for r in rows), source)
     console.print(table)
-    return 0
+    return 1 if broken else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno as errno_mod
 import fcntl
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -14,9 +15,10 @@ from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from zcnet.errors import ClosedError, Unsupported, ZcnetError, cap_hint
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
 from zcnet.netns import in_netns
 from zcnet.nic.genl import GenlSocket, NetlinkError
+from zcnet.nic.ifname import ifname_problem
 from zcnet.nic.nlattr import AttrSet
 from zcnet.uapi import ethtool as e
 
@@ -98,13 +100,14 @@ class Device:
     def ifreq_ioctl(self, request: int, data: ctypes.Structure | ctypes.Array[Any]) -> None:
         """SIOCETHTOOL-style ioctl: ``data`` is the struct the kernel reads and writes."""
         self._check_open("ifreq_ioctl")
-        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), ctypes.addressof(data)))
+        ifr = bytearray(_IFREQ.pack(os.fsencode(self.ifname), ctypes.addressof(data)))
         fcntl.ioctl(self.ioctl_sock.fileno(), request, ifr, True)
 
     def _ifindex(self) -> int:
-        if not self.ifname or len(self.ifname.encode()) >= e.IFNAMSIZ or "/" in self.ifname:
-            raise ZcnetError(f"{self.ifname!r} is not a valid interface name")
-        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), 0))
+        if (why := ifname_problem(self.ifname)) is not None:
+            raise UsageError(f"interface name {self.ifname!r} {why}",
+                             "give a name from 'ip link'")
+        ifr = bytearray(_IFREQ.pack(os.fsencode(self.ifname), 0))
         try:
             fcntl.ioctl(self.ioctl_sock.fileno(), e.SIOCGIFINDEX, ifr, True)
         except OSError as exc:
@@ -115,14 +118,28 @@ class Device:
             raise
         return struct.unpack_from("=i", ifr, 16)[0]
 
+    def flags(self) -> int:
+        """SIOCGIFFLAGS: the interface's IFF_* flags."""
+        self._check_open("flags")
+        ifr = bytearray(_IFREQ.pack(self.ifname.encode(), 0))
+        fcntl.ioctl(self.ioctl_sock.fileno(), e.SIOCGIFFLAGS, ifr, True)
+        return int(struct.unpack_from("=H", ifr, 16)[0])  # ifr_flags: a short
+
     def drvinfo(self) -> DrvInfo:
-        """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these)."""
+        """ETHTOOL_GDRVINFO: driver and firmware names (netlink has no message for these).
+
+        The loopback device has no ethtool driver info nor a parent device to name one (the
+        kernel's fallback): it is named "loopback", after drivers/net/loopback.c, from its
+        IFF_LOOPBACK flag."""
         self._check_open("drvinfo")
         if self._drvinfo is None:
             info = e.ethtool_drvinfo(cmd=e.ETHTOOL_GDRVINFO)
             try:
                 self.ifreq_ioctl(e.SIOCETHTOOL, info)
             except OSError as exc:
+                if exc.errno in _UNSUPPORTED and self.flags() & e.IFF_LOOPBACK:
+                    self._drvinfo = DrvInfo("loopback", "", "", "", 0)
+                    return self._drvinfo
                 raise NetlinkError(exc.errno or errno_mod.EIO,
                                    f"driver info of {self.where}") from None
             self._drvinfo = DrvInfo(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.caps import has_caps
-from zcnet.errors import ZcnetError
+from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
 from zcnet.nic.setup import STEERED_BY_PEER
@@ -297,6 +297,30 @@ CHECKS: dict[str, tuple[Callable[[Context], Check], ...]] = {
     "devmem": (check_devmem, check_qmgmt, check_hds_supported, check_hds_on, check_hds_thresh,
                check_ntuple, check_channels, check_queue_free, check_memlock, check_iommu),
 }
+
+
+def rx_queues(dev: Device) -> list[int]:
+    """The device's RX queue ids (the netdev family lists them while the device is up)."""
+    try:
+        return sorted(q["id"] for q in netdev.queues(dev)
+                      if q.get("type") == "rx" and isinstance(q.get("id"), int))
+    except ZcnetError:
+        return []
+
+
+def pick_queue(dev: Device, queue: int | None) -> int:
+    """The RX queue to check: ``queue`` if the device has it, else a UsageError naming the
+    queues it has; without one, its last RX queue (the one zero-copy setups dedicate, as the
+    kernel's selftests do: RSS keeps the others). A device that lists no queues (down) keeps
+    ``queue`` or 0, and the queue check says why."""
+    ids = rx_queues(dev)
+    if queue is None:
+        return ids[-1] if ids else 0
+    if ids and queue not in ids:
+        have = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0])
+        raise UsageError(f"{dev.where} has no RX queue {queue} (its RX queues: {have})",
+                         f"give one of them, e.g. --queue {ids[-1]}, or leave --queue out")
+    return queue
 
 
 def run(dev: Device, queue: int = 1, mode: str = "zcrx",

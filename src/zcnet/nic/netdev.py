@@ -1,10 +1,14 @@
 """The netdev generic netlink family: devices, queues, NAPI instances, page pools and their
-stats, per-queue stats, and binding a dma-buf to RX queues (devmem TCP). Tables follow
-netdev.yaml.
+stats, per-queue stats, and binding a dma-buf to RX queues or to a device's TX (devmem TCP).
+Tables follow netdev.yaml.
 
-Some facts about bind-rx: the binding belongs to the netlink socket that made it; the kernel
-unbinds when that socket closes. So ``bind_rx`` returns a ``DmabufBinding`` that owns its own
-socket, and the caller keeps it open for as long as the queues should receive into the dma-buf.
+Some facts about bind-rx and bind-tx: the binding belongs to the netlink socket that made it;
+the kernel unbinds when that socket closes. So both return a ``DmabufBinding`` that owns its own
+socket, and the caller keeps it open for as long as the queues should receive into the dma-buf
+(rx) or sockets send from it (tx; skbs still in flight hold the binding in the kernel).
+bind-tx takes the device's ifindex and the dma-buf fd, no queues, and answers the binding id
+that SCM_DEVMEM_DMABUF names. Both check the device (queue ops, netmem TX, DMA) before they look
+at the fd, so fd -1 (``NO_FD``) asks whether a device would take a binding without making one.
 """
 
 from __future__ import annotations
@@ -209,9 +213,13 @@ def has_op(dev: Device, cmd: int) -> bool:
         return False
 
 
+NO_FD = 0xFFFFFFFF  # fd -1 as the u32 the kernel reads: dma_buf_get() fails with EBADF
+
+
 class DmabufBinding:
-    """A dma-buf bound to RX queues. The binding lives exactly as long as this object's netlink
-    socket: keep it open while receiving, ``close()`` (or leave the ``with`` block) to unbind."""
+    """A dma-buf bound to RX queues (``queues``) or to a device's TX (``queues`` empty). The
+    binding lives exactly as long as this object's netlink socket: keep it open while receiving
+    or sending, ``close()`` (or leave the ``with`` block) to unbind."""
 
     def __init__(self, sock: GenlSocket, binding_id: int, ifindex: int,
                  queue_ids: list[int]) -> None:
@@ -239,21 +247,36 @@ def bind_rx_request(ifindex: int, dmabuf_fd: int, queue_ids: Iterable[int]) -> d
     }
 
 
-def bind_rx(dev: Device, dmabuf_fd: int, queue_ids: Iterable[int]) -> DmabufBinding:
-    """Bind a dma-buf to RX queues of ``dev`` (devmem TCP); returns the live binding."""
-    qids = list(queue_ids)
+def bind_tx_request(ifindex: int, dmabuf_fd: int) -> dict[str, Any]:
+    """The bind-tx request attributes (exposed for tests of the encoding)."""
+    return {"ifindex": ifindex, "fd": dmabuf_fd}
+
+
+def _bind(dev: Device, cmd: int, request: dict[str, Any], what: str, setting: str,
+          queue_ids: list[int]) -> DmabufBinding:
     with ExitStack() as undo:
         # The binding lives as long as this socket: it is the caller's on success only.
         sock = GenlSocket(dev.netns, dev.genl.timeout)
         undo.callback(sock.close)
         try:
-            r = sock.do(FAMILY, n.NETDEV_CMD_BIND_RX, DMABUF,
-                        bind_rx_request(dev.ifindex, dmabuf_fd, qids),
-                        what=f"bind dma-buf to queues {qids}")
+            r = sock.do(FAMILY, cmd, DMABUF, request, what=what)
         except NetlinkError as exc:
-            dev.translate(exc, f"bind dma-buf to queues {qids}", "devmem (bind-rx)")
+            dev.translate(exc, what, setting)
         if not r or "id" not in r:
-            raise NetlinkError(5, f"bind dma-buf to queues {qids}: no binding id in reply")
-        binding = DmabufBinding(sock, int(r["id"]), dev.ifindex, qids)
+            raise NetlinkError(errno.EIO, f"{what}: no binding id in reply")
+        binding = DmabufBinding(sock, int(r["id"]), dev.ifindex, queue_ids)
         undo.pop_all()
     return binding
+
+
+def bind_rx(dev: Device, dmabuf_fd: int, queue_ids: Iterable[int]) -> DmabufBinding:
+    """Bind a dma-buf to RX queues of ``dev`` (devmem TCP); returns the live binding."""
+    qids = list(queue_ids)
+    return _bind(dev, n.NETDEV_CMD_BIND_RX, bind_rx_request(dev.ifindex, dmabuf_fd, qids),
+                 f"bind dma-buf to queues {qids}", "devmem (bind-rx)", qids)
+
+
+def bind_tx(dev: Device, dmabuf_fd: int) -> DmabufBinding:
+    """Bind a dma-buf to ``dev`` for sending from it (devmem TX); returns the live binding."""
+    return _bind(dev, n.NETDEV_CMD_BIND_TX, bind_tx_request(dev.ifindex, dmabuf_fd),
+                 "bind dma-buf for TX", "devmem TX (bind-tx)", [])

@@ -17,6 +17,7 @@ Some facts about doing this safely:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.netns import netns_path
 from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device
+from zcnet.nic.ifname import ifname_problem
 from zcnet.nic.steps import STEPS, Step, channel_key
+from zcnet.userfile import FileProblem, file_in_the_way, read_text
 
 log = logging.getLogger(__name__)
 
@@ -117,19 +121,47 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
 # ------------------------------------------------------------------------------- state file
 
 
+MAX_STATE = 1 << 20          # a state file is a few KiB; an RSS table adds a few more
+_STATUSES = ("pending", "applying", "done", "undone")
+_WRITE_FIX = f"set {STATE_DIR_ENV} to a directory root can write (default {DEFAULT_STATE_DIR})"
+
+
 def state_dir() -> Path:
-    return Path(os.environ.get(STATE_DIR_ENV, DEFAULT_STATE_DIR))
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
 def state_path(ifname: str, netns: str | None = None) -> Path:
+    """Where setup of ``ifname`` (in ``netns``) keeps its state; both names are checked first,
+    since they become part of a path."""
+    if (why := ifname_problem(ifname)) is not None:
+        raise UsageError(f"interface name {ifname!r} {why}", "give a name from 'ip link'")
+    if netns is not None:
+        netns_path(netns)   # refuses names with '/', "." and ".."
     return state_dir() / f"nic-{netns or '-'}-{ifname}.json"
 
 
+def _state_dir_ready() -> Path:
+    """The state directory, created if missing; a one-line error if it cannot be used."""
+    d = state_dir()
+    if file_in_the_way(d) == d:
+        raise ZcnetError(f"the state directory {d} is not a directory", _WRITE_FIX)
+    try:
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as exc:   # a read-only file system; a file where a parent should be
+        raise ZcnetError(f"cannot create the state directory {d}: {exc.strerror}",
+                         _WRITE_FIX) from None
+    return d
+
+
 def _write_state(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):   # never made, or the file system is read-only
+            tmp.unlink()
+        raise ZcnetError(f"cannot write state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
 def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
@@ -146,25 +178,71 @@ def _already(cfg: NicConfig, path: Path) -> ZcnetError:
 
 def _claim(path: Path, cfg: NicConfig) -> None:
     """Create the state file exclusively, so two concurrent setups cannot both proceed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
     except FileExistsError:
         raise _already(cfg, path) from None
+    except OSError as exc:
+        raise ZcnetError(f"cannot create state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
 def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+    """The state ``setup`` saved for ``ifname``, checked field by field (see ``_state_problem``),
+    or None if there is none."""
     path = state_path(ifname, netns)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
+    damaged = (f"check {ifname} with 'zcnet nic show', put back by hand what setup changed, "
+               f"then remove {path}")
+    if file_in_the_way(path.parent) == path.parent:
+        raise ZcnetError(f"the state directory {path.parent} is not a directory", _WRITE_FIX)
+    if not os.path.lexists(path):
         return None
-    except (OSError, ValueError) as exc:
-        raise ZcnetError(f"state file {path} is unreadable: {exc}",
-                         "inspect it; delete it once the device is restored by hand") from None
-    if doc.get("version") != STATE_VERSION or not isinstance(doc.get("steps"), list):
-        raise ZcnetError(f"state file {path} has an unknown format")
+    try:
+        doc = json.loads(read_text(path, "state file", limit=MAX_STATE, fix=damaged))
+    except FileProblem as exc:   # not a regular file, too large, not UTF-8: damage, not usage
+        raise ZcnetError(exc.message, exc.hint) from None
+    except ValueError as exc:
+        raise ZcnetError(f"state file {path} is not JSON ({exc})", damaged) from None
+    except RecursionError:
+        raise ZcnetError(f"state file {path} is not what setup writes (nested too deeply)",
+                         damaged) from None
+    if (why := _state_problem(doc, ifname, netns)) is not None:
+        raise ZcnetError(f"state file {path} is not what setup writes: {why}", damaged)
     return doc
+
+
+def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
+    """Why ``doc`` is not a state file of ``ifname`` in ``netns`` as setup writes it, or None:
+    restore applies nothing it has not checked."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if doc.get("version") != STATE_VERSION:
+        return f"version {str(doc.get('version'))[:20]!r}, not {STATE_VERSION}"
+    if "ifname" not in doc or "netns" not in doc:
+        return "no ifname or netns"
+    if doc["ifname"] != ifname or doc["netns"] != netns:
+        return (f"it is for interface {str(doc['ifname'])[:20]!r} in namespace "
+                f"{str(doc['netns'])[:20]!r}")
+    if type(doc.get("ifindex")) is not int:
+        return "no ifindex"
+    cfg = doc.get("config")
+    if not isinstance(cfg, dict) or not (type(q := cfg.get("queue")) is int and q >= 0):
+        return "config lacks a queue"
+    if not (type(port := cfg.get("port")) is int and 0 < port < 65536):
+        return "config lacks a port"
+    steps = doc.get("steps")
+    if not isinstance(steps, list) or len(steps) > 64:
+        return "steps is not a list of at most 64 steps"
+    for i, step in enumerate(steps):
+        where = f"steps[{i}]"
+        if not isinstance(step, dict) or set(step) != {"kind", "params", "status", "undo"}:
+            return f"{where} is not an object with kind, params, status and undo"
+        if step["kind"] not in STEPS:
+            return f"{where}.kind {str(step['kind'])[:40]!r} is no step setup takes"
+        if step["status"] not in _STATUSES:
+            return f"{where}.status {str(step['status'])[:40]!r} is not one of {_STATUSES}"
+        if why := STEPS[step["kind"]].problem(step["params"], step["undo"], where):
+            return why
+    return None
 
 
 # ------------------------------------------------------------------------------ apply/undo
@@ -195,7 +273,10 @@ def _undo_all(dev: Device, steps: list[Step], save: Callable[[], None]) -> list[
                 failures.append(f"{step.title}: {exc}")
                 continue
         step.status = "undone"
-        save()
+        try:
+            save()
+        except ZcnetError as exc:   # keep undoing: the device matters more than the record
+            log.warning("%s", exc)
     return failures
 
 
@@ -206,6 +287,7 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
     ``before_step(i, step)`` runs as each step starts, after the state file marks it
     (tests inject faults and kills there)."""
     path = state_path(cfg.ifname, cfg.netns)
+    _state_dir_ready()
     if load_state(cfg.ifname, cfg.netns) is not None:
         raise _already(cfg, path)
     with _maybe_open(cfg, device) as dev:
@@ -217,7 +299,11 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
             _write_state(path, doc)
 
         _claim(path, cfg)
-        save()
+        try:
+            save()
+        except ZcnetError:   # the claim alone would read as a damaged state file
+            path.unlink(missing_ok=True)
+            raise
         current: Step | None = None
         try:
             for i, step in enumerate(todo):
@@ -249,16 +335,15 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
 
 def restore(ifname: str, netns: str | None = None, *, device: Device | None = None) -> list[str]:
     """Undo what ``apply`` did, from the state file; returns the titles of undone steps."""
-    doc = load_state(ifname, netns)
     path = state_path(ifname, netns)
+    doc = load_state(ifname, netns)
     if doc is None:
         raise ZcnetError(f"nothing to restore on {ifname}: no state file {path}",
                          f"'zcnet nic setup {ifname} ...' writes it")
-    steps = [Step(s["kind"], s["params"], s.get("status", "pending"), s.get("undo", {}))
-             for s in doc["steps"]]
-    unknown = [s.kind for s in steps if s.kind not in STEPS]
-    if unknown:
-        raise ZcnetError(f"state file {path} has unknown steps {unknown}")
+    steps = [Step(s["kind"], s["params"], s["status"], s["undo"]) for s in doc["steps"]]
+    # Each undo is saved as it finishes: a file that cannot be rewritten is found now, before
+    # anything on the device changes.
+    _write_state(path, doc)
     cfg = NicConfig(ifname, doc["config"]["queue"], doc["config"]["port"], netns=netns)
     with _maybe_open(cfg, device) as dev:
         if dev.ifindex != doc.get("ifindex", dev.ifindex):

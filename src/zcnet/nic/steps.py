@@ -9,6 +9,7 @@ the apply never got to change the device.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,21 +127,107 @@ def _rule_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
                     p["flow"], p["port"])
 
 
+# -------------------------------------------------------------------- what a state file holds
+#
+# A state file may be hand-edited, truncated or another program's: ``restore`` applies nothing
+# until every step's params and undo record have the shape its apply wrote, so no undo ever
+# runs on half-parsed data. Each field is a predicate; ``problem`` names the first that fails.
+
+Check = Callable[[Any], bool]
+
+
+def _int(lo: int, hi: int) -> Check:
+    return lambda v: type(v) is int and lo <= v <= hi
+
+
+def _one_of(*choices: object) -> Check:
+    return lambda v: isinstance(v, str) and v in choices
+
+
+_U16, _U32 = _int(0, 0xFFFF), _int(0, 0xFFFF_FFFF)
+
+
+def _bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _feature(v: Any) -> bool:
+    """An ethtool feature name (ETH_GSTRING_LEN - 1 characters); the kernel's own list is
+    checked again when one is set."""
+    return isinstance(v, str) and re.fullmatch(r"[\w.-]{1,31}", v) is not None
+
+
+# The rings a step sets, and the values each takes (tcp-data-split by name, hds-thresh a u32).
+RING_VALUES: dict[str, Check] = {"tcp-data-split": _one_of(*ethtool.TCP_DATA_SPLIT_VALUE),
+                                 "hds-thresh": _U32}
+
+
+def _prior_channels(v: Any) -> bool:
+    return (isinstance(v, dict) and len(v) == 1
+            and all(k in ("combined-count", "rx-count") and _U16(n) for k, n in v.items()))
+
+
+def _indir(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= 0x10000 and all(_U32(q) for q in v)
+
+
+def _fields(record: Any, spec: dict[str, Check], where: str, *, required: bool) -> str | None:
+    if not isinstance(record, dict):
+        return f"{where} is not an object"
+    if unknown := [k for k in record if k not in spec]:
+        return f"{where} has an unknown field {str(unknown[0])[:40]!r}"
+    for name, ok in spec.items():
+        if name not in record:
+            if required:
+                return f"{where} lacks {name!r}"
+        elif not ok(record[name]):
+            return f"{where}.{name} is {str(record[name])[:40]!r}, not what setup writes"
+    return None
+
+
 @dataclass(frozen=True)
 class StepKind:
     title: Callable[[dict[str, Any]], str]
     apply: Callable[[Device, dict[str, Any], dict[str, Any]], None]
     undo: Callable[[Device, dict[str, Any], dict[str, Any]], None]
+    params: dict[str, Check]    # what setup plans: every field required
+    recorded: dict[str, Check]  # what apply records for the undo: any may be missing
+    # Fields that are only valid together (a ring's value depends on which ring).
+    consistent: Callable[[dict[str, Any], dict[str, Any]], bool] = lambda p, u: True
+
+    def problem(self, params: Any, undo: Any, where: str) -> str | None:
+        """Why ``params``/``undo`` (from a state file) are not what this kind writes, or None."""
+        why = (_fields(params, self.params, f"{where}.params", required=True)
+               or _fields(undo, self.recorded, f"{where}.undo", required=False))
+        if why is None and not self.consistent(params, undo):
+            why = f"{where}: a value is not one {self.title(params)!r} takes"
+        return why
+
+
+def _rings_consistent(p: dict[str, Any], u: dict[str, Any]) -> bool:
+    ok = RING_VALUES[p["name"]]
+    return ok(p["value"]) and (u.get("prior") is None or ok(u["prior"]))
 
 
 STEPS: dict[str, StepKind] = {
-    "channels": StepKind(lambda p: f"channels {p['count']}", _channels_apply, _channels_undo),
+    "channels": StepKind(lambda p: f"channels {p['count']}", _channels_apply, _channels_undo,
+                         {"count": _int(1, 0xFFFF)}, {"prior": _prior_channels}),
     "feature": StepKind(lambda p: f"{p['name']} {'on' if p['on'] else 'off'}",
-                        _feature_apply, _feature_undo),
-    "rings": StepKind(lambda p: f"{p['name']} {p['value']}", _rings_apply, _rings_undo),
-    "rss": StepKind(lambda p: f"RSS off queue {p['queue']}", _rss_apply, _rss_undo),
+                        _feature_apply, _feature_undo,
+                        {"name": _feature, "on": _bool}, {"prior": _bool}),
+    "rings": StepKind(lambda p: f"{p['name']} {p['value']}", _rings_apply, _rings_undo,
+                      {"name": _one_of(*RING_VALUES), "value": lambda v: True},
+                      {"prior": lambda v: True}, _rings_consistent),
+    "rss": StepKind(lambda p: f"RSS off queue {p['queue']}", _rss_apply, _rss_undo,
+                    {"queue": _U16, "count": _int(1, 0xFFFF)},
+                    {"default": _bool, "prior": _indir}),
     "rss-context": StepKind(lambda p: f"RSS context for queue {p['queue']}",
-                            _rss_ctx_apply, _rss_ctx_undo),
+                            _rss_ctx_apply, _rss_ctx_undo,
+                            {"queue": _U16}, {"context": _int(1, 0xFFFF_FFFF)}),
     "flow-rule": StepKind(lambda p: f"{p['flow']} dst-port {p['port']} -> queue {p['queue']}",
-                          _rule_apply, _rule_undo),
+                          _rule_apply, _rule_undo,
+                          {"flow": _one_of(*ntuple.FLOW_TYPES), "port": _int(1, 0xFFFF),
+                           "queue": _U16,
+                           "context_step": lambda v: v is None or _int(0, 0xFFFF)(v)},
+                          {"location": _U32}),
 }

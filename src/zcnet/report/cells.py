@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zcnet import quantities
+from zcnet.bench.cpustat import SHARES
 from zcnet.bench.metrics import METRICS
 from zcnet.errors import UsageError
 from zcnet.report.stats import Summary, summarize
@@ -106,7 +107,7 @@ def metrics_present(cells: Iterable[Cell]) -> list[str]:
 # Fields of a result row read back from a file that are measured figures: never negative,
 # never NaN or infinite.
 FIGURE_FIELDS = ("seconds", "bytes", "sent", "received", *(m for m in METRICS if m != "rx_busy"))
-CPU_SHARE_FIELDS = ("usr", "sys", "iowait", "irq", "soft", "idle", "busy")
+CPU_SHARE_FIELDS = (*SHARES, "busy")
 
 
 def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
@@ -123,6 +124,12 @@ def _bad(row: dict[str, Any]) -> tuple[str, Any, str] | None:
     for name in ("status", "reason", "warning"):
         if not isinstance(row.get(name, ""), str):
             return name, row[name], "must be text"
+    if not isinstance(row.get("warnings", []), list) or not all(
+            isinstance(w, str) for w in row.get("warnings", [])):
+        return "warnings", row["warnings"], "must be a list of texts"
+    cv = row.get("interval_cv")
+    if cv is not None and (why := quantities.problem("figure", cv)) is not None:
+        return "interval_cv", cv, why
     for name in ("cpu", "cpus", "verify", "tx_stats", "engine_stats", "tcp"):
         if row.get(name) is not None and not isinstance(row[name], dict):
             return name, row[name], "must be an object"

@@ -7,13 +7,14 @@ more about the machines than about the change under test, so that needs an expli
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report.cells import METRICS, CellKey, check_figures, group, key_text
-from zcnet.report.stats import Summary, Verdict, summarize, welch
-from zcnet.report.tables import Table, fmt_summary
+from zcnet.report.stats import UNSTABLE_SHARE, Summary, Verdict, summarize, welch
+from zcnet.report.tables import Table
 
 ENV_MUST_MATCH = ("kernel", "cpu_model", "nic")
 
@@ -141,21 +142,88 @@ def row_dict(row: Row) -> dict[str, Any]:
     }
 
 
+def _short_verdict(row: Row) -> str:
+    """The verdict column: faster/slower/n.s. with the p-value; why there is none otherwise."""
+    v = row.verdict
+    if v is None:
+        return row.note if row.note.startswith("only in") else "n/a"
+    if v.pvalue is None:
+        return "no verdict" if "--repeat" in v.reason else v.reason
+    p = "p<0.001" if v.pvalue < 0.001 else f"p={v.pvalue:.3f}"
+    if not v.significant:
+        return f"n.s. {p}"
+    if math.isnan(v.ratio):
+        return v.text()
+    return f"{'faster' if v.ratio >= 1 else 'slower'} {p}"
+
+
+def _axes(keys: list[CellKey]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """The key fields whose values differ between cells (the cell column), and those with one
+    value wherever present (said once). A cell that failed before it recorded, say, its send
+    path lacks that field: missing is not a value."""
+    fields = list(dict.fromkeys(f for k in keys for f, _ in k))
+    values = {f: {v for k in keys for g, v in k if g == f} for f in fields}
+    varying = [f for f in fields if len(values[f]) > 1]
+    same = [(f, next(iter(values[f]))) for f in fields if len(values[f]) == 1]
+    return varying, same
+
+
 def compare_table(rows: list[Row], name_a: str = "A", name_b: str = "B",
-                  diffs: list[str] | None = None) -> Table:
-    t = Table(f"B ({name_b}) vs A ({name_a})", ["cell", "metric", "A", "B", "B/A", "verdict"],
-              [])
-    for r in rows:
-        ok = r.verdict is not None and not math.isnan(r.verdict.ratio)
-        ratio = f"{r.verdict.ratio:.2f}x" if ok and r.verdict else ""
-        t.rows.append([key_text(r.key), r.metric, fmt_summary(r.a, r.metric) if r.metric else "",
-                       fmt_summary(r.b, r.metric) if r.metric else "", ratio,
-                       r.verdict.text() if r.verdict else r.note])
+                  diffs: list[str] | None = None) -> list[Table]:
+    """One table per metric: a row per cell with A and B (mean ± stdev), B/A and the Welch
+    verdict. Made to read at 80 columns: the unit is in the title, the cell names only what
+    differs between cells (the rest is said once), the verdict is a word and a p-value; cells
+    without a result on either side, reasons and warnings are notes, once per reason."""
+    varying, same = _axes([r.key for r in rows])
+
+    def label(r: Row) -> str:
+        return " ".join(str(dict(r.key).get(f, "-")) for f in varying) or key_text(r.key)
+
+    cell_line = ("\ncell: " + " ".join(varying) + (" (all cells: " + ", ".join(
+        f"{f} {v}" for f, v in same) + ")" if same else "")) if varying else ""
+    head = ["verdict: Welch's t-test of B against A at p < 0.05 (n.s.: not significant); "
+                "B/A > 1 means B is better"]
     if diffs:
-        t.notes.append("warning: compared despite different systems (--force): "
-                       + "; ".join(diffs))
-    t.notes += unstable_sides(rows)
-    return t
+        head.append("warning: compared despite different systems (--force): " + "; ".join(diffs))
+    unmeasured: dict[str, list[str]] = {}
+    for r in rows:
+        if not r.metric:
+            unmeasured.setdefault(r.note, []).append(label(r))
+    tail = [f"not measured: {', '.join(cells)}: {note}" for note, cells in unmeasured.items()]
+    tables = []
+    for metric in dict.fromkeys(r.metric for r in rows if r.metric):
+        m = METRICS[metric]
+        what = f"{m.label} in {m.unit}, mean ± stdev" if m.unit else f"{m.label}, mean ± stdev"
+        t = Table(f"B ({name_b}) vs A ({name_a}): {what}{cell_line}",
+                  ["cell", "A", "B", "B/A", "verdict"], [], compact=True)
+        why: dict[str, list[str]] = {}
+        block = [r for r in rows if r.metric == metric]
+        for r in block:
+            ok = r.verdict is not None and not math.isnan(r.verdict.ratio)
+            t.rows.append([label(r), _number(r.a, metric), _number(r.b, metric),
+                           f"{r.verdict.ratio:.2f}x" if ok and r.verdict else "",
+                           _short_verdict(r)])
+            if r.verdict is None and r.note and not r.note.startswith("only in"):
+                why.setdefault(r.note, []).append(label(r))
+        t.notes += [f"n/a: {', '.join(cells)}: {note}" for note, cells in why.items()]
+        if any(row[-1] == "no verdict" for row in t.rows):
+            t.notes.append("no verdict: a side ran the cell once; a t-test needs --repeat 2 or "
+                           "more on both sides")
+        t.notes += unstable_sides(block, label)
+        tables.append(t)
+    if not tables:
+        tables.append(Table(f"B ({name_b}) vs A ({name_a}): no cell measured on either side",
+                            [], [], compact=True))
+    tables[0].notes[:0] = head
+    tables[-1].notes += tail
+    return tables
+
+
+def _number(s: Summary | None, metric: str) -> str:
+    """A summary without its unit (the title has it)."""
+    if s is None or not metric:
+        return "n/a"
+    return s.format(METRICS[metric].digits)
 
 
 def incomplete_notes(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> list[str]:
@@ -164,12 +232,16 @@ def incomplete_notes(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> list[str]:
             for side, doc in (("A", doc_a), ("B", doc_b)) if doc.get("complete") is False]
 
 
-def unstable_sides(rows: list[Row]) -> list[str]:
-    """Instability warnings for either side: a ratio of unstable numbers needs more repeats."""
+def unstable_sides(rows: list[Row], label: Callable[[Row], str] | None = None) -> list[str]:
+    """Instability warnings, one per cell naming the side(s): a ratio of unstable numbers needs
+    more repeats."""
     out = []
     for r in rows:
-        for side, s in (("A", r.a), ("B", r.b)):
-            if s is not None and s.unstable:
-                out.append(f"warning: {key_text(r.key)}: {side} unstable (stdev "
-                           f"{100 * s.stdev / abs(s.mean):.0f}% of mean); use more --repeat")
+        sides = [f"{side} {100 * s.stdev / abs(s.mean):.0f}%" for side, s in (("A", r.a),
+                                                                            ("B", r.b))
+                 if s is not None and s.unstable]
+        if sides:
+            name = label(r) if label else key_text(r.key)
+            out.append(f"warning: {name}: unstable, stdev {' and '.join(sides)} of the mean "
+                       f"(limit {100 * UNSTABLE_SHARE:.0f}%); use more --repeat")
     return out

@@ -8,10 +8,13 @@ from __future__ import annotations
 import csv
 import io
 import os
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table as RichTable
 from rich.text import Text
 
@@ -21,9 +24,11 @@ from zcnet.report.tables import Table, flat_rows
 
 
 def to_rich(table: Table) -> RichTable:
-    """Every title, header and cell as literal ``Text``: results carry user text (spec titles,
-    reasons, host names) in which ``[`` is a character, not rich markup."""
-    rt = RichTable(title=Text(table.title), title_justify="left")
+    """Every header and cell as literal ``Text``: results carry user text (spec titles,
+    reasons, host names) in which ``[`` is a character, not rich markup. The title is printed
+    above the table (``print_tables``): a rich title wraps at the table's own width."""
+    rt = (RichTable(title=None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+          if table.compact else RichTable(title=None))
     for i, h in enumerate(table.headers):
         # Numbers right-aligned; the first column (labels) and a verdict column read left.
         left = i == 0 or h in ("verdict", "vs baseline")
@@ -32,6 +37,13 @@ def to_rich(table: Table) -> RichTable:
     for row in table.rows:
         rt.add_row(*(Text(str(c)) for c in row))
     return rt
+
+
+def fits(console: Console, renderable: RichTable) -> bool:
+    """Whether ``renderable`` fits the console's width without squeezing a column: its
+    natural width, measured as if the console had room for any width."""
+    wide = console.options.update_width(1 << 16)
+    return Measurement.get(console, wide, renderable).maximum <= console.width
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -46,11 +58,22 @@ def note_style(note: str) -> str:
     return "yellow" if note.startswith(("warning", "substituted", "incomplete")) else "dim"
 
 
+def print_notes(console: Console, notes: Iterable[str]) -> None:
+    """Notes indented under a table; a long one wraps under itself, not under the margin."""
+    for note in notes:
+        lines = textwrap.wrap(note, max(20, console.width - 2), subsequent_indent="  ",
+                              break_long_words=False, break_on_hyphens=False) or [""]
+        for line in lines:
+            console.print(Text(f"  {line}", style=note_style(note)), soft_wrap=True)
+
+
 def print_tables(console: Console, tables: Iterable[Table]) -> None:
     for t in tables:
-        console.print(to_rich(t))
-        for note in t.notes:
-            console.print(Text(f"  {note}", style=note_style(note)))
+        if t.title:
+            console.print(Text(t.title, style="bold"))
+        if t.headers:
+            console.print(to_rich(t))
+        print_notes(console, t.notes)
 
 
 def say(console: Console, text: str, style: str = "") -> None:

@@ -1,23 +1,67 @@
 """PNG plots of result envelopes (matplotlib, a dependency of zcnet).
 
-Figures have a fixed size and dpi and are saved without tight bounding boxes, so a plot's pixel
-size is known in advance (``FIGSIZE`` x ``DPI``) whatever its labels hold.
+Every figure says in words what it shows (a title, and the machine it was measured on), what
+its points and error bars are (medians with lowest..highest for ``zcnet bench``, whose table
+shows the same; means with ± one standard deviation for experiments, as their tables), and
+which rows of an experiment ran as substitutes. Figures have a fixed size and dpi and are saved
+without tight bounding boxes, so a plot's pixel size is known in advance (``FIGSIZE`` x
+``DPI``) whatever its labels hold.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import statistics
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zcnet.errors import ZcnetError
 from zcnet.report.cells import METRICS, Cell, group
+from zcnet.report.labels import PLACEMENT_TITLES
+from zcnet.report.stats import summarize
 from zcnet.report.tables import MPSTAT_COLUMNS, per_cpu_shares, report_section
 
-FIGSIZE = (8.0, 5.0)
+FIGSIZE = (11.0, 6.5)
 DPI = 100
-CPU_PARTS = ("usr", "sys", "irq", "soft")
+# Stacked in this order; idle fills each bar up to 100 %.
+CPU_PARTS = ("usr", "nice", "sys", "irq", "soft", "steal", "guest", "iowait")
+CPU_COLORS = {"usr": "tab:blue", "nice": "tab:cyan", "sys": "tab:orange", "irq": "tab:green",
+              "soft": "tab:red", "steal": "tab:purple", "guest": "tab:brown",
+              "iowait": "tab:olive", "idle": "0.88"}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every figure of one result file says besides its data."""
+
+    title: str                         # what was measured, in words
+    machine: str                       # where
+    substitutions: tuple[str, ...] = ()
+    by_median: bool = False            # medians with min..max bars (bench), else mean ± stdev
+    # (axis, value that ran, value of the seed it stands in for): "soft-zc (for zcrx)"
+    stand_ins: tuple[tuple[str, str, str], ...] = ()
+
+
+def context(doc: dict[str, Any]) -> Context:
+    exp = doc.get("experiment") or {}
+    env = doc.get("env") or {}
+    where = ("a lab of two network namespaces joined by veth" if env.get("lab")
+             else "loopback" if env.get("lab") is False and not exp else "")
+    machine = ", ".join(str(x) for x in (
+        f"Linux {env['kernel']}" if env.get("kernel") else "",
+        f"{env['cpus']} CPUs" if env.get("cpus") else "", env.get("cpu_model") or "", where,
+        str(env.get("time") or "")[:16].replace("T", " ")) if x)
+    title = exp.get("title") or ("zcnet bench: one TCP flow per cell" if doc.get("kind") ==
+                                 "bench" else str(doc.get("kind") or "zcnet results"))
+    subs = [s for s in exp.get("substitutions", [])
+            if isinstance(s, dict) and isinstance(s.get("text"), str)]
+    return Context(title, machine, tuple(f"substituted: {s['text']}" for s in subs),
+                   by_median=doc.get("kind") == "bench",
+                   stand_ins=tuple((str(s.get("axis")), str(s.get("lab")), str(s.get("value")))
+                                   for s in subs))
 
 
 def _pyplot() -> Any:
@@ -38,19 +82,37 @@ def literal(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _figure(plt: Any, title: str, ylabel: str) -> tuple[Any, Any]:
-    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    fig.subplots_adjust(bottom=0.22)  # room for two-line, rotated bar labels
-    ax.set_title(literal(title), fontsize=10)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
-    return fig, ax
+def _wrap(lines: list[str], width: int = 160) -> list[str]:
+    return [w for line in lines for w in textwrap.wrap(line, width) or [""]]
+
+
+def _figure(plt: Any, ctx: Context, what: str, notes: list[str], panels: int = 1,
+            sharey: bool = True, top: float = 0.87) -> tuple[Any, list[Any]]:
+    """A figure titled in words (``what`` of ``ctx.title``), the machine under the title, and
+    ``notes`` (error bars, substitutions) in small print at the bottom."""
+    fig, axes = plt.subplots(1, panels, figsize=FIGSIZE, dpi=DPI, sharey=sharey, squeeze=False)
+    fig.suptitle(literal(_wrap([f"{ctx.title}: {what}"], 110)[0]), fontsize=12, y=0.985)
+    if ctx.machine:
+        fig.text(0.5, 0.935, literal(ctx.machine), ha="center", fontsize=8, color="0.35")
+    small = _wrap([*notes, *ctx.substitutions])
+    fig.text(0.01, 0.01, literal("\n".join(small)), fontsize=7.5, va="bottom", ha="left",
+             color="0.2")
+    fig.subplots_adjust(top=top, bottom=0.08 + 0.022 * len(small), left=0.07,
+                        right=0.79, wspace=0.08)
+    for ax in axes[0]:
+        ax.grid(True, axis="y", alpha=0.3)
+    return fig, list(axes[0])
 
 
 def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """The PNG, atomically; its title and small print also go into its text chunks (Title,
+    Description), where a reader or a test finds them without looking at the pixels."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    title = fig.get_suptitle()
+    meta = {"Title": title, "Software": "zcnet",
+            "Description": "\n".join(t.get_text() for t in fig.texts if t.get_text() != title)}
     try:
-        fig.savefig(tmp, dpi=DPI, format="png")
+        fig.savefig(tmp, dpi=DPI, format="png", metadata=meta)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -61,90 +123,245 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
-def _labeller(cells: list[Cell], skip: tuple[str, ...]) -> Callable[[Cell], str]:
-    """Label cells by the axes that differ between them; constant axes only add clutter."""
+def _labeller(cells: list[Cell], skip: tuple[str, ...],
+              ctx: Context | None = None) -> Callable[[Cell], str]:
+    """Label cells by the axes that differ between them (constant axes only add clutter); a
+    value standing in for the seed's says so: "soft-zc (for zcrx)"."""
     fields = dict.fromkeys(f for c in cells for f, _ in c.key)
     varying = [f for f in fields if f not in skip and f != "experiment"
                and len({c.fields.get(f) for c in cells}) > 1]
+    stands = {(axis, lab): seed for axis, lab, seed in (ctx.stand_ins if ctx else ())}
+
+    def part(f: str, v: Any) -> str:
+        text = str(v) if f in ("engine", "mode") else f"{f} {v}"
+        seed = stands.get((f, str(v)))
+        return f"{text} (for {seed})" if seed else text
+
     def label(cell: Cell) -> str:
-        parts = [str(cell.fields.get(f)) if f in ("engine", "mode") else f"{f}={cell.fields.get(f)}"
-                 for f in varying]
-        return " ".join(parts) or "all"
+        return " ".join(part(f, cell.fields.get(f)) for f in varying) or "all"
 
     return label
 
 
+def _not_plotted(results: list[dict[str, Any]], shown: list[Cell]) -> list[str]:
+    """A note naming the cells that have no value to plot (did not run, or failed)."""
+    keys = {c.key for c in shown}
+    missing = [c for c in group(results).values() if c.key not in keys]
+    if not missing:
+        return []
+    label = _labeller(list(group(results).values()), ())
+    names = list(dict.fromkeys(
+        f"{c.fields.get('engine') or c.fields.get('mode') or label(c)} ({c.status})"
+        for c in missing))
+    return ["not plotted (no value): " + ", ".join(names)]
+
+
+def _point(cell: Cell, metric: str, by_median: bool) -> tuple[float, float, float] | None:
+    """(value, error below, error above) of a cell: median and its range, or mean ± stdev."""
+    vals = cell.values(metric)
+    if not vals:
+        return None
+    if by_median:
+        mid = statistics.median(vals)
+        return mid, mid - min(vals), max(vals) - mid
+    s = summarize(vals)
+    return s.mean, s.stdev, s.stdev
+
+
+def _bars_note(cells: list[Cell], metric: str, by_median: bool) -> str:
+    """What the points and error bars are."""
+    runs = max((len(c.values(metric)) for c in cells), default=0)
+    if runs <= 1:
+        return "one run per cell: no error bars"
+    if by_median:
+        return (f"points: median of up to {runs} runs per cell; error bars: lowest to highest "
+                "run")
+    return f"points: mean of up to {runs} runs per cell; error bars: ± 1 standard deviation"
+
+
+def _panels(cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
+    """One panel per placement when the cells differ in it, else one panel."""
+    places = list(dict.fromkeys(c.fields.get("placement") for c in cells))
+    if len(places) < 2:
+        return [("", cells)]
+    return [(PLACEMENT_TITLES.get(str(p), f"placement {p}"),
+             [c for c in cells if c.fields.get("placement") == p]) for p in places]
+
+
 def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "gbps",
-                      title: str = "throughput vs MTU") -> Path:
-    """One line per engine (and other axes), mean with stdev error bars."""
+                      ctx: Context | None = None,
+                      peers: list[dict[str, Any]] | None = None) -> Path:
+    """One line per engine (and other axes) over the MTUs, a panel per placement; the C tools
+    run in the same lab (``peers``) as dashed grey lines."""
+    ctx = ctx or Context("throughput", "")
     plt = _pyplot()
-    fig, ax = _figure(plt, title, f"{METRICS[metric].label} ({METRICS[metric].unit})")
-    series: dict[str, list[tuple[int, float, float]]] = {}
-    cells = list(group(results).values())
-    label = _labeller(cells, ("mtu",))
-    for cell in cells:
-        s = cell.summary(metric)
-        mtu = cell.fields.get("mtu")
-        if s is None or mtu is None:
-            continue
-        series.setdefault(label(cell), []).append((int(mtu), s.mean, s.stdev))
-    for name, pts in series.items():
-        pts.sort()
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
-                    marker="o", capsize=3, label=literal(name))
-    ax.set_xlabel("MTU (bytes)")
-    if series:
-        ax.legend()
+    m = METRICS[metric]
+    cells = [c for c in group(results).values() if c.values(metric) and "mtu" in c.fields]
+    panels = _panels(cells)
+    fig, axes = _figure(plt, ctx, f"{m.label} by MTU",
+                        [_bars_note(cells, metric, ctx.by_median),
+                         *_not_plotted(results, cells)], panels=len(panels))
+    mtus = sorted({int(c.fields["mtu"]) for c in cells})
+    label = _labeller(cells, ("mtu", "placement"), ctx)
+    colors: dict[str, str] = {}
+    for ax, (name, block) in zip(axes, panels, strict=True):
+        series: dict[str, list[tuple[int, tuple[float, float, float]]]] = {}
+        for cell in block:
+            if (p := _point(cell, metric, ctx.by_median)) is not None:
+                series.setdefault(label(cell), []).append((mtus.index(int(cell.fields["mtu"])), p))
+        peer_lines = _peer_series(peers or [], {c.fields.get("placement") for c in block}, mtus,
+                                  metric, ctx.by_median)
+        lines = len(series) + len(peer_lines)
+        for i, (s, pts) in enumerate(series.items()):
+            pts.sort()
+            color = colors.setdefault(s, f"C{len(colors) % 10}")
+            dodge = (i - (lines - 1) / 2) * 0.04  # side by side, so error bars do not overlap
+            ax.errorbar([x + dodge for x, _ in pts], [p[0] for _, p in pts],
+                        yerr=[[p[1] for _, p in pts], [p[2] for _, p in pts]], marker="o",
+                        capsize=4, color=color, label=literal(s))
+        for i, (peer, pts) in enumerate(peer_lines.items(), start=len(series)):
+            dodge = (i - (lines - 1) / 2) * 0.04
+            ax.errorbar([x + dodge for x, _ in pts], [p[0] for _, p in pts],
+                        yerr=[[p[1] for _, p in pts], [p[2] for _, p in pts]], marker="s",
+                        linestyle="--", capsize=4, color=("0.35", "0.6")[(i - len(series)) % 2],
+                        label=literal(f"{peer} (C tool, same lab)"))
+        ax.set_title(literal(name), fontsize=9)
+        ax.set_xticks(range(len(mtus)), [str(x) for x in mtus])
+        ax.set_xlim(-0.5, len(mtus) - 0.5)
+        ax.set_xlabel("MTU (bytes)")
+    axes[0].set_ylabel(f"{m.label} ({m.unit})")
+    axes[0].set_ylim(bottom=0)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=9,
+                   title="engine" if "engine" in {f for c in cells for f, _ in c.key} else None)
     return _save(plt, fig, path)
 
 
-def cpu_breakdown(results: list[dict[str, Any]], path: Path,
-                  title: str = "CPU breakdown") -> Path:
-    """Stacked %usr/%sys/%irq/%soft bars: per CPU when rows carry per-CPU shares, else rx/tx."""
-    plt = _pyplot()
-    fig, ax = _figure(plt, title, "% of CPU")
-    bars: list[tuple[str, dict[str, float]]] = []
-    cells = [c for c in group(results).values() if c.status == "ok"]
-    labeller = _labeller(cells, ())
-    for cell in cells:
-        label = labeller(cell)
-        shares = per_cpu_shares(cell)
-        if shares:
-            bars += [(f"{label}\ncpu{cpu}", s) for cpu, s in shares.items()]
+def _peer_series(peers: list[dict[str, Any]], places: set[Any], mtus: list[int], metric: str,
+                 by_median: bool) -> dict[str, list[tuple[int, tuple[float, float, float]]]]:
+    """Each peer tool's points at the MTUs of the plot, in the panel's placement."""
+    out: dict[str, list[tuple[int, tuple[float, float, float]]]] = {}
+    for cell in group(peers).values():
+        mtu, where = cell.fields.get("mtu"), cell.fields.get("placement")
+        if (where not in places and where is not None) or mtu not in mtus:
             continue
-        for side in ("rx", "tx"):
-            vals = [r["cpu"][side] for r in cell.rows if (r.get("cpu") or {}).get(side)]
-            if vals:
-                bars.append((f"{label}\n{side}", {k: sum(v.get(k, 0.0) for v in vals) / len(vals)
-                                                  for k, _ in MPSTAT_COLUMNS}))
-    xs = range(len(bars))
-    bottom = [0.0] * len(bars)
-    for part in CPU_PARTS:
-        heights = [b[1].get(part, 0.0) for b in bars]
-        ax.bar(xs, heights, bottom=bottom, label=f"%{part}")
-        bottom = [x + h for x, h in zip(bottom, heights, strict=True)]
-    ax.set_xticks(list(xs), [literal(b[0]) for b in bars], fontsize=7, rotation=30, ha="right")
-    ax.set_ylim(0, 115)  # headroom for the legend above the 100% line
-    ax.legend(ncol=len(CPU_PARTS), loc="upper center", fontsize=8)
+        if (p := _point(cell, metric, by_median)) is not None:
+            out.setdefault(str(cell.fields.get("peer")), []).append((mtus.index(int(mtu)), p))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _roles(cell: Cell, cpu: str) -> list[str]:
+    """What ran on ``cpu`` in a cell: the application, the sender, the receive softirq."""
+    row = cell.rows[0]
+    names = (("rx_cpu", "application"), ("tx_cpu", "sender"), ("incoming_cpu", "softirq"))
+    return [what for key, what in names if str(row.get(key)) == cpu]
+
+
+def _cpu_bars(cell: Cell) -> list[tuple[str, list[str], dict[str, float | None]]]:
+    """(cpu, roles, shares) per CPU the cell's rows recorded: per-CPU shares where the rows
+    carry them, else the receiving and sending CPUs of a bench row (one bar when they are the
+    same CPU)."""
+    shares = per_cpu_shares(cell)
+    if shares:
+        return [(cpu, _roles(cell, cpu), s) for cpu, s in shares.items()]
+    out: list[tuple[str, list[str], dict[str, float | None]]] = []
+    row = cell.rows[0]
+    for side, who in (("rx", "receiving"), ("tx", "sending")):
+        vals = [r["cpu"][side] for r in cell.rows if (r.get("cpu") or {}).get(side)]
+        cpu = str(row.get(f"{side}_cpu", who))
+        if not vals or any(c == cpu for c, _, _ in out):
+            continue
+        mean = {k: sum(float(v.get(k) or 0.0) for v in vals) / len(vals) for k, _ in
+                MPSTAT_COLUMNS}
+        out.append((cpu, _roles(cell, cpu) or [f"{who} side"], dict(mean)))
+    return out
+
+
+def _rows(labels: Iterable[str]) -> list[float]:
+    """y positions, the first bar on top, a gap between one cell's CPUs and the next cell's."""
+    ys: list[float] = []
+    last = None
+    for lab in labels:
+        ys.append((ys[-1] - (1.5 if lab != last else 1.0)) if ys else 0.0)
+        last = lab
+    return ys
+
+
+def cpu_breakdown(results: list[dict[str, Any]], path: Path,
+                  ctx: Context | None = None) -> Path:
+    """Horizontal bars, one per CPU a cell used, split into %usr, %sys, %irq, %soft ... with
+    %idle the rest of 100; a panel per placement. When every cell of a panel gave its CPUs the
+    same jobs, the panel's title says which, else each bar does."""
+    ctx = ctx or Context("CPU time", "")
+    plt = _pyplot()
+    cells = [c for c in group(results).values() if c.status == "ok" and _cpu_bars(c)]
+    panels = _panels(cells)
+    label = _labeller(cells, ("placement",), ctx)
+    fig, axes = _figure(plt, ctx, "where the CPU time went",
+                        ["bars: each CPU's time over the measured interval (/proc/stat), mean "
+                         "over the runs of a cell; the shares add up to 100 %",
+                         *_not_plotted(results, cells)],
+                        panels=len(panels), sharey=False, top=0.85)
+    used = set()
+    for ax, (name, block) in zip(axes, panels, strict=True):
+        bars = [(label(c), cpu, roles, s) for c in block for cpu, roles, s in _cpu_bars(c)]
+        jobs = {(cpu, tuple(roles)) for _, cpu, roles, _ in bars}
+        same_jobs = len({cpu for cpu, _ in jobs}) == len(jobs) and all(r for _, r in jobs)
+        names = [f"{lab} · cpu{cpu}" if same_jobs or not roles else
+                 f"{lab} · cpu{cpu} ({', '.join(roles)})" for lab, cpu, roles, _ in bars]
+        ys = _rows(lab for lab, *_ in bars)
+        left = [0.0] * len(bars)
+        for part in (*CPU_PARTS, "idle"):
+            widths = [float(s.get(part) or 0.0) for *_, s in bars]
+            if part == "idle":
+                widths = [max(0.0, 100.0 - x) for x in left]
+            if not any(widths):
+                continue
+            used.add(part)
+            ax.barh(ys, widths, left=left, color=CPU_COLORS[part], height=0.75)
+            left = [a + w for a, w in zip(left, widths, strict=True)]
+        ax.set_yticks(ys, [literal(n) for n in names], fontsize=7 if len(bars) > 16 else 8)
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("% of the CPU's time")
+        title = name
+        if same_jobs and jobs:
+            title += ("\n" if title else "") + "; ".join(
+                f"cpu{cpu}: {', '.join(roles)}" for cpu, roles in sorted(jobs))
+        ax.set_title(literal(title), fontsize=8.5)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.grid(False, axis="y")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=CPU_COLORS[p]) for p in (*CPU_PARTS, "idle")
+               if p in used]
+    fig.legend(handles, [f"%{p}" for p in (*CPU_PARTS, "idle") if p in used],
+               loc="center right", fontsize=9)
+    fig.subplots_adjust(left=0.18, right=0.85, wspace=0.95 if len(panels) > 1 else 0.08)
     return _save(plt, fig, path)
 
 
 def pps_per_mode(results: list[dict[str, Any]], path: Path, metric: str = "mpps",
-                 title: str = "packet rate per mode") -> Path:
+                 ctx: Context | None = None) -> Path:
+    """A bar per send mode (and other axes), its value written on it, with error bars."""
+    ctx = ctx or Context("packet rate", "")
     plt = _pyplot()
-    fig, ax = _figure(plt, title, f"{METRICS[metric].label} ({METRICS[metric].unit})")
-    names, means, errs = [], [], []
-    cells = list(group(results).values())
-    label = _labeller(cells, ())
-    for cell in cells:
-        s = cell.summary(metric)
-        if s is None:
-            continue
-        names.append(label(cell))
-        means.append(s.mean)
-        errs.append(s.stdev)
-    ax.bar(range(len(names)), means, yerr=errs, capsize=4)
-    ax.set_xticks(list(range(len(names))), names)
+    m = METRICS[metric]
+    cells = [c for c in group(results).values() if c.values(metric)]
+    fig, axes = _figure(plt, ctx, f"{m.label} per send mode",
+                        [_bars_note(cells, metric, ctx.by_median), *_not_plotted(results, cells)])
+    ax = axes[0]
+    label = _labeller(cells, (), ctx)
+    points = [(label(c), p) for c in cells if (p := _point(c, metric, ctx.by_median))]
+    xs = range(len(points))
+    ax.bar(xs, [p[0] for _, p in points], yerr=[[p[1] for _, p in points],
+                                                [p[2] for _, p in points]],
+           capsize=5, color="tab:blue")
+    for x, (_, p) in zip(xs, points, strict=True):
+        ax.annotate(f"{p[0]:.{m.digits}f}", (x, p[0] + p[2]), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=8)
+    ax.set_xticks(list(xs), [literal(n) for n, _ in points])
+    ax.set_ylabel(f"{m.label} ({m.unit})")
+    ax.set_ylim(bottom=0)
+    fig.subplots_adjust(right=0.97)
     return _save(plt, fig, path)
 
 
@@ -156,12 +373,12 @@ PLOTTERS: dict[str, Callable[..., Path]] = {
 
 
 def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
-             names: list[str] | None = None) -> list[Path]:
-    """The plots an experiment envelope's report section asks for, as ``<name>-<plot>.png``."""
+             names: list[str] | None = None, stem: str | None = None) -> list[Path]:
+    """The plots an envelope's report section asks for, as ``<stem>-<plot>.png``; the stem is
+    the experiment's name or the command's unless given."""
     rep = report_section(doc)
     exp = doc.get("experiment") or {}
-    stem = exp.get("name") or doc.get("kind", "zcnet")
-    title = exp.get("title") or stem
+    stem = stem or exp.get("name") or doc.get("kind", "zcnet")
     results = [r for r in doc.get("results", []) if not r.get("peer")]
     out = Path(out_dir)
     try:
@@ -169,11 +386,22 @@ def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
     except OSError as exc:
         raise ZcnetError(f"cannot create plot directory {out}: {exc.strerror or exc}",
                          "give a directory that exists or can be created") from None
+    ctx = context(doc)
     paths = []
     for name in names if names is not None else rep.get("plots", []):
-        kwargs: dict[str, Any] = {"title": f"{title}: {name}" if len(title) < 40 else
-                                  f"{stem}: {name}"}
+        kwargs: dict[str, Any] = {"ctx": ctx}
         if name != "cpu-breakdown" and rep.get("metric"):
             kwargs["metric"] = rep["metric"]
+        if name == "throughput-vs-mtu":
+            kwargs["peers"] = [r for r in doc.get("results", []) if r.get("peer")]
         paths.append(PLOTTERS[name](results, out / f"{stem}-{name}.png", **kwargs))
     return paths
+
+
+def plot_beside(doc: dict[str, Any], json_path: str | os.PathLike[str]) -> list[Path]:
+    """The plots next to a result file: ``out/run.json`` gives ``out/run-<plot>.png``; none
+    beside a device or FIFO (``--json /dev/stdout``): there is no directory of results there."""
+    p = Path(json_path)
+    if p.exists() and not p.is_file():
+        return []
+    return plot_all(doc, p.parent, stem=p.stem)

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from zcnet.bench.cpustat import SHARES
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.bench_table import ZCRX_COPY_NOTE
-from zcnet.report.cells import METRICS, Cell, group, key_text
+from zcnet.report.cells import METRICS, Cell, cell_key, group, key_text
+from zcnet.report.labels import ZCRX_COPY_NOTE
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
+from zcnet.report.warning_notes import notes_for
 
-MPSTAT_COLUMNS = (("usr", "%usr"), ("sys", "%sys"), ("iowait", "%iowait"), ("irq", "%irq"),
-                  ("soft", "%soft"), ("idle", "%idle"))
+MPSTAT_COLUMNS = tuple((k, f"%{k}") for k in SHARES)
+RARE_SHARES = ("nice", "steal", "guest")
 
 
 @dataclass
@@ -29,6 +32,15 @@ class Table:
     headers: list[str]
     rows: list[list[str]]
     notes: list[str] = field(default_factory=list)
+    compact: bool = False  # no vertical lines nor edge padding: more room in 80 columns
+
+
+def result_text(rows: list[dict[str, Any]], metric: str) -> str:
+    """One measured cell in a line of progress: its metric, or why it has none."""
+    cell = Cell(cell_key(rows[0]), rows)
+    if cell.status != "ok":
+        return f"{cell.status}" + (f": {cell.reason}" if cell.reason else "")
+    return fmt_summary(cell.summary(metric), metric)
 
 
 def fmt_summary(s: Summary | None, metric: str) -> str:
@@ -53,10 +65,9 @@ def unstable_notes(cells: Iterable[Cell], metrics: Iterable[str]) -> list[str]:
 
 
 def warning_notes(cells: Iterable[Cell]) -> list[str]:
-    """Each row's warning (e.g. the softirq ran where the placement said it would not), once."""
-    notes = [f"warning: {key_text(c.key)}: {r['warning']}" for c in cells for r in c.rows
-             if r.get("warning")]
-    return list(dict.fromkeys(notes))
+    """Each cell's warnings (the softirq ran where the placement said it would not, the rate
+    wandered ...), once per cell."""
+    return notes_for((key_text(c.key), c.rows) for c in cells)
 
 
 def na_notes(cells: Iterable[Cell]) -> list[str]:
@@ -65,11 +76,13 @@ def na_notes(cells: Iterable[Cell]) -> list[str]:
 
 
 def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
+    """The metric's mean ± stdev without its unit (the table's title has it), then extras."""
     if cell is None:
         return "-"
     if cell.status != "ok":
         return "n/a"
-    parts = [fmt_summary(cell.summary(metric), metric)]
+    s = cell.summary(metric)
+    parts = [s.format(METRICS[metric].digits) if s else "n/a"]
     for name in extra:
         s = cell.summary(name)
         m = METRICS[name]
@@ -107,16 +120,28 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         # Engines name themselves (as in the seed's "epoll | io_uring"); other axes need a name.
         heads = [_engine_head(c, block, columns) if columns == "engine" else f"{columns} {c}"
                  for c in col_vals]
-        t = Table(f"{title} ({suffix})" if suffix else title,
+        m = METRICS[metric]
+        what = f"{m.label} in {m.unit}, mean ± stdev" if m.unit else f"{m.label}, mean ± stdev"
+        t = Table(f"{title} ({suffix}): {what}" if suffix else f"{title}: {what}",
                   [rows.upper() if rows == "mtu" else rows, *heads], [])
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = (na_notes(block) + warning_notes(block)
+        t.notes = (extra_legend(extra) + na_notes(block) + warning_notes(block)
                    + unstable_notes(block, [metric, *extra])
                    + [ZCRX_COPY_NOTE] * any(_modes(c) == {"copy"} for c in block))
         tables.append(t)
     return tables
+
+
+# What an extra after the headline means, where a number alone would not say.
+EXTRA_LEGENDS = {"rx_busy": "N% CPU: how busy the CPU the receiving application ran on was "
+                            "(100 - %idle - %iowait over the cell); in placement same it also "
+                            "runs the receive softirq (and in the lab the sender)"}
+
+
+def extra_legend(extra: Iterable[str]) -> list[str]:
+    return [EXTRA_LEGENDS[e] for e in extra if e in EXTRA_LEGENDS]
 
 
 def _modes(cell: Cell) -> set[str]:
@@ -186,25 +211,60 @@ def _vs_baseline(base: list[float], vals: list[float], metric: str) -> str:
     return f"{v.ratio:.2f}x, {v.text()}"
 
 
-def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float]]:
-    """Mean per-CPU shares over the cell's repeats (CPU ids as strings, as JSON keeps them)."""
+def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float | None]]:
+    """Mean per-CPU shares over the cell's repeats (CPU ids as strings, as JSON keeps them); a
+    share no repeat recorded (a file from before it was measured) is None: n/a, not 0."""
     acc: dict[str, list[dict[str, float]]] = {}
     for row in cell.rows:
         for cpu, shares in (row.get("cpus") or {}).items():
             if shares and "idle" in shares:  # an unsampled CPU has no shares: n/a, not 0%
                 acc.setdefault(str(cpu), []).append(shares)
-    return {cpu: {k: sum(s.get(k, 0.0) for s in lst) / len(lst) for k, _ in MPSTAT_COLUMNS}
+    return {cpu: {k: _mean_share(lst, k) for k, _ in MPSTAT_COLUMNS}
             for cpu, lst in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
 
-def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
+def _mean_share(samples: list[dict[str, float]], key: str) -> float | None:
+    vals = [s[key] for s in samples if isinstance(s.get(key), (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def mpstat_columns(rows: Iterable[dict[str, Any] | None]) -> list[tuple[str, str]]:
+    """The share columns worth a place: all but %nice, %steal and %guest, which show only where
+    some CPU spent time there (a VM's stolen time, a niced process, a guest it runs)."""
+    rows = [r for r in rows if r]
+    return [(k, h) for k, h in MPSTAT_COLUMNS
+            if k not in RARE_SHARES or any(r.get(k) for r in rows)]
+
+
+def mpstat_legend(columns: list[tuple[str, str]], shares: list[dict[str, float | None]]) -> str:
+    """What the share columns are, and the rare ones left out: 0 everywhere, or not recorded
+    (a file written before they were)."""
+    hidden = [(k, h) for k, h in MPSTAT_COLUMNS if (k, h) not in columns]
+    groups: dict[str, list[str]] = {}
+    for k, h in hidden:
+        recorded = [sh.get(k) is not None for sh in shares]
+        why = ("0 on every CPU" if all(recorded) else "0 wherever recorded" if any(recorded)
+               else "not recorded in this file")
+        groups.setdefault(why, []).append(h)
+    text = ("% of each CPU's time over the measured interval (/proc/stat, as mpstat); the "
+            "shares add up to 100")
+    return text + "".join(f"; {', '.join(hs)}: {why}, not shown" for why, hs in groups.items())
+
+
+def fmt_share(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def mpstat(title: str, cell: Cell, metric: str = "mbps",
+           columns: list[tuple[str, str]] | None = None) -> Table:
     """The seed's per-CPU table for one cell, headed by its throughput."""
     s = cell.summary(metric)
-    value = s.format(METRICS[metric].digits) if s else "n/a"
-    head = f"{title}: {key_text(cell.key)}: {METRICS[metric].unit}={value}"
-    t = Table(head, ["CPU", *(h for _, h in MPSTAT_COLUMNS)], [])
-    for cpu, shares in per_cpu_shares(cell).items():
-        t.rows.append([cpu, *(f"{shares[k]:.2f}" for k, _ in MPSTAT_COLUMNS)])
+    value = fmt_summary(s, metric) if s else "n/a"
+    shares = per_cpu_shares(cell)
+    columns = columns or mpstat_columns(shares.values())
+    t = Table(f"{title}: {key_text(cell.key)}: {value}", ["CPU", *(h for _, h in columns)], [])
+    for cpu, sh in shares.items():
+        t.rows.append([cpu, *(fmt_share(sh[k]) for k, _ in columns)])
     if not t.rows:
         t.notes.append("no per-CPU accounting recorded for this cell")
     first = cell.rows[0]
@@ -214,6 +274,16 @@ def mpstat(title: str, cell: Cell, metric: str = "mbps") -> Table:
             where += f", receive softirq on CPU {first['incoming_cpu']} (SO_INCOMING_CPU)"
         t.notes.append(where)
     return t
+
+
+def per_cpu_tables(title: str, cells: list[Cell], metric: str) -> list[Table]:
+    """``mpstat`` of each cell, all with the same columns, the legend under the last."""
+    shares = [sh for c in cells for sh in per_cpu_shares(c).values()]
+    columns = mpstat_columns(shares)
+    tables = [mpstat(title, c, metric, columns) for c in cells]
+    if tables and shares:
+        tables[-1].notes.append(mpstat_legend(columns, shares))
+    return tables
 
 
 # How to show envelopes that carry no ``report`` section of their own.
@@ -298,12 +368,13 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     else:
         tables = []
     if rep.get("per_cpu") or kind == "mpstat":
-        tables += [mpstat(exp.get("name", title), c, metric) for c in group(results).values()
-                   if c.status == "ok"]
+        tables += per_cpu_tables(exp.get("name", title),
+                                 [c for c in group(results).values() if c.status == "ok"], metric)
     peers = [r for r in doc.get("results", []) if r.get("peer")]
     if peers:
         tables.append(peer_table(results, peers, metric))
     subs = [f"substituted: {s['text']}" for s in exp.get("substitutions", [])]
+    subs += [f"warning: {w}" for w in doc.get("warnings") or [] if isinstance(w, str)]
     if doc.get("complete") is False:
         subs.insert(0, f"incomplete: the run was interrupted after {len(doc.get('results', []))}"
                        " measured rows; cells it did not reach are missing")
@@ -315,26 +386,44 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def peer_table(results: list[dict[str, Any]], peers: list[dict[str, Any]], metric: str) -> Table:
-    """Each peer tool's result and the best zcnet cell's ratio to it, matched on MTU/placement."""
-    t = Table("peers in the same lab, placement and duration",
-              ["peer", "mtu", "placement", METRICS[metric].label, "best zcnet", "zcnet / peer"],
-              [])
-    zc = group(results).values()
+    """Each peer tool per MTU and placement over its repeats (median and range) against the best
+    zcnet cell there (its median), with the ratio of the medians."""
+    m = METRICS[metric]
+    t = Table(f"peers in the same lab, placement and duration ({m.label} in {m.unit}: median "
+              "of the runs, [lowest..highest])",
+              ["peer", "MTU", "placement", m.label, "best zcnet", "zcnet/peer"], [])
+    zc = [c for c in group(results).values() if c.values(metric)]
+    runs: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
     for p in peers:
-        cell = Cell((), [p])
-        if p.get("status") != "ok":
-            t.rows.append([p["peer"], str(p.get("mtu", "")), str(p.get("placement", "")),
-                           p.get("reason") or p.get("status", "n/a"), "", ""])
+        runs.setdefault((p["peer"], p.get("mtu"), p.get("placement")), []).append(p)
+    for (peer, mtu, placement), rows in runs.items():
+        head = [str(peer), str(mtu if mtu is not None else ""), str(placement or "")]
+        vals = Cell((), rows).values(metric)
+        if not vals:
+            why = next((str(r.get("reason") or r.get("status")) for r in rows), "n/a")
+            t.rows.append([*head, "n/a", "", ""])
+            t.notes.append(f"n/a: {peer} mtu {mtu} {placement}: {why}")
             continue
-        ps = cell.summary(metric)
-        same = [c for c in zc if c.fields.get("mtu", p.get("mtu")) == p.get("mtu")
-                and c.fields.get("placement", p.get("placement")) == p.get("placement")]
-        best = max((s for c in same if (s := c.summary(metric))), key=lambda s: s.mean,
-                   default=None)
-        ratio = f"{best.mean / ps.mean:.2f}x" if best and ps and ps.mean else "n/a"
-        t.rows.append([p["peer"], str(p.get("mtu", "")), str(p.get("placement", "")),
-                       fmt_summary(ps, metric), fmt_summary(best, metric), ratio])
+        same = [c for c in zc if c.fields.get("mtu", mtu) == mtu
+                and c.fields.get("placement", placement) == placement]
+        best = max(same, key=lambda c: statistics.median(c.values(metric)), default=None)
+        mine = statistics.median(best.values(metric)) if best else None
+        theirs = statistics.median(vals)
+        name = str(best.fields.get("engine") or key_text(best.key)) if best else ""
+        t.rows.append([*head, _median_range(vals, m.digits),
+                       f"{name} {mine:.{m.digits}f}" if mine is not None else "n/a",
+                       f"{mine / theirs:.2f}x" if mine is not None and theirs else "n/a"])
+        if len(vals) < len(rows):
+            t.notes.append(f"warning: {peer} mtu {mtu} {placement}: {len(rows) - len(vals)} of "
+                           f"{len(rows)} runs failed")
     return t
+
+
+def _median_range(vals: list[float], digits: int) -> str:
+    mid = f"{statistics.median(vals):.{digits}f}"
+    if len(vals) < 2:
+        return mid
+    return f"{mid} [{min(vals):.{digits}f}..{max(vals):.{digits}f}]"
 
 
 def flat_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:

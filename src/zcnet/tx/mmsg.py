@@ -15,28 +15,9 @@ import os
 
 import numpy as np
 
+from zcnet.uapi.socket import iovec, mmsghdr
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-class iovec(ctypes.Structure):
-    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
-
-
-class msghdr(ctypes.Structure):
-    _fields_ = (
-        ("msg_name", ctypes.c_void_p),
-        ("msg_namelen", ctypes.c_uint32),
-        ("msg_iov", ctypes.POINTER(iovec)),
-        ("msg_iovlen", ctypes.c_size_t),
-        ("msg_control", ctypes.c_void_p),
-        ("msg_controllen", ctypes.c_size_t),
-        ("msg_flags", ctypes.c_int),
-    )
-
-
-class mmsghdr(ctypes.Structure):
-    _fields_ = (("msg_hdr", msghdr), ("msg_len", ctypes.c_uint32))
-
 
 _MSG_LEN_OFF = mmsghdr.msg_len.offset
 _MMSG_SIZE = ctypes.sizeof(mmsghdr)

@@ -10,6 +10,8 @@ copy           send(): the kernel copies; the buffer is free again when the call
 msgzc          send(MSG_ZEROCOPY); completions from the error queue (ranges, coalesced)
 sendzc         io_uring SEND_ZC from ``buf`` registered as a fixed buffer
 sendzc-plain   io_uring SEND_ZC from plain (unregistered) memory
+devmem         sendmsg(MSG_ZEROCOPY) of dma-buf offsets with SCM_DEVMEM_DMABUF: the device
+               reads the payload from a dma-buf bound to it (``buf``: a ``Udmabuf``)
 =============  ==========================================================================
 
 Zero-copy kinds split ``buf`` into ``slots`` equal slots and send from a free one; a slot is
@@ -17,7 +19,8 @@ reused only after the kernel said it is done with it (the error-queue notificati
 F_NOTIF CQE), which ``on_release(slot, view)`` observes; ``on_fill(slot, view)`` runs before a
 slot is sent, so callers that care about content write it there. ``stats()`` counts sends the
 kernel completed truly zero-copy and those it copied after all. When the kernel refuses the
-zero-copy path the sender falls back to ``copy`` and says so in ``stats().note``.
+zero-copy path the sender falls back to ``copy`` and says so in ``stats().note``; devmem never
+does (a copy would send other memory and measure another path): its refusal is the error.
 
 ``make_sender`` takes an open, connected TCP socket and says so up front otherwise. The classes
 themselves also take a connected UDP socket (each send one datagram): zero-copy completions are
@@ -27,8 +30,6 @@ zero-copy on a machine without a NIC (the tests do that).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import select
 import socket
 import time
@@ -38,8 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
+from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.sockcheck import require_tcp
+from zcnet.tx.devmem import DevmemSender
+from zcnet.tx.msgzc import MsgZerocopySender
 from zcnet.tx.sendzc import SendZcSender
 from zcnet.tx.slots import (
     FLUSH_TIMEOUT,
@@ -51,14 +54,11 @@ from zcnet.tx.slots import (
     SlotHook,
     SlotSender,
     stalled,
-    stuck,
 )
-from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
-from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
 
 # Part of this module's interface: callers type and time their senders with these.
-__all__ = ["FLUSH_TIMEOUT", "KINDS", "CopySender", "MsgZerocopySender", "SendStats",
-           "SendZcSender", "Sender", "SlotHook", "fill_pattern", "make_sender"]
+__all__ = ["FLUSH_TIMEOUT", "KINDS", "CopySender", "DevmemSender", "MsgZerocopySender",
+           "SendStats", "SendZcSender", "Sender", "SlotHook", "fill_pattern", "make_sender"]
 
 
 class CopySender(SlotSender):
@@ -113,113 +113,23 @@ class CopySender(SlotSender):
         self._bounded.restore()
 
 
-class MsgZerocopySender(SlotSender):
-    """send(MSG_ZEROCOPY); slots come back when their error-queue notification arrives."""
-
-    kind = "msgzc"
-
-    def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
-                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> None:
-        super().__init__(sock, buf, slots, on_fill, on_release)
-        try:
-            sock.setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)
-        except OSError as exc:
-            raise Unsupported(f"SO_ZEROCOPY refused: {exc.strerror}") from exc
-        self.tracker = ZcTracker()
-        self._bounded = BoundedSends(sock)
-
-    def send(self, nbytes: int, timeout: float = SEND_TIMEOUT) -> int:
-        """Send ``nbytes`` from the next free slot; returns once the kernel has taken them all.
-        Waits at most about ``timeout`` seconds in all (for a slot to come back and for buffer
-        space), then raises the stuck ZcnetError."""
-        self._start_send(nbytes, timeout)
-        slot = self._acquire()
-        view = self.slots[slot]
-        done = 0
-        try:
-            while done < nbytes:
-                try:
-                    n = self.sock.send(view[done:nbytes], MSG_ZEROCOPY)
-                except OSError as exc:
-                    # ENOBUFS: the socket's optmem for pending notifications is used up;
-                    # EAGAIN: the send buffer is full (or a wait cut by SO_SNDTIMEO). Both heal
-                    # once completions are read.
-                    if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
-                        raise
-                    self._stats.retries += 1
-                    self._wait(writable=exc.errno == errno.EAGAIN)
-                    continue
-                self.tracker.submitted(slot)
-                self._stats.sends += 1
-                done += n
-        finally:
-            if not self.tracker.refs(slot):
-                self._release(slot)  # nothing of it in flight (the first call failed)
-        self._stats.bytes += nbytes
-        return nbytes
-
-    def _reap(self, wait: bool, writable: bool = False, wait_s: float = WAIT_STEP) -> None:
-        ranges = (wait_completions(self.sock, max(1, int(wait_s * 1000)), writable=writable)
-                  if wait else read_completions(self.sock))
-        for r in ranges:
-            for slot in self.tracker.complete(r):
-                self._release(slot)
-
-    def _wait(self, writable: bool = False) -> None:
-        """One bounded wait for completions (or buffer space) within the current send()'s
-        deadline; the stuck error once it has passed."""
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise stuck(self.tracker.outstanding, self._timeout)
-        self._reap(wait=True, writable=writable, wait_s=min(WAIT_STEP, left))
-
-    def _wait_some(self) -> None:
-        # Completions are read only when a slot is needed: one recvmsg usually returns a
-        # coalesced range that frees several slots, instead of one empty read per send.
-        self._reap(wait=False)
-        if not self.free:
-            self._wait()
-
-    def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
-        """Wait until every send's notification arrived (all slots free)."""
-        if self._closed:
-            raise ClosedError.of(self, "flush")
-        deadline = time.monotonic() + timeout
-        while self.tracker.outstanding:
-            if time.monotonic() > deadline:
-                raise stuck(self.tracker.outstanding, timeout)
-            self._reap(wait=True)
-
-    def close(self) -> None:
-        """Wait (bounded) for outstanding notifications; the socket belongs to the caller."""
-        if self._closed:
-            return
-        try:
-            with contextlib.suppress(OSError, ZcnetError):
-                self.flush()
-        finally:
-            self._closed = True
-            self._bounded.restore()
-
-    def stats(self) -> SendStats:
-        s = super().stats()
-        s.zerocopy, s.copied = self.tracker.zerocopy, self.tracker.copied
-        s.pending = self.tracker.outstanding
-        return s
-
-
 KINDS: dict[str, Callable[..., Sender]] = {
     "copy": CopySender,
     "msgzc": MsgZerocopySender,
     "sendzc": partial(SendZcSender, fixed=True),
     "sendzc-plain": partial(SendZcSender, fixed=False),
+    "devmem": DevmemSender,
 }
+# Kinds never replaced by copy: a copy would send other memory by another path, so the
+# device's refusal is the answer.
+NO_FALLBACK = frozenset({"devmem"})
 
 
 def make_sender(kind: str, sock: socket.socket, buf: Any, *, slots: int = 8,
                 on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> Sender:
     """A sender of ``kind`` over ``sock`` (an open, connected TCP socket: checked here, a
-    UsageError otherwise) using ``buf``; falls back to copy with a note."""
+    UsageError otherwise) using ``buf``; falls back to copy with a note (except devmem, whose
+    ``buf`` is a dma-buf: see ``zcnet.tx.devmem``)."""
     build = KINDS.get(kind)
     if build is None:
         raise UsageError(f"unknown send kind {kind!r}", f"choose from {', '.join(KINDS)}")
@@ -227,6 +137,8 @@ def make_sender(kind: str, sock: socket.socket, buf: Any, *, slots: int = 8,
     try:
         return build(sock, buf, slots, on_fill, on_release)
     except Unsupported as exc:
+        if kind in NO_FALLBACK:
+            raise
         return CopySender(sock, buf, slots, on_fill, on_release, kind=kind,
                           note=f"{kind} unavailable, sent by copy: {exc.message}")
 

@@ -1,5 +1,6 @@
 """Socket-level ABI: asm-generic/socket.h, linux/socket.h, linux/uio.h (devmem) and the few
-option numbers the Python ``socket`` module does not export. Names as in the headers."""
+option numbers the Python ``socket`` module does not export; the message structs a ctypes
+sendmsg/sendmmsg passes. Names as in the headers."""
 
 from __future__ import annotations
 
@@ -54,3 +55,40 @@ class dmabuf_token(ctypes.Structure):
     """linux/uio.h: one range of tokens handed back with SO_DEVMEM_DONTNEED."""
 
     _fields_ = (("token_start", ctypes.c_uint32), ("token_count", ctypes.c_uint32))
+
+
+class iovec(ctypes.Structure):
+    """linux/uio.h. For a devmem send (SCM_DEVMEM_DMABUF) ``iov_base`` is an offset into the
+    dma-buf, not an address."""
+
+    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
+
+
+class user_msghdr(ctypes.Structure):
+    """linux/socket.h: the ``struct msghdr`` of sendmsg(2) (user_msghdr in the kernel)."""
+
+    _fields_ = (
+        ("msg_name", ctypes.c_void_p),
+        ("msg_namelen", ctypes.c_int),
+        ("msg_iov", ctypes.POINTER(iovec)),
+        ("msg_iovlen", ctypes.c_size_t),
+        ("msg_control", ctypes.c_void_p),
+        ("msg_controllen", ctypes.c_size_t),
+        ("msg_flags", ctypes.c_uint),
+    )
+
+
+class mmsghdr(ctypes.Structure):
+    """linux/socket.h: one message of sendmmsg/recvmmsg."""
+
+    _fields_ = (("msg_hdr", user_msghdr), ("msg_len", ctypes.c_uint))
+
+
+class cmsghdr(ctypes.Structure):
+    """linux/socket.h: a control message's header; its data follows, aligned to size_t."""
+
+    _fields_ = (
+        ("cmsg_len", ctypes.c_size_t),  # header and data, without the trailing padding
+        ("cmsg_level", ctypes.c_int),
+        ("cmsg_type", ctypes.c_int),
+    )

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import weakref
 
 import numpy as np
 
@@ -95,3 +96,15 @@ class Mapping:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lasting_view(mapping: Mapping) -> memoryview:
+    """A writable byte view of all of ``mapping`` that keeps it mapped: the view's exporter
+    unmaps it once neither the view nor anything made from it (slices, numpy arrays) is alive,
+    so memory never vanishes under a live view. The owner drops its own view at close and
+    leaves the unmapping to the exporter."""
+    raw = type("_MappedBytes", (ctypes.c_char * mapping.size,), {}).from_address(mapping.addr)
+    # Not at interpreter exit: a daemon thread may still read a view then, and the process exit
+    # unmaps anyway.
+    weakref.finalize(raw, mapping.close).atexit = False
+    return memoryview(raw).cast("B")

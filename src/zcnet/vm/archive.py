@@ -34,12 +34,13 @@ from zcnet.errors import ZcnetError
 from zcnet.vm.bootimage import extract_vmlinux
 from zcnet.vm.kernels import (
     MIN_VERSION,
+    BrokenEntry,
     Kernel,
+    cache_dir,
     cache_root,
-    cached_kernels,
-    find_cached,
     kernels_dir,
     matches,
+    scan,
     version_tuple,
 )
 from zcnet.vm.sources import Mirror, system_mirror
@@ -59,7 +60,7 @@ _IMAGE = re.compile(
 
 class ArchiveUnreachable(ZcnetError):
     def __init__(self, mirror: str, detail: str) -> None:
-        cached = [k.release for k in cached_kernels()]
+        cached = [k.release for k in scan(kernels_dir())[0]]
         super().__init__(f"cannot reach the Debian archive at {mirror}: {detail}",
                          "check the network (or set ZCNET_VM_MIRROR to a reachable Debian "
                          "mirror); " + (f"cached kernels need none: --kernel {cached[0]}"
@@ -91,7 +92,7 @@ class Apt:
         self.mirror = mirror
         self.state = state
         for sub in ("lists/partial", "cache/archives/partial"):
-            (state / sub).mkdir(parents=True, exist_ok=True)
+            cache_dir(state / sub)
         signed = f" [signed-by={mirror.keyring}]" if mirror.keyring else ""
         sources = state / "sources.list"
         sources.write_text("".join(f"deb{signed} {mirror.uri} {suite} main\n" for suite in SUITES))
@@ -194,8 +195,7 @@ def packages_for(cand: Candidate) -> list[str]:
 
 @contextmanager
 def _cache_lock() -> Iterator[None]:
-    root = kernels_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    root = cache_dir(kernels_dir())
     with open(root / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
@@ -205,8 +205,9 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
     """Make the kernel ``wanted`` available in the cache; returns (kernel, downloaded).
 
     A specific version already cached is returned without touching the network; ``latest``
-    asks the archive which is newest and downloads it only if it is not cached yet."""
-    if wanted != "latest" and (hit := find_cached(wanted)) is not None:
+    asks the archive which is newest and downloads it only if it is not cached yet. A cached
+    entry that is damaged (``Kernel.verify``) is downloaded again and replaced."""
+    if wanted != "latest" and (hit := _whole(wanted)) is not None:
         return hit, False
     mirror = mirror or system_mirror()
     with _cache_lock():
@@ -215,8 +216,8 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
         apt.update()
         cand = choose(apt.candidates(), wanted)
         dest = kernels_dir() / cand.release
-        if (dest / "kernel.json").is_file():
-            return Kernel.load(dest), False
+        if dest.exists() and (hit := _whole(cand.release)) is not None:
+            return hit, False
         with ExitStack() as stack:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(
                 prefix=".fetch-", dir=kernels_dir())))
@@ -227,6 +228,23 @@ def fetch(wanted: str = "latest", mirror: Mirror | None = None) -> tuple[Kernel,
                 shutil.rmtree(dest)
             kernel.path.rename(dest)
         return Kernel.load(dest), True
+
+
+def _whole(wanted: str) -> Kernel | None:
+    """The newest cached kernel matching ``wanted`` whose files are whole, or None; a damaged
+    one is passed over (with a warning), to be fetched again."""
+    good, broken = scan(kernels_dir())
+    for exc in broken:
+        log.warning("%s; fetching it again if the archive has it", exc.message)
+    for kernel in good:
+        if matches(wanted, kernel.version, kernel.release):
+            try:
+                kernel.verify()
+            except BrokenEntry as exc:
+                log.warning("%s; fetching it again", exc.message)
+                continue
+            return kernel
+    return None
 
 
 def _sweep_partial_fetches() -> None:

@@ -66,10 +66,10 @@ for d in etc var root tmp; do
 done
 mkdir -p $R{CTL_DIR}
 mount --bind /ctl $R{CTL_DIR}
-W=$(cat /ctl/{WORK_PATH})
+W=$(cat /ctl/{WORK_PATH})   # quoted below: a host path may hold spaces
 if [ -n "$W" ]; then
-  [ -d $R$W ] || mkdir -p $R$W || die "no directory $W to mount the share on"
-  mount -t 9p -o {_P9},cache=loose {TAG_WORK} $R$W || die "cannot mount the share at $W"
+  [ -d "$R$W" ] || mkdir -p "$R$W" || die "no directory $W to mount the share on"
+  mount -t 9p -o {_P9},cache=loose {TAG_WORK} "$R$W" || die "cannot mount the share at $W"
 fi
 # The kernel brings no interface up; loopback tests and servers need lo, as on the host.
 ip link set lo up || die "cannot bring lo up"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -43,8 +44,19 @@ from pathlib import Path
 from zcnet.errors import ZcnetError
 from zcnet.vm.archive import Apt, ArchiveUnreachable, extract_deb
 from zcnet.vm.child import pdeathsig
-from zcnet.vm.kernels import MIN_VERSION, Kernel, cache_root, version_tuple
+from zcnet.vm.integrity import manifest, manifest_problem
+from zcnet.vm.kernels import (
+    MIN_VERSION,
+    BrokenEntry,
+    Kernel,
+    cache_dir,
+    cache_root,
+    read_json,
+    version_tuple,
+)
 from zcnet.vm.sources import Mirror, system_mirror
+
+logger = logging.getLogger(__name__)
 
 NSIM = "nsim"
 CONFIG_FRAGMENT = "nsim.config"
@@ -61,6 +73,8 @@ TOOLS = {"gcc": "build-essential", "make": "build-essential", "patch": "patch",
          "dpkg-deb": "dpkg"}
 LIBELF_HEADER = Path("/usr/include/gelf.h")
 _SOURCE = re.compile(r"^linux-source-(?P<version>\d+\.\d+)$")
+_TARBALL = re.compile(r"linux-source-[\w.+~-]+\.tar\.\w+\Z")
+REBUILD = "`zcnet vm build-kernel` builds it again"
 
 Progress = Callable[[str], None]
 
@@ -147,23 +161,23 @@ def check_toolchain() -> None:
 
 
 def built_kernels() -> list[tuple[Kernel, dict[str, str]]]:
-    """Built entries whose key matches today's fragment and patch, newest source first."""
+    """Built entries whose key matches today's fragment and patch, newest source first; a
+    :class:`BrokenEntry` for one whose metadata is damaged."""
     root = nsim_dir()
-    if not root.is_dir():
+    if not os.path.isdir(root):
         return []
     fragment, patch = fragment_text(), patch_text()
     found = []
     for entry in root.iterdir():
-        meta_path = entry / BUILD_JSON
-        if entry.name.startswith(".") or not meta_path.is_file():
+        if entry.name.startswith(".") or not (entry / BUILD_JSON).is_file():
             continue
+        meta = read_json(entry / BUILD_JSON, REBUILD)
         try:
-            meta = json.loads(meta_path.read_text())
             ok = entry.name == cache_key(meta["source_package_version"], fragment, patch)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        except (KeyError, TypeError, AttributeError):
+            raise BrokenEntry(entry, f"{BUILD_JSON} lacks the source version", REBUILD) from None
         if ok:
-            found.append((Kernel.load(entry), meta))
+            found.append((Kernel.load(entry, REBUILD), meta))
     return sorted(found, key=lambda km: (version_tuple(km[0].version), km[0].release),
                   reverse=True)
 
@@ -176,23 +190,33 @@ def find_built() -> Kernel | None:
 
 @contextmanager
 def _lock() -> Iterator[None]:
-    root = nsim_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    root = cache_dir(nsim_dir())
     with open(root / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
 
 
 def _cached_sources() -> list[Source]:
+    """The source tarballs in the cache that are whole (as their ``source.json`` recorded them,
+    where it did); a damaged one is passed over with a warning, to be downloaded again."""
     out = []
     for meta in (nsim_dir() / "src").glob("*/source.json"):
         try:
-            data = json.loads(meta.read_text())
+            data = read_json(meta, REBUILD)
             src = Source(data["package"], data["package_version"], meta.parent / data["tarball"])
-        except (OSError, ValueError, KeyError, TypeError):
+            if not (_SOURCE.match(src.package) and _TARBALL.match(data["tarball"])):
+                raise BrokenEntry(meta.parent, "source.json is not what zcnet writes", REBUILD)
+            if not src.tarball.is_file():
+                raise BrokenEntry(meta.parent, f"{src.tarball.name} is missing", REBUILD)
+            if "files" in data and (why := manifest_problem(meta.parent, data["files"])):
+                raise BrokenEntry(meta.parent, why, REBUILD)
+        except (KeyError, TypeError, ValueError) as exc:   # fields missing or of another type
+            logger.warning("%s", BrokenEntry(meta.parent, f"source.json: {exc}", REBUILD).message)
             continue
-        if src.tarball.is_file():
-            out.append(src)
+        except BrokenEntry as exc:
+            logger.warning("%s", exc.message)
+            continue
+        out.append(src)
     return sorted(out, key=lambda s: version_tuple(s.version), reverse=True)
 
 
@@ -236,7 +260,7 @@ def resolve_source(mirror: Mirror | None = None, progress: Progress | None = Non
         if hit:
             return hit[0]
     say(f"downloading {package} {version}")
-    nsim_dir().mkdir(parents=True, exist_ok=True)  # a fresh machine has no cache yet
+    cache_dir(nsim_dir())  # a fresh machine has no cache yet
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix=".src-", dir=nsim_dir())))
@@ -251,7 +275,8 @@ def resolve_source(mirror: Mirror | None = None, progress: Progress | None = Non
         out.mkdir()
         tars[0].rename(out / tars[0].name)
         (out / "source.json").write_text(json.dumps(
-            {"package": package, "package_version": version, "tarball": tars[0].name}) + "\n")
+            {"package": package, "package_version": version, "tarball": tars[0].name,
+             "files": manifest(out, [tars[0].name])}) + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -327,7 +352,12 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
     jobs = jobs or os.cpu_count() or 1
     with _lock():
         if (dest / BUILD_JSON).is_file() and not force:
-            return Kernel.load(dest), False
+            try:
+                kernel = Kernel.load(dest, REBUILD)
+                kernel.verify()
+                return kernel, False
+            except BrokenEntry as exc:
+                say(f"{exc.message}: building it again")
         # The tree depends on source and patch only: a changed fragment rebuilds incrementally.
         work = nsim_dir() / f".build-{cache_key(source.package_version, '', patch)}"
         tree = work / "linux"
@@ -364,6 +394,11 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
             say(f"building bzImage with make -j{jobs} (minutes; log: {log})")
             builder.make("bzImage", "bzImage")
         except _StepFailed as exc:
+            if exc.step == "unpack":   # the build's first step, on the cached download
+                last = _tail(log, 1)
+                shutil.rmtree(work, ignore_errors=True)
+                raise BrokenEntry(source.tarball.parent, f"{source.tarball.name} does not "
+                                  f"unpack ({last})", REBUILD) from None
             kept = nsim_dir() / FAILED_LOG
             shutil.copy(log, kept)
             raise BuildFailed(exc.step, _tail(log), kept) from None
@@ -378,7 +413,7 @@ def build(source: Source, *, jobs: int | None = None, progress: Progress | None 
             (out / "config").write_text(config)
             (out / "modules.order").write_text("")
             kernel = Kernel(out, release, release.split("-")[0].split("+")[0],
-                            source.package_version, (source.package,))
+                            source.package_version, (source.package,), remake=REBUILD)
             kernel.save_meta()
             (out / BUILD_JSON).write_text(json.dumps({
                 "key": key, "source_package": source.package,

@@ -42,6 +42,7 @@ from typing import BinaryIO
 
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.lab.names import pid_alive
+from zcnet.userfile import FileProblem, read_text
 from zcnet.vm import initramfs
 from zcnet.vm.accel import Accel, choose_accel
 from zcnet.vm.child import pdeathsig
@@ -56,6 +57,7 @@ HOST_RELEASE_ENV = "ZCNET_VM_HOST_RELEASE"   # the host's ``uname -r``, for the 
 TIMEOUT_SCALE_ENV = "ZCNET_TIMEOUT_SCALE"
 TCG_TIMEOUT_SCALE = 10
 DEFAULT_CPUS = 2
+MAX_CPUS = 255        # QEMU's default machine (pc, i440FX) takes no more
 DEFAULT_MEM = "2G"
 DEFAULT_TIMEOUT = 600.0
 TAIL_LINES = 25
@@ -95,7 +97,7 @@ class VMTimeout(ZcnetError):
 
     def __init__(self, seconds: float, tail: str) -> None:
         super().__init__(f"the guest did not finish within {seconds:g} s and was killed; "
-                         f"last lines of its console:\n{tail}",
+                         f"last lines of its console:\n{tail or '(nothing)'}",
                          "raise --timeout, or look for a hang in the lines above")
 
 
@@ -105,6 +107,10 @@ class VMCrashed(ZcnetError):
     def __init__(self, why: str, tail: str, *, while_booting: bool = False) -> None:
         #: The kernel crashed before the command started (run() boots once more).
         self.while_booting = while_booting
+        if not tail:   # nothing came out: QEMU itself refused (its last words are the reason)
+            super().__init__(f"QEMU did not start the guest: {why.splitlines()[-1]}",
+                             "fix what QEMU names: --cpus, --mem, --accel or the kernel")
+            return
         super().__init__(f"the guest ended without the command's exit status ({why}); "
                          f"last lines of its console:\n{tail}",
                          "see the kernel messages above; `zcnet vm status` lists kernels")
@@ -142,14 +148,23 @@ def kvm_verdicts() -> dict[str, str]:
     """Whether KVM started each kernel tried on this host ("" yes, else why not), keyed by
     host boot, QEMU and kernel image: a new boot or a rebuilt kernel is tried again."""
     try:
-        got = json.loads(_verdicts_path().read_text())
-    except (OSError, ValueError):
+        got = json.loads(read_text(_verdicts_path(), "cache file", limit=1 << 20, fix=""))
+    except (FileProblem, ValueError, RecursionError):   # none yet, or damaged: tried again
         return {}
     if not isinstance(got, dict):
         return {}
     boot = json.dumps(_boot_id())
     return {k: v for k, v in got.items()
-            if isinstance(v, str) and k.startswith(f"[{boot},")}
+            if isinstance(v, str) and k.startswith(f"[{boot},") and _verdict_key(k)}
+
+
+def _verdict_key(key: str) -> bool:
+    """A key as ``VM._kvm_or_tcg`` writes it: [boot id, QEMU, image, mtime]."""
+    try:
+        parts = json.loads(key)
+    except ValueError:
+        return False
+    return isinstance(parts, list) and len(parts) == 4
 
 
 def save_kvm_verdicts(verdicts: dict[str, str]) -> None:
@@ -275,14 +290,25 @@ class VM:
     def __init__(self, kernel: Kernel, *, cpus: int = DEFAULT_CPUS, mem: str = DEFAULT_MEM,
                  timeout: float = DEFAULT_TIMEOUT, share: Path | None = None,
                  accel: str = "auto") -> None:
-        if cpus < 1:
-            raise UsageError(f"--cpus must be at least 1, got {cpus}")
+        if not 1 <= cpus <= MAX_CPUS:
+            raise UsageError(f"--cpus {cpus}: QEMU's machine takes 1 to {MAX_CPUS} CPUs",
+                             f"give --cpus from 1 to {MAX_CPUS}")
         if timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {timeout}")
         if accel not in ("auto", "kvm", "tcg"):
             raise UsageError(f"unknown accelerator {accel!r}", "auto, kvm or tcg")
         self.kernel, self.cpus, self.mem, self.timeout = kernel, cpus, parse_mem(mem), timeout
-        self.share = (share or Path.cwd()).resolve()
+        if share is None:
+            try:
+                share = Path.cwd()
+            except FileNotFoundError:   # getcwd() of a directory removed since
+                raise UsageError("the current directory no longer exists",
+                                 "cd to a directory that exists, or pass --share DIR") from None
+        try:
+            self.share = share.resolve()
+        except (OSError, RuntimeError) as exc:   # RuntimeError: a symlink loop
+            raise UsageError(f"share {share} cannot be resolved ({exc})",
+                             "give a directory") from None
         if not self.share.is_dir():
             raise UsageError(f"share {self.share} is not a directory")
         if self.share == Path("/") or self.share.is_relative_to("/run"):
@@ -290,6 +316,7 @@ class VM:
                              "/ and /run", "share (or run from) another directory")
         self.qemu = find_qemu()
         busybox = initramfs.find_busybox()
+        kernel.verify()   # a damaged entry boots into failures that point nowhere near it
         self.accel: Accel = choose_accel(self.qemu, accel)
         self._stack = ExitStack()
         with ExitStack() as setup:
@@ -436,7 +463,10 @@ class VM:
 
     @staticmethod
     def _tails(pump: _Pump, console_log: Path) -> str:
+        """The ends of the kernel log and of the command's output; "" if both are empty."""
         kernel = console_log.read_bytes() if console_log.is_file() else b""
+        if not kernel.strip() and not pump.text().strip():
+            return ""
         return (f"--- kernel log (serial) ---\n{_tail(kernel)}\n"
                 f"--- command output ---\n{_tail(pump.text(), 10)}")
 

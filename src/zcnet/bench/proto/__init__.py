@@ -2,6 +2,7 @@
 
 Split as h11 splits HTTP: ``schema`` (the messages and their bounds), ``framing`` (bytes to
 messages), ``state`` (which message may come next), ``auth`` (the challenge-response),
+``limits`` (what a server allows a session, and the budget that holds a session to it),
 ``connection`` (one side of a conversation, sans-I/O) and ``channel`` (a connection over a
 blocking socket, used by both ends).
 
@@ -37,9 +38,10 @@ from __future__ import annotations
 
 from zcnet.bench.proto.auth import CHALLENGE_BYTES, auth_mac, check_mac, new_challenge
 from zcnet.bench.proto.channel import Channel
-from zcnet.bench.proto.connection import Connection, Limits, buffer_sizes
+from zcnet.bench.proto.connection import Connection
 from zcnet.bench.proto.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from zcnet.bench.proto.framing import HEADER, NEED_DATA, Decoder, NeedData, encode
+from zcnet.bench.proto.limits import Budget, LimitExceeded, Limits, buffer_sizes
 from zcnet.bench.proto.schema import (
     CAPABILITIES,
     CPU,
@@ -64,9 +66,9 @@ __all__ = [
     "CAPABILITIES", "CHALLENGE_BYTES", "CPU", "DEFAULT_PORT", "FLOW", "GRACE", "HEADER",
     "MAX_MESSAGE",
     "MAX_PREAUTH_MESSAGE", "MODES", "NEED_DATA", "PORT", "PREAUTH_STATES", "PROTOCOL_VERSION",
-    "REQUESTS", "SCHEMA", "SIZE", "STATES", "TRANSITIONS", "UNSUPPORTED_HERE", "Channel",
-    "Connection", "Decoder",
-    "Field", "Limits", "LocalProtocolError", "NeedData", "OptionValue", "ProtocolError",
-    "RemoteProtocolError",
+    "REQUESTS", "SCHEMA", "SIZE", "STATES", "TRANSITIONS", "UNSUPPORTED_HERE", "Budget",
+    "Channel", "Connection", "Decoder",
+    "Field", "LimitExceeded", "Limits", "LocalProtocolError", "NeedData", "OptionValue",
+    "ProtocolError", "RemoteProtocolError",
     "Role", "auth_mac", "buffer_sizes", "check_mac", "encode", "new_challenge", "validate",
 ]

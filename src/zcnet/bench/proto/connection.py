@@ -6,58 +6,13 @@ connection also enforces the server's :class:`Limits` on what the client asks fo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from zcnet.bench.proto.errors import LocalProtocolError, RemoteProtocolError
 from zcnet.bench.proto.framing import NEED_DATA, Decoder, NeedData, encode
+from zcnet.bench.proto.limits import Budget, Limits
 from zcnet.bench.proto.schema import MAX_MESSAGE, MAX_PREAUTH_MESSAGE, PROTOCOL_VERSION, validate
 from zcnet.bench.proto.state import PREAUTH_STATES, TRANSITIONS, C, Role, S
-from zcnet.rx.copying import UringMultishotEngine
-from zcnet.rx.engine import EngineOptions
-from zcnet.rx.registry import ENGINES
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds a server enforces per session (the client learns them from ``welcome``)."""
-
-    max_duration: float = 3600.0
-    max_flows: int = 256
-    max_buffer: int = 64 << 20        # one read/write/request/response buffer
-    max_memory: int = 1 << 30         # sum of all buffers of a session's flows
-
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-_BUFFERS = {"open": ("read_size", "req_size", "resp_size"),
-            "connect": ("write_size", "req_size", "resp_size")}
-# Engine options that size memory the server allocates beyond read_size; their defaults and the
-# sizing are EngineOptions'. A zero-copy engine always registers an area, uring-mshot always a
-# provided-buffer ring; any engine is charged for one when the open names its options.
-_AREA_OPTS = ("zc_area", "zc_buf")
-_RING_OPTS = ("mshot_buf", "mshot_entries")
-_ZERO_COPY = frozenset(name for name, info in ENGINES.items() if info.zero_copy)
-
-
-def _sizing(opts: dict[str, Any]) -> EngineOptions:
-    """The options that size memory, those of them the open gives as integers."""
-    return EngineOptions(**{k: v for k in (*_AREA_OPTS, *_RING_OPTS)
-                            if type(v := opts.get(k)) is int})
-
-
-def buffer_sizes(msg: dict[str, Any]) -> list[int]:
-    """The memory an open/connect asks the server to allocate, one entry per buffer."""
-    sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
-    opts = msg.get("engine_opts") or {}
-    engine = msg.get("engine")
-    sizing = _sizing(opts)
-    if engine in _ZERO_COPY or any(k in opts for k in _AREA_OPTS):
-        sizes.append(max(0, sizing.area_bytes()))
-    if engine == UringMultishotEngine.name or any(k in opts for k in _RING_OPTS):
-        sizes.append(max(0, sizing.mshot_ring_bytes()))
-    return sizes
 
 
 class Connection:
@@ -76,7 +31,7 @@ class Connection:
         self.state = "hello"
         self.eof = False
         self._decoder = Decoder()
-        self._memory: dict[tuple[str, int], int] = {}    # (kind, flow) -> bytes of buffers
+        self.budget = Budget(self.limits)   # what the session holds (kept on both sides)
 
     @property
     def closed(self) -> bool:
@@ -84,7 +39,7 @@ class Connection:
 
     @property
     def flows(self) -> int:
-        return len({flow for _, flow in self._memory})
+        return self.budget.flows
 
     def send(self, msg: dict[str, Any]) -> bytes:
         kind = msg.get("type")
@@ -134,6 +89,9 @@ class Connection:
             raise RemoteProtocolError("unexpected", f"{kind} not allowed in state {self.state}")
         if self.role is S:
             self._enforce(msg)
+        elif kind == "welcome":   # what this server allows a session, from now on
+            self.limits = Limits.from_wire(msg["limits"])
+            self.budget = Budget(self.limits)
         self._after(msg)
         self.state = TRANSITIONS[key]
         return msg
@@ -141,31 +99,10 @@ class Connection:
     # -- bookkeeping of what the server has granted ----------------------------------------------
 
     def _enforce(self, msg: dict[str, Any]) -> None:
-        kind, lim = msg["type"], self.limits
-        if kind == "hello" and msg["version"] != PROTOCOL_VERSION:
+        if msg["type"] == "hello" and msg["version"] != PROTOCOL_VERSION:
             raise RemoteProtocolError(
                 "version", f"client speaks version {msg['version']}, server {PROTOCOL_VERSION}")
-        if kind == "start" and msg["duration"] > lim.max_duration:
-            raise RemoteProtocolError("limit", f"duration {msg['duration']} > {lim.max_duration}")
-        if kind in _BUFFERS:
-            flow = msg["flow"]
-            if (kind, flow) in self._memory:
-                raise RemoteProtocolError("invalid", f"{kind}: flow {flow} already exists")
-            if flow not in {f for _, f in self._memory} and self.flows >= lim.max_flows:
-                raise RemoteProtocolError("limit", f"more than {lim.max_flows} flows")
-            sizes = buffer_sizes(msg)
-            if max(sizes) > lim.max_buffer:
-                raise RemoteProtocolError("limit", f"buffer {max(sizes)} > {lim.max_buffer}")
-            if sum(self._memory.values()) + sum(sizes) > lim.max_memory:
-                raise RemoteProtocolError("limit", f"session memory > {lim.max_memory}")
+        self.budget.check(msg)
 
     def _after(self, msg: dict[str, Any]) -> None:
-        kind = msg["type"]
-        if kind in _BUFFERS:
-            self._memory[(kind, msg["flow"])] = sum(buffer_sizes(msg))
-        elif kind == "close":
-            for k in _BUFFERS:
-                self._memory.pop((k, msg["flow"]), None)
-        elif kind == "results":
-            # A run ends every flow of the session (the server stops their workers).
-            self._memory.clear()
+        self.budget.record(msg)

@@ -73,6 +73,26 @@ def _result_flows(v: Any) -> bool:
                and isinstance(f.get("role", ""), str) for f in v)
 
 
+# A welcome's limits (``limits.Limits`` on the wire): all four, within the ranges a server can be
+# given; keys beyond them are a newer server's and ignored.
+LIMITS: dict[str, Field] = {
+    "max_duration": Field(float, lo=0.01, hi=1e6),
+    "max_flows": _int(1, 1 << 16),
+    "max_buffer": SIZE,
+    "max_memory": SIZE,
+}
+
+
+def _limits(v: Any) -> bool:
+    if not _json_obj(v):
+        return False
+    for name, f in LIMITS.items():
+        if name not in v:
+            raise RemoteProtocolError("invalid", f"welcome.limits: missing {name!r}")
+        _check("welcome.limits", name, f, v[name])
+    return True
+
+
 def _cpu_shares(v: Any) -> bool:
     return all(isinstance(k, str) and isinstance(x, dict) for k, x in v.items())
 
@@ -97,7 +117,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "caps": Field(list, check=_str_list),
         "challenge": Field(str, pattern=_HEX64),
         "cpus": _int(1, 1 << 16),
-        "limits": Field(dict, check=_json_obj),
+        "limits": Field(dict, check=_limits),
     },
     "auth": {"mac": Field(str, pattern=_HEX64)},
     # What the server runs on (kernel, CPU model, hostname ...): results carry both hosts'.

@@ -15,27 +15,22 @@ Some facts about the memory kinds:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import fcntl
 import logging
 import os
 import warnings
-import weakref
 
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError, require_int
 from zcnet.uapi import dmabuf as udmabuf_sync
-from zcnet.uapi import udmabuf
-from zcnet.uring.mem import HUGE_PAGE_SIZE, PAGE_SIZE, Mapping, page_align
+from zcnet.uring.dmabuf import UDMABUF_DEV, sync, udmabuf_create
+from zcnet.uring.mem import HUGE_PAGE_SIZE, PAGE_SIZE, Mapping, lasting_view, page_align
 
 __all__ = ["HUGE_2MB", "PAGE_SIZE", "UDMABUF_DEV", "Area", "udmabuf_create"]
 
 log = logging.getLogger(__name__)
 
 HUGE_2MB = HUGE_PAGE_SIZE
-UDMABUF_DEV = "/dev/udmabuf"
 
 
 class Area:
@@ -105,14 +100,8 @@ class Area:
             self.array = np.empty(0, np.uint8)
             return
         self.addr = self._mapping.addr
-        # The exporter of every view: a subclass of the ctypes array type, so it can carry the
-        # finalizer that unmaps once neither the area nor any view holds it.
-        raw = type("_AreaBytes", (ctypes.c_char * self.size,), {}).from_address(self.addr)
-        # Not at interpreter exit: a daemon thread may still read a view then, and the process
-        # exit unmaps anyway.
-        weakref.finalize(raw, self._mapping.close).atexit = False
-        self.view = memoryview(raw).cast("B")
-        self.array = np.frombuffer(raw, dtype=np.uint8)
+        self.view = lasting_view(self._mapping)
+        self.array = np.frombuffer(self.view, dtype=np.uint8)
 
     @property
     def mapping(self) -> Mapping:
@@ -140,10 +129,8 @@ class Area:
             raise ClosedError.of(self, "sync")
         if self.dmabuf_fd is None:
             return
-        flags = udmabuf_sync.DMA_BUF_SYNC_READ | (
-            udmabuf_sync.DMA_BUF_SYNC_START if start else udmabuf_sync.DMA_BUF_SYNC_END)
-        fcntl.ioctl(self.dmabuf_fd, udmabuf_sync.DMA_BUF_IOCTL_SYNC,
-                    bytes(udmabuf_sync.dma_buf_sync(flags)))
+        sync(self.dmabuf_fd, udmabuf_sync.DMA_BUF_SYNC_READ | (
+            udmabuf_sync.DMA_BUF_SYNC_START if start else udmabuf_sync.DMA_BUF_SYNC_END))
 
     @property
     def closed(self) -> bool:
@@ -199,32 +186,3 @@ class _Unmapped:
 
     def release(self) -> None:
         pass
-
-
-def udmabuf_create(size: int) -> int:
-    """A dma-buf fd of ``size`` bytes from a sealed memfd; ZcnetError when udmabuf is missing."""
-    try:
-        dev = os.open(UDMABUF_DEV, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ZcnetError(f"{UDMABUF_DEV} does not exist",
-                         "load it with `modprobe udmabuf` or pass a dma-buf fd") from None
-    memfd = -1
-    try:
-        # udmabuf insists on a memfd sealed against shrinking.
-        memfd = os.memfd_create("zcnet-area", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(memfd, size)
-        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-        req = udmabuf.udmabuf_create(memfd=memfd, flags=udmabuf.UDMABUF_FLAGS_CLOEXEC,
-                                     offset=0, size=size)
-        try:
-            # A mutable argument makes ioctl() return the syscall's result: the new fd.
-            return fcntl.ioctl(dev, udmabuf.UDMABUF_CREATE, bytearray(req), True)
-        except OSError as e:
-            if e.errno == errno.EINVAL:
-                raise ZcnetError(f"udmabuf refused a {size}-byte buffer ({e.strerror})",
-                                 "check /sys/module/udmabuf/parameters/size_limit_mb") from e
-            raise
-    finally:
-        if memfd >= 0:
-            os.close(memfd)
-        os.close(dev)

@@ -158,15 +158,12 @@ def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
                 "provider 'soft'") from e
 
 
-NO_FD = 0xFFFFFFFF  # fd -1 as the u32 the kernel reads: dma_buf_get() fails with EBADF
-
-
 def probe_device(ifname: str, queue: int) -> None:
     """Whether ``ifname`` would take a dma-buf binding, without one: the kernel checks the
     device (queue ops, DMA) before it looks at the fd, so EBADF means the device passed.
     Raises Unsupported naming the device's problem; returns when only the dma-buf is missing."""
     try:
-        bind_rx(ifname, NO_FD, [queue]).close()
+        bind_rx(ifname, netdev.NO_FD, [queue]).close()
     except Unsupported:
         raise
     except OSError as e:
