@@ -233,7 +233,7 @@ class ZcrxProvider:
              "refill_produced": self.rq.produced, "refill_consumed": self._consumed or 0,
              "rq_entries": self.rq.entries, "rx_buf_len": self.buf_len,
              "zcrx_copy": int(self.copy), "zcrx_flushes": self.flushes}
-        if self.kernel_copy().bytes is not None:
+        if self._reg.stats_offset is not None:
             d["zcrx_copy_count"] = self._copied[0]  # copy-fallback CQEs (zcrx_stats)
         return d
 

@@ -73,12 +73,12 @@ class StatsLayout:
         return (region_size - self.size) // self.alignment * self.alignment
 
 
-NO_STATS_SINCE = "7.2"  # the first headers with ZCRX_FEATURE_EVENT and struct zcrx_stats
+STATS_SINCE = "7.2"  # the first headers with ZCRX_FEATURE_EVENT and struct zcrx_stats
 
 
 def no_stats_reason() -> str:
     return (f"kernel {os.uname().release} lacks zcrx stats (ZCRX_FEATURE_EVENT, "
-            f"needs >= {NO_STATS_SINCE})")
+            f"needs >= {STATS_SINCE})")
 
 
 def _query(op: int, answer: ctypes.Structure) -> bool:
