@@ -1,9 +1,9 @@
-"""For real on netdevsim: labs, NIC setup and steering, zcrx and devmem on an RX queue (devmem TX:
-tests/test_tx_devmem_vm.py). These run inside a VM booted with zcnet's netdevsim test kernel (``zcnet vm build-kernel``);
-on the host they report the inner outcome. That netdevsim is a header-split NIC whose DMA is
-simulated: it writes the payload into the queue's provider memory through the DMA address, a
-CPU copy standing in for the DMA engine. So the kernel's zero-copy paths run for real (its own
-copy counters say 0); a NIC's DMA and its speed are not shown."""
+"""For real on netdevsim: labs, NIC setup and steering, zcrx and devmem on an RX queue (devmem
+TX: tests/test_tx_devmem_vm.py). These run inside a VM booted with zcnet's netdevsim test kernel
+(``zcnet vm build-kernel``); on the host they report the inner outcome. That netdevsim is a
+header-split NIC whose DMA is simulated: it writes the payload into the queue's provider memory
+through the DMA address, a CPU copy standing in for the DMA engine. So the kernel's zero-copy
+paths run for real (its own copy counters say 0); a NIC's DMA and its speed are not shown."""
 
 from __future__ import annotations
 
