@@ -1076,9 +1076,10 @@ def test_a_one_byte_cqe_among_other_requests_is_data():
 def test_buffers_released_before_a_stop_come_back_on_a_device_whose_pool_never_reads(
         fake, sock):
     """A device that copies (upstream netdevsim forwards the sender's pages) has a page pool
-    that never allocates, so it never reads the refill ring: buffers the application released before the receive stopped for
-    want of buffers (-ENOMEM) are flushed back when the stop is seen, and the stream goes on
-    although the application holds nothing it could still release."""
+    that never allocates, so it never reads the refill ring: buffers the application released
+    before the receive stopped for want of buffers (-ENOMEM) are flushed back when the stop is
+    seen, and the stream goes on although the application holds nothing it could still
+    release."""
     fake.pool_reads_ring = False
     fake.stream = Stream(PAT.expected(0, 12 * 4096).tobytes(), segment=4096, end=0)
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8)
