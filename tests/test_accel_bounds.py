@@ -59,7 +59,7 @@ CASES = {
     "lists emptied by a finalizer mid-call": (
         "import gc\n"
         "class C:\n"
-        "    __slots__ = ('_rx', 'offset', 'length', '_tok', 'stream_offset')\n"
+        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
         "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
         "class Bomb:\n"
         "    def __del__(self):\n"

@@ -62,7 +62,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
     *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
     *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm,
-    *s_waiting, *s_released_now, *s_tuples;
+    *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -83,13 +83,27 @@ static void exc_drop(Exc e) {
     Py_XDECREF(e.tb);
 }
 
+/* ``v`` (attribute ``name``) as a C integer. Only an int is taken: converting anything else
+ * calls its __index__, Python that could run between a round's reads and its writes (and
+ * close the receiver there). Anything else is a TypeError, as the Python round's arithmetic
+ * on it raises. */
+static int as_ll(PyObject *v, PyObject *name, long long *out) {
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%U is %s, not an int", name, Py_TYPE(v)->tp_name);
+        *out = 0;
+        return 0;
+    }
+    *out = PyLong_AsLongLong(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
 static int get_ll(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(o, name);
     if (!v)
         return 0;
-    *out = PyLong_AsLongLong(v);
+    int ok = as_ll(v, name, out);
     Py_DECREF(v);
-    return !(*out == -1 && PyErr_Occurred());
+    return ok;
 }
 
 /* The attributes a pass reads and writes each time are __slots__ members of their classes
@@ -141,9 +155,9 @@ static int iget_ll(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = iget(o, name);
     if (!v)
         return 0;
-    *out = PyLong_AsLongLong(v);
+    int ok = as_ll(v, name, out);
     Py_DECREF(v);
-    return !(*out == -1 && PyErr_Occurred());
+    return ok;
 }
 
 /* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
@@ -1091,8 +1105,11 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     int ended = 0;
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         PyObject *t = PyList_GET_ITEM(cqes, i);
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3)
-            BAIL(FALLBACK);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 1)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 2)))
+            BAIL(FALLBACK); /* the Router's tuples hold ints: converting them runs no Python */
         long long ud = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
         long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
         long long fl = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
@@ -1973,14 +1990,15 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
         {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
         {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
-        {&s_rx, "_rx"}, {&s_offset, "offset"}, {&s_length, "length"}, {&s_tok, "_tok"},
-        {&s_stream_offset, "stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
+        {&s_rx, "_rx"}, {&s_offset, "_offset"}, {&s_length, "_length"}, {&s_tok, "_tok"},
+        {&s_stream_offset, "_stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
         {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
         {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
-        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "offsets"},
-        {&s_lengths, "lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
+        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "_offsets"},
+        {&s_lengths, "_lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
         {&s_rearms, "rearms"}, {&s_arm, "arm"}, {&s_waiting, "waiting"},
         {&s_released_now, "released"}, {&s_tuples, "tuples"},
+        {&s_drop_pending, "_drop_pending"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

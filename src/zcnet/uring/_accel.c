@@ -97,6 +97,40 @@ Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
     return off;
 }
 
+/* readonly_slot(cls, slot, name) -> descriptor for ``cls.<name>``: reads __slots__ member
+ * ``slot`` in place, as fast as the member's own descriptor, and refuses assignment and
+ * deletion (AttributeError). For the fields the compiled paths read back (a chunk's offset and
+ * length): only the class's own code writes them, through ``slot``. */
+static PyObject *accel_readonly_slot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyUnicode_Check(args[1]) ||
+        !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "readonly_slot(cls, slot: str, name: str)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    const char *slot = PyUnicode_AsUTF8(args[1]), *name = PyUnicode_AsUTF8(args[2]);
+    if (!slot || !name)
+        return NULL;
+    Py_ssize_t off = slot_offset(cls, slot);
+    if (off < 0)
+        return NULL;
+    /* A member descriptor keeps pointing at its PyMemberDef: one per class attribute, made at
+     * import and never freed. */
+    size_t len = strlen(name) + 1;
+    PyMemberDef *def = PyMem_Calloc(1, sizeof *def + len);
+    if (!def)
+        return PyErr_NoMemory();
+    memcpy((char *)(def + 1), name, len);
+    def->name = (const char *)(def + 1);
+    def->type = T_OBJECT_EX;
+    def->offset = off;
+    def->flags = READONLY;
+    PyObject *d = PyDescr_NewMember(cls, def);
+    if (!d)
+        PyMem_Free(def);
+    return d;
+}
+
 void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
     PyObject **p = (PyObject **)((char *)o + off);
     PyObject *old = *p;
@@ -576,6 +610,8 @@ static PyTypeObject CoreType = {
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+    {"readonly_slot", (PyCFunction)(void (*)(void))accel_readonly_slot, METH_FASTCALL,
+     "readonly_slot(cls, slot, name) -> a read-only descriptor of the __slots__ member slot"},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };

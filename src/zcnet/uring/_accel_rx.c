@@ -19,9 +19,10 @@
 /* make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)
  *
  * The iterator path's per-buffer objects: one ``cls`` instance per buffer (a class with
- * __slots__ _rx, offset, length, _tok, stream_offset, all set here as its __init__ would),
+ * __slots__ _rx, _offset, _length, _tok, _stream_offset, all set here as its __init__ would),
  * stream offsets running from ``start``. Allocating them from C skips a Python __init__ frame
- * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length. */
+ * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length, the
+ * lengths ints (the provider's). */
 static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyType_Check(args[0]) || !PyList_Check(args[2]) ||
         !PyList_Check(args[3]) || !PyList_Check(args[4])) {
@@ -40,9 +41,9 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
     long long s = PyLong_AsLongLong(args[5]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "offset"),
-               o_len = slot_offset(cls, "length"), o_tok = slot_offset(cls, "_tok"),
-               o_so = slot_offset(cls, "stream_offset");
+    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "_offset"),
+               o_len = slot_offset(cls, "_length"), o_tok = slot_offset(cls, "_tok"),
+               o_so = slot_offset(cls, "_stream_offset");
     if (o_rx < 0 || o_off < 0 || o_len < 0 || o_tok < 0 || o_so < 0)
         return NULL;
     PyObject *out = PyList_New(n);
@@ -59,7 +60,10 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
         PyObject *of = Py_NewRef(PyList_GET_ITEM(offs, i)),
                  *ln = Py_NewRef(PyList_GET_ITEM(lens, i)),
                  *tk = Py_NewRef(PyList_GET_ITEM(toks, i));
-        long long l = PyLong_AsLongLong(ln);
+        /* an int: its conversion runs no Python (no __index__) */
+        long long l = PyLong_Check(ln) ? PyLong_AsLongLong(ln) : -1;
+        if (!PyLong_Check(ln))
+            PyErr_Format(PyExc_TypeError, "make_chunks: a length is %T, not an int", ln);
         PyObject *so = l == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s);
         PyObject *c = so ? cls->tp_alloc(cls, 0) : NULL;
         if (!c) {
@@ -192,10 +196,12 @@ static PyObject *accel_mark_released(PyObject *self, PyObject *const *args, Py_s
 }
 
 /* chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes), or None when one is not exactly a
- * ``cls`` (then the caller takes its general path)
+ * ``cls`` with an int token and length (then the caller takes its general path)
  *
- * The receiver's drain of released iterator chunks: their _tok and length slots as two lists
- * in one pass, with the byte total. */
+ * The receiver's drain of released iterator chunks: their _tok and _length slots as two lists
+ * in one pass, with the byte total. Every slot is checked before anything is read or made:
+ * no Python runs here (no __index__, no allocation before the checks), so what is read stays
+ * what it was. */
 static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyList_Check(args[0]) || !PyType_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "chunk_tokens(chunks: list, cls)");
@@ -204,29 +210,28 @@ static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ss
     PyObject *chunks = args[0];
     PyTypeObject *cls = (PyTypeObject *)args[1];
     Py_ssize_t n = PyList_GET_SIZE(chunks);
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!Py_IS_TYPE(PyList_GET_ITEM(chunks, i), cls))
-            Py_RETURN_NONE;
-    Py_ssize_t o_tok = slot_offset(cls, "_tok"), o_len = slot_offset(cls, "length");
+    Py_ssize_t o_tok = slot_offset(cls, "_tok"), o_len = slot_offset(cls, "_length");
     if (o_tok < 0 || o_len < 0)
         return NULL;
-    PyObject *toks = PyList_New(n), *lens = PyList_New(n);
     long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyList_GET_ITEM(chunks, i), *t, *l;
+        int ovf = 0;
+        if (!Py_IS_TYPE(c, cls) || !(t = SLOT_OF(c, o_tok)) || !PyLong_CheckExact(t) ||
+            !(l = SLOT_OF(c, o_len)) || !PyLong_CheckExact(l))
+            Py_RETURN_NONE;
+        long long v = PyLong_AsLongLongAndOverflow(l, &ovf);
+        if (ovf || v < 0 || v > LLONG_MAX - total)
+            Py_RETURN_NONE;
+        total += v;
+    }
+    PyObject *toks = PyList_New(n), *lens = PyList_New(n);
     if (!toks || !lens)
         goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) { /* the list keeps the chunks, the chunks the ints */
         PyObject *c = PyList_GET_ITEM(chunks, i);
-        PyObject *t = SLOT_OF(c, o_tok), *l = SLOT_OF(c, o_len);
-        if (!t || !l) {
-            PyErr_SetString(PyExc_AttributeError, "chunk_tokens: a chunk without _tok/length");
-            goto fail;
-        }
-        long long v = PyLong_AsLongLong(l);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        total += v;
-        PyList_SET_ITEM(toks, i, Py_NewRef(t));
-        PyList_SET_ITEM(lens, i, Py_NewRef(l));
+        PyList_SET_ITEM(toks, i, Py_NewRef(SLOT_OF(c, o_tok)));
+        PyList_SET_ITEM(lens, i, Py_NewRef(SLOT_OF(c, o_len)));
     }
     PyObject *sum = PyLong_FromLongLong(total);
     if (!sum)
