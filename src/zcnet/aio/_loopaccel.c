@@ -1550,7 +1550,9 @@ static PySendResult op_py(AnextOp *op, PyObject **result) {
     return r;
 }
 
-/* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF). */
+/* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF); a
+ * receiver closed meanwhile (a finalizer inside the round) releases them at once, as the
+ * Python step does (``_drop_pending``). */
 static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
     Anext *a = (Anext *)op->a;
     Py_ssize_t n = PyList_GET_SIZE(chunks);
@@ -1564,11 +1566,18 @@ static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
         PyObject *rest = PyList_GetSlice(chunks, 1, n);
         PyObject *res = rest ? PyObject_CallMethodOneArg(a->pending, s_extend, rest) : NULL;
         Py_XDECREF(rest);
-        if (!res) {
+        int closed = res ? iget_true(a->arx, s_closed) : -1;
+        Py_XDECREF(res);
+        if (closed > 0) {
+            res = PyObject_CallMethodNoArgs(a->arx, s_drop_pending);
+            Py_XDECREF(res);
+            if (!res)
+                closed = -1;
+        }
+        if (closed < 0) {
             Py_DECREF(chunks);
             return PYGEN_ERROR;
         }
-        Py_DECREF(res);
     }
     *result = Py_NewRef(PyList_GET_ITEM(chunks, 0));
     Py_DECREF(chunks);

@@ -198,6 +198,8 @@ class AsyncReceiver(LoopResource):
             raise StopAsyncIteration
         if len(got) > 1:
             pending.extend(itertools.islice(got, 1, None))
+            if self._closed:  # by a finalizer inside the round: nobody will take them now
+                self._drop_pending()
         return got[0]
 
     # --- state ---------------------------------------------------------------------------------
@@ -224,14 +226,18 @@ class AsyncReceiver(LoopResource):
         opened on one with ``own_socket``."""
         super().close()
 
+    def _drop_pending(self) -> None:
+        """Release the chunks taken for ``async for`` but not handed out (at close)."""
+        pending = list(self._pending)
+        self._pending.clear()
+        if pending:
+            self.rx.release_many(pending)
+
     def _free(self) -> None:
         self._closed = True
         untrack(self._owner.loop, self)
-        pending = list(self._pending)
-        self._pending.clear()
         try:
-            if pending:
-                self.rx.release_many(pending)
+            self._drop_pending()
             if self._wake is not None:
                 self._wake.close()
             elif self._member is not None:

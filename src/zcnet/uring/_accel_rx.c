@@ -247,15 +247,21 @@ fail:
  * out the chunks of each ``rx.recv()`` in order and ends at EOF (``rx.eof``); recv's errors
  * (the stream's OSError after the data before it) pass through. Left early, its finalizer
  * gives the chunks of the round not yet handed out to ``rx.release_many``, as the generator's
- * ``finally`` did (Receiver.__iter__ is that generator on the pure path). */
+ * ``finally`` did (Receiver.__iter__ is that generator on the pure path). A ``next`` inside
+ * a ``next`` (a finalizer run by a GC pass in recv) is refused as the generator refuses it. */
 typedef struct {
     PyObject_HEAD
     PyObject *rx, *recv, *got; /* got: the round being handed out, or NULL */
     Py_ssize_t i;
+    int running; /* a next() is under way */
 } ChunkIter;
 
 static int chunkiter_init(ChunkIter *it, PyObject *args, PyObject *kw) {
     PyObject *rx;
+    if (it->running) {
+        PyErr_SetString(PyExc_ValueError, "generator already executing");
+        return -1;
+    }
     if (!PyArg_ParseTuple(args, "O", &rx))
         return -1;
     PyObject *recv = PyObject_GetAttrString(rx, "recv");
@@ -268,15 +274,17 @@ static int chunkiter_init(ChunkIter *it, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static PyObject *chunkiter_next(ChunkIter *it) {
+static PyObject *chunkiter_step(ChunkIter *it) {
     for (;;) {
         PyObject *got = it->got;
         if (got && it->i < PyList_GET_SIZE(got))
             return Py_NewRef(PyList_GET_ITEM(got, it->i++));
         Py_CLEAR(it->got);
-        if (!it->recv)
-            return NULL; /* exhausted */
-        got = PyObject_CallNoArgs(it->recv);
+        if (!it->recv || !it->rx)
+            return NULL; /* exhausted (or cleared) */
+        PyObject *recv = Py_NewRef(it->recv);
+        got = PyObject_CallNoArgs(recv);
+        Py_DECREF(recv);
         if (!got)
             return NULL;
         if (!PyList_Check(got)) {
@@ -285,11 +293,13 @@ static PyObject *chunkiter_next(ChunkIter *it) {
             return NULL;
         }
         if (PyList_GET_SIZE(got)) {
-            it->got = got;
+            Py_XSETREF(it->got, got);
             it->i = 0;
             continue;
         }
         Py_DECREF(got);
+        if (!it->rx)
+            return NULL;
         PyObject *eof = PyObject_GetAttrString(it->rx, "eof");
         if (!eof)
             return NULL;
@@ -302,6 +312,17 @@ static PyObject *chunkiter_next(ChunkIter *it) {
             return NULL;
         }
     }
+}
+
+static PyObject *chunkiter_next(ChunkIter *it) {
+    if (it->running) {
+        PyErr_SetString(PyExc_ValueError, "generator already executing");
+        return NULL;
+    }
+    it->running = 1;
+    PyObject *r = chunkiter_step(it);
+    it->running = 0;
+    return r;
 }
 
 static void chunkiter_finalize(ChunkIter *it) {
