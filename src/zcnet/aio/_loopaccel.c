@@ -232,6 +232,9 @@ typedef struct {
         return 0;                                                                         \
     }                                                                                     \
     static void name##_dealloc(Name *r) {                                                 \
+        if (Py_TYPE(r)->tp_finalize &&                                                    \
+            PyObject_CallFinalizerFromDealloc((PyObject *)r) < 0)                         \
+            return; /* resurrected */                                                     \
         PyObject_GC_UnTrack(r);                                                           \
         name##_clear(r);                                                                  \
         Py_TYPE(r)->tp_free((PyObject *)r);                                               \
@@ -1484,16 +1487,19 @@ static int owner_here(unsigned long tid, PyObject *running) {
 }
 
 /* One await of the next chunk: FRESH until first sent to, then waiting on the member's
- * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. */
+ * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. While it
+ * waits, ``fut`` is the future it made the member's waiter: an await that ends unwoken
+ * (closed, thrown into, dropped after a step) takes it back, or every later wait would be
+ * refused as another task's (as the Python round's ``finally`` does). */
 enum { OP_FRESH, OP_WAIT, OP_PY, OP_DONE };
 
 typedef struct {
     PyObject_HEAD
-    PyObject *a, *delegate;
+    PyObject *a, *delegate, *fut;
     int state, running; /* running: a send, throw or close is under way (re-entry refused) */
 } AnextOp;
 
-#define ANEXTOP_REFS(X) X(a) X(delegate)
+#define ANEXTOP_REFS(X) X(a) X(delegate) X(fut)
 GC_METHODS(AnextOp, anextop, ANEXTOP_REFS)
 static PyTypeObject AnextOpType;
 
@@ -1506,11 +1512,38 @@ static PyObject *anext_call(Anext *a, PyObject *args, PyObject *kw) {
     if (!op)
         return NULL;
     op->a = Py_NewRef(a);
-    op->delegate = NULL;
+    op->delegate = op->fut = NULL;
     op->state = OP_FRESH;
     op->running = 0;
     PyObject_GC_Track(op);
     return (PyObject *)op;
+}
+
+/* The wait is over (woken, or ended unwoken): the member's waiter goes back to None if it is
+ * still this op's future. 0 done, -1 error. */
+static int op_forget(AnextOp *op) {
+    PyObject *fut = op->fut;
+    if (!fut)
+        return 0;
+    op->fut = NULL;
+    Anext *a = (Anext *)op->a;
+    PyObject *w = a->member ? iget(a->member, s_waiter) : Py_NewRef(Py_None);
+    int r = w ? 0 : -1;
+    if (w == fut)
+        r = iset(a->member, s_waiter, Py_None);
+    Py_XDECREF(w);
+    Py_DECREF(fut);
+    return r;
+}
+
+/* Dropped while it waits: take the waiter back (the pending exception stays). */
+static void anextop_finalize(AnextOp *op) {
+    if (!op->fut)
+        return;
+    Exc e = exc_take();
+    if (op_forget(op) < 0)
+        PyErr_WriteUnraisable((PyObject *)op);
+    exc_restore(e);
 }
 
 /* Send ``arg`` into the delegate (held while it runs); a result other than NEXT ends the
@@ -1606,35 +1639,49 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     if (!fut)
         return PYGEN_ERROR;
     unaryfunc aw = Py_TYPE(fut)->tp_as_async ? Py_TYPE(fut)->tp_as_async->am_await : NULL;
-    PyObject *it = NULL, *box = NULL;
-    Py_ssize_t queued = -1;
-    if (!aw)
-        PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
-    else if (iset(a->member, s_waiter, fut) == 0 && (box = iget(a->member, s_inbox)))
-        queued = PyObject_Length(box);
+    if (!aw || iset(a->member, s_waiter, fut) < 0) {
+        if (!aw)
+            PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
+        Py_DECREF(fut);
+        return PYGEN_ERROR;
+    }
+    Py_XSETREF(op->fut, fut); /* the member's waiter from here: op_forget takes it back */
+    PyObject *box = iget(a->member, s_inbox);
+    Py_ssize_t queued = box ? PyObject_Length(box) : -1;
     Py_XDECREF(box);
     if (queued == 0) {
         int closed = iget_true(a->arx, s_closed);
         queued = closed < 0 ? -1 : closed;
     }
-    if (queued > 0) {
+    if (queued != 0) {
         /* Completions came while no waiter was set, or the receiver was closed then (a GC
          * pass in create_future or between take() and here can run a nested pass or a
          * close, whose kick found no waiter): take them, or raise, instead of sleeping. */
-        Py_DECREF(fut);
-        if (iset(a->member, s_waiter, Py_None) < 0)
+        if (queued < 0)
+            return PYGEN_ERROR; /* the caller forgets the waiter */
+        if (op_forget(op) < 0)
             return PYGEN_ERROR;
         *result = Py_NewRef(Py_None);
         return PYGEN_RETURN;
     }
-    if (queued == 0)
-        it = aw(fut);
-    Py_DECREF(fut);
+    PyObject *it = aw(op->fut);
     if (!it)
         return PYGEN_ERROR;
     op->delegate = it;
     op->state = OP_WAIT;
     return op_delegate(op, Py_None, result);
+}
+
+/* The receive is over with an exception: DONE, and the waiter taken back (the exception stays
+ * pending unless that fails). */
+static PySendResult op_fail(AnextOp *op) {
+    op->state = OP_DONE;
+    Exc e = exc_take();
+    if (op_forget(op) < 0)
+        exc_drop(e);
+    else
+        exc_restore(e);
+    return PYGEN_ERROR;
 }
 
 static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
@@ -1660,8 +1707,8 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     case OP_WAIT: {
         PySendResult r = op_delegate(op, arg, result);
         if (r != PYGEN_RETURN) {
-            if (r == PYGEN_ERROR)
-                op->state = OP_DONE;
+            if (r == PYGEN_ERROR) /* the future raised (cancelled): the wait is over */
+                return op_fail(op);
             return r;
         }
         Py_CLEAR(*result);
@@ -1698,13 +1745,12 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
         if (v < 0)
             goto error;
         PySendResult r = op_wait(op, result);
-        if (r != PYGEN_RETURN) {
-            if (r == PYGEN_ERROR)
-                op->state = OP_DONE;
-            return r;
-        }
+        if (r != PYGEN_RETURN)
+            return r == PYGEN_ERROR ? op_fail(op) : r;
         Py_CLEAR(*result);
     woken: /* as the Python round after its wait: closed meanwhile, or take again */
+        if (op_forget(op) < 0)
+            goto error;
         if ((v = iget_true(a->arx, s_closed)) != 0) {
             if (v > 0)
                 PyErr_SetString(a->closed_error,
@@ -1713,8 +1759,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
         }
     }
 error:
-    op->state = OP_DONE;
-    return PYGEN_ERROR;
+    return op_fail(op);
 }
 
 /* A return value as StopIteration (what an iterator's __next__ and send do). */
@@ -1794,7 +1839,7 @@ static PyObject *op_throw_in(AnextOp *op, PyObject *const *args, Py_ssize_t narg
     if (!res) { /* it raised, or returned (StopIteration): the receive is over */
         if (op->delegate == d)
             Py_CLEAR(op->delegate);
-        op->state = OP_DONE;
+        op_fail(op);
     }
     Py_DECREF(d);
     return res; /* else the Python step awaits something else */
@@ -1820,6 +1865,8 @@ static PyObject *op_close(AnextOp *op, PyObject *unused) {
     op->state = OP_DONE;
     PyObject *res = d ? PyObject_CallMethodNoArgs(d, s_close) : Py_NewRef(Py_None);
     Py_XDECREF(d);
+    if (op_forget(op) < 0)
+        Py_CLEAR(res);
     op->running = 0;
     if (!res)
         return NULL;
@@ -1854,6 +1901,7 @@ static PyTypeObject AnextOpType = {
     .tp_traverse = (traverseproc)anextop_traverse,
     .tp_clear = (inquiry)anextop_clear,
     .tp_dealloc = (destructor)anextop_dealloc,
+    .tp_finalize = (destructor)anextop_finalize,
     .tp_as_async = &anextop_async,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)op_iternext,

@@ -104,7 +104,12 @@ class AsyncReceiver(LoopResource):
                     # No pass from here: the loop's eventfd pass reaps for every member at
                     # once (one enter per loop iteration, not one per message and task).
                     assert m is not None  # a take exists only for a shared-ring member
-                    await m.wait()
+                    fut = m.wait()
+                    try:
+                        await fut
+                    finally:  # an abandoned await must not stay the waiter (MemberRing.wait)
+                        if m.waiter is fut:
+                            m.waiter = None
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
@@ -152,8 +157,14 @@ class AsyncReceiver(LoopResource):
         return bool(ring.cq_ready())
 
     async def _wait(self) -> None:
-        if self._member is not None:
-            await self._member.wait()
+        m = self._member
+        if m is not None:
+            fut = m.wait()
+            try:
+                await fut
+            finally:  # an abandoned await must not stay the waiter (MemberRing.wait)
+                if m.waiter is fut:
+                    m.waiter = None
         else:
             assert self._wake is not None
             await self._wake.wait()
