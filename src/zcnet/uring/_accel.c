@@ -159,6 +159,8 @@ typedef struct {
     Py_ssize_t comp_off[8]; /* its slots, in comp_slots order */
     PyObject *keep;         /* the ring's mappings: alive while any bound method is */
     int cqe32;
+    int users;              /* enters in flight with the GIL released (fd in use) */
+    PyObject *closer;       /* the Ring, closed during such an enter: its fd goes after it */
 } Core;
 
 /* Completions' slots: the three reap sets, then the lazily decoded ones (None) */
@@ -171,6 +173,7 @@ static void core_dealloc(Core *c) {
     Py_XDECREF(c->owner);
     Py_XDECREF(c->comp);
     Py_XDECREF(c->keep);
+    Py_XDECREF(c->closer);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -446,17 +449,36 @@ slow:
     return core_delegate(c, "_prep_batch_py", args, nargsf, kwnames);
 }
 
+/* One enter; with a wait the GIL is released, and the enter counts in ``users`` meanwhile: a
+ * Ring closed by another thread then leaves its fd open until the last such enter is over
+ * (core_enter_done), so the number the kernel reads is still this ring's. */
 static long sys_enter(Core *c, unsigned n, unsigned wait_nr) {
     long ret;
     unsigned flags = wait_nr ? 1u /* IORING_ENTER_GETEVENTS */ : 0u;
     if (wait_nr) {
+        int fd = c->fd;
+        c->users++;
         Py_BEGIN_ALLOW_THREADS
-        ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
+        ret = syscall(__NR_io_uring_enter, fd, n, wait_nr, flags, NULL, (size_t)0);
         Py_END_ALLOW_THREADS
+        c->users--;
     } else {
         ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
     }
     return ret;
+}
+
+/* After an enter on a ring closed meanwhile: the last one hands the fd back to the Ring's
+ * close (Ring._release_fd); an error there is raised instead of ClosedError. */
+static int core_enter_done(Core *c) {
+    if (c->users || !c->closer)
+        return 0;
+    PyObject *ring = c->closer;
+    c->closer = NULL;
+    PyObject *r = PyObject_CallMethod(ring, "_release_fd", NULL);
+    Py_DECREF(ring);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 /* submit(wait_nr=0, timeout=None) -> SQEs the kernel consumed */
@@ -479,7 +501,7 @@ static PyObject *core_submit(Core *c, PyObject *const *args, size_t nargsf, PyOb
     unsigned n = *c->ktail - __atomic_load_n(c->khead, __ATOMIC_RELAXED);
     long ret = sys_enter(c, n, (unsigned)wait_nr);
     if (c->closed) /* closed by another thread while we waited without the GIL: unmapped */
-        return core_closed(c, "submit");
+        return core_enter_done(c) < 0 ? NULL : core_closed(c, "submit");
     if (ret >= 0 && !wait_nr)
         return PyLong_FromLong(ret);
     if (ret == (long)n &&
@@ -572,11 +594,25 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
     return ret;
 }
 
-/* close(): from now on every method raises ClosedError (call before unmapping) */
-static PyObject *core_close(Core *c, PyObject *unused) {
+/* close(ring=None): from now on every method raises ClosedError (call before unmapping).
+ * With an enter in flight (``users``) the Core keeps ``ring`` until that enter is over and then
+ * calls its _release_fd, which closes the fd (the Ring leaves it open while ``users``). */
+static PyObject *core_close(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "close(ring=None)");
+        return NULL;
+    }
     c->closed = 1;
+    if (nargs && args[0] != Py_None && c->users)
+        Py_XSETREF(c->closer, Py_NewRef(args[0]));
     Py_RETURN_NONE;
 }
+
+static PyMemberDef core_members[] = {
+    {"users", T_INT, offsetof(Core, users), READONLY,
+     "enters in flight with the GIL released (the fd must stay open)"},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyMethodDef core_methods[] = {
     {"prep", (PyCFunction)(void (*)(void))core_prep, METH_FASTCALL | METH_KEYWORDS,
@@ -589,7 +625,8 @@ static PyMethodDef core_methods[] = {
      "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
     {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
      "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
-    {"close", (PyCFunction)core_close, METH_NOARGS, "Refuse every later call."},
+    {"close", (PyCFunction)(void (*)(void))core_close, METH_FASTCALL,
+     "Refuse every later call (ring: whose _release_fd to call after an enter in flight)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -605,6 +642,7 @@ static PyTypeObject CoreType = {
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
     .tp_methods = core_methods,
+    .tp_members = core_members,
 };
 
 static PyMethodDef accel_methods[] = {
