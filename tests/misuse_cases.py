@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "reentry"))
 
-from common import Bomb, collect_at_next_allocation, restore_collector
+from common import Bomb, collect_at_next_allocation, pair, restore_collector
 
 SMALL = {"area_size": 256 << 10, "buf_size": 4096}
 FIRST, SECOND, LAST = 20000, 30000, 5000  # bytes sent before, during and after the misuse
@@ -210,7 +210,7 @@ def stats_counter_odd() -> dict[str, str]:
     async def main() -> dict[str, str]:
         out = {}
         for field in ("released", "delivered"):
-            c, s = await apair()
+            c, s = await pair()
             rx = aio.open_receiver(s, own_socket=True, **SMALL)
             c.send(b"x" * 100)
             (await asyncio.wait_for(rx.__anext__(), 5)).release()
@@ -328,19 +328,6 @@ for (_call, _action), _expected in SYNC_REENTRY.items():
     CASES[f"reentry-{_call}-{_action}"] = Case(sync_reentry(_call, _action), _expected)
 
 
-async def apair() -> tuple[socket.socket, socket.socket]:
-    loop = asyncio.get_running_loop()
-    ls = socket.create_server(("127.0.0.1", 0))
-    ls.setblocking(False)
-    c = socket.socket()
-    c.setblocking(False)
-    await loop.sock_connect(c, ls.getsockname())
-    s, _ = await loop.sock_accept(ls)
-    ls.close()
-    s.setblocking(False)
-    return c, s
-
-
 def aio_reentry(call: str, action: str) -> Callable[[], list[str]]:
     """The sweep of sync_reentry for a zcnet.aio receiver on the loop's shared ring (the
     compiled round, or the Python one): ``call`` is anext, recv or recv_batch."""
@@ -348,7 +335,7 @@ def aio_reentry(call: str, action: str) -> Callable[[], list[str]]:
         from zcnet import aio
 
         async def one(slack: int) -> str | None:
-            c, s = await apair()
+            c, s = await pair()
             rx = aio.open_receiver(s, own_socket=True, **SMALL)
             c.setblocking(True)
             c.sendall(b"a" * FIRST)

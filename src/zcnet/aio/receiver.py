@@ -103,13 +103,7 @@ class AsyncReceiver(LoopResource):
                 if got == ROUND_DONE:
                     # No pass from here: the loop's eventfd pass reaps for every member at
                     # once (one enter per loop iteration, not one per message and task).
-                    assert m is not None  # a take exists only for a shared-ring member
-                    fut = m.wait()
-                    try:
-                        await fut
-                    finally:  # an abandoned await must not stay the waiter (MemberRing.wait)
-                        if m.waiter is fut:
-                            m.waiter = None
+                    await self._wait()
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
