@@ -70,6 +70,62 @@ CASES = {
         "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
         "except RuntimeError as e:\n"
         "    print(e)", "make_chunks: the lists changed during the call"),
+    # The same, with the lists cut to one item: the next index is just past their end.
+    "lists shortened by a finalizer mid-call": (
+        "import gc\n"
+        "class C:\n"
+        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+        "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
+        "class Bomb:\n"
+        "    def __del__(self):\n"
+        "        del offs[1:], lens[1:], toks[1:]\n"
+        "b = Bomb(); b.me = b; del b\n"
+        "gc.set_threshold(1)\n"
+        "try:\n"
+        "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)", "make_chunks: the lists changed during the call"),
+    # A length that is not an int (the C never calls __index__), a class without the slots.
+    "chunk length that is not an int": (
+        "class C:\n"
+        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+        "class L:\n"
+        "    def __index__(self):\n"
+        "        print('__index__ called')\n"
+        "        return 1\n"
+        "try:\n"
+        "    a.make_chunks(C, None, [0], [L()], [0], 0)\n"
+        "except TypeError as e:\n"
+        "    print(e)", "make_chunks: a length is L, not an int"),
+    "chunk class without a slot": (
+        "class C:\n"
+        "    __slots__ = ('_rx', '_length', '_tok', '_stream_offset')\n"
+        "try:\n"
+        "    a.make_chunks(C, None, [0], [1], [0], 0)\n"
+        "except TypeError as e:\n"
+        "    print(e)", "C._offset is not a writable __slots__ member"),
+    # A buffer id equal to the ring size names no buffer: nothing is written (the Python path
+    # raises), and the tail stays.
+    "buffer id past the ring": (
+        "mem = bytearray(4 * 16)\n"
+        "print(a.buf_provide(mem, 4, 0, [1, 4], 1 << 20, 4096), mem == bytearray(64))",
+        "None True"),
+    # soft_round's last CQE: EOF (res 0) ends the round with no record; one that also names
+    # a buffer, or an errno that does, is not the common round (None: the Python path).
+    "soft round ending at EOF": (
+        f"c = struct.pack('<QiI', {UD}, 10, {MORE | BUF}) + struct.pack('<QiI', {UD}, 0, 0)\n"
+        "mem = bytearray(4 * 16)\n"
+        "struct.pack_into('<H', mem, 16 + 12, 1)\n"
+        f"r = a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, mem, 4, 0, 4096, 0)\n"
+        "print(r[1], r[2])", "1 0"),
+    "soft round ending with a buffer and no data": (
+        f"c = struct.pack('<QiI', {UD}, 0, {BUF})\n"
+        f"print(a.soft_round(c, 1, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        " 0))", "None"),
+    "soft round with an empty buffer in the middle": (
+        f"c = struct.pack('<QiI', {UD}, 0, {MORE | BUF}) * 2\n"
+        f"print(a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        " 0))", "None"),
     # The ring's Core: a CQ head moved 100000 back (a second reaper out of step, or a write
     # through Ring.cq_addresses) makes tail - head larger than the ring; no copy past it.
     "CQ head out of step with the tail": (

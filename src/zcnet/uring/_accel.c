@@ -82,15 +82,18 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
     PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
-    if (!d)
-        return -1;
+    if (!d) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* no such member: the TypeError below */
+    }
     Py_ssize_t off = -1;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
         if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
             off = m->offset;
     }
-    Py_DECREF(d);
+    Py_XDECREF(d);
     if (off < 0)
         PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
                      name);

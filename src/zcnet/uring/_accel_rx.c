@@ -41,10 +41,10 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
     long long s = PyLong_AsLongLong(args[5]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "_offset"),
-               o_len = slot_offset(cls, "_length"), o_tok = slot_offset(cls, "_tok"),
-               o_so = slot_offset(cls, "_stream_offset");
-    if (o_rx < 0 || o_off < 0 || o_len < 0 || o_tok < 0 || o_so < 0)
+    Py_ssize_t o_rx, o_off, o_len, o_tok, o_so; /* one at a time: each may raise */
+    if ((o_rx = slot_offset(cls, "_rx")) < 0 || (o_off = slot_offset(cls, "_offset")) < 0 ||
+        (o_len = slot_offset(cls, "_length")) < 0 || (o_tok = slot_offset(cls, "_tok")) < 0 ||
+        (o_so = slot_offset(cls, "_stream_offset")) < 0)
         return NULL;
     PyObject *out = PyList_New(n);
     if (!out)
@@ -63,7 +63,8 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
         /* an int: its conversion runs no Python (no __index__) */
         long long l = PyLong_Check(ln) ? PyLong_AsLongLong(ln) : -1;
         if (!PyLong_Check(ln))
-            PyErr_Format(PyExc_TypeError, "make_chunks: a length is %T, not an int", ln);
+            PyErr_Format(PyExc_TypeError, "make_chunks: a length is %s, not an int",
+                         Py_TYPE(ln)->tp_name);
         PyObject *so = l == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s);
         PyObject *c = so ? cls->tp_alloc(cls, 0) : NULL;
         if (!c) {
@@ -143,11 +144,11 @@ static PyObject *accel_chunk_release(PyObject *self, PyObject *const *args, Py_s
     }
     PyTypeObject *cls = (PyTypeObject *)args[0], *rxc = (PyTypeObject *)args[1],
                  *qc = (PyTypeObject *)args[2];
-    Py_ssize_t o[6] = {slot_offset(cls, "_rx"), slot_offset(rxc, "debug"),
-                       slot_offset(rxc, "_releases"), slot_offset(rxc, "_closed"),
-                       slot_offset(qc, "_q"), slot_offset(qc, "_waiting")};
-    for (int i = 0; i < 6; i++)
-        if (o[i] < 0)
+    PyTypeObject *const in[6] = {cls, rxc, rxc, rxc, qc, qc};
+    const char *const names[6] = {"_rx", "debug", "_releases", "_closed", "_q", "_waiting"};
+    Py_ssize_t o[6];
+    for (int i = 0; i < 6; i++) /* one at a time: each may raise */
+        if ((o[i] = slot_offset(in[i], names[i])) < 0)
             return NULL;
     PyObject *append = PyObject_GetAttrString(args[3], "append");
     if (!append)
@@ -210,8 +211,8 @@ static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ss
     PyObject *chunks = args[0];
     PyTypeObject *cls = (PyTypeObject *)args[1];
     Py_ssize_t n = PyList_GET_SIZE(chunks);
-    Py_ssize_t o_tok = slot_offset(cls, "_tok"), o_len = slot_offset(cls, "_length");
-    if (o_tok < 0 || o_len < 0)
+    Py_ssize_t o_tok, o_len;
+    if ((o_tok = slot_offset(cls, "_tok")) < 0 || (o_len = slot_offset(cls, "_length")) < 0)
         return NULL;
     long long total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -288,7 +289,7 @@ static PyObject *chunkiter_step(ChunkIter *it) {
         if (!got)
             return NULL;
         if (!PyList_Check(got)) {
-            PyErr_Format(PyExc_TypeError, "recv() returned %T, not a list", got);
+            PyErr_Format(PyExc_TypeError, "recv() returned %s, not a list", Py_TYPE(got)->tp_name);
             Py_DECREF(got);
             return NULL;
         }
