@@ -46,6 +46,7 @@ _rx_of = operator.attrgetter("_rx")
 _tok_of = operator.attrgetter("_tok")
 _len_of = operator.attrgetter("length")
 _sum = np.add.reduce
+_get_ident = threading.get_ident
 
 
 class Receiver(DebugViews):
@@ -59,8 +60,8 @@ class Receiver(DebugViews):
     # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
     # the rest lives in the instance dict (DebugViews has one).
     # zcnet.uring._accel's chunk release reads debug, _releases and _closed the same way.
-    __slots__ = ("_busy", "_closed", "_end", "_limit", "_owner_tid", "_releases", "_stream_off",
-                 "debug", "stalled")
+    __slots__ = ("_busy", "_close_deferred", "_closed", "_end", "_limit", "_owner_tid",
+                 "_releases", "_stream_off", "debug", "stalled")
 
     def __init__(self, sock: socket.socket | int, provider: Provider, *,
                  max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
@@ -126,15 +127,15 @@ class Receiver(DebugViews):
             raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
                              "iterate in the opening thread; other threads may only release")
 
-    def _op_begin(self, method: str) -> None:
-        """An owner operation starts: refused inside another one (see the module docstring)."""
+    def _refuse(self, method: str) -> None:
+        """Raise why ``method`` may not start: closed, another thread, or inside another
+        owner operation (see the module docstring). The receives check the three at once
+        inline (they run once per round) and call this only when one holds."""
         self._check_owner(method)
-        if self._busy:
-            raise UsageError(f"{method}() inside another receive or flush of this receiver "
-                             "(a finalizer or a signal handler ran there)",
-                             "only release chunks from __del__ and signal handlers; receive "
-                             "in the code that owns the receiver")
-        self._busy = True
+        raise UsageError(f"{method}() inside another receive or flush of this receiver (a "
+                         "finalizer or a signal handler ran there)",
+                         "only release chunks from __del__ and signal handlers; receive in "
+                         "the code that owns the receiver")
 
     def _op_end(self) -> None:
         self._busy = False
@@ -215,39 +216,45 @@ class Receiver(DebugViews):
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
-        self._op_begin("recv")
+        if self._busy or self._closed or _get_ident() != self._owner_tid:
+            self._refuse("recv")
+        self._busy = True
         try:
             d = self._next(timeout, "recv")
             return [] if d is None else self._chunks(d)
         finally:
-            self._op_end()
+            self._busy = False
+            if self._close_deferred:
+                self.close()
 
     def recv_batch(self, timeout: float | None = None) -> Batch | None:
         """Like ``recv`` but one Batch per kernel round (None instead of [])."""
-        self._op_begin("recv_batch")
+        if self._busy or self._closed or _get_ident() != self._owner_tid:
+            self._refuse("recv_batch")
+        self._busy = True
         try:
-            return self._batch(self._next(timeout, "recv_batch"))
+            d = self._next(timeout, "recv_batch")
+            if d is None:
+                return None
+            s = self._stream_off
+            lengths = d.lengths
+            if type(lengths) is not np.ndarray:
+                n = sum(lengths)
+            elif self._accel is None or (n := self._accel.int_sum(lengths)) is None:
+                n = int(_sum(lengths))  # numpy: 1 us
+            self._stats.note_delivered(len(lengths), n)
+            self._stream_off = s + n
+            if d.linear:
+                self._stats.linear += sum(map(len, d.linear.values()))
+            return Batch(self, d, s, n)
         finally:
-            self._op_end()
-
-    def _batch(self, d: Delivery | None) -> Batch | None:
-        if d is None:
-            return None
-        s = self._stream_off
-        lengths = d.lengths
-        if type(lengths) is not np.ndarray:
-            n = sum(lengths)
-        elif self._accel is None or (n := self._accel.int_sum(lengths)) is None:  # numpy: 1 us
-            n = int(_sum(lengths))
-        self._stats.note_delivered(len(lengths), n)
-        self._stream_off = s + n
-        if d.linear:
-            self._stats.linear += sum(map(len, d.linear.values()))
-        return Batch(self, d, s, n)
+            self._busy = False
+            if self._close_deferred:
+                self.close()
 
     def _next(self, timeout: float | None, method: str) -> Delivery | None:
         """The next non-empty delivery, or None at EOF/timeout (see ``recv``); the caller has
-        checked the owner (``_op_begin``)."""
+        checked the owner (``recv``, ``recv_batch``)."""
         if timeout is not None and not 0 <= timeout < math.inf:
             if timeout != math.inf:  # NaN never reaches a deadline: it would wait forever
                 raise UsageError(f"{method}() timeout must be seconds >= 0 or None, "
