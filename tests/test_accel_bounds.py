@@ -20,6 +20,25 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("zcnet.uring._accel") i
 PRELUDE = "import struct, numpy as np, zcnet.uring._accel as a\n"
 UD, MORE, BUF, SHIFT = 7, 2, 1, 16
 
+CHUNK_CLASS = "class C:\n    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+
+
+def _lists_changed(finalizer: str) -> str:
+    """make_chunks over eight items while a GC pass inside it runs ``finalizer`` on the
+    lists (offs, lens, toks); prints the RuntimeError it must raise."""
+    return (f"import gc\n{CHUNK_CLASS}"
+            "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
+            "class Bomb:\n"
+            "    def __del__(self):\n"
+            f"        {finalizer}\n"
+            "b = Bomb(); b.me = b; del b\n"
+            "gc.set_threshold(1)\n"
+            "try:\n"
+            "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)")
+
+
 CASES = {
     # 2**61 two-byte elements of one value (stride 0): 2**61 * 8 bytes of ints would wrap.
     "int list that cannot be allocated": (
@@ -55,40 +74,17 @@ CASES = {
         "    a.refill_push(bytearray(64), 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
-    # A GC pass inside the call runs a finalizer that empties the lists being read.
+    # A GC pass inside the call runs a finalizer that empties the lists being read, or cuts
+    # them to one item (the next index is then just past their end).
     "lists emptied by a finalizer mid-call": (
-        "import gc\n"
-        "class C:\n"
-        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
-        "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
-        "class Bomb:\n"
-        "    def __del__(self):\n"
-        "        offs.clear(); lens.clear(); toks.clear()\n"
-        "b = Bomb(); b.me = b; del b\n"
-        "gc.set_threshold(1)\n"
-        "try:\n"
-        "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
-        "except RuntimeError as e:\n"
-        "    print(e)", "make_chunks: the lists changed during the call"),
-    # The same, with the lists cut to one item: the next index is just past their end.
+        _lists_changed("offs.clear(); lens.clear(); toks.clear()"),
+        "make_chunks: the lists changed during the call"),
     "lists shortened by a finalizer mid-call": (
-        "import gc\n"
-        "class C:\n"
-        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
-        "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
-        "class Bomb:\n"
-        "    def __del__(self):\n"
-        "        del offs[1:], lens[1:], toks[1:]\n"
-        "b = Bomb(); b.me = b; del b\n"
-        "gc.set_threshold(1)\n"
-        "try:\n"
-        "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
-        "except RuntimeError as e:\n"
-        "    print(e)", "make_chunks: the lists changed during the call"),
+        _lists_changed("del offs[1:], lens[1:], toks[1:]"),
+        "make_chunks: the lists changed during the call"),
     # A length that is not an int (the C never calls __index__), a class without the slots.
     "chunk length that is not an int": (
-        "class C:\n"
-        "    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+        CHUNK_CLASS +
         "class L:\n"
         "    def __index__(self):\n"
         "        print('__index__ called')\n"
