@@ -23,11 +23,11 @@ UD, MORE, BUF, SHIFT = 7, 2, 1, 16
 CHUNK_CLASS = "class C:\n    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
 
 
-def _lists_changed(finalizer: str) -> str:
-    """make_chunks over eight items while a GC pass inside it runs ``finalizer`` on the
+def _lists_changed(finalizer: str, n: int = 8) -> str:
+    """make_chunks over ``n`` items while a GC pass inside it runs ``finalizer`` on the
     lists (offs, lens, toks); prints the RuntimeError it must raise."""
     return (f"import gc\n{CHUNK_CLASS}"
-            "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
+            f"offs, lens, toks = list(range({n})), [10] * {n}, list(range({n}))\n"
             "class Bomb:\n"
             "    def __del__(self):\n"
             f"        {finalizer}\n"
@@ -75,13 +75,13 @@ CASES = {
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
     # A GC pass inside the call runs a finalizer that empties the lists being read, or cuts
-    # them to one item (the next index is then just past their end).
+    # one of two items off (the next index is then just past its end).
     "lists emptied by a finalizer mid-call": (
         _lists_changed("offs.clear(); lens.clear(); toks.clear()"),
         "make_chunks: the lists changed during the call"),
-    "lists shortened by a finalizer mid-call": (
-        _lists_changed("del offs[1:], lens[1:], toks[1:]"),
-        "make_chunks: the lists changed during the call"),
+    **{f"{name} shortened by a finalizer mid-call": (
+        _lists_changed(f"del {name}[1:]", 2), "make_chunks: the lists changed during the call")
+       for name in ("offs", "lens", "toks")},
     # A length that is not an int (the C never calls __index__), a class without the slots.
     "chunk length that is not an int": (
         CHUNK_CLASS +
