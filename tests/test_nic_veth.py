@@ -210,14 +210,14 @@ def test_nic_env(lab, no_leaks):
 
 @pytest.mark.root
 def test_doctor_on_veth(dev):
-    checks = {c.name: c for c in doctor.run(dev, queue=1, mode="zcrx")}
+    checks = {c.name: c for c in doctor.run(dev, queues=1, mode="zcrx")}
     assert not doctor.all_pass(list(checks.values()))
     assert checks["driver: queue management ops"].status == doctor.FAIL
     assert checks["HDS supported (tcp-data-split)"].status == doctor.FAIL
     assert checks["ntuple filters on"].status == doctor.FAIL
     assert checks["IOMMU"].status == doctor.UNKNOWN
     assert all(c.fix for c in checks.values() if c.status == doctor.FAIL)
-    devmem = {c.name: c for c in doctor.run(dev, queue=0, mode="devmem")}
+    devmem = {c.name: c for c in doctor.run(dev, queues=0, mode="devmem")}
     assert devmem["kernel: devmem TCP"].status == doctor.PASS
     assert devmem["queue 0 free of providers"].status == doctor.PASS
 
