@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,11 @@ import pytest
 from refusals import refusal, run_main
 from zcnet.bench.spec import builtin_text
 from zcnet.cli import main
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.lab import Lab
+from zcnet.netns import in_netns
 from zcnet.nic import ethtool, info, setup
+from zcnet.nic.arrival import arrived_on
 from zcnet.nic.device import Device
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
@@ -501,3 +504,24 @@ def test_a_version_1_state_file_is_read_and_restored(lab, state_dir):
                                                                    ("tcp4", "tcp6"))
     assert setup.restore(lab.if_a, lab.ns_a) == [s.title for s in reversed(steps)]
     assert _state(lab) == before and setup.configured(lab.if_a, lab.ns_a) is None
+
+
+def test_arrival_on_veth_is_unknown_and_says_why(lab):
+    """veth delivers without a NAPI id: the queue of a connection cannot be told, and the
+    error names the connection (the netdevsim VM tests find real queues)."""
+    with in_netns(lab.ns_b):
+        listener = socket.create_server((lab.addr_b, 0))
+    with listener:
+        with in_netns(lab.ns_a):
+            client = socket.create_connection((lab.addr_b, listener.getsockname()[1]))
+        server, _ = listener.accept()
+    with client, server:
+        client.sendall(b"x" * 4096)
+        assert server.recv(4096)
+        port, src = server.getsockname()[1], client.getsockname()[1]
+        cfg = setup.NicConfig(lab.if_b, (0, 1), port, rss_context=True, netns=lab.ns_b)
+        with pytest.raises(Unsupported) as exc:
+            arrived_on(server, cfg)
+    assert exc.value.message.startswith(f"connection from {lab.addr_a}:{src} to port {port} "
+                                        "has no NAPI id")
+    assert exc.value.hint == "ask once its first bytes have arrived"
