@@ -131,12 +131,15 @@ def test_apply_restore_round_trip_and_guards(lab, state_dir):
     done = setup.apply(_cfg(lab), steps=steps)
     assert [s.status for s in done] == ["done"] * len(steps)
     assert _state(lab) != before
-    with pytest.raises(ZcnetError, match="already set up"):
+    with pytest.raises(ZcnetError, match="already set up") as again:
         setup.apply(_cfg(lab), steps=_veth_steps(lab))
+    # The hints give the command that works: the device is in a namespace.
+    assert again.value.hint == f"run 'zcnet nic restore {lab.if_a} --netns {lab.ns_a}' first"
     setup.restore(lab.if_a, lab.ns_a)
     assert _state(lab) == before
-    with pytest.raises(ZcnetError, match="nothing to restore"):
+    with pytest.raises(ZcnetError, match="nothing to restore") as nothing:
         setup.restore(lab.if_a, lab.ns_a)
+    assert nothing.value.hint == f"'zcnet nic setup {lab.if_a} --netns {lab.ns_a} ...' writes it"
 
 
 def test_zcrx_plan_on_veth(lab):

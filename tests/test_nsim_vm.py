@@ -344,10 +344,12 @@ def test_a_connection_outside_the_set_queues_is_a_clear_error(lab, state_dir):
     assert unset.value.hint == (
         f"steer port {other} to queues 2,3 with `zcnet nic setup {lab.if_b} --netns {lab.ns_b} "
         f"--queues 2,3 --port {PORT},{other} --rss-context` (after `zcnet nic restore "
-        f"{lab.if_b}`), or connect to port {PORT}")
+        f"{lab.if_b} --netns {lab.ns_b}`), or connect to port {PORT}")
     assert taken.value.message == unset.value.message
-    assert taken.value.hint.startswith(f"port {other} is set up for {lab.if_b} queues 2,3, yet "
-                                       "another flow rule or RSS took it")
+    assert taken.value.hint == (
+        f"port {other} is set up for {lab.if_b} queues 2,3, yet another flow rule or RSS took "
+        f"it: check with `zcnet nic show {lab.if_b} --netns {lab.ns_b}` and `zcnet nic doctor "
+        f"{lab.if_b} --netns {lab.ns_b} --queues 2,3`")
 
 
 def test_client_flows_spread_over_two_queues_of_the_bench_lab(no_leaks):

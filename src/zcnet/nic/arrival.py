@@ -24,7 +24,7 @@ from zcnet.netns import in_netns
 from zcnet.nic import netdev
 from zcnet.nic.device import Device
 from zcnet.nic.genl import GenlSocket
-from zcnet.nic.setup import NicConfig
+from zcnet.nic.setup import NicConfig, iface_args
 from zcnet.nic.steps import queues_text
 from zcnet.uapi import netdev as nd
 from zcnet.uapi import socket as usock
@@ -79,8 +79,7 @@ def arrived_on(conn: socket.socket | int, cfg: NicConfig) -> int:
             ifname, queue = queue_of_napi(dev.genl, napi_id, cfg.netns)
         except (ZcnetError, OSError):   # another namespace's NAPI, or a TX-only one
             ifname, queue = None, None
-    if ifname == cfg.ifname and queue in cfg.queues:
-        assert queue is not None
+    if ifname == cfg.ifname and queue is not None and queue in cfg.queues:
         return queue
     target = f"{cfg.ifname} {queues_text(cfg.queues)}"
     if ifname is None:
@@ -88,15 +87,16 @@ def arrived_on(conn: socket.socket | int, cfg: NicConfig) -> int:
     else:
         where = f"on {ifname} queue {queue}"
     why = f"connection {who} arrived {where}, not on the {cfg.mode} {target}"
+    iface, queues = iface_args(cfg.ifname, cfg.netns), ",".join(map(str, cfg.queues))
     if ifname is not None and ifname != cfg.ifname:
         fix = f"connect to an address of {cfg.ifname} (the route took {ifname})"
     elif port in cfg.ports:
         fix = (f"port {port} is set up for {target}, yet another flow rule or RSS took it: "
-               f"check with `zcnet nic show {cfg.ifname}` and `zcnet nic doctor "
-               f"{cfg.ifname} --queues {','.join(map(str, cfg.queues))}`")
+               f"check with `zcnet nic show {iface}` and `zcnet nic doctor {iface} "
+               f"--queues {queues}`")
     else:
         fix = (f"steer port {port} to {queues_text(cfg.queues)} with `{_setup_command(cfg, port)}` "
-               f"(after `zcnet nic restore {cfg.ifname}`), or connect to port "
+               f"(after `zcnet nic restore {iface}`), or connect to port "
                f"{','.join(map(str, cfg.ports))}")
     raise WrongQueue(why, fix, ifname, queue)
 
@@ -114,9 +114,9 @@ def _ends(fd: int) -> tuple[str, int]:
 
 
 def _setup_command(cfg: NicConfig, port: int) -> str:
-    netns = f" --netns {cfg.netns}" if cfg.netns else ""
     ports = ",".join(map(str, (*cfg.ports, port)))
     queues = ",".join(map(str, cfg.queues))
     option = "--queue" if len(cfg.queues) == 1 else "--queues"
     context = " --rss-context" if cfg.rss_context else ""
-    return f"zcnet nic setup {cfg.ifname}{netns} {option} {queues} --port {ports}{context}"
+    return (f"zcnet nic setup {iface_args(cfg.ifname, cfg.netns)} {option} {queues} "
+            f"--port {ports}{context}")

@@ -18,7 +18,7 @@ from zcnet.caps import has_caps
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
-from zcnet.nic.setup import STEERED_BY_PEER
+from zcnet.nic.setup import STEERED_BY_PEER, int_tuple
 from zcnet.nic.steps import queues_text
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
@@ -345,8 +345,7 @@ def pick_queue(dev: Device, queue: int | None) -> int:
 
 def run(dev: Device, queues: int | Iterable[int] = 1, mode: str = "zcrx",
         dmabuf: Callable[[int], int] | None = None) -> list[Check]:
-    ctx = Context(dev, (queues,) if isinstance(queues, int) else tuple(queues), mode, {},
-                  dmabuf)
+    ctx = Context(dev, int_tuple(queues), mode, {}, dmabuf)
     return [check(ctx) for check in CHECKS[mode]]
 
 

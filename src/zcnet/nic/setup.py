@@ -51,11 +51,17 @@ HW_GRO = "rx-gro-hw"
 STEERED_BY_PEER = frozenset({"netdevsim"})
 
 
-MAX_PORTS = 64   # a rule per port and flow type: 128 rules, more than most NICs hold
+MAX_PORTS = 64   # a rule per port and flow type: up to 128 rules
 
 
-def _ints(value: int | Iterable[int]) -> tuple[int, ...]:
+def int_tuple(value: int | Iterable[int]) -> tuple[int, ...]:
+    """One queue or port, or several, as a tuple."""
     return (value,) if isinstance(value, int) else tuple(value)
+
+
+def iface_args(ifname: str, netns: str | None) -> str:
+    """The interface as the nic commands take it, for hints: "eth2", or "eth2 --netns lab"."""
+    return ifname + (f" --netns {netns}" if netns else "")
 
 
 @dataclass(init=False)
@@ -77,7 +83,7 @@ class NicConfig:
     def __init__(self, ifname: str, queues: int | Iterable[int], ports: int | Iterable[int],
                  mode: str = "zcrx", rss_context: bool = False, netns: str | None = None,
                  flows: tuple[str, ...] = ("tcp4", "tcp6")) -> None:
-        self.ifname, self.queues, self.ports = ifname, _ints(queues), _ints(ports)
+        self.ifname, self.queues, self.ports = ifname, int_tuple(queues), int_tuple(ports)
         self.mode, self.rss_context, self.netns, self.flows = mode, rss_context, netns, flows
 
     def queue_of(self, port: int) -> int | None:
@@ -169,7 +175,7 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
 
 
 MAX_STATE = 1 << 20          # a state file is a few KiB; an RSS table adds a few more
-MAX_STEPS = 8 + 2 * MAX_PORTS * len(ntuple.FLOW_TYPES)
+MAX_STEPS = 8 + MAX_PORTS * len(ntuple.FLOW_TYPES)   # a rule per port and flow type
 _STATUSES = ("pending", "applying", "done", "undone")
 _WRITE_FIX = f"set {STATE_DIR_ENV} to a directory root can write (default {DEFAULT_STATE_DIR})"
 
@@ -221,7 +227,7 @@ def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
 
 def _already(cfg: NicConfig, path: Path) -> ZcnetError:
     return ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
-                      f"run 'zcnet nic restore {cfg.ifname}' first")
+                      f"run 'zcnet nic restore {iface_args(cfg.ifname, cfg.netns)}' first")
 
 
 def _claim(path: Path, cfg: NicConfig) -> None:
@@ -263,19 +269,15 @@ def _upgrade(doc: Any) -> Any:
     have the shape version 1 wrote; ``_state_problem`` then checks the result as any other."""
     if not isinstance(doc, dict) or doc.get("version") != 1:
         return doc
-    steps = doc.get("steps")
-    records = [doc.get("config")] + [s.get("params") for s in (steps or [])
-                                     if isinstance(steps, list) and isinstance(s, dict)
-                                     and s.get("kind") in RSS_KINDS]
+    steps = doc["steps"] if isinstance(doc.get("steps"), list) else []
+    records = [doc.get("config"), *(s.get("params") for s in steps if isinstance(s, dict)
+                                    and s.get("kind") in ("rss", "rss-context"))]
     for record in records:
         for one in ("queue", "port"):
             if isinstance(record, dict) and one in record:
                 record[f"{one}s"] = [record.pop(one)]
     doc["version"] = 2
     return doc
-
-
-RSS_KINDS = ("rss", "rss-context")
 
 
 def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
@@ -396,7 +398,7 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
                     f"setup failed at '{current.title if current else '?'}' ({exc}) and undo "
                     f"failed: {'; '.join(failures)}",
                     f"state kept in {path}; fix the cause and run "
-                    f"'zcnet nic restore {cfg.ifname}'") from exc
+                    f"'zcnet nic restore {iface_args(cfg.ifname, cfg.netns)}'") from exc
             path.unlink(missing_ok=True)
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -412,12 +414,12 @@ def restore(ifname: str, netns: str | None = None, *, device: Device | None = No
     doc = load_state(ifname, netns)
     if doc is None:
         raise ZcnetError(f"nothing to restore on {ifname}: no state file {path}",
-                         f"'zcnet nic setup {ifname} ...' writes it")
+                         f"'zcnet nic setup {iface_args(ifname, netns)} ...' writes it")
     steps = [Step(s["kind"], s["params"], s["status"], s["undo"]) for s in doc["steps"]]
     # Each undo is saved as it finishes: a file that cannot be rewritten is found now, before
     # anything on the device changes.
     _write_state(path, doc)
-    cfg = configured_by(doc)
+    cfg = _configured_by(doc)
     with _maybe_open(cfg, device) as dev:
         if dev.ifindex != doc.get("ifindex", dev.ifindex):
             log.warning("%s has ifindex %d now, %s when set up", ifname, dev.ifindex,
@@ -436,7 +438,7 @@ def restore(ifname: str, netns: str | None = None, *, device: Device | None = No
     return todo
 
 
-def configured_by(doc: dict[str, Any]) -> NicConfig:
+def _configured_by(doc: dict[str, Any]) -> NicConfig:
     """The configuration a checked state file (``load_state``) records."""
     c = doc["config"]
     return NicConfig(doc["ifname"], c["queues"], c["ports"], c["mode"], c["rss_context"],
@@ -447,7 +449,7 @@ def configured(ifname: str, netns: str | None = None) -> NicConfig | None:
     """The configuration ``setup`` applied to ``ifname`` and has not restored (from its state
     file), or None: what a server checks its connections' queues against."""
     doc = load_state(ifname, netns)
-    return None if doc is None else configured_by(doc)
+    return None if doc is None else _configured_by(doc)
 
 
 @contextmanager
