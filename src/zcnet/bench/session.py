@@ -19,7 +19,7 @@ from typing import Any
 
 from zcnet.bench import proto
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.flow_worker import FlowSpec, tx_paths
+from zcnet.bench.flow_worker import Accepted, Failed, FlowSpec, Ready, Start, tx_paths
 from zcnet.bench.hist import encode_histogram, merge_encoded
 from zcnet.bench.meta import collect_env
 from zcnet.bench.proto import (
@@ -31,7 +31,9 @@ from zcnet.bench.proto import (
     RemoteProtocolError,
     Role,
 )
+from zcnet.bench.records import FlowEnd, RunResults, to_json
 from zcnet.bench.worker import FlowProc, SessionError
+from zcnet.jsonvalue import JSONObject
 from zcnet.nic.info import ifname_for_address, nic_env
 from zcnet.rx.registry import engine_names
 
@@ -192,32 +194,34 @@ class Session:
 
     def on_open(self, msg: dict[str, Any]) -> dict[str, Any]:
         _check_engine(msg["engine"])
-        spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, engine=msg["engine"],
-                        read_size=msg["read_size"], req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}",
+        spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, flow=msg["flow"],
+                        engine=msg["engine"], read_size=msg["read_size"],
+                        req_size=msg["req_size"], resp_size=msg["resp_size"],
+                        name=f"zcnet-rx{msg['flow']}",
                         engine_opts=dict(msg.get("engine_opts") or {}),
                         verify=msg.get("verify", False), port=msg.get("port", 0))
         fp = self._spawn(msg["flow"], spec)
-        ready = fp.expect("ready")
-        return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}
+        ready = fp.expect(Ready)
+        return {"type": "opened", "flow": msg["flow"], "port": ready.port, "pid": fp.pid}
 
     def on_connect(self, msg: dict[str, Any]) -> dict[str, Any]:
         if msg["tx"] not in tx_paths():
             raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(tx_paths())}")
-        spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], port=msg["port"],
-                        tx=msg["tx"], write_size=msg["write_size"], req_size=msg["req_size"],
+        spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], flow=msg["flow"],
+                        port=msg["port"], tx=msg["tx"], write_size=msg["write_size"],
+                        req_size=msg["req_size"],
                         resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}",
                         verify=msg.get("verify", False))
         fp = self._spawn(msg["flow"], spec)
-        ready = fp.expect("ready")
-        fp.cpu = ready["cpu"]
-        return {"type": "connected", "flow": msg["flow"], "pid": fp.pid, "cpu": ready["cpu"],
-                "local_port": ready["local_port"]}
+        ready = fp.expect(Ready)
+        fp.cpu = ready.cpu
+        return {"type": "connected", "flow": msg["flow"], "pid": fp.pid, "cpu": ready.cpu,
+                "local_port": ready.local_port}
 
     def on_probe(self, msg: dict[str, Any]) -> dict[str, Any]:
         fp = self._flow(msg["flow"], "rx")
         if fp.cpu is None:
-            fp.cpu = fp.expect("accepted")["cpu"]
+            fp.cpu = fp.expect(Accepted).cpu
         return {"type": "probed", "flow": msg["flow"], "cpu": fp.cpu}
 
     def on_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -246,8 +250,8 @@ class Session:
         ends = sorted(self.flows.values(), key=lambda fp: fp.role != "rx")  # receivers first
         for fp in ends:
             with contextlib.suppress(OSError):  # dead already: its recv below reports it
-                fp.conn.send({"cmd": "start", "duration": duration})
-        results: dict[int, dict[str, Any]] = {}
+                fp.conn.send(Start(duration))
+        results: dict[int, FlowEnd] = {}
         pending = {fp.conn: fp for fp in ends}
         deadline = t0 + duration + GRACE
         while pending:
@@ -264,34 +268,36 @@ class Session:
                     continue
                 fp = pending.pop(c)   # type: ignore[call-overload]
                 got = fp.recv()
-                if got.get("event") == "accepted":   # never probed: the report is still queued
-                    fp.cpu = got["cpu"]
+                if isinstance(got, Accepted):   # never probed: the report is still queued
+                    fp.cpu = got.cpu
                     pending[c] = fp               # type: ignore[index]
                     continue
-                results[id(fp)] = got if got.get("event") == "result" else _error(
-                    fp, got.get("reason", "worker failed"))
+                results[id(fp)] = got if isinstance(got, FlowEnd) else _error(
+                    fp, got.reason if isinstance(got, Failed) else "worker failed")
         seconds = time.monotonic() - t0
         cpus = CpuTimes.read().since(before)
         flows = []
         watch: set[int] = set()
         for fp in ends:
-            r = dict(results.get(id(fp)) or _error(fp, "no result"))
-            r.pop("event", None)
-            r.update(flow=fp.flow, role=fp.role, pid=fp.pid,
-                     pinned=fp.pinned if fp.pinned is not None else _pinned(fp))
-            flows.append(r)
-            # Where the flow was placed (fp.cpu, from discovery) and where it ended up.
-            watch.update(c for c in (fp.cpu, r.get("incoming_cpu"), r["pinned"])
-                         if c is not None and c >= 0)
+            end = results.get(id(fp)) or _error(fp, "no result")
+            end.flow, end.role = fp.flow, fp.role
+            flows.append(end)
+            # Where the flow was placed (fp.cpu, from discovery), where it ended up, and where
+            # its application ran.
+            pinned = fp.pinned if fp.pinned is not None else _pinned(fp)
+            watch.update(c for c in (fp.cpu, end.cpu_end, pinned) if c is not None and c >= 0)
         for fp in ends:
             fp.stop()
         self.flows.clear()
-        out = {"type": "results", "flows": flows, "seconds": seconds,
-               "cpus": {str(c): cpus[c] for c in sorted(watch) if c in cpus}}
-        hists = [h for f in flows if (h := f.pop("hist", None))]
-        if hists:
-            out["hist"] = encode_histogram(merge_encoded(hists))
-        return out
+        hists = [f.hist for f in flows if f.hist]
+        for f in flows:
+            f.hist = None  # one merged histogram goes with the results
+        run = RunResults(flows=flows, seconds=seconds,
+                         cpus={str(c): cpus[c] for c in sorted(watch) if c in cpus},
+                         hist=encode_histogram(merge_encoded(hists)) if hists else None)
+        out = to_json(run)
+        assert isinstance(out, dict)
+        return {"type": "results", **out}
 
     def _control_during_run(self) -> None:
         """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
@@ -312,9 +318,10 @@ class Session:
         self.flows.clear()
 
 
-def _host_env(bind_host: str) -> dict[str, Any]:
+def _host_env(bind_host: str) -> JSONObject:
     env = collect_env(lab=False)
-    out = {k: env[k] for k in ("kernel", "cpus", "cpu_model", "arch", "python", "hostname")}
+    out: JSONObject = {"kernel": env.kernel, "cpus": env.cpus, "cpu_model": env.cpu_model,
+                       "arch": env.arch, "python": env.python, "hostname": env.hostname}
     # The NIC flows arrive on, when the server listens on one interface's address.
     ifname = ifname_for_address(bind_host)
     if ifname is not None:
@@ -322,8 +329,8 @@ def _host_env(bind_host: str) -> dict[str, Any]:
     return out
 
 
-def _error(fp: FlowProc, reason: str) -> dict[str, Any]:
-    return {"event": "error", "error": reason, "role": fp.role}
+def _error(fp: FlowProc, reason: str) -> FlowEnd:
+    return FlowEnd(flow=fp.flow, role=fp.role, status="error", reason=reason)
 
 
 def _pinned(fp: FlowProc) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from zcnet import quantities
 from zcnet.bench.metrics import METRICS
+from zcnet.bench.records import AxisValue
 from zcnet.errors import UsageError
 from zcnet.rx.registry import engine_names
 from zcnet.userfile import FileProblem, read_text
@@ -67,8 +68,8 @@ class Substitution:
     that was given (ifname, remote) or what the kernel offers (zcrx_copy: zcrx's copy mode)."""
 
     axis: str
-    value: Any
-    lab: Any
+    value: AxisValue
+    lab: AxisValue
     why: str
     unless: tuple[str, ...] = ("ifname",)
 
@@ -78,7 +79,7 @@ class Spec:
     name: str
     title: str
     tool: str
-    matrix: dict[str, list[Any]]
+    matrix: dict[str, list[AxisValue]]
     duration: float = 2.0
     repeat: int = 1
     peers: tuple[str, ...] = ()
@@ -91,7 +92,7 @@ class Spec:
     columns: str = ""
     metric: str = "gbps"
     extra: tuple[str, ...] = ()
-    baseline: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, AxisValue] = field(default_factory=dict)
     per_cpu: bool = False
     plots: tuple[str, ...] = ()
     source: str = ""

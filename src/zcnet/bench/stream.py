@@ -20,9 +20,10 @@ from zcnet.pattern import PERIOD, TILED, pattern_view
 from zcnet.tx.devmem import open_tx_dmabuf
 from zcnet.tx.senders import make_sender
 from zcnet.tx.sendzc import send_buffer
+from zcnet.tx.slots import SendStats
 
 
-def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, dict[str, Any]]:
+def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, SendStats]:
     chunk = min(chunk, PERIOD)
     mv = memoryview(TILED)
     sent = 0
@@ -33,11 +34,11 @@ def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, d
             start = sent % PERIOD
             sent += sock.send(mv[start:start + chunk])
         calls += 8
-    return sent, {"kind": "copy", "path": "copy", "sends": calls, "bytes": sent}
+    return sent, SendStats(kind="copy", path="copy", sends=calls, bytes=sent)
 
 
 def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
-              verify: bool) -> tuple[int, dict[str, Any]]:
+              verify: bool) -> tuple[int, SendStats]:
     slots, chunk = 8, min(chunk, 256 << 10)
     pos = 0
 
@@ -68,11 +69,11 @@ def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
             sender.flush()
         finally:
             sender.close()
-    return sent, sender.stats().as_dict()
+    return sent, sender.stats()
 
 
 def send_stream(sock: socket.socket, *, tx: str, duration: float, chunk: int,
-                verify: bool) -> tuple[int, dict[str, Any]]:
+                verify: bool) -> tuple[int, SendStats]:
     """Send the pattern for ``duration`` seconds by ``tx``; (bytes sent, send-path stats)."""
     if tx == "copy":
         return _send_copy(sock, duration, chunk)

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zcnet.bench.proto.errors import RemoteProtocolError
+from zcnet.bench.records import CpuShares, FlowEnd, RecordError, parse_as
 
-PROTOCOL_VERSION = 1
+# 2: a flow's results are zcnet.bench.records.FlowEnd (status and reason, cpu_end, syscalls).
+PROTOCOL_VERSION = 2
 DEFAULT_PORT = 18323
 MAX_MESSAGE = 1 << 20
 # What an unauthenticated peer may send in one frame (a hello or an auth is a few hundred
@@ -67,10 +69,17 @@ def _json_obj(v: Any) -> bool:
     return all(isinstance(k, str) for k in v)
 
 
-def _result_flows(v: Any) -> bool:
-    """What the client indexes a flow result by: an object with an int flow (and a str role)."""
-    return all(isinstance(f, dict) and type(f.get("flow")) is int
-               and isinstance(f.get("role", ""), str) for f in v)
+def _record_check(tp: object, where: str) -> Callable[[object], bool]:
+    """A check that ``tp`` (a record, a list of them ...) can hold the value: the results a
+    server sends are read as the client's records, every field typed and in its range."""
+    def check(v: object) -> bool:
+        try:
+            parse_as(tp, v, where)
+        except RecordError as e:
+            raise RemoteProtocolError("invalid", f"results.{e}") from None
+        return True
+
+    return check
 
 
 # A welcome's limits (``limits.Limits`` on the wire): all four, within the ranges a server can be
@@ -91,10 +100,6 @@ def _limits(v: Any) -> bool:
             raise RemoteProtocolError("invalid", f"welcome.limits: missing {name!r}")
         _check("welcome.limits", name, f, v[name])
     return True
-
-
-def _cpu_shares(v: Any) -> bool:
-    return all(isinstance(k, str) and isinstance(x, dict) for k, x in v.items())
 
 
 def _engine_opts(v: Any) -> bool:
@@ -159,7 +164,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "start": {"duration": Field(float, lo=0.01, hi=1e6)},
     # hist: the session's latency histograms merged into one (HDR, base64), so a results message
     # stays far below MAX_MESSAGE however many flows ran (one encoded histogram is ~10 KiB).
-    "results": {"flows": Field(list, check=_result_flows), "cpus": Field(dict, check=_cpu_shares),
+    "results": {"flows": Field(list, check=_record_check(list[FlowEnd], "flows")),
+                "cpus": Field(dict, check=_record_check(dict[str, CpuShares], "cpus")),
                 "seconds": Field(float, lo=0.0, hi=1e7),
                 "hist": Field(str, required=False, check=lambda s: len(s) < MAX_MESSAGE // 2)},
     "end": {},
