@@ -19,7 +19,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from zcnet.bench import proto
 from zcnet.bench.control import Control
@@ -29,9 +28,11 @@ from zcnet.bench.proto import (
     GRACE,
     Budget,
     LimitExceeded,
+    Message,
     OptionValue,
     ProtocolError,
     buffer_sizes,
+    get,
 )
 from zcnet.bench.records import (
     ClientSummary,
@@ -53,7 +54,7 @@ from zcnet.rx.registry import engine_names
 
 log = logging.getLogger(__name__)
 
-MAX_SIZE = proto.SIZE.hi   # one buffer; the server's limits are usually lower
+MAX_SIZE = proto.MAX_SIZE   # one buffer; the server's limits are usually lower
 
 
 @dataclass
@@ -95,7 +96,7 @@ class ClientOptions:
                              f"use 1..{65536 - self.flows} (flow N listens on PORT+N)")
         # The protocol's range for a run's duration (start.duration), so the server never
         # refuses what the client let through; "not lo <= v <= hi" refuses NaN too.
-        lo, hi = proto.SCHEMA["start"]["duration"].lo, proto.SCHEMA["start"]["duration"].hi
+        lo, hi = proto.DURATION
         if not lo <= self.duration <= hi:
             raise UsageError(f"duration {self.duration} s out of range",
                              f"use -t from {lo:g} to {hi:g} seconds")
@@ -120,13 +121,8 @@ class ClientOptions:
     def _check_requests(self) -> None:
         """What the client will send, checked against the protocol's schema now: a bad engine
         name, option or data host is a usage error here, not a refusal mid-run."""
-        probe = {"flow": 0, "mode": self.mode, "req_size": self.req_size,
-                 "resp_size": self.resp_size}
-        for msg in ({"type": "open", **probe, "engine": self.rx_engine,
-                     "read_size": self.read_size,
-                     **({"engine_opts": self.engine_opts} if self.engine_opts else {})},
-                    {"type": "connect", **probe, "tx": self.tx, "port": 1,
-                     "host": self.data_host or "127.0.0.1", "write_size": self.write_size}):
+        for msg in (_open_msg(self, 0),
+                    _connect_msg(self, 0, self.data_host or "127.0.0.1", 1)):
             try:
                 proto.validate(msg)
             except ProtocolError as e:
@@ -209,7 +205,7 @@ def run(opts: ClientOptions) -> ClientResult:
         return result
 
 
-def _results(control: Control, msg: dict[str, Any]) -> RunResults:
+def _results(control: Control, msg: Message) -> RunResults:
     """A server's ``results`` as the record (the protocol has checked every field of it)."""
     try:
         return parse(RunResults, msg)
@@ -217,27 +213,36 @@ def _results(control: Control, msg: dict[str, Any]) -> RunResults:
         raise ZcnetError(f"server {control.addr}: bad results: {e}") from None
 
 
-def _open_msg(opts: ClientOptions, flow: int) -> dict[str, Any]:
-    return {"type": "open", "flow": flow, "mode": opts.mode, "engine": opts.rx_engine,
-            "read_size": opts.read_size, "req_size": opts.req_size, "resp_size": opts.resp_size,
-            **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
-            **({"verify": True} if opts.verify else {}),
-            **({"port": opts.data_port + flow} if opts.data_port else {})}
+def _open_msg(opts: ClientOptions, flow: int) -> Message:
+    msg: Message = {"type": "open", "flow": flow, "mode": opts.mode, "engine": opts.rx_engine,
+                    "read_size": opts.read_size, "req_size": opts.req_size,
+                    "resp_size": opts.resp_size}
+    if opts.engine_opts:
+        msg["engine_opts"] = dict(opts.engine_opts)
+    if opts.verify:
+        msg["verify"] = True
+    if opts.data_port:
+        msg["port"] = opts.data_port + flow
+    return msg
 
 
-def _connect_msg(opts: ClientOptions, flow: int, host: str, port: int) -> dict[str, Any]:
-    return {"type": "connect", "flow": flow, "host": host, "port": port, "mode": opts.mode,
-            "tx": opts.tx, "write_size": opts.write_size, "req_size": opts.req_size,
-            "resp_size": opts.resp_size, **({"verify": True} if opts.verify else {})}
+def _connect_msg(opts: ClientOptions, flow: int, host: str, port: int) -> Message:
+    msg: Message = {"type": "connect", "flow": flow, "host": host, "port": port,
+                    "mode": opts.mode, "tx": opts.tx, "write_size": opts.write_size,
+                    "req_size": opts.req_size, "resp_size": opts.resp_size}
+    if opts.verify:
+        msg["verify"] = True
+    return msg
 
 
 def _check_limits(opts: ClientOptions, src: Control, dst: Control) -> None:
     """Every request of the run charged against each server's limits (from its welcome), the
     way the server will: a run it would refuse half-way is refused before any flow starts.
     Reconnecting a flow closes it first, so one attempt per flow is the whole budget."""
-    start = {"type": "start", "duration": float(opts.duration)}
+    start: Message = {"type": "start", "duration": float(opts.duration)}
     host = opts.data_host or dst.host
-    plans = {id(dst): (dst, [_open_msg(opts, i) for i in range(opts.flows)])}
+    plans: dict[int, tuple[Control, list[Message]]] = {
+        id(dst): (dst, [_open_msg(opts, i) for i in range(opts.flows)])}
     plans.setdefault(id(src), (src, []))[1].extend(
         _connect_msg(opts, i, host, 1) for i in range(opts.flows))
     for control, plan in plans.values():
@@ -277,8 +282,8 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> Result
     data_host = opts.data_host or dst.host
     for attempt in range(1, opts.max_attempts + 1):
         opened = dst.request(_open_msg(opts, flow))
-        connected = src.request(_connect_msg(opts, flow, data_host, opened["port"]))
-        rx_cpu = dst.request({"type": "probe", "flow": flow})["cpu"]
+        connected = src.request(_connect_msg(opts, flow, data_host, get(opened, "port", int)))
+        rx_cpu = get(dst.request({"type": "probe", "flow": flow}), "cpu", int)
         if opts.wanted(rx_cpu):
             break
         log.info("flow %d landed on CPU %d, reconnecting (attempt %d)", flow, rx_cpu, attempt)
@@ -289,21 +294,22 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> Result
         raise ZcnetError(f"flow {flow}: no connection landed on CPUs "
                          f"{opts.cpu_min}..{opts.cpu_max} in {opts.max_attempts} attempts",
                          "widen --cpu-min/--cpu-max, or steer flows (RSS/ntuple) to those CPUs")
-    row = ResultRow(flow=flow, attempts=attempt, rx_cpu=rx_cpu, tx_cpu=connected["cpu"],
-                    rx_pid=opened["pid"], tx_pid=connected["pid"], mode=opts.mode,
-                    engine=opts.rx_engine, tx=opts.tx)
+    tx_cpu = get(connected, "cpu", int)
+    row = ResultRow(flow=flow, attempts=attempt, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
+                    rx_pid=get(opened, "pid", int), tx_pid=get(connected, "pid", int),
+                    mode=opts.mode, engine=opts.rx_engine, tx=opts.tx)
     rx_pin, tx_pin = opts.rx_app_cpu, opts.tx_app_cpu
     if opts.pin_off is not None:
         if rx_pin is None and rx_cpu >= 0:   # -1: the kernel recorded no CPU
             rx_pin = (rx_cpu + opts.pin_off) % dst.cpus
-        if tx_pin is None and connected["cpu"] >= 0:
-            tx_pin = (connected["cpu"] + opts.pin_off) % src.cpus
+        if tx_pin is None and tx_cpu >= 0:
+            tx_pin = (tx_cpu + opts.pin_off) % src.cpus
     if rx_pin is not None:
-        row.rx_app_cpu = dst.request({"type": "pin", "flow": flow, "role": "rx",
-                                      "cpu": rx_pin})["cpu"]
+        row.rx_app_cpu = get(dst.request({"type": "pin", "flow": flow, "role": "rx",
+                                          "cpu": rx_pin}), "cpu", int)
     if tx_pin is not None:
-        row.tx_app_cpu = src.request({"type": "pin", "flow": flow, "role": "tx",
-                                      "cpu": tx_pin})["cpu"]
+        row.tx_app_cpu = get(src.request({"type": "pin", "flow": flow, "role": "tx",
+                                          "cpu": tx_pin}), "cpu", int)
     return row
 
 

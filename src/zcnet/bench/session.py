@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait
-from typing import Any
 
 from zcnet.bench import proto
 from zcnet.bench.cpustat import CpuTimes
@@ -24,12 +24,16 @@ from zcnet.bench.hist import encode_histogram, merge_encoded
 from zcnet.bench.meta import collect_env
 from zcnet.bench.proto import (
     GRACE,
-    NEED_DATA,
     Channel,
     Limits,
     LocalProtocolError,
+    Message,
+    NeedData,
     RemoteProtocolError,
     Role,
+    get,
+    get_options,
+    get_or,
 )
 from zcnet.bench.records import FlowEnd, RunResults, to_json
 from zcnet.bench.worker import FlowProc, SessionError
@@ -69,9 +73,8 @@ class Handshake:
         try:
             while True:
                 ev = self.conn.next_event()
-                if ev is NEED_DATA:
+                if isinstance(ev, NeedData):
                     return self.WAIT
-                assert isinstance(ev, dict)
                 if ev["type"] == "error":   # the client may give up at any point, even first
                     log.warning("%s: client error: %s", self.peer, ev["message"])
                     return self.DROP
@@ -82,7 +85,7 @@ class Handshake:
                         "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
                         "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()}))
                     continue
-                if not proto.check_mac(token, self.challenge, ev["mac"]):
+                if not proto.check_mac(token, self.challenge, get(ev, "mac", str)):
                     log.warning("%s: authentication failed, nothing run", self.peer)
                     self.refuse("auth", "authentication failed")
                     return self.DROP
@@ -124,10 +127,10 @@ class Session:
         self.sock.setblocking(True)
         self.chan = Channel(self.sock, self.conn)
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: Message) -> None:
         self.chan.send(msg)
 
-    def _next(self, timeout: float) -> dict[str, Any]:
+    def _next(self, timeout: float) -> Message:
         # Reads in slices of at most a second, so a server shutdown (abort) is seen promptly.
         ev = self.chan.receive(timeout, slice_s=1.0, stop=self.abort.is_set)
         if ev is None:
@@ -167,7 +170,7 @@ class Session:
         self._send({"type": "auth_ok", "host": _host_env(self.bind_host)})
         while not self.conn.closed:
             msg = self._next(self.timeout)
-            kind = msg["type"]
+            kind = get(msg, "type", str)
             if kind == "error":
                 log.warning("session %d: client error: %s", self.ident, msg["message"])
                 return
@@ -192,59 +195,62 @@ class Session:
         log.info("session %d: flow %d %s worker pid %d", self.ident, flow, spec.role, fp.pid)
         return fp
 
-    def on_open(self, msg: dict[str, Any]) -> dict[str, Any]:
-        _check_engine(msg["engine"])
-        spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, flow=msg["flow"],
-                        engine=msg["engine"], read_size=msg["read_size"],
-                        req_size=msg["req_size"], resp_size=msg["resp_size"],
-                        name=f"zcnet-rx{msg['flow']}",
-                        engine_opts=dict(msg.get("engine_opts") or {}),
-                        verify=msg.get("verify", False), port=msg.get("port", 0))
-        fp = self._spawn(msg["flow"], spec)
+    def on_open(self, msg: Message) -> Message:
+        flow, engine = get(msg, "flow", int), get(msg, "engine", str)
+        _check_engine(engine)
+        spec = FlowSpec(role="rx", mode=get(msg, "mode", str), host=self.bind_host, flow=flow,
+                        engine=engine, read_size=get(msg, "read_size", int),
+                        req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
+                        name=f"zcnet-rx{flow}", engine_opts=get_options(msg),
+                        verify=get_or(msg, "verify", False), port=get_or(msg, "port", 0))
+        fp = self._spawn(flow, spec)
         ready = fp.expect(Ready)
-        return {"type": "opened", "flow": msg["flow"], "port": ready.port, "pid": fp.pid}
+        return {"type": "opened", "flow": flow, "port": ready.port, "pid": fp.pid}
 
-    def on_connect(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg["tx"] not in tx_paths():
-            raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(tx_paths())}")
-        spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], flow=msg["flow"],
-                        port=msg["port"], tx=msg["tx"], write_size=msg["write_size"],
-                        req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}",
-                        verify=msg.get("verify", False))
-        fp = self._spawn(msg["flow"], spec)
+    def on_connect(self, msg: Message) -> Message:
+        flow, tx = get(msg, "flow", int), get(msg, "tx", str)
+        if tx not in tx_paths():
+            raise SessionError("unsupported", f"tx path {tx!r}; have {list(tx_paths())}")
+        spec = FlowSpec(role="tx", mode=get(msg, "mode", str), host=get(msg, "host", str),
+                        flow=flow, port=get(msg, "port", int), tx=tx,
+                        write_size=get(msg, "write_size", int),
+                        req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
+                        name=f"zcnet-tx{flow}", verify=get_or(msg, "verify", False))
+        fp = self._spawn(flow, spec)
         ready = fp.expect(Ready)
         fp.cpu = ready.cpu
-        return {"type": "connected", "flow": msg["flow"], "pid": fp.pid, "cpu": ready.cpu,
+        return {"type": "connected", "flow": flow, "pid": fp.pid, "cpu": ready.cpu,
                 "local_port": ready.local_port}
 
-    def on_probe(self, msg: dict[str, Any]) -> dict[str, Any]:
-        fp = self._flow(msg["flow"], "rx")
+    def on_probe(self, msg: Message) -> Message:
+        flow = get(msg, "flow", int)
+        fp = self._flow(flow, "rx")
         if fp.cpu is None:
             fp.cpu = fp.expect(Accepted).cpu
-        return {"type": "probed", "flow": msg["flow"], "cpu": fp.cpu}
+        return {"type": "probed", "flow": flow, "cpu": fp.cpu}
 
-    def on_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
-        cpu = msg["cpu"]
+    def on_pin(self, msg: Message) -> Message:
+        flow, cpu = get(msg, "flow", int), get(msg, "cpu", int)
         if cpu not in os.sched_getaffinity(0):
             raise SessionError("invalid", f"CPU {cpu} is not available to the server")
         ends = [fp for (f, role), fp in self.flows.items()
-                if f == msg["flow"] and msg.get("role", role) == role]
+                if f == flow and get_or(msg, "role", role) == role]
         if not ends:
-            raise SessionError("invalid", f"no flow {msg['flow']}")
+            raise SessionError("invalid", f"no flow {flow}")
         for fp in ends:
             os.sched_setaffinity(fp.pid, {cpu})
             fp.pinned = cpu
-        return {"type": "pinned", "flow": msg["flow"], "cpu": cpu}
+        return {"type": "pinned", "flow": flow, "cpu": cpu}
 
-    def on_close(self, msg: dict[str, Any]) -> dict[str, Any]:
-        for key in [k for k in self.flows if k[0] == msg["flow"]]:
+    def on_close(self, msg: Message) -> Message:
+        flow = get(msg, "flow", int)
+        for key in [k for k in self.flows if k[0] == flow]:
             self.flows.pop(key).stop()
-        return {"type": "closed", "flow": msg["flow"]}
+        return {"type": "closed", "flow": flow}
 
-    def on_start(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def on_start(self, msg: Message) -> Message:
         """Run every flow end for ``duration``; a dead or failing worker is that flow's error."""
-        duration = msg["duration"]
+        duration = get(msg, "duration", float)
         before = CpuTimes.read()
         t0 = time.monotonic()
         ends = sorted(self.flows.values(), key=lambda fp: fp.role != "rx")  # receivers first
@@ -252,7 +258,7 @@ class Session:
             with contextlib.suppress(OSError):  # dead already: its recv below reports it
                 fp.conn.send(Start(duration))
         results: dict[int, FlowEnd] = {}
-        pending = {fp.conn: fp for fp in ends}
+        pending: dict[Pipe, FlowProc] = {fp.conn: fp for fp in ends}
         deadline = t0 + duration + GRACE
         while pending:
             left = deadline - time.monotonic()
@@ -264,13 +270,13 @@ class Session:
             if self.sock in ready:
                 self._control_during_run()
             for c in ready:
-                if c is self.sock:
+                if not isinstance(c, Pipe):
                     continue
-                fp = pending.pop(c)   # type: ignore[call-overload]
+                fp = pending.pop(c)
                 got = fp.recv()
                 if isinstance(got, Accepted):   # never probed: the report is still queued
                     fp.cpu = got.cpu
-                    pending[c] = fp               # type: ignore[index]
+                    pending[c] = fp
                     continue
                 results[id(fp)] = got if isinstance(got, FlowEnd) else _error(
                     fp, got.reason if isinstance(got, Failed) else "worker failed")
@@ -303,7 +309,7 @@ class Session:
         """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
         self.chan.read(1.0)
         ev = self.conn.next_event()   # RemoteProtocolError ("eof") when it vanished
-        if ev is not NEED_DATA:
+        if not isinstance(ev, NeedData):
             raise SessionError("aborted", "client ended the session during the run")
 
     def _flow(self, flow: int, role: str) -> FlowProc:
@@ -346,7 +352,7 @@ def _check_engine(name: str) -> None:
         raise SessionError("unsupported", f"rx engine {name!r}; have {engine_names()}")
 
 
-HANDLERS: dict[str, Callable[[Session, dict[str, Any]], dict[str, Any]]] = {
+HANDLERS: dict[str, Callable[[Session, Message], Message]] = {
     "open": Session.on_open,
     "connect": Session.on_connect,
     "probe": Session.on_probe,

@@ -12,15 +12,18 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, pattern_view
-from zcnet.tx.devmem import open_tx_dmabuf
+from zcnet.tx.devmem import DmabufMemory, open_tx_dmabuf
 from zcnet.tx.senders import make_sender
 from zcnet.tx.sendzc import send_buffer
 from zcnet.tx.slots import SendStats
+
+if TYPE_CHECKING:
+    from zcnet.tx.slots import SendBuffer
 
 
 def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, SendStats]:
@@ -50,7 +53,7 @@ def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
     with contextlib.ExitStack() as stack:
         if tx == "devmem":  # the device reads the payload from a dma-buf bound to it
             dmabuf = stack.enter_context(open_tx_dmabuf(sock, slots * chunk))
-            mem: Any = dmabuf
+            mem: SendBuffer | DmabufMemory = dmabuf
             buf = np.frombuffer(dmabuf.view, dtype=np.uint8)
             writing = dmabuf.cpu_write()
         else:

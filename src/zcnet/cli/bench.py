@@ -14,6 +14,7 @@ from zcnet.bench.peers import PEERS
 from zcnet.bench.proto import OptionValue
 from zcnet.bench.records import ResultFile, ResultRow
 from zcnet.cli._args import (
+    Subparsers,
     check_ifname,
     check_output_file,
     choice_list,
@@ -31,7 +32,7 @@ from zcnet.rx.registry import engine_names
 from zcnet.tx.senders import KINDS
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="single-flow TCP receive benchmark (epoll vs io_uring ...)",
                        description=__doc__)
     p.add_argument("--mtu", type=number_list("mtu", "MTU"), default=None,

@@ -16,7 +16,7 @@ from rich.text import Text
 from zcnet import __version__
 from zcnet.bench.meta import collect_env
 from zcnet.bench.records import NicFile, to_json
-from zcnet.cli._args import ifname, number, unique
+from zcnet.cli._args import Subparsers, ifname, number, unique
 from zcnet.errors import ZcnetError
 from zcnet.jsonvalue import JSONObject
 from zcnet.netns import netns_path
@@ -27,7 +27,7 @@ from zcnet.rx.zc.area import udmabuf_create
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     parser = sub.add_parser("nic", help="inspect and prepare a NIC for zero-copy receive",
                             description="Header-data split, channels, RSS and flow rules for "
                                         "io_uring zcrx and devmem TCP, with a saved state to "

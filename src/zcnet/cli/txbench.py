@@ -13,12 +13,12 @@ from rich.text import Text
 from zcnet.bench.meta import Interrupted, write_json
 from zcnet.bench.records import MeanSd, ModeSummary, ResultFile
 from zcnet.bench.txbench import ALL_MODES, BASELINE, NOT_MEASURED, parse_dst, run_txbench
-from zcnet.cli._args import check_output_file, choice_list, number, number_list
+from zcnet.cli._args import Subparsers, check_output_file, choice_list, number, number_list
 from zcnet.report.export import print_notes
 from zcnet.tx.hwcount import NO_COUNTERS
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "txbench", help="UDP packet rate: one send per packet vs batched sends",
         description="A pktgen-like UDP single stream from one lab namespace into a sink in the "

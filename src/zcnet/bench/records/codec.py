@@ -173,7 +173,7 @@ def parse(cls: type[R], data: object, path: str = "") -> R:
 
 
 def parse_as(tp: object, data: object, path: str = "") -> object:
-    """Any annotation's value (``list[Rec]``, ``dict[str, Rec]`` ...) from JSON data."""
+    """An annotation's value (``list[Rec]``, ``dict[str, Rec]`` ...) from JSON data."""
     return _value(tp, data, path, _PLAIN)
 
 
