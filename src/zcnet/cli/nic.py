@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -95,7 +94,7 @@ def _as_json(state: Mapping[str, object]) -> JSONObject:
     return out
 
 
-def _kv_table(title: str, rows: dict[str, Any]) -> Table:
+def _kv_table(title: str, rows: Mapping[str, object]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -162,7 +161,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _thread_cpu(q: dict[str, Any]) -> str:
+def _thread_cpu(q: Mapping[str, object]) -> str:
     """"-" without a NAPI thread; n/a when it has one whose CPU could not be read."""
     if "napi_thread" not in q:
         return "-"
