@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Mutation testing (mutmut) of the data paths, each module against the tests of its own package.
+# Mutation testing of the data paths, each module against the tests of its own package: the
+# Python modules with mutmut, the C accelerators (*.c) with scripts/cmutation.py (one textual
+# mutation at a time, the extension rebuilt in place, the tests run on the compiled path).
 # Slow (minutes to hours per module) and not part of CI.
 #
-# Usage: bash scripts/mutation.sh [MODULE...]      e.g. rx/zc/devmem.py tx/sendzc.py
+# Usage: bash scripts/mutation.sh [MODULE...]      e.g. rx/zc/devmem.py uring/_accel_rx.c
 #   no argument: every module below. Env: MUTATION_DIR (work copies, default /tmp/zcnet-mutation),
 #   MUTATION_JOBS (parallel test processes, default: CPU count), MUTATION_ONLY (mutant names:
-#   run only these, e.g. a previous run's survivors after new tests; the score then covers them).
+#   run only these, e.g. a previous run's survivors after new tests; the score then covers them),
+#   MUTATION_SAMPLE / MUTATION_SEED (C only: that many mutants at random, e.g. 40; default all).
+# Exits non-zero when a module yields no score (mutmut or the build failed, no mutant ran), after
+# trying the others.
 # Each module is mutated in its own copy of the tree (src, tests, pyproject.toml), so the
 # checkout is never touched. The copy gets its own compiled accelerators (setup.py): without
 # them the tests run only the pure-Python paths, and the code feeding the C paths (the
@@ -44,6 +49,19 @@ declare -A TESTS=(
   [tx/zerocopy.py]="tests/test_tx_zerocopy.py tests/test_tx_senders.py"
   [uring/bufring.py]="tests/test_uring_ring.py"
   [nic/setup.py]="tests/test_nic_setup.py tests/test_nic_codec.py"
+  [aio/receiver.py]="tests/test_aio_receiver.py tests/test_aio_fastpaths.py tests/test_aio_shared.py"
+  [aio/shared.py]="tests/test_aio_shared.py tests/test_aio_receiver.py tests/test_aio_loopaccel.py"
+  [aio/pool.py]="tests/test_aio_pool.py"
+  [aio/protocol.py]="tests/test_aio_protocol.py tests/test_aio_loopaccel.py"
+  [aio/sender.py]="tests/test_aio_sender.py tests/test_aio_fastpaths.py"
+  [aio/wakeup.py]="tests/test_aio_receiver.py tests/test_aio_sender.py"
+  [aio/sockets.py]="tests/test_aio_faults.py tests/test_aio_adopt.py"
+  [aio/backend.py]="tests/test_aio_trio.py tests/test_aio_anyio.py"
+  # The C accelerators (scripts/cmutation.py). Their tests may start interpreters: the work copy
+  # is a plain tree, not an instrumented one.
+  [uring/_accel.c]="tests/test_uring_ring.py tests/test_ring_hostile.py tests/test_accel_bounds.py tests/test_accel_cqe.py"
+  [uring/_accel_rx.c]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_accel_bounds.py tests/test_zc_zcrx.py"
+  [aio/_loopaccel.c]="tests/test_aio_loopaccel.py tests/test_aio_loopaccel_gc.py tests/test_aio_fastpaths.py tests/test_aio_reentry.py tests/test_aio_protocol.py"
 )
 # The issue's targets first (rx/zc/api.py only re-exports: its code is chunks, receiver,
 # debugviews and opener; zcrx's is zcrx, zcrx_reg, zcrx_rings and netqueue), then the rest of
@@ -51,13 +69,20 @@ declare -A TESTS=(
 ORDER=(rx/zc/chunks.py rx/zc/receiver.py rx/zc/debugviews.py rx/zc/opener.py rx/zc/soft.py
        rx/zc/devmem.py rx/zc/zcrx.py rx/zc/zcrx_reg.py rx/zc/zcrx_rings.py rx/zc/netqueue.py
        tx/sendzc.py rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py
-       rx/zc/engines.py tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py)
-
-python -c "import mutmut" 2>/dev/null || {
-  echo "mutmut is not installed: pip install 'mutmut>=3.8,<4'" >&2; exit 2; }
+       rx/zc/engines.py tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py
+       aio/receiver.py aio/shared.py aio/pool.py aio/protocol.py aio/sender.py aio/wakeup.py
+       aio/sockets.py aio/backend.py uring/_accel_rx.c uring/_accel.c aio/_loopaccel.c)
 
 modules=("$@")
 ((${#modules[@]})) || modules=("${ORDER[@]}")
+for mod in "${modules[@]}"; do
+  [[ -n ${TESTS[$mod]:-} ]] || { echo "unknown module $mod (choose from ${ORDER[*]})" >&2; exit 2; }
+  if [[ $mod != *.c ]]; then
+    python -c "import mutmut" 2>/dev/null || {
+      echo "mutmut is not installed: pip install 'mutmut>=3.8,<4'" >&2; exit 2; }
+  fi
+done
+failed=()
 
 toml_list() {  # words -> a TOML array of strings
   local out="" w
@@ -66,7 +91,6 @@ toml_list() {  # words -> a TOML array of strings
 }
 
 for mod in "${modules[@]}"; do
-  [[ -n ${TESTS[$mod]:-} ]] || { echo "unknown module $mod (choose from ${ORDER[*]})" >&2; exit 2; }
   dir=$work/${mod//\//_}
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -79,7 +103,15 @@ for mod in "${modules[@]}"; do
   for t in ${TESTS[$mod]}; do
     if [[ -e $dir/$t ]]; then tests+="$t "; else echo "   ($t does not exist: left out)"; fi
   done
-  [[ -n $tests ]] || { echo "no test file of $mod exists" >&2; exit 2; }
+  [[ -n $tests ]] || { echo "no test file of $mod exists" >&2; failed+=("$mod"); continue; }
+  if [[ $mod == *.c ]]; then
+    # shellcheck disable=SC2086
+    python "$root/scripts/cmutation.py" --work "$dir" --file "src/zcnet/$mod" --tests "$tests" \
+      --sample "${MUTATION_SAMPLE:-0}" --seed "${MUTATION_SEED:-1}" \
+      --equivalent "$root/scripts/mutation-equivalent.txt" ${MUTATION_ONLY:+--only $MUTATION_ONLY} \
+      | tee "$dir/results.txt" || failed+=("$mod")
+    continue
+  fi
   # shellcheck disable=SC2086
   cat >> "$dir/pyproject.toml" <<TOML
 
@@ -103,13 +135,16 @@ TOML
     [[ -d /proc/$pid ]] || ip netns del "${ns##*/}" || true
   done
   (cd "$dir" && python -m mutmut results --all true >"$dir/results.txt" 2>&1) || true
-  python3 - "$dir/results.txt" "$mod" "$root/scripts/mutation-equivalent.txt" <<'PY'
+  if python3 - "$dir/results.txt" "$mod" "$root/scripts/mutation-equivalent.txt" <<'PY'
 import collections
 import sys
 
 results, mod, equivalent_file = sys.argv[1:4]
 rows = [line.strip().rsplit(":", 1) for line in open(results) if ":" in line]
-rows = [(name.strip(), st.strip()) for name, st in rows]
+# Only mutmut's own verdicts: an error message in the file is no result.
+verdicts = {"killed", "survived", "timeout", "segfault", "suspicious", "skipped", "not checked",
+            "no tests", "check was interrupted by user"}
+rows = [(name.strip(), st.strip()) for name, st in rows if st.strip() in verdicts]
 # Mutants judged equivalent (same behaviour) or not observable single-threaded, one per line:
 # "NAME  reason". Their names number the mutants of one function, so an edit there can shift
 # them: the list is checked against each run (a listed mutant that was killed is reported).
@@ -124,8 +159,11 @@ status = collections.Counter(st for _, st in rows)
 killed = sum(status.get(st, 0) for st in ("killed", "timeout", "segfault"))
 counted = sum(n for st, n in status.items() if st not in ("skipped", "not checked"))
 excused = [n for n, st in rows if st in ("survived", "no tests") and n in equivalent]
-raw = 100.0 * killed / counted if counted else 0.0
-net = 100.0 * killed / (counted - len(excused)) if counted > len(excused) else 0.0
+if counted <= len(excused):  # mutmut failed, or mutated nothing that ran: no score
+    print(f"score {mod}: none ({dict(status) or 'no results'}; see {results} and run.log)")
+    sys.exit(1)
+raw = 100.0 * killed / counted
+net = 100.0 * killed / (counted - len(excused))
 print(f"score {mod} {net:.1f} % without {len(excused)} equivalent ({killed} killed of "
       f"{counted - len(excused)}; raw {raw:.1f} %; {dict(status)})")
 for name, st in rows:
@@ -136,4 +174,9 @@ for name, st in rows:
     elif name in equivalent and st not in ("survived", "no tests"):
         print(f"  listed as equivalent but {st}: {name}")
 PY
+  then :; else failed+=("$mod"); fi
 done
+if ((${#failed[@]})); then
+  echo "no score for: ${failed[*]}" >&2
+  exit 1
+fi

@@ -14,8 +14,12 @@ What it copies from the kernel (io_uring/zcrx.c, 7.2), and what a registration i
   -ENOMEM, EOF with 0, an error with -errno.
 - refill: the kernel reads ``tail`` at its offset, entries from ``head`` (its own) to tail at
   ``rqes + (i & mask) * 16``, and stores head at its offset. Device mode consumes entries when it
-  refills (here: each wait; never with ``pool_reads_ring`` False, as on netdevsim); copy mode
-  only on ZCRX_CTRL_FLUSH_RQ.
+  refills (here: each wait; never with ``pool_reads_ring`` False, as on a device that copies);
+  copy mode only on ZCRX_CTRL_FLUSH_RQ.
+- stats (7.x): an ``event_desc`` with ZCRX_EVENT_DESC_FLAG_STATS puts a ``struct zcrx_stats`` at
+  ``stats_offset`` (8-byte aligned, past the entries, inside the region; EINVAL/ERANGE
+  otherwise), zeroed; each buffer the kernel copies into (copy mode, or a device that copies)
+  adds one to ``copy_count`` and its bytes to ``copy_bytes``.
 
 Unlike the kernel (which skips or stops at a bad entry), every bad entry is recorded in
 ``rejections`` so a test can fail on it: wrong area id, offset past the area, a length that is
@@ -75,8 +79,10 @@ class FakeKernel:
     rings: list[FakeRing] = field(default_factory=list)
     foreign_every: int = 0      # post a data CQE of another request every N wake-ups
     # Device mode: the page pool reads the refill ring as it allocates (each wait here). False
-    # is netdevsim's: it forwards the sender's pages, never allocates, so never reads the ring.
+    # is a device that copies (upstream netdevsim forwards the sender's pages): its pool never
+    # allocates, so never reads the ring, and the kernel copies every byte.
     pool_reads_ring: bool = True
+    stats: bool = True          # the kernel has zcrx stats (7.x); False: EINVAL on event_desc
     next_id: int = 0
 
     def ring_class(self) -> Callable[..., FakeRing]:
@@ -134,8 +140,10 @@ class FakeRing:
     def _register_ifq(self, reg: u.io_uring_zcrx_ifq_reg) -> int:
         if self.flags & REQUIRED_FLAGS != REQUIRED_FLAGS:
             raise _err(errno.EINVAL)
-        if any(getattr(reg, "__resv")) or reg.event_desc or reg.zcrx_id or self.registered:
+        if any(getattr(reg, "__resv")) or reg.zcrx_id or self.registered:
             raise _err(errno.EINVAL)
+        if reg.event_desc and not self.k.stats:
+            raise _err(errno.EINVAL)  # before 7.x this is __resv[0]
         if reg.flags & ~u.ZCRX_REG_NODEV or not reg.rq_entries:
             raise _err(errno.EINVAL)
         self.nodev = bool(reg.flags & u.ZCRX_REG_NODEV)
@@ -172,6 +180,15 @@ class FakeRing:
             self.region = np.frombuffer(self._mm, dtype=np.uint8)
             rd.mmap_offset = offset
         self.region[:self.RQES] = 0
+        self.stats_at: int | None = None
+        if reg.event_desc:
+            ev = u.zcrx_event_desc.from_address(reg.event_desc)
+            if ev.flags != u.ZCRX_EVENT_DESC_FLAG_STATS or ev.type_mask or ev.stats_offset % 8:
+                raise _err(errno.EINVAL)
+            if not self.RQES + 16 * entries <= ev.stats_offset <= rd.size - 16:
+                raise _err(errno.ERANGE)
+            self.stats_at = int(ev.stats_offset)
+            self.region[self.stats_at:self.stats_at + 16] = 0
         self.entries, self.buf_len = entries, buf_len
         if area.flags:  # the "device" writes the dma-buf through a mapping of its own
             self._dmabuf_mm = mmap.mmap(area.dmabuf_fd, area.len)
@@ -284,6 +301,9 @@ class FakeRing:
             base = niov * self.buf_len
             self.area[base:base + len(seg)] = np.frombuffer(seg, dtype=np.uint8)
             self.user_len[niov] = len(seg)
+            if self.stats_at is not None and (self.nodev or not k.pool_reads_ring):
+                st = self.region[self.stats_at:self.stats_at + 16].view(np.uint64)
+                st += np.array([1, len(seg)], dtype=np.uint64)
             self.cq.append((self.armed, len(seg), u.IORING_CQE_F_MORE,
                             k.area_id << u.IORING_ZCRX_AREA_SHIFT | base))
             s.pos += len(seg)

@@ -20,6 +20,25 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("zcnet.uring._accel") i
 PRELUDE = "import struct, numpy as np, zcnet.uring._accel as a\n"
 UD, MORE, BUF, SHIFT = 7, 2, 1, 16
 
+CHUNK_CLASS = "class C:\n    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+
+
+def _lists_changed(finalizer: str, n: int = 8) -> str:
+    """make_chunks over ``n`` items while a GC pass inside it runs ``finalizer`` on the
+    lists (offs, lens, toks); prints the RuntimeError it must raise."""
+    return (f"import gc\n{CHUNK_CLASS}"
+            f"offs, lens, toks = list(range({n})), [10] * {n}, list(range({n}))\n"
+            "class Bomb:\n"
+            "    def __del__(self):\n"
+            f"        {finalizer}\n"
+            "b = Bomb(); b.me = b; del b\n"
+            "gc.set_threshold(1)\n"
+            "try:\n"
+            "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)")
+
+
 CASES = {
     # 2**61 two-byte elements of one value (stride 0): 2**61 * 8 bytes of ints would wrap.
     "int list that cannot be allocated": (
@@ -55,21 +74,54 @@ CASES = {
         "    a.refill_push(bytearray(64), 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
-    # A GC pass inside the call runs a finalizer that empties the lists being read.
+    # A GC pass inside the call runs a finalizer that empties the lists being read, or cuts
+    # one of two items off (the next index is then just past its end).
     "lists emptied by a finalizer mid-call": (
-        "import gc\n"
-        "class C:\n"
-        "    __slots__ = ('_rx', 'offset', 'length', '_tok', 'stream_offset')\n"
-        "offs, lens, toks = list(range(8)), [10] * 8, list(range(8))\n"
-        "class Bomb:\n"
-        "    def __del__(self):\n"
-        "        offs.clear(); lens.clear(); toks.clear()\n"
-        "b = Bomb(); b.me = b; del b\n"
-        "gc.set_threshold(1)\n"
+        _lists_changed("offs.clear(); lens.clear(); toks.clear()"),
+        "make_chunks: the lists changed during the call"),
+    **{f"{name} shortened by a finalizer mid-call": (
+        _lists_changed(f"del {name}[1:]", 2), "make_chunks: the lists changed during the call")
+       for name in ("offs", "lens", "toks")},
+    # A length that is not an int (the C never calls __index__), a class without the slots.
+    "chunk length that is not an int": (
+        CHUNK_CLASS +
+        "class L:\n"
+        "    def __index__(self):\n"
+        "        print('__index__ called')\n"
+        "        return 1\n"
         "try:\n"
-        "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
-        "except RuntimeError as e:\n"
-        "    print(e)", "make_chunks: the lists changed during the call"),
+        "    a.make_chunks(C, None, [0], [L()], [0], 0)\n"
+        "except TypeError as e:\n"
+        "    print(e)", "make_chunks: a length is L, not an int"),
+    "chunk class without a slot": (
+        "class C:\n"
+        "    __slots__ = ('_rx', '_length', '_tok', '_stream_offset')\n"
+        "try:\n"
+        "    a.make_chunks(C, None, [0], [1], [0], 0)\n"
+        "except TypeError as e:\n"
+        "    print(e)", "C._offset is not a writable __slots__ member"),
+    # A buffer id equal to the ring size names no buffer: nothing is written (the Python path
+    # raises), and the tail stays.
+    "buffer id past the ring": (
+        "mem = bytearray(4 * 16)\n"
+        "print(a.buf_provide(mem, 4, 0, [1, 4], 1 << 20, 4096), mem == bytearray(64))",
+        "None True"),
+    # soft_round's last CQE: EOF (res 0) ends the round with no record; one that also names
+    # a buffer, or an errno that does, is not the common round (None: the Python path).
+    "soft round ending at EOF": (
+        f"c = struct.pack('<QiI', {UD}, 10, {MORE | BUF}) + struct.pack('<QiI', {UD}, 0, 0)\n"
+        "mem = bytearray(4 * 16)\n"
+        "struct.pack_into('<H', mem, 16 + 12, 1)\n"
+        f"r = a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, mem, 4, 0, 4096, 0)\n"
+        "print(r[1], r[2])", "1 0"),
+    "soft round ending with a buffer and no data": (
+        f"c = struct.pack('<QiI', {UD}, 0, {BUF})\n"
+        f"print(a.soft_round(c, 1, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        " 0))", "None"),
+    "soft round with an empty buffer in the middle": (
+        f"c = struct.pack('<QiI', {UD}, 0, {MORE | BUF}) * 2\n"
+        f"print(a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        " 0))", "None"),
     # The ring's Core: a CQ head moved 100000 back (a second reaper out of step, or a write
     # through Ring.cq_addresses) makes tail - head larger than the ring; no copy past it.
     "CQ head out of step with the tail": (

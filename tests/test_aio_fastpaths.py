@@ -326,6 +326,69 @@ def test_a_step_re_entered_from_the_python_step_is_refused(loop_kind, monkeypatc
 
 
 @both_passes
+@pytest.mark.parametrize("receive", ["recv", "recv_batch"])
+def test_no_round_is_taken_while_more_than_max_held_is_held(loop_kind, receive, no_leaks):
+    """max_held bounds what a round may start from: a round (the compiled take, or the Python
+    round) is taken only while the bytes held are at most the limit, so the held bytes never
+    exceed the limit by more than the last round. The application holds every chunk of a
+    stream 4x the limit, sent in small pieces (small rounds), until delivery pauses; then
+    every byte still arrives once."""
+    size = 1 << 20
+    data = pattern(13, size)
+
+    async def main() -> tuple[int, list[tuple[int, int]], str | None, dict]:
+        c, s = await tcp_pair()
+        loop = asyncio.get_running_loop()
+
+        async def send() -> None:
+            for off in range(0, size, 8 << 10):
+                await loop.sock_sendall(c, memoryview(data)[off:off + (8 << 10)])
+                await asyncio.sleep(0.0005)
+            c.close()
+
+        sender = asyncio.create_task(send())
+        check = StreamCheck(data)
+        async with aio.open_receiver(s, own_socket=True, max_held=0.25, area_size=1 << 20,
+                                     buf_size=4096) as rx:
+            held: list[Any] = []
+            rounds = []  # (bytes held when the round was taken, the round's bytes)
+            while True:
+                before = rx.stats.in_flight_bytes
+                step = asyncio.ensure_future(getattr(rx, receive)())
+                done, _ = await asyncio.wait({step}, timeout=0.3)
+                if not done:  # paused: waiting for a release
+                    break
+                got = step.result()
+                pieces = got.views() if receive == "recv_batch" else [ch.data for ch in got]
+                for v in pieces:
+                    check.add(v)
+                rounds.append((before, sum(map(len, pieces))))
+                held.extend([got] if receive == "recv_batch" else got)
+            stalled = rx.rx.stalled
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
+            for h in held:
+                h.release()
+            await check.drain(rx) if receive == "recv" else await _drain_batches(rx, check)
+            await sender
+            assert check.complete
+            return rx._limit, rounds, stalled, rx.stats_dict()
+
+    limit, rounds, stalled, st = run(loop_kind, main)
+    assert stalled == "backpressure" and sum(n for _, n in rounds) > limit
+    assert all(before <= limit for before, _ in rounds), (limit, rounds)
+    assert st["in_flight"] == 0 and st["delivered"] == st["released"]
+
+
+async def _drain_batches(rx: aio.AsyncReceiver, check: StreamCheck) -> None:
+    while (b := await rx.recv_batch()) is not None:
+        for v in b.views():
+            check.add(v)
+        b.release()
+
+
+@both_passes
 def test_batches_and_chunks_released_together_go_back_once(loop_kind, no_leaks):
     """Rounds alternate between recv() (chunks) and recv_batch() (one Batch, from the compiled
     round when built); each round is released with the one after it, so the releases a round

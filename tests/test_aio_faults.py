@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
+import struct
 
 import pytest
 
@@ -76,6 +78,82 @@ def test_transport_socket_is_refused_with_the_adopt_hint(loop_kind, no_leaks):
             await asyncio.sleep(0.01)
 
     assert "adopt" in run(loop_kind, main)
+
+
+OPENERS = {
+    "open_receiver": lambda s: aio.open_receiver(s, area_size=256 << 10, buf_size=4096),
+    "open_receiver own ring": lambda s: aio.open_receiver(s, shared_ring=False,
+                                                          area_size=256 << 10, buf_size=4096),
+    "open_sender": lambda s: aio.open_sender(s, "copy"),
+    "start_protocol": lambda s: aio.start_protocol(s, aio.ZcProtocol(), area_size=256 << 10,
+                                                   buf_size=4096),
+}
+
+
+@pytest.mark.parametrize("handed", ["create_connection", "connect_accepted_socket"])
+@pytest.mark.parametrize("opener", list(OPENERS))
+def test_the_socket_object_a_transport_reads_is_refused(loop_kind, handed, opener, no_leaks):
+    """The socket itself (not the transport's wrapper), still held after it was handed to a
+    transport: refused with the adopt hint, and the transport keeps reading it (before, zcnet
+    opened on it and each byte went to whichever read first)."""
+    async def main() -> tuple[str, bytes]:
+        loop = asyncio.get_running_loop()
+        c, s = await tcp_pair()
+        got: list[bytes] = []
+
+        class Keep(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                got.append(data)
+
+        hand = getattr(loop, handed)
+        tr, _ = await (hand(Keep, sock=s) if handed == "create_connection" else hand(Keep, s))
+        try:
+            with pytest.raises(UsageError) as ei:
+                OPENERS[opener](s)
+            c.send(b"still the transport's")
+            for _ in range(100):
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+            return str(ei.value), b"".join(got)
+        finally:
+            tr.close()
+            c.close()
+            await asyncio.sleep(0.01)
+
+    msg, got = run(loop_kind, main)
+    assert "belongs to an asyncio transport" in msg and "adopt_transport" in msg, msg
+    assert got == b"still the transport's"
+
+
+@pytest.mark.parametrize("opener", list(OPENERS))
+def test_a_socket_the_peer_reset_raises_its_reset(loop_kind, opener, no_leaks):
+    """A connection the peer reset before the open: ConnectionResetError (errno ECONNRESET,
+    what the first receive would raise), not a UsageError about an unconnected socket; an
+    open after that on the same socket says the connection is gone (ENOTCONN)."""
+    async def main() -> tuple[OSError, OSError]:
+        c, s = await tcp_pair()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()  # RST
+        try:
+            for _ in range(100):  # until the reset has arrived
+                if s.getsockopt(socket.SOL_TCP, socket.TCP_INFO, 1)[0] == 7:  # TCP_CLOSE
+                    break
+                await asyncio.sleep(0.01)
+            errs = []
+            for _ in range(2):
+                with pytest.raises(OSError) as ei:
+                    OPENERS[opener](s)
+                errs.append(ei.value)
+            return errs[0], errs[1]
+        finally:
+            s.close()
+
+    first, again = run(loop_kind, main)
+    assert not isinstance(first, ZcnetError) and first.errno == errno.ECONNRESET, first
+    assert opener.split()[0] in str(first)
+    assert not isinstance(again, ZcnetError) and again.errno == errno.ENOTCONN, again
+    assert "connection is gone" in str(again)
 
 
 def test_open_without_a_running_loop_is_a_clear_error(loop_kind, tcp_pair, no_leaks):

@@ -124,10 +124,10 @@ def test_a_round_refuses_a_batch_class_without_the_slots_it_writes() -> None:
     p = _run("from collections import deque\nfrom zcnet.aio import _loopaccel\n"
              "from zcnet.rx.zc.chunks import Batch, Chunk\n"
              "class B:\n"
-             "    __slots__ = ('_rx', 'length', '_tok', 'stream_offset', 'offsets', 'lengths',"
-             " '_linear')\n"
+             "    __slots__ = ('_rx', '_length', '_tok', '_stream_offset', '_offsets', "
+             "'_lengths', '_linear')\n"
              "class NoLinear(Chunk):\n"
-             "    __slots__ = ('offsets', 'lengths')\n"
+             "    __slots__ = ('_offsets', '_lengths')\n"
              "for cls in (B, NoLinear, Batch):\n"
              "    try:\n"
              "        _loopaccel.Round(None, 0, 0, 0, Chunk, deque(), 0, 0, 2, 16, cls)\n"
@@ -195,7 +195,7 @@ async def main():
         if {finalizer!r} == "release":
             b1 = await batch(rx, c, 3 * 4096)
             b2 = await batch(rx, c, 3 * 4096)
-            b1.offsets = Flusher()
+            b1._offsets = Flusher()
             b1.release(); b2.release()
             del b1, b2
             got = rx._take_batch()
@@ -205,7 +205,7 @@ async def main():
             c.setblocking(True); c.sendall(b"y" * 2 * 4096); c.setblocking(False)
             while not rx._member.inbox:
                 await asyncio.sleep(0.01)
-            b1.offsets = HeldFlusher()
+            b1._offsets = HeldFlusher()
             b1.release()
             del b1
             got = rx._take_batch()  # its flush drops b1: the finalizer moves the ring

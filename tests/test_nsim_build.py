@@ -186,6 +186,7 @@ def test_run_kernel_nsim_without_a_build_names_the_fix(cache, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a cold build takes 5-16 min on 2 shared vCPUs (the default is 300 s)
 def test_build_kernel_cli_builds_once_then_reports_cached():
     """The real recipe against Debian's newest linux-source >= 7.2 (minutes when cold)."""
     if kbuild.missing_tools():

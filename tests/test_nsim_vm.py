@@ -1,37 +1,43 @@
-"""For real on netdevsim: labs, NIC setup, zcrx on an RX queue, devmem. These run inside a VM
-booted with zcnet's netdevsim test kernel (``zcnet vm build-kernel``); on the host they report
-the inner outcome. netdevsim forwards the sender's pages, so every receive here is the kernel's
-copy into the registered memory: registration and protocol are real, the DMA is not."""
+"""For real on netdevsim: labs, NIC setup and steering, zcrx and devmem on an RX queue (devmem
+TX: tests/test_tx_devmem_vm.py). These run inside a VM booted with zcnet's netdevsim test kernel
+(``zcnet vm build-kernel``); on the host they report the inner outcome. That netdevsim is a
+header-split NIC whose DMA is simulated: it writes the payload into the queue's provider memory
+through the DMA address, a CPU copy standing in for the DMA engine. So the kernel's zero-copy
+paths run for real (its own copy counters say 0); a NIC's DMA and its speed are not shown."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
+from zc_helpers import PAT, Sender, check_to_eof
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
 from zcnet.netns import in_netns
-from zcnet.nic import ethtool, info, netdev, setup
+from zcnet.nic import ethtool, info, netdev, ntuple, setup
 from zcnet.nic.device import Device
 from zcnet.rx.zc import open_receiver
-from zcnet.rx.zc.area import udmabuf_create
+from zcnet.rx.zc.area import HUGE_2MB, udmabuf_create
+from zcnet.rx.zc.devnote import NETDEVSIM_DMA_NOTE
 
 pytestmark = [pytest.mark.vm(kernel="nsim"), pytest.mark.root]
 
 QUEUES = 4
 QUEUE = 2
-PAYLOAD = 4 << 20
+PORT = 9999          # the port nic setup steers to QUEUE (the lab's namespaces are private)
+OTHER_PORTS = (5001, 5002, 5003, 5004)
+BACKGROUND = 4096    # bytes a queue may see besides a test's flows (neighbour discovery, ...)
 
 
 def _ours() -> list[int]:
@@ -51,58 +57,50 @@ def _zcnet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 
 def _state(dev: Device) -> dict[str, object]:
-    """What setup may change: rings (HDS), channels, active features."""
+    """What setup may change: rings (HDS), channels, active features, rules and RSS."""
     rings = ethtool.rings_get(dev)
     feats = ethtool.features_get(dev)
     return {"tcp-data-split": rings.get("tcp-data-split"), "hds-thresh": rings.get("hds-thresh"),
             "channels": ethtool.channels_get(dev).get("combined-count"),
-            "features": sorted(feats["active"].value)}
+            "features": sorted(feats["active"].value), "rules": ntuple.rule_count(dev),
+            "rss": ethtool.rss_get(dev).get("indir"), "contexts": ethtool.rss_contexts(dev)}
 
 
-class _Sender:
-    """Sends PAYLOAD from lab side a to a listener on side b once connected."""
-
-    def __init__(self, lab: Lab, payload: bytes) -> None:
-        with in_netns(lab.ns_b):
-            self.listener = socket.create_server((lab.addr_b, 0))
-        self.port = self.listener.getsockname()[1]
-        self.lab, self.payload = lab, payload
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._send)
-
-    def _send(self) -> None:
-        try:
-            with in_netns(self.lab.ns_a):
-                client = socket.create_connection((self.lab.addr_b, self.port), timeout=120)
-            with client:
-                client.sendall(self.payload)
-        except OSError as exc:
-            self.error = exc
-
-    def accept(self) -> socket.socket:
-        self.thread.start()
-        conn, _ = self.listener.accept()
-        self.listener.close()
-        return conn
-
-    def join(self) -> None:
-        self.thread.join(120)
-        assert self.error is None, self.error
+def _pair(lab: Lab, port: int = 0, v6: bool = False) -> tuple[socket.socket, socket.socket]:
+    """(client in side a, server in side b), connected to ``port`` of side b."""
+    addr = lab.addr6_b if v6 else lab.addr_b
+    assert addr, "the lab has no IPv6"
+    family = socket.AF_INET6 if v6 else socket.AF_INET
+    with in_netns(lab.ns_b):
+        listener = socket.create_server((addr, port), family=family)
+    with listener:
+        with in_netns(lab.ns_a):
+            client = socket.create_connection((addr, listener.getsockname()[1]), timeout=120)
+        server, _ = listener.accept()
+    return client, server
 
 
-def _receive_all(rx, size: int) -> bytes:
+def _stream(lab: Lab, total: int, port: int = 0, v6: bool = False) -> None:
+    """``total`` pattern bytes from side a to a plain receiver on side b, checked."""
+    client, server = _pair(lab, port, v6)
+    sender = Sender(client, total)
+    sender.start()
     got = bytearray()
-    deadline = time.monotonic() + 120
-    while len(got) < size and time.monotonic() < deadline:
-        batch = rx.recv_batch(timeout=5)
-        if batch is None:
-            if rx.eof:
-                break
-            continue
-        for view in batch.views():
-            got += view
-        rx.release(batch)
-    return bytes(got)
+    with server:
+        while chunk := server.recv(1 << 16):
+            got += chunk
+    sender.join(120)
+    assert sender.error is None and PAT.matches(0, got) and len(got) == total
+
+
+def _rx_bytes(dev: Device) -> dict[int, int]:
+    """Bytes each RX queue delivered (netdev qstats, counted per queue by the patched driver)."""
+    return {r["queue-id"]: r.get("rx-bytes", 0) for r in netdev.qstats(dev)
+            if r.get("queue-type") == "rx"}
+
+
+def _delta(dev: Device, before: dict[int, int]) -> dict[int, int]:
+    return {q: n - before.get(q, 0) for q, n in _rx_bytes(dev).items()}
 
 
 # --- the lab ---------------------------------------------------------------------------------
@@ -112,15 +110,9 @@ def test_netdevsim_lab_carries_tcp_on_its_queues(lab):
     with Device.open(lab.if_b, lab.ns_b) as dev:
         assert dev.driver == "netdevsim"
         assert ethtool.channels_get(dev)["combined-count"] == QUEUES
-    payload = os.urandom(1 << 20)
-    sender = _Sender(lab, payload)
-    conn = sender.accept()
-    with conn:
-        got = bytearray()
-        while chunk := conn.recv(65536):
-            got += chunk
-    sender.join()
-    assert bytes(got) == payload
+        before = _rx_bytes(dev)
+        _stream(lab, 1 << 20)
+        assert sum(_delta(dev, before).values()) >= 1 << 20  # counted on the queues
     assert len(_ours()) == 2
 
 
@@ -166,20 +158,51 @@ def state_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_setup_turns_hds_on_and_restore_turns_it_back(lab, state_dir):
+REAL_NIC_PLAN = [f"channels {QUEUE + 1}", "tcp-data-split on", "hds-thresh 0",
+                 "rx-ntuple-filter on", f"RSS off queue {QUEUE}",
+                 f"tcp4 dst-port {PORT} -> queue {QUEUE}", f"tcp6 dst-port {PORT} -> queue {QUEUE}"]
+
+
+def test_setup_applies_the_real_nic_plan_and_restore_puts_it_back(lab, state_dir):
     with Device.open(lab.if_b, lab.ns_b) as dev:
         ethtool.rings_set(dev, **{"tcp-data-split": "off"})
         ethtool.channels_set(dev, combined_count=1)
         before = _state(dev)
-        assert before["tcp-data-split"] == "off"
-        cfg = setup.NicConfig(lab.if_b, QUEUE, 9999, netns=lab.ns_b)
-        titles = [s.title for s in setup.apply(cfg, device=dev)]
-        # netdevsim has no ntuple and no RSS: setup leaves those steps out (steered by the peer)
-        assert titles == [f"channels {QUEUE + 1}", "tcp-data-split on", "hds-thresh 0"]
+        assert before["tcp-data-split"] == "off" and before["rules"] == 0
+        cfg = setup.NicConfig(lab.if_b, QUEUE, PORT, netns=lab.ns_b)
+        # netdevsim (zcnet's kernel) has ntuple and RSS: the steps a real NIC gets, all of them
+        assert [s.title for s in setup.apply(cfg, device=dev)] == REAL_NIC_PLAN
         after = _state(dev)
         assert after["tcp-data-split"] == "on" and after["hds-thresh"] == 0
-        assert after["channels"] == QUEUE + 1
+        assert after["channels"] == QUEUE + 1 and "rx-ntuple-filter" in after["features"]
+        assert after["rules"] == 2 and QUEUE not in after["rss"]
         setup.restore(lab.if_b, lab.ns_b, device=dev)
+        assert _state(dev) == before
+
+
+@pytest.mark.parametrize("rss_context", [False, True], ids=["rss", "rss-context"])
+def test_setup_steers_the_port_to_the_queue_and_restore_undoes_it(lab, state_dir, rss_context):
+    """Traffic to the port lands on the chosen queue only (the driver's per-queue counters);
+    with RSS moved off that queue, other flows land elsewhere; restore puts it all back."""
+    with Device.open(lab.if_b, lab.ns_b) as dev:
+        before = _state(dev)
+        cfg = setup.NicConfig(lab.if_b, QUEUE, PORT, netns=lab.ns_b, rss_context=rss_context)
+        with setup.applied(cfg):
+            if rss_context:
+                assert [c["indir"] for c in ethtool.rss_contexts(dev)] == [[QUEUE] * 128]
+            start = _rx_bytes(dev)
+            _stream(lab, 1 << 20, PORT)
+            _stream(lab, 1 << 20, PORT, v6=True)
+            to_port = _delta(dev, start)
+            assert to_port[QUEUE] >= 2 << 20, to_port
+            assert all(n < BACKGROUND for q, n in to_port.items() if q != QUEUE), to_port
+            if not rss_context:  # the default context no longer spreads onto QUEUE
+                start = _rx_bytes(dev)
+                for port in OTHER_PORTS:
+                    _stream(lab, 256 << 10, port)
+                elsewhere = _delta(dev, start)
+                assert elsewhere[QUEUE] < BACKGROUND, elsewhere
+                assert sum(elsewhere.values()) >= len(OTHER_PORTS) * (256 << 10)
         assert _state(dev) == before
 
 
@@ -189,7 +212,7 @@ def test_cli_setup_restore_doctor_passes_in_between(lab, state_dir):
         ethtool.rings_set(dev, **{"tcp-data-split": "off"})
     doc = _zcnet("nic", "doctor", *args, "--queue", str(QUEUE), "--json")
     assert doc.returncode == 1  # HDS is off yet
-    st = _zcnet("nic", "setup", *args, "--queue", str(QUEUE), "--port", "9999")
+    st = _zcnet("nic", "setup", *args, "--queue", str(QUEUE), "--port", str(PORT))
     assert st.returncode == 0, st.stderr
     try:
         doc = _zcnet("nic", "doctor", *args, "--queue", str(QUEUE), "--json")
@@ -209,9 +232,9 @@ def test_interrupt_at_each_step_leaves_the_device_identical(lab, state_dir, how)
     with Device.open(lab.if_b, lab.ns_b) as dev:
         ethtool.channels_set(dev, combined_count=1)
         before = _state(dev)
-        cfg = setup.NicConfig(lab.if_b, QUEUE, 9999, netns=lab.ns_b)
+        cfg = setup.NicConfig(lab.if_b, QUEUE, PORT, netns=lab.ns_b)
         count = len(setup.plan(dev, cfg))
-        assert count == 3
+        assert count == len(REAL_NIC_PLAN)
         for at in range(count):
             def hook(i, step, at=at):
                 if i == at:
@@ -244,64 +267,118 @@ def test_page_pools_stats_and_queue_map(lab):
 
 @pytest.fixture
 def ready(lab, state_dir) -> Iterator[Lab]:
-    """HDS on, hds-thresh 0, and side a transmitting on QUEUE (so b receives there)."""
-    cfg = setup.NicConfig(lab.if_b, QUEUE, 9999, netns=lab.ns_b)
-    with setup.applied(cfg):
-        netdevsim.steer_tx(lab.ns_a, lab.if_a, QUEUE)
+    """`nic setup` for QUEUE and PORT on side b: HDS on, hds-thresh 0, ntuple rules steering
+    PORT to QUEUE and RSS moved off it."""
+    with setup.applied(setup.NicConfig(lab.if_b, QUEUE, PORT, netns=lab.ns_b)):
         yield lab
 
 
-def test_zcrx_on_an_rx_queue_receives_verified_data(ready):
-    lab = ready
-    payload = os.urandom(PAYLOAD)
-    sender = _Sender(lab, payload)
-    conn = sender.accept()
+def _receive(lab: Lab, total: int, provider: str, port: int = PORT,
+             **kw: object) -> tuple[dict[str, object], int]:
+    """Register ``provider`` on QUEUE of side b before any data is sent, then receive ``total``
+    pattern bytes to EOF, checking each chunk where it lies in the registered memory;
+    (stats, bytes checked). While registered, the kernel shows the binding on the queue."""
+    client, server = _pair(lab, port)
+    sender = Sender(client, total)  # closes the client when done
     with ExitStack() as stack:
-        stack.enter_context(conn)
-        # A quarter of the payload: netdevsim's page pool never reads the refill ring, so the
-        # kernel's copies run the area dry unless zcnet flushes the ring back to the free list.
+        stack.enter_context(server)
+        stack.callback(client.close)
         with in_netns(lab.ns_b):
-            rx = open_receiver(conn, "zcrx", ifname=lab.if_b, queue=QUEUE,
-                               area_size=PAYLOAD // 4)
-        stack.enter_context(rx)
-        assert "netdevsim forwards the sender's pages" in rx.why
-        assert rx.stats_dict()["why"] == rx.why
+            rx = stack.enter_context(open_receiver(server, provider, ifname=lab.if_b,
+                                                   queue=QUEUE, **kw))
+        assert NETDEVSIM_DMA_NOTE in rx.why and rx.stats_dict()["why"] == rx.why
         with Device.open(lab.if_b, lab.ns_b) as dev:
-            assert "io-uring" in netdev.queue_get(dev, QUEUE)
-        got = _receive_all(rx, PAYLOAD)
+            bound = netdev.queue_get(dev, QUEUE)
+        if provider == "zcrx":
+            assert bound["io-uring"] == {"rx-buf-len": rx.provider.buf_len}
+        else:
+            assert bound["dmabuf"] == rx.provider._binding.id
+        sender.start()
+        got = check_to_eof(rx)
+        sender.join(300)
         stats = rx.stats_dict()
-        sender.join()
-    assert len(got) == PAYLOAD, stats
-    assert got == payload
-    assert stats["rearms"] >= 1, stats  # the area ran dry and was refilled
-    with Device.open(lab.if_b, lab.ns_b) as dev:
-        assert "io-uring" not in netdev.queue_get(dev, QUEUE)
+    assert sender.error is None, sender.error
+    with Device.open(lab.if_b, lab.ns_b) as dev:  # unbound with the receiver
+        assert not {"io-uring", "dmabuf"} & set(netdev.queue_get(dev, QUEUE))
+    return stats, got
 
 
-def test_devmem_bind_rx_receive_and_unbind_on_close(ready):
-    lab = ready
-    payload = os.urandom(1 << 20)
-    sender = _Sender(lab, payload)
-    conn = sender.accept()
+def test_zcrx_on_an_rx_queue_receives_with_no_kernel_copy(ready):
+    """64 MiB through an area of 16: every byte DMA'd (by the scaffolding) into buffers the
+    queue's page pool took from zcrx, none copied by the kernel (its own counter), and the
+    buffers came back through the refill ring, read by the pool: no flush."""
+    total, area = 64 << 20, 16 << 20
+    with Device.open(ready.if_b, ready.ns_b) as dev:
+        before = _rx_bytes(dev)
+        stats, got = _receive(ready, total, "zcrx", area_size=area)
+        landed = _delta(dev, before)
+    assert got == total, stats
+    assert stats["kernel_copied_bytes"] == 0 and stats["zero_copy_share"] == 1.0, stats
+    assert stats["kernel_copied_source"] == "zcrx_stats.copy_bytes"
+    assert stats["zcrx_flushes"] == 0 and stats["exhausted"] == 0, stats
+    assert landed[QUEUE] >= total and sum(landed.values()) - landed[QUEUE] < BACKGROUND
+    # Every 4 KiB buffer went back through the refill ring, 4x the area's worth, and only the
+    # pool read the ring (no flush): it took all but what it had no use for yet.
+    buffers = total // stats["rx_buf_len"]
+    assert stats["refill_produced"] >= buffers, stats
+    assert stats["refill_consumed"] >= stats["refill_produced"] - area // stats["rx_buf_len"]
+
+
+@pytest.fixture
+def huge_pages() -> Iterator[None]:
+    """Eight 2 MiB pages for a hugetlb area (the guest's memory; put back afterwards)."""
+    knob = Path("/proc/sys/vm/nr_hugepages")
+    prior = knob.read_text()
+    knob.write_text("8")
+    try:
+        if int(knob.read_text()) < 8:
+            pytest.skip("the guest could not reserve eight 2 MiB pages")
+        yield
+    finally:
+        knob.write_text(prior)
+
+
+def test_zcrx_rx_buf_len_above_a_page(ready, huge_pages):
+    """A 16 KiB rx_buf_len: the queue's page pool is restarted with 16 KiB buffers (netdevsim's
+    queue config op), the kernel reports that size, and nothing is copied."""
+    stats, got = _receive(ready, 8 << 20, "zcrx", area_size=8 * HUGE_2MB, hugetlb=True,
+                          rx_buf_len=16384)
+    assert got == 8 << 20 and stats["rx_buf_len"] == 16384, stats
+    assert stats["kernel_copied_bytes"] == 0, stats
+
+
+def test_devmem_receives_every_payload_byte_in_dmabuf_frags(ready):
+    """Every payload byte arrives as a dma-buf fragment (no SCM_DEVMEM_LINEAR byte), read
+    back from the udmabuf; the binding goes with the receiver."""
     fd = udmabuf_create(8 << 20)
+    try:
+        stats, got = _receive(ready, 4 << 20, "devmem", dmabuf_fd=fd, area_size=8 << 20)
+        with Device.open(ready.if_b, ready.ns_b) as dev:
+            assert "dmabuf" not in netdev.queue_get(dev, QUEUE)
+    finally:
+        os.close(fd)
+    assert got == 4 << 20 and stats["linear"] == 0, stats
+    assert stats["kernel_copied_bytes"] == 0 and stats["zero_copy_share"] == 1.0, stats
+
+
+@pytest.mark.parametrize("provider", ["zcrx", "devmem"])
+def test_a_flow_on_a_queue_without_the_provider_is_copied_and_counted(ready, provider, caplog):
+    """The provider holds QUEUE but the flow lands on another queue (no rule for its port, RSS
+    spreads it elsewhere), whose pool has no provider: the kernel copies (zcrx's copy
+    fallback, devmem's SCM_DEVMEM_LINEAR), and the receiver counts every byte as copied."""
+    kw: dict[str, object] = {"area_size": 4 << 20}
     with ExitStack() as stack:
-        stack.callback(os.close, fd)
-        stack.enter_context(conn)
-        with in_netns(lab.ns_b):
-            rx = open_receiver(conn, "devmem", dmabuf_fd=fd, ifname=lab.if_b, queue=QUEUE,
-                               area_size=8 << 20)
-        stack.enter_context(rx)
-        with Device.open(lab.if_b, lab.ns_b) as dev:
-            assert "dmabuf" in netdev.queue_get(dev, QUEUE)
-        got = _receive_all(rx, len(payload))
-        sender.join()
-        stats = rx.stats_dict()
-    assert got == payload
-    # What netdevsim delivers: the sender's pages, never dma-buf frags, so all of it arrives
-    # as ordinary (readable) data; the receiver counts it as the linear fallback.
-    assert stats["linear"] == len(payload), stats
-    with Device.open(lab.if_b, lab.ns_b) as dev:
-        assert "dmabuf" not in netdev.queue_get(dev, QUEUE)
+        if provider == "devmem":
+            fd = udmabuf_create(4 << 20)
+            stack.callback(os.close, fd)
+            kw["dmabuf_fd"] = fd
+        caplog.set_level(logging.WARNING, logger="zcnet.rx.zc.devmem")
+        stats, got = _receive(ready, 1 << 20, provider, port=OTHER_PORTS[0], **kw)
+    assert got == 1 << 20
+    assert stats["kernel_copied_bytes"] == 1 << 20 and stats["zero_copy_share"] == 0.0, stats
+    if provider == "devmem":  # said once, in one line
+        warned = [r.getMessage() for r in caplog.records if "SCM_DEVMEM_LINEAR" in r.getMessage()]
+        assert len(warned) == 1 and "\n" not in warned[0]
 
 
 def test_bind_rx_on_a_wrong_queue_fails_with_the_kernels_answer(ready):
@@ -337,8 +414,11 @@ def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
     for engine in ("zcrx", "devmem"):
         cell = cells[engine]
         assert cell["status"] == "ok", cell.get("reason")
-        assert "netdevsim forwards the sender's pages" in cell["note"]
+        assert cell["note"] == NETDEVSIM_DMA_NOTE
         assert cell["verify"]["mismatches"] == 0 and cell["verify"]["checked_bytes"] > 0
+        # The kernel's copies travel with the cell: none (registered before the flow began).
+        st = cell["engine_stats"]
+        assert st["kernel_copied_bytes"] == 0 and st["zero_copy_share"] == 1.0, st
     zcrx = cells["zcrx"]
     assert zcrx["zcrx_mode"] == "device" and zcrx["engine_stats"]["zcrx_copy"] == 0
     assert _ours() == []
@@ -346,7 +426,8 @@ def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
 
 def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
     """The real-NIC form of `zcnet reproduce mlx5-zcrx`: side b receives on its netdevsim port
-    (HDS on, flow on QUEUE), side a runs the sending `zcnet server`; no substitutions."""
+    (`nic setup`: HDS on, the data port's flow rule to QUEUE, RSS off it), side a runs the
+    sending `zcnet server`; no substitutions, and the kernel copies nothing."""
     from zcnet.bench.remote import NetnsServer
     from zcnet.netns import netns_popen
 
@@ -359,6 +440,7 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
         proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", "mlx5-zcrx",
                                       "--ifname", lab.if_b, "--remote", str(server.address),
                                       "--token-file", str(token), "--queue", str(QUEUE),
+                                      "--data-port", str(PORT),
                                       "--duration", "0.5", "--repeat", "1", "--out", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, stderr = proc.communicate(timeout=1200)
@@ -374,5 +456,7 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
         if c.get("mtu", 1500) != 1500 and "peer" not in c:
             assert c["status"] != "ok" and f"needs {c['mtu']}" in c["reason"], c
     zcrx = [c for c in here if c["engine"] == "zcrx"]
-    assert all(c["zcrx_mode"] == "device" and "netdevsim forwards the sender's pages" in c["note"]
+    assert all(c["zcrx_mode"] == "device" and c["note"] == NETDEVSIM_DMA_NOTE
                for c in zcrx), zcrx
+    assert all(c["engine_stats"]["kernel_copied_bytes"] == 0 for c in zcrx), zcrx
+

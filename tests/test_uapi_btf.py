@@ -1,4 +1,5 @@
-"""Every io_uring struct and enum value in zcnet.uapi matches the running kernel's BTF.
+"""Every io_uring struct and enum value, and every netdev.h constant, in zcnet.uapi matches the
+running kernel's BTF.
 
 Layout first seen in the 7.x headers (``uapi.NEWER_FIELDS``/``NEWER_ENUMS``) is skipped, with
 the reason, on a kernel that lacks it (the host's 6.18); the ``vm`` variants run inside a 7.x
@@ -8,11 +9,13 @@ kernel (``zcnet vm run``) and require all of it.
 from __future__ import annotations
 
 import ctypes
+import platform
 
 import pytest
 
 from btf import Btf
 from zcnet.uapi import io_uring as uapi
+from zcnet.uapi import netdev as nd
 
 PREFIXES = ("IORING_", "IOU_", "IO_URING_", "ZCRX_")
 ALIASES = {"io_uring_sqe": uapi.SQE_ALIASES, "zcrx_ctrl": uapi.ZCRX_CTRL_ALIASES}
@@ -98,3 +101,35 @@ def test_7x_layout_and_enums_match_btf(btf: Btf) -> None:
     assert all(k in btf.enums for k in uapi.NEWER_ENUMS)
     wrong = {k: (ours[k], btf.enums[k]) for k in ours if k in btf.enums and ours[k] != btf.enums[k]}
     assert not wrong
+
+
+# --- linux/netdev.h -----------------------------------------------------------------------------
+
+def netdev_enums() -> dict[str, int]:
+    return {k: v for k, v in vars(nd).items() if k.startswith("NETDEV_") and isinstance(v, int)}
+
+
+def kernel_version() -> tuple[int, int]:
+    major, minor = platform.release().split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_netdev_values_match_btf(btf: Btf) -> None:
+    """Every netdev.h constant of ours that this kernel's BTF holds has its value; the ones
+    first in newer headers (``nd.SINCE``) are checked where the kernel is that new."""
+    ours = netdev_enums()
+    checked = [k for k in ours if k in btf.enums]
+    assert len(checked) >= 60, "too few netdev constants found in BTF to trust this check"
+    assert not {k: (ours[k], btf.enums[k]) for k in checked if ours[k] != btf.enums[k]}
+    newer = [k for k, since in nd.SINCE.items() if kernel_version() < since]
+    if newer:
+        pytest.skip(f"this kernel is older than the headers of {', '.join(newer)}")
+
+
+@pytest.mark.vm
+def test_7x_netdev_names_are_in_btf(btf: Btf) -> None:
+    """Inside a 7.x kernel: the names first in 7.x headers exist, with our values."""
+    want = {k: getattr(nd, k) for k, since in nd.SINCE.items() if kernel_version() >= since}
+    if not want:
+        pytest.skip("this kernel is older than the 7.x netdev headers; run under `zcnet vm run`")
+    assert {k: btf.enums.get(k) for k in want} == want

@@ -88,6 +88,23 @@ def test_cq_addresses_read_what_the_ring_reads(no_leaks, flags: int) -> None:
         assert r.cq_ready() == 0 and r.reap_one() is None
 
 
+def test_reap_takes_its_limit_positionally(no_leaks) -> None:
+    """reap(n) as the compiled Core takes it (one positional int, no keyword): at most n
+    CQEs, oldest first, the rest left ready; 0 and a negative limit take none; None and a
+    limit beyond what is ready take the rest. The same on both paths."""
+    with Ring(16) as r:
+        for ud in range(10, 16):
+            prep_nop(r, ud)
+        assert r.submit(6) == 6 and r.cq_ready() == 6
+        assert r.reap(2).user_data.tolist() == [10, 11] and r.cq_ready() == 4
+        assert len(r.reap(0)) == 0 and len(r.reap(-3)) == 0 and r.cq_ready() == 4
+        assert r.reap(1).user_data.tolist() == [12]
+        assert r.reap(None).user_data.tolist() == [13, 14, 15] and r.cq_ready() == 0
+        prep_nop(r, 16)
+        r.submit(1)
+        assert r.reap(100).user_data.tolist() == [16]
+
+
 def test_slow_path_reaches_the_ring_and_names_one_that_is_gone(no_leaks) -> None:
     """A method off its common path (here reap with a keyword) runs the Ring's Python method,
     found through the compiled Core's weak reference to the Ring (on the pure path it is that

@@ -387,3 +387,67 @@ def test_signal_leaves_nothing_behind(kernel: Kernel, sig: signal.Signals) -> No
     proc.send_signal(sig)
     rc, _, _ = _finish(proc, timeout=60)
     assert rc == 128 + sig
+
+
+STREAM = ("import socket, threading\n"
+          "ls = socket.create_server(('127.0.0.1', 0)); port = ls.getsockname()[1]\n"
+          "def sink():\n"
+          "    c, _ = ls.accept()\n"
+          "    while c.recv(1 << 20): pass\n"
+          "threading.Thread(target=sink, daemon=True).start()\n"
+          "s = socket.create_connection(('127.0.0.1', port)); block = bytes(1 << 20)\n"
+          "print('streaming', flush=True)\n"
+          "while True: s.sendall(block)\n")
+
+
+def _streaming_guest() -> subprocess.Popen[str]:
+    proc = _zcnet("vm", "run", "--", sys.executable, "-c", STREAM)
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    if first != "streaming":
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"the guest printed {first!r}, exit status {proc.returncode}: {err[-3000:]}")
+    return proc
+
+
+def _qemu_pids(runner_pid: int) -> list[int]:
+    return [int(p.split()[-1]) for p in _leftovers(runner_pid) if p.startswith("qemu pid")]
+
+
+def test_sweep_removes_only_the_temp_dirs_of_runs_that_are_gone(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f"{runner.TMP_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{runner.TMP_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{runner.TMP_PREFIX}output"  # not a run's: no pid in the name
+    for d in (dead, live, other):
+        d.mkdir()
+    (dead / "initramfs.cpio").write_bytes(b"x")
+    assert runner.sweep_dead_runs(tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir() and other.is_dir()
+
+
+@pytest.mark.slow
+def test_a_guest_killed_mid_stream_leaves_nothing_and_the_next_run_works(kernel: Kernel) -> None:
+    """QEMU killed while the guest streams: the run ends saying so (125), nothing is left.
+    Then the run itself SIGKILLed mid-stream (no cleanup runs): its QEMU dies with it, and the
+    next VM's start removes what the dead run left in $TMPDIR."""
+    proc = _streaming_guest()
+    (qemu,) = _qemu_pids(proc.pid)
+    os.kill(qemu, signal.SIGKILL)
+    rc, _, err = _finish(proc, timeout=60)
+    assert rc == 125 and "without the command's exit status" in err
+    # The next run works (and streams): this time the runner itself dies.
+    proc = _streaming_guest()
+    (qemu,) = _qemu_pids(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{qemu}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{qemu}").exists(), "QEMU outlived its killed runner"
+    left = _leftovers(proc.pid)
+    assert left and all("qemu" not in p for p in left)  # only the dead run's temp dir
+    assert set(map(str, runner.sweep_dead_runs())) >= set(left)
+    assert _leftovers(proc.pid) == []

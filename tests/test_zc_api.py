@@ -16,7 +16,7 @@ from zcnet.errors import ClosedError
 from zcnet.rx.zc import netqueue, open_receiver, zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import Delivery
+from zcnet.rx.zc.provider import CopyCount, Delivery
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -52,6 +52,9 @@ class ScriptedProvider:
 
     def extra_stats(self) -> dict[str, int]:
         return {}
+
+    def kernel_copy(self) -> CopyCount:
+        return CopyCount(None, "scripted: no kernel")
 
     def close(self) -> None:
         pass
@@ -419,7 +422,7 @@ def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypa
         asked.append(ifname)
         return "the device copies" if ifname == "lo" else None
 
-    monkeypatch.setattr(opener, "copy_note", note)
+    monkeypatch.setattr(opener, "device_note", note)
     k = FakeKernel()
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
@@ -442,7 +445,7 @@ def test_open_receiver_zcrx_passes_memory_queue_and_buffer_options(tcp_pair, mon
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
     monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)  # lo's queue 3 (FakeGenl)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
-    monkeypatch.setattr(opener, "copy_note", lambda ifname: f"note for {ifname}")
+    monkeypatch.setattr(opener, "device_note", lambda ifname: f"note for {ifname}")
     fd = os.memfd_create("stand-in-dmabuf", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, 1 << 20)

@@ -23,6 +23,7 @@ from zcnet.rx.zc.zcrx import RING_FLAGS, open_zcrx, parse_completions
 from zcnet.rx.zc.zcrx_reg import (
     Offers,
     Registration,
+    StatsLayout,
     explain,
     kernel_offers,
     memlock_error,
@@ -264,6 +265,9 @@ def fake(monkeypatch, no_leaks):
     k = FakeKernel()
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
+    # A 7.x kernel's zcrx_stats layout, unless the test takes the stats away (k.stats False).
+    monkeypatch.setattr(zcrx, "kernel_stats_layout",
+                        lambda: StatsLayout(16, 8) if k.stats else None)
     yield k
     k.stream = None  # the test's payload: freed before no_leaks counts anonymous memory
     assert not k.rejections, k.rejections
@@ -906,8 +910,10 @@ def test_open_zcrx_defaults_and_notes(fake, sock):
         assert prov.area.kind == "anon" and prov.rq.entries == 4096
         assert prov._reg.region_mem is not None  # the refill ring in our own memory
         assert prov.note == f"{zcrx.COPY_NOTE}, 4096 refill entries of {PAGE_SIZE} bytes"
-        assert prov.extra_stats() == {"refill_full": 0, "refill_held": 0, "rq_entries": 4096,
-                                      "rx_buf_len": PAGE_SIZE, "zcrx_copy": 1}
+        assert prov.extra_stats() == {"refill_full": 0, "refill_held": 0, "refill_produced": 0,
+                                      "refill_consumed": 0, "rq_entries": 4096,
+                                      "rx_buf_len": PAGE_SIZE, "zcrx_copy": 1,
+                                      "zcrx_flushes": 0, "zcrx_copy_count": 0}
     finally:
         prov.close()
         prov.close()  # twice is harmless
@@ -1069,10 +1075,11 @@ def test_a_one_byte_cqe_among_other_requests_is_data():
 
 def test_buffers_released_before_a_stop_come_back_on_a_device_whose_pool_never_reads(
         fake, sock):
-    """netdevsim's page pool never allocates (it forwards the sender's pages), so it never
-    reads the refill ring: buffers the application released before the receive stopped for
-    want of buffers (-ENOMEM) are flushed back when the stop is seen, and the stream goes on
-    although the application holds nothing it could still release."""
+    """A device that copies (upstream netdevsim forwards the sender's pages) has a page pool
+    that never allocates, so it never reads the refill ring: buffers the application released
+    before the receive stopped for want of buffers (-ENOMEM) are flushed back when the stop is
+    seen, and the stream goes on although the application holds nothing it could still
+    release."""
     fake.pool_reads_ring = False
     fake.stream = Stream(PAT.expected(0, 12 * 4096).tobytes(), segment=4096, end=0)
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8)
@@ -1090,6 +1097,49 @@ def test_a_device_reads_returned_buffers_from_the_ring_without_a_flush(fake, soc
         assert_stream(drain(rx), 64 * 4096)
         assert rx.stats.exhausted == 0 and prov.rq.produced == 64
         assert fake.ring.flushes == 0
+
+
+# --- the kernel's copy counters (zcrx_stats) ------------------------------------------------
+
+@pytest.mark.parametrize("how", ["copy mode", "device that copies", "device"])
+def test_copied_bytes_come_from_the_kernels_counter(fake, sock, how):
+    """The receiver reports what the kernel's zcrx_stats counted: every byte in copy mode and
+    on a device that copies, none on a device that DMAs (whose refill needs no flush)."""
+    total = 40 * 4096
+    fake.pool_reads_ring = how != "device that copies"
+    fake.stream = Stream(PAT.expected(0, total).tobytes(), segment=4096, end=0)
+    where = {"copy": True} if how == "copy mode" else {"ifname": "lo", "queue": 0}
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, rq_entries=8, **where)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        assert_stream(drain(rx), total)
+    st = rx.stats_dict()
+    copied = 0 if how == "device" else total
+    assert (st["kernel_copied_bytes"], st["kernel_copied_source"]) == (
+        copied, "zcrx_stats.copy_bytes")
+    assert st["zero_copy_share"] == (1.0 if how == "device" else 0.0)
+    assert st["zcrx_copy_count"] == copied // 4096
+    assert (st["zcrx_flushes"] == 0) == (how == "device")
+    # Read back after close: the last values the kernel wrote in the (now unmapped) region.
+    # Copy mode flushes after each write; a device reads the ring as it needs buffers, so the
+    # last ones may still wait there (at most the area's 8).
+    assert st["refill_produced"] == 40
+    assert st["refill_consumed"] == 40 if how == "copy mode" else st["refill_consumed"] >= 32
+    # The region holds the counter where the registration put it: past the ring's entries.
+    assert prov._reg.stats_offset >= fake.ring.RQES + 16 * 8
+
+
+def test_without_kernel_stats_the_copied_bytes_are_unknown_with_the_reason(fake, sock):
+    fake.stats = False
+    fake.stream = Stream(PAT.expected(0, 4 * 4096).tobytes(), segment=4096, end=0)
+    prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, copy=True, rq_entries=8)
+    with Receiver(sock, prov, max_held=1.0) as rx:
+        assert_stream(drain(rx), 4 * 4096)
+    st = rx.stats_dict()
+    assert prov._reg.ifq.event_desc == 0  # __resv[0] on such a kernel: left zero
+    assert st["kernel_copied_bytes"] is None and st["zero_copy_share"] is None
+    assert st["kernel_copied_source"] == (f"kernel {os.uname().release} lacks zcrx stats "
+                                          "(ZCRX_FEATURE_EVENT, needs >= 7.2)")
+    assert "zcrx_copy_count" not in st
 
 
 NO_NAPI = ("the socket has no NAPI id (loopback, or no packet received yet), so its NIC queue "

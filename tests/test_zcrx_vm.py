@@ -90,6 +90,10 @@ def test_256mib_verified_refill_ring_wraps(pair):
         rq = rx.provider.rq
         assert rq.produced == st.released and rq.produced >= 1000 * rq.entries
         assert rq.held == 0 and rq.kernel_head() == rq.tail  # the flush consumed everything
+        # Copy mode copies every byte, and the kernel's own counter (zcrx_stats) says so.
+        copied = rx.stats_dict()
+        assert (copied["kernel_copied_bytes"], copied["zero_copy_share"]) == (total, 0.0)
+        assert copied["kernel_copied_source"] == "zcrx_stats.copy_bytes"
     snd.join()
     assert snd.error is None
     assert not mapped(area_addr) and not mapped(region_addr)
@@ -226,7 +230,10 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
                                  duration=0.5, lab=True, verify=True))
     (cell,) = doc.results
     assert cell.status == "ok", cell.reason
-    assert cell.zcrx_mode == "copy" and (cell.engine_stats or {})["zcrx_copy"] == 1
+    stats = cell.engine_stats or {}
+    assert cell.zcrx_mode == "copy" and stats["zcrx_copy"] == 1
+    # Over the veth lab every byte is the kernel's copy, counted by the kernel, carried in the cell.
+    assert (stats["kernel_copied_bytes"], stats["zero_copy_share"]) == (cell.bytes, 0.0)
     assert cell.verify is not None and cell.verify.mismatches == 0
     assert cell.verify.checked_bytes > 0
     assert " copy" in cell_text(cell).plain

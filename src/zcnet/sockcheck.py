@@ -5,17 +5,22 @@ the kernel only at the first I/O (EBADF, or from io_uring a failed CQE long afte
 made the mistake); a UDP socket given to a TCP sender sends datagrams of the wrong sizes without a
 complaint; a listening socket given to a receiver waits forever for data that never comes. So
 the kind of socket, whether it is open and whether it is connected are asked of the kernel once,
-at open, and a mistake is named there with its fix.
+at open, and a mistake is named there with its fix. A connection the peer already reset is not
+a mistake of the caller's: it is not connected any more and carries the reset as its pending
+error (SO_ERROR), which is raised as the OSError the first I/O would have raised.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from zcnet.errors import UsageError, require_int
+from zcnet.uapi.tcp import SOL_TCP, TCP_INFO, tcp_info
 
 _KINDS = {socket.SOCK_DGRAM: "datagram", socket.SOCK_RAW: "raw",
           socket.SOCK_SEQPACKET: "seqpacket", socket.SOCK_STREAM: "stream"}
@@ -88,6 +93,14 @@ def _kind(s: socket.socket, fd: int, what: str,
     return got
 
 
+def _was_connected(s: socket.socket) -> bool:
+    """Whether the TCP socket ``s`` ever exchanged a segment (a connection that is gone, not
+    one never made)."""
+    raw = s.getsockopt(SOL_TCP, TCP_INFO, ctypes.sizeof(tcp_info))
+    info = tcp_info.from_buffer_copy(raw.ljust(ctypes.sizeof(tcp_info), b"\0"))
+    return bool(info.tcpi_segs_in or info.tcpi_segs_out)
+
+
 def _require(sock: socket.socket | int, what: str, allowed: tuple[tuple[int, int], ...]) -> int:
     sol = socket.SOL_SOCKET
     with _opened(sock, what) as (fd, s):
@@ -100,6 +113,15 @@ def _require(sock: socket.socket | int, what: str, allowed: tuple[tuple[int, int
         except OSError as exc:
             if exc.errno != errno.ENOTCONN:
                 raise
+            # Not connected any more, with an error pending: the peer reset it (or its
+            # connect failed). That is the connection's failure, not the caller's mistake:
+            # the kernel's errno, as the first receive or send would have raised it.
+            err = s.getsockopt(sol, socket.SO_ERROR)
+            if err:
+                raise OSError(err, f"{what}: socket fd {fd}: {os.strerror(err)}") from None
+            if got == _TCP and _was_connected(s):  # that error was reported already
+                raise OSError(errno.ENOTCONN, f"{what}: TCP socket fd {fd}: its connection is "
+                              "gone (reset by the peer, or timed out)") from None
             kind = _PROTOCOLS[got[1]]
             raise UsageError(f"{what}: {kind} socket fd {fd} is not connected",
                              "connect() it first" + (" (or pass the socket accept() returns)"

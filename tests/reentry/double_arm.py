@@ -40,7 +40,7 @@ async def main() -> None:
         for v in b.views():
             out += v
         b.release()
-    b.offsets = Restart()  # the released batch, still queued
+    b._offsets = Restart()  # the released batch, still queued (a slot it is dropped with)
     del b
     rx._take_batch()
     while (b := await asyncio.wait_for(rx.recv_batch(), 10)) is not None:

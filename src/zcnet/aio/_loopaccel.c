@@ -62,7 +62,7 @@ static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, 
     *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
     *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
     *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm,
-    *s_waiting, *s_released_now, *s_tuples;
+    *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -83,13 +83,27 @@ static void exc_drop(Exc e) {
     Py_XDECREF(e.tb);
 }
 
+/* ``v`` (attribute ``name``) as a C integer. Only an int is taken: converting anything else
+ * calls its __index__, Python that could run between a round's reads and its writes (and
+ * close the receiver there). Anything else is a TypeError, as the Python round's arithmetic
+ * on it raises. */
+static int as_ll(PyObject *v, PyObject *name, long long *out) {
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%U is %s, not an int", name, Py_TYPE(v)->tp_name);
+        *out = 0;
+        return 0;
+    }
+    *out = PyLong_AsLongLong(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
 static int get_ll(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(o, name);
     if (!v)
         return 0;
-    *out = PyLong_AsLongLong(v);
+    int ok = as_ll(v, name, out);
     Py_DECREF(v);
-    return !(*out == -1 && PyErr_Occurred());
+    return ok;
 }
 
 /* The attributes a pass reads and writes each time are __slots__ members of their classes
@@ -141,9 +155,9 @@ static int iget_ll(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = iget(o, name);
     if (!v)
         return 0;
-    *out = PyLong_AsLongLong(v);
+    int ok = as_ll(v, name, out);
     Py_DECREF(v);
-    return !(*out == -1 && PyErr_Occurred());
+    return ok;
 }
 
 /* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
@@ -218,6 +232,9 @@ typedef struct {
         return 0;                                                                         \
     }                                                                                     \
     static void name##_dealloc(Name *r) {                                                 \
+        if (Py_TYPE(r)->tp_finalize &&                                                    \
+            PyObject_CallFinalizerFromDealloc((PyObject *)r) < 0)                         \
+            return; /* resurrected */                                                     \
         PyObject_GC_UnTrack(r);                                                           \
         name##_clear(r);                                                                  \
         Py_TYPE(r)->tp_free((PyObject *)r);                                               \
@@ -1091,8 +1108,11 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     int ended = 0;
     for (Py_ssize_t i = 0; i < ncqe; i++) {
         PyObject *t = PyList_GET_ITEM(cqes, i);
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3)
-            BAIL(FALLBACK);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 3 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 1)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 2)))
+            BAIL(FALLBACK); /* the Router's tuples hold ints: converting them runs no Python */
         long long ud = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 0));
         long long res = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
         long long fl = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
@@ -1467,16 +1487,19 @@ static int owner_here(unsigned long tid, PyObject *running) {
 }
 
 /* One await of the next chunk: FRESH until first sent to, then waiting on the member's
- * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. */
+ * future (WAIT) or driving the Python step (PY), DONE once it returned or raised. While it
+ * waits, ``fut`` is the future it made the member's waiter: an await that ends unwoken
+ * (closed, thrown into, dropped after a step) takes it back, or every later wait would be
+ * refused as another task's (as the Python round's ``finally`` does). */
 enum { OP_FRESH, OP_WAIT, OP_PY, OP_DONE };
 
 typedef struct {
     PyObject_HEAD
-    PyObject *a, *delegate;
+    PyObject *a, *delegate, *fut;
     int state, running; /* running: a send, throw or close is under way (re-entry refused) */
 } AnextOp;
 
-#define ANEXTOP_REFS(X) X(a) X(delegate)
+#define ANEXTOP_REFS(X) X(a) X(delegate) X(fut)
 GC_METHODS(AnextOp, anextop, ANEXTOP_REFS)
 static PyTypeObject AnextOpType;
 
@@ -1489,11 +1512,38 @@ static PyObject *anext_call(Anext *a, PyObject *args, PyObject *kw) {
     if (!op)
         return NULL;
     op->a = Py_NewRef(a);
-    op->delegate = NULL;
+    op->delegate = op->fut = NULL;
     op->state = OP_FRESH;
     op->running = 0;
     PyObject_GC_Track(op);
     return (PyObject *)op;
+}
+
+/* The wait is over (woken, or ended unwoken): the member's waiter goes back to None if it is
+ * still this op's future. 0 done, -1 error. */
+static int op_forget(AnextOp *op) {
+    PyObject *fut = op->fut;
+    if (!fut)
+        return 0;
+    op->fut = NULL;
+    Anext *a = (Anext *)op->a;
+    PyObject *w = a->member ? iget(a->member, s_waiter) : Py_NewRef(Py_None);
+    int r = w ? 0 : -1;
+    if (w == fut)
+        r = iset(a->member, s_waiter, Py_None);
+    Py_XDECREF(w);
+    Py_DECREF(fut);
+    return r;
+}
+
+/* Dropped while it waits: take the waiter back (the pending exception stays). */
+static void anextop_finalize(AnextOp *op) {
+    if (!op->fut)
+        return;
+    Exc e = exc_take();
+    if (op_forget(op) < 0)
+        PyErr_WriteUnraisable((PyObject *)op);
+    exc_restore(e);
 }
 
 /* Send ``arg`` into the delegate (held while it runs); a result other than NEXT ends the
@@ -1533,7 +1583,9 @@ static PySendResult op_py(AnextOp *op, PyObject **result) {
     return r;
 }
 
-/* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF). */
+/* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF); a
+ * receiver closed meanwhile (a finalizer inside the round) releases them at once, as the
+ * Python step does (``_drop_pending``). */
 static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
     Anext *a = (Anext *)op->a;
     Py_ssize_t n = PyList_GET_SIZE(chunks);
@@ -1547,11 +1599,18 @@ static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
         PyObject *rest = PyList_GetSlice(chunks, 1, n);
         PyObject *res = rest ? PyObject_CallMethodOneArg(a->pending, s_extend, rest) : NULL;
         Py_XDECREF(rest);
-        if (!res) {
+        int closed = res ? iget_true(a->arx, s_closed) : -1;
+        Py_XDECREF(res);
+        if (closed > 0) {
+            res = PyObject_CallMethodNoArgs(a->arx, s_drop_pending);
+            Py_XDECREF(res);
+            if (!res)
+                closed = -1;
+        }
+        if (closed < 0) {
             Py_DECREF(chunks);
             return PYGEN_ERROR;
         }
-        Py_DECREF(res);
     }
     *result = Py_NewRef(PyList_GET_ITEM(chunks, 0));
     Py_DECREF(chunks);
@@ -1580,35 +1639,49 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     if (!fut)
         return PYGEN_ERROR;
     unaryfunc aw = Py_TYPE(fut)->tp_as_async ? Py_TYPE(fut)->tp_as_async->am_await : NULL;
-    PyObject *it = NULL, *box = NULL;
-    Py_ssize_t queued = -1;
-    if (!aw)
-        PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
-    else if (iset(a->member, s_waiter, fut) == 0 && (box = iget(a->member, s_inbox)))
-        queued = PyObject_Length(box);
+    if (!aw || iset(a->member, s_waiter, fut) < 0) {
+        if (!aw)
+            PyErr_SetString(PyExc_TypeError, "create_future() gave no awaitable");
+        Py_DECREF(fut);
+        return PYGEN_ERROR;
+    }
+    Py_XSETREF(op->fut, fut); /* the member's waiter from here: op_forget takes it back */
+    PyObject *box = iget(a->member, s_inbox);
+    Py_ssize_t queued = box ? PyObject_Length(box) : -1;
     Py_XDECREF(box);
     if (queued == 0) {
         int closed = iget_true(a->arx, s_closed);
         queued = closed < 0 ? -1 : closed;
     }
-    if (queued > 0) {
+    if (queued != 0) {
         /* Completions came while no waiter was set, or the receiver was closed then (a GC
          * pass in create_future or between take() and here can run a nested pass or a
          * close, whose kick found no waiter): take them, or raise, instead of sleeping. */
-        Py_DECREF(fut);
-        if (iset(a->member, s_waiter, Py_None) < 0)
+        if (queued < 0)
+            return PYGEN_ERROR; /* the caller forgets the waiter */
+        if (op_forget(op) < 0)
             return PYGEN_ERROR;
         *result = Py_NewRef(Py_None);
         return PYGEN_RETURN;
     }
-    if (queued == 0)
-        it = aw(fut);
-    Py_DECREF(fut);
+    PyObject *it = aw(op->fut);
     if (!it)
         return PYGEN_ERROR;
     op->delegate = it;
     op->state = OP_WAIT;
     return op_delegate(op, Py_None, result);
+}
+
+/* The receive is over with an exception: DONE, and the waiter taken back (the exception stays
+ * pending unless that fails). */
+static PySendResult op_fail(AnextOp *op) {
+    op->state = OP_DONE;
+    Exc e = exc_take();
+    if (op_forget(op) < 0)
+        exc_drop(e);
+    else
+        exc_restore(e);
+    return PYGEN_ERROR;
 }
 
 static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
@@ -1634,8 +1707,8 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     case OP_WAIT: {
         PySendResult r = op_delegate(op, arg, result);
         if (r != PYGEN_RETURN) {
-            if (r == PYGEN_ERROR)
-                op->state = OP_DONE;
+            if (r == PYGEN_ERROR) /* the future raised (cancelled): the wait is over */
+                return op_fail(op);
             return r;
         }
         Py_CLEAR(*result);
@@ -1672,13 +1745,12 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
         if (v < 0)
             goto error;
         PySendResult r = op_wait(op, result);
-        if (r != PYGEN_RETURN) {
-            if (r == PYGEN_ERROR)
-                op->state = OP_DONE;
-            return r;
-        }
+        if (r != PYGEN_RETURN)
+            return r == PYGEN_ERROR ? op_fail(op) : r;
         Py_CLEAR(*result);
     woken: /* as the Python round after its wait: closed meanwhile, or take again */
+        if (op_forget(op) < 0)
+            goto error;
         if ((v = iget_true(a->arx, s_closed)) != 0) {
             if (v > 0)
                 PyErr_SetString(a->closed_error,
@@ -1687,8 +1759,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
         }
     }
 error:
-    op->state = OP_DONE;
-    return PYGEN_ERROR;
+    return op_fail(op);
 }
 
 /* A return value as StopIteration (what an iterator's __next__ and send do). */
@@ -1768,7 +1839,7 @@ static PyObject *op_throw_in(AnextOp *op, PyObject *const *args, Py_ssize_t narg
     if (!res) { /* it raised, or returned (StopIteration): the receive is over */
         if (op->delegate == d)
             Py_CLEAR(op->delegate);
-        op->state = OP_DONE;
+        op_fail(op);
     }
     Py_DECREF(d);
     return res; /* else the Python step awaits something else */
@@ -1794,6 +1865,8 @@ static PyObject *op_close(AnextOp *op, PyObject *unused) {
     op->state = OP_DONE;
     PyObject *res = d ? PyObject_CallMethodNoArgs(d, s_close) : Py_NewRef(Py_None);
     Py_XDECREF(d);
+    if (op_forget(op) < 0)
+        Py_CLEAR(res);
     op->running = 0;
     if (!res)
         return NULL;
@@ -1828,6 +1901,7 @@ static PyTypeObject AnextOpType = {
     .tp_traverse = (traverseproc)anextop_traverse,
     .tp_clear = (inquiry)anextop_clear,
     .tp_dealloc = (destructor)anextop_dealloc,
+    .tp_finalize = (destructor)anextop_finalize,
     .tp_as_async = &anextop_async,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)op_iternext,
@@ -1973,14 +2047,15 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
         {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
         {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
-        {&s_rx, "_rx"}, {&s_offset, "offset"}, {&s_length, "length"}, {&s_tok, "_tok"},
-        {&s_stream_offset, "stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
+        {&s_rx, "_rx"}, {&s_offset, "_offset"}, {&s_length, "_length"}, {&s_tok, "_tok"},
+        {&s_stream_offset, "_stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
         {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
         {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
-        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "offsets"},
-        {&s_lengths, "lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
+        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "_offsets"},
+        {&s_lengths, "_lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
         {&s_rearms, "rearms"}, {&s_arm, "arm"}, {&s_waiting, "waiting"},
         {&s_released_now, "released"}, {&s_tuples, "tuples"},
+        {&s_drop_pending, "_drop_pending"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

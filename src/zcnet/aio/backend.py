@@ -266,7 +266,15 @@ class TrioFuture:
                 self._waiters.remove(task)
                 return lowlevel.Abort.SUCCEEDED
 
-            await lowlevel.wait_task_rescheduled(abort)
+            try:
+                await lowlevel.wait_task_rescheduled(abort)
+            finally:
+                # Left without trio's abort and unsettled: the awaitable was closed, thrown
+                # into or dropped after a step. A task kept here would be rescheduled by the
+                # settle while it waits on something else (trio's internal error), and
+                # check_one_waiter would refuse every later wait.
+                if task in self._waiters:
+                    self._waiters.remove(task)
         return self.result()
 
     def __await__(self) -> Generator[Any, None, Any]:

@@ -129,7 +129,9 @@ class Pool:
         free = self.free()
         if not free:  # what was released but is not back yet (no round flushed it)
             for rx in list(self.receivers.values()):
-                if len(rx._releases) and not rx._closed:  # a closing one flushes its own
+                # A closing one flushes its own, and so does one whose receive this pass
+                # runs inside (a pass nested in its flush).
+                if len(rx._releases) and not rx._closed and not rx._busy:
                     rx._flush_releases()
             free = self.free()
         woken = 0

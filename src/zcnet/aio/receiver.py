@@ -103,8 +103,7 @@ class AsyncReceiver(LoopResource):
                 if got == ROUND_DONE:
                     # No pass from here: the loop's eventfd pass reaps for every member at
                     # once (one enter per loop iteration, not one per message and task).
-                    assert m is not None  # a take exists only for a shared-ring member
-                    await m.wait()
+                    await self._wait()
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
@@ -152,8 +151,14 @@ class AsyncReceiver(LoopResource):
         return bool(ring.cq_ready())
 
     async def _wait(self) -> None:
-        if self._member is not None:
-            await self._member.wait()
+        m = self._member
+        if m is not None:
+            fut = m.wait()
+            try:
+                await fut
+            finally:  # an abandoned await must not stay the waiter (MemberRing.wait)
+                if m.waiter is fut:
+                    m.waiter = None
         else:
             assert self._wake is not None
             await self._wake.wait()
@@ -198,6 +203,8 @@ class AsyncReceiver(LoopResource):
             raise StopAsyncIteration
         if len(got) > 1:
             pending.extend(itertools.islice(got, 1, None))
+            if self._closed:  # by a finalizer inside the round: nobody will take them now
+                self._drop_pending()
         return got[0]
 
     # --- state ---------------------------------------------------------------------------------
@@ -224,14 +231,18 @@ class AsyncReceiver(LoopResource):
         opened on one with ``own_socket``."""
         super().close()
 
+    def _drop_pending(self) -> None:
+        """Release the chunks taken for ``async for`` but not handed out (at close)."""
+        pending = list(self._pending)
+        self._pending.clear()
+        if pending:
+            self.rx.release_many(pending)
+
     def _free(self) -> None:
         self._closed = True
         untrack(self._owner.loop, self)
-        pending = list(self._pending)
-        self._pending.clear()
         try:
-            if pending:
-                self.rx.release_many(pending)
+            self._drop_pending()
             if self._wake is not None:
                 self._wake.close()
             elif self._member is not None:

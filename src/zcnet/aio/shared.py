@@ -479,7 +479,10 @@ class MemberRing:
 
     def wait(self) -> Future[None]:
         """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
-        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait."""
+        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait. The
+        awaiting code clears ``waiter`` when its await ends unwoken (its awaitable closed,
+        thrown into or dropped after a step): a future nobody awaits any more would otherwise
+        make every later wait look like another task's (``check_one_waiter``)."""
         check_one_waiter(self.waiter)
         fut: Future[None] = self.lr.loop.create_future()
         self.waiter = fut

@@ -20,6 +20,7 @@ import os
 import socket
 from typing import Any
 
+from zcnet.aio.backend import TrioLoop, current_loop
 from zcnet.errors import UsageError
 from zcnet.sockcheck import require_tcp
 
@@ -34,14 +35,38 @@ def check_tcp_socket(sock: Any, what: str) -> socket.socket:
     if isinstance(sock, asyncio.trsock.TransportSocket) or (
             not isinstance(sock, socket.socket) and hasattr(sock, "fileno")
             and hasattr(sock, "getpeername")):
-        raise UsageError(f"{what}: this socket belongs to an asyncio transport, which reads it",
-                         "take the connection over first: zcnet.aio.adopt_transport(transport) "
-                         "in connection_made, or await zcnet.aio.adopt_stream(reader, writer)")
+        raise _owned_by_transport(what, "this socket")
     if not isinstance(sock, socket.socket):
         raise UsageError(f"{what} needs a socket.socket, got {type(sock).__name__}",
                          "pass the connected TCP socket (accept() or connect() gives one)")
-    require_tcp(sock, what)
+    fd = require_tcp(sock, what)
+    _refuse_transport_fd(fd, what)
     return sock
+
+
+def _owned_by_transport(what: str, which: str) -> UsageError:
+    return UsageError(f"{what}: {which} belongs to an asyncio transport, which reads it",
+                      "take the connection over first: zcnet.aio.adopt_transport(transport) in "
+                      "connection_made, or await zcnet.aio.adopt_stream(reader, writer)")
+
+
+def _refuse_transport_fd(fd: int, what: str) -> None:
+    """The socket object itself, handed to a transport (``create_connection(sock=...)``,
+    ``connect_accepted_socket``) and still held: refused when a transport of the running loop
+    owns ``fd``, as asyncio and uvloop refuse a reader on it (each byte would go to
+    whichever reads first). asyncio's check has no side effect; uvloop runs the same check in
+    ``remove_writer``, which finds no writer to remove on a socket nothing else drives."""
+    loop = current_loop()
+    if loop is None or isinstance(loop, TrioLoop):  # trio has no transports
+        return
+    probe = getattr(loop, "_ensure_fd_no_transport", None)
+    try:
+        if probe is not None:
+            probe(fd)
+        else:
+            loop.remove_writer(fd)
+    except RuntimeError:  # "File descriptor N is used by transport <...>"
+        raise _owned_by_transport(what, f"fd {fd}") from None
 
 
 def adopt_transport(transport: asyncio.BaseTransport) -> socket.socket:

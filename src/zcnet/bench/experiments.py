@@ -38,7 +38,7 @@ from zcnet.nic.device import Device
 from zcnet.nic.ethtool import privflags_get, privflags_set
 from zcnet.nic.info import ipv4_of, nic_env
 from zcnet.rx.registry import engine_names
-from zcnet.rx.zc.devnote import copy_note
+from zcnet.rx.zc.devnote import device_note
 from zcnet.rx.zc.zcrx import kernel_offers
 
 log = logging.getLogger(__name__)
@@ -236,8 +236,8 @@ def _measure_bench_nic(spec: Spec, cell: Cell, rig: ExperimentRig) -> Measured:
             raise
     row = flow_cell(r, mtu, engine, placement, tx=_str(cell, "tx", "copy"),
                     consumer=_str(cell, "consumer", "same"), sender_here=False)
-    if engine in NIC_ENGINES and (note := copy_note(ifname)):
-        row.note = note  # a driver that copies (netdevsim): registration real, DMA not
+    if engine in NIC_ENGINES and (note := device_note(ifname)):
+        row.note = note  # netdevsim: simulated DMA, or (upstream) the kernel's copies
     return Measured(_bench_rows(cell, [row]), nic=nic_env(ifname), lab=False, remote=rig.remote)
 
 

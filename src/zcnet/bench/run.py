@@ -32,7 +32,15 @@ from zcnet.bench.matrix import (
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
 from zcnet.bench.peers import run_peer
 from zcnet.bench.proto import OptionValue
-from zcnet.bench.records import SHARE_NAMES, CpuPair, CpuShares, Intervals, ResultFile, ResultRow
+from zcnet.bench.records import (
+    SHARE_NAMES,
+    CpuPair,
+    CpuShares,
+    EngineStat,
+    Intervals,
+    ResultFile,
+    ResultRow,
+)
 from zcnet.bench.remote import LocalServer
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.jsonvalue import JSONObject
@@ -41,7 +49,7 @@ from zcnet.lab.sweep import before_run
 from zcnet.netns import can_create_netns
 from zcnet.nic import setup
 from zcnet.nic.info import nic_env
-from zcnet.rx.zc.devnote import COPYING_DRIVERS
+from zcnet.rx.zc.devnote import device_note
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,11 @@ class BenchSite:
     set_mtu: Callable[[int], None] | None
     env: JSONObject
     lab: Lab | None = None  # for peers that run inside it
+    data_port: int | None = None  # the receiving port a flow rule steers (None: any port)
+
+
+# The receiving port of flows in a netdevsim lab: nic setup's flow rule steers it to --queue.
+NETDEVSIM_DATA_PORT = 9000
 
 
 def softirq_cpu() -> int:
@@ -85,12 +98,13 @@ def bench_site(use_lab: bool, mtu: int, device: str = "veth",
     if use_lab:
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
+            data_port = None
             if device == "netdevsim" and queue is not None:
-                _netdevsim_queue(stack, lab, queue)
+                data_port = _netdevsim_queue(stack, lab, queue)
             if device == "veth" and rx_steer:
                 steer(lab)
             servers = stack.enter_context(lab_servers(lab))
-            yield BenchSite(servers, lab.set_mtu, lab.env(), lab)
+            yield BenchSite(servers, lab.set_mtu, lab.env(), lab, data_port)
     else:
         with LocalServer("127.0.0.1") as srv:  # one server holds both ends of the flow
             assert srv.address is not None
@@ -107,13 +121,21 @@ def _to_the_lab() -> str:
     return "run as root to use the lab"
 
 
-def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> None:
-    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` (HDS on, hds-thresh
-    0, channels; restored at exit) and make the sending port transmit on that queue (XPS), which
-    is how netdevsim steers: no ntuple there."""
-    cfg = setup.NicConfig(lab.if_b, queue, 9, netns=lab.ns_b)
-    stack.enter_context(setup.applied(cfg))
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> int | None:
+    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` as a NIC is prepared
+    (`nic setup`, restored at exit); returns the data port the flows must use, or None.
+
+    zcnet's netdevsim (ntuple, RSS) gets the whole plan: RSS off the queue and a flow rule for
+    NETDEVSIM_DATA_PORT, so only the data flow lands there: a control connection on a queue
+    holding a provider would find its bytes unreadable. Upstream netdevsim (no ntuple, and no
+    DMA into provider memory) gets channels and HDS, and the sending port transmits on the
+    queue (XPS): it receives on the queue numbered like the sender's TX queue."""
+    cfg = setup.NicConfig(lab.if_b, queue, NETDEVSIM_DATA_PORT, netns=lab.ns_b)
+    steps = stack.enter_context(setup.applied(cfg))
+    if any(s.kind == "flow-rule" for s in steps):
+        return NETDEVSIM_DATA_PORT
     netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
+    return None
 
 
 def _nic_env(t: BenchSite) -> JSONObject:
@@ -146,11 +168,11 @@ def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
     if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
         # Register on the lab's receiving port (queue 0 unless --queue): on veth the cell shows
         # the kernel's own answer (EOPNOTSUPP), tested up to the device boundary; on netdevsim
-        # the registration succeeds and the kernel copies (the cell says so).
+        # the registration succeeds and the cell's note says whose copy or DMA filled it.
         engine_opts.update(ifname=t.lab.if_b, queue=engine_opts.get("queue") or 0)
     res = run_via_servers(t, cell, opts, engine_opts, rx_cpu, tx_cpu)
-    if engine in NIC_ENGINES and "netdevsim" in t.env:
-        res.note = COPYING_DRIVERS["netdevsim"]
+    if engine in NIC_ENGINES and "netdevsim" in t.env and t.lab is not None:
+        res.note = device_note(t.lab.if_b, t.lab.ns_b)
     return res
 
 
@@ -164,7 +186,7 @@ def run_via_servers(t: BenchSite, cell: ResultRow, opts: BenchOptions,
     assert cell.engine is not None and cell.mtu is not None and cell.placement is not None
     copts = t.servers.options(ClientOptions(
         rx_engine=cell.engine, engine_opts=engine_opts, tx=opts.tx, verify=opts.verify,
-        duration=opts.duration, rx_app_cpu=rx_cpu, tx_app_cpu=tx_cpu))
+        duration=opts.duration, rx_app_cpu=rx_cpu, tx_app_cpu=tx_cpu, data_port=t.data_port))
     try:
         r = run(copts)
     except ServerRefused as e:
@@ -259,7 +281,7 @@ def _sampled(shares: CpuShares | None) -> CpuShares | None:
     return CpuShares(**{k: getattr(shares, k) for k in SHARE_NAMES})
 
 
-def zcrx_mode(engine_stats: dict[str, int]) -> str | None:
+def zcrx_mode(engine_stats: dict[str, EngineStat]) -> str | None:
     """"copy" when the kernel copied into the zcrx area (no device queue), "device" when a NIC
     queue filled it, None for other engines."""
     if "zcrx_copy" not in engine_stats:

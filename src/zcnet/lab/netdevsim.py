@@ -12,9 +12,11 @@ Some facts about netdevsim (drivers/net/netdevsim, bus.c) that shape this module
   initial namespace and the device stays. So every device is deleted explicitly, and device IDs
   encode the lab that owns them (``device_id``), so a device left by a killed run is found and
   deleted by the sweeper (``zcnet lab down``) without any state file.
-- netdevsim has no ntuple filters and no RSS (no ``get_rxfh``/``get_rxnfc``); it has channels,
-  tcp-data-split and hds-thresh, page-pool stats and, with zcnet's test kernel patch, queues
-  that take a zcrx or devmem memory provider.
+- Upstream netdevsim has no ntuple filters and no RSS (no ``get_rxfh``/``get_rxnfc``); it has
+  channels, tcp-data-split and hds-thresh and page-pool stats. zcnet's test kernel patch adds
+  queues that take a zcrx or devmem memory provider and receive into it by (simulated) DMA,
+  ntuple rules and RSS that pick the RX queue (else the TX queue's number, as upstream), and
+  per-queue RX counters (docs/netdevsim.md).
 """
 
 from __future__ import annotations

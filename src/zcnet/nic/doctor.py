@@ -225,10 +225,11 @@ def check_ntuple(ctx: Context) -> Check:
         return Check(name, UNKNOWN, f.message)
     if "rx-ntuple-filter" in f["active"].value:
         return Check(name, PASS, "rx-ntuple-filter on")
-    if ctx.dev.driver in STEERED_BY_PEER:
+    no_ntuple = "rx-ntuple-filter" not in f["hw"].value
+    if ctx.dev.driver in STEERED_BY_PEER and no_ntuple:
         return Check(name, PASS, f"not needed: {ctx.dev.driver} receives on the queue its peer "
                                  "transmitted on (steer with XPS on the peer); it has no ntuple")
-    if "rx-ntuple-filter" not in f["hw"].value:
+    if no_ntuple:
         return Check(name, FAIL, f"driver {ctx.dev.driver} cannot turn ntuple filters on",
                      "a NIC with flow steering")
     return Check(name, FAIL, "rx-ntuple-filter off", f"ethtool -K {ctx.dev.ifname} ntuple on")

@@ -36,8 +36,9 @@ DEV = attrset(
     (n.NETDEV_A_DEV_XDP_RX_METADATA_FEATURES, "xdp-rx-metadata-features", T.U64),
     (n.NETDEV_A_DEV_XSK_FEATURES, "xsk-features", T.U64),
 )
-IO_URING_INFO = attrset("io-uring-provider-info")
-XSK_INFO = attrset("xsk-info", (n.NETDEV_A_XSK_INFO_TX_METADATA_LEN, "tx-metadata-len", T.U32))
+IO_URING_INFO = attrset("io-uring-provider-info",
+                        (n.NETDEV_A_IO_URING_PROVIDER_INFO_RX_BUF_LEN, "rx-buf-len", T.UINT))
+XSK_INFO = attrset("xsk-info")  # no attributes yet: presence says AF_XDP holds the queue
 PAGE_POOL = attrset(
     "page-pool",
     (n.NETDEV_A_PAGE_POOL_ID, "id", T.UINT),
@@ -121,6 +122,7 @@ DMABUF = attrset(
     (n.NETDEV_A_DMABUF_QUEUES, "queues", T.NEST, QUEUE_ID, True),
     (n.NETDEV_A_DMABUF_FD, "fd", T.U32),
     (n.NETDEV_A_DMABUF_ID, "id", T.U32),
+    (n.NETDEV_A_DMABUF_RX_PAGE_SIZE, "rx-page-size", T.U32),
 )
 
 

@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -50,7 +50,8 @@ class RxStats:
     first: float = 0.0  # monotonic time of the first byte
     last: float = 0.0   # monotonic time of the last byte
     calls: int = 0      # syscalls (recv or io_uring_enter)
-    extra: dict[str, int] = field(default_factory=dict)
+    # Engine counters; zero-copy engines add their kernel-copy fields (str, float or None).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def seconds(self) -> float:
         return max(self.last - self.first, 1e-9)

@@ -163,7 +163,16 @@ ZCRX_REG_NODEV = 2
 
 # enum zcrx_features (io_uring_query_zcrx.features)
 ZCRX_FEATURE_RX_PAGE_SIZE = 1 << 0  # io_uring_zcrx_ifq_reg.rx_buf_len is honoured
-ZCRX_FEATURE_EVENT = 1 << 1
+ZCRX_FEATURE_EVENT = 1 << 1         # io_uring_zcrx_ifq_reg.event_desc: events and stats
+
+# enum zcrx_event_type (zcrx_event_desc.type_mask bits, zcrx_ctrl_arm_event.event_type)
+ZCRX_EVENT_ALLOC_FAIL = 0
+ZCRX_EVENT_COPY = 1
+
+# enum zcrx_event_desc_flags. STATS: stats_offset locates a struct zcrx_stats in the refill
+# region, which the kernel keeps counting its copy fallback in (frags it copied; not the
+# payload it copies out of an skb's linear part).
+ZCRX_EVENT_DESC_FLAG_STATS = 1 << 0
 
 # enum zcrx_ctrl_op (zcrx_ctrl.op, IORING_REGISTER_ZCRX_CTRL)
 ZCRX_CTRL_FLUSH_RQ = 0
@@ -299,6 +308,19 @@ class zcrx_ctrl_export(ctypes.Structure):
     _fields_ = (("zcrx_fd", u32), ("__resv1", u32 * 11))
 
 
+class zcrx_ctrl_arm_event(ctypes.Structure):
+    _fields_ = (("event_type", u32), ("__resv", u32 * 11))
+
+
+class zcrx_stats(ctypes.Structure):
+    _fields_ = (("copy_count", u64), ("copy_bytes", u64))
+
+
+class zcrx_event_desc(ctypes.Structure):  # io_uring_zcrx_ifq_reg.event_desc points here
+    _fields_ = (("user_data", u64), ("type_mask", u32), ("flags", u32),
+                ("stats_offset", u64), ("__resv2", u64 * 9))
+
+
 class zcrx_ctrl(ctypes.Structure):
     _fields_ = (
         ("zcrx_id", u32), ("op", u32), ("__resv", u64 * 2),
@@ -325,13 +347,21 @@ class io_uring_query_zcrx(ctypes.Structure):
     )
 
 
+class io_uring_query_zcrx_event(ctypes.Structure):  # IO_URING_QUERY_ZCRX_EVENT
+    _fields_ = (
+        ("event_flags", u32), ("stats_size", u32), ("stats_off_alignment", u32),
+        ("__resv1", u32), ("__resv2", u64 * 4),
+    )
+
+
 # Every struct above, for the BTF checker.
 STRUCTS: tuple[type[ctypes.Structure], ...] = (
     io_sqring_offsets, io_cqring_offsets, io_uring_params, io_uring_sqe, io_uring_cqe,
     io_uring_probe_op, io_uring_probe, io_uring_buf, io_uring_buf_reg, io_uring_getevents_arg,
     io_uring_region_desc, io_uring_zcrx_rqe, io_uring_zcrx_cqe, io_uring_zcrx_offsets,
     io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg, zcrx_ctrl_flush_rq, zcrx_ctrl_export,
-    zcrx_ctrl, io_uring_query_hdr, io_uring_query_zcrx,
+    zcrx_ctrl_arm_event, zcrx_stats, zcrx_event_desc, zcrx_ctrl, io_uring_query_hdr,
+    io_uring_query_zcrx, io_uring_query_zcrx_event,
 )
 
 # Layout the host's 6.18 lacks, first in the 7.x headers (7.2): {struct: fields}, and enum
@@ -339,15 +369,20 @@ STRUCTS: tuple[type[ctypes.Structure], ...] = (
 NEWER_FIELDS: dict[str, tuple[str, ...]] = {
     "io_uring_zcrx_ifq_reg": ("rx_buf_len", "event_desc", "__resv"),
     "zcrx_ctrl_flush_rq": ("__resv",), "zcrx_ctrl_export": ("zcrx_fd", "__resv1"),
+    "zcrx_ctrl_arm_event": ("event_type", "__resv"), "zcrx_stats": ("copy_count", "copy_bytes"),
+    "zcrx_event_desc": ("user_data", "type_mask", "flags", "stats_offset", "__resv2"),
     "zcrx_ctrl": ("zcrx_id", "op", "__resv", "zc_flush"),
     "io_uring_query_zcrx": ("register_flags", "area_flags", "nr_ctrl_opcodes", "features",
                             "rq_hdr_size", "rq_hdr_alignment", "__resv2"),
+    "io_uring_query_zcrx_event": ("event_flags", "stats_size", "stats_off_alignment",
+                                  "__resv1", "__resv2"),
 }
 NEWER_ENUMS: tuple[str, ...] = (
     "IORING_REGISTER_ZCRX_CTRL", "ZCRX_REG_IMPORT", "ZCRX_REG_NODEV",
     "ZCRX_FEATURE_RX_PAGE_SIZE", "ZCRX_FEATURE_EVENT", "ZCRX_CTRL_FLUSH_RQ", "ZCRX_CTRL_EXPORT",
     "ZCRX_CTRL_ARM_EVENT", "IO_URING_QUERY_ZCRX", "IO_URING_QUERY_SCQ",
-    "IO_URING_QUERY_ZCRX_EVENT",
+    "IO_URING_QUERY_ZCRX_EVENT", "ZCRX_EVENT_ALLOC_FAIL", "ZCRX_EVENT_COPY",
+    "ZCRX_EVENT_DESC_FLAG_STATS",
 )
 
 # Opcode names for messages ("RECV_ZC not supported by this kernel").

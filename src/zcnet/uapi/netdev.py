@@ -1,5 +1,6 @@
 """linux/netdev.h: the netdev generic netlink family (YNL spec netdev.yaml). Names as in the
-header; values checked against the 6.18 kernel's BTF."""
+header; values checked against the running kernel's BTF (tests/test_uapi_btf.py: the host's,
+and a 7.x kernel's in the VM)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ NETDEV_A_DEV_XDP_ZC_MAX_SEGS = 4
 NETDEV_A_DEV_XDP_RX_METADATA_FEATURES = 5
 NETDEV_A_DEV_XSK_FEATURES = 6
 
-NETDEV_A_IO_URING_PROVIDER_INFO_UNSPEC = 0  # empty nest: presence is the information
+# The io-uring nest of a queue or page pool: its presence says zcrx holds the queue.
+NETDEV_A_IO_URING_PROVIDER_INFO_RX_BUF_LEN = 1  # 7.2: the zcrx buffer size (empty nest before)
 
 NETDEV_A_PAGE_POOL_ID = 1
 NETDEV_A_PAGE_POOL_IFINDEX = 2
@@ -56,8 +58,6 @@ NETDEV_A_NAPI_DEFER_HARD_IRQS = 5
 NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT = 6
 NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT = 7
 NETDEV_A_NAPI_THREADED = 8
-
-NETDEV_A_XSK_INFO_TX_METADATA_LEN = 1
 
 NETDEV_A_QUEUE_ID = 1
 NETDEV_A_QUEUE_IFINDEX = 2
@@ -103,6 +103,7 @@ NETDEV_A_DMABUF_IFINDEX = 1
 NETDEV_A_DMABUF_QUEUES = 2
 NETDEV_A_DMABUF_FD = 3
 NETDEV_A_DMABUF_ID = 4
+NETDEV_A_DMABUF_RX_PAGE_SIZE = 5  # 7.3: bind-rx buffer size (a power of two >= PAGE_SIZE)
 
 NETDEV_CMD_DEV_GET = 1
 NETDEV_CMD_DEV_ADD_NTF = 2
@@ -119,3 +120,9 @@ NETDEV_CMD_QSTATS_GET = 12
 NETDEV_CMD_BIND_RX = 13
 NETDEV_CMD_NAPI_SET = 14
 NETDEV_CMD_BIND_TX = 15
+
+# First in these headers: the BTF check skips them on an older kernel, names the version.
+SINCE: dict[str, tuple[int, int]] = {
+    "NETDEV_A_IO_URING_PROVIDER_INFO_RX_BUF_LEN": (7, 2),
+    "NETDEV_A_DMABUF_RX_PAGE_SIZE": (7, 3),
+}

@@ -82,19 +82,56 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
     PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
-    if (!d)
-        return -1;
+    if (!d) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* no such member: the TypeError below */
+    }
     Py_ssize_t off = -1;
-    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
         if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
             off = m->offset;
     }
-    Py_DECREF(d);
+    Py_XDECREF(d);
     if (off < 0)
         PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
                      name);
     return off;
+}
+
+/* readonly_slot(cls, slot, name) -> descriptor for ``cls.<name>``: reads __slots__ member
+ * ``slot`` in place, as fast as the member's own descriptor, and refuses assignment and
+ * deletion (AttributeError). For the fields the compiled paths read back (a chunk's offset and
+ * length): only the class's own code writes them, through ``slot``. */
+static PyObject *accel_readonly_slot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyUnicode_Check(args[1]) ||
+        !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "readonly_slot(cls, slot: str, name: str)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    const char *slot = PyUnicode_AsUTF8(args[1]), *name = PyUnicode_AsUTF8(args[2]);
+    if (!slot || !name)
+        return NULL;
+    Py_ssize_t off = slot_offset(cls, slot);
+    if (off < 0)
+        return NULL;
+    /* A member descriptor keeps pointing at its PyMemberDef: one per class attribute, made at
+     * import and never freed. */
+    size_t len = strlen(name) + 1;
+    PyMemberDef *def = PyMem_Calloc(1, sizeof *def + len);
+    if (!def)
+        return PyErr_NoMemory();
+    memcpy((char *)(def + 1), name, len);
+    def->name = (const char *)(def + 1);
+    def->type = T_OBJECT_EX;
+    def->offset = off;
+    def->flags = READONLY;
+    PyObject *d = PyDescr_NewMember(cls, def);
+    if (!d)
+        PyMem_Free(def);
+    return d;
 }
 
 void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
@@ -125,6 +162,8 @@ typedef struct {
     Py_ssize_t comp_off[8]; /* its slots, in comp_slots order */
     PyObject *keep;         /* the ring's mappings: alive while any bound method is */
     int cqe32;
+    int users;              /* enters in flight with the GIL released (fd in use) */
+    PyObject *closer;       /* the Ring, closed during such an enter: its fd goes after it */
 } Core;
 
 /* Completions' slots: the three reap sets, then the lazily decoded ones (None) */
@@ -137,6 +176,7 @@ static void core_dealloc(Core *c) {
     Py_XDECREF(c->owner);
     Py_XDECREF(c->comp);
     Py_XDECREF(c->keep);
+    Py_XDECREF(c->closer);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -412,17 +452,36 @@ slow:
     return core_delegate(c, "_prep_batch_py", args, nargsf, kwnames);
 }
 
+/* One enter; with a wait the GIL is released, and the enter counts in ``users`` meanwhile: a
+ * Ring closed by another thread then leaves its fd open until the last such enter is over
+ * (core_enter_done), so the number the kernel reads is still this ring's. */
 static long sys_enter(Core *c, unsigned n, unsigned wait_nr) {
     long ret;
     unsigned flags = wait_nr ? 1u /* IORING_ENTER_GETEVENTS */ : 0u;
     if (wait_nr) {
+        int fd = c->fd;
+        c->users++;
         Py_BEGIN_ALLOW_THREADS
-        ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
+        ret = syscall(__NR_io_uring_enter, fd, n, wait_nr, flags, NULL, (size_t)0);
         Py_END_ALLOW_THREADS
+        c->users--;
     } else {
         ret = syscall(__NR_io_uring_enter, c->fd, n, wait_nr, flags, NULL, (size_t)0);
     }
     return ret;
+}
+
+/* After an enter on a ring closed meanwhile: the last one hands the fd back to the Ring's
+ * close (Ring._release_fd); an error there is raised instead of ClosedError. */
+static int core_enter_done(Core *c) {
+    if (c->users || !c->closer)
+        return 0;
+    PyObject *ring = c->closer;
+    c->closer = NULL;
+    PyObject *r = PyObject_CallMethod(ring, "_release_fd", NULL);
+    Py_DECREF(ring);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 /* submit(wait_nr=0, timeout=None) -> SQEs the kernel consumed */
@@ -445,7 +504,7 @@ static PyObject *core_submit(Core *c, PyObject *const *args, size_t nargsf, PyOb
     unsigned n = *c->ktail - __atomic_load_n(c->khead, __ATOMIC_RELAXED);
     long ret = sys_enter(c, n, (unsigned)wait_nr);
     if (c->closed) /* closed by another thread while we waited without the GIL: unmapped */
-        return core_closed(c, "submit");
+        return core_enter_done(c) < 0 ? NULL : core_closed(c, "submit");
     if (ret >= 0 && !wait_nr)
         return PyLong_FromLong(ret);
     if (ret == (long)n &&
@@ -538,11 +597,25 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
     return ret;
 }
 
-/* close(): from now on every method raises ClosedError (call before unmapping) */
-static PyObject *core_close(Core *c, PyObject *unused) {
+/* close(ring=None): from now on every method raises ClosedError (call before unmapping).
+ * With an enter in flight (``users``) the Core keeps ``ring`` until that enter is over and then
+ * calls its _release_fd, which closes the fd (the Ring leaves it open while ``users``). */
+static PyObject *core_close(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "close(ring=None)");
+        return NULL;
+    }
     c->closed = 1;
+    if (nargs && args[0] != Py_None && c->users)
+        Py_XSETREF(c->closer, Py_NewRef(args[0]));
     Py_RETURN_NONE;
 }
+
+static PyMemberDef core_members[] = {
+    {"users", T_INT, offsetof(Core, users), READONLY,
+     "enters in flight with the GIL released (the fd must stay open)"},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyMethodDef core_methods[] = {
     {"prep", (PyCFunction)(void (*)(void))core_prep, METH_FASTCALL | METH_KEYWORDS,
@@ -555,7 +628,8 @@ static PyMethodDef core_methods[] = {
      "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
     {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
      "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
-    {"close", (PyCFunction)core_close, METH_NOARGS, "Refuse every later call."},
+    {"close", (PyCFunction)(void (*)(void))core_close, METH_FASTCALL,
+     "Refuse every later call (ring: whose _release_fd to call after an enter in flight)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -571,11 +645,14 @@ static PyTypeObject CoreType = {
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
     .tp_methods = core_methods,
+    .tp_members = core_members,
 };
 
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+    {"readonly_slot", (PyCFunction)(void (*)(void))accel_readonly_slot, METH_FASTCALL,
+     "readonly_slot(cls, slot, name) -> a read-only descriptor of the __slots__ member slot"},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };

@@ -19,9 +19,10 @@
 /* make_chunks(cls, rx, offsets, lengths, tokens, start) -> (chunks, end)
  *
  * The iterator path's per-buffer objects: one ``cls`` instance per buffer (a class with
- * __slots__ _rx, offset, length, _tok, stream_offset, all set here as its __init__ would),
+ * __slots__ _rx, _offset, _length, _tok, _stream_offset, all set here as its __init__ would),
  * stream offsets running from ``start``. Allocating them from C skips a Python __init__ frame
- * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length. */
+ * per chunk. ``offsets``, ``lengths`` and ``tokens`` are lists of the same length, the
+ * lengths ints (the provider's). */
 static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyType_Check(args[0]) || !PyList_Check(args[2]) ||
         !PyList_Check(args[3]) || !PyList_Check(args[4])) {
@@ -40,10 +41,10 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
     long long s = PyLong_AsLongLong(args[5]);
     if (s == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t o_rx = slot_offset(cls, "_rx"), o_off = slot_offset(cls, "offset"),
-               o_len = slot_offset(cls, "length"), o_tok = slot_offset(cls, "_tok"),
-               o_so = slot_offset(cls, "stream_offset");
-    if (o_rx < 0 || o_off < 0 || o_len < 0 || o_tok < 0 || o_so < 0)
+    Py_ssize_t o_rx, o_off, o_len, o_tok, o_so; /* one at a time: each may raise */
+    if ((o_rx = slot_offset(cls, "_rx")) < 0 || (o_off = slot_offset(cls, "_offset")) < 0 ||
+        (o_len = slot_offset(cls, "_length")) < 0 || (o_tok = slot_offset(cls, "_tok")) < 0 ||
+        (o_so = slot_offset(cls, "_stream_offset")) < 0)
         return NULL;
     PyObject *out = PyList_New(n);
     if (!out)
@@ -59,7 +60,11 @@ static PyObject *accel_make_chunks(PyObject *self, PyObject *const *args, Py_ssi
         PyObject *of = Py_NewRef(PyList_GET_ITEM(offs, i)),
                  *ln = Py_NewRef(PyList_GET_ITEM(lens, i)),
                  *tk = Py_NewRef(PyList_GET_ITEM(toks, i));
-        long long l = PyLong_AsLongLong(ln);
+        /* an int: its conversion runs no Python (no __index__) */
+        long long l = PyLong_Check(ln) ? PyLong_AsLongLong(ln) : -1;
+        if (!PyLong_Check(ln))
+            PyErr_Format(PyExc_TypeError, "make_chunks: a length is %s, not an int",
+                         Py_TYPE(ln)->tp_name);
         PyObject *so = l == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(s);
         PyObject *c = so ? cls->tp_alloc(cls, 0) : NULL;
         if (!c) {
@@ -139,11 +144,11 @@ static PyObject *accel_chunk_release(PyObject *self, PyObject *const *args, Py_s
     }
     PyTypeObject *cls = (PyTypeObject *)args[0], *rxc = (PyTypeObject *)args[1],
                  *qc = (PyTypeObject *)args[2];
-    Py_ssize_t o[6] = {slot_offset(cls, "_rx"), slot_offset(rxc, "debug"),
-                       slot_offset(rxc, "_releases"), slot_offset(rxc, "_closed"),
-                       slot_offset(qc, "_q"), slot_offset(qc, "_waiting")};
-    for (int i = 0; i < 6; i++)
-        if (o[i] < 0)
+    PyTypeObject *const in[6] = {cls, rxc, rxc, rxc, qc, qc};
+    const char *const names[6] = {"_rx", "debug", "_releases", "_closed", "_q", "_waiting"};
+    Py_ssize_t o[6];
+    for (int i = 0; i < 6; i++) /* one at a time: each may raise */
+        if ((o[i] = slot_offset(in[i], names[i])) < 0)
             return NULL;
     PyObject *append = PyObject_GetAttrString(args[3], "append");
     if (!append)
@@ -192,10 +197,12 @@ static PyObject *accel_mark_released(PyObject *self, PyObject *const *args, Py_s
 }
 
 /* chunk_tokens(chunks, cls) -> (tokens, lengths, nbytes), or None when one is not exactly a
- * ``cls`` (then the caller takes its general path)
+ * ``cls`` with an int token and length (then the caller takes its general path)
  *
- * The receiver's drain of released iterator chunks: their _tok and length slots as two lists
- * in one pass, with the byte total. */
+ * The receiver's drain of released iterator chunks: their _tok and _length slots as two lists
+ * in one pass, with the byte total. Every slot is checked before anything is read or made:
+ * no Python runs here (no __index__, no allocation before the checks), so what is read stays
+ * what it was. */
 static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyList_Check(args[0]) || !PyType_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "chunk_tokens(chunks: list, cls)");
@@ -204,29 +211,28 @@ static PyObject *accel_chunk_tokens(PyObject *self, PyObject *const *args, Py_ss
     PyObject *chunks = args[0];
     PyTypeObject *cls = (PyTypeObject *)args[1];
     Py_ssize_t n = PyList_GET_SIZE(chunks);
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!Py_IS_TYPE(PyList_GET_ITEM(chunks, i), cls))
-            Py_RETURN_NONE;
-    Py_ssize_t o_tok = slot_offset(cls, "_tok"), o_len = slot_offset(cls, "length");
-    if (o_tok < 0 || o_len < 0)
+    Py_ssize_t o_tok, o_len;
+    if ((o_tok = slot_offset(cls, "_tok")) < 0 || (o_len = slot_offset(cls, "_length")) < 0)
         return NULL;
-    PyObject *toks = PyList_New(n), *lens = PyList_New(n);
     long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyList_GET_ITEM(chunks, i), *t, *l;
+        int ovf = 0;
+        if (!Py_IS_TYPE(c, cls) || !(t = SLOT_OF(c, o_tok)) || !PyLong_CheckExact(t) ||
+            !(l = SLOT_OF(c, o_len)) || !PyLong_CheckExact(l))
+            Py_RETURN_NONE;
+        long long v = PyLong_AsLongLongAndOverflow(l, &ovf);
+        if (ovf || v < 0 || v > LLONG_MAX - total)
+            Py_RETURN_NONE;
+        total += v;
+    }
+    PyObject *toks = PyList_New(n), *lens = PyList_New(n);
     if (!toks || !lens)
         goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) { /* the list keeps the chunks, the chunks the ints */
         PyObject *c = PyList_GET_ITEM(chunks, i);
-        PyObject *t = SLOT_OF(c, o_tok), *l = SLOT_OF(c, o_len);
-        if (!t || !l) {
-            PyErr_SetString(PyExc_AttributeError, "chunk_tokens: a chunk without _tok/length");
-            goto fail;
-        }
-        long long v = PyLong_AsLongLong(l);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        total += v;
-        PyList_SET_ITEM(toks, i, Py_NewRef(t));
-        PyList_SET_ITEM(lens, i, Py_NewRef(l));
+        PyList_SET_ITEM(toks, i, Py_NewRef(SLOT_OF(c, o_tok)));
+        PyList_SET_ITEM(lens, i, Py_NewRef(SLOT_OF(c, o_len)));
     }
     PyObject *sum = PyLong_FromLongLong(total);
     if (!sum)
@@ -242,15 +248,21 @@ fail:
  * out the chunks of each ``rx.recv()`` in order and ends at EOF (``rx.eof``); recv's errors
  * (the stream's OSError after the data before it) pass through. Left early, its finalizer
  * gives the chunks of the round not yet handed out to ``rx.release_many``, as the generator's
- * ``finally`` did (Receiver.__iter__ is that generator on the pure path). */
+ * ``finally`` did (Receiver.__iter__ is that generator on the pure path). A ``next`` inside
+ * a ``next`` (a finalizer run by a GC pass in recv) is refused as the generator refuses it. */
 typedef struct {
     PyObject_HEAD
     PyObject *rx, *recv, *got; /* got: the round being handed out, or NULL */
     Py_ssize_t i;
+    int running; /* a next() is under way */
 } ChunkIter;
 
 static int chunkiter_init(ChunkIter *it, PyObject *args, PyObject *kw) {
     PyObject *rx;
+    if (it->running) {
+        PyErr_SetString(PyExc_ValueError, "generator already executing");
+        return -1;
+    }
     if (!PyArg_ParseTuple(args, "O", &rx))
         return -1;
     PyObject *recv = PyObject_GetAttrString(rx, "recv");
@@ -263,28 +275,32 @@ static int chunkiter_init(ChunkIter *it, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static PyObject *chunkiter_next(ChunkIter *it) {
+static PyObject *chunkiter_step(ChunkIter *it) {
     for (;;) {
         PyObject *got = it->got;
         if (got && it->i < PyList_GET_SIZE(got))
             return Py_NewRef(PyList_GET_ITEM(got, it->i++));
         Py_CLEAR(it->got);
-        if (!it->recv)
-            return NULL; /* exhausted */
-        got = PyObject_CallNoArgs(it->recv);
+        if (!it->recv || !it->rx)
+            return NULL; /* exhausted (or cleared) */
+        PyObject *recv = Py_NewRef(it->recv);
+        got = PyObject_CallNoArgs(recv);
+        Py_DECREF(recv);
         if (!got)
             return NULL;
         if (!PyList_Check(got)) {
-            PyErr_Format(PyExc_TypeError, "recv() returned %T, not a list", got);
+            PyErr_Format(PyExc_TypeError, "recv() returned %s, not a list", Py_TYPE(got)->tp_name);
             Py_DECREF(got);
             return NULL;
         }
         if (PyList_GET_SIZE(got)) {
-            it->got = got;
+            Py_XSETREF(it->got, got);
             it->i = 0;
             continue;
         }
         Py_DECREF(got);
+        if (!it->rx)
+            return NULL;
         PyObject *eof = PyObject_GetAttrString(it->rx, "eof");
         if (!eof)
             return NULL;
@@ -297,6 +313,17 @@ static PyObject *chunkiter_next(ChunkIter *it) {
             return NULL;
         }
     }
+}
+
+static PyObject *chunkiter_next(ChunkIter *it) {
+    if (it->running) {
+        PyErr_SetString(PyExc_ValueError, "generator already executing");
+        return NULL;
+    }
+    it->running = 1;
+    PyObject *r = chunkiter_step(it);
+    it->running = 0;
+    return r;
 }
 
 static void chunkiter_finalize(ChunkIter *it) {

@@ -14,6 +14,16 @@ Some facts about ordering between us and the kernel:
 - reads and writes of a u32 through a memoryview cast to "I" are single aligned accesses.
 Fields in shared ring memory have a ``k`` prefix, as in liburing.
 
+Some facts about closing a ring under another thread (a Ring has one owner; this is the
+misuse it must survive): a system call on the ring fd releases the GIL between reading the
+fd's number and the kernel taking it, so a close in that window would leave the call with a
+number the kernel may already have given to another file (another ring: its SQEs submitted
+by the wrong thread). So each such call counts itself in ``_users`` (the compiled Core counts
+its own), and ``close`` leaves the fd to the last of them (``_release_fd``). The memory is
+unmapped at once: a call that was inside finds the ring closed when it next looks (the fd
+after its system call, or a released view) and raises ClosedError, as one made after the
+close does.
+
 Some facts about Python's cost here, which shape the code: a ctypes call costs ~0.35 us over
 the syscall itself, a numpy call on a small array ~0.3-0.5 us, one memoryview item access
 ~0.05 us, a ``struct`` pack/unpack ~0.1-0.2 us. So ring indices are read and written through
@@ -38,6 +48,7 @@ import errno
 import os
 import struct
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -90,9 +101,9 @@ class Ring:
     After ``close()`` every method but ``close`` raises ClosedError.
     """
 
-    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
-    # the rest lives in the instance dict.
-    __slots__ = ("__dict__", "__weakref__", "fd")
+    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup)
+    # and what submit counts per call; the rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "_fd_pending", "_users", "fd")
 
     def __init__(self, entries: int = 256, *, flags: int = 0,
                  cq_entries: int | None = None) -> None:
@@ -107,6 +118,8 @@ class Ring:
             p.flags |= u.IORING_SETUP_CQSIZE
             p.cq_entries = cq_entries
         self.fd = -1
+        self._users = 0  # Python calls inside a system call on fd (see "closing" above)
+        self._fd_pending = -1  # the fd close() left to the last of them
         #: "c" when the compiled accelerator runs this ring's hot path, else "pure"
         self.backend = backend()
         self._enter = enter_fast_for(self.backend)
@@ -145,11 +158,13 @@ class Ring:
             self._core = bind_accel(self, self.fd, self._maps, m, p)
 
     def close(self) -> None:
-        """Unmap and close; idempotent. Registered resources die with the fd."""
+        """Unmap and close; idempotent. Registered resources die with the fd. A call another
+        thread is making meanwhile raises ClosedError; the fd is closed once no system call
+        on it is in flight (see "closing" in the module docstring)."""
         fd, self.fd = self.fd, -1  # first: every method checks it before touching memory
         core = self.__dict__.get("_core")
         if core is not None:
-            core.close()  # the compiled methods check their own flag
+            core.close(self)  # the compiled methods check their own flag
         for v in getattr(self, "_views", ()):
             v.release()
         self._views = []
@@ -157,7 +172,40 @@ class Ring:
             m.close()
         self._maps = []
         if fd >= 0:
+            self._fd_pending = fd
+            self._release_fd()
+
+    def _release_fd(self) -> None:
+        """Close the fd ``close`` left, unless a system call on it is still in flight (the
+        last one calls this again; the compiled Core too, for its own)."""
+        core = self.__dict__.get("_core")
+        if self._users or (core is not None and core.users):
+            return
+        fd, self._fd_pending = self._fd_pending, -1
+        if fd >= 0:
             os.close(fd)
+
+    def _syscall(self, what: str, call: Callable[..., int], *args: object) -> int:
+        """``call(fd, *args)``, a system call on the ring fd for the slow paths: counted in
+        ``_users``, and ClosedError when another thread closed the ring meanwhile (the kernel
+        then says EBADF, or answers for whatever took the number)."""
+        self._users += 1
+        try:
+            fd = self.fd
+            if fd < 0:
+                raise ClosedError.of(self, what)
+            ret = call(fd, *args)
+            if self.fd < 0:
+                raise ClosedError.of(self, what)
+            return ret
+        except OSError:
+            if self.fd < 0:
+                raise ClosedError.of(self, what) from None
+            raise
+        finally:
+            self._users -= 1
+            if self._fd_pending >= 0:
+                self._release_fd()
 
     @property
     def closed(self) -> bool:
@@ -197,17 +245,22 @@ class Ring:
         if self.fd < 0:
             raise ClosedError.of(self, "prep")
         sq = self._sqm
-        tail = sq[self._ktail_i]
-        if (tail - sq[self._khead_i]) & _U32 >= self.sq_entries:
-            self._make_room(1)
+        try:
             tail = sq[self._ktail_i]
-        slot = tail & self.sq_mask
-        sz = self._sqe_size
-        _SQE.pack_into(self._sqes, slot * sz, opcode, flags, ioprio, fd, off,
-                       addr, length, op_flags, user_data, buf_index, 0, file_index, addr3, 0)
-        if sz != 64:  # SQE128: the command area past the 64 bytes holds an earlier command's
-            self._sqes[slot * sz + 64:(slot + 1) * sz] = bytes(sz - 64)
-        sq[self._ktail_i] = (tail + 1) & _U32  # published at once: see the module docstring
+            if (tail - sq[self._khead_i]) & _U32 >= self.sq_entries:
+                self._make_room(1)
+                tail = sq[self._ktail_i]
+            slot = tail & self.sq_mask
+            sz = self._sqe_size
+            _SQE.pack_into(self._sqes, slot * sz, opcode, flags, ioprio, fd, off, addr, length,
+                           op_flags, user_data, buf_index, 0, file_index, addr3, 0)
+            if sz != 64:  # SQE128: the command area past 64 bytes holds an earlier command's
+                self._sqes[slot * sz + 64:(slot + 1) * sz] = bytes(sz - 64)
+            sq[self._ktail_i] = (tail + 1) & _U32  # published at once: see the docstring
+        except ValueError:
+            if self.fd < 0:  # another thread closed the ring meanwhile: its views are released
+                raise ClosedError.of(self, "prep") from None
+            raise
         return slot
 
     _prep_py = prep  # the compiled Core's slow path
@@ -226,39 +279,44 @@ class Ring:
         n = len(user_data)
         if n == 0:
             return
-        sq = self._sqm
-        tail = sq[self._ktail_i]
-        if self.sq_entries - ((tail - sq[self._khead_i]) & _U32) < n:
-            self._make_room(n)
+        try:
+            sq = self._sqm
             tail = sq[self._ktail_i]
-        addr_v = isinstance(addr, np.ndarray)
-        len_v = isinstance(length, np.ndarray)
-        key = (opcode, fd, flags, ioprio, op_flags, buf_index,
-               None if addr_v else addr, None if len_v else length)
-        stage = self._stage
-        if key != self._stage_key:
-            self._stage_key = None
-            _SQE.pack_into(self._stage_mv, 0, opcode, flags, ioprio, fd, 0,
-                           0 if addr_v else addr, 0 if len_v else length,
-                           op_flags, 0, buf_index, 0, 0, 0, 0)
-            stage[1:] = stage[0]
-            self._stage_key = key
-        stage[:n, 4] = user_data
-        if addr_v:
-            stage[:n, 2] = addr
-        if len_v:
-            self._stage32[:n, 6] = length
-        sz = self._sqe_size
-        start = (tail & self.sq_mask) * sz
-        end = start + n * sz
-        ring_bytes = self.sq_entries * sz
-        if end <= ring_bytes:
-            self._sqes[start:end] = self._stage_mv[:n * sz]
-        else:
-            first = ring_bytes - start
-            self._sqes[start:] = self._stage_mv[:first]
-            self._sqes[:end - ring_bytes] = self._stage_mv[first:n * sz]
-        sq[self._ktail_i] = (tail + n) & _U32
+            if self.sq_entries - ((tail - sq[self._khead_i]) & _U32) < n:
+                self._make_room(n)
+                tail = sq[self._ktail_i]
+            addr_v = isinstance(addr, np.ndarray)
+            len_v = isinstance(length, np.ndarray)
+            key = (opcode, fd, flags, ioprio, op_flags, buf_index,
+                   None if addr_v else addr, None if len_v else length)
+            stage = self._stage
+            if key != self._stage_key:
+                self._stage_key = None
+                _SQE.pack_into(self._stage_mv, 0, opcode, flags, ioprio, fd, 0,
+                               0 if addr_v else addr, 0 if len_v else length,
+                               op_flags, 0, buf_index, 0, 0, 0, 0)
+                stage[1:] = stage[0]
+                self._stage_key = key
+            stage[:n, 4] = user_data
+            if addr_v:
+                stage[:n, 2] = addr
+            if len_v:
+                self._stage32[:n, 6] = length
+            sz = self._sqe_size
+            start = (tail & self.sq_mask) * sz
+            end = start + n * sz
+            ring_bytes = self.sq_entries * sz
+            if end <= ring_bytes:
+                self._sqes[start:end] = self._stage_mv[:n * sz]
+            else:
+                first = ring_bytes - start
+                self._sqes[start:] = self._stage_mv[:first]
+                self._sqes[:end - ring_bytes] = self._stage_mv[first:n * sz]
+            sq[self._ktail_i] = (tail + n) & _U32
+        except ValueError:
+            if self.fd < 0:  # another thread closed the ring meanwhile: its views are released
+                raise ClosedError.of(self, "prep_batch") from None
+            raise
 
     _prep_batch_py = prep_batch  # the compiled Core's slow path
 
@@ -289,7 +347,14 @@ class Ring:
         sq = self._sqm
         n = (sq[self._ktail_i] - sq[self._khead_i]) & _U32
         if timeout is None:
-            ret = self._enter(fd, n, wait_nr, _GETEVENTS if wait_nr else 0, None, 0)
+            self._users += 1  # the fd stays open until the enter is done (see "closing")
+            try:
+                ret = self._enter(fd, n, wait_nr, _GETEVENTS if wait_nr else 0, None, 0)
+            finally:
+                self._users -= 1
+            if self.fd < 0:  # closed by another thread during the enter
+                self._release_fd()
+                raise ClosedError.of(self, "submit")
             if ret >= 0 and not wait_nr:
                 return ret  # the SQEs the kernel consumed (fewer when one failed its prep)
             if ret == n:
@@ -311,7 +376,7 @@ class Ring:
         while True:
             try:
                 if deadline is None:
-                    io_uring_enter(self.fd, self.pending, wait_nr, flags)
+                    self._syscall("submit", io_uring_enter, self.pending, wait_nr, flags)
                 else:
                     self._enter_until(wait_nr, flags, deadline)
             except OSError as e:
@@ -334,8 +399,7 @@ class Ring:
             ts = _kernel_timespec(int(left), int((left % 1) * 1e9))
             arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
             try:
-                return io_uring_enter(self.fd, self.pending, wait_nr, flags, arg,
-                                      retry_eintr=False)
+                return self._syscall("submit", _enter_once, self.pending, wait_nr, flags, arg)
             except InterruptedError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -394,12 +458,17 @@ class Ring:
         sz = self._cqe_size
         start = (head & self.cq_mask) * sz
         end = start + n * sz
-        if end <= self._cq_bytes:
-            raw = bytearray(self._cqes[start:end])
-        else:
-            raw = bytearray(self._cqes[start:])
-            raw += self._cqes[:end - self._cq_bytes]
-        cq[self._kcq_head_i] = (head + n) & _U32  # release: the copy above is done
+        try:
+            if end <= self._cq_bytes:
+                raw = bytearray(self._cqes[start:end])
+            else:
+                raw = bytearray(self._cqes[start:])
+                raw += self._cqes[:end - self._cq_bytes]
+            cq[self._kcq_head_i] = (head + n) & _U32  # release: the copy above is done
+        except ValueError:
+            if self.fd < 0:  # another thread closed the ring meanwhile: its views are released
+                raise ClosedError.of(self, "reap") from None
+            raise
         return Completions._of(raw, n, self.cqe32)
 
     _reap_py = reap  # the compiled Core's slow path
@@ -413,8 +482,13 @@ class Ring:
         head = cq[self._kcq_head_i]
         if cq[self._kcq_tail_i] == head:  # acquire of ktail: see the module docstring
             return None
-        cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
-        cq[self._kcq_head_i] = (head + 1) & _U32
+        try:
+            cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
+            cq[self._kcq_head_i] = (head + 1) & _U32
+        except ValueError:
+            if self.fd < 0:  # another thread closed the ring meanwhile: its views are released
+                raise ClosedError.of(self, "reap_one") from None
+            raise
         return cqe
 
     _reap_one_py = reap_one  # so bind_accel can tell a subclass override from the original
@@ -424,11 +498,21 @@ class Ring:
         fd = self.fd
         if fd < 0:
             raise ClosedError.of(self, "get_events")
-        if self._enter(fd, 0, 0, _GETEVENTS, None, 0) < 0:  # the fast enter; errno below
-            io_uring_enter(fd, 0, 0, _GETEVENTS)
+        self._users += 1  # the fd stays open until the enter is done (see "closing")
+        try:
+            ret = self._enter(fd, 0, 0, _GETEVENTS, None, 0)
+        finally:
+            self._users -= 1
+        if ret < 0 or self.fd < 0:  # the fast enter failed (errno below), or a close came
+            self._syscall("get_events", io_uring_enter, 0, 0, _GETEVENTS)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, opcode: int, arg: object, nr_args: int) -> int:
-        if self.fd < 0:
-            raise ClosedError.of(self, "register")
-        return io_uring_register(self.fd, opcode, arg, nr_args)
+        return self._syscall("register", io_uring_register, opcode, arg, nr_args)
+
+
+def _enter_once(fd: int, to_submit: int, min_complete: int, flags: int,
+                arg: ctypes.Structure) -> int:
+    """io_uring_enter with a relative timeout: EINTR raised, not retried (the caller goes on
+    with what is left of its deadline)."""
+    return io_uring_enter(fd, to_submit, min_complete, flags, arg, retry_eintr=False)

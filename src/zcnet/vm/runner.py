@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -40,6 +41,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.lab.names import pid_alive
 from zcnet.userfile import FileProblem, read_text
 from zcnet.vm import initramfs
 from zcnet.vm.accel import Accel, choose_accel
@@ -65,10 +67,23 @@ TAIL_LINES = 25
 KERNEL_CMDLINE = ("console=ttyS0 loglevel=4 panic=-1 rdinit=/init 8250.nr_uarts=1 "
                   "mitigations=off random.trust_cpu=on i8042.noaux i8042.nokbd "
                   "cryptomgr.notests init_on_alloc=0 nowatchdog tsc=reliable")
+TMP_PREFIX = "zcnet-vm-"  # then the runner's pid: its temp dir is swept once that pid is gone
 # Session-specific variables that mean nothing inside the guest.
 _ENV_DROP = frozenset({"DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS",
                        "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_",
                        "INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET"})
+
+
+def sweep_dead_runs(root: Path | None = None) -> list[Path]:
+    """Remove the temp dirs of runs whose process is gone: one killed with SIGKILL unwinds
+    nothing (its QEMU dies with it, PR_SET_PDEATHSIG, but its initramfs and logs stay)."""
+    swept = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
+        m = re.fullmatch(rf"{TMP_PREFIX}(\d+)-.+", path.name)
+        if m and path.is_dir() and not pid_alive(int(m[1])):
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(path)
+    return swept
 
 
 class NoQemu(ZcnetError):
@@ -306,7 +321,8 @@ class VM:
         self._stack = ExitStack()
         with ExitStack() as setup:
             setup.push(self._stack)
-            self._tmp = Path(tempfile.mkdtemp(prefix=f"zcnet-vm-{os.getpid()}-"))
+            sweep_dead_runs()
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
             self._stack.callback(shutil.rmtree, self._tmp, ignore_errors=True)
             self._initrd = self._tmp / "initramfs.cpio"
             initramfs.build(kernel.modules, busybox, self._initrd)

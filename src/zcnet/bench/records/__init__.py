@@ -31,6 +31,7 @@ from zcnet.bench.records.flow import (
     SHARE_NAMES,
     CpuPair,
     CpuShares,
+    EngineStat,
     FlowEnd,
     Intervals,
     Latency,
@@ -54,8 +55,9 @@ def read_file(data: JSONValue) -> ResultFile:
 __all__ = [
     "FORMAT", "KEY_FIELDS", "SHARE_NAMES", "STATUSES", "AxisValue", "CellSummary",
     "ClientSummary", "ComparisonEnv", "ComparisonFile", "ComparisonRow", "CpuPair",
-    "CpuShares", "Env", "ExperimentInfo", "FlowEnd", "Intervals", "Latency", "Machine",
-    "MeanSd", "ModeSummary", "NicFile", "RecordError", "ReportSection", "ResultFile", "ResultRow",
-    "RoleShares", "RunResults", "Spread", "Stats", "Substitution", "Summary", "TcpDelta",
-    "Verify", "meta", "parse", "parse_as", "read_file", "to_json", "upgrade",
+    "CpuShares", "EngineStat", "Env", "ExperimentInfo", "FlowEnd", "Intervals", "Latency",
+    "Machine", "MeanSd", "ModeSummary", "NicFile", "RecordError", "ReportSection",
+    "ResultFile", "ResultRow", "RoleShares", "RunResults", "Spread", "Stats", "Substitution",
+    "Summary", "TcpDelta", "Verify", "meta", "parse", "parse_as", "read_file", "to_json",
+    "upgrade",
 ]

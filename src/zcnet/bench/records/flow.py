@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from zcnet.bench.records.codec import meta
 from zcnet.tx.slots import SendStats
 
+# An engine's own counters and notes (zcnet.rx: rounds, kernel_copied_bytes, why ...).
+EngineStat = bool | int | float | str | None
 SHARE = meta(q="share")
 FIGURE = meta(q="figure")
 CPU_KEYS = meta(keys=(str.isdigit, "CPU numbers"))
@@ -158,7 +160,7 @@ class FlowEnd:
     bytes: int | None = field(default=None, metadata=FIGURE)
     bytes_sent: int | None = field(default=None, metadata=FIGURE)
     syscalls: int | None = field(default=None, metadata=FIGURE)
-    engine_stats: dict[str, int] | None = None
+    engine_stats: dict[str, EngineStat] | None = None
     tx_stats: SendStats | None = None
     verify: Verify | None = None
     intervals: Intervals | None = None

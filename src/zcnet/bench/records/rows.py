@@ -19,6 +19,7 @@ from zcnet.bench.records.flow import (
     FIGURE,
     CpuPair,
     CpuShares,
+    EngineStat,
     Intervals,
     Latency,
     TcpDelta,
@@ -69,7 +70,7 @@ class ResultRow:
     seconds: float | None = field(default=None, metadata=FIGURE)
     gbps: float | None = field(default=None, metadata=FIGURE)
     syscalls: int | None = field(default=None, metadata=FIGURE)    # the receiver's
-    engine_stats: dict[str, int] | None = None
+    engine_stats: dict[str, EngineStat] | None = None
     tx_stats: SendStats | None = None
     verify: Verify | None = None
     intervals: Intervals | None = None

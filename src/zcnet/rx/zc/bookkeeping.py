@@ -62,13 +62,22 @@ class ReleaseQueue:
             self._signal()
 
     def drain(self) -> list[Any]:
-        """Everything queued so far, oldest first (owner thread only)."""
+        """Everything queued so far, oldest first (owner thread only).
+
+        Another drain may run inside this one: the list's allocation can start a GC pass
+        whose finalizer drains (a flush from ``__del__``). That drain takes what is left, and
+        this one keeps what it had popped: every item goes to exactly one of them."""
         q = self._q
         n = len(q)
         if n < 2:  # one batch per round (recv_batch): no map over a repeat
             return [q.popleft()] if n else []
-        # n pops in C (no Python frame per item); items other threads append meanwhile stay
-        return list(map(deque.popleft, itertools.repeat(q, n)))
+        # n pops in C (no Python frame per item); items other threads append meanwhile stay.
+        out: list[Any] = []
+        try:
+            out.extend(map(deque.popleft, itertools.repeat(q, n)))
+        except IndexError:  # a nested drain emptied the queue: extend kept what it had taken
+            return out
+        return out
 
     def __len__(self) -> int:
         return len(self._q)

@@ -32,7 +32,7 @@ from zcnet.nic import netdev
 from zcnet.nic.device import Device
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import Delivery, build_or_close
+from zcnet.rx.zc.provider import CopyCount, Delivery, build_or_close
 from zcnet.uapi import socket as usock
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ DMABUF_CMSG_SIZE = ctypes.sizeof(usock.dmabuf_cmsg)
 ANCBUF = socket.CMSG_SPACE(DMABUF_CMSG_SIZE) * CMSG_SLOTS
 LINEAR_BUF = 1 << 20
 RECVMSG_PER_REAP = 16
+# What the devmem copy count is: bytes the socket gave in host memory, not dma-buf frags.
+LINEAR_SOURCE = "devmem cmsgs: SCM_DEVMEM_LINEAR bytes (and bytes no cmsg covered)"
 _TOKEN = struct.Struct("=II")  # struct dmabuf_token {token_start, token_count}
 assert _TOKEN.size == ctypes.sizeof(usock.dmabuf_token)
 
@@ -243,6 +245,9 @@ class DevmemProvider:
 
     def extra_stats(self) -> dict[str, int]:
         return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls}
+
+    def kernel_copy(self) -> CopyCount:
+        return CopyCount(self.linear_bytes, LINEAR_SOURCE)
 
     def close(self) -> None:
         self._closed = True

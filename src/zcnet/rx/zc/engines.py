@@ -33,7 +33,7 @@ from zcnet.rx.engine import (
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.provider import Provider, build_or_close
-from zcnet.rx.zc.receiver import Receiver
+from zcnet.rx.zc.receiver import COPY_FIELDS, Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
 from zcnet.sockcheck import RCVLOWAT, require_tcp, set_rcvlowat
@@ -73,7 +73,8 @@ class _ZcEngine:
             else:
                 _run_same(rx, consume, st)
             rx.flush()
-            st.extra = {k: v for k, v in rx.stats_dict().items() if isinstance(v, int)}
+            st.extra = {k: v for k, v in rx.stats_dict().items()
+                        if isinstance(v, int) or k in COPY_FIELDS}
             st.extra["consumer_thread"] = int(self.consumer == "thread")
         return st
 

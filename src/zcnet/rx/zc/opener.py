@@ -10,7 +10,7 @@ from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError, require_int
 from zcnet.rx.zc.devmem import open_devmem
-from zcnet.rx.zc.devnote import copy_note
+from zcnet.rx.zc.devnote import device_note
 from zcnet.rx.zc.provider import Provider, build_or_close
 from zcnet.rx.zc.receiver import Receiver
 from zcnet.rx.zc.soft import open_soft
@@ -65,7 +65,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
                                "incremental": incremental, "dmabuf_fd": dmabuf_fd}
 
     def wrap(p: Provider, why: str) -> Receiver:
-        if p.name in ("zcrx", "devmem") and (note := copy_note(getattr(p, "ifname", ifname))):
+        if p.name in ("zcrx", "devmem") and (note := device_note(getattr(p, "ifname", ifname))):
             why = f"{why}; {note}"
         return build_or_close(
             lambda: Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why),

@@ -38,6 +38,8 @@ RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
 BGID = 0
 MAX_ENTRIES = 32768
 SOFT_STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
+# Why a soft provider's copy count is everything it delivered.
+SOFT_COPIES = "soft provider: the kernel copies every byte into the provided buffers"
 
 
 @dataclass
@@ -57,6 +59,18 @@ class Delivery:
     linear: dict[int, bytes] = field(default_factory=dict)
     end: int | None = None
     stopped: str | None = None
+
+
+@dataclass(frozen=True)
+class CopyCount:
+    """How many received bytes the kernel copied, and where that number comes from.
+
+    ``bytes`` None: unknown, ``source`` says why. ``every_byte``: the provider copies all it
+    delivers by construction (``bytes`` is then None and the receiver's delivered count)."""
+
+    bytes: int | None
+    source: str
+    every_byte: bool = False
 
 
 class Provider(Protocol):
@@ -85,6 +99,10 @@ class Provider(Protocol):
 
     def extra_stats(self) -> dict[str, int]:
         """Provider-specific counters (refill_full, rearms, ...)."""
+
+    def kernel_copy(self) -> CopyCount:
+        """The bytes the kernel copied rather than placing them by DMA (readable after
+        close)."""
 
     def close(self) -> None:
         """Release kernel resources; the area stays mapped (chunks may still be held).

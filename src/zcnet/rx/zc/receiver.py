@@ -1,6 +1,18 @@
 """The Receiver: one socket, one provider, the chunks in flight and their way back. Only the
 opening thread (the ring's owner) receives; releases from any thread are queued and given back
-to the provider in batches before the owner next enters the kernel (see api.py)."""
+to the provider in batches before the owner next enters the kernel (see api.py).
+
+Some facts about re-entry: Python runs inside a receive without another thread. A GC pass at
+any allocation runs finalizers (``__del__``), and a signal handler runs between bytecodes.
+Such code may release chunks (that is only a queue append, safe from anywhere), but a receive,
+flush or close run there would find the provider and its buffer ring half-updated by the
+receive it interrupted: a nested receive takes the completions the outer one waits for, a
+close unmaps the buffer ring the outer one is writing. So an owner operation marks the
+receiver busy while it runs: a receive entered then is refused (UsageError), a flush is left
+to the running operation (it gives releases back before it next enters the kernel), and a
+close is done as that operation ends. A release during close or during the accounting after
+it is queued, and the accounting drains the queue until it stays empty.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +35,7 @@ from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import ReleaseQueue, Stats, contiguous_runs
 from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, LinearChunk, _as_list, _Held
 from zcnet.rx.zc.debugviews import DebugViews
-from zcnet.rx.zc.provider import Delivery, Provider
+from zcnet.rx.zc.provider import CopyCount, Delivery, Provider
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import accel_for, backend
 
@@ -34,6 +46,20 @@ _rx_of = operator.attrgetter("_rx")
 _tok_of = operator.attrgetter("_tok")
 _len_of = operator.attrgetter("length")
 _sum = np.add.reduce
+_get_ident = threading.get_ident
+
+
+# The keys stats_dict() adds for the kernel's copies (engine stats carry them into bench cells).
+COPY_FIELDS = ("kernel_copied_bytes", "kernel_copied_source", "zero_copy_share")
+
+
+def copy_fields(count: CopyCount, delivered: int) -> dict[str, int | float | str | None]:
+    """``COPY_FIELDS`` for ``delivered`` bytes of which the kernel copied ``count``."""
+    copied = delivered if count.every_byte else count.bytes
+    share = None
+    if copied is not None and delivered:
+        share = round(max(0.0, 1.0 - copied / delivered), 6)
+    return dict(zip(COPY_FIELDS, (copied, count.source, share), strict=True))
 
 
 class Receiver(DebugViews):
@@ -47,8 +73,8 @@ class Receiver(DebugViews):
     # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
     # the rest lives in the instance dict (DebugViews has one).
     # zcnet.uring._accel's chunk release reads debug, _releases and _closed the same way.
-    __slots__ = ("_closed", "_end", "_limit", "_owner_tid", "_releases", "_stream_off", "debug",
-                 "stalled")
+    __slots__ = ("_busy", "_close_deferred", "_closed", "_end", "_limit", "_owner_tid",
+                 "_releases", "_stream_off", "debug", "stalled")
 
     def __init__(self, sock: socket.socket | int, provider: Provider, *,
                  max_held: float = 0.75, debug: bool = False, coalesce: bool = False,
@@ -74,6 +100,9 @@ class Receiver(DebugViews):
         self._end: int | None = None
         self._closed = False
         self._close_lock = threading.Lock()
+        self._busy = False  # an owner operation runs (see the module docstring)
+        self._close_deferred = False  # close() was called inside it: done when it ends
+        self._accounting: int | None = None  # the thread closing or accounting, under the lock
         self._armed_once = False
         self._debug_views = {}
         self.stalled: str | None = None   # "backpressure" | "exhausted" while delivery is paused
@@ -110,6 +139,21 @@ class Receiver(DebugViews):
         if threading.get_ident() != self._owner_tid:
             raise ZcnetError(f"{method}() called from a thread that did not open the receiver",
                              "iterate in the opening thread; other threads may only release")
+
+    def _refuse(self, method: str) -> None:
+        """Raise why ``method`` may not start: closed, another thread, or inside another
+        owner operation (see the module docstring). The receives check the three at once
+        inline (they run once per round) and call this only when one holds."""
+        self._check_owner(method)
+        raise UsageError(f"{method}() inside another receive or flush of this receiver (a "
+                         "finalizer or a signal handler ran there)",
+                         "only release chunks from __del__ and signal handlers; receive in "
+                         "the code that owns the receiver")
+
+    def _op_end(self) -> None:
+        self._busy = False
+        if self._close_deferred:
+            self.close()
 
     def _flush_releases(self) -> None:
         """Give everything released so far back to the kernel in one batch."""
@@ -169,7 +213,13 @@ class Receiver(DebugViews):
         """Give chunks released so far back to the kernel now (owner thread); ``recv`` does
         this itself, so call it only to settle the stats when no more receiving follows."""
         self._check_owner("flush")
-        self._flush_releases()
+        if self._busy:
+            return  # inside a receive (a finalizer): it gives the releases back itself
+        self._busy = True
+        try:
+            self._flush_releases()
+        finally:
+            self._op_end()
 
     def recv(self, timeout: float | None = None) -> list[Chunk]:
         """Chunks received so far, waiting up to ``timeout`` seconds for at least one.
@@ -179,29 +229,45 @@ class Receiver(DebugViews):
         buffers (``"exhausted"``) it waits for releases instead of entering the kernel.
         Raises the stream's OSError (ConnectionResetError, ...) after the data before it.
         """
-        d = self._next(timeout, "recv")
-        return [] if d is None else self._chunks(d)
+        if self._busy or self._closed or _get_ident() != self._owner_tid:
+            self._refuse("recv")
+        self._busy = True
+        try:
+            d = self._next(timeout, "recv")
+            return [] if d is None else self._chunks(d)
+        finally:
+            self._busy = False
+            if self._close_deferred:
+                self.close()
 
     def recv_batch(self, timeout: float | None = None) -> Batch | None:
         """Like ``recv`` but one Batch per kernel round (None instead of [])."""
-        d = self._next(timeout, "recv_batch")
-        if d is None:
-            return None
-        s = self._stream_off
-        lengths = d.lengths
-        if type(lengths) is not np.ndarray:
-            n = sum(lengths)
-        elif self._accel is None or (n := self._accel.int_sum(lengths)) is None:  # numpy: 1 us
-            n = int(_sum(lengths))
-        self._stats.note_delivered(len(lengths), n)
-        self._stream_off = s + n
-        if d.linear:
-            self._stats.linear += sum(map(len, d.linear.values()))
-        return Batch(self, d, s, n)
+        if self._busy or self._closed or _get_ident() != self._owner_tid:
+            self._refuse("recv_batch")
+        self._busy = True
+        try:
+            d = self._next(timeout, "recv_batch")
+            if d is None:
+                return None
+            s = self._stream_off
+            lengths = d.lengths
+            if type(lengths) is not np.ndarray:
+                n = sum(lengths)
+            elif self._accel is None or (n := self._accel.int_sum(lengths)) is None:
+                n = int(_sum(lengths))  # numpy: 1 us
+            self._stats.note_delivered(len(lengths), n)
+            self._stream_off = s + n
+            if d.linear:
+                self._stats.linear += sum(map(len, d.linear.values()))
+            return Batch(self, d, s, n)
+        finally:
+            self._busy = False
+            if self._close_deferred:
+                self.close()
 
     def _next(self, timeout: float | None, method: str) -> Delivery | None:
-        """The next non-empty delivery, or None at EOF/timeout (see ``recv``)."""
-        self._check_owner(method)
+        """The next non-empty delivery, or None at EOF/timeout (see ``recv``); the caller has
+        checked the owner (``recv``, ``recv_batch``)."""
         if timeout is not None and not 0 <= timeout < math.inf:
             if timeout != math.inf:  # NaN never reaches a deadline: it would wait forever
                 raise UsageError(f"{method}() timeout must be seconds >= 0 or None, "
@@ -356,9 +422,12 @@ class Receiver(DebugViews):
 
     # --- lifetime ------------------------------------------------------------------------------
     def stats_dict(self) -> dict[str, Any]:
-        """Counters for reports (only consistent when read from the owner thread)."""
+        """Counters for reports (only consistent when read from the owner thread), with
+        ``COPY_FIELDS``: how many of the delivered bytes the kernel copied (None: unknown,
+        and ``kernel_copied_source`` says why), and the zero-copy share of them."""
         d: dict[str, Any] = self.stats.as_dict()
         d.update(self.provider.extra_stats())
+        d.update(copy_fields(self.provider.kernel_copy(), self._stats.delivered_bytes))
         d["provider"] = self.name
         d["why"] = self.why
         return d
@@ -371,8 +440,14 @@ class Receiver(DebugViews):
             return
         if threading.get_ident() != self._owner_tid:
             raise ZcnetError("close called from a thread that did not open the receiver")
+        if self._busy:  # inside a receive (a finalizer): closed as that receive ends
+            self._close_deferred = True
+            return
         with self._close_lock:
+            if self._closed:  # closed while this waited for the lock (a finalizer there)
+                return
             self._closed = True
+            self._accounting = threading.get_ident()
             try:
                 # A provider that can stop receiving ahead of close (the soft ones) does so,
                 # then gets back what was released: its buffers are whole at close, which a
@@ -385,19 +460,33 @@ class Receiver(DebugViews):
                 try:
                     self.provider.close()
                 finally:  # Ctrl-C during the provider's cancel must not leak the area
-                    self._account_closed()
+                    try:
+                        self._account_closed()
+                    finally:
+                        self._accounting = None
 
     def _release_after_close(self) -> None:
         # The owner no longer drains; whoever releases last does the accounting.
+        me = threading.get_ident()
+        if self._accounting == me:
+            return  # a finalizer inside this thread's close or accounting: that drains it
         with self._close_lock:
-            self._account_closed()
+            self._accounting = me
+            try:
+                self._account_closed()
+            finally:
+                self._accounting = None
 
     def _account_closed(self) -> None:
-        done = self._releases.drain()
-        self._stats.note_released(sum(_parts(c) for c in done), sum(c.length for c in done))
-        # Buffers that outlive their receiver (an event loop's pool, zcnet.aio.pool) go back.
-        if done and (late := getattr(self.provider, "recycle_closed", None)) is not None:
-            late(done)
+        q = self._releases
+        while q:  # until empty: a finalizer here may release more (see the module docstring)
+            done = q.drain()
+            self._stats.note_released(sum(_parts(c) for c in done),
+                                      sum(c.length for c in done))
+            # Buffers that outlive their receiver (an event loop's pool, zcnet.aio.pool) go
+            # back.
+            if done and (late := getattr(self.provider, "recycle_closed", None)) is not None:
+                late(done)
         done = self._area_done
         if self._stats.in_flight == 0 and done is not None:
             # Once: a kept area is not closed, and a later call (an empty release_many, a

@@ -28,6 +28,8 @@ from zcnet.rx.zc.provider import (
     CANCEL_UD,
     RECV_UD,
     RING_FLAGS,
+    SOFT_COPIES,
+    CopyCount,
     Delivery,
     buffer_count,
     build_or_close,
@@ -228,6 +230,9 @@ class SoftProvider:
     def extra_stats(self) -> dict[str, int]:
         return {"buffers": self.entries, "buf_size": self.buf_size,
                 "in_ring": self._buf.in_ring if self._buf else 0}
+
+    def kernel_copy(self) -> CopyCount:
+        return CopyCount(None, SOFT_COPIES, every_byte=True)
 
     def quiesce(self) -> None:
         """Cancel the receive ahead of close: Receiver.close then gives back what was released

@@ -27,7 +27,9 @@ from zcnet.rx.zc.provider import (
     BGID,
     RECV_UD,
     RING_FLAGS,
+    SOFT_COPIES,
     SOFT_STOPS,
+    CopyCount,
     Delivery,
     buffer_count,
     build_or_close,
@@ -125,6 +127,9 @@ class IncrementalSoftProvider:
     def extra_stats(self) -> dict[str, int]:
         return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self._buf.in_ring,
                 "incremental": 1}
+
+    def kernel_copy(self) -> CopyCount:
+        return CopyCount(None, SOFT_COPIES, every_byte=True)
 
     def close(self) -> None:
         ring, self._ring = self._ring, None

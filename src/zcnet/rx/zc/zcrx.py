@@ -20,6 +20,14 @@ Some facts about zcrx that shape this module:
   reference is a page lost to the queue until the ifq dies).
 - A final CQE (no F_MORE) with -ENOSPC means the CQ overflowed: the data is intact, re-arm.
   -ENOMEM means the area had no free buffer for the kernel's copy: re-arm once buffers are back.
+- On a device queue the NIC's page pool takes buffers from the refill ring as it allocates
+  (io_pp_zc_alloc_netmems reads the ring first, the free list only when the ring is empty), so
+  recycling is a ring write and nothing else. Only the kernel's copy fallback takes from the
+  free list: a device that copies (upstream netdevsim forwards the sender's pages, so the
+  kernel copies all of it) can run the free list dry while returned buffers wait in the ring
+  for a pool that never allocates; such a stop (-ENOMEM) is answered with a flush.
+- Where the kernel counts its copies (7.x, ZCRX_FEATURE_EVENT), registration places a
+  ``struct zcrx_stats`` at the end of the refill region; ``kernel_copy()`` reads it.
 
 Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
 
@@ -48,14 +56,16 @@ import numpy as np
 from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring, reap_ready
+from zcnet.rx.zc.provider import RECV_UD, CopyCount, Delivery, close_ring, reap_ready
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.rx.zc.zcrx_reg import (
     Offers,
     Registration,
     check_rx_buf_len,
     kernel_offers,
+    kernel_stats_layout,
     memlock_error,
+    no_stats_reason,
     register_ifq,
 )
 from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions
@@ -95,9 +105,14 @@ class ZcrxProvider:
                 raise UsageError(f"no interface named {ifname!r} in this network namespace"
                                  ) from None
         self._reg = Registration.build(area, ifindex, queue or 0, rq_entries, user_region,
-                                       nodev=self.copy, rx_buf_len=rx_buf_len)
+                                       nodev=self.copy, rx_buf_len=rx_buf_len,
+                                       stats=kernel_stats_layout())
         self._region_map: Mapping | None = None
         self._ring: Ring | None = None
+        self._kstats: np.ndarray | None = None  # the kernel's zcrx_stats: copy count, bytes
+        self._copied = (0, 0)                   # its last reading (kept after close)
+        self._consumed: int | None = None       # the refill ring's kernel head, last read
+        self.flushes = 0
         with contextlib.ExitStack() as undo:
             undo.callback(self.close)
             if err := memlock_error(self._reg.locked_bytes()):
@@ -105,6 +120,7 @@ class ZcrxProvider:
             self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
             register_ifq(self._ring, self._reg, ifname=ifname or "(no device, copy mode)")
             self.rq = self._map_refill_ring()
+            self._consumed = 0
             undo.pop_all()
         self.ifq_id = int(self._reg.ifq.zcrx_id)
         # 7.x writes back the buffer size; older kernels leave our 0 (one page).
@@ -123,6 +139,8 @@ class ZcrxProvider:
             assert self._ring is not None
             self._region_map = Mapping(size, fd=self._ring.fd, offset=int(reg.region.mmap_offset))
             mem = self._region_map.view(np.uint8, 0, size)
+        if (at := reg.stats_offset) is not None:
+            self._kstats = mem[at:at + 16].view(np.uint64)
         o = reg.ifq.offsets
         return RefillRing(mem, o.head, o.tail, o.rqes, int(reg.ifq.rq_entries),
                           int(reg.area.rq_area_token))
@@ -177,8 +195,8 @@ class ZcrxProvider:
         """Return the ring's entries to the area's free list, then those held back, until none
         is held (the flush empties the ring). Copy mode needs this after every write. So does a
         device whose receive stopped with -ENOMEM: the kernel's copies take buffers from the
-        free list, and a page pool that does not allocate (netdevsim forwards the sender's
-        pages, so it copies every byte) never reads the ring."""
+        free list, and a page pool that does not allocate (a device that copies) never reads
+        the ring. A device that DMAs never stops so (its pool reads the ring): no flush."""
         while True:
             self._flush_rq()
             self._starved = False
@@ -188,18 +206,42 @@ class ZcrxProvider:
     def _flush_rq(self) -> None:
         assert self._ring is not None
         self._ring.register(u.IORING_REGISTER_ZCRX_CTRL, self._flush, 0)
+        self.flushes += 1
+
+    def kernel_copy(self) -> CopyCount:
+        """Bytes the kernel copied into the area, from its own counter (zcrx_stats)."""
+        if self._reg.stats_offset is None:
+            return CopyCount(None, no_stats_reason())
+        self._read_region()
+        return CopyCount(self._copied[1], "zcrx_stats.copy_bytes")
 
     def held_back(self) -> int:
         return self.rq.held
 
+    def _read_region(self) -> None:
+        """What the kernel wrote in the refill region: the ring's head, the copy counters
+        (kept here, as the region is unmapped at close)."""
+        if self._ring is None or self._consumed is None:
+            return
+        self._consumed = self.rq.kernel_head()
+        if self._kstats is not None:
+            self._copied = (int(self._kstats[0]), int(self._kstats[1]))
+
     def extra_stats(self) -> dict[str, int]:
-        return {"refill_full": self.rq.full_events, "refill_held": self.rq.held,
-                "rq_entries": self.rq.entries, "rx_buf_len": self.buf_len,
-                "zcrx_copy": int(self.copy)}
+        self._read_region()
+        d = {"refill_full": self.rq.full_events, "refill_held": self.rq.held,
+             "refill_produced": self.rq.produced, "refill_consumed": self._consumed or 0,
+             "rq_entries": self.rq.entries, "rx_buf_len": self.buf_len,
+             "zcrx_copy": int(self.copy), "zcrx_flushes": self.flushes}
+        if self._reg.stats_offset is not None:
+            d["zcrx_copy_count"] = self._copied[0]  # copy-fallback CQEs (zcrx_stats)
+        return d
 
     def close(self) -> None:
+        self._read_region()  # the last readings, before the region goes
         ring, self._ring = self._ring, None
         region, self._region_map = self._region_map, None
+        self._kstats = None
         with contextlib.ExitStack() as undo:
             undo.callback(self._reg.release)
             # Closing the ring frees the ifq: the queue gets its normal page pool back.

@@ -11,6 +11,12 @@ Some facts about registration:
   (an earlier zcrx or devmem binding not yet torn down) or an XDP program, EBUSY under AF_XDP.
 - What a kernel offers is asked with IORING_REGISTER_QUERY (IO_URING_QUERY_ZCRX, no ring
   needed); kernels before 7.x answer with a negative result or an error, read as "nothing".
+- 7.x kernels (ZCRX_FEATURE_EVENT) count their copy fallback in a ``struct zcrx_stats`` that
+  registration may place in the refill region (``zcrx_event_desc`` with
+  ZCRX_EVENT_DESC_FLAG_STATS; IO_URING_QUERY_ZCRX_EVENT gives its size and alignment, and the
+  offset must lie past the ring's entries). ``copy_bytes`` counts the page fragments the
+  kernel copied into the area (io_zcrx_copy_frag, 7.3); payload it copies out of an skb's
+  linear part is not counted, which a header-split device never puts there.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import os
 import resource
 from dataclasses import dataclass
 
@@ -49,20 +56,60 @@ class Offers:
     def rx_buf_len(self) -> bool:
         return bool(self.features & u.ZCRX_FEATURE_RX_PAGE_SIZE)
 
+    @property
+    def events(self) -> bool:
+        return bool(self.features & u.ZCRX_FEATURE_EVENT)
+
+
+@dataclass(frozen=True)
+class StatsLayout:
+    """Where a kernel's ``struct zcrx_stats`` may go in the refill region."""
+
+    size: int
+    alignment: int
+
+    def offset(self, region_size: int) -> int:
+        """The stats at the region's end (the ring's entries come first)."""
+        return (region_size - self.size) // self.alignment * self.alignment
+
+
+STATS_SINCE = "7.2"  # the first headers with ZCRX_FEATURE_EVENT and struct zcrx_stats
+
+
+def no_stats_reason() -> str:
+    return (f"kernel {os.uname().release} lacks zcrx stats (ZCRX_FEATURE_EVENT, "
+            f"needs >= {STATS_SINCE})")
+
+
+def _query(op: int, answer: ctypes.Structure) -> bool:
+    """IORING_REGISTER_QUERY for one op into ``answer``; False when the kernel lacks either."""
+    hdr = u.io_uring_query_hdr(query_data=ctypes.addressof(answer), query_op=op,
+                               size=ctypes.sizeof(answer))
+    try:
+        io_uring_register(-1, u.IORING_REGISTER_QUERY, hdr, 0)
+    except OSError:  # no query opcode (before 6.18)
+        return False
+    return hdr.result >= 0  # 6.18 knows the query but not the zcrx ops (EOPNOTSUPP)
+
 
 @functools.cache
 def kernel_offers() -> Offers:
     """Ask the running kernel (once per process) what its zcrx supports."""
     q = u.io_uring_query_zcrx()
-    hdr = u.io_uring_query_hdr(query_data=ctypes.addressof(q), query_op=u.IO_URING_QUERY_ZCRX,
-                               size=ctypes.sizeof(q))
-    try:
-        io_uring_register(-1, u.IORING_REGISTER_QUERY, hdr, 0)
-    except OSError:  # no query opcode (before 6.18): no copy mode either
-        return Offers()
-    if hdr.result < 0:  # 6.18 knows the query but not its zcrx op (EOPNOTSUPP)
+    if not _query(u.IO_URING_QUERY_ZCRX, q):
         return Offers()
     return Offers(int(q.register_flags), int(q.features), int(q.nr_ctrl_opcodes))
+
+
+@functools.cache
+def kernel_stats_layout() -> StatsLayout | None:
+    """Size and alignment of the kernel's ``struct zcrx_stats``; None without zcrx stats."""
+    if not kernel_offers().events:
+        return None
+    q = u.io_uring_query_zcrx_event()
+    if not _query(u.IO_URING_QUERY_ZCRX_EVENT, q) or q.stats_size < ctypes.sizeof(u.zcrx_stats):
+        return None
+    return StatsLayout(int(q.stats_size), max(int(q.stats_off_alignment), 1))
 
 
 def check_rx_buf_len(rx_buf_len: int, offers: Offers, copy: bool) -> None:
@@ -92,12 +139,19 @@ class Registration:
     area: u.io_uring_zcrx_area_reg
     region: u.io_uring_region_desc
     region_mem: Mapping | None  # our memory for a user region, None for a kernel one
+    events: u.zcrx_event_desc | None = None  # where the kernel's copy counters go, if asked
+
+    @property
+    def stats_offset(self) -> int | None:
+        """Offset of the kernel's ``struct zcrx_stats`` in the refill region, if asked for."""
+        return None if self.events is None else int(self.events.stats_offset)
 
     @classmethod
     def build(cls, area: Area, ifindex: int, queue: int, rq_entries: int,
               user_region: bool = True, *, nodev: bool = False,
-              rx_buf_len: int = 0) -> Registration:
-        """``nodev``: copy mode (ifindex and queue must be 0, the kernel insists)."""
+              rx_buf_len: int = 0, stats: StatsLayout | None = None) -> Registration:
+        """``nodev``: copy mode (ifindex and queue must be 0, the kernel insists).
+        ``stats``: have the kernel count its copies in the region (kernel_stats_layout())."""
         if queue < 0:
             raise UsageError(f"queue must be >= 0, got {queue}")
         if not 0 < rq_entries <= IO_RQ_MAX_ENTRIES:
@@ -120,7 +174,12 @@ class Registration:
                                       area_ptr=ctypes.addressof(areg),
                                       region_ptr=ctypes.addressof(rd), rx_buf_len=rx_buf_len,
                                       flags=u.ZCRX_REG_NODEV if nodev else 0)
-        return cls(ifq, areg, rd, mem)
+        events = None
+        if stats is not None:
+            events = u.zcrx_event_desc(flags=u.ZCRX_EVENT_DESC_FLAG_STATS,
+                                       stats_offset=stats.offset(size))
+            ifq.event_desc = ctypes.addressof(events)
+        return cls(ifq, areg, rd, mem, events)
 
     def locked_bytes(self) -> int:
         return int(self.region.size) + (0 if self.area.flags else int(self.area.len))
