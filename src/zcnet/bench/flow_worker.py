@@ -27,7 +27,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -115,9 +115,6 @@ class FlowSpec:
     name: str = "zcnet-flow"
     engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False    # stream: check every received byte against the sent pattern
-
-    def to_dict(self) -> dict[str, OptionValue | dict[str, OptionValue]]:
-        return asdict(self)
 
 
 # ---- process plumbing --------------------------------------------------------------------------
