@@ -11,12 +11,13 @@ import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, cast
 
 from zcnet.caps import has_caps
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
+from zcnet.nic.nlattr import NlAttrs
 from zcnet.nic.setup import STEERED_BY_PEER
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
@@ -41,6 +42,9 @@ _AFTER_QOPS = ("tcp-data-split is disabled", "hds-thresh is not zero",
                "designated queue already memory provider bound")
 
 
+R = TypeVar("R")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -58,22 +62,23 @@ class Context:
     dev: Device
     queue: int
     mode: str
-    _cache: dict[str, Any]
+    _cache: dict[str, object]  # key -> what its reader returned, or the ZcnetError it raised
     # Makes a dma-buf of N bytes (e.g. zcnet.rx.zc.area.udmabuf_create): lets the queue-ops
     # check ask the kernel with a devmem bind-rx instead of going by the driver's name.
     dmabuf: Callable[[int], int] | None = None
 
-    def get(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Read once per run; a refusal is stored as the ZcnetError it raised."""
+    def get(self, key: str, fn: Callable[[], R]) -> R | ZcnetError:
+        """Read once per run; a refusal is stored as the ZcnetError it raised. A key is read
+        by one reader, so what it holds is what that reader returns."""
         if key not in self._cache:
             try:
                 self._cache[key] = fn()
             except ZcnetError as exc:
                 self._cache[key] = exc
-        return self._cache[key]
+        return cast("R | ZcnetError", self._cache[key])
 
-    def rings(self) -> dict[str, Any] | ZcnetError:
-        return self.get("rings", lambda: ethtool.rings_get(self.dev))  # type: ignore[no-any-return]
+    def rings(self) -> NlAttrs | ZcnetError:
+        return self.get("rings", lambda: ethtool.rings_get(self.dev))
 
 
 def _kernel_has_symbol(symbol: bytes) -> bool | None:

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.netns import netns_path
 from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device
@@ -153,7 +153,7 @@ def _state_dir_ready() -> Path:
     return d
 
 
-def _write_state(path: Path, doc: dict[str, Any]) -> None:
+def _write_state(path: Path, doc: JSONObject) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -164,7 +164,7 @@ def _write_state(path: Path, doc: dict[str, Any]) -> None:
         raise ZcnetError(f"cannot write state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
+def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> JSONObject:
     c = asdict(cfg)
     c["flows"] = list(cfg.flows)
     return {"version": STATE_VERSION, "ifname": cfg.ifname, "netns": cfg.netns,
@@ -186,7 +186,7 @@ def _claim(path: Path, cfg: NicConfig) -> None:
         raise ZcnetError(f"cannot create state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+def load_state(ifname: str, netns: str | None = None) -> JSONObject | None:
     """The state ``setup`` saved for ``ifname``, checked field by field (see ``_state_problem``),
     or None if there is none."""
     path = state_path(ifname, netns)
@@ -197,7 +197,8 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     try:
-        doc = json.loads(read_text(path, "state file", limit=MAX_STATE, fix=damaged))
+        doc: JSONValue = json.loads(read_text(path, "state file", limit=MAX_STATE,
+                                              fix=damaged))
     except FileProblem as exc:   # not a regular file, too large, not UTF-8: damage, not usage
         raise ZcnetError(exc.message, exc.hint) from None
     except ValueError as exc:
@@ -205,12 +206,12 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     except RecursionError:
         raise ZcnetError(f"state file {path} is not what setup writes (nested too deeply)",
                          damaged) from None
-    if (why := _state_problem(doc, ifname, netns)) is not None:
+    if (why := _state_problem(doc, ifname, netns)) is not None or not isinstance(doc, dict):
         raise ZcnetError(f"state file {path} is not what setup writes: {why}", damaged)
     return doc
 
 
-def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
+def _state_problem(doc: JSONValue, ifname: str, netns: str | None) -> str | None:
     """Why ``doc`` is not a state file of ``ifname`` in ``netns`` as setup writes it, or None:
     restore applies nothing it has not checked."""
     if not isinstance(doc, dict):
