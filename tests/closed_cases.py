@@ -214,7 +214,7 @@ class Case:
 SENDER = {"args": {"send": (100,), "in_flight": (0,)}, "allowed": frozenset({"stats"})}
 BURST = {"args": {}}
 PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1]},
-            "allowed": frozenset({"held_back", "extra_stats"})}
+            "allowed": frozenset({"held_back", "extra_stats", "kernel_copy"})}
 RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "on_release": (None,),
                      "release": lambda: (CTX["chunk"],), "release_many": ([],)},
             "allowed": frozenset({"stats_dict", "release", "release_many"}),

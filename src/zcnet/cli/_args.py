@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from zcnet import quantities
 from zcnet.errors import UsageError
 from zcnet.nic.ifname import ifname_problem
+
+# What ``register(sub)`` of each subcommand gets: argparse's subparsers of the ``zcnet`` parser.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+H = TypeVar("H", bound=Hashable)
 
 
 def number(name: str) -> Callable[[str], int | float]:
@@ -115,7 +119,7 @@ def span_list(name: str, what: str, limit: int = 1024) -> Callable[[str], tuple[
     return parse
 
 
-def unique(values: Iterable[Any]) -> list[Any]:
+def unique(values: Iterable[H]) -> list[H]:
     """Values in first-seen order without repeats (for repeatable options)."""
     return list(dict.fromkeys(values))
 

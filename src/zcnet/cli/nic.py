@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Mapping
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from zcnet.bench.meta import collect_env, envelope
-from zcnet.cli._args import ifname, number, span_list, unique
+from zcnet import __version__
+from zcnet.bench.meta import collect_env
+from zcnet.bench.records import NicFile, to_json
+from zcnet.cli._args import Subparsers, ifname, number, span_list, unique
 from zcnet.errors import ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.netns import netns_path
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
@@ -24,7 +27,7 @@ from zcnet.rx.zc.area import udmabuf_create
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     parser = sub.add_parser("nic", help="inspect and prepare a NIC for zero-copy receive",
                             description="Header-data split, channels, RSS and flow rules for "
                                         "io_uring zcrx and devmem TCP, with a saved state to "
@@ -93,13 +96,24 @@ def netns_name(text: str) -> str:
     return text
 
 
-def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
-    doc = envelope(kind, collect_env(lab=False), results, **extra)
-    json.dump(doc, sys.stdout, indent=2, default=str)
+def _json_out(doc: NicFile) -> None:
+    json.dump(to_json(doc), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
-def _kv_table(title: str, rows: dict[str, Any]) -> Table:
+def _nic_file(kind: str, results: list[JSONObject]) -> NicFile:
+    return NicFile(version=__version__, argv=sys.argv[1:], kind=kind,
+                   env=collect_env(lab=False), results=results)
+
+
+def _as_json(state: Mapping[str, object]) -> JSONObject:
+    """The NIC's state as JSON: what the kernel answered, values JSON lacks (bytes ...) as
+    their text."""
+    out: JSONObject = json.loads(json.dumps(state, default=str))
+    return out
+
+
+def _kv_table(title: str, rows: Mapping[str, object]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -112,7 +126,7 @@ def _show(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
         state = info.show(dev)
     if args.json:
-        _json_out("nic-show", [state])
+        _json_out(_nic_file("nic-show", [_as_json(state)]))
         return 0
     console = Console(markup=False)
     drv = state["driver"]
@@ -166,7 +180,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _thread_cpu(q: dict[str, Any]) -> str:
+def _thread_cpu(q: Mapping[str, object]) -> str:
     """"-" without a NAPI thread; n/a when it has one whose CPU could not be read."""
     if "napi_thread" not in q:
         return "-"
@@ -179,8 +193,9 @@ def _doctor(args: argparse.Namespace) -> int:
         checks = doctor.run(dev, qs, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
-        _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok, queue=qs[0],
-                  queues=list(qs), mode=args.mode)
+        doc = _nic_file("nic-doctor", [_as_json(c.as_dict()) for c in checks])
+        doc.ready, doc.queue, doc.queues, doc.mode = ok, qs[0], list(qs), args.mode
+        _json_out(doc)
         return 0 if ok else 1
     # Three columns, the fix under its detail: four narrow ones wrapped every cell at 80.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)

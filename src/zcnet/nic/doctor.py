@@ -12,12 +12,13 @@ import resource
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, cast
 
 from zcnet.caps import has_caps
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
+from zcnet.nic.nlattr import NlAttrs
 from zcnet.nic.setup import STEERED_BY_PEER, int_tuple
 from zcnet.nic.steps import queues_text
 from zcnet.uapi import io_uring as u
@@ -43,6 +44,9 @@ _AFTER_QOPS = ("tcp-data-split is disabled", "hds-thresh is not zero",
                "designated queue already memory provider bound")
 
 
+R = TypeVar("R")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -60,26 +64,26 @@ class Context:
     dev: Device
     queues: tuple[int, ...]
     mode: str
-    _cache: dict[str, Any]
+    _cache: dict[str, object]  # key -> what its reader returned, or the ZcnetError it raised
     # Makes a dma-buf of N bytes (e.g. zcnet.rx.zc.area.udmabuf_create): lets the queue-ops
     # check ask the kernel with a devmem bind-rx instead of going by the driver's name.
     dmabuf: Callable[[int], int] | None = None
 
-    def get(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Read once per run; a refusal is stored as the ZcnetError it raised."""
+    def get(self, key: str, fn: Callable[[], R]) -> R | ZcnetError:
+        """Read once per run; a refusal is stored as the ZcnetError it raised. A key is read
+        by one reader, so what it holds is what that reader returns."""
         if key not in self._cache:
             try:
                 self._cache[key] = fn()
             except ZcnetError as exc:
                 self._cache[key] = exc
-        return self._cache[key]
+        return cast("R | ZcnetError", self._cache[key])
 
-    def rings(self) -> dict[str, Any] | ZcnetError:
-        return self.get("rings", lambda: ethtool.rings_get(self.dev))  # type: ignore[no-any-return]
+    def rings(self) -> NlAttrs | ZcnetError:
+        return self.get("rings", lambda: ethtool.rings_get(self.dev))
 
-    def queue(self, qid: int) -> dict[str, Any] | ZcnetError:
-        return self.get(f"queue {qid}",  # type: ignore[no-any-return]
-                        lambda: netdev.queue_get(self.dev, qid))
+    def queue(self, qid: int) -> NlAttrs | ZcnetError:
+        return self.get(f"queue {qid}", lambda: netdev.queue_get(self.dev, qid))
 
 
 def _kernel_has_symbol(symbol: bytes) -> bool | None:

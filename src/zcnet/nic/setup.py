@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.netns import netns_path
 from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device
@@ -207,7 +207,7 @@ def _state_dir_ready() -> Path:
     return d
 
 
-def _write_state(path: Path, doc: dict[str, Any]) -> None:
+def _write_state(path: Path, doc: JSONObject) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -218,7 +218,7 @@ def _write_state(path: Path, doc: dict[str, Any]) -> None:
         raise ZcnetError(f"cannot write state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
+def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> JSONObject:
     c = asdict(cfg)
     c["flows"] = list(cfg.flows)
     return {"version": STATE_VERSION, "ifname": cfg.ifname, "netns": cfg.netns,
@@ -240,7 +240,7 @@ def _claim(path: Path, cfg: NicConfig) -> None:
         raise ZcnetError(f"cannot create state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+def load_state(ifname: str, netns: str | None = None) -> JSONObject | None:
     """The state ``setup`` saved for ``ifname``, checked field by field (see ``_state_problem``),
     or None if there is none."""
     path = state_path(ifname, netns)
@@ -251,7 +251,8 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     try:
-        doc = json.loads(read_text(path, "state file", limit=MAX_STATE, fix=damaged))
+        doc: JSONValue = json.loads(read_text(path, "state file", limit=MAX_STATE,
+                                              fix=damaged))
     except FileProblem as exc:   # not a regular file, too large, not UTF-8: damage, not usage
         raise ZcnetError(exc.message, exc.hint) from None
     except ValueError as exc:
@@ -259,12 +260,13 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     except RecursionError:
         raise ZcnetError(f"state file {path} is not what setup writes (nested too deeply)",
                          damaged) from None
-    if (why := _state_problem(_upgrade(doc), ifname, netns)) is not None:
+    if (why := _state_problem(_upgrade(doc), ifname, netns)) is not None \
+            or not isinstance(doc, dict):
         raise ZcnetError(f"state file {path} is not what setup writes: {why}", damaged)
     return doc
 
 
-def _upgrade(doc: Any) -> Any:
+def _upgrade(doc: JSONValue) -> JSONValue:
     """A version-1 state file (one queue, one port) in version 2's words, where its fields
     have the shape version 1 wrote; ``_state_problem`` then checks the result as any other."""
     if not isinstance(doc, dict) or doc.get("version") != 1:
@@ -280,7 +282,7 @@ def _upgrade(doc: Any) -> Any:
     return doc
 
 
-def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
+def _state_problem(doc: JSONValue, ifname: str, netns: str | None) -> str | None:
     """Why ``doc`` is not a state file of ``ifname`` in ``netns`` as setup writes it, or None:
     restore applies nothing it has not checked."""
     if not isinstance(doc, dict):
@@ -438,7 +440,7 @@ def restore(ifname: str, netns: str | None = None, *, device: Device | None = No
     return todo
 
 
-def _configured_by(doc: dict[str, Any]) -> NicConfig:
+def _configured_by(doc: JSONObject) -> NicConfig:
     """The configuration a checked state file (``load_state``) records."""
     c = doc["config"]
     return NicConfig(doc["ifname"], c["queues"], c["ports"], c["mode"], c["rss_context"],

@@ -107,7 +107,7 @@ class Provider(Protocol):
     def close(self) -> None:
         """Release kernel resources; the area stays mapped (chunks may still be held).
         Idempotent; afterwards arm, can_arm, reap and recycle raise ClosedError (their memory
-        is unmapped), while held_back and extra_stats still read."""
+        is unmapped), while held_back, extra_stats and kernel_copy still read."""
 
 
 T = TypeVar("T")
