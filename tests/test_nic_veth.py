@@ -252,11 +252,11 @@ def test_doctor_picks_a_queue_the_device_has(dev):
     ethtool.channels_set(dev, rx_count=top)
     try:
         assert doctor.rx_queues(dev) == list(range(top))
-        assert doctor.pick_queue(dev, None) == top - 1
-        assert doctor.pick_queue(dev, 0) == 0
+        assert doctor.pick_queues(dev, None) == (top - 1,)
+        assert doctor.pick_queues(dev, [0]) == (0,)
         with pytest.raises(UsageError, match=rf"has no RX queue {top} \(its RX queues: "
                                              rf"0\.\.{top - 1}\)"):
-            doctor.pick_queue(dev, top)
+            doctor.pick_queues(dev, [top])
     finally:
         ethtool.channels_set(dev, rx_count=before["rx-count"])
 
@@ -269,7 +269,7 @@ def test_loopback_is_named_by_its_driver(no_leaks):
         assert info.show(lo)["driver"]["driver"] == "loopback"
         assert info.show(lo)["channels"] == {
             "unsupported": "driver loopback does not support channels"}
-        checks = {c.name: c for c in doctor.run(lo, doctor.pick_queue(lo, None))}
+        checks = {c.name: c for c in doctor.run(lo, doctor.pick_queues(lo, None))}
     qops = checks["driver: queue management ops"]
     assert (qops.status, qops.detail) == (doctor.FAIL,
                                           "driver loopback has no queue management ops")

@@ -342,11 +342,6 @@ def pick_queues(dev: Device, queues: Sequence[int] | None) -> tuple[int, ...]:
     return tuple(queues)
 
 
-def pick_queue(dev: Device, queue: int | None) -> int:
-    """``pick_queues`` for one queue."""
-    return pick_queues(dev, None if queue is None else [queue])[0]
-
-
 def run(dev: Device, queues: int | Iterable[int] = 1, mode: str = "zcrx",
         dmabuf: Callable[[int], int] | None = None) -> list[Check]:
     ctx = Context(dev, int_tuple(queues), mode, {}, dmabuf)
