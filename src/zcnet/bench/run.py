@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from zcnet.bench import busy, intervals
@@ -72,8 +72,7 @@ class BenchSite:
     data_port: int | None = None  # the receiving port a flow rule steers (None: any port)
 
 
-# The receiving port of flows in a netdevsim lab (flow N: this + N): nic setup's flow rules
-# steer them to --queue.
+# The receiving port of flows in a netdevsim lab: nic setup's flow rule steers it to --queue.
 NETDEVSIM_DATA_PORT = 9000
 
 
@@ -95,17 +94,13 @@ def pick_cpus(placement: str) -> tuple[int, int] | str:
 
 @contextlib.contextmanager
 def bench_site(use_lab: bool, mtu: int, device: str = "veth",
-               queue: int | Sequence[int] | None = None, rx_steer: bool = True, *,
-               flows: int = 1, rss_context: bool = False) -> Iterator[BenchSite]:
-    """Where the flows run. On a netdevsim lab, ``queue`` (one or several) gets `nic setup`
-    for ``flows`` data ports: a rule per port (flow N to queue N mod the queue count), or with
-    ``rss_context`` every port to an RSS context spreading its flows over the queues."""
+               queue: int | None = None, rx_steer: bool = True) -> Iterator[BenchSite]:
     if use_lab:
         before_run()  # stale labs go; others are announced (log warnings)
         with Lab(mtu=mtu, device=device) as lab, contextlib.ExitStack() as stack:
             data_port = None
             if device == "netdevsim" and queue is not None:
-                data_port = _netdevsim_queues(stack, lab, queue, flows, rss_context)
+                data_port = _netdevsim_queue(stack, lab, queue)
             if device == "veth" and rx_steer:
                 steer(lab)
             servers = stack.enter_context(lab_servers(lab))
@@ -126,28 +121,20 @@ def _to_the_lab() -> str:
     return "run as root to use the lab"
 
 
-def _netdevsim_queues(stack: contextlib.ExitStack, lab: Lab, queues: int | Sequence[int],
-                      flows: int, rss_context: bool) -> int | None:
-    """Prepare the receiving netdevsim port for zcrx/devmem on ``queues`` as a NIC is prepared
-    (`nic setup`, restored at exit); returns the first data port the flows must use, or None.
+def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> int | None:
+    """Prepare the receiving netdevsim port for zcrx/devmem on ``queue`` as a NIC is prepared
+    (`nic setup`, restored at exit); returns the data port the flows must use, or None.
 
-    zcnet's netdevsim (ntuple, RSS) gets the whole plan: RSS off the queues and flow rules for
-    the data ports from NETDEVSIM_DATA_PORT, so only the data flows land there: a control
-    connection on a queue holding a provider would find its bytes unreadable. Upstream
-    netdevsim (no ntuple, and no DMA into provider memory) gets channels and HDS, and the
-    sending port transmits on the one queue (XPS): it receives on the queue numbered like the
-    sender's TX queue."""
-    cfg = setup.NicConfig(lab.if_b, queues,
-                          range(NETDEVSIM_DATA_PORT, NETDEVSIM_DATA_PORT + flows),
-                          rss_context=rss_context, netns=lab.ns_b)
+    zcnet's netdevsim (ntuple, RSS) gets the whole plan: RSS off the queue and a flow rule for
+    NETDEVSIM_DATA_PORT, so only the data flow lands there: a control connection on a queue
+    holding a provider would find its bytes unreadable. Upstream netdevsim (no ntuple, and no
+    DMA into provider memory) gets channels and HDS, and the sending port transmits on the
+    queue (XPS): it receives on the queue numbered like the sender's TX queue."""
+    cfg = setup.NicConfig(lab.if_b, queue, NETDEVSIM_DATA_PORT, netns=lab.ns_b)
     steps = stack.enter_context(setup.applied(cfg))
     if any(s.kind == "flow-rule" for s in steps):
         return NETDEVSIM_DATA_PORT
-    if len(cfg.queues) > 1:
-        raise UsageError(f"{lab.if_b} (upstream netdevsim) has no flow rules to spread flows "
-                         f"over queues {','.join(map(str, cfg.queues))}",
-                         "use zcnet's test kernel (`zcnet vm build-kernel`), or one queue")
-    netdevsim.steer_tx(lab.ns_a, lab.if_a, cfg.queues[0])
+    netdevsim.steer_tx(lab.ns_a, lab.if_a, queue)
     return None
 
 
