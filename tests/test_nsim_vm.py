@@ -601,4 +601,41 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
     assert all(c["zcrx_mode"] == "device" and c["note"] == NETDEVSIM_DMA_NOTE
                for c in zcrx), zcrx
     assert all(c["engine_stats"]["kernel_copied_bytes"] == 0 for c in zcrx), zcrx
+    # The report says so per row: the zcrx column of the 1500 row reads 100% zero-copy.
+    md = (out / "mlx5-zcrx.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| 1500 "))
+    assert row.rstrip(" |").endswith("100% zero-copy"), row
+
+
+def test_reproduce_zcrx_refs_on_a_netdevsim_queue_reports_the_share_per_row(ready, tmp_path):
+    """`zcnet reproduce zcrx-refs` on the netdevsim port: real zcrx (no substitution) in each
+    placement x consumer cell, every row 100% zero-copy by the kernel's own counter."""
+    from zcnet.bench.remote import NetnsServer
+    from zcnet.netns import netns_popen
+
+    lab = ready
+    token = tmp_path / "token"
+    with NetnsServer(host=lab.addr_a, netns=lab.ns_a) as server:
+        token.write_bytes(server.token + b"\n")
+        token.chmod(0o600)
+        out = tmp_path / "out"
+        proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", "zcrx-refs",
+                                      "--ifname", lab.if_b, "--remote", str(server.address),
+                                      "--token-file", str(token), "--queue", str(QUEUE),
+                                      "--data-port", str(PORT),
+                                      "--duration", "0.5", "--repeat", "1", "--out", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, stderr = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, stderr[-2000:]
+    doc = json.loads((out / "zcrx-refs.json").read_text())
+    assert not doc.get("substitutions"), doc.get("substitutions")
+    cells = doc["results"]
+    assert len(cells) == 4 and all(c["status"] == "ok" for c in cells), cells
+    for c in cells:
+        assert c["engine"] == "zcrx" and c["zcrx_mode"] == "device", c
+        assert c["engine_stats"]["kernel_copied_bytes"] == 0, c["engine_stats"]
+    md = (out / "zcrx-refs.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith(("| same ", "| split "))]
+    # Two placements x two consumers: each cell of each row reads 100% zero-copy.
+    assert len(rows) == 2 and all(line.count("100% zero-copy") == 2 for line in rows), md
 

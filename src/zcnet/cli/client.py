@@ -209,23 +209,35 @@ def _perf(f: ResultRow, rr: bool) -> list[str]:
             for v, digits in ((f.tps, 0), *((p, 2) for _, p in lat.percentiles()))]
 
 
+def _zero_copy(f: ResultRow) -> str:
+    """A flow's zero-copy share: ``-`` for a copying engine, ``?`` unknown (a note says why)."""
+    if not f.tracks_copies() or not f.ok:
+        return "-" if f.ok else "n/a"
+    share = f.zero_copy_share()
+    return f"{share:.0f}" if share is not None else "?"
+
+
 def tables(result: ClientResult) -> list[Table]:
     s = result.summary
     rr = s.mode == "rr"
     heads = ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app"]
     heads += (["tps", *(f"{label} us" for label, _ in Latency().percentiles())] if rr
               else ["Gbit/s"])
-    heads += ["retrans", "rtt us", "cwnd"]
+    copies = any(f.tracks_copies() for f in result.flows)
+    heads += ["zc %"] * copies + ["retrans", "rtt us", "cwnd"]
     rows = []
     notes = []
     for f in result.flows:
         tcp = f.tcp_tx
         rows.append([str(f.flow), f.status, _fmt(f.rx_cpu), _fmt(f.rx_app_cpu),
                      _fmt(f.tx_cpu), _fmt(f.tx_app_cpu), *_perf(f, rr),
+                     *[_zero_copy(f)] * copies,
                      _fmt(tcp.retrans if tcp else None), _fmt(tcp.rtt_us if tcp else None),
                      _fmt(tcp.snd_cwnd if tcp else None)])
         if f.reason:
             notes.append(f"warning: flow {f.flow}: {f.reason}")
+        if f.ok and (why := f.zero_copy_reason()):
+            notes.append(f"flow {f.flow}: zero-copy share unknown: {why}")
 
     def us(value: float | None) -> str:
         return f"{value:.1f} us" if value is not None else "n/a"
@@ -236,7 +248,9 @@ def tables(result: ClientResult) -> list[Table]:
     notes.insert(0, f"{total} over {s.ok}/{s.flows} flows")
     notes.append("rx/tx cpu: the CPU that ran each end's receive softirq (SO_INCOMING_CPU); "
                  "rx/tx app: the CPU each application was pinned to (- not pinned); retrans, "
-                 "rtt, cwnd: the sender's TCP_INFO")
+                 "rtt, cwnd: the sender's TCP_INFO"
+                 + ("; zc %: of the bytes received, the share the kernel did not copy (its own "
+                    "counter; - a copying engine, ? unknown)" if copies else ""))
     out = [Table("flows", heads, rows, notes, compact=True)]
     cpu_rows = []
     shares = [sh for cpus in result.cpus.values() for sh in cpus.values()]

@@ -1,13 +1,14 @@
 """The seed's table for ``zcnet bench``: rows MTU, columns engine, one block per placement.
 
-A cell reads ``Gbit/s (busy %)``: the rate received, and how busy the CPU the receiving
-application ran on was (a legend under the tables says what that CPU also ran). A cell that did
-not run reads ``n/a`` and the reason goes in a note under the table (and in the JSON); `` !``
-marks a cell with a warning. A zcrx cell where the kernel copied into the area (copy mode, no NIC
-queue) reads ``copy`` after its numbers, with a note. A cell run several times (``--repeat``)
-reads the medians of its repeats and, on a second line, their Gbit/s range ``[min..max]``; a
-third says how many failed, if any. With more engines than fit the terminal, the table turns: rows
-engine, columns MTU (``transposed``).
+A cell reads ``Gbit/s (busy %)``: the rate received, and how busy the CPU the receiving application
+ran on was (a legend under the tables says what that CPU also ran). A cell that did not run reads
+``n/a`` and the reason goes in a note under the table (and in the JSON); `` !`` marks a cell with a
+warning. A zcrx cell where the kernel copied into the area (copy mode, no NIC queue) reads ``copy``
+after its numbers, with a note; a zero-copy engine's cell reads ``zc N%``, the share of its bytes
+the kernel did not copy (``zc ?``: unknown, the reason in a note). A cell run several times
+(``--repeat``) reads the medians of its repeats and, on a second line, their Gbit/s range
+``[min..max]``; a third says how many failed, if any. With more engines than fit the terminal, the
+table turns: rows engine, columns MTU (``transposed``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.matrix import cell_groups, peer_ratios
-from zcnet.bench.records import CpuPair, CpuShares, ResultFile, ResultRow
+from zcnet.bench.records import CpuPair, CpuShares, EngineStat, ResultFile, ResultRow
 from zcnet.report.export import fits, print_notes, say
 from zcnet.report.labels import PLACEMENT_TITLES, ZCRX_COPY_NOTE
 from zcnet.report.warning_notes import cell_warnings
@@ -57,6 +58,9 @@ def cell_text(r: ResultRow | None) -> Text:
     text.append(f" ({busy:.0f}%)" if busy is not None else " (CPU n/a)")
     if r.zcrx_mode == "copy":
         text.append(" copy")
+    if r.tracks_copies():
+        share = r.zero_copy_share()
+        text.append(f" zc {share:.0f}%" if share is not None else " zc ?")
     if r.warnings:
         text.append(" !", style="yellow")
     if r.verify is not None and r.verify.mismatches:
@@ -88,13 +92,26 @@ def repeats_text(rows: list[ResultRow]) -> Text:
         warnings=next((r.warnings for r in ok if r.warnings), []),
         verify=next((r.verify for r in ok if r.verify is not None and r.verify.mismatches),
                     None),
-        cpu=CpuPair(rx=CpuShares(busy=statistics.median(busy))) if busy else None)
+        cpu=CpuPair(rx=CpuShares(busy=statistics.median(busy))) if busy else None,
+        engine_stats=_median_share(ok))
     text = cell_text(med)
     if len(ok) > 1:
         text.append(f"\n[{min(_gbps(r) for r in ok):.1f}..{max(_gbps(r) for r in ok):.1f}]")
     if len(ok) < len(rows):
         text.append(f"\n{len(rows) - len(ok)}/{len(rows)} failed", style="red")
     return text
+
+
+def _median_share(rows: list[ResultRow]) -> dict[str, EngineStat] | None:
+    """The first row's engine stats with the median zero-copy share of the repeats (unknown
+    when any repeat's is)."""
+    stats = rows[0].engine_stats
+    if stats is None or not rows[0].tracks_copies():
+        return stats
+    shares = [r.zero_copy_share() for r in rows]
+    known = [v for v in shares if v is not None]
+    median = statistics.median(known) / 100 if len(known) == len(shares) else None
+    return {**stats, "zero_copy_share": median}
 
 
 def bench_tables(doc: ResultFile, *, transposed: bool = False) -> list[Block]:
@@ -141,6 +158,9 @@ def bench_legend(doc: ResultFile) -> list[str]:
         marks.append("! a warning below")
     if any(r.zcrx_mode == "copy" for r in doc.results):
         marks.append("copy: zcrx in copy mode (note below)")
+    if any(r.tracks_copies() for r in doc.results):
+        marks.append("zc N%: of the bytes received, the share the kernel did not copy (its own "
+                     "counter; the soft provider copies all: 0%); zc ?: unknown (note below)")
     if marks:
         lines.append("; ".join(marks))
     return lines
@@ -165,6 +185,8 @@ def bench_notes(doc: ResultFile) -> list[str]:
         if ok and all(_busy(r) is None for r in ok):
             notes.append(f"CPU n/a: {engine} {where}: the receiving CPU's share was not "
                          "sampled")
+        notes += list(dict.fromkeys(f"zc ?: {engine} {where}: zero-copy share unknown: {why}"
+                                    for r in ok if (why := r.zero_copy_reason())))
         for r in ok:
             if r.tx_stats is not None and r.tx_stats.note:
                 tx_notes.setdefault(r.tx_stats.note, None)

@@ -39,11 +39,12 @@ _METRIC_OF: dict[str, Callable[[ResultRow], float | None]] = {
     "cycles_per_pkt": lambda r: r.cycles_per_pkt,
     "latency_us": lambda r: r.latency_us,
     "rx_busy": ResultRow.rx_busy,
+    "zero_copy_share": ResultRow.zero_copy_share,
 }
 assert set(_METRIC_OF) == set(METRICS), "every metric needs its reader"
 
 
-_DERIVED = ("mbps", "rx_busy")
+_DERIVED = ("mbps", "rx_busy", "zero_copy_share")
 
 
 def metric_value(row: ResultRow, name: str) -> float | None:
@@ -59,7 +60,8 @@ def stored_metric(row: ResultRow, name: str) -> float | None:
 def metric_reason(row: ResultRow, name: str) -> str | None:
     """Why a row lacks a metric, where it says (txbench's CPU counters)."""
     return {"instructions_per_pkt": row.instructions_per_pkt_reason,
-            "cycles_per_pkt": row.cycles_per_pkt_reason}.get(name)
+            "cycles_per_pkt": row.cycles_per_pkt_reason,
+            "zero_copy_share": row.zero_copy_reason()}.get(name)
 
 
 @dataclass

@@ -84,15 +84,37 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     s = cell.summary(metric)
     parts = [s.format(METRICS[metric].digits) if s else "n/a"]
     for name in extra:
+        if name == ZERO_COPY and not any(r.tracks_copies() for r in cell.rows):
+            continue  # a copying engine: no counter to show
         s = cell.summary(name)
         m = METRICS[name]
         if s is not None:
             # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
             unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
             parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
-        else:
-            parts.append(f"n/a {m.short or m.label}")  # not measured: never shown as 0
+        else:  # not measured: never shown as 0
+            parts.append(f"{'unknown' if name == ZERO_COPY else 'n/a'} {m.short or m.label}")
     return ", ".join(parts)
+
+
+ZERO_COPY = "zero_copy_share"
+
+
+def with_copies(extra: list[str], rows: Iterable[ResultRow]) -> list[str]:
+    """``extra`` and the zero-copy share where a receiver kept the kernel's copy counters."""
+    if ZERO_COPY in extra or not any(r.tracks_copies() for r in rows):
+        return extra
+    return [*extra, ZERO_COPY]
+
+
+def copy_notes(cells: Iterable[Cell]) -> list[str]:
+    """Why a zero-copy share is unknown: one line per reason, naming its cells."""
+    by_reason: dict[str, dict[str, None]] = {}
+    for c in cells:
+        for r in c.rows:
+            if r.ok and (why := r.zero_copy_reason()):
+                by_reason.setdefault(why, {})[key_text(c.key)] = None
+    return [f"zero-copy unknown ({'; '.join(keys)}): {why}" for why, keys in by_reason.items()]
 
 
 def _blocks(cells: dict[CellKey, Cell], fixed: Iterable[str]) -> dict[CellKey, list[Cell]]:
@@ -108,10 +130,10 @@ def _blocks(cells: dict[CellKey, Cell], fixed: Iterable[str]) -> dict[CellKey, l
 def grid(title: str, results: list[ResultRow], *, rows: str, columns: str, metric: str,
          extra: Iterable[str] = ()) -> list[Table]:
     """One table per combination of the other axes: rows x columns, cell = metric (+ extras)."""
-    extra = list(extra)
     cells = group(results)
     tables = []
     for rest, block in _blocks(cells, (rows, columns)).items():
+        extra = with_copies(list(extra), (r for c in block for r in c.rows))
         row_vals = list(dict.fromkeys(c.fields.get(rows) for c in block))
         col_vals = list(dict.fromkeys(c.fields.get(columns) for c in block))
         lookup = {(c.fields.get(rows), c.fields.get(columns)): c for c in block}
@@ -126,7 +148,8 @@ def grid(title: str, results: list[ResultRow], *, rows: str, columns: str, metri
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = (extra_legend(extra) + na_notes(block) + warning_notes(block)
+        t.notes = (extra_legend(extra) + na_notes(block) + copy_notes(block)
+                   + warning_notes(block)
                    + unstable_notes(block, [metric, *extra])
                    + [ZCRX_COPY_NOTE] * any(_modes(c) == {"copy"} for c in block))
         tables.append(t)
@@ -136,7 +159,10 @@ def grid(title: str, results: list[ResultRow], *, rows: str, columns: str, metri
 # What an extra after the headline means, where a number alone would not say.
 EXTRA_LEGENDS = {"rx_busy": "N% CPU: how busy the CPU the receiving application ran on was "
                             "(100 - %idle - %iowait over the cell); in placement same it also "
-                            "runs the receive softirq (and in the lab the sender)"}
+                            "runs the receive softirq (and in the lab the sender)",
+                 ZERO_COPY: "N% zero-copy: of the bytes received, the share the kernel did not "
+                            "copy, from its own counter (zcrx stats, devmem's linear "
+                            "fragments; the soft provider copies every byte: 0%)"}
 
 
 def extra_legend(extra: Iterable[str]) -> list[str]:
@@ -156,7 +182,7 @@ def _engine_head(engine: AxisValue | None, block: list[Cell], columns: str) -> s
 def ab(title: str, results: list[ResultRow], *, baseline: dict[str, AxisValue], metric: str,
        extra: Iterable[str] = ()) -> Table:
     """Each cell against the baseline cell: metric ± stdev, extras, ratio and verdict."""
-    extra = list(extra)
+    extra = with_copies(list(extra), results)
     cells = list(group(results).values())
     base = next((c for c in cells if all(c.fields.get(k) == v for k, v in baseline.items())),
                 None)
@@ -185,7 +211,8 @@ def ab(title: str, results: list[ResultRow], *, baseline: dict[str, AxisValue], 
         reason = next((why.removeprefix("n/a: ") for r in results for m in missing
                        if (why := metric_reason(r, m))), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
-    t.notes += na_notes(cells) + warning_notes(cells) + unstable_notes(cells,
+    t.notes += extra_legend(shown_extra) if ZERO_COPY in shown_extra else []
+    t.notes += na_notes(cells) + copy_notes(cells) + warning_notes(cells) + unstable_notes(cells,
                                                                     [metric, *shown_extra])
     return t
 

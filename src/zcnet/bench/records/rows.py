@@ -146,6 +146,26 @@ class ResultRow:
         shares = self.side_shares("rx")
         return shares.busy_share() if shares is not None else None
 
+    def tracks_copies(self) -> bool:
+        """The receiver kept the kernel's copy counters (zero-copy engines); copying engines
+        (epoll, io_uring recv) copy every byte by design and keep none."""
+        return self.engine_stats is not None and "kernel_copied_source" in self.engine_stats
+
+    def zero_copy_share(self) -> float | None:
+        """The share of the received bytes the kernel placed without copying, in percent, from
+        its own counter; None: not tracked, or unknown (``kernel_copied_source`` says why)."""
+        share = (self.engine_stats or {}).get("zero_copy_share")
+        return 100.0 * share if isinstance(share, int | float) else None
+
+    def zero_copy_reason(self) -> str | None:
+        """Why a tracked row's zero-copy share is unknown (the kernel has no counter ...)."""
+        if not self.tracks_copies() or self.zero_copy_share() is not None:
+            return None
+        source = (self.engine_stats or {}).get("kernel_copied_source")
+        if not self.bytes:
+            return "no bytes received"
+        return str(source)
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
