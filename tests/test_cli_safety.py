@@ -177,7 +177,8 @@ NUMERIC_OPTIONS = [
     (["server"], "--session-timeout", "timeout"), (["server"], "--max-flows", "flows"),
     (["server"], "--max-duration", "duration"), (["server"], "--max-memory", "memory"),
     (["lab", "up"], "--mtu", "mtu"),
-    (["nic", "doctor", "lo"], "--queue", "queue"),
+    (["nic", "doctor", "lo"], "--queue", "queue"), (["nic", "doctor", "lo"], "--queues", "queue"),
+    (["nic", "setup", "lo", "--queue", "1"], "--port", "port"),
 ]
 
 NONSENSE = ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1", "-0.5", "1e30",

@@ -51,8 +51,8 @@ def register(sub: Subparsers) -> None:
     p.add_argument("--data-host", metavar="ADDR",
                    help="address the flows connect to on dst (default: dst's control host)")
     p.add_argument("--data-port", type=number("port"), metavar="PORT",
-                   help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
-                        "rule steers to the zero-copy queue); default: any free port")
+                   help="receive flow N on PORT+N on dst (the ports `zcnet nic setup --port "
+                        "PORT-...` steers to the zero-copy queues); default: any free port")
     p.add_argument("--rx-engine", default="epoll",
                    help=f"receive engine on dst: {', '.join(engine_names())} (default epoll)")
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",

@@ -15,12 +15,13 @@ from rich.text import Text
 from zcnet import __version__
 from zcnet.bench.meta import collect_env
 from zcnet.bench.records import NicFile, to_json
-from zcnet.cli._args import Subparsers, ifname, number, unique
+from zcnet.cli._args import Subparsers, ifname, number, span_list, unique
 from zcnet.errors import ZcnetError
 from zcnet.jsonvalue import JSONObject
 from zcnet.netns import netns_path
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
+from zcnet.nic.steps import queues_text
 from zcnet.rx.zc.area import udmabuf_create
 
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
@@ -45,20 +46,23 @@ def register(sub: Subparsers) -> None:
 
     doc = actions.add_parser("doctor", help="checklist for zero-copy receive; exit 0 if ready")
     common(doc)
-    doc.add_argument("--queue", type=number("queue"), default=None,
-                     help="RX queue to receive on (default: the device's last RX queue)")
+    queues(doc, required=False, help="RX queue to receive on (default: the device's last RX "
+                                     "queue)")
     doc.add_argument("--mode", choices=setup.MODES, default="zcrx")
     doc.add_argument("--json", action="store_true", help="JSON envelope on stdout")
     doc.set_defaults(func=_doctor)
 
     st = actions.add_parser("setup", help="apply the zero-copy configuration, saving the old")
     common(st)
-    st.add_argument("--queue", type=number("queue"), required=True,
-                    help="RX queue to steer the port to")
-    st.add_argument("--port", type=number("port"), required=True, help="TCP destination port")
+    queues(st, required=True, help="RX queue to steer the port to")
+    st.add_argument("--port", type=span_list("port", "port", setup.MAX_PORTS), required=True,
+                    metavar="PORT[,PORT|-PORT...]",
+                    help="TCP destination ports (9999, 9999,10000 or 9000-9007); with several "
+                         "queues and no --rss-context, port i goes to queue i mod N")
     st.add_argument("--mode", choices=setup.MODES, default="zcrx")
     st.add_argument("--rss-context", action="store_true",
-                    help="steer through a new RSS context instead of shrinking the default one")
+                    help="steer the ports to a new RSS context over the queues (flows spread "
+                         "by hash) instead of one queue per port")
     st.add_argument("--flow", action="append", choices=sorted(setup.ntuple.FLOW_TYPES),
                     help="flow types to steer (repeatable; default tcp4 and tcp6)")
     st.set_defaults(func=_setup)
@@ -66,6 +70,21 @@ def register(sub: Subparsers) -> None:
     rs = actions.add_parser("restore", help="undo 'zcnet nic setup' from its saved state")
     common(rs)
     rs.set_defaults(func=_restore)
+
+
+def queues(p: argparse.ArgumentParser, *, required: bool, help: str) -> None:
+    """--queue Q, or --queues Q,Q... (several queues); each a tuple: read ``args.queue or
+    args.queues``."""
+    one = number("queue")
+
+    def one_queue(text: str) -> tuple[int, ...]:
+        return (int(one(text)),)
+
+    one_queue.__name__ = "queue"  # argparse's "invalid queue value"
+    group = p.add_mutually_exclusive_group(required=required)
+    group.add_argument("--queue", type=one_queue, metavar="Q", help=help)
+    group.add_argument("--queues", type=span_list("queue", "queue"), metavar="Q[,Q|-Q...]",
+                       help="several RX queues (2,3 or 2-5)")
 
 
 def netns_name(text: str) -> str:
@@ -170,12 +189,12 @@ def _thread_cpu(q: Mapping[str, object]) -> str:
 
 def _doctor(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
-        args.queue = doctor.pick_queue(dev, args.queue)
-        checks = doctor.run(dev, args.queue, args.mode, dmabuf=udmabuf_create)
+        qs = doctor.pick_queues(dev, args.queue or args.queues)
+        checks = doctor.run(dev, qs, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
         doc = _nic_file("nic-doctor", [_as_json(c.as_dict()) for c in checks])
-        doc.ready, doc.queue, doc.mode = ok, args.queue, args.mode
+        doc.ready, doc.queue, doc.queues, doc.mode = ok, qs[0], list(qs), args.mode
         _json_out(doc)
         return 0 if ok else 1
     # Three columns, the fix under its detail: four narrow ones wrapped every cell at 80.
@@ -189,7 +208,7 @@ def _doctor(args: argparse.Namespace) -> int:
             detail.append(f"\nfix: {c.fix}", style="dim")
         table.add_row(Text(c.status, style=STATUS_STYLE[c.status]), c.name, detail)
     console = Console(markup=False)
-    console.print(Text(f"{args.iface}: ready for {args.mode} on queue {args.queue}?",
+    console.print(Text(f"{args.iface}: ready for {args.mode} on {queues_text(qs)}?",
                        style="bold"))
     console.print(table)
     if ok:
@@ -202,8 +221,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    cfg = setup.NicConfig(args.iface, args.queue, args.port, args.mode, args.rss_context,
-                          args.netns, tuple(unique(args.flow)) if args.flow else ("tcp4", "tcp6"))
+    cfg = setup.NicConfig(args.iface, args.queue or args.queues, args.port, args.mode,
+                          args.rss_context, args.netns,
+                          tuple(unique(args.flow)) if args.flow else ("tcp4", "tcp6"))
     steps = setup.apply(cfg)
     console = Console(markup=False)
     for s in steps:

@@ -32,6 +32,11 @@ class Step:
         return STEPS[self.kind].title(self.params)
 
 
+def queues_text(queues: list[int] | tuple[int, ...]) -> str:
+    """"queue 2" or "queues 2,3", for messages and step titles."""
+    return f"queue{'s' if len(queues) > 1 else ''} {','.join(map(str, queues))}"
+
+
 def channel_key(ch: JSONObject) -> str:
     return "combined-count" if ch.get("combined-max", 0) else "rx-count"
 
@@ -78,19 +83,24 @@ def _rings_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
         ethtool.rings_set(dev, **{p["name"]: undo["prior"]})
 
 
+def _spread(queues: list[int], size: int) -> list[int]:
+    return [queues[i % len(queues)] for i in range(size)]
+
+
 def _rss_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
-    """Spread the default RSS context over every queue but ``queue``."""
+    """Spread the default RSS context over every queue but ``queues``."""
     prior = ethtool.rss_get(dev).get("indir") or []
-    others = [q for q in range(p["count"]) if q != p["queue"]]
+    others = [q for q in range(p["count"]) if q not in p["queues"]]
     if not prior or not others:
-        dev.raise_unsupported("an RSS indirection table", "move RSS off the queue")
+        dev.raise_unsupported("an RSS indirection table",
+                              f"move RSS off {queues_text(p['queues'])}")
     # A table the user never set is the kernel's default spread (i mod rings). Restoring it by
     # value would mark it user-configured, after which drivers refuse channel changes; an
     # empty table resets it to the default instead.
     rings = ntuple.rx_rings(dev)
     undo["default"] = prior == [i % rings for i in range(len(prior))]
     undo["prior"] = prior
-    ethtool.rss_set(dev, [others[i % len(others)] for i in range(len(prior))])
+    ethtool.rss_set(dev, _spread(others, len(prior)))
 
 
 def _rss_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
@@ -101,7 +111,10 @@ def _rss_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
 
 
 def _rss_ctx_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
-    undo["context"] = ethtool.rss_create(dev, [p["queue"]])
+    """A new RSS context spreading over ``queues``: a table of the device's size (the kernel
+    repeats a shorter one only when it divides that size)."""
+    size = len(ethtool.rss_get(dev).get("indir") or []) or len(p["queues"])
+    undo["context"] = ethtool.rss_create(dev, _spread(p["queues"], size))
 
 
 def _rss_ctx_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
@@ -117,6 +130,11 @@ def _rule_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     # With an RSS context the rule's action is an offset into the context's queues: 0.
     queue = 0 if context else p["queue"]
     undo["location"] = ntuple.rule_insert(dev, p["flow"], p["port"], queue, context)
+
+
+def _rule_title(p: JSONObject) -> str:
+    to = "the RSS context" if p["context_step"] is not None else f"queue {p['queue']}"
+    return f"{p['flow']} dst-port {p['port']} -> {to}"
 
 
 def _rule_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
@@ -165,6 +183,15 @@ RING_VALUES: dict[str, Check] = {"tcp-data-split": _one_of(*ethtool.TCP_DATA_SPL
 def _prior_channels(v: JSONValue) -> bool:
     return (isinstance(v, dict) and len(v) == 1
             and all(k in ("combined-count", "rx-count") and _U16(n) for k, n in v.items()))
+
+
+def _unique_ints(lo: int, limit: int) -> Check:
+    ok = _int(lo, 0xFFFF)
+    return lambda v: (isinstance(v, list) and 0 < len(v) <= limit and all(ok(x) for x in v)
+                      and len(set(v)) == len(v))
+
+
+queue_list, port_list = _unique_ints(0, 1024), _unique_ints(1, 1024)
 
 
 def _indir(v: JSONValue) -> bool:
@@ -218,14 +245,13 @@ STEPS: dict[str, StepKind] = {
     "rings": StepKind(lambda p: f"{p['name']} {p['value']}", _rings_apply, _rings_undo,
                       {"name": _one_of(*RING_VALUES), "value": lambda v: True},
                       {"prior": lambda v: True}, _rings_consistent),
-    "rss": StepKind(lambda p: f"RSS off queue {p['queue']}", _rss_apply, _rss_undo,
-                    {"queue": _U16, "count": _int(1, 0xFFFF)},
+    "rss": StepKind(lambda p: f"RSS off {queues_text(p['queues'])}", _rss_apply, _rss_undo,
+                    {"queues": queue_list, "count": _int(1, 0xFFFF)},
                     {"default": _bool, "prior": _indir}),
-    "rss-context": StepKind(lambda p: f"RSS context for queue {p['queue']}",
+    "rss-context": StepKind(lambda p: f"RSS context for {queues_text(p['queues'])}",
                             _rss_ctx_apply, _rss_ctx_undo,
-                            {"queue": _U16}, {"context": _int(1, 0xFFFF_FFFF)}),
-    "flow-rule": StepKind(lambda p: f"{p['flow']} dst-port {p['port']} -> queue {p['queue']}",
-                          _rule_apply, _rule_undo,
+                            {"queues": queue_list}, {"context": _int(1, 0xFFFF_FFFF)}),
+    "flow-rule": StepKind(_rule_title, _rule_apply, _rule_undo,
                           {"flow": _one_of(*ntuple.FLOW_TYPES), "port": _int(1, 0xFFFF),
                            "queue": _U16,
                            "context_step": lambda v: v is None or _int(0, 0xFFFF)(v)},

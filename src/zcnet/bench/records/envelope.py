@@ -249,7 +249,7 @@ class ComparisonFile:
 @dataclass(kw_only=True)
 class NicFile:
     """``zcnet nic show|doctor --json``: the NIC's state (ethtool and netdev sections as the
-    kernel answered), or the doctor's checks and whether the queue is ready."""
+    kernel answered), or the doctor's checks and whether the queues are ready."""
 
     tool: str = "zcnet"
     version: str = ""
@@ -258,7 +258,8 @@ class NicFile:
     argv: list[str] = field(default_factory=list)
     env: Env = field(default_factory=Env)
     ready: bool | None = None
-    queue: int | None = None
+    queue: int | None = None     # the first of ``queues`` (one-queue readers)
+    queues: list[int] | None = None
     mode: str | None = None
     results: list[JSONObject] = field(default_factory=list)
 
