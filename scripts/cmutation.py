@@ -3,7 +3,7 @@ mutates Python only).
 
 Usage (mutation.sh calls it; by hand from a work copy of the tree):
     python scripts/cmutation.py --work DIR --file src/zcnet/uring/_accel_rx.c \
-        --tests "tests/test_zc_api.py ..." [--sample N] [--seed S] [--only NAME ...] \
+        --tests "tests/rx/test_zc_api.py ..." [--sample N] [--seed S] [--only NAME ...] \
         [--equivalent scripts/mutation-equivalent.txt] [--timeout SECONDS]
 
 One textual mutation at a time, in code only (comments, strings and preprocessor lines are left

@@ -29,39 +29,39 @@ jobs=${MUTATION_JOBS:-$(nproc)}
 # importing zcnet are left out: under mutmut those import the instrumented copy without the
 # runner's state and fail before any mutant runs.
 declare -A TESTS=(
-  [rx/zc/chunks.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_devmem.py"
-  [rx/zc/receiver.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_devmem.py tests/test_zc_zcrx.py"
-  [rx/zc/debugviews.py]="tests/test_zc_api.py tests/test_zc_soft.py"
-  [rx/zc/opener.py]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_devmem.py tests/test_zc_zcrx.py"
-  [rx/zc/soft.py]="tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_engines.py tests/test_aio_shared.py"
-  [rx/zc/devmem.py]="tests/test_zc_devmem.py"
-  [rx/zc/zcrx.py]="tests/test_zc_zcrx.py"
-  [rx/zc/zcrx_reg.py]="tests/test_zc_zcrx.py"
-  [rx/zc/zcrx_rings.py]="tests/test_zc_zcrx.py"
-  [rx/zc/netqueue.py]="tests/test_zc_zcrx.py tests/test_zc_devmem.py"
-  [rx/zc/soft_inc.py]="tests/test_zc_soft.py"
-  [rx/zc/area.py]="tests/test_zc_area.py"
-  [rx/zc/bookkeeping.py]="tests/test_zc_api.py tests/test_zc_soft.py"
-  [rx/zc/provider.py]="tests/test_zc_zcrx.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_zc_devmem.py"
-  [rx/zc/engines.py]="tests/test_zc_engines.py"
-  [tx/senders.py]="tests/test_tx_senders.py"
-  [tx/sendzc.py]="tests/test_tx_senders.py"
-  [tx/zerocopy.py]="tests/test_tx_zerocopy.py tests/test_tx_senders.py"
-  [uring/bufring.py]="tests/test_uring_ring.py"
-  [nic/setup.py]="tests/test_nic_setup.py tests/test_nic_codec.py"
-  [aio/receiver.py]="tests/test_aio_receiver.py tests/test_aio_fastpaths.py tests/test_aio_shared.py"
-  [aio/shared.py]="tests/test_aio_shared.py tests/test_aio_receiver.py tests/test_aio_loopaccel.py"
-  [aio/pool.py]="tests/test_aio_pool.py"
-  [aio/protocol.py]="tests/test_aio_protocol.py tests/test_aio_loopaccel.py"
-  [aio/sender.py]="tests/test_aio_sender.py tests/test_aio_fastpaths.py"
-  [aio/wakeup.py]="tests/test_aio_receiver.py tests/test_aio_sender.py"
-  [aio/sockets.py]="tests/test_aio_faults.py tests/test_aio_adopt.py"
-  [aio/backend.py]="tests/test_aio_trio.py tests/test_aio_anyio.py"
+  [rx/zc/chunks.py]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_devmem.py"
+  [rx/zc/receiver.py]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/rx/test_zc_devmem.py tests/rx/test_zc_zcrx.py"
+  [rx/zc/debugviews.py]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py"
+  [rx/zc/opener.py]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_devmem.py tests/rx/test_zc_zcrx.py"
+  [rx/zc/soft.py]="tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/rx/test_zc_engines.py tests/aio/test_aio_shared.py"
+  [rx/zc/devmem.py]="tests/rx/test_zc_devmem.py"
+  [rx/zc/zcrx.py]="tests/rx/test_zc_zcrx.py"
+  [rx/zc/zcrx_reg.py]="tests/rx/test_zc_zcrx.py"
+  [rx/zc/zcrx_rings.py]="tests/rx/test_zc_zcrx.py"
+  [rx/zc/netqueue.py]="tests/rx/test_zc_zcrx.py tests/rx/test_zc_devmem.py"
+  [rx/zc/soft_inc.py]="tests/rx/test_zc_soft.py"
+  [rx/zc/area.py]="tests/rx/test_zc_area.py"
+  [rx/zc/bookkeeping.py]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py"
+  [rx/zc/provider.py]="tests/rx/test_zc_zcrx.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/rx/test_zc_devmem.py"
+  [rx/zc/engines.py]="tests/rx/test_zc_engines.py"
+  [tx/senders.py]="tests/tx/test_tx_senders.py"
+  [tx/sendzc.py]="tests/tx/test_tx_senders.py"
+  [tx/zerocopy.py]="tests/tx/test_tx_zerocopy.py tests/tx/test_tx_senders.py"
+  [uring/bufring.py]="tests/uring/test_uring_ring.py"
+  [nic/setup.py]="tests/nic/test_nic_setup.py tests/nic/test_nic_codec.py"
+  [aio/receiver.py]="tests/aio/test_aio_receiver.py tests/aio/test_aio_fastpaths.py tests/aio/test_aio_shared.py"
+  [aio/shared.py]="tests/aio/test_aio_shared.py tests/aio/test_aio_receiver.py tests/aio/test_aio_loopaccel.py"
+  [aio/pool.py]="tests/aio/test_aio_pool.py"
+  [aio/protocol.py]="tests/aio/test_aio_protocol.py tests/aio/test_aio_loopaccel.py"
+  [aio/sender.py]="tests/aio/test_aio_sender.py tests/aio/test_aio_fastpaths.py"
+  [aio/wakeup.py]="tests/aio/test_aio_receiver.py tests/aio/test_aio_sender.py"
+  [aio/sockets.py]="tests/aio/test_aio_faults.py tests/aio/test_aio_adopt.py"
+  [aio/backend.py]="tests/aio/test_aio_trio.py tests/aio/test_aio_anyio.py"
   # The C accelerators (scripts/cmutation.py). Their tests may start interpreters: the work copy
   # is a plain tree, not an instrumented one.
-  [uring/_accel.c]="tests/test_uring_ring.py tests/test_ring_hostile.py tests/test_accel_bounds.py tests/test_accel_cqe.py"
-  [uring/_accel_rx.c]="tests/test_zc_api.py tests/test_zc_soft.py tests/test_zc_fastpath.py tests/test_accel_bounds.py tests/test_zc_zcrx.py"
-  [aio/_loopaccel.c]="tests/test_aio_loopaccel.py tests/test_aio_loopaccel_gc.py tests/test_aio_fastpaths.py tests/test_aio_reentry.py tests/test_aio_protocol.py"
+  [uring/_accel.c]="tests/uring/test_uring_ring.py tests/uring/test_ring_hostile.py tests/uring/test_accel_bounds.py tests/uring/test_accel_cqe.py"
+  [uring/_accel_rx.c]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/uring/test_accel_bounds.py tests/rx/test_zc_zcrx.py"
+  [aio/_loopaccel.c]="tests/aio/test_aio_loopaccel.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_fastpaths.py tests/aio/test_aio_reentry.py tests/aio/test_aio_protocol.py"
 )
 # The targets first (rx/zc/api.py only re-exports: its code is chunks, receiver,
 # debugviews and opener; zcrx's is zcrx, zcrx_reg, zcrx_rings and netqueue), then the rest of
@@ -128,7 +128,7 @@ TOML
   (cd "$dir" && python -m mutmut run --max-children "$jobs" ${MUTATION_ONLY:-} \
      >"$dir/run.log" 2>&1) || true
   # A mutant that hangs is killed with its test's fixtures still up: remove the test
-  # namespaces (zctx<pid>, tests/test_tx_senders.py) that such killed workers left.
+  # namespaces (zctx<pid>, tests/tx/test_tx_senders.py) that such killed workers left.
   for ns in /run/netns/zctx*; do
     [[ -e $ns && $ns -nt $marker ]] || continue
     pid=${ns##*/zctx}

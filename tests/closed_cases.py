@@ -1,7 +1,7 @@
 """Objects with a close(), and how to call each of their public methods: the table behind
-tests/test_use_after_close.py. ``python closed_cases.py NAME`` builds case NAME, closes it twice,
-calls every public method (found by introspection, so new methods are covered without an edit
-here) and prints one JSON object: method -> "ok", "closed" (ClosedError) or the other error.
+tests/project/test_use_after_close.py. ``python closed_cases.py NAME`` builds case NAME, closes it
+twice, calls every public method (found by introspection, so new methods are covered without an
+edit here) and prints one JSON object: method -> "ok", "closed" (ClosedError) or the other error.
 It runs in a child process, so a crash (SIGSEGV) fails the test instead of ending the run.
 
 Where a kernel step cannot happen on this machine (zcrx registration, devmem's dma-buf binding:

@@ -47,18 +47,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     vmplugin.runtest_logreport(report)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_asyncio_loop_factories(config, item):
-    """The event loops pytest-asyncio tests may ask for with mark.asyncio(loop_factories=...);
-    zcnet.aio supports both. Imported here: a run without asyncio tests (the one inside a VM)
-    does without both."""
-    import asyncio
-
-    import uvloop
-
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _libraries_warm() -> None:
     """scipy (BLAS buffers, 64 MiB and more) and matplotlib (font files kept open, caches) set

@@ -36,7 +36,7 @@ ANON_SLACK = 2 << 20
 MALLOC_HEAP_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit
 NETDEVSIM = Path("/sys/bus/netdevsim/devices")
 # Namespaces and links tests make outside a Lab name their owner too: zctx<pid>, a link's peer
-# zctx<pid>p (tests/test_tx_senders.py: ifb; test_experiments_runner.py: a bare veth).
+# zctx<pid>p (tests/tx/test_tx_senders.py: ifb; test_experiments_runner.py: a bare veth).
 _TEST_NETNS = re.compile(r"zctx([1-9][0-9]*)")
 _NSIM_DIR = re.compile(r"netdevsim([0-9]+)")
 _VM_TMP = re.compile(r"/zcnet-vm-([1-9][0-9]*)-")  # zcnet.vm.runner's temp dir

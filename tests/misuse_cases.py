@@ -1,8 +1,8 @@
-"""Misuse that the compiled paths once crashed or hung on, as a table run on both paths: the
-table behind tests/test_misuse_both_paths.py. ``python misuse_cases.py NAME`` runs case NAME on
-the path ZCNET_PURE selects and prints its outcome as one line, ``OUTCOME <json>``. The test
-runs each case in a child process per path, so a crash or a hang fails the case instead of the
-run, and holds both outcomes to the case's ``expected``: the same exception types, or none.
+"""Misuse that the compiled paths once crashed or hung on, as a table run on both paths: the table
+behind tests/project/test_misuse_both_paths.py. ``python misuse_cases.py NAME`` runs case NAME on
+the path ZCNET_PURE selects and prints its outcome as one line, ``OUTCOME <json>``. The test runs
+each case in a child process per path, so a crash or a hang fails the case instead of the run, and
+holds both outcomes to the case's ``expected``: the same exception types, or none.
 
 - fields: a chunk's public fields replaced with an object whose ``__index__`` closes the
   receiver (refused: they are read-only); a chunk built by hand with such a length, and a

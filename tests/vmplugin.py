@@ -45,7 +45,7 @@ INNER_OPTIONS = ("--disable-plugin-autoload", "-p", "pytest_timeout", "-p", "no:
 
 # Modules whose setup is slow under TCG run at the end of a batch, so results start streaming
 # sooner: the BTF check's `bpftool btf dump` of vmlinux plus its parse take ~7 s in the guest.
-SLOW_SETUP = ("tests/test_uapi_btf.py::",)
+SLOW_SETUP = ("tests/uapi/test_uapi_btf.py::",)
 
 
 def inner_argv(nodeids: list[str], timeout: float = BATCH_TIMEOUT) -> list[str]:

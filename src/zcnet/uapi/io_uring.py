@@ -1,9 +1,9 @@
 """linux/io_uring.h (and linux/io_uring/*.h): constants and struct layouts, names as in the header.
 
 Structs are ctypes definitions so their sizes and offsets can be checked against the running
-kernel's BTF (tests/test_uapi_btf.py). Unions in the header are flattened to their first member;
-``SQE_ALIASES`` names the other members that share an offset, so the checker covers them too.
-The hot path does not use these classes: it writes numpy views at the offsets they define.
+kernel's BTF (tests/uapi/test_uapi_btf.py). Unions in the header are flattened to their first
+member; ``SQE_ALIASES`` names the other members that share an offset, so the checker covers
+them too. The hot path does not use these classes: it writes numpy views at the offsets they define.
 """
 
 from __future__ import annotations

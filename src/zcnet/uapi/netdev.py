@@ -1,5 +1,5 @@
 """linux/netdev.h: the netdev generic netlink family (YNL spec netdev.yaml). Names as in the
-header; values checked against the running kernel's BTF (tests/test_uapi_btf.py: the host's,
+header; values checked against the running kernel's BTF (tests/uapi/test_uapi_btf.py: the host's,
 and a 7.x kernel's in the VM)."""
 
 from __future__ import annotations

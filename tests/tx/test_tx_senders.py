@@ -56,7 +56,7 @@ class Reader(threading.Thread):
 
 
 # devmem sends from a dma-buf bound to a device with netmem TX, which loopback is not:
-# tests/test_tx_devmem.py (host) and tests/test_tx_devmem_vm.py (netdevsim) test it.
+# tests/tx/test_tx_devmem.py (host) and tests/tx/test_tx_devmem_vm.py (netdevsim) test it.
 LOOPBACK_KINDS = sorted(k for k in KINDS if k != "devmem")
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from paths import ROOT
+
+BENCH = ROOT / "benchmarks"
 
 
 def run(script: str, *args: str) -> str:

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from paths import FIXTURES, ROOT
 from zcnet import quantities
 from zcnet.bench.client import ClientResult
 from zcnet.bench.cpustat import shares
@@ -43,7 +44,7 @@ from zcnet.cli.txbench import render
 from zcnet.report.bench_table import bench_notes, cell_text
 
 ZCNET = [sys.executable, "-m", "zcnet"]
-FIX = Path(__file__).parent / "fixtures"
+FIX = FIXTURES
 NASTY = "[/] [bold]x[/bold] [red] $1$ \\[ 50%"
 LO_MTU = Path("/sys/class/net/lo/mtu").read_text().strip()
 
@@ -568,7 +569,7 @@ def test_reports_mark_incomplete_results(tmp_path: Path,
 
 
 def test_plots_are_a_default_dependency() -> None:
-    deps = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert any(d.startswith("matplotlib") for d in deps["project"]["dependencies"])
 
 

@@ -2,7 +2,7 @@
 layout and against the kernel that parses it, the kernel's refusals (an unknown binding id, no
 SO_ZEROCOPY) with nothing sent and no zero-copy id taken, ranges outside the dma-buf refused
 before the call, and bind-tx refused by veth with the kernel's own answer. No device here has
-netmem TX (and there is no udmabuf module): the end-to-end send is tests/test_tx_devmem_vm.py."""
+netmem TX (and there is no udmabuf module): the end-to-end send is tests/tx/test_tx_devmem_vm.py."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_socket_without_zerocopy_is_named(tcp_pair) -> None:
 @pytest.mark.parametrize(("offset", "length"), [(SIZE, 1), (SIZE - 100, 200), (-4096, 100),
                                                 (0, 0), (0, SIZE + 1)])
 def test_range_outside_the_dmabuf_is_refused_before_the_kernel(tcp_pair, offset, length) -> None:
-    """The kernel would send what lies before the end (tests/test_tx_devmem_vm.py shows it):
+    """The kernel would send what lies before the end (tests/tx/test_tx_devmem_vm.py shows it):
     the range is checked first, so nothing at all is sent."""
     client, server = tcp_pair
     client.setsockopt(K_SOL_SOCKET, K_SO_ZEROCOPY, 1)
@@ -288,7 +288,7 @@ def test_udmabuf_missing_or_bad_size_is_named() -> None:
     with pytest.raises(UsageError, match="must be positive"):
         Udmabuf(0)
     if os.path.exists(UDMABUF_DEV):
-        pytest.skip(f"{UDMABUF_DEV} exists: tests/test_tx_devmem_vm.py covers udmabuf")
+        pytest.skip(f"{UDMABUF_DEV} exists: tests/tx/test_tx_devmem_vm.py covers udmabuf")
     with pytest.raises(ZcnetError, match=f"{UDMABUF_DEV} does not exist") as ei:
         Udmabuf(SIZE)
     assert "modprobe udmabuf" in ei.value.hint  # and its memfd is closed (no_leaks)

@@ -16,10 +16,11 @@ import pytest
 
 import zcnet
 from misuse_cases import CASES
+from paths import TESTS
 from zcnet.aio import shared
 from zcnet.uring.syscall import accel_available
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
 
 

@@ -50,7 +50,7 @@ def test_ioctl_numbers():
 
 def test_socket_constants_as_in_the_headers():
     # asm-generic/socket.h and linux/socket.h of Linux 7.3, as published; the host kernel's
-    # parsing of SCM_DEVMEM_DMABUF is shown in tests/test_tx_devmem.py.
+    # parsing of SCM_DEVMEM_DMABUF is shown in tests/tx/test_tx_devmem.py.
     assert (usock.SO_DEVMEM_LINEAR, usock.SCM_DEVMEM_LINEAR) == (78, 78)
     assert (usock.SO_DEVMEM_DMABUF, usock.SCM_DEVMEM_DMABUF) == (79, 79)
     assert usock.SO_DEVMEM_DONTNEED == 80

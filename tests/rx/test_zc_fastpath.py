@@ -276,6 +276,7 @@ def test_zcrx_round_parses_as_the_numpy_path() -> None:
     """zcrx's common round in one C call on the "c" backend gives the numpy path's arrays, and
     any other round (another request's CQE, the final one) is the numpy path's on both."""
     from test_zc_zcrx import TOKEN
+
     from zcnet.rx.zc.zcrx import parse_completions
     from zcnet.uapi import io_uring as u
     from zcnet.uring.syscall import accel_for, backend

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from paths import ROOT
+
+EXAMPLES = ROOT / "examples"
 
 
 @pytest.mark.parametrize("argv", [

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import FIXTURES, ROOT
+
 SYSTEM_PYTHON = Path("/usr/bin/python3")
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _managed(python: Path) -> bool:
@@ -70,7 +70,7 @@ def test_quickstart_with_a_pep668_system_python(tmp_path: Path) -> None:
 
     # The second Quickstart command: test dependencies into the same venv, ruff, then pytest.
     test = subprocess.run(["bash", "scripts/test.sh", "-q", "-p", "no:cacheprovider",
-                           "tests/test_report_stats.py"],
+                           "tests/report/test_report_stats.py"],
                           cwd=repo, capture_output=True, text=True, timeout=900, env=env)
     assert test.returncode == 0, (test.stdout + test.stderr)[-3000:]
     assert " passed" in test.stdout

@@ -460,6 +460,7 @@ def test_remote_server_keeps_serving_after_its_stderr_outgrew_a_pipe(no_leaks, t
     import sys
 
     from test_server_remote import FAKE_SSH, free_port, script
+
     from zcnet.bench.remote import RemoteServer
 
     ssh = script(tmp_path, "ssh", FAKE_SSH)
@@ -510,6 +511,7 @@ def test_host_details_are_sent_only_after_authentication(srv):
 def test_ready_line_split_across_reads_gives_the_whole_address(no_leaks, tmp_path):
     """ssh may deliver the ready line in pieces: only a complete line names the address."""
     from test_server_remote import script
+
     from zcnet.bench.remote import RemoteServer
 
     ssh = script(tmp_path, "ssh", "#!/bin/sh\nprintf 'zcnet server listening on 127.0'\n"

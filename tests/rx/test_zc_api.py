@@ -9,9 +9,9 @@ import os
 import socket
 
 import pytest
+from test_zc_zcrx import FakeGenl
 
 from fake_zcrx_kernel import FakeKernel, Stream
-from test_zc_zcrx import FakeGenl
 from zcnet.errors import ClosedError
 from zcnet.rx.zc import netqueue, open_receiver, zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
@@ -396,7 +396,7 @@ def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
     from zcnet.rx.zc import open_receiver
     from zcnet.uapi import io_uring as u
 
-    k = FakeKernel()  # the kernel side of tests/test_zc_zcrx.py, offering copy mode
+    k = FakeKernel()  # the kernel side of tests/rx/test_zc_zcrx.py, offering copy mode
     monkeypatch.setattr(zcrx, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))

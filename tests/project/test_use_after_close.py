@@ -15,9 +15,10 @@ import pytest
 
 import zcnet
 from closed_cases import CASES
+from paths import TESTS
 
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
-HERE = str(Path(__file__).parent)
+HERE = str(TESTS)
 
 
 def _params() -> list[object]:

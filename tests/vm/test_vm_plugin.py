@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from paths import TESTS
 from zcnet.vm.sources import MIRROR_ENV
-
-TESTS = Path(__file__).resolve().parent
 
 CONFTEST = f"""
 import sys

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from paths import TESTS
 from zcnet.aio import shared
 
-CASES = Path(__file__).resolve().parent / "reentry"
+CASES = TESTS / "reentry"
 
 
 def _verdict(script: str, *args: str, pure: bool) -> str:

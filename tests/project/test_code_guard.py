@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 import private_access
+from paths import ROOT, TESTS
 
-ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-TESTS = ROOT / "tests"
 
 MAX_BASE_EXCEPTION = 21
 MAX_ANY = 98
@@ -37,7 +36,7 @@ MAX_PRIVATE_ACROSS = 10
 # Reached by tests only through the command line (subprocess or cli.main) or as a package's
 # own entry point.
 CLI_ONLY = {
-    "zcnet.__main__", "zcnet.cli._args", "zcnet.cli.compare", "zcnet.cli.lab", "zcnet.cli.nic",
+    "zcnet.__main__", "zcnet.cli._args", "zcnet.cli.lab", "zcnet.cli.nic",
     "zcnet.cli.reproduce", "zcnet.cli.run", "zcnet.cli.server", "zcnet.cli.vm",
     "zcnet.bench.flow_worker", "zcnet.bench.worker", "zcnet.vm.child",
 }
@@ -45,11 +44,11 @@ CLI_ONLY = {
 # new module needs a test that imports it).
 INDIRECT = {
     "zcnet.aio.keep", "zcnet.aio.loop", "zcnet.aio.protocol", "zcnet.aio.receiver",
-    "zcnet.aio.sender", "zcnet.aio.sockets", "zcnet.aio.wakeup", "zcnet.bench.busy",
-    "zcnet.bench.cbuild", "zcnet.bench.hist", "zcnet.bench.intervals", "zcnet.bench.meta",
+    "zcnet.aio.sender", "zcnet.aio.sockets", "zcnet.aio.wakeup", "zcnet.bench.hist",
+    "zcnet.bench.meta",
     "zcnet.bench.metrics", "zcnet.bench.proto.auth", "zcnet.bench.proto.channel",
     "zcnet.bench.proto.schema", "zcnet.bench.stream", "zcnet.bench.tcpinfo", "zcnet.jsonvalue",
-    "zcnet.lab.registry", "zcnet.nic.doctor", "zcnet.nic.ifname", "zcnet.nic.steps",
+    "zcnet.lab.registry", "zcnet.nic.ifname", "zcnet.nic.steps",
     "zcnet.report.labels", "zcnet.report.warning_notes", "zcnet.rx.copying",
     "zcnet.rx.zc.debugviews", "zcnet.rx.zc.engines", "zcnet.rx.zc.soft_inc", "zcnet.tx.mmsg",
     "zcnet.tx.payload", "zcnet.tx.slots", "zcnet.uapi.mman", "zcnet.uapi.sched",
@@ -153,6 +152,7 @@ def _imported_by_tests() -> set[str]:
     """The zcnet modules tests import, following a name imported from a package to the module
     that defines it (``from zcnet.rx.zc import Receiver`` reaches zcnet.rx.zc.receiver)."""
     seen: set[str] = set()
+    modules = _module_names()
     for path in TESTS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -162,6 +162,9 @@ def _imported_by_tests() -> set[str]:
                 seen.add(node.module)
                 module = importlib.import_module(node.module)
                 for alias in node.names:
+                    if f"{node.module}.{alias.name}" in modules:  # a submodule, by name
+                        seen.add(f"{node.module}.{alias.name}")
+                        continue
                     value = getattr(module, alias.name, None)
                     if isinstance(value, types.ModuleType):
                         seen.add(value.__name__)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_proto_state import TOKEN, welcome
 
 from refusals import refusal, run_main
 from server_util import ServerProc, flow_workers, server
-from test_proto_state import TOKEN, welcome
 from zcnet.bench import proto
 from zcnet.bench.control import Control, ServerRefused
 from zcnet.bench.proto import Connection, Limits, RemoteProtocolError, Role
