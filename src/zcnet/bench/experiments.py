@@ -62,6 +62,24 @@ class ExperimentRig:
     token: bytes | None = None      # the remote server's shared secret
     queue: int | None = None        # zcrx/devmem: the queue the flow is steered to
     data_port: int | None = None    # the receiving port a NIC flow rule steers to that queue
+    # What a run keeps from cell to cell (the receiving server), released when the run ends.
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, init=False,
+                                       repr=False, compare=False)
+    _servers: dict[str, LocalServer] = field(default_factory=dict, init=False, repr=False,
+                                             compare=False)
+
+    def local_server(self, address: str) -> LocalServer:
+        """The receiving server on ``address``, started on first use and shared by the run's
+        cells (a server per cell would start an interpreter per cell)."""
+        server = self._servers.get(address)
+        if server is None or server.proc is None or server.proc.poll() is not None:
+            # None yet, or one that died in an earlier cell: that cell failed, not the rest.
+            server = self._servers[address] = self.held.enter_context(LocalServer(address))
+        return server
+
+    def release(self) -> None:
+        self._servers.clear()
+        self.held.close()
 
     def has(self, option: str) -> bool:
         """An option given (ifname, remote, ...) or a kernel feature (zcrx_copy)."""
@@ -222,18 +240,18 @@ def _measure_bench_nic(spec: Spec, cell: Cell, rig: ExperimentRig) -> Measured:
     if local_ip is None:
         raise ZcnetError(f"{ifname} has no IPv4 address",
                          f"give {ifname} an address the remote host can reach")
-    with LocalServer(local_ip) as local:
-        assert local.address is not None
-        opts = ClientOptions(src=rig.remote, dst=local.address, data_port=rig.data_port,
-                             rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
-                             tx=_str(cell, "tx", "copy"), pin_off=0 if placement == "same" else 1,
-                             tokens={local_ip: local.token}, token=rig.token)
-        try:
-            r = run(opts)
-        except ServerRefused as e:
-            if e.code == "unsupported":
-                raise Unsupported(e.cause) from None
-            raise
+    local = rig.local_server(local_ip)
+    assert local.address is not None
+    opts = ClientOptions(src=rig.remote, dst=local.address, data_port=rig.data_port,
+                         rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
+                         tx=_str(cell, "tx", "copy"), pin_off=0 if placement == "same" else 1,
+                         tokens={local_ip: local.token}, token=rig.token)
+    try:
+        r = run(opts)
+    except ServerRefused as e:
+        if e.code == "unsupported":
+            raise Unsupported(e.cause) from None
+        raise
     row = flow_cell(r, mtu, engine, placement, tx=_str(cell, "tx", "copy"),
                     consumer=_str(cell, "consumer", "same"), sender_here=False)
     if engine in NIC_ENGINES and (note := device_note(ifname)):
@@ -354,6 +372,7 @@ def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None
         if progress:
             progress(done, total, {})
     finally:
+        rig.release()
         assert doc.env.machine is not None
         busy.after(doc.env.machine)
         doc.warnings = busy.warnings(doc.env.machine, doc.results)
