@@ -9,12 +9,9 @@ NIC: the DMA is simulated."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import select
 import socket
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -239,20 +236,3 @@ def test_ranges_past_the_end_what_the_kernel_does_and_why_zcnet_checks_first(bou
     assert 0 < n <= 128 << 10
     peer.idle(1.0)
     assert len(peer.data) == n
-
-
-# --- the bench ----------------------------------------------------------------------------------
-
-def test_bench_tx_devmem_cell_is_verified(no_leaks, tmp_path) -> None:
-    out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "zcnet", "bench", "--lab-device", "netdevsim",
-                        "--engine", "epoll", "--tx", "devmem", "--mtu", "1500", "--placement",
-                        "same", "--duration", "1", "--verify", "--json", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    (cell,) = json.loads(out.read_text())["results"]
-    assert cell["status"] == "ok", cell.get("reason")
-    assert cell["verify"]["mismatches"] == 0 and cell["verify"]["checked_bytes"] > 0
-    tx = cell["tx_stats"]
-    assert tx["path"] == "devmem" and tx["pending"] == 0 and tx["copied"] == 0
-    assert tx["zerocopy"] == tx["sends"] > 0

@@ -553,9 +553,11 @@ def test_bind_rx_on_a_wrong_queue_fails_with_the_kernels_answer(ready):
 
 def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
     out = tmp_path / "bench.json"
+    # Sent from a udmabuf by devmem TX as well: one bench run covers both directions' device
+    # paths (the netdevsim kernel has netmem TX; tests/tx/test_tx_devmem_vm.py has the rest).
     r = _zcnet("bench", "--lab-device", "netdevsim", "--queue", "1", "--engine", "zcrx,devmem",
-               "--mtu", "1500", "--placement", "same", "--duration", "1", "--verify",
-               "--json", str(out), timeout=900)
+               "--tx", "devmem", "--mtu", "1500", "--placement", "same", "--duration", "1",
+               "--verify", "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stderr
     cells = {c["engine"]: c for c in json.loads(out.read_text())["results"]}
     for engine in ("zcrx", "devmem"):
@@ -566,6 +568,10 @@ def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
         # The kernel's copies travel with the cell: none (registered before the flow began).
         st = cell["engine_stats"]
         assert st["kernel_copied_bytes"] == 0 and st["zero_copy_share"] == 1.0, st
+        # Every send went out of the dma-buf and completed as zero-copy; none is pending.
+        tx = cell["tx_stats"]
+        assert tx["path"] == "devmem" and tx["pending"] == 0 and tx["copied"] == 0, tx
+        assert tx["zerocopy"] == tx["sends"] > 0, tx
     zcrx = cells["zcrx"]
     assert zcrx["zcrx_mode"] == "device" and zcrx["engine_stats"]["zcrx_copy"] == 0
     assert _ours() == []
