@@ -5,11 +5,11 @@ The receive and send logic touches its loop through a few calls: ``create_future
 waits for the next completion), ``add_reader``/``remove_reader`` (the ring's eventfd),
 ``add_writer``/``remove_writer`` (a transport's write buffer), ``call_soon`` (the batched pass
 at the end of the loop's current iteration), ``call_soon_threadsafe`` (a chunk released on
-another thread wakes a paused receiver), ``is_closed``, ``call_exception_handler`` and
-``sock_sendall`` (the copy sender). That subset is :class:`Loop`. On asyncio and uvloop the loop
-object itself is the implementation, so their hot paths call the loop's own methods with no
-layer in between. Under trio (directly or as anyio's trio backend) :class:`TrioLoop`, one per
-``trio.run``, implements the same subset:
+another thread wakes a paused receiver), ``call_later`` (the pool's retry while it is
+dry), ``is_closed`` and ``call_exception_handler``. That subset is :class:`Loop`. On asyncio
+and uvloop the loop object itself is the implementation, so their hot paths call the loop's
+own methods with no layer in between. Under trio (directly or as anyio's trio backend)
+:class:`TrioLoop`, one per ``trio.run``, implements the same subset:
 
 - an fd watch is a system task looping on ``trio.lowlevel.wait_readable`` (or
   ``wait_writable``) and calling the callback in the run's thread; removing it cancels the
@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import socket
 import sys
 import warnings
 from collections.abc import Callable, Generator
@@ -77,7 +76,6 @@ class Loop(Protocol):
     def remove_writer(self, fd: int) -> bool: ...
     def is_closed(self) -> bool: ...
     def call_exception_handler(self, context: dict[str, Any]) -> None: ...
-    async def sock_sendall(self, sock: socket.socket, data: Any) -> None: ...
 
 
 class LoopBound(Protocol):
@@ -467,20 +465,6 @@ class TrioLoop:
         exc = context.get("exception")
         log.error("%s", context.get("message", "zcnet.aio callback failed"),
                   exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
-
-    async def sock_sendall(self, sock: socket.socket, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        waited = False
-        while view:
-            try:
-                n = sock.send(view)
-            except BlockingIOError:
-                await self.trio.lowlevel.wait_writable(sock.fileno())
-                waited = True
-                continue
-            view = view[n:]
-        if not waited:
-            await self.trio.lowlevel.checkpoint()
 
     # --- the shutdown guard ---------------------------------------------------------------------
     def track(self, obj: LoopBound) -> None:

@@ -28,7 +28,7 @@ from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import (
     ROUND_DONE,
     MemberRing,
-    SharedSoftProvider,
+    OnLoopRing,
     compiled_round,
     open_shared_soft,
 )
@@ -37,6 +37,7 @@ from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
+from zcnet.rx.zc.providers import provider_info
 from zcnet.sockcheck import set_rcvlowat
 
 #: Defaults sized for many connections per process: the area is populated at open.
@@ -53,17 +54,15 @@ class AsyncReceiver(LoopResource):
     at EOF). Release as with the synchronous API: ``chunk.release()``, from any thread.
     """
 
-    def __init__(self, rx: Receiver, sock: socket.socket | None = None, *,
-                 max_held: float = 0.75) -> None:
+    def __init__(self, rx: Receiver, sock: socket.socket | None = None) -> None:
         self._owner = Owner("zcnet.aio receiver")
         self.rx = rx
-        self._limit = int(rx.area.size * max_held)  # the Receiver's back-pressure threshold
         self.sock = sock
         self._pending: deque[Chunk] = deque()
         self._closed = False
         provider = rx.provider
         self._member: MemberRing | None = (provider.member
-                                           if isinstance(provider, SharedSoftProvider) else None)
+                                           if isinstance(provider, OnLoopRing) else None)
         self._wake = (None if self._member is not None
                       else Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd))
         self._kick = self._member.kick if self._wake is None else self._wake.kick
@@ -88,6 +87,7 @@ class AsyncReceiver(LoopResource):
         if self._closed:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
+        core = rx.core
         m = self._member
         take = self._take_batch if batch else self._take
         while True:
@@ -107,8 +107,7 @@ class AsyncReceiver(LoopResource):
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
-            elif (rx.provider.armed and rx.stalled is None
-                    and rx.stats.in_flight_bytes <= self._limit):
+            elif core.reaping():
                 # The common case, without the synchronous receiver's timed wait: a zero
                 # timeout there still costs the kernel a timer and often a context switch.
                 # Releases go back first, so the kernel has the buffers before it runs.
@@ -123,8 +122,8 @@ class AsyncReceiver(LoopResource):
                 return got
             if rx.eof:
                 return got
-            stalled = rx.stalled
-            if stalled is None and not rx.provider.armed:
+            stalled = core.stalled
+            if stalled is None and not core.armed:
                 continue  # the multishot ended without ending the stream: re-arm now
             if stalled is not None:
                 rx.on_release(self._kick_threadsafe)
@@ -339,19 +338,20 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.open_receiver")
-    max_held = kw.get("max_held", 0.75)
-    if pool is not False and (provider != "soft" or not shared_ring):
+    info = provider_info(provider)
+    on_loop_ring = info is not None and info.loop_ring and shared_ring
+    if pool is not False and not on_loop_ring:
         raise UsageError("zcnet.aio.open_receiver: pool= is for soft receivers on the loop's "
                          "shared ring", "drop pool=, or open with provider='soft' and "
                          "shared_ring=True")
-    if provider == "soft" and shared_ring and (pool is not False or set(kw) <= _SHARED_OPTIONS):
+    if on_loop_ring and (pool is not False or set(kw) <= _SHARED_OPTIONS):
         rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver",
                                   pool)
     else:
         running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
         rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
     try:
-        return AsyncReceiver(rx, sock if own_socket else None, max_held=max_held)
+        return AsyncReceiver(rx, sock if own_socket else None)
     except BaseException:
         rx.close()
         raise

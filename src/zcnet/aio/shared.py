@@ -38,8 +38,18 @@ from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring
-from zcnet.rx.zc.soft import SoftProvider
+from zcnet.rx.zc.provider import (
+    RECV_UD,
+    SOFT_COPIES,
+    CopyCount,
+    Delivery,
+    IntSeq,
+    ProviderBase,
+    buffer_count,
+    reap_ready,
+)
+from zcnet.rx.zc.soft import bundles
+from zcnet.rx.zc.soft_group import SoftGroup
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
@@ -89,8 +99,9 @@ def compiled_round(transport: Any, rx: Any) -> Any:
     accel = rx.provider.member.lr.accel
     if accel is None or rx.debug or rx.coalesce:
         return None
-    return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
-                       rx._releases._q, rx._stats, RECV_UD, u.IORING_CQE_F_MORE,
+    core, prov = rx.core, rx.provider
+    return accel.Round(transport, core, prov.member, prov, prov.group.buf, core.chunk_cls,
+                       core.queue, core.stats, RECV_UD, u.IORING_CQE_F_MORE,
                        u.IORING_CQE_BUFFER_SHIFT, Batch, getattr(rx.provider, "pool", None))
 
 
@@ -195,7 +206,7 @@ class LoopRing:
                 or buf.in_ring != buf.entries):
             return False
         try:
-            return buf.kernel_head() == buf._head  # both u16 (bufring masks its copy)
+            return buf.kernel_head() == buf.head  # both u16 (bufring masks its copy)
         except OSError:  # no IORING_REGISTER_PBUF_STATUS (Linux < 6.8): not known, not kept
             return False
 
@@ -498,64 +509,111 @@ def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
     return Completions(np.array(ud, _U64), np.array(res, np.int32), np.array(flags, np.uint32))
 
 
-class SharedSoftProvider(SoftProvider):
-    """The soft provider with its buffer group on the loop's ring instead of a ring of its own;
-    everything else (reaping, recycling, cancelling) is SoftProvider's own code."""
+class OnLoopRing(ProviderBase):
+    """A provider whose receive runs on the loop's shared ring: a SoftGroup (zcnet.rx.zc.
+    soft_group) whose requests go through its ``member``; its completions come through the
+    member's inbox, and a task or transport waits on the member."""
+
+    name = "soft"
+    member: MemberRing
+    group: SoftGroup
+
+    @property
+    def ring(self) -> None:
+        return None  # the loop's, shared: the member's inbox is where its completions go
+
+    def extra_stats(self) -> dict[str, int]:
+        return self.group.stats()
+
+    def kernel_copy(self) -> CopyCount:
+        return CopyCount(None, SOFT_COPIES, every_byte=True)
+
+
+class SharedSoftProvider(OnLoopRing):
+    """The soft provider with its buffer group (and area) of its own on the loop's ring."""
 
     def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing, *,
                  buf: BufRing | None = None, reuse: bool = True) -> None:
-        self._init_buffers(fd, area, buf_size)
-        self.note += ", on the loop's shared io_uring"
-        self._attach(member.lr.ring, member.bgid, member, buf=buf)
+        entries = buffer_count(area.size, buf_size)
+        self.area = area
         self.member = member
+        self.note = f"{entries} buffers of {buf_size} bytes, on the loop's shared io_uring"
+        ring = member.lr.ring
+        with contextlib.ExitStack() as undo:
+            if buf is None:
+                buf = BufRing(ring, member.bgid, entries, buf_size, area=area.mapping)
+                undo.callback(buf.close)
+            # A shared ring's round of one receiver holds at most a CQE per buffer plus the
+            # final one.
+            self.group = SoftGroup(fd, area, buf_size, member, buf, bundle=bundles(ring, None),
+                                   round_cqes=2 * entries + 8)
+            undo.pop_all()
         #: The Receiver hands the area back through ``retire_area`` (not a debug receiver),
         #: so a settled buffer group may stay registered with it for the next receiver.
         self.reuse = reuse
         self._kept: BufRing | None = None  # that group, between close and retire_area
+        self._closed = False
+        self._live = False  # closed with a receive whose cancel the kernel did not confirm
+
+    def _check(self, method: str) -> SoftGroup:
+        if self._closed:
+            raise ClosedError.of(self, method)
+        return self.group
+
+    def can_arm(self) -> bool:
+        return self._check("can_arm").buf.in_ring > 0
+
+    def arm(self) -> None:
+        self._check("arm").arm()
 
     def reap(self, timeout: float | None) -> Delivery:
-        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
-        provider's small-round path as they are, with no arrays built and taken apart."""
+        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: the round takes
+        them as they are, with no arrays built and taken apart."""
+        g = self._check("reap")
         m = self.member
         box = m.inbox
-        if len(box) == 1 and type(box[0]) is list and self._buf is not None:
+        if len(box) == 1 and type(box[0]) is list:
             m.inbox = []
-            out = Delivery()
-            self._take_few(box[0], out)
-            return out
-        return super().reap(timeout)
+            return g.round(box[0])
+        return g.round(reap_ready(m, timeout))  # type: ignore[arg-type]
+
+    def recycle(self, tokens: IntSeq, lengths: IntSeq) -> None:
+        self._check("recycle").recycle(tokens)
+
+    def quiesce(self, armed: bool) -> bool:
+        return not armed or self._check("quiesce").cancel()
 
     def retire_area(self, area: Area) -> None:
         """The Receiver's ``area_done``: the area goes to the loop's spares, unless a receive
         whose cancel was not confirmed may still write to it (then it is unmapped)."""
         buf, self._kept = self._kept, None
-        if self.armed:
+        if self._live:
             area.close()
         else:
             self.member.lr.keep_area(area, buf)
 
-    def close(self) -> None:
-        ring, buf = self._ring, self._buf
-        if ring is None:
+    def close(self, armed: bool = False) -> bool:
+        if self._closed:
+            return not self._live
+        self._closed = True
+        self._live = armed  # until the cancel says otherwise (Ctrl-C in its wait: unknown)
+        with contextlib.ExitStack() as undo:  # the group (unless kept), then the member
+            undo.callback(self.member.close)
+            undo.callback(self._drop_group)
+            if armed:
+                self._live = not self.group.cancel()
+            if self.reuse and not self._live and self.member.lr.settled(self.group.buf):
+                self._kept = self.group.buf  # still registered: retire_area keeps it
+        return not self._live
+
+    def _drop_group(self) -> None:
+        if self._kept is not None:
             return
-        self._ring = self._buf = None
-        keep = False
-        try:
-            if self.armed:
-                self.armed = not self._cancel(ring)
-            keep = (self.reuse and buf is not None and not self.armed
-                    and self.member.lr.settled(buf))
-        finally:
-            try:  # the receive is over (or its cancel unconfirmed): the group and the ring
-                close_ring(ring, False, *(() if buf is None or keep else (buf.close,)))
-            finally:
-                if keep:
-                    self._kept = buf  # still registered: retire_area keeps it with the area
-                # A receive whose cancel was not confirmed may still pick buffers from its
-                # group id: that id is never given to another receiver. A kept group's id
-                # goes with it.
-                elif not self.armed:
-                    self.member.lr.free_bgid(self.member.bgid)
+        self.group.buf.close()  # raises when the kernel refuses: then the id stays unused
+        # A receive whose cancel was not confirmed may still pick buffers from its group id:
+        # that id is never given to another receiver. A kept group's id goes with it.
+        if not self._live:
+            self.member.lr.free_bgid(self.member.bgid)
 
 
 _rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
