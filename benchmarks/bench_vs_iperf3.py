@@ -191,11 +191,11 @@ def _measure(args: argparse.Namespace, engines: tuple[str, ...], mtus: tuple[int
                                      peer_write_size=args.write_size, rx_steer=args.rx_steer,
                                      engine_opts=({} if args.rcvlowat is None
                                                   else {"rcvlowat": args.rcvlowat})))
-        for r in doc["results"]:
-            if r["status"] == "ok":
-                runs.setdefault((r["mtu"], r["engine"]), []).append(r["gbps"])
+        for r in doc.results:
+            if r.ok and r.mtu is not None and r.engine and r.gbps is not None:
+                runs.setdefault((r.mtu, r.engine), []).append(r.gbps)
             else:
-                print(f"MTU {r['mtu']} {r['engine']}: {r['status']}: {r['reason']}")
+                print(f"MTU {r.mtu} {r.engine}: {r.status}: {r.reason}")
         for mtu in mtus if exes else ():
             res = run_c_pair(exes, mtu, args.placement, args.duration, args.write_size,
                              args.rx_steer)

@@ -55,7 +55,10 @@ def sockperf_p50(duration: float, size: int) -> float:
 def zcnet_p50(address: str, duration: float, size: int) -> tuple[float, float]:
     res = run(ClientOptions(src=address, dst=address, mode="rr", duration=duration,
                             req_size=size, resp_size=size))
-    return res.summary["p50_us"], res.summary["tps"]
+    lat = res.summary.latency
+    if lat is None or lat.p50_us is None or res.summary.tps is None:
+        sys.exit(f"no latency measured: {res.flows[0].reason}")
+    return lat.p50_us, res.summary.tps
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from zcnet.bench.client import ClientOptions, run
-from zcnet.bench.flow_worker import FlowSpec, flow_main
+from zcnet.bench.flow_worker import FlowSpec, Start, flow_main
 from zcnet.rx.engine import EngineOptions
 from zcnet.rx.registry import make_engine
 
@@ -36,7 +36,7 @@ def in_process(engine: str, duration: float, size: int, split: bool) -> float:
         spec = FlowSpec(role="tx", mode="stream", host="127.0.0.1", port=ls.getsockname()[1],
                         write_size=size)
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=flow_main, args=(spec.to_dict(), child))
+        proc = ctx.Process(target=flow_main, args=(spec, child))
         proc.start()
         child.close()
         conn, _ = ls.accept()
@@ -45,7 +45,7 @@ def in_process(engine: str, duration: float, size: int, split: bool) -> float:
         if split:
             os.sched_setaffinity(proc.pid, {TX_CPU})
             os.sched_setaffinity(0, {RX_CPU})
-        parent.send({"cmd": "start", "duration": duration})
+        parent.send(Start(duration))
         with conn:
             stats = make_engine(engine, EngineOptions(bufsize=size)).run(conn, None)
         parent.recv()                                   # sender's result
@@ -62,9 +62,9 @@ def through_server(address: str, engine: str, duration: float, size: int, split:
     pins = {"rx_app_cpu": RX_CPU, "tx_app_cpu": TX_CPU} if split else {}
     res = run(ClientOptions(src=address, dst=address, duration=duration, rx_engine=engine,
                             read_size=size, write_size=size, **pins))
-    if res.summary["ok"] != 1:
-        sys.exit(f"flow failed: {res.flows[0]['error']}")
-    return res.summary["gbps"]
+    if res.summary.ok != 1 or res.summary.gbps is None:
+        sys.exit(f"flow failed: {res.flows[0].reason}")
+    return res.summary.gbps
 
 
 def main() -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import Any
 
+from zcnet.bench.records import MeanSd, ResultFile
 from zcnet.bench.txbench import ALL_MODES, run_txbench
 from zcnet.lab import Lab
 from zcnet.netns import in_netns
@@ -61,20 +62,29 @@ def ifb_namespace() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], check=True)
 
 
-def print_table(summary: dict[str, Any], peer: float | None) -> None:
-    base = summary["single"]["mpps"]["mean"]
+def _mean(stat: MeanSd | None) -> float:
+    return stat.mean if stat is not None and stat.mean is not None else math.nan
+
+
+def _sd(stat: MeanSd | None) -> float:
+    return stat.stdev if stat is not None and stat.stdev is not None else math.nan
+
+
+def print_table(doc: ResultFile, peer: float | None) -> None:
+    summary = doc.summary if isinstance(doc.summary, dict) else {}
+    base = _mean(summary["single"].mpps)
     print(f"{'mode':8} {'Mpps':>16} {'x single':>9} {'CPU ns/pkt':>14} {'sink drops':>11}")
     for mode, s in summary.items():
-        if s["status"] != "ok":
-            print(f"{mode:8} {s['status']}: {s.get('reason', '')}")
+        if s.status != "ok":
+            print(f"{mode:8} {s.status}: {s.reason or ''}")
             continue
-        m, ns = s["mpps"], s["ns_per_pkt"]
-        print(f"{mode:8} {m['mean']:8.3f} ± {m['stdev']:.3f} {m['mean'] / base:8.2f}x "
-              f"{ns['mean']:8.0f} ± {ns['stdev']:<4.0f} {s.get('drops', '-'):>11}")
+        m, ns = s.mpps, s.ns_per_pkt
+        drops = "-" if s.drops is None else s.drops
+        print(f"{mode:8} {_mean(m):8.3f} ± {_sd(m):.3f} {_mean(m) / base:8.2f}x "
+              f"{_mean(ns):8.0f} ± {_sd(ns):<4.0f} {drops:>11}")
     if peer is not None:
         print(f"{'iperf3':8} {peer:8.3f}         {peer / base:8.2f}x   (C, sendto per packet)")
-    batched = {m: s["mpps"]["mean"] for m, s in summary.items()
-               if m != "single" and s["status"] == "ok"}
+    batched = {m: _mean(s.mpps) for m, s in summary.items() if m != "single" and s.status == "ok"}
     best = max(batched, key=batched.__getitem__)
     ratio = batched[best] / base
     print(f"best batched: {best} {ratio:.2f}x single (target >= {TARGET:.0f}x: "
@@ -95,14 +105,14 @@ def main() -> int:
                       duration=args.duration, repeat=args.repeat)
     peer = iperf3_pps(args.size, args.duration * 2)
     print(f"UDP payload {args.size} B, burst {args.burst}, {args.repeat} x {args.duration} s "
-          f"per mode; {doc['env']['cpus']} CPUs, kernel {doc['env']['kernel']}")
+          f"per mode; {doc.env.cpus} CPUs, kernel {doc.env.kernel}")
     print("\n-- lab veth into the sink (the sender's CPU also runs the receive path)")
-    print_table(doc["summary"], peer)
+    print_table(doc, peer)
     with ifb_namespace() as ns, in_netns(ns):
         tx_only = run_txbench(modes=ALL_MODES, size=args.size, burst=args.burst,
                               duration=args.duration, repeat=args.repeat, dst="198.18.200.2:9")
     print("\n-- transmit path only: into an ifb device that frees every packet")
-    print_table(tx_only["summary"], None)
+    print_table(tx_only, None)
     return 0
 
 

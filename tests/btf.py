@@ -41,11 +41,13 @@ class Btf:
                 self.enums[m[1]] = int(m[2])
 
     @classmethod
-    def load(cls) -> Btf | None:
+    def load(cls, vmlinux: Path = VMLINUX) -> Btf | None:
+        """The BTF of the running kernel, or of a ``vmlinux`` ELF file; None without bpftool
+        or the file."""
         bpftool = shutil.which("bpftool")
-        if not VMLINUX.exists() or bpftool is None:
+        if not vmlinux.exists() or bpftool is None:
             return None
-        out = subprocess.run([bpftool, "btf", "dump", "file", str(VMLINUX)],
+        out = subprocess.run([bpftool, "btf", "dump", "file", str(vmlinux)],
                              capture_output=True, text=True, check=True).stdout
         return cls(out)
 

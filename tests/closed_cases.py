@@ -217,7 +217,8 @@ BURST = {"args": {}}
 # touch no provider memory and answer after close too.
 PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1],
                      "quiesce": (False,), "recycle_closed": ([],)},
-            "allowed": frozenset({"held_back", "extra_stats", "quiesce", "recycle_closed"})}
+            "allowed": frozenset({"held_back", "extra_stats", "kernel_copy", "quiesce",
+                                  "recycle_closed"})}
 RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "on_release": (None,),
                      "release": lambda: (CTX["chunk"],), "release_many": ([],)},
             "allowed": frozenset({"stats_dict", "release", "release_many"}),

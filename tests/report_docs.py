@@ -7,11 +7,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from zcnet.bench.records import ResultFile, read_file
+
 FIX = Path(__file__).parent / "fixtures"
 
 
 def load(name: str) -> dict[str, Any]:
+    """A fixture's JSON, as the file holds it (tests change it before reading it back)."""
     return json.loads((FIX / f"{name}.json").read_text())
+
+
+def record(doc: dict[str, Any]) -> ResultFile:
+    """A document as the reports take it: the record a result file is read into."""
+    return read_file(doc)
 
 
 ENGINES = ("epoll", "uring", "uring-mshot", "soft-zc", "zcrx", "devmem")

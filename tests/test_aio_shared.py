@@ -15,7 +15,7 @@ import pytest
 from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
-from zcnet.aio.shared import SharedSoftProvider
+from zcnet.aio.loop_soft import SharedSoftProvider
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.soft import SoftProvider
 

@@ -6,13 +6,20 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
 
+from zcnet.bench.client import ClientResult
 from zcnet.bench.cpustat import SHARES, CpuTimes, shares
+from zcnet.bench.records import (
+    ClientSummary,
+    CpuShares,
+    ReportSection,
+    ResultFile,
+    ResultRow,
+    RoleShares,
+)
 from zcnet.bench.run import flow_cell
 from zcnet.report.tables import experiment_tables
 
@@ -33,13 +40,15 @@ def test_real_proc_stat_shares_add_up_to_100() -> None:
         pass
     got = CpuTimes.read().since(before)
     assert cpu in got
-    sampled = {c: s for c, s in got.items() if s}
+    sampled = {c: s for c, s in got.items() if s.sampled}
     assert sampled, "no CPU counted a tick in 0.3 s of spinning"
     for c, s in sampled.items():
-        assert set(s) == {*SHARES, "busy"}, c
-        assert all(v >= 0 for v in s.values()), s
-        assert sum(s[k] for k in SHARES) == pytest.approx(100.0, abs=0.06), s
-        assert s["busy"] == pytest.approx(100.0 - s["idle"] - s["iowait"], abs=0.02)
+        values = vars(s)
+        assert None not in values.values() and set(values) == {*SHARES, "busy"}, c
+        assert all(v >= 0 for v in values.values()), s
+        assert sum(values[k] for k in SHARES) == pytest.approx(100.0, abs=0.06), s
+        assert values["busy"] == pytest.approx(100.0 - values["idle"] - values["iowait"],
+                                               abs=0.02)
 
 
 def test_each_field_lands_in_its_share_and_guest_is_counted_once(tmp_path: Path) -> None:
@@ -47,22 +56,21 @@ def test_each_field_lands_in_its_share_and_guest_is_counted_once(tmp_path: Path)
     inside user (guest_nice inside nice), so counting it again would pass 100%."""
     a = CpuTimes.read(_stat(tmp_path, "a", "cpu0 1000 100 1000 1000 1000 1000 1000 1000 50 5"))
     b = CpuTimes.read(_stat(tmp_path, "b", "cpu0 1600 150 1100 1100 1050 1010 1040 1050 150 25"))
-    assert a.since(a) == {0: {}}  # no tick: nothing sampled, not an idle CPU
+    assert a.since(a) == {0: CpuShares()}  # no tick: nothing sampled, not an idle CPU
     s = b.since(a)[0]
     # Deltas: user 600 (guest 100 of it), nice 50 (guest_nice 20), system 100, idle 100,
     # iowait 50, irq 10, softirq 40, steal 50: 1000 ticks.
-    assert s == {"usr": 50.0, "nice": 3.0, "sys": 10.0, "iowait": 5.0, "irq": 1.0, "soft": 4.0,
-                 "steal": 5.0, "guest": 12.0, "idle": 10.0, "busy": 85.0}
-    assert sum(s[k] for k in SHARES) == 100.0
+    assert s == CpuShares(usr=50.0, nice=3.0, sys=10.0, iowait=5.0, irq=1.0, soft=4.0,
+                          steal=5.0, guest=12.0, idle=10.0, busy=85.0)
+    assert sum(s.share(k) or 0.0 for k in SHARES) == 100.0
 
 
 def test_older_kernels_with_fewer_fields(tmp_path: Path) -> None:
     a = CpuTimes.read(_stat(tmp_path, "a", "cpu0 0 0 0 0 0 0 0"))
     b = CpuTimes.read(_stat(tmp_path, "b", "cpu0 30 0 20 40 10 0 0"))
     s = b.since(a)[0]
-    assert (s["usr"], s["sys"], s["idle"], s["iowait"], s["guest"]) == (30.0, 20.0, 40.0, 10.0,
-                                                                         0.0)
-    assert shares(np.zeros(8, dtype=np.int64)) == {}
+    assert (s.usr, s.sys, s.idle, s.iowait, s.guest) == (30.0, 20.0, 40.0, 10.0, 0.0)
+    assert shares(np.zeros(8, dtype=np.int64)) == CpuShares()
 
 
 def test_a_counter_stepping_back_is_not_a_negative_share(tmp_path: Path) -> None:
@@ -70,14 +78,14 @@ def test_a_counter_stepping_back_is_not_a_negative_share(tmp_path: Path) -> None
     a = CpuTimes.read(_stat(tmp_path, "a", "cpu0 100 0 100 100 500 0 0 0 0 0"))
     b = CpuTimes.read(_stat(tmp_path, "b", "cpu0 150 0 150 200 490 0 0 0 0 0"))
     s = b.since(a)[0]
-    assert s["iowait"] == 0.0 and all(v >= 0 for v in s.values())
-    assert sum(s[k] for k in SHARES) == pytest.approx(100.0)
+    assert s.iowait == 0.0 and all((v or 0.0) >= 0 for v in vars(s).values())
+    assert sum(s.share(k) or 0.0 for k in SHARES) == pytest.approx(100.0)
 
 
-def _flow(cpus: dict[str, dict[str, Any]]) -> Any:
-    flow = {"status": "ok", "bytes": 10, "seconds": 1.0, "gbps": 1.0, "rx_app_cpu": 1,
-            "tx_app_cpu": 0, "rx_cpu": 0, "tx_cpu": 0, "rx_cpu_end": 0}
-    return SimpleNamespace(flows=[flow], cpus=cpus)
+def _flow(cpus: dict[str, dict[str, RoleShares]]) -> ClientResult:
+    flow = ResultRow(bytes=10, seconds=1.0, gbps=1.0, rx_app_cpu=1, tx_app_cpu=0, rx_cpu=0,
+                     tx_cpu=0, rx_cpu_end=0)
+    return ClientResult([flow], ClientSummary(flows=1, ok=1, mode="stream"), cpus, {})
 
 
 def test_iowait_reaches_the_bench_row_and_the_per_cpu_table(tmp_path: Path) -> None:
@@ -87,13 +95,14 @@ def test_iowait_reaches_the_bench_row_and_the_per_cpu_table(tmp_path: Path) -> N
                             "cpu1 0 0 0 0 0 0 0 0 0 0"))
     b = CpuTimes.read(_stat(tmp_path, "b", "cpu0 50 0 30 10 0 0 10 0 0 0",
                             "cpu1 20 0 10 45 25 0 0 0 0 0"))
-    measured = {str(c): s for c, s in b.since(a).items()}
+    measured = {str(c): RoleShares(**vars(s)) for c, s in b.since(a).items()}
     cell = flow_cell(_flow({"dst": measured, "src": measured}), 1500, "epoll", "split",
                      tx="copy", consumer="same")
-    assert cell["cpu"]["rx"]["iowait"] == 25.0 and cell["cpu"]["rx"]["busy"] == 30.0
-    row = {**cell, "cpus": {"1": cell["cpu"]["rx"], "0": cell["cpu"]["tx"]}}
-    doc = {"tool": "zcnet", "kind": "experiment", "results": [row],
-           "report": {"table": "mpstat", "metric": "gbps"}}
+    assert cell.cpu is not None and cell.cpu.rx is not None and cell.cpu.tx is not None
+    assert cell.cpu.rx.iowait == 25.0 and cell.cpu.rx.busy == 30.0
+    cell.cpus = {"1": cell.cpu.rx, "0": cell.cpu.tx}
+    doc = ResultFile(kind="experiment", results=[cell],
+                     report=ReportSection(table="mpstat", metric="gbps"))
     (table,) = experiment_tables(doc)
     assert table.headers == ["CPU", "%usr", "%sys", "%iowait", "%irq", "%soft", "%idle"]
     assert table.rows == [["0", "50.00", "30.00", "0.00", "0.00", "10.00", "10.00"],

@@ -10,14 +10,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from rich.console import Console
 
 from zcnet.bench import busy, intervals
+from zcnet.bench.client import ClientResult
+from zcnet.bench.records import ClientSummary, Intervals, Machine, ResultRow
 from zcnet.bench.run import flow_cell
 from zcnet.cli._progress import CellProgress
 
@@ -52,59 +53,59 @@ def test_sampler_intervals_add_up_and_a_stall_shows_as_spread() -> None:
         while data := rx.recv(1 << 20):
             got += len(data)
         t.join()
-    s = sampler.as_dict()
-    assert got > 0 and sum(s["bytes"]) - got in (0, 1)  # the kernel counts the FIN as a byte
+    s = sampler.record()
+    assert got > 0 and sum(s.bytes) - got in (0, 1)  # the kernel counts the FIN as a byte
     # The intervals cover the whole flow (0.95 s of sending at least), one after the other.
-    assert sum(s["seconds"]) >= 0.9 and all(x > 0 for x in s["seconds"])
-    assert len(s["seconds"]) >= 5
-    assert s["running"] and all(isinstance(n, int) and n >= 0 for n in s["running"])
+    assert sum(s.seconds) >= 0.9 and all(x > 0 for x in s.seconds)
+    assert len(s.seconds) >= 5
+    assert s.running and all(isinstance(n, int) and n >= 0 for n in s.running)
     # Intervals in the stall received nothing: the spread is far beyond the limit.
-    assert 0 in s["bytes"][1:-1]
+    assert 0 in s.bytes[1:-1]
     cv = intervals.spread(s)
     assert cv is not None and cv > 0.5
 
 
 def test_spread_leaves_out_the_ends_and_needs_enough_intervals() -> None:
-    steady = {"interval": 0.1, "seconds": [0.1] * 8, "bytes": [10, 100, 100, 100, 100, 100, 100,
-                                                               3]}
+    steady = Intervals(interval=0.1, seconds=[0.1] * 8,
+                       bytes=[10, 100, 100, 100, 100, 100, 100, 3])
     assert intervals.spread(steady) == 0.0  # ramp-up and drain are not spread
-    assert intervals.spread({"seconds": [0.1] * 5, "bytes": [1] * 5}) is None  # 3 left
+    assert intervals.spread(Intervals(interval=0.1, seconds=[0.1] * 5, bytes=[1] * 5)) is None
     assert intervals.spread(None) is None
-    assert intervals.others_running({"running": [3, 4, 5]}, own=2) == 2
-    assert intervals.others_running({"running": [1, 1]}, own=2) == 0
+    assert intervals.others_running(Intervals(interval=0.1, running=[3, 4, 5]), own=2) == 2
+    assert intervals.others_running(Intervals(interval=0.1, running=[1, 1]), own=2) == 0
     assert intervals.interval_for(1.0) == 0.1 and intervals.interval_for(60.0) == 3.0
 
 
-def _flow(samples: dict[str, Any]) -> Any:
-    flow = {"status": "ok", "bytes": 10, "seconds": 1.0, "gbps": 1.0, "rx_app_cpu": 0,
-            "tx_app_cpu": 0, "rx_cpu": 0, "tx_cpu": 0, "rx_cpu_end": 0, "intervals": samples}
-    return SimpleNamespace(flows=[flow], cpus={})
+def _flow(samples: Intervals) -> ClientResult:
+    flow = ResultRow(bytes=10, seconds=1.0, gbps=1.0, rx_app_cpu=0, tx_app_cpu=0, rx_cpu=0,
+                     tx_cpu=0, rx_cpu_end=0, intervals=samples)
+    return ClientResult([flow], ClientSummary(flows=1, ok=1, mode="stream"), {}, {})
 
 
 def test_a_wandering_cell_warns_and_keeps_its_samples() -> None:
-    wander = {"interval": 0.1, "seconds": [0.1] * 8, "bytes": [5, 100, 60, 140, 70, 130, 100, 5],
-              "running": [4, 4, 5, 4, 4, 4, 4]}
+    wander = Intervals(interval=0.1, seconds=[0.1] * 8, bytes=[5, 100, 60, 140, 70, 130, 100, 5],
+                       running=[4, 4, 5, 4, 4, 4, 4])
     cell = flow_cell(_flow(wander), 1500, "epoll", "same", tx="copy", consumer="same")
-    assert cell["intervals"] == wander
-    assert cell["interval_cv"] == pytest.approx(0.3162, abs=1e-4)  # sqrt(5000/5) / 100
-    assert cell["others_running"] == 2  # 4 running, the flow's receiver and sender its own
-    (text,) = cell["warnings"]
+    assert cell.intervals == wander
+    assert cell.interval_cv == pytest.approx(0.3162, abs=1e-4)  # sqrt(5000/5) / 100
+    assert cell.others_running == 2  # 4 running, the flow's receiver and sender its own
+    (text,) = cell.warnings
     assert text.startswith("rate not steady: per-interval Gbit/s varied 32%")
-    assert "median of 2 other tasks" in text and cell["warning"] == text
-    steady = dict(wander, bytes=[5, 100, 100, 100, 100, 100, 100, 5])
+    assert "median of 2 other tasks" in text
+    steady = replace(wander, bytes=[5, 100, 100, 100, 100, 100, 100, 5])
     quiet = flow_cell(_flow(steady), 1500, "epoll", "same", tx="copy", consumer="same")
-    assert "warning" not in quiet and quiet["interval_cv"] == 0.0
+    assert quiet.warnings == [] and quiet.interval_cv == 0.0
 
 
 def test_run_level_warnings() -> None:
-    state = {"cpus_usable": 2, "load_before": [3.5, 2.0, 1.0], "other_labs": ["zc123x1"]}
-    rows = [{"others_running": 2}, {"others_running": 1}, {"others_running": None}]
+    state = Machine(cpus_usable=2, load_before=[3.5, 2.0, 1.0], other_labs=["zc123x1"])
+    rows = [ResultRow(others_running=2), ResultRow(others_running=1), ResultRow()]
     load, during, labs = busy.warnings(state, rows)
     assert load.startswith("machine busy before the run: 1-minute load average 3.50 on 2 CPUs")
     assert during.startswith("machine busy during the run: a median of 1.5 tasks")
     assert labs.startswith("other zcnet labs were up: zc123x1")
-    quiet = {"cpus_usable": 2, "load_before": [0.2, 0.1, 0.1], "other_labs": []}
-    assert busy.warnings(quiet, [{"others_running": 0}]) == []
+    quiet = Machine(cpus_usable=2, load_before=[0.2, 0.1, 0.1])
+    assert busy.warnings(quiet, [ResultRow(others_running=0)]) == []
     assert busy.load_average("/nonexistent") is None
 
 
@@ -117,7 +118,7 @@ def test_another_programs_lab_is_seen(tmp_path: Path) -> None:
     try:
         assert name in busy.other_labs()
         state = busy.before()
-        assert name in state["other_labs"] and state["cpus_usable"] >= 1
+        assert name in state.other_labs and (state.cpus_usable or 0) >= 1
     finally:
         subprocess.run([sys.executable, "-m", "zcnet", "lab", "down", name], timeout=60,
                        check=True, capture_output=True)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from zcnet.bench.matrix import BenchOptions, peer_ratios, summarize_cells
+from zcnet.bench.records import CpuPair, CpuShares, ResultRow, Spread, read_file
 from zcnet.errors import UsageError
 from zcnet.report.bench_table import repeats_text
 from zcnet.report.compare import compare, key_text
@@ -27,13 +28,12 @@ def zcnet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def row(engine: str, gbps: float | None, busy: float = 50.0, rep: int = 0,
-        **extra: Any) -> dict[str, Any]:
-    r: dict[str, Any] = {"engine": engine, "mtu": 9000, "placement": "split", "repeat": rep,
-                         "status": "ok" if gbps is not None else "error",
-                         "reason": "" if gbps is not None else "flow failed"}
+        peer: str | None = None) -> ResultRow:
+    r = ResultRow(engine=engine, mtu=9000, placement="split", repeat=rep, peer=peer,
+                  status="ok" if gbps is not None else "error",
+                  reason="" if gbps is not None else "flow failed")
     if gbps is not None:
-        r.update(gbps=gbps, cpu={"rx": {"busy": busy}})
-    r.update(extra)
+        r.gbps, r.cpu = gbps, CpuPair(rx=CpuShares(busy=busy))
     return r
 
 
@@ -57,14 +57,15 @@ def test_summary_has_median_and_spread_of_each_cell() -> None:
     rows = [row("epoll", 30.0, 40, 0), row("uring", 20.0, 60, 0),
             row("epoll", 36.0, 50, 1), row("uring", None, rep=1),
             row("epoll", 33.0, 70, 2), row("uring", 22.0, 80, 2)]
-    s = {c["engine"]: c for c in summarize_cells(rows)}
-    assert s["epoll"]["n"] == s["epoll"]["ok"] == 3
-    assert s["epoll"]["gbps"] == {"median": 33.0, "min": 30.0, "max": 36.0, "stdev": 3.0}
-    assert s["epoll"]["rx_busy"]["median"] == 50
-    assert (s["uring"]["n"], s["uring"]["ok"], s["uring"]["gbps"]["median"]) == (3, 2, 21.0)
+    s = {c.engine: c for c in summarize_cells(rows)}
+    assert s["epoll"].n == s["epoll"].ok == 3
+    assert s["epoll"].gbps == Spread(median=33.0, min=30.0, max=36.0, stdev=3.0)
+    assert s["epoll"].rx_busy is not None and s["epoll"].rx_busy.median == 50
+    uring = s["uring"]
+    assert uring.gbps is not None and (uring.n, uring.ok, uring.gbps.median) == (3, 2, 21.0)
     one = summarize_cells([row("epoll", 5.0)])[0]
-    assert one["gbps"] == {"median": 5.0, "min": 5.0, "max": 5.0, "stdev": 0.0}
-    assert "gbps" not in summarize_cells([row("epoll", None)])[0]
+    assert one.gbps == Spread(median=5.0, min=5.0, max=5.0, stdev=0.0)
+    assert summarize_cells([row("epoll", None)])[0].gbps is None
 
 
 def test_table_cell_reads_medians_range_and_failures() -> None:
@@ -79,8 +80,8 @@ def test_peer_ratio_compares_medians() -> None:
     rows = [row("epoll", 30.0), row("iperf3", 40.0, peer="iperf3"),
             row("epoll", 36.0, rep=1), row("iperf3", 20.0, rep=1, peer="iperf3"),
             row("epoll", 33.0, rep=2), row("iperf3", 30.0, rep=2, peer="iperf3")]
-    (r,) = peer_ratios({"results": rows})
-    assert (r["engine"], r["gbps"], r["peer_gbps"], r["ratio"]) == ("epoll", 33.0, 30.0, 1.1)
+    (r,) = peer_ratios(rows)
+    assert (r.engine, r.gbps, r.peer_gbps, r.ratio) == ("epoll", 33.0, 30.0, 1.1)
 
 
 def _bench(tmp_path: Path, name: str) -> tuple[dict[str, Any], str]:
@@ -107,7 +108,7 @@ def test_repeated_bench_interleaves_and_compare_gives_a_verdict(tmp_path: Path) 
             (min(g), max(g))
     assert "[" in table and ".." in table  # the range next to the median
     b, _ = _bench(tmp_path, "b.json")
-    rows = {key_text(r.key): r for r in compare(a, b)}
+    rows = {key_text(r.key): r for r in compare(read_file(a), read_file(b))}
     assert len(rows) == 2
     for r in rows.values():
         assert r.a.n == r.b.n == 3 and r.verdict is not None

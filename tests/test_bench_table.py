@@ -9,7 +9,8 @@ from typing import Any
 from rich.console import Console
 
 import report_docs
-from report_docs import bench_rows
+from report_docs import bench_rows, record
+from zcnet.bench.records import ResultFile
 from zcnet.report.bench_table import bench_legend, bench_notes, print_report
 
 PEERS = ("iperf3", "sockperf")
@@ -25,12 +26,12 @@ def _cell(engine: str, mtu: int, placement: str, status: str = "ok", **kw: Any) 
     return base
 
 
-def _doc(results: list[dict[str, Any]], lab: bool = True, **extra: Any) -> dict[str, Any]:
-    return {"env": {"lab": lab, "target": {"note": "loopback (127.0.0.1), not a lab"}},
-            "results": results, **extra}
+def _doc(results: list[dict[str, Any]], lab: bool = True, **extra: Any) -> ResultFile:
+    return record({"env": {"lab": lab, "target": {"note": "loopback (127.0.0.1), not a lab"}},
+                   "results": results, **extra})
 
 
-def render(doc: dict[str, Any], width: int = 80) -> str:
+def render(doc: ResultFile, width: int = 80) -> str:
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
     print_report(doc, console)
     return console.export_text()
@@ -86,13 +87,15 @@ def test_many_engines_repeats_and_warnings_fit_80_columns() -> None:
     assert flat.count("warning: epoll mtu 1500 same: rate not steady in 3 of 3 repeats") == 1
 
 
+FALLBACK = {"kind": "sendzc", "path": "copy", "note": "sendzc unavailable, sent by copy: EPERM"}
+
+
 def test_notes_name_partial_failures_mismatches_fallbacks_and_loopback() -> None:
     doc = _doc([
         _cell("epoll", 1500, "same", verify={"checked_bytes": 100, "mismatches": 3},
-              tx_stats={"note": "sendzc unavailable, sent by copy: EPERM"}),
-        _cell("epoll", 1500, "split", "error", reason="tx worker died (exit code -9)",
-              tx_stats={}),
-        _cell("uring", 1500, "same", tx_stats={"note": "sendzc unavailable, sent by copy: EPERM"}),
+              tx_stats=FALLBACK),
+        _cell("epoll", 1500, "split", "error", reason="tx worker died (exit code -9)"),
+        _cell("uring", 1500, "same", tx_stats=FALLBACK),
     ], lab=False)
     notes = bench_notes(doc)
     assert "verify: epoll mtu 1500 same: 3 of 100 bytes wrong" in notes

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,17 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from zcnet import quantities
+from zcnet.bench.client import ClientResult
 from zcnet.bench.cpustat import shares
+from zcnet.bench.records import (
+    ClientSummary,
+    CpuShares,
+    Env,
+    ResultFile,
+    ResultRow,
+    RoleShares,
+    read_file,
+)
 from zcnet.bench.run import flow_cell
 from zcnet.bench.spec import SpecError, builtin_text, parse_spec, tomllib
 from zcnet.cli import build_parser, main, parse_args
@@ -135,7 +144,7 @@ def test_bench_reasons_and_titles_are_literal() -> None:
                {"engine": "uring", "mtu": 1500, "placement": NASTY, "status": "ok", "gbps": 1.0,
                 "cpu": {"rx": {"busy": 50.0}}, "warning": NASTY,
                 "verify": {"mismatches": 1, "checked_bytes": 9}}]
-    doc = {"env": {"lab": False, "target": {"note": NASTY}}, "results": results}
+    doc = read_file({"env": {"lab": False, "target": {"note": NASTY}}, "results": results})
     buf = io.StringIO()
     print_report(doc, Console(file=buf, width=300))
     text = buf.getvalue()
@@ -143,7 +152,7 @@ def test_bench_reasons_and_titles_are_literal() -> None:
     txdoc = {"env": {}, "results": [], "summary": {"single": {"status": "unsupported",
                                                               "reason": NASTY}}}
     buf = io.StringIO()
-    Console(file=buf, width=300).print(render(txdoc))
+    Console(file=buf, width=300).print(render(read_file(txdoc)))
     assert NASTY in buf.getvalue()
 
 
@@ -168,7 +177,8 @@ NUMERIC_OPTIONS = [
     (["server"], "--session-timeout", "timeout"), (["server"], "--max-flows", "flows"),
     (["server"], "--max-duration", "duration"), (["server"], "--max-memory", "memory"),
     (["lab", "up"], "--mtu", "mtu"),
-    (["nic", "doctor", "lo"], "--queue", "queue"),
+    (["nic", "doctor", "lo"], "--queue", "queue"), (["nic", "doctor", "lo"], "--queues", "queue"),
+    (["nic", "setup", "lo", "--queue", "1"], "--port", "port"),
 ]
 
 NONSENSE = ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1", "-0.5", "1e30",
@@ -313,42 +323,47 @@ def test_largest_burst_runs_on_io_uring(no_leaks: None) -> None:
 
     doc = run_txbench(modes=["uring"], size=8, burst=quantities.IORING_MAX_ENTRIES,
                       packets=quantities.IORING_MAX_ENTRIES, repeat=1, lab=False)
-    assert doc["summary"]["uring"]["status"] == "ok", doc["summary"]
+    assert isinstance(doc.summary, dict) and doc.summary["uring"].status == "ok", doc.summary
 
 
 # --- figures that were not measured ------------------------------------------------------------
 
 
 def test_no_ticks_is_no_share_not_zero() -> None:
-    assert shares(np.zeros(8, dtype=np.int64)) == {}
+    assert shares(np.zeros(8, dtype=np.int64)) == CpuShares()
 
 
-def _flow_result(cpus: dict[str, dict[str, Any]], incoming: int) -> Any:
-    flow = {"status": "ok", "bytes": 10, "seconds": 1.0, "gbps": 1.0, "rx_app_cpu": 1,
-            "tx_app_cpu": 0, "rx_cpu": 0, "tx_cpu": 0, "rx_cpu_end": incoming}
-    return SimpleNamespace(flows=[flow], cpus=cpus)
+def _flow_result(cpus: dict[str, dict[str, RoleShares]], incoming: int) -> ClientResult:
+    flow = ResultRow(bytes=10, seconds=1.0, gbps=1.0, rx_app_cpu=1, tx_app_cpu=0, rx_cpu=0,
+                     tx_cpu=0, rx_cpu_end=incoming)
+    return ClientResult([flow], ClientSummary(flows=1, ok=1, mode="stream"), cpus, {})
+
+
+SAMPLED = RoleShares(usr=1.0, sys=1.0, irq=0.0, soft=0.0, idle=98.0, busy=2.0)
+
+
+def _in_a_lab(*rows: ResultRow) -> ResultFile:
+    return ResultFile(env=Env(lab=True), results=list(rows))
 
 
 def test_unsampled_cpu_share_is_na_not_zero_percent() -> None:
-    sampled = {"usr": 1.0, "sys": 1.0, "irq": 0.0, "soft": 0.0, "idle": 98.0, "busy": 2.0}
-    r = _flow_result({"dst": {"0": sampled}, "src": {"0": sampled}}, incoming=0)  # no CPU 1
+    r = _flow_result({"dst": {"0": SAMPLED}, "src": {"0": SAMPLED}}, incoming=0)  # no CPU 1
     cell = flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same")
-    assert cell["cpu"]["rx"] is None and cell["cpu"]["tx"]["busy"] == 2.0
-    assert "rx CPU 1" in cell["cpu_reason"]
+    assert cell.cpu is not None and cell.cpu.rx is None
+    assert cell.cpu.tx is not None and cell.cpu.tx.busy == 2.0
+    assert "rx CPU 1" in (cell.cpu_reason or "")
     assert "0%" not in cell_text(cell).plain and "n/a" in cell_text(cell).plain
-    notes = bench_notes({"env": {"lab": True}, "results": [cell]})
+    notes = bench_notes(_in_a_lab(cell))
     assert any("not sampled" in n for n in notes)
 
 
 def test_split_cell_with_softirq_on_the_app_cpu_warns() -> None:
-    sampled = {"usr": 1.0, "sys": 1.0, "irq": 0.0, "soft": 0.0, "idle": 98.0, "busy": 2.0}
-    r = _flow_result({"dst": {"1": sampled}, "src": {"0": sampled}}, incoming=1)
+    r = _flow_result({"dst": {"1": SAMPLED}, "src": {"0": SAMPLED}}, incoming=1)
     cell = flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same")
-    assert "application's CPU 1" in cell["warning"]
-    assert any(n.startswith("warning:") for n in bench_notes({"env": {"lab": True},
-                                                               "results": [cell]}))
-    r = _flow_result({"dst": {"1": sampled}, "src": {"0": sampled}}, incoming=0)
-    assert "warning" not in flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same")
+    assert "application's CPU 1" in cell.warnings[0]
+    assert any(n.startswith("warning:") for n in bench_notes(_in_a_lab(cell)))
+    r = _flow_result({"dst": {"1": SAMPLED}, "src": {"0": SAMPLED}}, incoming=0)
+    assert flow_cell(r, 1500, "epoll", "split", tx="copy", consumer="same").warnings == []
 
 
 def test_experiment_tables_show_warnings_and_unsampled_cpu() -> None:
@@ -361,8 +376,8 @@ def test_experiment_tables_show_warnings_and_unsampled_cpu() -> None:
             for key in ("cpu", "cpus", "rx_busy"):
                 row.pop(key, None)
     first["warning"] = "receive softirq ran on the application's CPU 1"
-    text = "\n".join(" ".join(r) for t in experiment_tables(doc) for r in t.rows)
-    notes = [n for t in experiment_tables(doc) for n in t.notes]
+    text = "\n".join(" ".join(r) for t in experiment_tables(read_file(doc)) for r in t.rows)
+    notes = [n for t in experiment_tables(read_file(doc)) for n in t.notes]
     assert "n/a CPU" in text and "0% CPU" not in text
     assert any(n.startswith("warning:") and "application's CPU 1" in n for n in notes)
 
@@ -372,14 +387,14 @@ def test_experiment_tables_show_warnings_and_unsampled_cpu() -> None:
 def test_the_pinned_application_cpu_is_always_sampled(no_leaks: None) -> None:
     """Once a worker exited, its affinity could no longer be read and its CPU went unsampled
     (about 1 in 9 lab cells read "(0%)"): the server keeps the CPU it pinned."""
-    from zcnet.bench.client import lab_servers, run
+    from zcnet.bench.client import ClientOptions, lab_servers, run
     from zcnet.lab import Lab
 
     rx, tx = sorted(os.sched_getaffinity(0))[:2][::-1]
     with Lab() as lab, lab_servers(lab) as ls:
         for _ in range(12):
-            r = run(ls.options(duration=0.05, rx_app_cpu=rx, tx_app_cpu=tx))
-            assert r.flows[0]["status"] == "ok"
+            r = run(ls.options(ClientOptions(duration=0.05, rx_app_cpu=rx, tx_app_cpu=tx)))
+            assert r.flows[0].status == "ok"
             assert str(rx) in r.cpus["dst"] and str(tx) in r.cpus["src"], r.cpus
 
 

@@ -3,9 +3,8 @@ a latency it lacks, and the per-CPU table shows the shares that were spent."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from zcnet.bench.client import ClientResult
+from zcnet.bench.records import ClientSummary, Latency, ResultRow, RoleShares, TcpDelta
 from zcnet.cli.client import tables
 from zcnet.report.export import to_text
 
@@ -13,16 +12,19 @@ SHARES = {"usr": 40.0, "nice": 0.0, "sys": 30.0, "iowait": 0.0, "irq": 0.0, "sof
           "steal": 2.5, "guest": 0.0, "idle": 7.5, "busy": 92.5}
 
 
-def _flow(flow: int, status: str, **kw: Any) -> dict[str, Any]:
-    return {"flow": flow, "status": status, "rx_cpu": 0, "rx_app_cpu": None, "tx_cpu": 1,
-            "tx_app_cpu": 1, "tcp_tx": {"retrans": 0, "rtt_us": 40, "snd_cwnd": 10}, **kw}
+def _flow(flow: int, status: str, tps: float, latency: Latency | None = None,
+          reason: str = "") -> ResultRow:
+    return ResultRow(flow=flow, status=status, rx_cpu=0, rx_app_cpu=None, tx_cpu=1, tx_app_cpu=1,
+                     tcp_tx=TcpDelta(retrans=0, rtt_us=40, snd_cwnd=10), tps=tps,
+                     latency=latency, reason=reason)
 
 
 def test_failed_flow_is_na_and_missing_latency_is_na() -> None:
-    flows = [_flow(0, "ok", tps=1234.0, p50_us=6.0, p90_us=7.0, p99_us=9.0, p99_9_us=20.0),
-             _flow(1, "error", tps=0.0, error="rx worker died")]
-    result = ClientResult(flows, {"mode": "rr", "flows": 2, "ok": 1, "tps": 1234.0},
-                          {"host": {"0": dict(SHARES, roles=["rx-softirq"]), "1": {}}}, {})
+    flows = [_flow(0, "ok", 1234.0, Latency(p50_us=6.0, p90_us=7.0, p99_us=9.0, p99_9_us=20.0)),
+             _flow(1, "error", 0.0, reason="rx worker died")]
+    result = ClientResult(flows, ClientSummary(mode="rr", flows=2, ok=1, tps=1234.0),
+                          {"host": {"0": RoleShares(**SHARES, roles=["rx-softirq"]),
+                                    "1": RoleShares()}}, {})
     flow_table, cpu_table = tables(result)
     assert flow_table.rows[0][6] == "1234"  # transactions per second: a whole number
     assert flow_table.rows[1][6:11] == ["n/a"] * 5  # not 0.00 for a flow that failed

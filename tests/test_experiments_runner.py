@@ -6,11 +6,11 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from zcnet.bench.experiments import ExperimentRig, iter_run, plan, run_experiment
+from zcnet.bench.experiments import Cell, ExperimentRig, Measured, iter_run, plan, run_experiment
+from zcnet.bench.records import ResultRow, read_file
 from zcnet.bench.spec import Spec, builtin_spec, builtin_text, parse_spec
 from zcnet.cli import main
 from zcnet.errors import Unsupported, ZcnetError
@@ -29,7 +29,7 @@ def test_lab_substitutes_zero_copy_engine() -> None:
     assert [(c["peer"], c["mtu"], c["placement"]) for c in p.cells[9:]] == \
         [("iperf3", 1500, "same"), ("iperf3", 4096, "same"), ("iperf3", 9000, "same")]
     (sub,) = p.substitutions
-    assert sub["text"].startswith("engine zcrx runs as soft-zc: no zcrx-capable NIC")
+    assert sub.text.startswith("engine zcrx runs as soft-zc: no zcrx-capable NIC")
 
 
 def test_real_nic_runs_the_real_thing() -> None:
@@ -42,7 +42,7 @@ def test_tx_mpwqe_ab_is_the_private_flag_on_a_nic() -> None:
     spec = builtin_spec("tx-mpwqe")
     lab = plan(spec, ExperimentRig())
     assert [c["mode"] for c in lab.cells] == ["single", "mmsg", "uring", "gso"]
-    assert "skb_tx_mpwqe private flag needs an mlx5 NIC" in lab.substitutions[0]["text"]
+    assert "skb_tx_mpwqe private flag needs an mlx5 NIC" in lab.substitutions[0].text
     nic = plan(spec, ExperimentRig(ifname="eth2"))
     assert len(nic.cells) == 8
     assert {c["variant"] for c in nic.cells} == {"skb_tx_mpwqe=off", "skb_tx_mpwqe=on"}
@@ -50,15 +50,18 @@ def test_tx_mpwqe_ab_is_the_private_flag_on_a_nic() -> None:
     assert nic.substitutions == []
 
 
-def _fake_rows(cell: dict[str, Any], value: float) -> list[dict[str, Any]]:
-    return [{**cell, "status": "ok", "reason": "", "gbps": value, "seconds": 0.1}]
+def _fake_rows(cell: Cell, value: float) -> Measured:
+    row = ResultRow(gbps=value, seconds=0.1)
+    for axis, v in cell.items():
+        row.set_axis(axis, v)
+    return Measured([row])
 
 
 def test_interrupted_run_keeps_measured_cells(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
-    calls: list[dict[str, Any]] = []
+    calls: list[Cell] = []
 
-    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: Cell, target: ExperimentRig) -> Measured:
         if len(calls) == 2:
             raise KeyboardInterrupt
         calls.append(cell)
@@ -72,7 +75,7 @@ def test_interrupted_run_keeps_measured_cells(tmp_path: Path) -> None:
     assert [(r["mtu"], r["engine"], r["gbps"]) for r in doc["results"]] == \
         [(1500, "epoll", 11.0), (1500, "uring", 12.0)]
     # What survived renders: measured cells show, the rest are simply absent.
-    (table,) = experiment_tables(doc)
+    (table,) = experiment_tables(read_file(doc))
     # The fake cells carry no CPU shares: the extra reads n/a, not 0%.
     assert table.rows[0][:3] == ["1500", "11.00, n/a CPU", "12.00, n/a CPU"]
     assert not list(tmp_path.glob(".*.tmp"))
@@ -82,27 +85,27 @@ def test_json_is_rewritten_after_every_cell(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     seen: list[int] = []
 
-    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: Cell, target: ExperimentRig) -> Measured:
         seen.append(len(json.loads(out.read_text())["results"]) if out.exists() else 0)
         return _fake_rows(cell, 5.0)
 
     spec = dataclasses.replace(builtin_spec("zcrx-refs"))
     doc = run_experiment(spec, json_path=out, measure=measure, repeat=2)
     assert seen == list(range(8))  # cell k sees the k cells measured before it on disk
-    assert doc["complete"] is True
+    assert doc.complete is True
     assert json.loads(out.read_text())["complete"] is True
     # Repeats interleave: every cell once, then every cell again.
-    assert [r["repeat"] for r in doc["results"]] == [0] * 4 + [1] * 4
+    assert [r.repeat for r in doc.results] == [0] * 4 + [1] * 4
 
 
 def test_a_cell_that_cannot_run_does_not_end_the_run() -> None:
-    def measure(spec: Spec, cell: dict[str, Any], target: ExperimentRig) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: Cell, target: ExperimentRig) -> Measured:
         if cell["engine"] == "uring":
             raise Unsupported("io_uring is disabled", "sysctl kernel.io_uring_disabled=0")
         return _fake_rows(cell, 7.0)
 
     doc = run_experiment(builtin_spec("mlx5-zcrx"), measure=measure)
-    statuses = {(r["engine"], r["status"]) for r in doc["results"]}
+    statuses = {(r.engine, r.status) for r in doc.results}
     assert statuses == {("epoll", "ok"), ("uring", "unsupported"), ("soft-zc", "ok"),
                         ("iperf3", "ok")}
     table = experiment_tables(doc)[0]
@@ -127,7 +130,8 @@ def fonts_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
     pytest.importorskip("matplotlib")
     from zcnet.report import plots, stats
 
-    plots.pps_per_mode([{"mode": "x", "mpps": 1.0}], tmp_path_factory.mktemp("warm") / "w.png")
+    plots.pps_per_mode([ResultRow(mode="x", mpps=1.0)],
+                       tmp_path_factory.mktemp("warm") / "w.png")
     stats.welch([1.0, 2.0, 3.0], [2.0, 3.0, 5.0])
 
 
@@ -200,16 +204,15 @@ def test_real_bench_experiment_in_the_lab(no_leaks: None) -> None:
     if not shutil.which("iperf3"):
         pytest.skip("iperf3 not installed")
     doc = run_experiment(parse_spec(BENCH_SPEC, "small.toml"))
-    assert doc["complete"] is True
-    engines = [r for r in doc["results"] if not r.get("peer")]
-    peers = [r for r in doc["results"] if r.get("peer")]
-    assert [(r["engine"], r["placement"], r["status"]) for r in engines] == \
+    assert doc.complete is True
+    engines, peers = doc.rows(), doc.rows(peers=True)
+    assert [(r.engine, r.placement, r.status) for r in engines] == \
         [("epoll", "same", "ok"), ("epoll", "split", "ok")]
     for r in engines:
-        assert r["gbps"] > 0
+        assert (r.gbps or 0) > 0
         # Per-CPU shares are the workers' own, over the measured interval, for the CPUs used.
-        assert set(r["cpus"]) == {str(r["rx_cpu"]), str(r["tx_cpu"])}
-    assert [(r["peer"], r["placement"], r["status"]) for r in peers] == \
+        assert set(r.cpus or {}) == {str(r.rx_app_cpu), str(r.tx_app_cpu)}
+    assert [(r.peer, r.placement, r.status) for r in peers] == \
         [("iperf3", "same", "ok"), ("iperf3", "split", "ok")]
     tables = experiment_tables(doc)
     grid, *mpstats, peer_table = tables
@@ -234,18 +237,18 @@ def test_private_flag_ab_refuses_a_nic_without_the_flag(no_leaks: None) -> None:
         doc = run_experiment(spec, rig=ExperimentRig(ifname=name, remote="198.18.0.2:9"), repeat=1)
     finally:
         subprocess.run(["ip", "link", "del", name], check=True)
-    assert [(r["variant"], r["status"]) for r in doc["results"]] == \
+    assert [(r.variant, r.status) for r in doc.results] == \
         [("skb_tx_mpwqe=off", "unsupported"), ("skb_tx_mpwqe=on", "unsupported")]
-    reason = doc["results"][0]["reason"]
+    reason = doc.results[0].reason
     assert "skb_tx_mpwqe" in reason and name in reason, reason
 
 
 def test_unwritable_json_fails_before_the_first_cell(tmp_path: Path) -> None:
     measured = []
 
-    def measure(spec: Any, cell: dict[str, Any], target: Any) -> list[dict[str, Any]]:
+    def measure(spec: Spec, cell: Cell, target: ExperimentRig) -> Measured:
         measured.append(cell)
-        return [{"status": "ok", "gbps": 1.0}]
+        return Measured([ResultRow(gbps=1.0)])
 
     spec = builtin_spec(next(iter(["zcrx-refs"])))
     with pytest.raises(ZcnetError):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -163,6 +165,11 @@ def test_an_orphaned_vm_counts_only_when_zcnet_could_have_started_it_for_us():
                          ("/tmp/other/initramfs.cpio", False)):
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
         try:
+            # Until the child has exec'd, its command line is still ours.
+            cmdline = Path(f"/proc/{p.pid}/cmdline")
+            deadline = time.monotonic() + 10
+            while marker.encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert _vm_could_be_ours(p.pid) is ours, marker
         finally:
             p.kill()

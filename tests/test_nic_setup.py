@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,11 @@ import pytest
 from refusals import refusal, run_main
 from zcnet.bench.spec import builtin_text
 from zcnet.cli import main
-from zcnet.errors import ZcnetError
+from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.lab import Lab
+from zcnet.netns import in_netns
 from zcnet.nic import ethtool, info, setup
+from zcnet.nic.arrival import arrived_on
 from zcnet.nic.device import Device
 
 pytestmark = [pytest.mark.root, pytest.mark.usefixtures("no_leaks")]
@@ -128,12 +131,15 @@ def test_apply_restore_round_trip_and_guards(lab, state_dir):
     done = setup.apply(_cfg(lab), steps=steps)
     assert [s.status for s in done] == ["done"] * len(steps)
     assert _state(lab) != before
-    with pytest.raises(ZcnetError, match="already set up"):
+    with pytest.raises(ZcnetError, match="already set up") as again:
         setup.apply(_cfg(lab), steps=_veth_steps(lab))
+    # The hints give the command that works: the device is in a namespace.
+    assert again.value.hint == f"run 'zcnet nic restore {lab.if_a} --netns {lab.ns_a}' first"
     setup.restore(lab.if_a, lab.ns_a)
     assert _state(lab) == before
-    with pytest.raises(ZcnetError, match="nothing to restore"):
+    with pytest.raises(ZcnetError, match="nothing to restore") as nothing:
         setup.restore(lab.if_a, lab.ns_a)
+    assert nothing.value.hint == f"'zcnet nic setup {lab.if_a} --netns {lab.ns_a} ...' writes it"
 
 
 def test_zcrx_plan_on_veth(lab):
@@ -289,7 +295,7 @@ def _damaged(text: str) -> dict[str, bytes | None]:
         "latin-1": text.replace('"channels"', '"chännels"').encode("latin-1"),
         "deep": b"[" * 100_000 + b"]" * 100_000,
         "a list": b"[]",
-        "version 2": edit(lambda d: d.update(version=2)),
+        "version 3": edit(lambda d: d.update(version=3)),
         "another device": edit(lambda d: d.update(ifname="eth9")),
         "unknown step": edit(lambda d: d["steps"][0].update(kind="reboot")),
         "count as text": edit(lambda d: d["steps"][0]["params"].update(
@@ -340,3 +346,185 @@ def test_setup_refuses_over_a_damaged_state_file(lab, state_dir):
                           "--port", "9999")
     refusal(rc, err, 1, path, "is not JSON")
     assert _state(lab) == before and path.read_text() == "{"
+
+
+# ------------------------------------------------------------------- several queues (issue 36)
+
+WIDE = "zq0"   # a veth with four RX queues: the lab's own have one per CPU
+
+
+@pytest.fixture
+def wide(lab):
+    """(ifname, netns) of a four-queue veth in the lab's side a (gone with the namespace)."""
+    subprocess.run(["ip", "-n", lab.ns_a, "link", "add", WIDE, "numrxqueues", "4",
+                    "numtxqueues", "4", "type", "veth", "peer", "name", "zq1", "numrxqueues",
+                    "4", "numtxqueues", "4"], check=True, timeout=30)
+    subprocess.run(["ip", "-n", lab.ns_a, "link", "set", WIDE, "up"], check=True, timeout=30)
+    return WIDE, lab.ns_a
+
+
+def _wide_state(wide) -> dict:
+    with Device.open(*wide) as dev:
+        return info.config_state(dev)
+
+
+def test_plan_for_several_queues_one_rule_per_port(wide):
+    ifname, ns = wide
+    cfg = setup.NicConfig(ifname, (1, 2), (9000, 9001, 9002), netns=ns, flows=("tcp4",))
+    with Device.open(ifname, ns) as dev:
+        titles = [s.title for s in setup.plan(dev, cfg)]
+    # veth starts with all four channels; RSS leaves both queues; ports dealt to them in turn
+    assert titles == ["tcp-data-split on", "hds-thresh 0", "rx-ntuple-filter on",
+                      "RSS off queues 1,2", "tcp4 dst-port 9000 -> queue 1",
+                      "tcp4 dst-port 9001 -> queue 2", "tcp4 dst-port 9002 -> queue 1"]
+    assert [cfg.queue_of(p) for p in (9000, 9001, 9002, 9003)] == [1, 2, 1, None]
+
+
+def test_plan_for_several_queues_through_an_rss_context(wide):
+    ifname, ns = wide
+    cfg = setup.NicConfig(ifname, (2, 3), 9999, rss_context=True, netns=ns)
+    with Device.open(ifname, ns) as dev:
+        ethtool.channels_set(dev, rx_count=2)
+        steps = setup.plan(dev, cfg)
+    assert [s.title for s in steps] == [
+        "channels 4", "tcp-data-split on", "hds-thresh 0", "rx-ntuple-filter on",
+        "RSS off queues 2,3", "RSS context for queues 2,3",
+        "tcp4 dst-port 9999 -> the RSS context", "tcp6 dst-port 9999 -> the RSS context"]
+    assert steps[4].params == {"queues": [2, 3], "count": 4}
+    assert {s.params["context_step"] for s in steps[-2:]} == {5}
+    assert cfg.queue_of(9999) is None   # the context's hash decides
+
+
+def test_several_queues_need_a_channel_for_rss(wide, state_dir):
+    """Queues 0..3 of a four-queue device leave none for every other flow: refused before
+    anything changes, naming the count."""
+    ifname, ns = wide
+    before = _wide_state(wide)
+    with pytest.raises(UsageError, match=r"queues 0,1,2,3 need 5 channels, .* at most 4"):
+        setup.apply(setup.NicConfig(ifname, (0, 1, 2, 3), range(9000, 9004), netns=ns))
+    assert _wide_state(wide) == before and not list(state_dir.iterdir())
+
+
+@pytest.mark.parametrize(("queues", "ports", "kw", "needles"), [
+    ((1, 2), (9999,), {}, ("2 queues and 1 port(s)", "queue 2 would get no flow",
+                           "--rss-context")),
+    ((1, 1), (9999, 10000), {}, ("a queue is given twice",)),
+    ((1,), (9999, 9999), {}, ("a port is given twice",)),
+    ((), (9999,), {}, ("no queue given",)),
+    ((1,), (), {}, ("no port given",)),
+    ((1,), tuple(range(9000, 9065)), {}, ("65 ports: at most 64",)),
+    ((1, 2), (0, 9999), {}, ("port 0 is not a TCP port",)),
+    ((1,), (9999,), {"mode": "magic"}, ("unknown mode",)),
+])
+def test_bad_several_queue_configs_are_usage_errors(wide, state_dir, queues, ports, kw, needles):
+    ifname, ns = wide
+    before = _wide_state(wide)
+    with pytest.raises(UsageError) as exc:
+        setup.apply(setup.NicConfig(ifname, queues, ports, netns=ns, **kw))
+    for needle in needles:
+        assert needle in str(exc.value)
+    assert _wide_state(wide) == before and not list(state_dir.iterdir())
+
+
+def test_cli_setup_several_queues_on_veth_fails_at_hds_and_changes_nothing(wide, state_dir):
+    ifname, ns = wide
+    before = _wide_state(wide)
+    rc, _, err = run_main("nic", "setup", ifname, "--netns", ns, "--queues", "2-3", "--port",
+                          "9000-9003")
+    refusal(rc, err, 1, "setup step 'tcp-data-split on' failed: driver veth does not support "
+            "tcp-data-split", "nothing had been changed")
+    assert _wide_state(wide) == before and not list(state_dir.iterdir())
+
+
+@pytest.mark.parametrize(("argv", "code", "needles"), [
+    (["--queues", "2,3", "--port", "9999"], 2, ("2 queues and 1 port(s)",
+                                                "fix: give a port per queue, or --rss-context")),
+    (["--queue", "2", "--queues", "3", "--port", "9999"], 2, ("not allowed with",)),
+    (["--port", "9999"], 2, ("one of the arguments --queue --queues is required",)),
+    (["--queues", "2,2", "--port", "9999"], 2, ("given twice",)),
+    (["--queues", "3-2", "--port", "9999"], 2, ("runs backwards",)),
+    (["--queue", "2", "--port", "9000-9064"], 2, ("more than 64 ports",)),
+])
+def test_cli_setup_queue_and_port_lists_refused(wide, state_dir, argv, code, needles):
+    ifname, ns = wide
+    rc, _, err = run_main("nic", "setup", ifname, "--netns", ns, *argv)
+    refusal(rc, err, code, *needles)
+    assert not list(state_dir.iterdir())
+
+
+def test_cli_doctor_several_queues(wide, capsys):
+    ifname, ns = wide
+    rc = main(["nic", "doctor", ifname, "--netns", ns, "--queues", "1,2", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["queues"] == [1, 2]
+    checks = {r["check"]: r for r in doc["results"]}
+    assert checks["channels >= 2"]["status"] == "pass"
+    assert checks["channels >= 2"]["detail"] == "4 RX channels, queues 1,2 among them"
+    assert checks["queues 1,2 free of providers"]["status"] == "pass"
+    rc = main(["nic", "doctor", ifname, "--netns", ns, "--queues", "0-3", "--json"])
+    checks = {r["check"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert checks["channels >= 2"]["status"] == "fail"   # none left for RSS
+    assert checks["channels >= 2"]["detail"] == "4 RX channels, the device offers at most 4"
+    rc, _, err = run_main("nic", "doctor", ifname, "--netns", ns, "--queues", "2,5,6")
+    refusal(rc, err, 2, "has no RX queues 5,6 (its RX queues: 0..3)", "--queues 3")
+
+
+def _version_1(doc: dict) -> dict:
+    """``doc`` as the one-queue setup wrote it (state version 1): config queue and port, and
+    the RSS steps' one queue. The RSS and rule steps veth cannot apply are added pending, as a
+    setup interrupted before them leaves them."""
+    cfg = doc["config"]
+    cfg["queue"], cfg["port"] = cfg.pop("queues")[0], cfg.pop("ports")[0]
+    doc["steps"] += [
+        {"kind": "rss", "params": {"queue": 1, "count": 2}, "status": "pending", "undo": {}},
+        {"kind": "rss-context", "params": {"queue": 1}, "status": "pending", "undo": {}},
+        {"kind": "flow-rule", "params": {"flow": "tcp4", "port": 9999, "queue": 1,
+                                         "context_step": len(doc["steps"]) + 1},
+         "status": "pending", "undo": {}}]
+    return dict(doc, version=1)
+
+
+def test_a_version_1_state_file_is_read_and_restored(lab, state_dir):
+    """A state file of the one-queue setup (version 1) is checked and restored as before: its
+    queue and port read as one-item lists, the device comes back."""
+    before = _state(lab)
+    steps = _veth_steps(lab)
+    setup.apply(_cfg(lab), steps=steps)
+    path = setup.state_path(lab.if_a, lab.ns_a)
+    v1 = json.dumps(_version_1(json.loads(path.read_text())))
+    # Damage in a version 1 file is refused as in any other, naming the field.
+    damaged = json.loads(v1)
+    damaged["steps"][-3]["params"]["queue"] = "one"
+    path.write_text(json.dumps(damaged))
+    with pytest.raises(ZcnetError, match=r"steps\[4\]\.params\.queues is .*not what setup "):
+        setup.load_state(lab.if_a, lab.ns_a)
+    path.write_text(v1)
+    saved = setup.load_state(lab.if_a, lab.ns_a)
+    assert saved["version"] == 2 and saved["config"]["queues"] == [1]
+    assert [s["params"]["queues"] for s in saved["steps"][-3:-1]] == [[1], [1]]
+    cfg = setup.configured(lab.if_a, lab.ns_a)
+    assert (cfg.queues, cfg.ports, cfg.rss_context, cfg.flows) == ((1,), (9999,), False,
+                                                                   ("tcp4", "tcp6"))
+    assert setup.restore(lab.if_a, lab.ns_a) == [s.title for s in reversed(steps)]
+    assert _state(lab) == before and setup.configured(lab.if_a, lab.ns_a) is None
+
+
+def test_arrival_on_veth_is_unknown_and_says_why(lab):
+    """veth delivers without a NAPI id: the queue of a connection cannot be told, and the
+    error names the connection (the netdevsim VM tests find real queues)."""
+    with in_netns(lab.ns_b):
+        listener = socket.create_server((lab.addr_b, 0))
+    with listener:
+        with in_netns(lab.ns_a):
+            client = socket.create_connection((lab.addr_b, listener.getsockname()[1]))
+        server, _ = listener.accept()
+    with client, server:
+        client.sendall(b"x" * 4096)
+        assert server.recv(4096)
+        port, src = server.getsockname()[1], client.getsockname()[1]
+        cfg = setup.NicConfig(lab.if_b, (0, 1), port, rss_context=True, netns=lab.ns_b)
+        with pytest.raises(Unsupported) as exc:
+            arrived_on(server, cfg)
+    assert exc.value.message.startswith(f"connection from {lab.addr_a}:{src} to port {port} "
+                                        "has no NAPI id")
+    assert exc.value.hint == "ask once its first bytes have arrived"

@@ -210,14 +210,14 @@ def test_nic_env(lab, no_leaks):
 
 @pytest.mark.root
 def test_doctor_on_veth(dev):
-    checks = {c.name: c for c in doctor.run(dev, queue=1, mode="zcrx")}
+    checks = {c.name: c for c in doctor.run(dev, queues=1, mode="zcrx")}
     assert not doctor.all_pass(list(checks.values()))
     assert checks["driver: queue management ops"].status == doctor.FAIL
     assert checks["HDS supported (tcp-data-split)"].status == doctor.FAIL
     assert checks["ntuple filters on"].status == doctor.FAIL
     assert checks["IOMMU"].status == doctor.UNKNOWN
     assert all(c.fix for c in checks.values() if c.status == doctor.FAIL)
-    devmem = {c.name: c for c in doctor.run(dev, queue=0, mode="devmem")}
+    devmem = {c.name: c for c in doctor.run(dev, queues=0, mode="devmem")}
     assert devmem["kernel: devmem TCP"].status == doctor.PASS
     assert devmem["queue 0 free of providers"].status == doctor.PASS
 
@@ -252,11 +252,11 @@ def test_doctor_picks_a_queue_the_device_has(dev):
     ethtool.channels_set(dev, rx_count=top)
     try:
         assert doctor.rx_queues(dev) == list(range(top))
-        assert doctor.pick_queue(dev, None) == top - 1
-        assert doctor.pick_queue(dev, 0) == 0
+        assert doctor.pick_queues(dev, None) == (top - 1,)
+        assert doctor.pick_queues(dev, [0]) == (0,)
         with pytest.raises(UsageError, match=rf"has no RX queue {top} \(its RX queues: "
                                              rf"0\.\.{top - 1}\)"):
-            doctor.pick_queue(dev, top)
+            doctor.pick_queues(dev, [top])
     finally:
         ethtool.channels_set(dev, rx_count=before["rx-count"])
 
@@ -269,7 +269,7 @@ def test_loopback_is_named_by_its_driver(no_leaks):
         assert info.show(lo)["driver"]["driver"] == "loopback"
         assert info.show(lo)["channels"] == {
             "unsupported": "driver loopback does not support channels"}
-        checks = {c.name: c for c in doctor.run(lo, doctor.pick_queue(lo, None))}
+        checks = {c.name: c for c in doctor.run(lo, doctor.pick_queues(lo, None))}
     qops = checks["driver: queue management ops"]
     assert (qops.status, qops.detail) == (doctor.FAIL,
                                           "driver loopback has no queue management ops")

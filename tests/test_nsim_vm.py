@@ -15,17 +15,20 @@ import signal
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
 from zc_helpers import PAT, Sender, check_to_eof
+from zcnet.bench.remote import NetnsServer
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
-from zcnet.netns import in_netns
+from zcnet.netns import in_netns, netns_popen
 from zcnet.nic import ethtool, info, netdev, ntuple, setup
+from zcnet.nic.arrival import WrongQueue, arrived_on
 from zcnet.nic.device import Device
 from zcnet.rx.zc import open_receiver
 from zcnet.rx.zc.area import HUGE_2MB, udmabuf_create
@@ -37,6 +40,8 @@ QUEUES = 4
 QUEUE = 2
 PORT = 9999          # the port nic setup steers to QUEUE (the lab's namespaces are private)
 OTHER_PORTS = (5001, 5002, 5003, 5004)
+SET = (2, 3)         # the queues of the several-queue setups
+SET_PORTS = tuple(range(9000, 9008))
 BACKGROUND = 4096    # bytes a queue may see besides a test's flows (neighbour discovery, ...)
 
 
@@ -80,8 +85,10 @@ def _pair(lab: Lab, port: int = 0, v6: bool = False) -> tuple[socket.socket, soc
     return client, server
 
 
-def _stream(lab: Lab, total: int, port: int = 0, v6: bool = False) -> None:
-    """``total`` pattern bytes from side a to a plain receiver on side b, checked."""
+@contextmanager
+def _received(lab: Lab, total: int, port: int = 0, v6: bool = False) -> Iterator[socket.socket]:
+    """A plain receiver on side b that got ``total`` pattern bytes (checked) from side a, then
+    EOF; closed when the block ends."""
     client, server = _pair(lab, port, v6)
     sender = Sender(client, total)
     sender.start()
@@ -89,8 +96,14 @@ def _stream(lab: Lab, total: int, port: int = 0, v6: bool = False) -> None:
     with server:
         while chunk := server.recv(1 << 16):
             got += chunk
-    sender.join(120)
-    assert sender.error is None and PAT.matches(0, got) and len(got) == total
+        sender.join(120)
+        assert sender.error is None and PAT.matches(0, got) and len(got) == total
+        yield server
+
+
+def _stream(lab: Lab, total: int, port: int = 0, v6: bool = False) -> None:
+    with _received(lab, total, port, v6):
+        pass
 
 
 def _rx_bytes(dev: Device) -> dict[int, int]:
@@ -206,16 +219,22 @@ def test_setup_steers_the_port_to_the_queue_and_restore_undoes_it(lab, state_dir
         assert _state(dev) == before
 
 
-def test_cli_setup_restore_doctor_passes_in_between(lab, state_dir):
+@pytest.mark.parametrize("queues", [("--queue", str(QUEUE), "--port", str(PORT)),
+                                    ("--queues", "2,3", "--port", "9000-9003"),
+                                    ("--queues", "2-3", "--port", str(PORT), "--rss-context")],
+                         ids=["one", "rule-per-port", "rss-context"])
+def test_cli_setup_restore_doctor_passes_in_between(lab, state_dir, queues):
     args = (lab.if_b, "--netns", lab.ns_b)
+    which = queues[:2]
     with Device.open(lab.if_b, lab.ns_b) as dev:
         ethtool.rings_set(dev, **{"tcp-data-split": "off"})
-    doc = _zcnet("nic", "doctor", *args, "--queue", str(QUEUE), "--json")
+        before = _state(dev)
+    doc = _zcnet("nic", "doctor", *args, *which, "--json")
     assert doc.returncode == 1  # HDS is off yet
-    st = _zcnet("nic", "setup", *args, "--queue", str(QUEUE), "--port", str(PORT))
+    st = _zcnet("nic", "setup", *args, *queues)
     assert st.returncode == 0, st.stderr
     try:
-        doc = _zcnet("nic", "doctor", *args, "--queue", str(QUEUE), "--json")
+        doc = _zcnet("nic", "doctor", *args, *which, "--json")
         checks = {c["check"]: c for c in json.loads(doc.stdout)["results"]}
         assert doc.returncode == 0, [c for c in checks.values() if c["status"] != "pass"]
         qops = checks["driver: queue management ops"]
@@ -224,17 +243,26 @@ def test_cli_setup_restore_doctor_passes_in_between(lab, state_dir):
         rs = _zcnet("nic", "restore", *args)
     assert rs.returncode == 0, rs.stderr
     with Device.open(lab.if_b, lab.ns_b) as dev:
-        assert ethtool.rings_get(dev).get("tcp-data-split") == "off"
+        assert _state(dev) == before and before["tcp-data-split"] == "off"
 
 
+CONFIGS = {"one-queue": ((QUEUE,), (PORT,), False, len(REAL_NIC_PLAN)),
+           # RSS off both, then a rule per port and flow type
+           "rule-per-port": (SET, SET_PORTS[:4], False, 5 + 4 * 2),
+           # RSS off both, a context over them, a rule per flow type to it
+           "rss-context": (SET, (PORT,), True, 5 + 1 + 2)}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("how", ["error", "interrupt"])
-def test_interrupt_at_each_step_leaves_the_device_identical(lab, state_dir, how):
+def test_interrupt_at_each_step_leaves_the_device_identical(lab, state_dir, how, config):
+    queues, ports, rss_context, steps = CONFIGS[config]
     with Device.open(lab.if_b, lab.ns_b) as dev:
         ethtool.channels_set(dev, combined_count=1)
         before = _state(dev)
-        cfg = setup.NicConfig(lab.if_b, QUEUE, PORT, netns=lab.ns_b)
+        cfg = setup.NicConfig(lab.if_b, queues, ports, netns=lab.ns_b, rss_context=rss_context)
         count = len(setup.plan(dev, cfg))
-        assert count == len(REAL_NIC_PLAN)
+        assert count == steps
         for at in range(count):
             def hook(i, step, at=at):
                 if i == at:
@@ -244,6 +272,123 @@ def test_interrupt_at_each_step_leaves_the_device_identical(lab, state_dir, how)
                 setup.apply(cfg, before_step=hook, device=dev)
             assert _state(dev) == before, f"after a {how} at step {at}"
             assert setup.load_state(lab.if_b, lab.ns_b) is None
+
+
+# --- several queues (issue 36) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("rss_context", [False, True], ids=["rule-per-port", "rss-context"])
+def test_several_queues_take_the_ports_flows_and_arrived_on_names_each(lab, state_dir,
+                                                                       rss_context):
+    """`nic setup` for queues 2,3: every flow to the set-up ports lands on one of them (the
+    driver's per-queue counters), the one `arrived_on` names; with a rule per port, port i on
+    queue 2 + i mod 2; through an RSS context, 16 flows to one port reach both (all on one
+    queue: a chance of 2^-15). Flows to other ports stay off them; restore puts RSS, the
+    context, the rules, HDS and the channel count back exactly."""
+    ports = (PORT,) * 16 if rss_context else SET_PORTS
+    with Device.open(lab.if_b, lab.ns_b) as dev:
+        ethtool.channels_set(dev, combined_count=2)   # setup raises it to 4
+        before = _state(dev)
+        cfg = setup.NicConfig(lab.if_b, SET, sorted(set(ports)), netns=lab.ns_b,
+                              rss_context=rss_context)
+        with setup.applied(cfg):
+            if rss_context:
+                assert [c["indir"] for c in ethtool.rss_contexts(dev)] == [[2, 3] * 64]
+            assert not set(SET) & set(ethtool.rss_get(dev)["indir"])
+            seen = []
+            for port in ports:
+                start = _rx_bytes(dev)
+                with _received(lab, 256 << 10, port) as conn:
+                    queue = arrived_on(conn, cfg)
+                landed = _delta(dev, start)
+                assert landed[queue] >= 256 << 10, (queue, landed)
+                assert sum(n for q, n in landed.items() if q != queue) < BACKGROUND, landed
+                seen.append(queue)
+            if rss_context:
+                assert set(seen) == set(SET), seen
+            else:
+                assert seen == [cfg.queue_of(p) for p in ports] == [2, 3] * 4
+            start = _rx_bytes(dev)
+            for port in OTHER_PORTS:
+                _stream(lab, 256 << 10, port)
+            elsewhere = _delta(dev, start)
+            assert all(elsewhere[q] < BACKGROUND for q in SET), elsewhere
+            assert sum(elsewhere.values()) >= len(OTHER_PORTS) * (256 << 10)
+        assert _state(dev) == before
+    assert Counter(seen)[2] >= 1 and Counter(seen)[3] >= 1
+
+
+def test_a_connection_outside_the_set_queues_is_a_clear_error(lab, state_dir):
+    """A connection to a port nobody steered lands where RSS sends it (not queues 2,3):
+    `arrived_on` names that queue (the one the counters saw), the NIC, and the setup that
+    would fix it; one to a port the caller believes set up says another rule or RSS took it."""
+    cfg = setup.NicConfig(lab.if_b, SET, PORT, netns=lab.ns_b, rss_context=True)
+    other = OTHER_PORTS[0]
+    with Device.open(lab.if_b, lab.ns_b) as dev, setup.applied(cfg):
+        start = _rx_bytes(dev)
+        with _received(lab, 256 << 10, other) as conn:
+            with pytest.raises(WrongQueue) as unset:
+                arrived_on(conn, cfg)
+            believed = setup.NicConfig(lab.if_b, SET, (PORT, other), netns=lab.ns_b,
+                                       rss_context=True)
+            with pytest.raises(WrongQueue) as taken:
+                arrived_on(conn, believed)
+            host, sport = conn.getpeername()
+        landed = _delta(dev, start)
+    queue = max(landed, key=landed.__getitem__)
+    assert queue not in SET and landed[queue] >= 256 << 10
+    assert (unset.value.ifname, unset.value.queue) == (lab.if_b, queue)
+    assert unset.value.message == (f"connection from {host}:{sport} to port {other} arrived on "
+                                   f"{lab.if_b} queue {queue}, not on the zcrx {lab.if_b} "
+                                   "queues 2,3")
+    assert unset.value.hint == (
+        f"steer port {other} to queues 2,3 with `zcnet nic setup {lab.if_b} --netns {lab.ns_b} "
+        f"--queues 2,3 --port {PORT},{other} --rss-context` (after `zcnet nic restore "
+        f"{lab.if_b} --netns {lab.ns_b}`), or connect to port {PORT}")
+    assert taken.value.message == unset.value.message
+    assert taken.value.hint == (
+        f"port {other} is set up for {lab.if_b} queues 2,3, yet another flow rule or RSS took "
+        f"it: check with `zcnet nic show {lab.if_b} --netns {lab.ns_b}` and `zcnet nic doctor "
+        f"{lab.if_b} --netns {lab.ns_b} --queues 2,3`")
+
+
+@pytest.mark.parametrize("engine", ["epoll", "soft-zc"])
+def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, engine):
+    """The commands a user types: `zcnet nic setup --queues 1,2 --port 9000-9007` on side b,
+    a `zcnet server` on each side, then `zcnet client -n 8 --data-port 9000 --verify` from
+    side a: every flow's bytes checked, flows 0,2,4,6 on queue 1 and 1,3,5,7 on queue 2 (the
+    driver's per-queue counters); the control connections stay on queues 0 and 3. (Each flow
+    on its own queue's zcrx or devmem needs the shared receive path of issue 36.)"""
+    token = tmp_path / "token"
+    secret = os.urandom(32).hex().encode()
+    token.write_bytes(secret + b"\n")
+    token.chmod(0o600)
+    st = _zcnet("nic", "setup", lab.if_b, "--netns", lab.ns_b, "--queues", "1,2",
+                "--port", "9000-9007")
+    assert st.returncode == 0, st.stderr
+    with ExitStack() as stack:
+        stack.callback(lambda: _zcnet("nic", "restore", lab.if_b, "--netns", lab.ns_b))
+        src = stack.enter_context(NetnsServer(host=lab.addr_a, netns=lab.ns_a, token=secret))
+        dst = stack.enter_context(NetnsServer(host=lab.addr_b, netns=lab.ns_b, token=secret))
+        dev = stack.enter_context(Device.open(lab.if_b, lab.ns_b))
+        start = _rx_bytes(dev)
+        out = tmp_path / "client.json"
+        proc = netns_popen(lab.ns_a, [sys.executable, "-m", "zcnet", "client", "--src",
+                                      str(src.address), "--dst", str(dst.address),
+                                      "--token-file", str(token), "-n", "8", "-t", "1",
+                                      "--data-port", "9000", "--rx-engine", engine,
+                                      "--verify", "--json", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, stderr = proc.communicate(timeout=600)
+        landed = _delta(dev, start)
+    assert proc.returncode == 0, stderr[-2000:]
+    flows = json.loads(out.read_text())["results"]
+    assert sorted(f["flow"] for f in flows) == list(range(8))
+    for f in flows:
+        assert f["status"] == "ok" and f["engine"] == engine, f
+        assert f["verify"] == {"checked_bytes": f["bytes"], "mismatches": 0} and f["bytes"] > 0
+    want = {q: sum(f["bytes"] for f in flows if f["flow"] % 2 == q - 1) for q in (1, 2)}
+    assert all(landed[q] >= n for q, n in want.items()), (want, landed)
+    assert landed[0] + landed[3] < sum(want.values()) // 20, (want, landed)   # control only
 
 
 def test_page_pools_stats_and_queue_map(lab):
@@ -428,9 +573,6 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
     """The real-NIC form of `zcnet reproduce mlx5-zcrx`: side b receives on its netdevsim port
     (`nic setup`: HDS on, the data port's flow rule to QUEUE, RSS off it), side a runs the
     sending `zcnet server`; no substitutions, and the kernel copies nothing."""
-    from zcnet.bench.remote import NetnsServer
-    from zcnet.netns import netns_popen
-
     lab = ready
     token = tmp_path / "token"
     with NetnsServer(host=lab.addr_a, netns=lab.ns_a) as server:
@@ -459,4 +601,41 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
     assert all(c["zcrx_mode"] == "device" and c["note"] == NETDEVSIM_DMA_NOTE
                for c in zcrx), zcrx
     assert all(c["engine_stats"]["kernel_copied_bytes"] == 0 for c in zcrx), zcrx
+    # The report says so per row: the zcrx column of the 1500 row reads 100% zero-copy.
+    md = (out / "mlx5-zcrx.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| 1500 "))
+    assert row.rstrip(" |").endswith("100% zero-copy"), row
+
+
+def test_reproduce_zcrx_refs_on_a_netdevsim_queue_reports_the_share_per_row(ready, tmp_path):
+    """`zcnet reproduce zcrx-refs` on the netdevsim port: real zcrx (no substitution) in each
+    placement x consumer cell, every row 100% zero-copy by the kernel's own counter."""
+    from zcnet.bench.remote import NetnsServer
+    from zcnet.netns import netns_popen
+
+    lab = ready
+    token = tmp_path / "token"
+    with NetnsServer(host=lab.addr_a, netns=lab.ns_a) as server:
+        token.write_bytes(server.token + b"\n")
+        token.chmod(0o600)
+        out = tmp_path / "out"
+        proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", "zcrx-refs",
+                                      "--ifname", lab.if_b, "--remote", str(server.address),
+                                      "--token-file", str(token), "--queue", str(QUEUE),
+                                      "--data-port", str(PORT),
+                                      "--duration", "0.5", "--repeat", "1", "--out", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, stderr = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, stderr[-2000:]
+    doc = json.loads((out / "zcrx-refs.json").read_text())
+    assert not doc.get("substitutions"), doc.get("substitutions")
+    cells = doc["results"]
+    assert len(cells) == 4 and all(c["status"] == "ok" for c in cells), cells
+    for c in cells:
+        assert c["engine"] == "zcrx" and c["zcrx_mode"] == "device", c
+        assert c["engine_stats"]["kernel_copied_bytes"] == 0, c["engine_stats"]
+    md = (out / "zcrx-refs.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith(("| same ", "| split "))]
+    # Two placements x two consumers: each cell of each row reads 100% zero-copy.
+    assert len(rows) == 2 and all(line.count("100% zero-copy") == 2 for line in rows), md
 

@@ -65,7 +65,7 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
 
 
 GOOD = [p.encode(m) for m in (
-    {"type": "hello", "version": 1, "caps": ["stream"]},
+    {"type": "hello", "version": p.PROTOCOL_VERSION, "caps": ["stream"]},
     {"type": "open", "flow": 3, "mode": "rr", "engine": "epoll", "read_size": 4096,
      "req_size": 1, "resp_size": 1},
     {"type": "start", "duration": 1.5},
@@ -163,10 +163,16 @@ VALID = st.one_of(
                            "message": st.text(max_size=300)}),
     st.fixed_dictionaries(
         {"type": st.just("results"),
-         "flows": st.lists(st.fixed_dictionaries({"flow": FLOW, "role": st.text(max_size=5)}),
-                           max_size=4),
-         "cpus": st.dictionaries(st.text(max_size=4), st.dictionaries(
-             st.text(max_size=4), st.integers(0, 100), max_size=3), max_size=3),
+         "flows": st.lists(st.fixed_dictionaries(
+             {"flow": FLOW, "role": st.sampled_from(["rx", "tx"])},
+             optional={"status": st.sampled_from(["ok", "error"]),
+                       "reason": st.text(max_size=20),
+                       "bytes": st.integers(0, 1 << 40),
+                       "seconds": st.floats(0.0, 1e6, allow_nan=False)}), max_size=4),
+         "cpus": st.dictionaries(st.from_regex(r"[0-9]{1,4}", fullmatch=True),
+                                 st.fixed_dictionaries({}, optional={
+                                     k: st.floats(0.0, 100.0) for k in ("usr", "sys", "idle")}),
+                                 max_size=3),
          "seconds": st.floats(0.0, 1e7, allow_nan=False)}),
     st.sampled_from([{"type": "end"}, {"type": "bye"}]),
 )
@@ -218,7 +224,7 @@ def test_server_fed_fuzzed_sessions_still_serves_a_real_client(no_leaks, tmp_pat
     """The fuzzers' inputs, each as a session of its own against a real server: every reply the
     server gives is a valid message, and a real client is served afterwards."""
     rng = random.Random(16)
-    hello = p.encode({"type": "hello", "version": 1, "caps": []})
+    hello = p.encode({"type": "hello", "version": p.PROTOCOL_VERSION, "caps": []})
     inputs = []
     for i in range(60):
         data = mutate(rng, rng.choice(GOOD))
@@ -239,5 +245,5 @@ def test_server_fed_fuzzed_sessions_still_serves_a_real_client(no_leaks, tmp_pat
                 assert dec.pending == 0
                 assert all(r["type"] in ("welcome", "error") for r in replies), replies
         res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.2))
-        assert res.flows[0]["status"] == "ok"
+        assert res.flows[0].status == "ok"
         assert srv.proc.poll() is None and "Traceback" not in srv.log_text()

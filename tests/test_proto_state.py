@@ -65,7 +65,8 @@ def test_full_conversation_walks_both_sides_through_the_same_states():
     deliver(srv, cli, {"type": "pinned", "flow": 0, "cpu": 0})
     assert deliver(cli, srv, {"type": "start", "duration": 2})["duration"] == 2.0
     assert srv.state == "running"
-    deliver(srv, cli, {"type": "results", "flows": [{"flow": 0}], "cpus": {}, "seconds": 2.0})
+    deliver(srv, cli, {"type": "results", "flows": [{"flow": 0, "role": "rx"}], "cpus": {},
+                       "seconds": 2.0})
     deliver(cli, srv, {"type": "end"})
     deliver(srv, cli, {"type": "bye"})
     assert cli.closed and srv.closed
@@ -80,7 +81,7 @@ def test_wrong_token_does_not_verify():
 
 def test_frames_split_at_every_byte_reassemble():
     cli, srv = Connection(Role.CLIENT), Connection(Role.SERVER)
-    wire = cli.send({"type": "hello", "version": 1, "caps": []})
+    wire = cli.send({"type": "hello", "version": p.PROTOCOL_VERSION, "caps": []})
     for b in wire[:-1]:
         srv.receive_data(bytes([b]))
         assert srv.next_event() is NEED_DATA
@@ -98,7 +99,7 @@ def test_frames_split_at_every_byte_reassemble():
     (b'{"type": "hello", "version": 1, "caps": [], "x": 1}', "invalid"),
     (b'{"type": "hello", "version": 1, "caps": ["BAD CAP"]}', "invalid"),
     (b'{"type": "hello", "version": NaN, "caps": []}', "malformed"),
-    (b'{"type": "hello", "version": 2, "caps": []}', "version"),
+    (b'{"type": "hello", "version": 99, "caps": []}', "version"),
     (b'{"type": "start", "duration": 1}', "unexpected"),
     (b"[" * 2000 + b"]" * 2000, "malformed"),  # deep, within MAX_PREAUTH_MESSAGE
     (b"[" * 100000 + b"]" * 100000, "too_big"),   # before auth, frames are small
@@ -223,7 +224,7 @@ def test_every_state_is_reachable_and_every_request_has_a_reply():
 def test_oversized_reply_is_refused_on_our_side():
     cli, srv = handshake()
     deliver(cli, srv, {"type": "start", "duration": 1.0})
-    big = [{"flow": i, "pad": "x" * 1000} for i in range(1100)]
+    big = [{"flow": i, "role": "rx", "reason": "x" * 1000} for i in range(1100)]
     with pytest.raises(LocalProtocolError) as exc:
         srv.send({"type": "results", "flows": big, "cpus": {}, "seconds": 1.0})
     assert exc.value.code == "too_big" and srv.state == "running"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from report_docs import ENGINES, FIX, bench_rows
+from report_docs import ENGINES, FIX, bench_rows, record
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report.compare import compare, key_text
@@ -27,7 +27,7 @@ def by_cell(rows: list[Any]) -> dict[str, Any]:
 
 
 def test_per_cell_ratio_and_verdict() -> None:
-    rows = by_cell(compare(load("bench-a.json"), load("bench-b.json")))
+    rows = by_cell(compare(record(load("bench-a.json")), record(load("bench-b.json"))))
     uring = rows["engine=uring placement=split mtu=1500"]
     assert uring.metric == "gbps"
     assert uring.a.mean == pytest.approx(12.0)
@@ -43,7 +43,7 @@ def test_per_cell_ratio_and_verdict() -> None:
 
 
 def test_reversed_order_reads_slower() -> None:
-    rows = by_cell(compare(load("bench-b.json"), load("bench-a.json")))
+    rows = by_cell(compare(record(load("bench-b.json")), record(load("bench-a.json"))))
     assert rows["engine=uring placement=split mtu=1500"].verdict.text() == \
         "1.24x slower, significant"
 
@@ -51,7 +51,7 @@ def test_reversed_order_reads_slower() -> None:
 def test_cells_only_on_one_side() -> None:
     b = load("bench-b.json")
     b["results"] = [r for r in b["results"] if r["engine"] != "epoll"]
-    rows = by_cell(compare(load("bench-a.json"), b))
+    rows = by_cell(compare(record(load("bench-a.json")), record(b)))
     assert rows["engine=epoll placement=split mtu=1500"].note == "only in A"
 
 
@@ -72,10 +72,10 @@ def test_refuses_different_systems_unless_forced(field: str, value: Any) -> None
     b["env"]["nic"] = VETH
     b["env"][field] = value
     with pytest.raises(ZcnetError) as info:
-        compare(a, b)
+        compare(record(a), record(b))
     assert field in info.value.message
     assert "--force" in (info.value.hint or "")
-    assert compare(a, b, force=True)
+    assert compare(record(a), record(b), force=True)
 
 
 def test_same_nic_under_another_name_is_comparable() -> None:
@@ -83,10 +83,10 @@ def test_same_nic_under_another_name_is_comparable() -> None:
     a, b = copy.deepcopy(load("bench-a.json")), copy.deepcopy(load("bench-b.json"))
     a["env"]["nic"] = VETH
     b["env"]["nic"] = {**VETH, "ifname": "zc2x1b", "rings": {"rx": 1024}}
-    assert compare(a, b)
+    assert compare(record(a), record(b))
     # A NIC recorded on one side only is unknown there, not different.
     del a["env"]["nic"]
-    assert compare(a, b)
+    assert compare(record(a), record(b))
 
 
 def test_cli_refusal_is_one_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:

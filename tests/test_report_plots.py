@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from report_docs import FIX, load
+from report_docs import FIX, load, record
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report import plots
@@ -33,7 +33,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_plots_have_expected_size(fixture: str, expected: list[str], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     doc = json.loads((FIX / f"{fixture}.json").read_text())
-    paths = plots.plot_all(doc, tmp_path)
+    paths = plots.plot_all(record(doc), tmp_path)
     assert [p.name for p in paths] == expected
     for p in paths:
         assert png_size(p) == (WIDTH, HEIGHT)
@@ -46,7 +46,7 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     doc = json.loads((FIX / "tx-mpwqe.json").read_text())
     with pytest.raises(ZcnetError) as info:
-        plots.plot_all(doc, tmp_path)
+        plots.plot_all(record(doc), tmp_path)
     assert "matplotlib" in info.value.message
     # matplotlib is a dependency: the fix is to install it, not an extra that no longer exists.
     assert "pip install matplotlib" in (info.value.hint or "")
@@ -70,7 +70,7 @@ def test_plot_onto_a_directory_leaves_no_temp_file(tmp_path: Path) -> None:
     first = doc["report"]["plots"][0]
     (tmp_path / f"{doc['experiment']['name']}-{first}.png").mkdir()
     with pytest.raises(ZcnetError):
-        plot_all(doc, tmp_path, [first])
+        plot_all(record(doc), tmp_path, [first])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -80,7 +80,7 @@ def test_plots_say_what_they_show(tmp_path: Path) -> None:
     from PIL import Image
 
     doc = load("mlx5-zcrx")
-    by_mtu, cpu = plots.plot_all(doc, tmp_path)
+    by_mtu, cpu = plots.plot_all(record(doc), tmp_path)
     meta = Image.open(by_mtu).text
     assert meta["Title"] == f"{doc['experiment']['title']}: throughput by MTU"
     assert "points: mean of up to 3 runs per cell; error bars: ± 1 standard deviation" in \
@@ -93,6 +93,6 @@ def test_plots_say_what_they_show(tmp_path: Path) -> None:
     # A bench file: medians with their range, as its table shows them.
     bench = load("bench-a")
     bench["kind"] = "bench"
-    (path, _) = plots.plot_all(bench, tmp_path, stem="b")
+    (path, _) = plots.plot_all(record(bench), tmp_path, stem="b")
     assert "error bars: lowest to highest run" in Image.open(path).text["Description"]
     assert "not plotted (no value): zcrx (unsupported)" in Image.open(path).text["Description"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from report_docs import FIX, load
+from report_docs import FIX, load, record
 from zcnet.cli import main
 from zcnet.errors import ZcnetError
 from zcnet.report.export import to_csv, to_markdown, to_text, write_text
@@ -23,18 +23,18 @@ RECORDED = ("mlx5-zcrx", "tx-mpwqe", "zcrx-refs")
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_markdown_matches_expected(name: str) -> None:
-    assert to_markdown(experiment_tables(load(name))) == \
+    assert to_markdown(experiment_tables(record(load(name)))) == \
         (FIX / f"{name}.expected.md").read_text()
 
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_terminal_text_matches_expected(name: str) -> None:
-    assert to_text(experiment_tables(load(name)), width=120) == \
+    assert to_text(experiment_tables(record(load(name))), width=120) == \
         (FIX / f"{name}.expected.txt").read_text()
 
 
 def test_grid_is_the_seed_table_with_stats_and_notes() -> None:
-    (table,) = experiment_tables(load("mlx5-zcrx"))
+    (table,) = experiment_tables(record(load("mlx5-zcrx")))
     assert table.headers == ["MTU", "epoll", "uring", "soft-zc"]
     assert [r[0] for r in table.rows] == ["1500", "4096", "9000"]
     # 1500/epoll repeats 11.2, 11.6, 11.4: mean 11.40, sample stdev 0.20; CPU 99% busy.
@@ -49,7 +49,7 @@ def test_grid_is_the_seed_table_with_stats_and_notes() -> None:
 
 
 def test_ab_table_reports_missing_counters_instead_of_zero() -> None:
-    (table,) = experiment_tables(load("tx-mpwqe"))
+    (table,) = experiment_tables(record(load("tx-mpwqe")))
     assert table.headers == ["mode", "packet rate", "CPU per packet", "vs baseline"]
     assert [r[0] for r in table.rows] == ["single", "mmsg", "uring", "gso"]
     assert table.rows[0][-1] == "baseline"
@@ -57,7 +57,7 @@ def test_ab_table_reports_missing_counters_instead_of_zero() -> None:
 
 
 def test_mpstat_tables_per_cell() -> None:
-    tables = experiment_tables(load("zcrx-refs"))
+    tables = experiment_tables(record(load("zcrx-refs")))
     mp = [t for t in tables if t.headers[0] == "CPU"]
     assert len(mp) == 4
     assert mp[0].headers == ["CPU", "%usr", "%sys", "%iowait", "%irq", "%soft", "%idle"]
@@ -71,7 +71,7 @@ def test_mpstat_tables_per_cell() -> None:
 
 
 def test_plain_bench_envelope_gets_default_grid_with_na() -> None:
-    tables = experiment_tables(load("bench-a"))
+    tables = experiment_tables(record(load("bench-a")))
     (table,) = tables
     assert table.headers == ["MTU", "epoll", "uring", "zcrx"]
     assert table.rows == [["1500", "10.00 ± 0.16, 95% CPU", "12.00 ± 0.16, 95% CPU", "n/a"]]
@@ -79,7 +79,7 @@ def test_plain_bench_envelope_gets_default_grid_with_na() -> None:
 
 
 def test_csv_has_one_line_per_cell_with_stats() -> None:
-    rows = list(csv.DictReader(io.StringIO(to_csv(load("mlx5-zcrx")["results"]))))
+    rows = list(csv.DictReader(io.StringIO(to_csv(record(load("mlx5-zcrx")).results))))
     assert len(rows) == 9
     first = rows[0]
     assert (first["engine"], first["mtu"], first["placement"]) == ("epoll", "1500", "same")
@@ -106,7 +106,7 @@ def test_ab_table_without_scipy_keeps_the_ratio(monkeypatch: pytest.MonkeyPatch)
     import sys
 
     monkeypatch.setitem(sys.modules, "scipy", None)
-    (table,) = experiment_tables(load("tx-mpwqe"))
+    (table,) = experiment_tables(record(load("tx-mpwqe")))
     gso = next(r for r in table.rows if r[0] == "gso")
     assert gso[-1].endswith("x (no verdict: scipy not installed)")
 
@@ -136,7 +136,7 @@ def test_ab_cell_without_the_metric_is_na_not_a_crash() -> None:
     for row in doc["results"]:
         if row.get("mode") == "gso":
             row.pop("mpps", None)
-    (table,) = experiment_tables(doc)
+    (table,) = experiment_tables(record(doc))
     gso = next(r for r in table.rows if r[0] == "gso")
     assert gso[1] == "n/a"
 
@@ -149,7 +149,7 @@ def test_ab_against_a_zero_baseline(monkeypatch: pytest.MonkeyPatch, scipy: bool
     for row in doc["results"]:
         if row.get("mode") == "single":
             row["mpps"] = 0.0
-    (table,) = experiment_tables(doc)
+    (table,) = experiment_tables(record(doc))
     text = " ".join(" ".join(r) for r in table.rows)
     assert "nan" not in text and "inf" not in text
 
@@ -162,7 +162,7 @@ def test_per_cpu_columns_steal_shown_where_measured_and_na_never_zero() -> None:
             "steal": 7.5, "guest": 0.0, "idle": 52.5}
     for row in doc["results"]:
         row["cpus"]["0"] = dict(full)
-    tables = [t for t in experiment_tables(doc) if t.headers[0] == "CPU"]
+    tables = [t for t in experiment_tables(record(doc)) if t.headers[0] == "CPU"]
     assert tables[0].headers == ["CPU", "%usr", "%sys", "%iowait", "%irq", "%soft", "%steal",
                                  "%idle"]
     assert tables[0].rows[0] == ["0", "10.00", "20.00", "5.00", "1.00", "4.00", "7.50", "52.50"]

@@ -25,9 +25,12 @@ from zcnet.bench.authtoken import default_token
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.control import Control, ServerRefused
 from zcnet.bench.endpoint import parse_hostport
+from zcnet.bench.records import ResultRow, Verify
 from zcnet.errors import UsageError, ZcnetError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
+
+HELLO = proto.encode({"type": "hello", "version": proto.PROTOCOL_VERSION, "caps": []})
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +57,15 @@ def test_stream_between_two_servers(two_servers):
     a, b = two_servers
     res = run(ClientOptions(src=a.address, dst=b.address, flows=2, duration=0.5,
                             write_size=64 << 10))
-    assert [f["status"] for f in res.flows] == ["ok", "ok"]
+    assert [f.status for f in res.flows] == ["ok", "ok"]
     for f in res.flows:
         # The receiver saw exactly what the sender sent, and the flow really went to 127.0.0.2.
-        assert f["bytes"] > 0 and f["bytes"] == f["bytes_sent"]
-        assert f["gbps"] == pytest.approx(f["bytes"] * 8 / f["seconds"] / 1e9, rel=1e-2)
-        assert f["tcp_tx"]["snd_cwnd"] > 0 and f["tcp_tx"]["retrans"] is not None
-        assert 0 <= f["rx_cpu"] < os.cpu_count()
+        assert f.bytes > 0 and f.bytes == f.bytes_sent
+        assert f.gbps == pytest.approx(f.bytes * 8 / f.seconds / 1e9, rel=1e-2)
+        assert f.tcp_tx.snd_cwnd > 0 and f.tcp_tx.retrans is not None
+        assert 0 <= f.rx_cpu < os.cpu_count()
     assert set(res.cpus) == {"src", "dst"}
-    assert res.summary["ok"] == 2
+    assert res.summary.ok == 2
     assert "worker pid" in b.log_text() and "flow 1 rx" in b.log_text()
     assert "flow 0 tx" in a.log_text() and "rx worker" not in a.log_text()
 
@@ -73,11 +76,12 @@ def test_request_response_histogram_counts_every_transaction(two_servers):
                          resp_size=3000)
     res = run(opts)
     (f,) = res.flows
-    assert f["status"] == "ok" and f["transactions"] > 0
-    assert f["p50_us"] <= f["p90_us"] <= f["p99_us"] <= f["p99.9_us"] <= f["max_us"]
+    assert f.status == "ok" and f.transactions > 0
+    lat = f.latency
+    assert lat.p50_us <= lat.p90_us <= lat.p99_us <= lat.p99_9_us <= lat.max_us
     # Summary percentiles come from the merged histograms; count == transactions.
-    assert res.summary["tps"] == pytest.approx(f["tps"])
-    assert res.summary["p50_us"] == f["p50_us"]
+    assert res.summary.tps == pytest.approx(f.tps)
+    assert res.summary.latency.p50_us == f.latency.p50_us
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="placement needs 2 CPUs")
@@ -87,11 +91,11 @@ def test_rx_cpu_discovery_and_pin_offset(two_servers, pin_off):
     res = run(ClientOptions(src=a.address, dst=b.address, flows=2, duration=0.2, cpu_min=1,
                             cpu_max=1, pin_off=pin_off))
     for f in res.flows:
-        assert f["status"] == "ok"
-        assert f["rx_cpu"] == 1
-        assert f["rx_app_cpu"] == (1 + pin_off) % os.cpu_count()
+        assert f.status == "ok"
+        assert f.rx_cpu == 1
+        assert f.rx_app_cpu == (1 + pin_off) % os.cpu_count()
     # The CPU table labels the RX CPU and the application CPU on the receiving side.
-    roles = {r for sh in res.cpus["dst"].values() for r in sh["roles"]}
+    roles = {r for sh in res.cpus["dst"].values() for r in sh.roles}
     assert {"rx-softirq", "rx-app"} <= roles
 
 
@@ -100,15 +104,15 @@ def test_absolute_pins_are_applied_before_the_run(two_servers):
     a, b = two_servers
     seen: dict[str, set[int]] = {}
 
-    def affinity(placed: list[dict]) -> None:
-        seen["rx"] = os.sched_getaffinity(placed[0]["rx_pid"])
-        seen["tx"] = os.sched_getaffinity(placed[0]["tx_pid"])
+    def affinity(placed: list[ResultRow]) -> None:
+        seen["rx"] = os.sched_getaffinity(placed[0].rx_pid)
+        seen["tx"] = os.sched_getaffinity(placed[0].tx_pid)
 
     res = run(ClientOptions(src=a.address, dst=b.address, duration=0.2, pin_off=0,
                             rx_app_cpu=0, tx_app_cpu=1, on_started=affinity))
     assert seen == {"rx": {0}, "tx": {1}}
     (f,) = res.flows
-    assert (f["rx_app_cpu"], f["tx_app_cpu"]) == (0, 1) and f["status"] == "ok"
+    assert (f.rx_app_cpu, f.tx_app_cpu) == (0, 1) and f.status == "ok"
 
 
 def test_wrong_token_refused_logged_nothing_run(no_leaks, tmp_path):
@@ -126,7 +130,7 @@ def test_wrong_token_refused_logged_nothing_run(no_leaks, tmp_path):
         assert "worker pid" not in s.log_text()
         res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2,
                                 token=b"correct horse battery staple"))
-        assert res.flows[0]["status"] == "ok"
+        assert res.flows[0].status == "ok"
 
 
 def test_non_loopback_listen_needs_a_token():
@@ -149,10 +153,10 @@ def test_invalid_message_gets_error_and_server_keeps_serving(two_servers, junk):
         assert reply["type"] == "error"
         assert bad.recv(1) == b""     # and the session closed
         # Another session, open all along, and a new one are both unaffected.
-        idle.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+        idle.sendall(HELLO)
         assert read_frame(idle)["type"] == "welcome"
         res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
-        assert res.flows[0]["status"] == "ok"
+        assert res.flows[0].status == "ok"
 
 
 def test_client_killed_mid_run_workers_reaped(two_servers):
@@ -201,15 +205,15 @@ def test_worker_crash_is_an_error_for_that_flow_only(two_servers):
 
     def kill_flow1(placed):
         time.sleep(0.2)
-        os.kill(placed[1]["tx_pid"], signal.SIGKILL)
+        os.kill(placed[1].tx_pid, signal.SIGKILL)
 
     res = run(ClientOptions(src=a.address, dst=b.address, flows=3, duration=1.0,
                             on_started=kill_flow1))
-    status = {f["flow"]: f["status"] for f in res.flows}
+    status = {f.flow: f.status for f in res.flows}
     assert status == {0: "ok", 1: "error", 2: "ok"}
-    assert "died" in res.flows[1]["error"]
-    assert all(f["bytes"] > 0 and f["bytes"] == f["bytes_sent"] for f in res.flows if
-               f["status"] == "ok")
+    assert "died" in res.flows[1].reason
+    assert all(f.bytes > 0 and f.bytes == f.bytes_sent for f in res.flows if
+               f.status == "ok")
 
 
 def test_two_clients_at_once(two_servers):
@@ -231,12 +235,12 @@ def test_two_clients_at_once(two_servers):
         t.join(60)
     stream, rr = results["s"], results["r"]
     assert not isinstance(stream, Exception) and not isinstance(rr, Exception), results
-    assert [f["status"] for f in stream.flows] == ["ok", "ok"]
-    assert all(f["bytes"] == f["bytes_sent"] > 0 for f in stream.flows)
-    assert [f["status"] for f in rr.flows] == ["ok", "ok"]
-    assert all(f["transactions"] > 0 for f in rr.flows)
+    assert [f.status for f in stream.flows] == ["ok", "ok"]
+    assert all(f.bytes == f.bytes_sent > 0 for f in stream.flows)
+    assert [f.status for f in rr.flows] == ["ok", "ok"]
+    assert all(f.transactions > 0 for f in rr.flows)
     # Each client got its own flows' pids: the sessions did not mix.
-    assert not {f["rx_pid"] for f in stream.flows} & {f["rx_pid"] for f in rr.flows}
+    assert not {f.rx_pid for f in stream.flows} & {f.rx_pid for f in rr.flows}
 
 
 def test_histogram_batches_match_transactions(two_servers):
@@ -245,8 +249,8 @@ def test_histogram_batches_match_transactions(two_servers):
     # Every timed transaction reached its flow's histogram through the batched path, none
     # twice, and the session's merged histogram holds exactly the flows' samples.
     for f in res.flows:
-        assert f["samples"] == f["transactions"] > 0
-    assert res.summary["samples"] == sum(f["transactions"] for f in res.flows)
+        assert f.samples == f.transactions > 0
+    assert res.summary.samples == sum(f.transactions for f in res.flows)
 
 
 def test_send_paths_and_engine_refusal_through_one_server(two_servers):
@@ -255,12 +259,12 @@ def test_send_paths_and_engine_refusal_through_one_server(two_servers):
                             rx_engine="uring", write_size=256 << 10, read_size=256 << 10,
                             verify=True))
     (f,) = res.flows
-    assert f["status"] == "ok" and f["bytes"] == f["bytes_sent"] > 0
+    assert f.status == "ok" and f.bytes == f.bytes_sent > 0
     # Every byte that crossed was the pattern at its stream offset.
-    assert f["verify"] == {"checked_bytes": f["bytes"], "mismatches": 0}
+    assert f.verify == Verify(checked_bytes=f.bytes, mismatches=0)
     # MSG_ZEROCOPY ran and every completion was accounted for (copied, on loopback).
-    st = f["tx_stats"]
-    assert st["path"] == "msgzc" and st["zerocopy"] + st["copied"] == st["sends"] > 0
+    st = f.tx_stats
+    assert st.path == "msgzc" and st.zerocopy + st.copied == st.sends > 0
     # zcrx on loopback is refused at open, by the real kernel, naming the device.
     with pytest.raises(ZcnetError, match=r"zcrx unsupported here.*\blo\b"):
         run(ClientOptions(src=s.address, dst=s.address, duration=0.3, rx_engine="zcrx",
@@ -272,7 +276,7 @@ def test_server_survives_a_barrage_of_junk_sessions(two_servers):
     import random
 
     rng = random.Random(6)
-    hello = proto.encode({"type": "hello", "version": 1, "caps": []})
+    hello = HELLO
     s = two_servers[0]
     for i in range(150):
         junk = rng.randbytes(rng.randrange(1, 64))
@@ -286,7 +290,7 @@ def test_server_survives_a_barrage_of_junk_sessions(two_servers):
             while c.recv(65536):   # whatever it says, the server ends the session
                 pass
     res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
-    assert res.flows[0]["status"] == "ok"
+    assert res.flows[0].status == "ok"
     assert s.proc.poll() is None and "Traceback" not in s.log_text()
 
 
@@ -364,14 +368,14 @@ def test_error_message_instead_of_hello_or_auth_ends_the_session_quietly(srv, no
     err = proto.encode({"type": "error", "code": "bye", "message": "changed my mind"})
     with raw_session(srv.address) as c:
         if where == "auth":
-            c.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+            c.sendall(HELLO)
             assert read_frame(c)["type"] == "welcome"
         c.sendall(err)
         c.settimeout(10)
         while c.recv(65536):   # the server ends the session
             pass
     res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.2))
-    assert res.flows[0]["status"] == "ok"
+    assert res.flows[0].status == "ok"
 
 
 def test_pin_of_a_dead_worker_is_an_error_reply_not_a_lost_connection(srv):
@@ -407,7 +411,7 @@ def test_two_runs_in_one_session(srv):
                          "mode": "stream", "tx": "copy", "write_size": 4096, "req_size": 1,
                          "resp_size": 1})
             res = ctl.request({"type": "start", "duration": 0.05})
-            assert [f.get("error") for f in res["flows"]] == [None, None]
+            assert [(f["status"], f["reason"]) for f in res["flows"]] == [("ok", "")] * 2
     finally:
         ctl.close()
 
@@ -461,7 +465,7 @@ def test_remote_server_keeps_serving_after_its_stderr_outgrew_a_pipe(no_leaks, t
     ssh = script(tmp_path, "ssh", FAKE_SSH)
     remote = RemoteServer("127.0.0.1", port=free_port(), listen="127.0.0.1", ssh=ssh,
                           python=sys.executable)
-    hello = proto.encode({"type": "hello", "version": 1, "caps": []})
+    hello = HELLO
     bad_auth = proto.encode({"type": "auth", "mac": "0" * 64})
     with remote:
         assert remote.address
@@ -493,7 +497,7 @@ def test_nan_session_timeout_is_a_usage_error():
 def test_host_details_are_sent_only_after_authentication(srv):
     """welcome goes to anyone who connects: the kernel release and hostname wait for auth_ok."""
     with raw_session(srv.address) as c:
-        c.sendall(proto.encode({"type": "hello", "version": 1, "caps": []}))
+        c.sendall(HELLO)
         welcome = read_frame(c)
         assert welcome["type"] == "welcome" and "host" not in welcome
     ctl = Control(srv.address, None)

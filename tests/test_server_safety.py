@@ -119,7 +119,7 @@ def test_server_without_token_file_creates_one_and_the_client_finds_it(config_ho
         assert path.stat().st_mode & 0o777 == 0o600
         assert f"created token file {path}" in s.log_text()
         # The library client and the command read the same file by default.
-        assert run(ClientOptions(src=s.address, dst=s.address, duration=0.2)).summary["ok"] == 1
+        assert run(ClientOptions(src=s.address, dst=s.address, duration=0.2)).summary.ok == 1
         out = _cli("client", "--src", s.address, "-t", "0.2")
         assert out.returncode == 0, out.stderr
         # Anyone else's token (or none) is refused: the empty key no longer opens it.
@@ -140,7 +140,7 @@ def test_client_without_any_token_file_says_how_to_get_one(config_home):
 # the user cannot reach this interpreter's installation (under /root).
 NOBODY_SCRIPT = r"""
 import hashlib, hmac, json, socket, struct, sys
-host, port, token_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port, token_file, version = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 def frame(msg):
     data = json.dumps(msg).encode()
     return struct.pack("!I", len(data)) + data
@@ -157,7 +157,7 @@ def read(sock):
         body += sock.recv(n - len(body))
     return json.loads(body)
 s = socket.create_connection((host, port), timeout=10)
-s.sendall(frame({"type": "hello", "version": 1, "caps": []}))
+s.sendall(frame({"type": "hello", "version": version, "caps": []}))
 welcome = read(s)
 mac = hmac.new(b"", b"zcnet-auth-v1:" + welcome["challenge"].encode(), hashlib.sha256)
 s.sendall(frame({"type": "auth", "mac": mac.hexdigest()}))
@@ -192,7 +192,7 @@ def test_unprivileged_user_cannot_drive_a_root_loopback_server(tmp_path, monkeyp
             host, port = s.address.rsplit(":", 1)
             out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup",
                                   "--clear-groups", "/usr/bin/python3", str(script), host, port,
-                                  str(default_token_path())],
+                                  str(default_token_path()), str(proto.PROTOCOL_VERSION)],
                                  capture_output=True, text=True, timeout=60,
                                  stdin=subprocess.DEVNULL, cwd="/")
             assert out.returncode == 0, out.stderr
@@ -202,7 +202,7 @@ def test_unprivileged_user_cannot_drive_a_root_loopback_server(tmp_path, monkeyp
             assert "worker pid" not in s.log_text()
             # root's own client still gets in.
             res = run(ClientOptions(src=s.address, dst=s.address, duration=0.2))
-            assert res.summary["ok"] == 1
+            assert res.summary.ok == 1
     finally:
         shutil.rmtree(shared)
 
@@ -238,7 +238,7 @@ def test_flood_of_silent_connections_does_not_lock_out_a_real_client(srv):
     try:
         # The whole flood is held open while a real client connects, authenticates and runs.
         res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.3))
-        assert res.summary["ok"] == 1 and res.flows[0]["bytes"] > 0
+        assert res.summary.ok == 1 and res.flows[0].bytes > 0
         # The server held at most MAX_PENDING of them: the oldest were let go (a timed-out
         # handshake is let go too, so this says only that nothing hangs on to them).
         for c in flood[: 200 - MAX_PENDING]:
@@ -274,7 +274,7 @@ def test_garbage_from_peers_never_hurts_the_server(srv):
                 while c.recv(65536):   # whatever it says, the server ends the session
                     pass
     res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.2))
-    assert res.summary["ok"] == 1
+    assert res.summary.ok == 1
     assert srv.proc.poll() is None and "Traceback" not in srv.log_text()
 
 
@@ -303,18 +303,18 @@ def test_worker_failure_reaches_the_client_with_its_cause(srv):
     res = run(ClientOptions(src=srv.address, dst=srv.address, duration=0.2, rx_engine="soft-zc",
                             engine_opts={"zc_buf": 100}))
     (f,) = res.flows
-    assert f["status"] == "error"
+    assert f.status == "error"
     assert "rx worker (engine soft-zc, zc_buf=100): buffer size must be a positive multiple " \
-           "of 64, got 100" in f["error"]
-    assert "died" not in f["error"]
+           "of 64, got 100" in f.reason
+    assert "died" not in f.reason
 
 
 def test_worker_killed_by_a_signal_says_which(srv):
     def kill_rx(placed):
-        os.kill(placed[0]["rx_pid"], signal.SIGKILL)
+        os.kill(placed[0].rx_pid, signal.SIGKILL)
 
     res = run(ClientOptions(src=srv.address, dst=srv.address, duration=2.0, on_started=kill_rx))
-    assert "rx worker died (killed by SIGKILL)" in res.flows[0]["error"]
+    assert "rx worker died (killed by SIGKILL)" in res.flows[0].reason
 
 
 # ---- leftovers ---------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_sigkilled_server_leaves_no_multiprocessing_temp_dirs_after_the_next_sta
     logs = tmp_path / "logs"
     logs.mkdir()
     with server(logs, "127.0.0.1") as s:
-        assert run(ClientOptions(src=s.address, dst=s.address, duration=0.2)).summary["ok"] == 1
+        assert run(ClientOptions(src=s.address, dst=s.address, duration=0.2)).summary.ok == 1
         assert any(p.startswith("zcnet-server-") and "pymp-" in p for p in _temp_leftovers(tmp))
         s.proc.kill()
         s.proc.wait()
@@ -360,7 +360,7 @@ def test_sweep_leaves_a_live_servers_directory_alone(tmp_path, short_tmpdir, no_
         with server(tmp_path, "127.0.0.1") as second:
             assert set(mine) < {p for p in _temp_leftovers(tmp) if "/" not in p}
             assert run(ClientOptions(src=first.address, dst=second.address,
-                                     duration=0.2)).summary["ok"] == 1
+                                     duration=0.2)).summary.ok == 1
 
 
 # ---- numbers and hints of the server and client commands ---------------------------------------

@@ -228,13 +228,14 @@ def test_bench_zcrx_cell_in_a_lab_is_ok_and_labelled_copy(no_leaks):
 
     doc = run_bench(BenchOptions(mtus=(1500,), engines=("zcrx",), placements=("split",),
                                  duration=0.5, lab=True, verify=True))
-    (cell,) = doc["results"]
-    assert cell["status"] == "ok", cell.get("reason")
-    assert cell["zcrx_mode"] == "copy" and cell["engine_stats"]["zcrx_copy"] == 1
+    (cell,) = doc.results
+    assert cell.status == "ok", cell.reason
+    stats = cell.engine_stats or {}
+    assert cell.zcrx_mode == "copy" and stats["zcrx_copy"] == 1
     # Over the veth lab every byte is the kernel's copy, counted by the kernel, carried in the cell.
-    stats = cell["engine_stats"]
-    assert (stats["kernel_copied_bytes"], stats["zero_copy_share"]) == (cell["bytes"], 0.0)
-    assert cell["verify"]["mismatches"] == 0 and cell["verify"]["checked_bytes"] > 0
+    assert (stats["kernel_copied_bytes"], stats["zero_copy_share"]) == (cell.bytes, 0.0)
+    assert cell.verify is not None and cell.verify.mismatches == 0
+    assert cell.verify.checked_bytes > 0
     assert " copy" in cell_text(cell).plain
     assert any("zcrx copy mode" in n for n in bench_notes(doc))
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Literal, TypeAlias, overload
 
 from zcnet.caps import has_caps
 from zcnet.errors import ZcnetError
@@ -143,15 +143,39 @@ def in_netns(name: str | None) -> Iterator[None]:
         yield
 
 
-def netns_popen(name: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-    """Start ARGV inside namespace NAME and return its Popen (same pid as the command).
+# A child's stdin, stdout or stderr, as subprocess.Popen takes it: PIPE, DEVNULL, a file, or
+# None (inherited).
+Stream: TypeAlias = "int | IO[str] | IO[bytes] | None"
+
+
+@overload
+def netns_popen(name: str, argv: Sequence[str], *, text: Literal[True], stdin: Stream = None,
+                stdout: Stream = None, stderr: Stream = None, bufsize: int = -1,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen[str]: ...
+
+
+@overload
+def netns_popen(name: str, argv: Sequence[str], *, text: Literal[False] = False,
+                stdin: Stream = None, stdout: Stream = None, stderr: Stream = None,
+                bufsize: int = -1,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]: ...
+
+
+def netns_popen(name: str, argv: Sequence[str], *, text: bool = False, stdin: Stream = None,
+                stdout: Stream = None, stderr: Stream = None, bufsize: int = -1,
+                env: Mapping[str, str] | None = None
+                ) -> subprocess.Popen[str] | subprocess.Popen[bytes]:
+    """Start ARGV inside namespace NAME and return its Popen (same pid as the command); the
+    streams, ``text``, ``bufsize`` and ``env`` as subprocess.Popen takes them.
 
     ``ip netns exec`` execs the command in place after setns and also remounts /sys, so tools
     that read /sys/class/net see the namespace's interfaces."""
     if not netns_exists(name):
         raise NoSuchNetns(name)
     try:
-        return subprocess.Popen(["ip", "netns", "exec", name, *argv], **popen_kwargs)
+        return subprocess.Popen(["ip", "netns", "exec", name, *argv], stdin=stdin,
+                                stdout=stdout, stderr=stderr, text=text, bufsize=bufsize,
+                                env=env)
     except FileNotFoundError:
         raise ZcnetError("the `ip` command is missing",
                          "install iproute2 (apt-get install iproute2)") from None

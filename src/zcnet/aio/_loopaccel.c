@@ -55,16 +55,15 @@ enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
 enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
 
 /* Interned attribute names. */
-static PyObject *s_fd, *s_inbox, *s_on_ready, *s_closed, *s_owner_tid,
-    *s_registered, *s_in_ring, *s_head, *s_tail, *s_stalled, *s_stats, *s_phase,
-    *s_delivered, *s_delivered_bytes, *s_released, *s_released_bytes, *s_peak, *s_peak_bytes,
-    *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
-    *s_put_back, *s_popleft, *s_entries_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
-    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_st, *s_write,
-    *s_send_failed, *s_buffer_rest, *s_arx_closed, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
-    *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
-    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_rearms, *s_arm,
-    *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
+static PyObject *s_fd, *s_inbox, *s_on_ready, *s_closed, *s_owner_tid, *s_registered, *s_in_ring,
+    *s_head, *s_tail, *s_stalled, *s_stats, *s_phase, *s_delivered, *s_delivered_bytes, *s_released,
+    *s_released_bytes, *s_peak, *s_peak_bytes, *s_stream_off, *s_limit, *s_closing, *s_paused,
+    *s_held, *s_protocol, *s_chunk_received, *s_put_back, *s_popleft, *s_entries_addr, *s_base,
+    *s_entries, *s_mask, *s_buf_size, *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release,
+    *s_wbuf, *s_st, *s_write, *s_send_failed, *s_buffer_rest, *s_arx_closed, *s_rx, *s_offset,
+    *s_length, *s_tok, *s_stream_offset, *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw,
+    *s_close, *s_fileno, *s_sending, *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear,
+    *s_rearms, *s_arm, *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -689,8 +688,8 @@ static PyObject *round_transport(Round *r) {
 }
 
 #define ROUND_REFS(X)                                                                     \
-    X(tr) X(st) X(rx) X(member) X(prov) X(bufring) X(cls) X(queue) X(stats) X(pop) X(py_write) X(buf) \
-    X(buf_ring) X(bcls) X(pool)
+    X(tr) X(st) X(rx) X(member) X(prov) X(bufring) X(cls) X(queue) X(stats) X(pop) X(py_write) \
+    X(buf) X(buf_ring) X(bcls) X(pool)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
@@ -699,8 +698,8 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     long long recv_ud, f_more, shift;
     /* Checked in locals first: a failed __init__ leaves the Round as it was. */
     if (!PyArg_ParseTuple(args, "OOOOOO!OOLLL|O!O", &tr, &rx, &member, &prov, &bufring,
-                          &PyType_Type, &cls, &queue, &stats, &recv_ud, &f_more, &shift, &PyType_Type, &bcls,
-                          &pool))
+                          &PyType_Type, &cls, &queue, &stats, &recv_ud, &f_more, &shift,
+                          &PyType_Type, &bcls, &pool))
         return -1;
     if (shift < 0 || shift > 31) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
@@ -781,8 +780,9 @@ static int cache_buf(Round *r, PyObject *buf) {
     if (buf == r->buf)
         return 1;
     long long addr, base, n, mask, bs;
-    if (!get_ll(buf, s_entries_addr, &addr) || !get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &n) ||
-        !get_ll(buf, s_mask, &mask) || !get_ll(buf, s_buf_size, &bs))
+    if (!get_ll(buf, s_entries_addr, &addr) || !get_ll(buf, s_base, &base) ||
+        !get_ll(buf, s_entries, &n) || !get_ll(buf, s_mask, &mask) ||
+        !get_ll(buf, s_buf_size, &bs))
         return 0;
     if (n < 1 || n > 32768 || mask != n - 1 || (n & mask) || bs < 1 || !addr) {
         PyErr_SetString(PyExc_ValueError, "a buffer ring of 2**k entries (at most 32768) and "
@@ -2032,32 +2032,28 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         PyObject **p;
         const char *s;
     } names[] = {
-        {&s_fd, "fd"}, {&s_inbox, "inbox"}, {&s_on_ready, "on_ready"},
-        {&s_closed, "closed"}, {&s_owner_tid, "owner_tid"},
-        {&s_phase, "phase"}, {&s_arx_closed, "_closed"},
-        {&s_registered, "registered"},
-        {&s_in_ring, "in_ring"}, {&s_head, "head"}, {&s_tail, "tail"},
-        {&s_stalled, "stalled"}, {&s_stats, "_stats"}, {&s_delivered, "delivered"},
-        {&s_delivered_bytes, "delivered_bytes"}, {&s_released, "released"},
-        {&s_released_bytes, "released_bytes"}, {&s_peak, "peak_in_flight"},
-        {&s_peak_bytes, "peak_in_flight_bytes"}, {&s_stream_off, "stream_off"},
-        {&s_limit, "limit"}, {&s_closing, "closing"}, {&s_paused, "paused"},
-        {&s_held, "held"}, {&s_protocol, "protocol"}, {&s_chunk_received, "chunk_received"},
-        {&s_put_back, "_put_back"}, {&s_popleft, "popleft"},
-        {&s_entries_addr, "entries_addr"}, {&s_base, "base"}, {&s_entries, "entries"}, {&s_mask, "mask"},
-        {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
-        {&s_failed, "_round_failed"}, {&s_eof, "eof"},
-        {&s_waiting_release, "waiting_release"}, {&s_wbuf, "wbuf"}, {&s_st, "st"},
-        {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
-        {&s_rx, "_rx"}, {&s_offset, "_offset"}, {&s_length, "_length"}, {&s_tok, "_tok"},
-        {&s_stream_offset, "_stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
-        {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
-        {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
-        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "_offsets"},
-        {&s_lengths, "_lengths"}, {&s_linear, "_linear"},
+        {&s_fd, "fd"}, {&s_inbox, "inbox"}, {&s_on_ready, "on_ready"}, {&s_closed, "closed"},
+        {&s_owner_tid, "owner_tid"}, {&s_phase, "phase"}, {&s_arx_closed, "_closed"},
+        {&s_registered, "registered"}, {&s_in_ring, "in_ring"}, {&s_head, "head"},
+        {&s_tail, "tail"}, {&s_stalled, "stalled"}, {&s_stats, "_stats"},
+        {&s_delivered, "delivered"}, {&s_delivered_bytes, "delivered_bytes"},
+        {&s_released, "released"}, {&s_released_bytes, "released_bytes"},
+        {&s_peak, "peak_in_flight"}, {&s_peak_bytes, "peak_in_flight_bytes"},
+        {&s_stream_off, "stream_off"}, {&s_limit, "limit"}, {&s_closing, "closing"},
+        {&s_paused, "paused"}, {&s_held, "held"}, {&s_protocol, "protocol"},
+        {&s_chunk_received, "chunk_received"}, {&s_put_back, "_put_back"}, {&s_popleft, "popleft"},
+        {&s_entries_addr, "entries_addr"}, {&s_base, "base"}, {&s_entries, "entries"},
+        {&s_mask, "mask"}, {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
+        {&s_failed, "_round_failed"}, {&s_eof, "eof"}, {&s_waiting_release, "waiting_release"},
+        {&s_wbuf, "wbuf"}, {&s_st, "st"}, {&s_write, "write"}, {&s_send_failed, "_send_failed"},
+        {&s_buffer_rest, "_buffer_rest"}, {&s_rx, "_rx"}, {&s_offset, "_offset"},
+        {&s_length, "_length"}, {&s_tok, "_tok"}, {&s_stream_offset, "_stream_offset"},
+        {&s_waiter, "waiter"}, {&s_done, "done"}, {&s_set_result, "set_result"},
+        {&s_extend, "extend"}, {&s_throw, "throw"}, {&s_close, "close"}, {&s_fileno, "fileno"},
+        {&s_sending, "_sending"}, {&s_sends, "sends"}, {&s_bytes, "bytes"},
+        {&s_offsets, "_offsets"}, {&s_lengths, "_lengths"}, {&s_linear, "_linear"},
         {&s_rearms, "rearms"}, {&s_arm, "arm"}, {&s_waiting, "waiting"},
-        {&s_released_now, "released"}, {&s_tuples, "tuples"},
-        {&s_drop_pending, "_drop_pending"},
+        {&s_released_now, "released"}, {&s_tuples, "tuples"}, {&s_drop_pending, "_drop_pending"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

@@ -52,10 +52,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from typing import Any
 
-from zcnet.aio.backend import Loop
-from zcnet.aio.shared import LoopRing, MemberRing, OnLoopRing, loop_ring
+from zcnet.aio.backend import Loop, Timer
+from zcnet.aio.loop_soft import OnLoopRing
+from zcnet.aio.shared import LoopRing, MemberRing, loop_ring
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery, IntSeq, buffer_count
@@ -83,14 +83,12 @@ class Pool:
         self.buf_size = buf_size
         self.area = Area(entries * buf_size)
         self.bgid = -1
-        try:
+        with contextlib.ExitStack() as undo:  # a failure frees the id and the area
+            undo.callback(self.area.close)
             self.bgid = lr.take_bgid()
+            undo.callback(lr.free_bgid, self.bgid)
             self.buf = BufRing(lr.ring, self.bgid, entries, buf_size, area=self.area.mapping)
-        except BaseException:
-            if self.bgid >= 0:
-                lr.free_bgid(self.bgid)
-            self.area.close()
-            raise
+            undo.pop_all()
         #: Receivers whose receive ended and that wait for buffers, oldest first.
         self.waiting: deque[PooledSoftProvider] = deque()
         #: Open pooled receivers by provider id: their releases are returned at a pass's end.
@@ -105,7 +103,7 @@ class Pool:
         self._holders_lock = threading.Lock()  # holder_done runs on the releasing thread
         self.late: deque[list[int]] = deque()  # released after close, off the loop's thread
         self.closed = False
-        self._retry: Any = None  # the DRY_RETRY timer, while one is set
+        self._retry: Timer | None = None  # the DRY_RETRY timer, while one is set
 
     # --- a pass -----------------------------------------------------------------------------
     def end_pass(self) -> None:
@@ -325,23 +323,25 @@ def open_pooled_soft(loop: Loop, fd: int, size: int, buf_size: int) -> PooledSof
     lr = loop_ring(loop)
     pool = lr.pool
     if pool is None:
-        try:
+        with contextlib.ExitStack() as undo:  # a failure: a ring opened for it alone goes
+            undo.callback(_close_if_unused, lr)
             pool = lr.pool = Pool(lr, size, buf_size)
-        except BaseException:
-            if not lr.members and not lr.keepers:
-                lr.close()
-            raise
+            undo.pop_all()
     elif (pool.size, pool.buf_size) != (size, buf_size):
         raise UsageError(
             f"this event loop's pool is {pool.size} bytes of {pool.buf_size}-byte buffers, "
             f"not {size} of {buf_size}",
             "open every pooled receiver of a loop with the same pool size and buf_size")
     m = lr.join(pool.bgid)
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(m.close)
         p = PooledSoftProvider(fd, pool, m)
-    except BaseException:
-        m.close()
-        raise
+        undo.pop_all()
     with pool._holders_lock:
         pool.holders += 1
     return p
+
+
+def _close_if_unused(lr: LoopRing) -> None:
+    if not lr.members and not lr.keepers:
+        lr.close()

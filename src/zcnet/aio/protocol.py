@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
@@ -39,6 +38,7 @@ from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
+from zcnet.rx.zc.providers import Option
 from zcnet.sockcheck import set_rcvlowat
 
 
@@ -363,7 +363,7 @@ def rx_release_off(rx: Receiver) -> None:
 
 def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
                    buf_size: int = BUF_SIZE, rcvlowat: int = 0, pool: bool | int = False,
-                   **kw: Any) -> ZcTransport:
+                   **kw: Option) -> ZcTransport:
     """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
     ``protocol``'s methods from the event loop; returns the transport after
     ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
@@ -372,18 +372,16 @@ def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int 
     check_tcp_socket(sock, "zcnet.aio.start_protocol")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.start_protocol")
     rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol", pool)
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(rx.close)
         sock.setblocking(False)
         tr = ZcTransport(sock, rx, protocol)
-    except BaseException:
-        rx.close()
-        raise
+        undo.pop_all()
     tr._member.on_ready = tr._on_ready
     tr._member.fast = tr._fast
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(tr._teardown, None)
         protocol.connection_made(tr)
-    except BaseException:
-        tr._teardown(None)
-        raise
+        undo.pop_all()
     tr.loop.call_soon(tr._resume)  # arms the receive (and takes what already arrived)
     return tr

@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -40,16 +41,7 @@ from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.provider import (
     RECV_UD,
-    SOFT_COPIES,
-    CopyCount,
-    Delivery,
-    IntSeq,
-    ProviderBase,
-    buffer_count,
-    reap_ready,
 )
-from zcnet.rx.zc.soft import bundles
-from zcnet.rx.zc.soft_group import SoftGroup
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
@@ -59,7 +51,7 @@ from zcnet.uring.ring import Completions, Ring
 try:
     # By name: an extension module has no source, so the import graph (grimp) would see this as
     # an import of the zcnet.aio package itself, a cycle through aio/__init__ that is not there.
-    _loopaccel: Any = importlib.import_module("zcnet.aio._loopaccel")
+    _loopaccel: ModuleType | None = importlib.import_module("zcnet.aio._loopaccel")
 except ImportError:  # not built (no C compiler at install): the Python pass runs
     _loopaccel = None
 
@@ -78,7 +70,7 @@ _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
 
 
-def loop_accel() -> Any:
+def loop_accel() -> ModuleType | None:
     """The compiled pass (zcnet.aio._loopaccel) when it is built and ZCNET_PURE is not set
     (read when a loop's ring or a transport is made, so tests can run both), else None."""
     if _loopaccel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
@@ -135,19 +127,14 @@ class LoopRing:
         self.keepers = 0
         #: The buffer group pooled receivers share (zcnet.aio.pool.Pool), made by the first.
         self.pool: Any = None
-        try:
+        with contextlib.ExitStack() as undo:  # a failure closes what was opened
+            undo.callback(self.ring.close)
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        except BaseException:
-            self.ring.close()
-            raise
-        try:
+            undo.callback(os.close, self.efd)
             self._router = self._make_router()
             register_eventfd(self.ring, self.efd)
             loop.add_reader(self.efd, self.poll, True)  # signalled: the eventfd is set
-        except BaseException:
-            os.close(self.efd)
-            self.ring.close()
-            raise
+            undo.pop_all()
 
     def _make_router(self) -> Any:
         """The compiled reap-and-dispatch over this ring's CQ, or None (the Python one)."""
@@ -229,11 +216,10 @@ class LoopRing:
                 del self.spare[i]
                 buf = self.groups.pop(id(a), None)
                 if buf is not None and buf.buf_size != buf_size:
-                    try:
+                    with contextlib.ExitStack() as undo:  # a failure unmaps the area too
+                        undo.callback(a.close)
                         self._drop_group(buf)
-                    except BaseException:
-                        a.close()
-                        raise
+                        undo.pop_all()
                     buf = None
                 return a, buf
         return None
@@ -509,113 +495,6 @@ def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
     return Completions(np.array(ud, _U64), np.array(res, np.int32), np.array(flags, np.uint32))
 
 
-class OnLoopRing(ProviderBase):
-    """A provider whose receive runs on the loop's shared ring: a SoftGroup (zcnet.rx.zc.
-    soft_group) whose requests go through its ``member``; its completions come through the
-    member's inbox, and a task or transport waits on the member."""
-
-    name = "soft"
-    member: MemberRing
-    group: SoftGroup
-
-    @property
-    def ring(self) -> None:
-        return None  # the loop's, shared: the member's inbox is where its completions go
-
-    def extra_stats(self) -> dict[str, int]:
-        return self.group.stats()
-
-    def kernel_copy(self) -> CopyCount:
-        return CopyCount(None, SOFT_COPIES, every_byte=True)
-
-
-class SharedSoftProvider(OnLoopRing):
-    """The soft provider with its buffer group (and area) of its own on the loop's ring."""
-
-    def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing, *,
-                 buf: BufRing | None = None, reuse: bool = True) -> None:
-        entries = buffer_count(area.size, buf_size)
-        self.area = area
-        self.member = member
-        self.note = f"{entries} buffers of {buf_size} bytes, on the loop's shared io_uring"
-        ring = member.lr.ring
-        with contextlib.ExitStack() as undo:
-            if buf is None:
-                buf = BufRing(ring, member.bgid, entries, buf_size, area=area.mapping)
-                undo.callback(buf.close)
-            # A shared ring's round of one receiver holds at most a CQE per buffer plus the
-            # final one.
-            self.group = SoftGroup(fd, area, buf_size, member, buf, bundle=bundles(ring, None),
-                                   round_cqes=2 * entries + 8)
-            undo.pop_all()
-        #: The Receiver hands the area back through ``retire_area`` (not a debug receiver),
-        #: so a settled buffer group may stay registered with it for the next receiver.
-        self.reuse = reuse
-        self._kept: BufRing | None = None  # that group, between close and retire_area
-        self._closed = False
-        self._live = False  # closed with a receive whose cancel the kernel did not confirm
-
-    def _check(self, method: str) -> SoftGroup:
-        if self._closed:
-            raise ClosedError.of(self, method)
-        return self.group
-
-    def can_arm(self) -> bool:
-        return self._check("can_arm").buf.in_ring > 0
-
-    def arm(self) -> None:
-        self._check("arm").arm()
-
-    def reap(self, timeout: float | None) -> Delivery:
-        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: the round takes
-        them as they are, with no arrays built and taken apart."""
-        g = self._check("reap")
-        m = self.member
-        box = m.inbox
-        if len(box) == 1 and type(box[0]) is list:
-            m.inbox = []
-            return g.round(box[0])
-        return g.round(reap_ready(m, timeout))  # type: ignore[arg-type]
-
-    def recycle(self, tokens: IntSeq, lengths: IntSeq) -> None:
-        self._check("recycle").recycle(tokens)
-
-    def quiesce(self, armed: bool) -> bool:
-        return not armed or self._check("quiesce").cancel()
-
-    def retire_area(self, area: Area) -> None:
-        """The Receiver's ``area_done``: the area goes to the loop's spares, unless a receive
-        whose cancel was not confirmed may still write to it (then it is unmapped)."""
-        buf, self._kept = self._kept, None
-        if self._live:
-            area.close()
-        else:
-            self.member.lr.keep_area(area, buf)
-
-    def close(self, armed: bool = False) -> bool:
-        if self._closed:
-            return not self._live
-        self._closed = True
-        self._live = armed  # until the cancel says otherwise (Ctrl-C in its wait: unknown)
-        with contextlib.ExitStack() as undo:  # the group (unless kept), then the member
-            undo.callback(self.member.close)
-            undo.callback(self._drop_group)
-            if armed:
-                self._live = not self.group.cancel()
-            if self.reuse and not self._live and self.member.lr.settled(self.group.buf):
-                self._kept = self.group.buf  # still registered: retire_area keeps it
-        return not self._live
-
-    def _drop_group(self) -> None:
-        if self._kept is not None:
-            return
-        self.group.buf.close()  # raises when the kernel refuses: then the id stays unused
-        # A receive whose cancel was not confirmed may still pick buffers from its group id:
-        # that id is never given to another receiver. A kept group's id goes with it.
-        if not self._live:
-            self.member.lr.free_bgid(self.member.bgid)
-
-
 _rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
     weakref.WeakKeyDictionary())
 
@@ -626,38 +505,3 @@ def loop_ring(loop: Loop) -> LoopRing:
     if lr is None or lr.ring.closed:
         lr = _rings[loop] = LoopRing(loop)
     return lr
-
-
-def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int, hugetlb: bool,
-                     reuse: bool = True) -> SharedSoftProvider:
-    """A soft provider on ``loop``'s shared ring (opened now if this is its first member), on
-    a kept area (and its registered group) where one fits; ``reuse``: see SharedSoftProvider."""
-    lr = loop_ring(loop)
-    spare = lr.spare_area(area_size, hugetlb, buf_size)
-    area, buf = spare or (None, None)
-    try:
-        m = lr.join(None if buf is None else buf.bgid)
-    except BaseException:  # no buffer group id left: the spare goes back
-        if area is not None:
-            lr.keep_area(area, buf)
-        raise
-    try:
-        area = area or Area(area_size, hugetlb=hugetlb)
-    except BaseException:
-        m.close()
-        lr.free_bgid(m.bgid)
-        raise
-    try:
-        return SharedSoftProvider(fd, area, buf_size, m, buf=buf, reuse=reuse)
-    except BaseException:  # a bad buf_size, say: nothing was armed; a spare goes back
-        m.close()
-        if spare is None:
-            try:
-                area.close()
-            finally:
-                lr.free_bgid(m.bgid)
-        else:
-            lr.keep_area(area, buf)  # with its group (and id), or both freed there
-            if buf is None:
-                lr.free_bgid(m.bgid)
-        raise

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import statistics
 from pathlib import Path
-from typing import Any
 
+from zcnet.bench.records import Machine, ResultRow
 from zcnet.lab.sweep import find_labs
 
 # More than this many tasks per usable CPU besides ours: the machine was busy.
@@ -35,36 +35,35 @@ def other_labs() -> list[str]:
                   if info.alive and info.owner != os.getpid())
 
 
-def before() -> dict[str, Any]:
+def before() -> Machine:
     """The machine's state as a run starts, for its ``env.machine``."""
-    return {"cpus_usable": len(os.sched_getaffinity(0)), "load_before": load_average(),
-            "other_labs": other_labs()}
+    return Machine(cpus_usable=len(os.sched_getaffinity(0)), load_before=load_average(),
+                   other_labs=other_labs())
 
 
-def after(state: dict[str, Any]) -> None:
+def after(state: Machine) -> None:
     """Add the state as the run ends; labs that came up meanwhile join the list."""
-    state["load_after"] = load_average()
-    state["other_labs"] = sorted({*state.get("other_labs", []), *other_labs()})
+    state.load_after = load_average()
+    state.other_labs = sorted({*state.other_labs, *other_labs()})
 
 
-def warnings(state: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def warnings(state: Machine, rows: list[ResultRow]) -> list[str]:
     """What says the machine was not quiet: load before the run, tasks running beside the
     flows during it (the median over the cells that sampled them), other labs."""
     out = []
-    cpus = max(1, int(state.get("cpus_usable") or 1))
+    cpus = max(1, state.cpus_usable or 1)
     limit = max(1.0, BUSY_PER_CPU * cpus)
-    load = state.get("load_before")
+    load = state.load_before
     if load and load[0] >= limit:
         out.append(f"machine busy before the run: 1-minute load average {load[0]:.2f} on "
                    f"{cpus} CPUs; results may be low and spread, rerun on a quieter machine")
-    beside = [r["others_running"] for r in rows
-              if isinstance(r.get("others_running"), (int, float))]
+    beside = [r.others_running for r in rows if r.others_running is not None]
     # More than the limit: one of the tasks counted may be the flow's own ksoftirqd.
     if beside and (median := statistics.median(beside)) > limit:
         out.append(f"machine busy during the run: a median of {median:g} tasks ran beside each "
                    f"flow's own on {cpus} CPUs (running tasks sampled during every cell); "
                    "results may be low and spread")
-    if state.get("other_labs"):
-        out.append(f"other zcnet labs were up: {', '.join(state['other_labs'])}; their "
+    if state.other_labs:
+        out.append(f"other zcnet labs were up: {', '.join(state.other_labs)}; their "
                    "traffic shares this machine's CPUs")
     return out

@@ -18,8 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from zcnet.bench import proto
 from zcnet.bench.control import Control
@@ -29,19 +28,33 @@ from zcnet.bench.proto import (
     GRACE,
     Budget,
     LimitExceeded,
+    Message,
     OptionValue,
     ProtocolError,
     buffer_sizes,
+    get,
+)
+from zcnet.bench.records import (
+    ClientSummary,
+    FlowEnd,
+    RecordError,
+    ResultRow,
+    RoleShares,
+    RunResults,
+    TcpDelta,
+    parse,
+    to_json,
 )
 from zcnet.bench.remote import NetnsServer
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.lab import Lab
 from zcnet.rx.engine import EngineOptions
 from zcnet.rx.registry import engine_names
 
 log = logging.getLogger(__name__)
 
-MAX_SIZE = proto.SIZE.hi   # one buffer; the server's limits are usually lower
+MAX_SIZE = proto.MAX_SIZE   # one buffer; the server's limits are usually lower
 
 
 @dataclass
@@ -71,7 +84,7 @@ class ClientOptions:
     max_attempts: int = 64
     netns: str | None = None          # reach the servers from inside this namespace (a lab)
     # Called with the placed flows right after start (tests use it to inject faults).
-    on_started: Callable[[list[dict[str, Any]]], None] | None = None
+    on_started: Callable[[list[ResultRow]], None] | None = None
 
     def validate(self) -> None:
         if self.mode not in proto.MODES:
@@ -83,7 +96,7 @@ class ClientOptions:
                              f"use 1..{65536 - self.flows} (flow N listens on PORT+N)")
         # The protocol's range for a run's duration (start.duration), so the server never
         # refuses what the client let through; "not lo <= v <= hi" refuses NaN too.
-        lo, hi = proto.SCHEMA["start"]["duration"].lo, proto.SCHEMA["start"]["duration"].hi
+        lo, hi = proto.DURATION
         if not lo <= self.duration <= hi:
             raise UsageError(f"duration {self.duration} s out of range",
                              f"use -t from {lo:g} to {hi:g} seconds")
@@ -108,13 +121,8 @@ class ClientOptions:
     def _check_requests(self) -> None:
         """What the client will send, checked against the protocol's schema now: a bad engine
         name, option or data host is a usage error here, not a refusal mid-run."""
-        probe = {"flow": 0, "mode": self.mode, "req_size": self.req_size,
-                 "resp_size": self.resp_size}
-        for msg in ({"type": "open", **probe, "engine": self.rx_engine,
-                     "read_size": self.read_size,
-                     **({"engine_opts": self.engine_opts} if self.engine_opts else {})},
-                    {"type": "connect", **probe, "tx": self.tx, "port": 1,
-                     "host": self.data_host or "127.0.0.1", "write_size": self.write_size}):
+        for msg in (_open_msg(self, 0),
+                    _connect_msg(self, 0, self.data_host or "127.0.0.1", 1)):
             try:
                 proto.validate(msg)
             except ProtocolError as e:
@@ -153,11 +161,15 @@ _REQUEST_FIELDS = {
 
 @dataclass
 class ClientResult:
-    flows: list[dict[str, Any]]
-    summary: dict[str, Any]
-    cpus: dict[str, dict[str, Any]]     # side ("src"/"dst", or "host" if one) -> {cpu: shares}
-    options: dict[str, Any]
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # side -> server's env
+    flows: list[ResultRow]
+    summary: ClientSummary
+    cpus: dict[str, dict[str, RoleShares]]  # side ("src"/"dst", or "host" if one) -> CPU -> ...
+    options: JSONObject
+    hosts: dict[str, JSONObject] = field(default_factory=dict)  # side -> server's env
+
+    def side_cpus(self, side: str) -> dict[str, RoleShares]:
+        """The shares on ``side`` (dst or src) by CPU: the one server's when src is dst."""
+        return self.cpus.get(side, self.cpus.get("host", {}))
 
 
 def _token_for(opts: ClientOptions, addr: str) -> bytes | None:
@@ -187,33 +199,50 @@ def run(opts: ClientOptions) -> ClientResult:
         if opts.on_started:
             opts.on_started(placed)
         wait = opts.duration + GRACE + 15
-        replies = {id(c): c.receive(wait) for c in controls}
+        replies = {id(c): _results(c, c.receive(wait)) for c in controls}
         result = _merge(opts, placed, replies[id(src)], replies[id(dst)], same)
         result.hosts = {"src": src.env, "dst": dst.env}
         return result
 
 
-def _open_msg(opts: ClientOptions, flow: int) -> dict[str, Any]:
-    return {"type": "open", "flow": flow, "mode": opts.mode, "engine": opts.rx_engine,
-            "read_size": opts.read_size, "req_size": opts.req_size, "resp_size": opts.resp_size,
-            **({"engine_opts": opts.engine_opts} if opts.engine_opts else {}),
-            **({"verify": True} if opts.verify else {}),
-            **({"port": opts.data_port + flow} if opts.data_port else {})}
+def _results(control: Control, msg: Message) -> RunResults:
+    """A server's ``results`` as the record (the protocol has checked every field of it)."""
+    try:
+        return parse(RunResults, msg)
+    except RecordError as e:
+        raise ZcnetError(f"server {control.addr}: bad results: {e}") from None
 
 
-def _connect_msg(opts: ClientOptions, flow: int, host: str, port: int) -> dict[str, Any]:
-    return {"type": "connect", "flow": flow, "host": host, "port": port, "mode": opts.mode,
-            "tx": opts.tx, "write_size": opts.write_size, "req_size": opts.req_size,
-            "resp_size": opts.resp_size, **({"verify": True} if opts.verify else {})}
+def _open_msg(opts: ClientOptions, flow: int) -> Message:
+    msg: Message = {"type": "open", "flow": flow, "mode": opts.mode, "engine": opts.rx_engine,
+                    "read_size": opts.read_size, "req_size": opts.req_size,
+                    "resp_size": opts.resp_size}
+    if opts.engine_opts:
+        msg["engine_opts"] = dict(opts.engine_opts)
+    if opts.verify:
+        msg["verify"] = True
+    if opts.data_port:
+        msg["port"] = opts.data_port + flow
+    return msg
+
+
+def _connect_msg(opts: ClientOptions, flow: int, host: str, port: int) -> Message:
+    msg: Message = {"type": "connect", "flow": flow, "host": host, "port": port,
+                    "mode": opts.mode, "tx": opts.tx, "write_size": opts.write_size,
+                    "req_size": opts.req_size, "resp_size": opts.resp_size}
+    if opts.verify:
+        msg["verify"] = True
+    return msg
 
 
 def _check_limits(opts: ClientOptions, src: Control, dst: Control) -> None:
     """Every request of the run charged against each server's limits (from its welcome), the
     way the server will: a run it would refuse half-way is refused before any flow starts.
     Reconnecting a flow closes it first, so one attempt per flow is the whole budget."""
-    start = {"type": "start", "duration": float(opts.duration)}
+    start: Message = {"type": "start", "duration": float(opts.duration)}
     host = opts.data_host or dst.host
-    plans = {id(dst): (dst, [_open_msg(opts, i) for i in range(opts.flows)])}
+    plans: dict[int, tuple[Control, list[Message]]] = {
+        id(dst): (dst, [_open_msg(opts, i) for i in range(opts.flows)])}
     plans.setdefault(id(src), (src, []))[1].extend(
         _connect_msg(opts, i, host, 1) for i in range(opts.flows))
     for control, plan in plans.values():
@@ -248,13 +277,13 @@ def _over_limit(opts: ClientOptions, addr: str, e: LimitExceeded, need: int) -> 
                       f"{buffers}, or start that server with a higher --max-memory")
 
 
-def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[str, Any]:
+def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> ResultRow:
     """Open, connect and probe one flow until its RX CPU is wanted; then pin it."""
     data_host = opts.data_host or dst.host
     for attempt in range(1, opts.max_attempts + 1):
         opened = dst.request(_open_msg(opts, flow))
-        connected = src.request(_connect_msg(opts, flow, data_host, opened["port"]))
-        rx_cpu = dst.request({"type": "probe", "flow": flow})["cpu"]
+        connected = src.request(_connect_msg(opts, flow, data_host, get(opened, "port", int)))
+        rx_cpu = get(dst.request({"type": "probe", "flow": flow}), "cpu", int)
         if opts.wanted(rx_cpu):
             break
         log.info("flow %d landed on CPU %d, reconnecting (attempt %d)", flow, rx_cpu, attempt)
@@ -265,85 +294,86 @@ def _place(opts: ClientOptions, src: Control, dst: Control, flow: int) -> dict[s
         raise ZcnetError(f"flow {flow}: no connection landed on CPUs "
                          f"{opts.cpu_min}..{opts.cpu_max} in {opts.max_attempts} attempts",
                          "widen --cpu-min/--cpu-max, or steer flows (RSS/ntuple) to those CPUs")
-    info = {"flow": flow, "attempts": attempt, "rx_cpu": rx_cpu, "tx_cpu": connected["cpu"],
-            "rx_pid": opened["pid"], "tx_pid": connected["pid"], "rx_app_cpu": None,
-            "tx_app_cpu": None}
+    tx_cpu = get(connected, "cpu", int)
+    row = ResultRow(flow=flow, attempts=attempt, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
+                    rx_pid=get(opened, "pid", int), tx_pid=get(connected, "pid", int),
+                    mode=opts.mode, engine=opts.rx_engine, tx=opts.tx)
     rx_pin, tx_pin = opts.rx_app_cpu, opts.tx_app_cpu
     if opts.pin_off is not None:
         if rx_pin is None and rx_cpu >= 0:   # -1: the kernel recorded no CPU
             rx_pin = (rx_cpu + opts.pin_off) % dst.cpus
-        if tx_pin is None and connected["cpu"] >= 0:
-            tx_pin = (connected["cpu"] + opts.pin_off) % src.cpus
+        if tx_pin is None and tx_cpu >= 0:
+            tx_pin = (tx_cpu + opts.pin_off) % src.cpus
     if rx_pin is not None:
-        info["rx_app_cpu"] = dst.request({"type": "pin", "flow": flow, "role": "rx",
-                                          "cpu": rx_pin})["cpu"]
+        row.rx_app_cpu = get(dst.request({"type": "pin", "flow": flow, "role": "rx",
+                                          "cpu": rx_pin}), "cpu", int)
     if tx_pin is not None:
-        info["tx_app_cpu"] = src.request({"type": "pin", "flow": flow, "role": "tx",
-                                          "cpu": tx_pin})["cpu"]
-    return info
+        row.tx_app_cpu = get(src.request({"type": "pin", "flow": flow, "role": "tx",
+                                          "cpu": tx_pin}), "cpu", int)
+    return row
 
 
+# The TCP_INFO a flow row keeps of each end.
 _TCP_TX = ("retrans", "reord_seen", "rtt_us", "min_rtt_us", "snd_cwnd", "reordering",
            "bytes_retrans")
 _TCP_RX = ("rcv_ooopack", "rtt_us")
 
 
-def _merge(opts: ClientOptions, placed: list[dict[str, Any]], src_res: dict[str, Any],
-           dst_res: dict[str, Any], same: bool) -> ClientResult:
-    def by(res: dict[str, Any], role: str) -> dict[int, dict[str, Any]]:
-        return {f["flow"]: f for f in res["flows"] if f.get("role") == role}
+def _only(tcp: TcpDelta | None, names: tuple[str, ...]) -> TcpDelta:
+    return TcpDelta(**{k: getattr(tcp, k) if tcp is not None else None for k in names})
+
+
+def _merge(opts: ClientOptions, placed: list[ResultRow], src_res: RunResults,
+           dst_res: RunResults, same: bool) -> ClientResult:
+    def by(res: RunResults, role: str) -> dict[int, FlowEnd]:
+        return {f.flow: f for f in res.flows if f.role == role}
 
     rx, tx = by(dst_res, "rx"), by(src_res, "tx")
-    flows: list[dict[str, Any]] = []
-    for p in placed:
-        r, t = rx.get(p["flow"], {}), tx.get(p["flow"], {})
-        errors = [e for e in (r.get("error"), t.get("error")) if e]
-        if not r or not t:
+    for row in placed:
+        assert row.flow is not None
+        got_r, got_t = rx.get(row.flow), tx.get(row.flow)
+        errors = [e.reason for e in (got_r, got_t) if e is not None and e.status != "ok"]
+        if got_r is None or got_t is None:
             errors.append("missing result")
-        row: dict[str, Any] = {**p, "mode": opts.mode, "engine": opts.rx_engine, "tx": opts.tx,
-                               "status": "error" if errors else "ok",
-                               "error": "; ".join(errors) or None}
+        r = got_r or FlowEnd(flow=row.flow, role="rx")  # missing: its figures read absent
+        t = got_t or FlowEnd(flow=row.flow, role="tx")
+        row.status, row.reason = ("error" if errors else "ok"), "; ".join(errors)
         # SO_INCOMING_CPU again at the end: on veth/loopback it follows the sender around.
-        row["rx_cpu_end"], row["tx_cpu_end"] = r.get("incoming_cpu"), t.get("incoming_cpu")
+        row.rx_cpu_end, row.tx_cpu_end = r.cpu_end, t.cpu_end
         if opts.mode == "stream":
-            nbytes, secs = r.get("bytes", 0), r.get("seconds", 0.0)
-            row.update(bytes=nbytes, seconds=secs, bytes_sent=t.get("bytes_sent"),
-                       gbps=round(nbytes * 8 / secs / 1e9, 3) if secs else 0.0)
-            row.update({k: v for k, v in (("tx_stats", t.get("tx_stats")),
-                                          ("engine_stats", r.get("engine_stats")),
-                                          ("syscalls", r.get("calls")),
-                                          ("verify", r.get("verify")),
-                                          ("intervals", r.get("intervals"))) if v is not None})
-            ver = row.get("verify") or {}
-            if ver.get("mismatches"):
-                row.update(status="error",
-                           error=f"{ver['mismatches']} bytes differ from the sent pattern")
-            elif ver and ver.get("checked_bytes") != nbytes:
-                row.update(status="error", error="verifier saw fewer bytes than were received")
+            nbytes, secs = r.bytes or 0, r.seconds or 0.0
+            row.bytes, row.seconds, row.bytes_sent = nbytes, secs, t.bytes_sent
+            row.gbps = round(nbytes * 8 / secs / 1e9, 3) if secs else 0.0
+            row.tx_stats, row.engine_stats, row.syscalls = t.tx_stats, r.engine_stats, r.syscalls
+            row.verify, row.intervals = r.verify, r.intervals
+            if row.verify is not None and row.verify.mismatches:
+                row.status = "error"
+                row.reason = f"{row.verify.mismatches} bytes differ from the sent pattern"
+            elif row.verify is not None and row.verify.checked_bytes != nbytes:
+                row.status, row.reason = "error", "verifier saw fewer bytes than were received"
         else:
-            n, secs = t.get("transactions", 0), t.get("seconds", 0.0)
-            row.update(transactions=n, seconds=secs, tps=round(n / secs, 1) if secs else 0.0,
-                       **t.get("latency", {}))
-            row["samples"] = t.get("samples")
-        row["tcp_tx"] = {k: t.get("tcp", {}).get(k) for k in _TCP_TX}
-        row["tcp_rx"] = {k: r.get("tcp", {}).get(k) for k in _TCP_RX}
-        flows.append(row)
-    ok = [f for f in flows if f["status"] == "ok"]
-    summary: dict[str, Any] = {"flows": len(flows), "ok": len(ok), "mode": opts.mode}
+            n, secs = t.transactions or 0, t.seconds or 0.0
+            row.transactions, row.seconds = n, secs
+            row.tps = round(n / secs, 1) if secs else 0.0
+            row.latency, row.samples = t.latency, t.samples
+        row.tcp_tx, row.tcp_rx = _only(t.tcp, _TCP_TX), _only(r.tcp, _TCP_RX)
+    ok = [f for f in placed if f.ok]
+    summary = ClientSummary(flows=len(placed), ok=len(ok), mode=opts.mode)
     if opts.mode == "stream":
-        summary["gbps"] = round(sum(f["gbps"] for f in ok), 3)
+        summary.gbps = round(sum(f.gbps or 0.0 for f in ok), 3)
     else:
-        summary["tps"] = round(sum(f["tps"] for f in ok), 1)
-        if src_res.get("hist"):   # the sending session merged its flows' histograms
-            merged = merge_encoded([src_res["hist"]])
-            summary.update(summarize(merged), samples=merged.get_total_count())
+        summary.tps = round(sum(f.tps or 0.0 for f in ok), 1)
+        if src_res.hist:   # the sending session merged its flows' histograms
+            merged = merge_encoded([src_res.hist])
+            summary.latency, summary.samples = summarize(merged), merged.get_total_count()
     if same:  # one server, one set of CPUs: label with both ends
         cpus = {"host": _side_cpus(dst_res, placed, ("rx", "tx"))}
     else:
         cpus = {"dst": _side_cpus(dst_res, placed, ("rx",)),
                 "src": _side_cpus(src_res, placed, ("tx",))}
-    return ClientResult(flows, summary, cpus, {k: v for k, v in vars(opts).items()
-                                               if k not in ("tokens", "token", "on_started")})
+    options = {k: to_json(v) for k, v in vars(opts).items()
+               if k not in ("tokens", "token", "on_started")}
+    return ClientResult(placed, summary, cpus, options)
 
 
 @dataclass
@@ -355,14 +385,15 @@ class LabServers:
     tokens: dict[str, bytes]
     netns: str | None  # where the client reaches them from (None: here)
 
-    def options(self, **kw: Any) -> ClientOptions:
-        return ClientOptions(src=self.src, dst=self.dst, tokens=self.tokens, netns=self.netns,
-                             **kw)
+    def options(self, opts: ClientOptions) -> ClientOptions:
+        """``opts`` aimed at these servers."""
+        return replace(opts, src=self.src, dst=self.dst, tokens=self.tokens, netns=self.netns)
 
 
 @contextlib.contextmanager
 def lab_servers(lab: Lab) -> Iterator[LabServers]:
-    """``with lab_servers(lab) as ls: run(ls.options(flows=2))``: the lab's sending side
+    """``with lab_servers(lab) as ls: run(ls.options(ClientOptions(flows=2)))``: the lab's
+    sending side
     (``ns_a``) and receiving side (``ns_b``) each get a server (with a fresh token, as any
     non-loopback listener must), stopped when the block ends."""
     with NetnsServer(lab.addr_a, netns=lab.ns_a) as a, NetnsServer(lab.addr_b, netns=lab.ns_b) as b:
@@ -371,15 +402,15 @@ def lab_servers(lab: Lab) -> Iterator[LabServers]:
                          lab.ns_a)
 
 
-def _side_cpus(res: dict[str, Any], placed: list[dict[str, Any]],
-               ends: tuple[str, ...]) -> dict[str, Any]:
+def _side_cpus(res: RunResults, placed: list[ResultRow],
+               ends: tuple[str, ...]) -> dict[str, RoleShares]:
     """Shares per watched CPU, labelled with what ran there (softirq, application)."""
     roles: dict[str, set[str]] = {}
     for p in placed:
         for role in ends:
-            for key, label in ((f"{role}_cpu", f"{role}-softirq"),
-                               (f"{role}_app_cpu", f"{role}-app")):
-                if p.get(key) is not None and p[key] >= 0:
-                    roles.setdefault(str(p[key]), set()).add(label)
-    return {cpu: {**shares, "roles": sorted(roles.get(cpu, ()))}
-            for cpu, shares in res.get("cpus", {}).items()}
+            softirq, app = (p.rx_cpu, p.rx_app_cpu) if role == "rx" else (p.tx_cpu, p.tx_app_cpu)
+            for cpu, label in ((softirq, f"{role}-softirq"), (app, f"{role}-app")):
+                if cpu is not None and cpu >= 0:
+                    roles.setdefault(str(cpu), set()).add(label)
+    return {cpu: RoleShares(**vars(shares), roles=sorted(roles.get(cpu, ())))
+            for cpu, shares in res.cpus.items()}

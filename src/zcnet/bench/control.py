@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any
 
 from zcnet.bench import proto
 from zcnet.bench.authtoken import default_token, default_token_path
 from zcnet.bench.endpoint import parse_hostport
-from zcnet.bench.proto import UNSUPPORTED_HERE, Channel, ProtocolError, Role
+from zcnet.bench.proto import UNSUPPORTED_HERE, Channel, Message, ProtocolError, Role, get
 from zcnet.errors import ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.netns import in_netns
 
 REQUEST_TIMEOUT = 60.0
@@ -43,20 +43,21 @@ class Control:
             self.send({"type": "hello", "version": proto.PROTOCOL_VERSION,
                        "caps": list(proto.CAPABILITIES)})
             welcome = self.receive(REQUEST_TIMEOUT)
-            self.cpus: int = welcome["cpus"]
+            self.cpus = get(welcome, "cpus", int)
             self.limits: proto.Limits = self.conn.limits   # as the welcome said
-            self.send({"type": "auth", "mac": proto.auth_mac(key, welcome["challenge"])})
-            auth_ok = self.receive(REQUEST_TIMEOUT)
-            self.env: dict[str, Any] = auth_ok.get("host") or {}
+            self.send({"type": "auth",
+                       "mac": proto.auth_mac(key, get(welcome, "challenge", str))})
+            details = self.receive(REQUEST_TIMEOUT).get("host")
+            self.env: JSONObject = details if isinstance(details, dict) else {}
             undo.pop_all()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         try:
             self.chan.send(msg)
         except OSError as e:
             raise ZcnetError(f"server {self.addr}: connection lost ({e})") from None
 
-    def receive(self, timeout: float) -> dict[str, Any]:
+    def receive(self, timeout: float) -> Message:
         try:
             ev = self.chan.receive(timeout)
         except ProtocolError as e:
@@ -67,7 +68,7 @@ class Control:
             raise _server_error(self.addr, ev)
         return ev
 
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def request(self, msg: Message) -> Message:
         self.send(msg)
         return self.receive(REQUEST_TIMEOUT)
 
@@ -98,7 +99,7 @@ class ServerRefused(ZcnetError):
         return self.reason.split(UNSUPPORTED_HERE, 1)[-1]
 
 
-def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
+def _server_error(addr: str, ev: Message) -> ZcnetError:
     hints = {
         "auth": "use the same --token-file as the server (without one, both use the token "
                 f"file of their user, {default_token_path()})",
@@ -109,5 +110,6 @@ def _server_error(addr: str, ev: dict[str, Any]) -> ZcnetError:
                        "is missing there)",
         "version": "run the same zcnet version on both ends",
     }
-    return ServerRefused(f"server {addr} refused: {ev['message']}", hints.get(ev["code"]),
-                         code=ev["code"], reason=ev["message"])
+    code, message = get(ev, "code", str), get(ev, "message", str)
+    return ServerRefused(f"server {addr} refused: {message}", hints.get(code), code=code,
+                         reason=message)

@@ -19,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from zcnet.bench.records import SHARE_NAMES, CpuShares
+
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest",
            "guest_nice")
 _TIME = 8  # the first eight fields make up a CPU's time; guest and guest_nice lie inside them
 
-# The shares of a CPU's time, in mpstat's order; they add up to 100.
-SHARES = ("usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "idle")
+# The shares of a CPU's time, in mpstat's order; they add up to 100 (CpuShares adds ``busy``).
+SHARES = tuple(name for name in SHARE_NAMES if name != "busy")
 
 
 @dataclass(frozen=True)
@@ -46,21 +48,21 @@ class CpuTimes:
             ticks[cpu, : len(vals)] = vals  # older kernels have fewer fields: those read 0
         return cls(ticks)
 
-    def since(self, earlier: CpuTimes) -> dict[int, dict[str, float]]:
+    def since(self, earlier: CpuTimes) -> dict[int, CpuShares]:
         """Percent of each CPU's time per category between ``earlier`` and now."""
         n = min(len(self.ticks), len(earlier.ticks))
         delta = (self.ticks[:n] - earlier.ticks[:n]).clip(min=0)
         return {cpu: shares(delta[cpu]) for cpu in range(n)}
 
 
-def shares(delta: np.ndarray) -> dict[str, float]:
+def shares(delta: np.ndarray) -> CpuShares:
     """Percent per category (``SHARES``, adding up to 100) and ``busy`` (100 - idle - iowait);
-    empty when no tick elapsed (nothing was sampled: an unknown share, not an idle CPU)."""
+    none when no tick elapsed (nothing was sampled: an unknown share, not an idle CPU)."""
     vals = [float(x) for x in delta][: len(_FIELDS)]
     d = dict(zip(_FIELDS, vals + [0.0] * (len(_FIELDS) - len(vals)), strict=True))
     total = sum(vals[:_TIME])
     if total <= 0:
-        return {}
+        return CpuShares()
     # A guest share larger than the user time it lies in (the counters are read one after the
     # other, not atomically) is clipped, so no share goes negative.
     guest = min(d["guest"], d["user"])
@@ -78,4 +80,4 @@ def shares(delta: np.ndarray) -> dict[str, float]:
     }
     pct = {k: 100 * v / total for k, v in ticks.items()}
     pct["busy"] = 100.0 - pct["idle"] - pct["iowait"]
-    return {k: round(v, 2) for k, v in pct.items()}
+    return CpuShares(**{k: round(v, 2) for k, v in pct.items()})

@@ -12,19 +12,28 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from zcnet.bench import busy, meta
 from zcnet.bench.client import ClientOptions, run
 from zcnet.bench.control import ServerRefused
 from zcnet.bench.matrix import NIC_ENGINES, BenchOptions
+from zcnet.bench.proto import OptionValue
+from zcnet.bench.records import (
+    AxisValue,
+    ExperimentInfo,
+    ReportSection,
+    ResultFile,
+    ResultRow,
+    Substitution,
+)
 from zcnet.bench.remote import LocalServer
 from zcnet.bench.run import flow_cell, pick_cpus, run_bench
 from zcnet.bench.spec import Spec
 from zcnet.bench.txbench import run_txbench
 from zcnet.errors import Unsupported, ZcnetError
+from zcnet.jsonvalue import JSONValue
 from zcnet.nic.device import Device
 from zcnet.nic.ethtool import privflags_get, privflags_set
 from zcnet.nic.info import ipv4_of, nic_env
@@ -61,107 +70,132 @@ class ExperimentRig:
         return bool(getattr(self, option))
 
 
+Cell = dict[str, AxisValue]  # one point of the matrix: axis -> value (and "peer" for a C tool)
+
+
 @dataclass
 class Plan:
-    cells: list[dict[str, Any]]
-    substitutions: list[dict[str, Any]] = field(default_factory=list)
-    baseline: dict[str, Any] = field(default_factory=dict)
+    cells: list[Cell]
+    substitutions: list[Substitution] = field(default_factory=list)
+    baseline: dict[str, AxisValue] = field(default_factory=dict)
 
 
-def _sub_text(axis: str, value: Any, lab: Any, why: str) -> str:
-    return f"{axis} {value} runs as {lab}: {why}"
+def _substitution(axis: str, value: AxisValue, lab: AxisValue, why: str,
+                  shown: str | None = None) -> Substitution:
+    return Substitution(axis=axis, value=value, lab=lab, why=why,
+                        text=f"{shown or axis} {value} runs as {lab}: {why}")
 
 
 def plan(spec: Spec, rig: ExperimentRig) -> Plan:
     """The cells to measure on this rig, and which rows were substituted and why."""
     matrix = {axis: list(vals) for axis, vals in spec.matrix.items()}
-    subs: list[dict[str, Any]] = []
+    subs: list[Substitution] = []
     for s in spec.substitutes:
         if any(rig.has(u) for u in s.unless) or s.value not in matrix[s.axis]:
             continue
         vals = matrix[s.axis]
         vals[vals.index(s.value)] = s.lab
         matrix[s.axis] = list(dict.fromkeys(vals))
-        subs.append({"axis": s.axis, "value": s.value, "lab": s.lab, "why": s.why,
-                     "text": _sub_text(s.axis, s.value, s.lab, s.why)})
+        subs.append(_substitution(s.axis, s.value, s.lab, s.why))
     baseline = dict(spec.baseline)
     if spec.private_flag:
         if rig.ifname:
             # The seed's own A/B: the driver flag off (baseline) then on, every mode under both.
-            matrix = {"variant": [f"{spec.private_flag}=off", f"{spec.private_flag}=on"],
-                      **matrix}
+            variants: list[AxisValue] = [f"{spec.private_flag}=off", f"{spec.private_flag}=on"]
+            matrix = {"variant": variants, **matrix}
             baseline["variant"] = f"{spec.private_flag}=off"
         else:
             why = (f"the {spec.private_flag} private flag needs an mlx5 NIC (--ifname); batching"
                    " moves to user space: many packets per system call instead of per descriptor")
-            subs.append({"axis": "nic", "value": spec.private_flag, "lab": "user-space batching",
-                         "why": why, "text": _sub_text("A/B", spec.private_flag,
-                                                       "the user-space modes", why)})
+            sub = _substitution("nic", spec.private_flag, "user-space batching", why, "A/B")
+            subs.append(replace(sub, text=f"A/B {spec.private_flag} runs as the user-space "
+                                          f"modes: {why}"))
     axes = list(matrix)
-    cells = [dict(zip(axes, combo, strict=True))
-             for combo in itertools.product(*(matrix[a] for a in axes))]
+    cells: list[Cell] = [dict(zip(axes, combo, strict=True))
+                         for combo in itertools.product(*(matrix[a] for a in axes))]
     if spec.tool == "bench":
         # A peer runs once per MTU and placement, in the same lab and duration as the engines.
         spots = dict.fromkeys((c.get("mtu"), c.get("placement")) for c in cells)
-        cells += [{"engine": p, "peer": p, "mtu": m, "placement": pl}
-                  for (m, pl) in spots for p in spec.peers]
+        cells += [_peer_cell(p, m, pl) for (m, pl) in spots for p in spec.peers]
     return Plan(cells, subs, baseline)
 
 
-# A measurer runs one cell once and returns its result rows (bench-cell shaped).
-Measure = Callable[[Spec, dict[str, Any], ExperimentRig], list[dict[str, Any]]]
-Progress = Callable[[int, int, dict[str, Any]], None]
+def _peer_cell(peer: str, mtu: AxisValue | None, placement: AxisValue | None) -> Cell:
+    cell: Cell = {"engine": peer, "peer": peer}
+    if mtu is not None:
+        cell["mtu"] = mtu
+    if placement is not None:
+        cell["placement"] = placement
+    return cell
 
 
-def _measure_bench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
+@dataclass
+class Measured:
+    """One cell measured once: its rows, and what the measuring learnt of the system (the
+    NIC's env, lab or not, the remote host), kept in the document's ``env`` where it has none."""
+
+    rows: list[ResultRow]
+    nic: JSONValue = None
+    lab: bool | None = None
+    remote: str | None = None
+
+
+# A measurer runs one cell once.
+Measure = Callable[[Spec, Cell, ExperimentRig], Measured]
+Progress = Callable[[int, int, Cell], None]
+
+
+def _str(cell: Cell, axis: str, default: str) -> str:
+    return str(cell.get(axis, default))
+
+
+def _measure_bench(spec: Spec, cell: Cell, rig: ExperimentRig) -> Measured:
     if rig.ifname:
         return _measure_bench_nic(spec, cell, rig)
-    engine = cell["engine"]
+    engine = _str(cell, "engine", "")
     if "peer" not in cell and engine not in engine_names():
         raise Unsupported(f"engine {engine} is not in this build",
                           f"engines here: {', '.join(engine_names())}")
-    engine_opts: dict[str, Any] = {}
+    engine_opts: dict[str, OptionValue] = {}
     if "consumer" in cell:
         engine_opts["consumer"] = cell["consumer"]
         if cell["consumer"] == "thread":
             # zcrx-refs measures the release crossing CPUs: pin the consumer away from the ring.
-            cpus = pick_cpus(cell.get("placement", "split"))
+            cpus = pick_cpus(_str(cell, "placement", "split"))
             if not isinstance(cpus, str):
                 others = sorted(os.sched_getaffinity(0) - {cpus[1]})
                 engine_opts["consumer_cpu"] = others[0] if others else cpus[1]
-    opts = BenchOptions(mtus=(cell["mtu"],) if "mtu" in cell else (1500,),
-                        engines=() if "peer" in cell else (engine,),
-                        peers=(cell["peer"],) if "peer" in cell else (),
-                        placements=(cell.get("placement", "split"),),
-                        duration=spec.duration, tx=cell.get("tx", "copy"),
+    mtu = cell.get("mtu", 1500)
+    assert isinstance(mtu, int)  # the spec checked its axis values
+    opts = BenchOptions(mtus=(mtu,), engines=() if "peer" in cell else (engine,),
+                        peers=(_str(cell, "peer", ""),) if "peer" in cell else (),
+                        placements=(_str(cell, "placement", "split"),),
+                        duration=spec.duration, tx=_str(cell, "tx", "copy"),
                         engine_opts=engine_opts)
     bench_doc = run_bench(opts)
-    rows = list(bench_doc["results"])
-    for row in rows:
-        row["_env"] = {k: bench_doc["env"][k] for k in ("nic", "lab") if k in bench_doc["env"]}
-    return _bench_rows(cell, rows)
+    return Measured(_bench_rows(cell, list(bench_doc.results)), nic=bench_doc.env.nic,
+                    lab=bench_doc.env.lab)
 
 
-def _bench_rows(cell: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _bench_rows(cell: Cell, rows: list[ResultRow]) -> list[ResultRow]:
     """Bench cells shaped for the experiment's tables, from the lab or between two hosts."""
     for row in rows:
-        if "tx" not in cell and "tx" in row:
+        if "tx" not in cell and row.tx is not None:
             # Not an axis here: keep it as a note so it does not split the cell's key from the
             # key of a cell that failed before bench could say which send path it used.
-            row["tx_path"] = row.pop("tx")
-        if "consumer" not in cell and "consumer" in row:
-            row["consumer_used"] = row.pop("consumer")  # likewise
+            row.tx_path, row.tx = row.tx, None
+        if "consumer" not in cell and row.consumer is not None:
+            row.consumer_used, row.consumer = row.consumer, None  # likewise
         # mpstat-style shares of the CPUs the cell used, over the measured interval only.
-        cpu = row.get("cpu") or {}
-        cpus = {str(row[f"{side}_cpu"]): cpu[side] for side in ("tx", "rx")
-                if cpu.get(side) and f"{side}_cpu" in row}
-        if cpus:
-            row.setdefault("cpus", dict(sorted(cpus.items(), key=lambda kv: int(kv[0]))))
+        cpus = {str(cpu): shares for side in ("tx", "rx")
+                if (shares := row.side_shares(side)) is not None
+                and (cpu := row.shares_cpu(side)) is not None}
+        if cpus and row.cpus is None:
+            row.cpus = dict(sorted(cpus.items(), key=lambda kv: int(kv[0])))
     return rows
 
 
-def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
-                       rig: ExperimentRig) -> list[dict[str, Any]]:
+def _measure_bench_nic(spec: Spec, cell: Cell, rig: ExperimentRig) -> Measured:
     """One cell between this host (receiving, on ``rig.ifname``) and the sending host's
     ``zcnet server`` (``rig.remote``): the real experiment, through the client."""
     ifname = rig.ifname
@@ -178,8 +212,8 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
         raise Unsupported(f"{ifname} has MTU {mtu}, this row needs {cell['mtu']}",
                           f"set it on both hosts (ip link set dev IF mtu {cell['mtu']}) and run "
                           "again")
-    engine, placement = cell["engine"], cell.get("placement", "split")
-    engine_opts: dict[str, Any] = {}
+    engine, placement = _str(cell, "engine", ""), _str(cell, "placement", "split")
+    engine_opts: dict[str, OptionValue] = {}
     if "consumer" in cell:
         engine_opts["consumer"] = cell["consumer"]
     if engine in NIC_ENGINES and rig.queue is not None:
@@ -192,7 +226,7 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
         assert local.address is not None
         opts = ClientOptions(src=rig.remote, dst=local.address, data_port=rig.data_port,
                              rx_engine=engine, engine_opts=engine_opts, duration=spec.duration,
-                             tx=cell.get("tx", "copy"), pin_off=0 if placement == "same" else 1,
+                             tx=_str(cell, "tx", "copy"), pin_off=0 if placement == "same" else 1,
                              tokens={local_ip: local.token}, token=rig.token)
         try:
             r = run(opts)
@@ -200,39 +234,32 @@ def _measure_bench_nic(spec: Spec, cell: dict[str, Any],
             if e.code == "unsupported":
                 raise Unsupported(e.cause) from None
             raise
-    row = flow_cell(r, mtu, engine, placement, tx=cell.get("tx", "copy"),
-                    consumer=cell.get("consumer", "same"), sender_here=False)
+    row = flow_cell(r, mtu, engine, placement, tx=_str(cell, "tx", "copy"),
+                    consumer=_str(cell, "consumer", "same"), sender_here=False)
     if engine in NIC_ENGINES and (note := device_note(ifname)):
-        row["note"] = note  # netdevsim: simulated DMA, or (upstream) the kernel's copies
-    row["_env"] = {"nic": _nic_env(ifname), "lab": False, "remote": rig.remote}
-    return _bench_rows(cell, [row])
+        row.note = note  # netdevsim: simulated DMA, or (upstream) the kernel's copies
+    return Measured(_bench_rows(cell, [row]), nic=nic_env(ifname), lab=False, remote=rig.remote)
 
 
-def _nic_env(ifname: str) -> dict[str, Any]:
-    return nic_env(ifname)
-
-
-def _measure_txbench(spec: Spec, cell: dict[str, Any], rig: ExperimentRig) -> list[dict[str, Any]]:
-    kwargs: dict[str, Any] = {"modes": [cell["mode"]], "duration": spec.duration, "repeat": 1}
-    if "payload" in cell:
-        kwargs["size"] = cell["payload"]
-    if "burst" in cell:
-        kwargs["burst"] = cell["burst"]
+def _measure_txbench(spec: Spec, cell: Cell, rig: ExperimentRig) -> Measured:
+    size, burst = cell.get("payload", 64), cell.get("burst", 32)
+    assert isinstance(size, int) and isinstance(burst, int)  # the spec checked its axes
     if rig.ifname and not rig.remote:
         # Toggling the NIC's flag while the packets go through the lab's veth measures nothing.
         raise Unsupported(f"the A/B on {rig.ifname} needs traffic through it",
                           "give --remote ADDR:PORT, a UDP port reachable through that NIC")
-    if rig.remote:
-        kwargs["dst"] = rig.remote
-    with _private_flag(rig.ifname, cell.get("variant")):
-        doc = run_txbench(**kwargs)
-    why = doc.get("env", {}).get("hw_counters")
-    rows = list(doc["results"])
-    for row in rows:
-        for m in ("instructions_per_pkt", "cycles_per_pkt"):
-            if row.get(m) is None and why and why != "yes":
-                row[f"{m}_reason"] = why
-    return rows
+    variant = cell.get("variant")
+    with _private_flag(rig.ifname, str(variant) if variant is not None else None):
+        doc = run_txbench(modes=[_str(cell, "mode", "")], duration=spec.duration, repeat=1,
+                          size=size, burst=burst, dst=rig.remote or None)
+    why = doc.env.hw_counters
+    if why and why != "yes":
+        for row in doc.results:
+            if row.instructions_per_pkt is None:
+                row.instructions_per_pkt_reason = why
+            if row.cycles_per_pkt is None:
+                row.cycles_per_pkt_reason = why
+    return Measured(list(doc.results))
 
 
 @contextlib.contextmanager
@@ -261,21 +288,23 @@ def _private_flag(ifname: str | None, variant: str | None) -> Iterator[None]:
 MEASURERS: dict[str, Measure] = {"bench": _measure_bench, "txbench": _measure_txbench}
 
 
-def new_document(spec: Spec, rig: ExperimentRig, the_plan: Plan, repeat: int) -> dict[str, Any]:
+def new_document(spec: Spec, rig: ExperimentRig, the_plan: Plan, repeat: int) -> ResultFile:
     env = meta.collect_env(lab=rig.ifname is None, nic=rig.ifname, remote=rig.remote,
                            machine=busy.before())
-    return meta.envelope(
-        "experiment", env, [], warnings=[],
-        experiment={"name": spec.name, "title": spec.title, "tool": spec.tool, "seed": spec.seed,
-                    "about": spec.about.strip(), "source": spec.source, "repeat": repeat,
-                    "duration": spec.duration, "substitutions": the_plan.substitutions},
-        report={"table": spec.table, "rows": spec.rows, "columns": spec.columns,
-                "metric": spec.metric, "extra": list(spec.extra), "baseline": the_plan.baseline,
-                "per_cpu": spec.per_cpu, "plots": list(spec.plots)},
-        complete=False)
+    doc = meta.envelope("experiment", env, [])
+    doc.warnings, doc.complete = [], False
+    doc.experiment = ExperimentInfo(
+        name=spec.name, title=spec.title, tool=spec.tool, seed=spec.seed,
+        about=spec.about.strip(), source=spec.source, repeat=repeat, duration=spec.duration,
+        substitutions=the_plan.substitutions)
+    doc.report = ReportSection(
+        table=spec.table, rows=spec.rows, columns=spec.columns, metric=spec.metric,
+        extra=list(spec.extra), baseline=the_plan.baseline, per_cpu=spec.per_cpu,
+        plots=list(spec.plots))
+    return doc
 
 
-def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
+def _save(json_path: str | Path, doc: ResultFile) -> None:
     try:
         meta.write_json(json_path, doc)
     except OSError as exc:
@@ -285,7 +314,7 @@ def _save(json_path: str | Path, doc: dict[str, Any]) -> None:
 
 def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None = None,
              json_path: str | Path | None = None, measure: Measure | None = None,
-             progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+             progress: Progress | None = None) -> Iterator[ResultFile]:
     """Measure the spec; yields the document after each cell (complete=True at the end)."""
     rig = rig or ExperimentRig()
     repeat = repeat or spec.repeat
@@ -302,36 +331,44 @@ def iter_run(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None
                 if progress:
                     progress(done, total, cell)
                 try:
-                    rows = measure(spec, cell, rig)
+                    got = measure(spec, cell, rig)
                 except ZcnetError as exc:
                     # One cell the machine cannot run must not end the experiment.
-                    rows = [{**cell, "status": "unsupported", "reason": str(exc)}]
-                for row in rows:
-                    # Measurers may report what they learnt about the system (e.g. the NIC).
-                    for k, v in (row.pop("_env", None) or {}).items():
-                        if doc["env"].get(k) is None:
-                            doc["env"][k] = v
-                    row.update({k: v for k, v in cell.items() if k not in row or k == "variant"})
-                    row["repeat"] = r
-                doc["results"].extend(rows)
+                    got = Measured([ResultRow(status="unsupported", reason=str(exc))])
+                # What the measurer learnt about the system (e.g. the NIC) fills what is unknown.
+                env = doc.env
+                env.nic = env.nic if env.nic is not None else got.nic
+                env.lab = env.lab if env.lab is not None else got.lab
+                env.remote = env.remote or got.remote
+                for row in got.rows:
+                    for axis, value in cell.items():
+                        if row.axis(axis) is None or axis == "variant":
+                            row.set_axis(axis, value)
+                    row.repeat = r
+                doc.results.extend(got.rows)
                 done += 1
                 if json_path is not None:
                     _save(json_path, doc)
                 yield doc
-        doc["complete"] = True
+        doc.complete = True
         if progress:
             progress(done, total, {})
     finally:
-        busy.after(doc["env"]["machine"])
-        doc["warnings"] = busy.warnings(doc["env"]["machine"], doc["results"])
+        assert doc.env.machine is not None
+        busy.after(doc.env.machine)
+        doc.warnings = busy.warnings(doc.env.machine, doc.results)
         # Interrupted or not, the file holds every cell measured so far.
         if json_path is not None:
             _save(json_path, doc)
     yield doc
 
 
-def run_experiment(spec: Spec, **kwargs: Any) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-    for doc in iter_run(spec, **kwargs):
+def run_experiment(spec: Spec, *, rig: ExperimentRig | None = None, repeat: int | None = None,
+                   json_path: str | Path | None = None, measure: Measure | None = None,
+                   progress: Progress | None = None) -> ResultFile:
+    last: ResultFile | None = None
+    for doc in iter_run(spec, rig=rig, repeat=repeat, json_path=json_path, measure=measure,
+                        progress=progress):
         last = doc
+    assert last is not None  # iter_run yields at least the finished document
     return last

@@ -1,14 +1,14 @@
 """Flow workers: the process at each end of one flow of ``zcnet server`` (stream or rr).
 
-A server session starts one worker process per flow end and drives it with dict messages over a
-pipe, with a step between accept and start so that the client can discover the receive CPU and
-reconnect before anything is measured:
+A server session starts one worker process per flow end and drives it with messages (the
+dataclasses below) over a pipe, with a step between accept and start so that the client can
+discover the receive CPU and reconnect before anything is measured:
 
-    rx -> {"event": "ready", "port": P}         listening
-    rx -> {"event": "accepted", "cpu": C}       SO_INCOMING_CPU right after accept
-    tx -> {"event": "ready", "cpu": C, "local_port": L}
-    any <- {"cmd": "start", "duration": D}
-    any -> {"event": "result", ...} | {"event": "error", "reason": "..."}
+    rx -> Ready(port=P)                      listening
+    rx -> Accepted(cpu=C)                    SO_INCOMING_CPU right after accept
+    tx -> Ready(cpu=C, local_port=L)
+    any <- Start(duration=D)
+    any -> FlowEnd(...) | Failed(reason, code) | Unsupported(reason)
 
 Stream: the receiver reads to EOF with an rx engine of ``zcnet.rx.registry``, the sender
 sends the shared verification pattern for D seconds, then shuts down its half. Request/response:
@@ -27,8 +27,8 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from zcnet.bench import tcpinfo
 from zcnet.bench.hist import encode_histogram, new_histogram, record_batch, summarize
 from zcnet.bench.intervals import IntervalSampler, interval_for
 from zcnet.bench.proto import UNSUPPORTED_HERE, OptionValue
+from zcnet.bench.records import FlowEnd, Verify
 from zcnet.bench.stream import send_stream
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.pattern import Verifier
@@ -47,19 +48,55 @@ from zcnet.uapi.socket import SO_INCOMING_CPU
 log = logging.getLogger(__name__)
 
 
-
-
 class EngineUnsupported(RuntimeError):
     """The rx engine cannot run on this host (reported as code "unsupported", not a failure)."""
+
 
 ACCEPT_TIMEOUT = 30.0
 BATCH = 4096
 
 
-class Channel(Protocol):
-    def send(self, obj: Any) -> None: ...
+# ---- messages between a session and its worker ---------------------------------------------------
 
-    def recv(self) -> Any: ...
+@dataclass(frozen=True)
+class Ready:
+    """rx: listening on ``port``; tx: connected, its socket's incoming CPU and local port."""
+
+    port: int | None = None
+    cpu: int | None = None
+    local_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    cpu: int  # SO_INCOMING_CPU right after accept
+
+
+@dataclass(frozen=True)
+class Start:
+    duration: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    code: str = "worker"  # "invalid": a mistake in the request (a bad engine option ...)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    reason: str
+
+
+WorkerEvent = Ready | Accepted | FlowEnd | Failed | Unsupported
+
+
+class Channel(Protocol):
+    """The worker's end of its pipe to the session."""
+
+    def send(self, obj: WorkerEvent) -> None: ...
+
+    def recv(self) -> object: ...
 
 
 @dataclass
@@ -67,6 +104,7 @@ class FlowSpec:
     role: str               # "rx" (accepts, receives / answers) | "tx" (connects, sends / asks)
     mode: str               # "stream" | "rr"
     host: str               # rx: address to bind; tx: address to connect to
+    flow: int = 0           # the flow's number in its session
     port: int = 0
     engine: str = "epoll"   # rx engine for stream mode
     tx: str = "copy"        # send path for stream mode
@@ -77,9 +115,6 @@ class FlowSpec:
     name: str = "zcnet-flow"
     engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False    # stream: check every received byte against the sent pattern
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---- process plumbing --------------------------------------------------------------------------
@@ -140,9 +175,7 @@ def _recv_rest(sock: socket.socket, mv: memoryview, got: int) -> None:
 
 def _wait_start(chan: Channel) -> float | None:
     msg = chan.recv()
-    if msg.get("cmd") != "start":
-        return None
-    return float(msg["duration"])
+    return msg.duration if isinstance(msg, Start) else None
 
 
 # ---- receiving end -----------------------------------------------------------------------------
@@ -159,17 +192,18 @@ def _engine(spec: FlowSpec) -> Engine:
     return engine
 
 
-def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
+def _serve_stream(spec: FlowSpec, conn: socket.socket, engine: Engine | None) -> FlowEnd:
+    assert engine is not None  # run_rx builds one for every stream flow
     verifier = Verifier() if spec.verify else None
     stats = engine.run(conn, verifier.check if verifier else None)
-    out = {"bytes": stats.bytes, "seconds": stats.seconds(), "calls": stats.calls,
-           "engine_stats": stats.extra}
-    if verifier:
-        out["verify"] = verifier.as_dict()
-    return out
+    return FlowEnd(flow=spec.flow, role="rx", bytes=stats.bytes, seconds=stats.seconds(),
+                   syscalls=stats.calls,
+                   engine_stats=dict(stats.extra),
+                   verify=Verify(checked_bytes=verifier.checked, mismatches=verifier.mismatches)
+                   if verifier else None)
 
 
-def _serve_rr(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any]:
+def _serve_rr(spec: FlowSpec, conn: socket.socket, engine: Engine | None) -> FlowEnd:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     req = memoryview(bytearray(spec.req_size))
     resp = bytes(spec.resp_size)
@@ -185,7 +219,8 @@ def _serve_rr(spec: FlowSpec, conn: socket.socket, engine: Any) -> dict[str, Any
             _recv_rest(conn, req, k)
         send(resp)
         n += 1
-    return {"transactions": n, "bytes": n * spec.req_size, "seconds": time.monotonic() - t0}
+    return FlowEnd(flow=spec.flow, role="rx", transactions=n, bytes=n * spec.req_size,
+                   seconds=time.monotonic() - t0)
 
 
 def run_rx(spec: FlowSpec, chan: Channel) -> None:
@@ -199,19 +234,19 @@ def run_rx(spec: FlowSpec, chan: Channel) -> None:
             close_engine(engine)
 
 
-def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
+def _receive(spec: FlowSpec, chan: Channel, engine: Engine | None) -> None:
     with socket.socket(_family(spec.host), socket.SOCK_STREAM) as ls:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind((spec.host, spec.port))
         ls.listen(1)
-        chan.send({"event": "ready", "port": ls.getsockname()[1]})
+        chan.send(Ready(port=ls.getsockname()[1]))
         ls.settimeout(ACCEPT_TIMEOUT)
         conn, _ = ls.accept()
     with conn:
         conn.settimeout(None)
         # Nothing is sent before "start": what the socket has received now is the flow's zero.
         at_accept = tcpinfo.read(conn).get("tcpi_bytes_received")
-        chan.send({"event": "accepted", "cpu": _incoming_cpu(conn)})
+        chan.send(Accepted(_incoming_cpu(conn)))
         duration = _wait_start(chan)
         if duration is None:
             return
@@ -220,18 +255,17 @@ def _receive(spec: FlowSpec, chan: Channel, engine: Any) -> None:
             # The rate per interval, for the cell's spread (zcnet.bench.intervals).
             with IntervalSampler(conn, interval_for(duration), at_accept) as sampler:
                 result = RX_MODES[spec.mode](spec, conn, engine)
-            result["intervals"] = sampler.as_dict()
+            result.intervals = sampler.record()
         else:
             result = RX_MODES[spec.mode](spec, conn, engine)
-        result.update(event="result", role="rx", incoming_cpu=_incoming_cpu(conn),
-                      app_cpu=os.sched_getaffinity(0).pop() if len(os.sched_getaffinity(0)) == 1
-                      else None, tcp=tcpinfo.delta(before, tcpinfo.read(conn)))
+        result.cpu_end = _incoming_cpu(conn)
+        result.tcp = tcpinfo.delta(before, tcpinfo.read(conn))
     chan.send(result)
 
 
 # ---- sending end -------------------------------------------------------------------------------
 
-def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> FlowEnd:
     """The pattern by copy or by a zcnet.tx path (zcnet.bench.stream), so the receiver can
     verify every byte."""
     t0 = time.monotonic()
@@ -239,14 +273,15 @@ def _send_stream(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[s
                                  verify=spec.verify)
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # the receiver closes after EOF: its byte count is then final
-    return {"bytes_sent": sent, "seconds": time.monotonic() - t0, "tx_stats": tx_stats}
+    return FlowEnd(flow=spec.flow, role="tx", bytes_sent=sent, seconds=time.monotonic() - t0,
+                   tx_stats=tx_stats)
 
 
 def tx_paths() -> tuple[str, ...]:
     return tuple(KINDS)
 
 
-def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, Any]:
+def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> FlowEnd:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     req = bytes(spec.req_size)
     resp = memoryview(bytearray(spec.resp_size))
@@ -276,30 +311,30 @@ def _ask_rr(spec: FlowSpec, sock: socket.socket, duration: float) -> dict[str, A
     elapsed = (clock() - start) / 1e9
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)
-    return {"transactions": n, "seconds": elapsed, "bytes_sent": n * spec.req_size,
-            "latency": summarize(hist), "samples": hist.get_total_count(),
-            "hist": encode_histogram(hist)}
+    return FlowEnd(flow=spec.flow, role="tx", transactions=n, seconds=elapsed,
+                   bytes_sent=n * spec.req_size,
+                   latency=summarize(hist), samples=hist.get_total_count(),
+                   hist=encode_histogram(hist))
 
 
 def run_tx(spec: FlowSpec, chan: Channel) -> None:
     sock = socket.create_connection((spec.host, spec.port), timeout=10)
     with sock:
         sock.settimeout(None)
-        chan.send({"event": "ready", "cpu": _incoming_cpu(sock),
-                   "local_port": sock.getsockname()[1]})
+        chan.send(Ready(cpu=_incoming_cpu(sock), local_port=sock.getsockname()[1]))
         duration = _wait_start(chan)
         if duration is None:
             return
         before = tcpinfo.read(sock)
         result = TX_MODES[spec.mode](spec, sock, duration)
-        result.update(event="result", role="tx", incoming_cpu=_incoming_cpu(sock),
-                      tcp=tcpinfo.delta(before, tcpinfo.read(sock)))
+        result.cpu_end = _incoming_cpu(sock)
+        result.tcp = tcpinfo.delta(before, tcpinfo.read(sock))
     chan.send(result)
 
 
-RX_MODES: dict[str, Callable[[FlowSpec, socket.socket, Any], dict[str, Any]]] = {
+RX_MODES: dict[str, Callable[[FlowSpec, socket.socket, Engine | None], FlowEnd]] = {
     "stream": _serve_stream, "rr": _serve_rr}
-TX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], dict[str, Any]]] = {
+TX_MODES: dict[str, Callable[[FlowSpec, socket.socket, float], FlowEnd]] = {
     "stream": _send_stream, "rr": _ask_rr}
 ROLES: dict[str, Callable[[FlowSpec, Channel], None]] = {"rx": run_rx, "tx": run_tx}
 
@@ -320,15 +355,14 @@ def describe(spec: FlowSpec) -> str:
     return f"rx worker (engine {spec.engine}{opts})"
 
 
-def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
+def flow_main(spec: FlowSpec, chan: Channel) -> None:
     """Process entry point: one flow end; every failure becomes an error message."""
-    spec = FlowSpec(**spec_dict)
     _process_setup(spec.name)
     try:
         ROLES[spec.role](spec, chan)
     except EngineUnsupported as e:
         with contextlib.suppress(OSError):
-            chan.send({"event": "unsupported", "reason": str(e)})
+            chan.send(Unsupported(str(e)))
     except WORKER_ERRORS as e:
         log.debug("flow worker %s failed", spec.role, exc_info=True)
         code = "invalid" if isinstance(e, UsageError) else "worker"
@@ -336,4 +370,4 @@ def flow_main(spec_dict: dict[str, Any], chan: Channel) -> None:
         if not isinstance(e, (ZcnetError, OSError)):   # a bug: its type says most
             what = f"{type(e).__name__}: {what}"
         with contextlib.suppress(OSError):  # the session is gone; nobody to tell
-            chan.send({"event": "error", "reason": f"{describe(spec)}: {what}", "code": code})
+            chan.send(Failed(f"{describe(spec)}: {what}", code))

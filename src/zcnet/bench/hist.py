@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from zcnet.bench.records import Latency
+
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # 1 ns .. 100 s at 3 significant digits: 0.1 % resolution, the usual choice for latency.
 HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 100_000_000_000, 3
-PERCENTILE_KEYS = tuple(f"p{p:g}_us" for p in PERCENTILES)
 
 
 def new_histogram() -> HdrHistogram:
@@ -38,15 +39,19 @@ def record_batch(hist: HdrHistogram, values: np.ndarray) -> None:
         hist.record_value(value, count)
 
 
-def summarize(hist: HdrHistogram) -> dict[str, float]:
-    """Percentiles in microseconds (the unit people compare RR latencies in)."""
+def summarize(hist: HdrHistogram) -> Latency | None:
+    """Percentiles in microseconds (the unit people compare RR latencies in); None without
+    samples."""
     if hist.get_total_count() == 0:
-        return {}
-    out = {f"p{p:g}_us": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
-    out["mean_us"] = hist.get_mean_value() / 1000
-    out["max_us"] = hist.get_max_value() / 1000
-    out["min_us"] = hist.get_min_value() / 1000
-    return {k: round(v, 3) for k, v in out.items()}
+        return None
+
+    def us(ns: float) -> float:
+        return round(ns / 1000, 3)
+
+    p50, p90, p99, p99_9 = (us(hist.get_value_at_percentile(p)) for p in PERCENTILES)
+    return Latency(p50_us=p50, p90_us=p90, p99_us=p99, p99_9_us=p99_9,
+                   mean_us=us(hist.get_mean_value()), max_us=us(hist.get_max_value()),
+                   min_us=us(hist.get_min_value()))
 
 
 def encode_histogram(hist: HdrHistogram) -> str:

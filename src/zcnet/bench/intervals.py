@@ -23,9 +23,9 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from zcnet.bench import tcpinfo
+from zcnet.bench.records import Intervals
 
 # A cell whose per-interval rate varies more than this (stdev / mean) gets a warning; the same
 # limit the reports apply to repeats (zcnet.report.stats).
@@ -50,7 +50,7 @@ def running_tasks(path: str = "/proc/loadavg") -> int | None:
 
 class IntervalSampler:
     """Samples ``sock``'s received bytes and the machine's running tasks from a thread, every
-    ``interval`` seconds, while the ``with`` block runs; ``as_dict()`` holds the intervals.
+    ``interval`` seconds, while the ``with`` block runs; ``record()`` holds the intervals.
 
     ``received``: the socket's tcpi_bytes_received before the sender could start (read at
     accept). The sender starts when told, not when this sampler is ready, so bytes can arrive
@@ -107,18 +107,18 @@ class IntervalSampler:
         if et is None:
             self._sample()  # the last, shorter interval: the intervals add up to the flow
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"interval": self.interval, "seconds": self.seconds, "bytes": self.bytes,
-                "running": self.running}
+    def record(self) -> Intervals:
+        return Intervals(interval=self.interval, seconds=self.seconds, bytes=self.bytes,
+                         running=self.running)
 
 
-def spread(intervals: dict[str, Any] | None) -> float | None:
+def spread(intervals: Intervals | None) -> float | None:
     """The coefficient of variation of a flow's per-interval rate, its first and last intervals
     left out; None when too few intervals (or no data) remain."""
-    if not isinstance(intervals, dict):
+    if intervals is None:
         return None
-    secs, nbytes = intervals.get("seconds") or [], intervals.get("bytes") or []
-    rates = [b / s for s, b in list(zip(secs, nbytes, strict=False))[1:-1] if s > 0]
+    pairs = list(zip(intervals.seconds, intervals.bytes, strict=False))
+    rates = [b / s for s, b in pairs[1:-1] if s > 0]
     if len(rates) < MIN_INTERVALS:
         return None
     mean = statistics.fmean(rates)
@@ -127,10 +127,9 @@ def spread(intervals: dict[str, Any] | None) -> float | None:
     return statistics.stdev(rates) / mean
 
 
-def others_running(intervals: dict[str, Any] | None, own: int) -> float | None:
+def others_running(intervals: Intervals | None, own: int) -> float | None:
     """The median count of running tasks beyond the flow's ``own`` (its receiver, and its sender
     when that runs on this machine too), or None when nothing was sampled."""
-    running = (intervals or {}).get("running") if isinstance(intervals, dict) else None
-    if not running:
+    if intervals is None or not intervals.running:
         return None
-    return max(0.0, statistics.median(running) - own)
+    return max(0.0, statistics.median(intervals.running) - own)

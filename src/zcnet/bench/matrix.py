@@ -8,12 +8,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from zcnet import quantities
-from zcnet.bench.cpustat import SHARES
 from zcnet.bench.peers import parse_peers
 from zcnet.bench.proto import OptionValue
+from zcnet.bench.records import CellSummary, ResultRow, Spread
 from zcnet.errors import UsageError
 from zcnet.lab.topology import MTU_MAX
 from zcnet.netns import can_create_netns
@@ -25,7 +24,6 @@ DEFAULT_MTUS = (1500, 4096, 9000)
 DEFAULT_ENGINES = default_engines()
 PLACEMENTS = ("same", "split")
 NIC_ENGINES = tuple(name for name, info in ENGINES.items() if info.needs_nic)
-CPU_FIELDS = SHARES  # the per-CPU shares a result row carries (zcnet.bench.cpustat)
 
 
 @dataclass
@@ -100,51 +98,68 @@ def lo_mtu() -> int:
         return 65536
 
 
-def cell_groups(results: list[dict[str, Any]]) -> dict[tuple[Any, str, str], list[dict[str, Any]]]:
+CellId = tuple[int | None, str, str]  # (mtu, engine, placement) of a bench cell
+
+
+def cell_groups(results: list[ResultRow]) -> dict[CellId, list[ResultRow]]:
     """The rows of each (mtu, engine, placement) cell, all its repeats, in first-seen order."""
-    out: dict[tuple[Any, str, str], list[dict[str, Any]]] = {}
+    out: dict[CellId, list[ResultRow]] = {}
     for r in results:
-        out.setdefault((r["mtu"], r["engine"], r["placement"]), []).append(r)
+        out.setdefault((r.mtu, r.engine or "", r.placement or ""), []).append(r)
     return out
 
 
-def summarize_cells(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _spread(values: list[float]) -> Spread | None:
+    if not values:
+        return None
+    return Spread(median=statistics.median(values), min=min(values), max=max(values),
+                  stdev=statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize_cells(results: list[ResultRow]) -> list[CellSummary]:
     """Per cell over its repeats: how many ran (``n``) and were ok, and the median, min, max and
     sample stdev (0 for one) of its Gbit/s and of the receiving CPU's busy %."""
     out = []
     for (mtu, engine, placement), rows in cell_groups(results).items():
-        ok = [r for r in rows if r["status"] == "ok" and isinstance(r.get("gbps"), (int, float))]
-        doc: dict[str, Any] = {"engine": engine, "mtu": mtu, "placement": placement,
-                               "n": len(rows), "ok": len(ok)}
-        busy = [b for r in ok if (b := ((r.get("cpu") or {}).get("rx") or {}).get("busy"))
-                is not None]
-        for name, values in (("gbps", [float(r["gbps"]) for r in ok]), ("rx_busy", busy)):
-            if values:
-                doc[name] = {"median": statistics.median(values), "min": min(values),
-                             "max": max(values),
-                             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
-        out.append(doc)
+        ok = [r for r in rows if r.ok and r.gbps is not None]
+        busy = [b for r in ok if (shares := r.side_shares("rx")) is not None
+                and (b := shares.busy) is not None]
+        out.append(CellSummary(engine=engine, mtu=mtu, placement=placement, n=len(rows),
+                               ok=len(ok), gbps=_spread([r.gbps for r in ok if r.gbps is not None]),
+                               rx_busy=_spread(busy)))
     return out
 
 
-def peer_ratios(doc: dict[str, Any], peer: str = "iperf3") -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PeerRatio:
+    """The best zcnet engine of an (MTU, placement) against a C peer there."""
+
+    mtu: int | None
+    placement: str
+    engine: str
+    gbps: float
+    peer: str
+    peer_gbps: float
+    ratio: float
+
+
+def peer_ratios(results: list[ResultRow], peer: str = "iperf3") -> list[PeerRatio]:
     """Best zcnet engine vs ``peer`` per (MTU, placement), for the notes and the closing table;
     with repeats, medians of each cell's Gbit/s."""
     out = []
-    med = {(s["mtu"], s["placement"], s["engine"]): s["gbps"]["median"]
-           for s in summarize_cells(doc["results"]) if "gbps" in s}
-    peers = {r["engine"] for r in doc["results"] if r.get("peer")}
+    med = {(s.mtu, s.placement or "", s.engine): s.gbps.median
+           for s in summarize_cells(results) if s.gbps is not None}
+    peers = {r.engine for r in results if r.peer}
     for mtu, placement in dict.fromkeys((m, p) for m, p, _ in med):
         ref = med.get((mtu, placement, peer))
         ours = {e: g for (m, p, e), g in med.items()
                 if (m, p) == (mtu, placement) and e not in peers and g > 0}
         if ref and ours:
             best = max(ours, key=lambda e: ours[e])
-            out.append({"mtu": mtu, "placement": placement, "engine": best,
-                        "gbps": ours[best], "peer": peer, "peer_gbps": ref,
-                        "ratio": round(ours[best] / ref, 3)})
+            out.append(PeerRatio(mtu, placement, best, ours[best], peer, ref,
+                                 round(ours[best] / ref, 3)))
     return out
 
 
-def verify_failed(doc: dict[str, Any]) -> int:
-    return sum(r.get("verify", {}).get("mismatches", 0) for r in doc["results"])
+def verify_failed(results: list[ResultRow]) -> int:
+    return sum(r.verify.mismatches for r in results if r.verify is not None)

@@ -1,7 +1,6 @@
-"""Metadata every result carries, and the JSON envelope all commands share.
-
-Envelope: ``{"tool": "zcnet", "version", "kind", "env": {...}, "results": [...]}``. ``env`` holds
-what makes two runs comparable (kernel, CPU, Python, lab or not, NIC settings when known).
+"""Metadata every result carries, and the JSON envelope all commands share
+(``zcnet.bench.records.envelope``: ``env`` holds what makes two runs comparable: kernel, CPU,
+Python, lab or not, NIC settings when known), written atomically.
 """
 
 from __future__ import annotations
@@ -13,19 +12,26 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from zcnet import __version__
+from zcnet.bench.records import (
+    ComparisonFile,
+    Env,
+    Machine,
+    NicFile,
+    ResultFile,
+    ResultRow,
+    to_json,
+)
 from zcnet.errors import ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.uring.syscall import backend
-
-ENVELOPE_VERSION = 1
 
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a measuring run; ``doc`` holds what was measured, with ``complete`` False."""
 
-    def __init__(self, doc: dict[str, Any]) -> None:
+    def __init__(self, doc: ResultFile) -> None:
         super().__init__()
         self.doc = doc
 
@@ -40,36 +46,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def collect_env(*, lab: bool, **extra: Any) -> dict[str, Any]:
-    """What the results were measured on. ``extra`` adds e.g. ``nic`` or ``placement`` notes."""
-    env: dict[str, Any] = {
-        "kernel": platform.release(),
-        "cpus": os.cpu_count() or 1,
-        "cpu_model": cpu_model(),
-        "arch": platform.machine(),
-        "python": platform.python_version(),
-        "hot_path": backend(),  # the ring's hot path: "c" (compiled accelerator) or "pure"
-        "lab": lab,
-        "hostname": platform.node(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    env.update(extra)
-    return env
+def collect_env(*, lab: bool, machine: Machine | None = None, nic: JSONValue = None,
+                remote: str | None = None, target: JSONValue = None,
+                hw_counters: str | None = None, extra: JSONObject | None = None) -> Env:
+    """What the results were measured on; ``extra`` adds what a command knows besides."""
+    return Env(kernel=platform.release(), cpus=os.cpu_count() or 1, cpu_model=cpu_model(),
+               arch=platform.machine(), python=platform.python_version(), hot_path=backend(),
+               lab=lab, hostname=platform.node(), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               machine=machine, nic=nic, remote=remote, target=target, hw_counters=hw_counters,
+               extra=dict(extra or {}))
 
 
-def envelope(kind: str, env: dict[str, Any], results: list[dict[str, Any]],
-             **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "tool": "zcnet",
-        "version": __version__,
-        "format": ENVELOPE_VERSION,
-        "kind": kind,
-        "argv": sys.argv[1:],
-        "env": env,
-        "results": results,
-    }
-    doc.update(extra)
-    return doc
+def envelope(kind: str, env: Env, results: list[ResultRow]) -> ResultFile:
+    """A result file of ``kind`` with this process's version and arguments."""
+    return ResultFile(version=__version__, kind=kind, argv=sys.argv[1:], env=env,
+                      results=results)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -89,10 +80,10 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         undo.pop_all()
 
 
-def write_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+def write_json(path: str | os.PathLike[str], doc: ResultFile | ComparisonFile | NicFile) -> None:
     """Write atomically, so an interrupted run never leaves half a file."""
     try:
-        write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        write_text_atomic(path, json.dumps(to_json(doc), indent=2, sort_keys=False) + "\n")
     except OSError as e:
         raise ZcnetError(f"cannot write {path}: {e.strerror or e}",
                          "pass a path in an existing, writable directory") from None

@@ -26,4 +26,6 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("cycles_per_pkt", "cycles per packet", "", False, 0, "cycles/pkt"),
     Metric("latency_us", "latency", "us", False, 1, "latency"),
     Metric("rx_busy", "receiver CPU busy", "%", False, 0, "CPU"),
+    # From the receiver's kernel copy counters (zcrx stats, devmem linear fragments).
+    Metric("zero_copy_share", "zero-copy share", "%", True, 0, "zero-copy"),
 )}

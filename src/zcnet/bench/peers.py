@@ -1,6 +1,6 @@
 """The C peers (iperf3, sockperf) run in the same lab, placement and duration as zcnet's engines.
 
-A peer's result has the shape of a bench cell (``engine``, ``status``, ``gbps``, ``cpu`` ...) plus
+A peer's result is a bench cell's row (``engine``, ``status``, ``gbps``, ``cpu`` ...) with
 ``peer``, so tables and ``compare`` treat it like any other column. The server runs in the
 receiving namespace, the client in the sending one, each pinned with taskset to the CPU the
 placement gives it; CPU shares come from /proc/stat over the client's run, as for the engines.
@@ -21,10 +21,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from zcnet.bench.cpustat import CpuTimes
+from zcnet.bench.records import CpuPair, ResultRow
 from zcnet.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,19 @@ class LabLike(Protocol):
     addr_b: str
 
 
+class PeerRun(Protocol):
+    """One run of a peer tool: the figures it measured (a row without the cell's fields)."""
+
+    def __call__(self, lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
+                 length: int | None = None) -> ResultRow: ...
+
+
 @dataclass(frozen=True)
 class PeerTool:
     name: str
     binary: str
     install: str
-    run: Callable[..., dict[str, Any]]
+    run: PeerRun
 
 
 class PeerFailed(Exception):
@@ -80,14 +88,16 @@ def _client(argv: list[str], timeout: float, refused: Callable[[str], bool]) -> 
         time.sleep(0.05)
 
 
-def _cpu(before: CpuTimes, rx_cpu: int, tx_cpu: int) -> dict[str, dict[str, float] | None]:
+def _cpu(before: CpuTimes, rx_cpu: int, tx_cpu: int) -> CpuPair:
     """Each side's shares; None for a CPU that was not sampled (n/a, never 0%)."""
     shares = CpuTimes.read().since(before)
-    return {"rx": shares.get(rx_cpu) or None, "tx": shares.get(tx_cpu) or None}
+    rx, tx = shares.get(rx_cpu), shares.get(tx_cpu)
+    return CpuPair(rx=rx if rx is not None and rx.sampled else None,
+                   tx=tx if tx is not None and tx.sampled else None)
 
 
 def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
-            length: int | None = None) -> dict[str, Any]:
+            length: int | None = None) -> ResultRow:
     server = subprocess.Popen(
         netns_argv(lab.ns_b, rx_cpu, ["iperf3", "-s", "-1", "-J", "-B", lab.addr_b,
                                        "-p", str(IPERF3_PORT)]),
@@ -113,8 +123,8 @@ def _iperf3(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
     recv = (doc.get("end") or {}).get("sum_received") or {}
     if not recv.get("seconds"):
         raise PeerFailed("iperf3 reported no received data")
-    return {"bytes": int(recv["bytes"]), "seconds": float(recv["seconds"]),
-            "gbps": float(recv["bits_per_second"]) / 1e9, "cpu": cpu}
+    return ResultRow(bytes=int(recv["bytes"]), seconds=float(recv["seconds"]),
+                     gbps=float(recv["bits_per_second"]) / 1e9, cpu=cpu)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -124,7 +134,7 @@ _SP_PCT = re.compile(r"percentile (\d+\.\d+) =\s+([0-9.]+)")
 
 
 def _sockperf(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
-              length: int | None = None) -> dict[str, Any]:
+              length: int | None = None) -> ResultRow:
     """TCP one-way throughput for ``duration``, then ping-pong latency for ``duration``."""
     server = subprocess.Popen(
         netns_argv(lab.ns_b, rx_cpu, ["sockperf", "sr", "--tcp", "-i", lab.addr_b,
@@ -153,9 +163,9 @@ def _sockperf(lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
         last = (tp + pp).strip().splitlines()[-1:] or ["(nothing)"]
         raise PeerFailed(f"sockperf printed no summary: {last[0][:200]}")
     pct = {p: float(v) for p, v in _SP_PCT.findall(pp)}
-    return {"seconds": float(duration), "gbps": float(bw.group(1)) / 1000, "cpu": cpu,
-            "latency_us": float(lat.group(1)), "latency_stdev_us": float(lat.group(2)),
-            "latency_p99_us": pct.get("99.000")}
+    return ResultRow(seconds=float(duration), gbps=float(bw.group(1)) / 1000, cpu=cpu,
+                     latency_us=float(lat.group(1)), latency_stdev_us=float(lat.group(2)),
+                     latency_p99_us=pct.get("99.000"))
 
 
 PEERS: dict[str, PeerTool] = {t.name: t for t in (
@@ -175,19 +185,22 @@ def parse_peers(text: str) -> list[str]:
 
 def run_peer(name: str, lab: LabLike, *, rx_cpu: int, tx_cpu: int, duration: float,
              mtu: int | None = None, placement: str | None = None,
-             length: int | None = None) -> dict[str, Any]:
-    """Run one peer tool once; a bench-cell-shaped dict whatever happens."""
+             length: int | None = None) -> ResultRow:
+    """Run one peer tool once, pinned to ``rx_cpu`` and ``tx_cpu``; a bench cell's row
+    whatever happens."""
     tool = PEERS.get(name)
     if tool is None:
         raise UsageError(f"unknown peer {name!r}", "choose from: " + ", ".join(PEERS))
-    row: dict[str, Any] = {"engine": name, "peer": name, "mtu": mtu, "placement": placement,
-                           "status": "ok", "reason": "", "rx_cpu": rx_cpu, "tx_cpu": tx_cpu}
+    row = ResultRow(engine=name, peer=name, mtu=mtu, placement=placement, rx_app_cpu=rx_cpu,
+                    tx_app_cpu=tx_cpu)
     if shutil.which(tool.binary) is None:
-        row.update(status="unsupported", reason=f"not installed ({tool.install})")
+        row.status, row.reason = "unsupported", f"not installed ({tool.install})"
         return row
     try:
-        row.update(tool.run(lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=duration, length=length))
+        figures = tool.run(lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=duration, length=length)
     except (PeerFailed, OSError) as exc:
         log.warning("peer %s failed: %s", name, exc)
-        row.update(status="error", reason=str(exc))
-    return row
+        row.status, row.reason = "error", str(exc)
+        return row
+    return replace(figures, engine=name, peer=name, mtu=mtu, placement=placement,
+                   rx_app_cpu=rx_cpu, tx_app_cpu=tx_cpu)

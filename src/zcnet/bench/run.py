@@ -17,13 +17,11 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from zcnet.bench import busy, intervals
-from zcnet.bench.client import ClientResult, LabServers, lab_servers, run
+from zcnet.bench.client import ClientOptions, ClientResult, LabServers, lab_servers, run
 from zcnet.bench.control import ServerRefused
 from zcnet.bench.matrix import (
-    CPU_FIELDS,
     DEFAULT_ENGINES,
     NIC_ENGINES,
     PLACEMENTS,
@@ -33,8 +31,19 @@ from zcnet.bench.matrix import (
 )
 from zcnet.bench.meta import Interrupted, collect_env, envelope, write_json
 from zcnet.bench.peers import run_peer
+from zcnet.bench.proto import OptionValue
+from zcnet.bench.records import (
+    SHARE_NAMES,
+    CpuPair,
+    CpuShares,
+    EngineStat,
+    Intervals,
+    ResultFile,
+    ResultRow,
+)
 from zcnet.bench.remote import LocalServer
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.lab import Lab, netdevsim
 from zcnet.lab.sweep import before_run
 from zcnet.netns import can_create_netns
@@ -47,7 +56,8 @@ log = logging.getLogger(__name__)
 # The options and their defaults live in zcnet.bench.matrix (the CLI reads them without loading
 # the runner); they are part of this API too.
 __all__ = ["DEFAULT_ENGINES", "PLACEMENTS", "BenchOptions", "BenchSite", "bench_site",
-           "cell_result", "flow_cell", "pick_cpus", "run_bench", "run_one", "zcrx_mode"]
+           "flow_cell", "pick_cpus", "run_bench", "run_one", "zcrx_mode"]
+
 
 @dataclass
 class BenchSite:
@@ -57,7 +67,7 @@ class BenchSite:
 
     servers: LabServers
     set_mtu: Callable[[int], None] | None
-    env: dict[str, Any]
+    env: JSONObject
     lab: Lab | None = None  # for peers that run inside it
     data_port: int | None = None  # the receiving port a flow rule steers (None: any port)
 
@@ -128,32 +138,31 @@ def _netdevsim_queue(stack: contextlib.ExitStack, lab: Lab, queue: int) -> int |
     return None
 
 
-def _nic_env(t: BenchSite) -> dict[str, Any]:
+def _nic_env(t: BenchSite) -> JSONObject:
     """Driver, rings, HDS and offloads of the receiving interface, for the JSON env."""
     if t.lab is not None:
         return nic_env(t.lab.if_b, t.lab.ns_b)
     return nic_env("lo")
 
 
-def cell_result(mtu: int, engine: str, placement: str, status: str, reason: str = "",
-                **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"engine": engine, "mtu": mtu, "placement": placement,
-                           "status": status, "reason": reason}
-    doc.update(extra)
-    return doc
-
-
 def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
-            opts: BenchOptions) -> dict[str, Any]:
+            opts: BenchOptions) -> ResultRow:
+    peer = engine in opts.peers
+    # A cell that does not run still names its send path and consumer, as the cells that ran
+    # do: its repeats and the other runs' cells share its key (zcnet.report.cells).
+    cell = ResultRow(engine=engine, mtu=mtu, placement=placement, status="unsupported",
+                     tx=None if peer else opts.tx,
+                     consumer=None if peer else _consumer(opts.engine_opts))
     cpus = pick_cpus(placement)
     if isinstance(cpus, str):
-        return cell_result(mtu, engine, placement, "unsupported", cpus)
+        cell.reason = cpus
+        return cell
     if t.set_mtu is None and mtu != t.env["mtu"]:
-        return cell_result(mtu, engine, placement, "unsupported",
-                           f"loopback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
-                           f"{_to_the_lab()}")
+        cell.reason = (f"loopback cannot set MTU {mtu} (lo has {t.env['mtu']}); "
+                       f"{_to_the_lab()}")
+        return cell
     tx_cpu, rx_cpu = cpus
-    if engine in opts.peers:
+    if peer:
         return run_peer_cell(t, mtu, engine, placement, opts, rx_cpu, tx_cpu)
     engine_opts = dict(opts.engine_opts)
     if engine in NIC_ENGINES and engine_opts.get("ifname") is None and t.lab is not None:
@@ -161,71 +170,67 @@ def run_one(t: BenchSite, mtu: int, engine: str, placement: str,
         # the kernel's own answer (EOPNOTSUPP), tested up to the device boundary; on netdevsim
         # the registration succeeds and the cell's note says whose copy or DMA filled it.
         engine_opts.update(ifname=t.lab.if_b, queue=engine_opts.get("queue") or 0)
-    res = run_via_servers(t, mtu, engine, placement, opts, engine_opts, rx_cpu, tx_cpu)
+    res = run_via_servers(t, cell, opts, engine_opts, rx_cpu, tx_cpu)
     if engine in NIC_ENGINES and "netdevsim" in t.env and t.lab is not None:
-        res["note"] = device_note(t.lab.if_b, t.lab.ns_b)
+        res.note = device_note(t.lab.if_b, t.lab.ns_b)
     return res
 
 
-def run_via_servers(t: BenchSite, mtu: int, engine: str, placement: str, opts: BenchOptions,
-                    engine_opts: dict[str, Any], rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
+def _consumer(engine_opts: dict[str, OptionValue]) -> str:
+    return str(engine_opts.get("consumer", "same"))
+
+
+def run_via_servers(t: BenchSite, cell: ResultRow, opts: BenchOptions,
+                    engine_opts: dict[str, OptionValue], rx_cpu: int, tx_cpu: int) -> ResultRow:
     """One cell through the servers: the client opens, connects, pins and starts the flow."""
-    copts = t.servers.options(rx_engine=engine, engine_opts=engine_opts, tx=opts.tx,
-                              verify=opts.verify, duration=opts.duration, rx_app_cpu=rx_cpu,
-                              tx_app_cpu=tx_cpu, data_port=t.data_port)
+    assert cell.engine is not None and cell.mtu is not None and cell.placement is not None
+    copts = t.servers.options(ClientOptions(
+        rx_engine=cell.engine, engine_opts=engine_opts, tx=opts.tx, verify=opts.verify,
+        duration=opts.duration, rx_app_cpu=rx_cpu, tx_app_cpu=tx_cpu, data_port=t.data_port))
     try:
         r = run(copts)
     except ServerRefused as e:
-        if e.code == "unsupported":
-            return cell_result(mtu, engine, placement, "unsupported", e.cause)
-        return cell_result(mtu, engine, placement, "error", e.reason)
+        cell.status, cell.reason = ("unsupported", e.cause) if e.code == "unsupported" \
+            else ("error", e.reason)
+        return cell
     except ZcnetError as e:
-        return cell_result(mtu, engine, placement, "error", e.message)
-    return flow_cell(r, mtu, engine, placement, tx=opts.tx,
-                     consumer=engine_opts.get("consumer", "same"))
+        cell.status, cell.reason = "error", e.message
+        return cell
+    return flow_cell(r, cell.mtu, cell.engine, cell.placement, tx=opts.tx,
+                     consumer=_consumer(engine_opts))
 
 
 def flow_cell(r: ClientResult, mtu: int, engine: str, placement: str, *, tx: str,
-              consumer: str, sender_here: bool = True) -> dict[str, Any]:
-    """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts).
+              consumer: str, sender_here: bool = True) -> ResultRow:
+    """A bench cell from a one-flow ``client.run`` result (in the lab or between two hosts):
+    the flow's own fields under their own names, and the cell's.
 
     CPU shares are those of the receiving application's CPU on the receiving host and of the
     sender's CPU on the sending host (each side's own /proc/stat). ``sender_here``: the sender
     runs on the receiving machine too (lab, loopback), so its task is the flow's own.
     """
     f = r.flows[0]
-    rx_cpu = f.get("rx_app_cpu") if f.get("rx_app_cpu") is not None else f.get("rx_cpu")
-    tx_cpu = f.get("tx_app_cpu") if f.get("tx_app_cpu") is not None else f.get("tx_cpu")
-    if f["status"] != "ok":
-        return cell_result(mtu, engine, placement, "error", f.get("error") or "flow failed",
-                           rx_cpu=rx_cpu, tx_cpu=tx_cpu)
-    sides = r.cpus if "dst" in r.cpus else {"dst": r.cpus.get("host", {}),
-                                             "src": r.cpus.get("host", {})}
-    shares = {"rx": sides.get("dst", {}).get(str(rx_cpu), {}),
-              "tx": sides.get("src", {}).get(str(tx_cpu), {})}
-    cpu = {role: _sampled(v) for role, v in shares.items()}
-    out = cell_result(mtu, engine, placement, "ok", bytes=f["bytes"], seconds=f["seconds"],
-                      gbps=f["gbps"], cpu=cpu, rx_cpu=rx_cpu, tx_cpu=tx_cpu,
-                      incoming_cpu=f.get("rx_cpu_end"), syscalls=f.get("syscalls"),
-                      engine_stats=f.get("engine_stats", {}), tx=tx,
-                      tx_stats=f.get("tx_stats", {}), consumer=consumer,
-                      tcp={"tx": f.get("tcp_tx"), "rx": f.get("tcp_rx")}, via="server")
-    if "verify" in f:
-        out["verify"] = f["verify"]
-    missing = [f"{role} CPU {where}" for role, where in (("rx", rx_cpu), ("tx", tx_cpu))
-               if cpu[role] is None]
+    cell = ResultRow(engine=engine, mtu=mtu, placement=placement, tx=tx, consumer=consumer,
+                     via="server", rx_cpu=f.rx_cpu, tx_cpu=f.tx_cpu, rx_app_cpu=f.rx_app_cpu,
+                     tx_app_cpu=f.tx_app_cpu, rx_cpu_end=f.rx_cpu_end, tx_cpu_end=f.tx_cpu_end)
+    if not f.ok:
+        cell.status, cell.reason = "error", f.reason or "flow failed"
+        return cell
+    cell.bytes, cell.seconds, cell.gbps, cell.syscalls = f.bytes, f.seconds, f.gbps, f.syscalls
+    cell.engine_stats, cell.tx_stats, cell.verify = f.engine_stats, f.tx_stats, f.verify
+    cell.tcp_tx, cell.tcp_rx = f.tcp_tx, f.tcp_rx
+    rx_cpu, tx_cpu = cell.shares_cpu("rx"), cell.shares_cpu("tx")
+    cell.cpu = CpuPair(rx=_sampled(r.side_cpus("dst").get(str(rx_cpu))),
+                       tx=_sampled(r.side_cpus("src").get(str(tx_cpu))))
+    missing = [f"{role} CPU {where}" for role, where, shares in
+               (("rx", rx_cpu, cell.cpu.rx), ("tx", tx_cpu, cell.cpu.tx)) if shares is None]
     if missing:
-        out["cpu_reason"] = ("no /proc/stat share recorded for the " + " and ".join(missing)
-                             + ": shown as n/a")
-    mode = zcrx_mode(f.get("engine_stats") or {})
-    if mode:
-        out["zcrx_mode"] = mode
-    warnings = _placement_warnings(placement, f.get("rx_cpu_end"), rx_cpu)
-    warnings += _spread(out, f.get("intervals"), own=2 if sender_here else 1)
-    if warnings:
-        out["warnings"] = warnings
-        out["warning"] = "; ".join(warnings)  # one text, as files before the list had it
-    return out
+        cell.cpu_reason = ("no /proc/stat share recorded for the " + " and ".join(missing)
+                           + ": shown as n/a")
+    cell.zcrx_mode = zcrx_mode(f.engine_stats or {})
+    cell.warnings = _placement_warnings(placement, f.rx_cpu_end, rx_cpu)
+    cell.warnings += _spread(cell, f.intervals, own=2 if sender_here else 1)
+    return cell
 
 
 def _placement_warnings(placement: str, incoming: int | None, rx_cpu: int | None) -> list[str]:
@@ -237,21 +242,21 @@ def _placement_warnings(placement: str, incoming: int | None, rx_cpu: int | None
     return []
 
 
-def _spread(out: dict[str, Any], samples: Any, own: int) -> list[str]:
+def _spread(cell: ResultRow, samples: Intervals | None, own: int) -> list[str]:
     """Record the flow's per-interval samples, their spread (coefficient of variation) and the
     tasks that ran besides the flow's ``own``; a warning when the rate wandered."""
-    if not isinstance(samples, dict):
+    if samples is None:
         return []
-    out["intervals"] = samples
+    cell.intervals = samples
     cv = intervals.spread(samples)
     others = intervals.others_running(samples, own)
-    out["interval_cv"] = None if cv is None else round(cv, 4)
-    out["others_running"] = others
+    cell.interval_cv = None if cv is None else round(cv, 4)
+    cell.others_running = others
     if cv is None or cv <= intervals.UNSTABLE_CV:
         return []
-    n = len(samples.get("seconds") or []) - 2
+    n = len(samples.seconds) - 2
     text = (f"{intervals.UNSTEADY}: per-interval Gbit/s varied {100 * cv:.0f}% (stdev/mean "
-            f"over {n} intervals of {samples.get('interval', 0):g} s, limit "
+            f"over {n} intervals of {samples.interval:g} s, limit "
             f"{100 * intervals.UNSTABLE_CV:.0f}%)")
     if others:
         text += f", with a median of {others:g} other tasks running beside the flow"
@@ -268,14 +273,15 @@ def steer(lab: Lab) -> None:
                     "reordered", e.message)
 
 
-def _sampled(shares: dict[str, Any]) -> dict[str, float] | None:
-    """A side's CPU shares, or None when that CPU was not sampled (n/a, never 0%)."""
-    if not shares or "idle" not in shares:
+def _sampled(shares: CpuShares | None) -> CpuShares | None:
+    """A side's CPU shares (without the roles of a client's table), or None when that CPU was
+    not sampled (n/a, never 0%)."""
+    if shares is None or not shares.sampled:
         return None
-    return {k: shares[k] for k in (*CPU_FIELDS, "busy") if k in shares}
+    return CpuShares(**{k: getattr(shares, k) for k in SHARE_NAMES})
 
 
-def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
+def zcrx_mode(engine_stats: dict[str, EngineStat]) -> str | None:
     """"copy" when the kernel copied into the zcrx area (no device queue), "device" when a NIC
     queue filled it, None for other engines."""
     if "zcrx_copy" not in engine_stats:
@@ -284,33 +290,35 @@ def zcrx_mode(engine_stats: dict[str, Any]) -> str | None:
 
 
 def run_peer_cell(t: BenchSite, mtu: int, peer: str, placement: str, opts: BenchOptions,
-                  rx_cpu: int, tx_cpu: int) -> dict[str, Any]:
+                  rx_cpu: int, tx_cpu: int) -> ResultRow:
     if t.lab is None:
-        return cell_result(mtu, peer, placement, "unsupported",
-                           f"peers run inside the lab; {_to_the_lab()}")
+        return ResultRow(engine=peer, mtu=mtu, placement=placement, status="unsupported",
+                         reason=f"peers run inside the lab; {_to_the_lab()}")
     row = run_peer(peer, t.lab, rx_cpu=rx_cpu, tx_cpu=tx_cpu, duration=opts.duration, mtu=mtu,
                    placement=placement,
                    length=opts.peer_write_size if peer == "iperf3" else None)
-    if row.get("gbps") is not None:
-        row["gbps"] = round(row["gbps"], 3)
+    if row.gbps is not None:
+        row.gbps = round(row.gbps, 3)
     return row
 
 
-ProgressFn = Callable[[dict[str, Any]], None]
+ProgressFn = Callable[[ResultRow], None]
 StartFn = Callable[[int, str, str], None]  # (mtu, engine, placement) of the cell beginning
 
 
 def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None,
-              on_start: StartFn | None = None) -> dict[str, Any]:
+              on_start: StartFn | None = None) -> ResultFile:
     """Run every cell ``opts.repeat`` times (each repeat runs every cell once); returns the JSON
     envelope, whose rows carry ``repeat`` and whose ``summary`` has each cell's medians and
     spread. Writes ``opts.json_path`` after each cell. ``on_start`` hears of each cell as it
     begins, ``on_cell`` gets its result row."""
     opts = opts.resolved()
     opts.validate()
-    results: list[dict[str, Any]] = []
-    env: dict[str, Any] = collect_env(lab=False, machine=busy.before())
-    doc = envelope("bench", env, results, warnings=[])
+    results: list[ResultRow] = []
+    machine = busy.before()
+    env = collect_env(lab=False, machine=machine)
+    doc = envelope("bench", env, results)
+    doc.warnings = []
     if not opts.mtus:
         raise UsageError("no MTU given", "pass --mtu 1500,4096,9000 or leave it out")
     by_mtu: dict[int, list[tuple[str, str]]] = {}
@@ -318,17 +326,18 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None,
         by_mtu.setdefault(mtu, []).append((engine, placement))
     assert opts.mtus is not None
     first = opts.mtus[0]
-    doc["complete"] = False
+    doc.complete = False
     if opts.json_path:
         write_json(opts.json_path, doc)  # a bad path fails now, not after the first cell
     try:
         with bench_site(opts.lab, first, opts.lab_device, opts.engine_opts.get("queue"),
                         opts.rx_steer) as t:
-            env.update(lab=t.env["lab"], target=t.env, nic=_nic_env(t))
+            env.lab, env.target, env.nic = t.env["lab"] is True, t.env, _nic_env(t)
             mtu_now = first
             for rep in range(opts.repeat):
                 for mtu, cells in by_mtu.items():
                     if t.set_mtu is not None and mtu != mtu_now:
+                        assert t.lab is not None
                         t.set_mtu(mtu)
                         t.env = t.lab.env()
                     mtu_now = mtu
@@ -336,20 +345,20 @@ def run_bench(opts: BenchOptions, on_cell: ProgressFn | None = None,
                         if on_start:
                             on_start(mtu, engine, placement)
                         res = run_one(t, mtu, engine, placement, opts)
-                        res["repeat"] = rep
+                        res.repeat = rep
                         results.append(res)
-                        doc["summary"] = summarize_cells(results)
+                        doc.summary = summarize_cells(results)
                         if opts.json_path:
                             write_json(opts.json_path, doc)
                         if on_cell:
                             on_cell(res)
-        doc["complete"] = True
+        doc.complete = True
     except KeyboardInterrupt:
         # Whatever was measured is kept (and written below), marked incomplete.
         raise Interrupted(doc) from None
     finally:
-        busy.after(env["machine"])
-        doc["warnings"] = busy.warnings(env["machine"], results)
+        busy.after(machine)
+        doc.warnings = busy.warnings(machine, results)
         if opts.json_path:
             write_json(opts.json_path, doc)
     return doc

@@ -14,24 +14,30 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait
-from typing import Any
 
 from zcnet.bench import proto
 from zcnet.bench.cpustat import CpuTimes
-from zcnet.bench.flow_worker import FlowSpec, tx_paths
+from zcnet.bench.flow_worker import Accepted, Failed, FlowSpec, Ready, Start, tx_paths
 from zcnet.bench.hist import encode_histogram, merge_encoded
 from zcnet.bench.meta import collect_env
 from zcnet.bench.proto import (
     GRACE,
-    NEED_DATA,
     Channel,
     Limits,
     LocalProtocolError,
+    Message,
+    NeedData,
     RemoteProtocolError,
     Role,
+    get,
+    get_options,
+    get_or,
 )
+from zcnet.bench.records import FlowEnd, RunResults, to_json
 from zcnet.bench.worker import FlowProc, SessionError
+from zcnet.jsonvalue import JSONObject
 from zcnet.nic.info import ifname_for_address, nic_env
 from zcnet.rx.registry import engine_names
 
@@ -67,9 +73,8 @@ class Handshake:
         try:
             while True:
                 ev = self.conn.next_event()
-                if ev is NEED_DATA:
+                if isinstance(ev, NeedData):
                     return self.WAIT
-                assert isinstance(ev, dict)
                 if ev["type"] == "error":   # the client may give up at any point, even first
                     log.warning("%s: client error: %s", self.peer, ev["message"])
                     return self.DROP
@@ -80,7 +85,7 @@ class Handshake:
                         "caps": list(proto.CAPABILITIES), "challenge": self.challenge,
                         "cpus": os.cpu_count() or 1, "limits": self.limits.to_wire()}))
                     continue
-                if not proto.check_mac(token, self.challenge, ev["mac"]):
+                if not proto.check_mac(token, self.challenge, get(ev, "mac", str)):
                     log.warning("%s: authentication failed, nothing run", self.peer)
                     self.refuse("auth", "authentication failed")
                     return self.DROP
@@ -122,10 +127,10 @@ class Session:
         self.sock.setblocking(True)
         self.chan = Channel(self.sock, self.conn)
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: Message) -> None:
         self.chan.send(msg)
 
-    def _next(self, timeout: float) -> dict[str, Any]:
+    def _next(self, timeout: float) -> Message:
         # Reads in slices of at most a second, so a server shutdown (abort) is seen promptly.
         ev = self.chan.receive(timeout, slice_s=1.0, stop=self.abort.is_set)
         if ev is None:
@@ -165,7 +170,7 @@ class Session:
         self._send({"type": "auth_ok", "host": _host_env(self.bind_host)})
         while not self.conn.closed:
             msg = self._next(self.timeout)
-            kind = msg["type"]
+            kind = get(msg, "type", str)
             if kind == "error":
                 log.warning("session %d: client error: %s", self.ident, msg["message"])
                 return
@@ -190,65 +195,70 @@ class Session:
         log.info("session %d: flow %d %s worker pid %d", self.ident, flow, spec.role, fp.pid)
         return fp
 
-    def on_open(self, msg: dict[str, Any]) -> dict[str, Any]:
-        _check_engine(msg["engine"])
-        spec = FlowSpec(role="rx", mode=msg["mode"], host=self.bind_host, engine=msg["engine"],
-                        read_size=msg["read_size"], req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-rx{msg['flow']}",
-                        engine_opts=dict(msg.get("engine_opts") or {}),
-                        verify=msg.get("verify", False), port=msg.get("port", 0))
-        fp = self._spawn(msg["flow"], spec)
-        ready = fp.expect("ready")
-        return {"type": "opened", "flow": msg["flow"], "port": ready["port"], "pid": fp.pid}
+    def on_open(self, msg: Message) -> Message:
+        flow, engine = get(msg, "flow", int), get(msg, "engine", str)
+        _check_engine(engine)
+        spec = FlowSpec(role="rx", mode=get(msg, "mode", str), host=self.bind_host, flow=flow,
+                        engine=engine, read_size=get(msg, "read_size", int),
+                        req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
+                        name=f"zcnet-rx{flow}", engine_opts=get_options(msg),
+                        verify=get_or(msg, "verify", False), port=get_or(msg, "port", 0))
+        fp = self._spawn(flow, spec)
+        ready = fp.expect(Ready)
+        return {"type": "opened", "flow": flow, "port": ready.port, "pid": fp.pid}
 
-    def on_connect(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if msg["tx"] not in tx_paths():
-            raise SessionError("unsupported", f"tx path {msg['tx']!r}; have {list(tx_paths())}")
-        spec = FlowSpec(role="tx", mode=msg["mode"], host=msg["host"], port=msg["port"],
-                        tx=msg["tx"], write_size=msg["write_size"], req_size=msg["req_size"],
-                        resp_size=msg["resp_size"], name=f"zcnet-tx{msg['flow']}",
-                        verify=msg.get("verify", False))
-        fp = self._spawn(msg["flow"], spec)
-        ready = fp.expect("ready")
-        fp.cpu = ready["cpu"]
-        return {"type": "connected", "flow": msg["flow"], "pid": fp.pid, "cpu": ready["cpu"],
-                "local_port": ready["local_port"]}
+    def on_connect(self, msg: Message) -> Message:
+        flow, tx = get(msg, "flow", int), get(msg, "tx", str)
+        if tx not in tx_paths():
+            raise SessionError("unsupported", f"tx path {tx!r}; have {list(tx_paths())}")
+        spec = FlowSpec(role="tx", mode=get(msg, "mode", str), host=get(msg, "host", str),
+                        flow=flow, port=get(msg, "port", int), tx=tx,
+                        write_size=get(msg, "write_size", int),
+                        req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
+                        name=f"zcnet-tx{flow}", verify=get_or(msg, "verify", False))
+        fp = self._spawn(flow, spec)
+        ready = fp.expect(Ready)
+        fp.cpu = ready.cpu
+        return {"type": "connected", "flow": flow, "pid": fp.pid, "cpu": ready.cpu,
+                "local_port": ready.local_port}
 
-    def on_probe(self, msg: dict[str, Any]) -> dict[str, Any]:
-        fp = self._flow(msg["flow"], "rx")
+    def on_probe(self, msg: Message) -> Message:
+        flow = get(msg, "flow", int)
+        fp = self._flow(flow, "rx")
         if fp.cpu is None:
-            fp.cpu = fp.expect("accepted")["cpu"]
-        return {"type": "probed", "flow": msg["flow"], "cpu": fp.cpu}
+            fp.cpu = fp.expect(Accepted).cpu
+        return {"type": "probed", "flow": flow, "cpu": fp.cpu}
 
-    def on_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
-        cpu = msg["cpu"]
+    def on_pin(self, msg: Message) -> Message:
+        flow, cpu = get(msg, "flow", int), get(msg, "cpu", int)
         if cpu not in os.sched_getaffinity(0):
             raise SessionError("invalid", f"CPU {cpu} is not available to the server")
         ends = [fp for (f, role), fp in self.flows.items()
-                if f == msg["flow"] and msg.get("role", role) == role]
+                if f == flow and get_or(msg, "role", role) == role]
         if not ends:
-            raise SessionError("invalid", f"no flow {msg['flow']}")
+            raise SessionError("invalid", f"no flow {flow}")
         for fp in ends:
             os.sched_setaffinity(fp.pid, {cpu})
             fp.pinned = cpu
-        return {"type": "pinned", "flow": msg["flow"], "cpu": cpu}
+        return {"type": "pinned", "flow": flow, "cpu": cpu}
 
-    def on_close(self, msg: dict[str, Any]) -> dict[str, Any]:
-        for key in [k for k in self.flows if k[0] == msg["flow"]]:
+    def on_close(self, msg: Message) -> Message:
+        flow = get(msg, "flow", int)
+        for key in [k for k in self.flows if k[0] == flow]:
             self.flows.pop(key).stop()
-        return {"type": "closed", "flow": msg["flow"]}
+        return {"type": "closed", "flow": flow}
 
-    def on_start(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def on_start(self, msg: Message) -> Message:
         """Run every flow end for ``duration``; a dead or failing worker is that flow's error."""
-        duration = msg["duration"]
+        duration = get(msg, "duration", float)
         before = CpuTimes.read()
         t0 = time.monotonic()
         ends = sorted(self.flows.values(), key=lambda fp: fp.role != "rx")  # receivers first
         for fp in ends:
             with contextlib.suppress(OSError):  # dead already: its recv below reports it
-                fp.conn.send({"cmd": "start", "duration": duration})
-        results: dict[int, dict[str, Any]] = {}
-        pending = {fp.conn: fp for fp in ends}
+                fp.conn.send(Start(duration))
+        results: dict[int, FlowEnd] = {}
+        pending: dict[Pipe, FlowProc] = {fp.conn: fp for fp in ends}
         deadline = t0 + duration + GRACE
         while pending:
             left = deadline - time.monotonic()
@@ -260,44 +270,46 @@ class Session:
             if self.sock in ready:
                 self._control_during_run()
             for c in ready:
-                if c is self.sock:
+                if not isinstance(c, Pipe):
                     continue
-                fp = pending.pop(c)   # type: ignore[call-overload]
+                fp = pending.pop(c)
                 got = fp.recv()
-                if got.get("event") == "accepted":   # never probed: the report is still queued
-                    fp.cpu = got["cpu"]
-                    pending[c] = fp               # type: ignore[index]
+                if isinstance(got, Accepted):   # never probed: the report is still queued
+                    fp.cpu = got.cpu
+                    pending[c] = fp
                     continue
-                results[id(fp)] = got if got.get("event") == "result" else _error(
-                    fp, got.get("reason", "worker failed"))
+                results[id(fp)] = got if isinstance(got, FlowEnd) else _error(
+                    fp, got.reason if isinstance(got, Failed) else "worker failed")
         seconds = time.monotonic() - t0
         cpus = CpuTimes.read().since(before)
         flows = []
         watch: set[int] = set()
         for fp in ends:
-            r = dict(results.get(id(fp)) or _error(fp, "no result"))
-            r.pop("event", None)
-            r.update(flow=fp.flow, role=fp.role, pid=fp.pid,
-                     pinned=fp.pinned if fp.pinned is not None else _pinned(fp))
-            flows.append(r)
-            # Where the flow was placed (fp.cpu, from discovery) and where it ended up.
-            watch.update(c for c in (fp.cpu, r.get("incoming_cpu"), r["pinned"])
-                         if c is not None and c >= 0)
+            end = results.get(id(fp)) or _error(fp, "no result")
+            end.flow, end.role = fp.flow, fp.role
+            flows.append(end)
+            # Where the flow was placed (fp.cpu, from discovery), where it ended up, and where
+            # its application ran.
+            pinned = fp.pinned if fp.pinned is not None else _pinned(fp)
+            watch.update(c for c in (fp.cpu, end.cpu_end, pinned) if c is not None and c >= 0)
         for fp in ends:
             fp.stop()
         self.flows.clear()
-        out = {"type": "results", "flows": flows, "seconds": seconds,
-               "cpus": {str(c): cpus[c] for c in sorted(watch) if c in cpus}}
-        hists = [h for f in flows if (h := f.pop("hist", None))]
-        if hists:
-            out["hist"] = encode_histogram(merge_encoded(hists))
-        return out
+        hists = [f.hist for f in flows if f.hist]
+        for f in flows:
+            f.hist = None  # one merged histogram goes with the results
+        run = RunResults(flows=flows, seconds=seconds,
+                         cpus={str(c): cpus[c] for c in sorted(watch) if c in cpus},
+                         hist=encode_histogram(merge_encoded(hists)) if hists else None)
+        out = to_json(run)
+        assert isinstance(out, dict)
+        return {"type": "results", **out}
 
     def _control_during_run(self) -> None:
         """The client spoke (or vanished) mid-run: only ``end`` or EOF can come; both abort."""
         self.chan.read(1.0)
         ev = self.conn.next_event()   # RemoteProtocolError ("eof") when it vanished
-        if ev is not NEED_DATA:
+        if not isinstance(ev, NeedData):
             raise SessionError("aborted", "client ended the session during the run")
 
     def _flow(self, flow: int, role: str) -> FlowProc:
@@ -312,9 +324,10 @@ class Session:
         self.flows.clear()
 
 
-def _host_env(bind_host: str) -> dict[str, Any]:
+def _host_env(bind_host: str) -> JSONObject:
     env = collect_env(lab=False)
-    out = {k: env[k] for k in ("kernel", "cpus", "cpu_model", "arch", "python", "hostname")}
+    out: JSONObject = {"kernel": env.kernel, "cpus": env.cpus, "cpu_model": env.cpu_model,
+                       "arch": env.arch, "python": env.python, "hostname": env.hostname}
     # The NIC flows arrive on, when the server listens on one interface's address.
     ifname = ifname_for_address(bind_host)
     if ifname is not None:
@@ -322,8 +335,8 @@ def _host_env(bind_host: str) -> dict[str, Any]:
     return out
 
 
-def _error(fp: FlowProc, reason: str) -> dict[str, Any]:
-    return {"event": "error", "error": reason, "role": fp.role}
+def _error(fp: FlowProc, reason: str) -> FlowEnd:
+    return FlowEnd(flow=fp.flow, role=fp.role, status="error", reason=reason)
 
 
 def _pinned(fp: FlowProc) -> int | None:
@@ -339,7 +352,7 @@ def _check_engine(name: str) -> None:
         raise SessionError("unsupported", f"rx engine {name!r}; have {engine_names()}")
 
 
-HANDLERS: dict[str, Callable[[Session, dict[str, Any]], dict[str, Any]]] = {
+HANDLERS: dict[str, Callable[[Session, Message], Message]] = {
     "open": Session.on_open,
     "connect": Session.on_connect,
     "probe": Session.on_probe,

@@ -8,6 +8,7 @@ table (see ``_line_of``); TOML syntax errors already carry tomllib's own line an
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 import sys
@@ -15,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from zcnet import quantities
 from zcnet.bench.metrics import METRICS
+from zcnet.bench.records import AxisValue
 from zcnet.errors import UsageError
 from zcnet.rx.registry import engine_names
 from zcnet.userfile import FileProblem, read_text
@@ -27,6 +29,16 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+# What a TOML document holds (tomllib's types).
+TomlValue: TypeAlias = (str | int | float | bool | datetime.datetime | datetime.date
+                        | datetime.time | list["TomlValue"] | dict[str, "TomlValue"])
+TomlTable: TypeAlias = dict[str, TomlValue]
+Path_ = tuple[str | int, ...]  # a key's place in the document: tables, array indexes, the key
+T = TypeVar("T")
 
 TOOLS = ("bench", "txbench")
 # The built-in specs are a few KiB; a file far larger than any spec is a wrong path.
@@ -41,7 +53,7 @@ TABLES = ("grid", "ab", "mpstat")
 PLOTS = ("throughput-vs-mtu", "cpu-breakdown", "pps-per-mode")
 
 # The values a matrix axis may take, and the table each one's values are checked against.
-AXES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+AXES: dict[str, tuple[type[str] | type[int], tuple[AxisValue, ...] | None]] = {
     "mtu": (int, None),
     "engine": (str, ENGINES),
     "placement": (str, ("same", "split")),
@@ -67,8 +79,8 @@ class Substitution:
     that was given (ifname, remote) or what the kernel offers (zcrx_copy: zcrx's copy mode)."""
 
     axis: str
-    value: Any
-    lab: Any
+    value: AxisValue
+    lab: AxisValue
     why: str
     unless: tuple[str, ...] = ("ifname",)
 
@@ -78,7 +90,7 @@ class Spec:
     name: str
     title: str
     tool: str
-    matrix: dict[str, list[Any]]
+    matrix: dict[str, list[AxisValue]]
     duration: float = 2.0
     repeat: int = 1
     peers: tuple[str, ...] = ()
@@ -91,7 +103,7 @@ class Spec:
     columns: str = ""
     metric: str = "gbps"
     extra: tuple[str, ...] = ()
-    baseline: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, AxisValue] = field(default_factory=dict)
     per_cpu: bool = False
     plots: tuple[str, ...] = ()
     source: str = ""
@@ -145,14 +157,14 @@ class _Checker:
         self.text = text
         self.source = source
 
-    def fail(self, path: tuple[str | int, ...], problem: str, hint: str | None = None) -> SpecError:
+    def fail(self, path: Path_, problem: str, hint: str | None = None) -> SpecError:
         line = _line_of(self.text, path)
         where = f"{self.source}:{line}" if line else self.source
         dotted = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path)
         dotted = dotted.replace(".[", "[")
         return SpecError(f"{where}: key '{dotted}': {problem}", hint)
 
-    def table(self, doc: dict[str, Any], name: str, *, required: bool) -> dict[str, Any]:
+    def table(self, doc: TomlTable, name: str, *, required: bool) -> TomlTable:
         val = doc.get(name)
         if val is None:
             if required:
@@ -162,31 +174,63 @@ class _Checker:
             raise self.fail((name,), "must be a table")
         return val
 
-    def unknown(self, tbl: dict[str, Any], path: tuple[str | int, ...], allowed: set[str]) -> None:
+    def unknown(self, tbl: TomlTable, path: Path_, allowed: set[str]) -> None:
         for key in tbl:
             if key not in allowed:
                 raise self.fail((*path, key), "unknown key",
                                 "allowed here: " + ", ".join(sorted(allowed)))
 
-    def get(self, tbl: dict[str, Any], path: tuple[str | int, ...], kind: type | tuple[type, ...],
-            default: Any = None, *, required: bool = False,
-            check: Callable[[Any], str | None] | None = None) -> Any:
-        key = path[-1]
-        if key not in tbl:
-            if required:
-                raise self.fail(path, "missing")
-            return default
-        val = tbl[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        ok = isinstance(val, kinds) and not (isinstance(val, bool) and bool not in kinds)
-        if not ok:
+    def typed(self, val: TomlValue, path: Path_, kinds: tuple[type, ...]) -> None:
+        """Refuse ``val`` unless it is of one of ``kinds`` (true is not a number here)."""
+        if not isinstance(val, kinds) or (isinstance(val, bool) and bool not in kinds):
             names = " or ".join(k.__name__ for k in kinds)
             raise self.fail(path, f"expected {names}, got {type(val).__name__} {val!r}")
+
+    def need(self, tbl: TomlTable, path: Path_, kind: type[T],
+             check: Callable[[T], str | None] | None = None) -> T:
+        """The value at ``path``, which must be there and of ``kind``."""
+        if path[-1] not in tbl:
+            raise self.fail(path, "missing")
+        return self._checked(tbl[str(path[-1])], path, kind, check)
+
+    def get(self, tbl: TomlTable, path: Path_, kind: type[T], default: T,
+            check: Callable[[T], str | None] | None = None) -> T:
+        """The value at ``path`` of ``kind`` (``default`` where the key is left out)."""
+        if path[-1] not in tbl:
+            return default
+        return self._checked(tbl[str(path[-1])], path, kind, check)
+
+    def _checked(self, val: TomlValue, path: Path_, kind: type[T],
+                 check: Callable[[T], str | None] | None) -> T:
+        if not isinstance(val, kind) or (isinstance(val, bool) and kind is not bool):
+            raise self.fail(path, f"expected {kind.__name__}, got {type(val).__name__} {val!r}")
         if check and (problem := check(val)):
             raise self.fail(path, problem)
         return val
 
-    def str_list(self, tbl: dict[str, Any], path: tuple[str | int, ...],
+    def number(self, tbl: TomlTable, path: Path_, default: float,
+               check: Callable[[float], str | None] | None = None) -> float:
+        """A number (an integer or a float) at ``path``, as a float."""
+        val = tbl.get(str(path[-1]), default)
+        self.typed(val, path, (int, float))
+        assert isinstance(val, (int, float))
+        if check and (problem := check(val)):
+            raise self.fail(path, problem)
+        return float(val)
+
+    def axis_value(self, tbl: TomlTable, path: Path_, kind: type[str] | type[int],
+                   check: Callable[[AxisValue], str | None] | None = None) -> AxisValue:
+        """A value of a matrix axis (``kind`` as ``AXES`` says), which must be there."""
+        if path[-1] not in tbl:
+            raise self.fail(path, "missing")
+        val = tbl[str(path[-1])]
+        self.typed(val, path, (kind,))
+        assert isinstance(val, (str, int))
+        if check and (problem := check(val)):
+            raise self.fail(path, problem)
+        return val
+
+    def str_list(self, tbl: TomlTable, path: Path_,
                  choices: tuple[str, ...]) -> tuple[str, ...]:
         vals = self.get(tbl, path, list, [])
         for v in vals:
@@ -197,11 +241,12 @@ class _Checker:
         return tuple(vals)
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
-    return lambda v: None if v in choices else f"{v!r} is not one of: {', '.join(choices)}"
+def _one_of(choices: tuple[AxisValue, ...]) -> Callable[[AxisValue], str | None]:
+    return lambda v: None if v in choices else \
+        f"{v!r} is not one of: {', '.join(map(str, choices))}"
 
 
-def _quantity(name: str) -> Callable[[Any], str | None]:
+def _quantity(name: str) -> Callable[[float], str | None]:
     """The one range of quantity ``name`` (``zcnet.quantities``), as a spec check."""
     return lambda v: quantities.problem(name, v)
 
@@ -210,13 +255,14 @@ def _quantity(name: str) -> Callable[[Any], str | None]:
 AXIS_QUANTITIES = {"mtu": "mtu", "payload": "payload", "burst": "burst"}
 
 
-def _axis_values(ck: _Checker, axis: str, vals: Any) -> list[Any]:
+def _axis_values(ck: _Checker, axis: str, vals: TomlValue) -> list[AxisValue]:
     path = ("matrix", axis)
     if axis not in AXES:
         raise ck.fail(path, "unknown matrix axis", "axes: " + ", ".join(AXES))
     if not isinstance(vals, list) or not vals:
         raise ck.fail(path, "expected a non-empty list")
     kind, choices = AXES[axis]
+    out: list[AxisValue] = []
     for v in vals:
         if not isinstance(v, kind) or isinstance(v, bool):
             raise ck.fail(path, f"expected a list of {kind.__name__}, found {v!r}")
@@ -224,14 +270,15 @@ def _axis_values(ck: _Checker, axis: str, vals: Any) -> list[Any]:
             raise ck.fail(path, f"{v!r} is not one of: {', '.join(map(str, choices))}")
         if axis in AXIS_QUANTITIES and (why := quantities.problem(AXIS_QUANTITIES[axis], v)):
             raise ck.fail(path, why)
-    if len(set(vals)) != len(vals):
+        out.append(v)
+    if len(set(out)) != len(out):
         raise ck.fail(path, "values repeat")
-    return list(vals)
+    return out
 
 
 def parse_spec(text: str, source: str = "<spec>") -> Spec:
     try:
-        doc = tomllib.loads(text)
+        doc: TomlTable = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}", "fix the syntax at that line") from None
     except RecursionError:   # tomllib recurses per nested array or inline table
@@ -242,11 +289,11 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
 
     exp = ck.table(doc, "experiment", required=True)
     ck.unknown(exp, ("experiment",), {"name", "title", "tool", "seed", "about"})
-    name = ck.get(exp, ("experiment", "name"), str, required=True,
-                  check=lambda v: None if re.fullmatch(r"[a-z0-9][a-z0-9\-]*", v)
-                  else "use lowercase letters, digits and '-'")
-    title = ck.get(exp, ("experiment", "title"), str, required=True)
-    tool = ck.get(exp, ("experiment", "tool"), str, required=True, check=_one_of(TOOLS))
+    name = ck.need(exp, ("experiment", "name"), str,
+                   check=lambda v: None if re.fullmatch(r"[a-z0-9][a-z0-9\-]*", v)
+                   else "use lowercase letters, digits and '-'")
+    title = ck.need(exp, ("experiment", "title"), str)
+    tool = ck.need(exp, ("experiment", "tool"), str, check=_one_of(TOOLS))
 
     mat = ck.table(doc, "matrix", required=True)
     matrix = {axis: _axis_values(ck, axis, vals) for axis, vals in mat.items()}
@@ -263,8 +310,7 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
 
     run = ck.table(doc, "run", required=False)
     ck.unknown(run, ("run",), {"duration", "repeat", "peers"})
-    duration = float(ck.get(run, ("run", "duration"), (int, float), 2.0,
-                            check=_quantity("duration")))
+    duration = ck.number(run, ("run", "duration"), 2.0, check=_quantity("duration"))
     repeat = ck.get(run, ("run", "repeat"), int, 1, check=_quantity("repeat"))
     peers = ck.str_list(run, ("run", "peers"), ("iperf3", "sockperf"))
 
@@ -278,17 +324,16 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
             raise ck.fail(p, f"expected a table, got {type(s).__name__} {s!r}",
                           "write each substitution as a [[substitute]] table")
         ck.unknown(s, p, {"axis", "value", "lab", "why", "unless"})
-        axis = ck.get(s, (*p, "axis"), str, required=True,
-                      check=lambda v: None if v in matrix else "not an axis of [matrix]")
+        axis = ck.need(s, (*p, "axis"), str,
+                       check=lambda v: None if v in matrix else "not an axis of [matrix]")
         kind, choices = AXES[axis]
-        value = ck.get(s, (*p, "value"), kind, required=True)
-        lab = ck.get(s, (*p, "lab"), kind, required=True,
-                     check=_one_of(choices) if choices else None)
-        why = ck.get(s, (*p, "why"), str, required=True)
-        unless = ck.get(s, (*p, "unless"), (str, list), "ifname")
-        if isinstance(unless, str):
-            unless = [unless]
-        unless = ck.str_list({"unless": unless}, (*p, "unless"), UNLESS)
+        value = ck.axis_value(s, (*p, "value"), kind)
+        lab = ck.axis_value(s, (*p, "lab"), kind, check=_one_of(choices) if choices else None)
+        why = ck.need(s, (*p, "why"), str)
+        given = s.get("unless", "ifname")
+        ck.typed(given, (*p, "unless"), (str, list))
+        unless = ck.str_list({"unless": [given] if isinstance(given, str) else given},
+                             (*p, "unless"), UNLESS)
         subs.append(Substitution(axis, value, lab, why, unless))
 
     nic = ck.table(doc, "nic", required=False)
@@ -308,10 +353,11 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
                       "a grid table needs both rows and columns")
     metric = ck.get(rep, ("report", "metric"), str, "gbps", check=_one_of(metric_names))
     extra = ck.str_list(rep, ("report", "extra"), metric_names)
-    baseline = ck.get(rep, ("report", "baseline"), dict, {})
-    for axis, val in baseline.items():
-        if axis not in matrix or val not in matrix[axis]:
+    baseline: dict[str, AxisValue] = {}
+    for axis, val in ck.get(rep, ("report", "baseline"), dict, {}).items():
+        if axis not in matrix or not isinstance(val, (str, int)) or val not in matrix[axis]:
             raise ck.fail(("report", "baseline"), f"{axis}={val!r} is not in [matrix]")
+        baseline[axis] = val
     if table == "ab" and not baseline:
         raise ck.fail(("report", "baseline"), "an ab table needs a baseline")
     per_cpu = ck.get(rep, ("report", "per_cpu"), bool, False)
@@ -339,7 +385,7 @@ def load_spec(path: str | Path) -> Spec:
 # --- built-in specs ------------------------------------------------------------------------------
 
 
-def _builtin_dir() -> Any:
+def _builtin_dir() -> Traversable:
     return resources.files("zcnet") / "experiments"
 
 

@@ -12,17 +12,21 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zcnet.pattern import PERIOD, TILED, pattern_view
-from zcnet.tx.devmem import open_tx_dmabuf
+from zcnet.tx.devmem import DmabufMemory, open_tx_dmabuf
 from zcnet.tx.senders import make_sender
 from zcnet.tx.sendzc import send_buffer
+from zcnet.tx.slots import SendStats
+
+if TYPE_CHECKING:
+    from zcnet.tx.slots import SendBuffer
 
 
-def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, dict[str, Any]]:
+def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, SendStats]:
     chunk = min(chunk, PERIOD)
     mv = memoryview(TILED)
     sent = 0
@@ -33,11 +37,11 @@ def _send_copy(sock: socket.socket, duration: float, chunk: int) -> tuple[int, d
             start = sent % PERIOD
             sent += sock.send(mv[start:start + chunk])
         calls += 8
-    return sent, {"kind": "copy", "path": "copy", "sends": calls, "bytes": sent}
+    return sent, SendStats(kind="copy", path="copy", sends=calls, bytes=sent)
 
 
 def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
-              verify: bool) -> tuple[int, dict[str, Any]]:
+              verify: bool) -> tuple[int, SendStats]:
     slots, chunk = 8, min(chunk, 256 << 10)
     pos = 0
 
@@ -49,7 +53,7 @@ def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
     with contextlib.ExitStack() as stack:
         if tx == "devmem":  # the device reads the payload from a dma-buf bound to it
             dmabuf = stack.enter_context(open_tx_dmabuf(sock, slots * chunk))
-            mem: Any = dmabuf
+            mem: SendBuffer | DmabufMemory = dmabuf
             buf = np.frombuffer(dmabuf.view, dtype=np.uint8)
             writing = dmabuf.cpu_write()
         else:
@@ -68,11 +72,11 @@ def _send_via(sock: socket.socket, tx: str, duration: float, chunk: int,
             sender.flush()
         finally:
             sender.close()
-    return sent, sender.stats().as_dict()
+    return sent, sender.stats()
 
 
 def send_stream(sock: socket.socket, *, tx: str, duration: float, chunk: int,
-                verify: bool) -> tuple[int, dict[str, Any]]:
+                verify: bool) -> tuple[int, SendStats]:
     """Send the pattern for ``duration`` seconds by ``tx``; (bytes sent, send-path stats)."""
     if tx == "copy":
         return _send_copy(sock, duration, chunk)

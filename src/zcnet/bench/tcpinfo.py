@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import socket
-from typing import Any
 
+from zcnet.bench.records import TcpDelta
 from zcnet.uapi.tcp import SOL_TCP, TCP_INFO, tcp_info
 
-# Reported name -> tcp_info field. Counters are differenced, gauges taken at the end.
+# Reported name (a TcpDelta field) -> tcp_info field. Counters are differenced, gauges taken at
+# the end.
 COUNTERS: dict[str, str] = {
     "retrans": "tcpi_total_retrans",
     "bytes_retrans": "tcpi_bytes_retrans",
@@ -52,9 +53,9 @@ def read(sock: socket.socket) -> dict[str, int]:
     return out
 
 
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+def delta(before: dict[str, int], after: dict[str, int]) -> TcpDelta:
     """What happened on the connection between two snapshots (see module doc)."""
-    out: dict[str, Any] = {}
+    out: dict[str, int] = {}
     for key, field in COUNTERS.items():
         if field in before and field in after:
             # u32 counters wrap; a difference modulo 2**32 stays right across one wrap.
@@ -63,4 +64,4 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
     for key, field in GAUGES.items():
         if field in after:
             out[key] = after[field]
-    return out
+    return TcpDelta(**out)

@@ -20,12 +20,13 @@ import ipaddress
 import socket
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from zcnet import quantities
 from zcnet.bench.meta import Interrupted, collect_env, envelope
+from zcnet.bench.records import MeanSd, ModeSummary, ResultFile, ResultRow
 from zcnet.errors import Unsupported, UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.lab import Lab
 from zcnet.lab.sweep import before_run
 from zcnet.netns import in_netns
@@ -139,15 +140,15 @@ def burst_lengths(size: int, burst: int, sizes: Sequence[int] | None) -> list[in
     return lengths
 
 
-def _mean_sd(values: list[float]) -> dict[str, float | None]:
+def _mean_sd(values: list[float]) -> MeanSd:
     if not values:
-        return {"mean": None, "stdev": None}
-    return {"mean": statistics.fmean(values),
-            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+        return MeanSd()
+    return MeanSd(mean=statistics.fmean(values),
+                  stdev=statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def _measure(sender: BurstSender, sink: Sink | None, hw: HwCounters | None,
-             seconds: float | None, packets: int | None) -> dict[str, Any]:
+             seconds: float | None, packets: int | None) -> ResultRow:
     before = sink.snapshot(_QUIET_MS) if sink else None
     c = sender.counters
     fb0, calls0, retries0 = c.fallback_packets, c.calls, sum(c.retries.values())
@@ -155,57 +156,69 @@ def _measure(sender: BurstSender, sink: Sink | None, hw: HwCounters | None,
         hw.start()
     sent, wall, cpu = run_for(sender, None if packets else seconds, packets)
     counts = hw.stop() if hw else None
-    row: dict[str, Any] = {
-        "status": "ok",
-        "sent": sent,
-        "seconds": wall,
-        "mpps": sent / wall / 1e6 if wall > 0 else 0.0,
-        "ns_per_pkt": cpu * 1e9 / sent if sent else None,
-        "calls_per_pkt": (c.calls - calls0) / sent if sent else None,
-        "fallback_packets": c.fallback_packets - fb0,
-        "retries": sum(c.retries.values()) - retries0,
-        "instructions_per_pkt": counts["instructions"] / sent if counts and sent else None,
-        "cycles_per_pkt": counts["cycles"] / sent if counts and sent else None,
-    }
+    row = ResultRow(
+        sent=sent,
+        seconds=wall,
+        mpps=sent / wall / 1e6 if wall > 0 else 0.0,
+        ns_per_pkt=cpu * 1e9 / sent if sent else None,
+        calls_per_pkt=(c.calls - calls0) / sent if sent else None,
+        fallback_packets=c.fallback_packets - fb0,
+        retries=sum(c.retries.values()) - retries0,
+        instructions_per_pkt=counts["instructions"] / sent if counts and sent else None,
+        cycles_per_pkt=counts["cycles"] / sent if counts and sent else None,
+    )
     if sink and before is not None:
         after = sink.snapshot(_QUIET_MS)
-        for key in ("received", "bad_payload", "wrong_size"):
-            row[key] = after[key] - before[key]
-        row["drops"] = sent - row["received"]
-        row["seq_sum"] = after["seq_sum"] - before["seq_sum"]
+        row.received = after["received"] - before["received"]
+        row.bad_payload = after["bad_payload"] - before["bad_payload"]
+        row.wrong_size = after["wrong_size"] - before["wrong_size"]
+        row.drops = sent - row.received
+        row.seq_sum = after["seq_sum"] - before["seq_sum"]
     return row
 
 
-def _summarize(rows: list[dict[str, Any]], modes: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _total(ok: list[ResultRow], values: list[int | None]) -> int | None:
+    """A count summed over a mode's rows, or None unless every row has it."""
+    return sum(v for v in values if v is not None) if None not in values and ok else None
+
+
+def _summarize(rows: list[ResultRow], modes: Sequence[str]) -> dict[str, ModeSummary]:
+    out: dict[str, ModeSummary] = {}
     for mode in modes:
-        mine = [r for r in rows if r["mode"] == mode]
-        ok = [r for r in mine if r["status"] == "ok"]
+        mine = [r for r in rows if r.mode == mode]
+        ok = [r for r in mine if r.ok]
         if not ok:
-            out[mode] = {"status": mine[0]["status"] if mine else "missing",
-                         "reason": mine[0].get("reason", "") if mine else "not measured"}
+            out[mode] = (ModeSummary(status=mine[0].status, reason=mine[0].reason) if mine
+                         else ModeSummary(status="missing", reason="not measured"))
             continue
-        entry: dict[str, Any] = {"status": "ok"}
-        for metric in ("mpps", "ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"):
-            vals = [r[metric] for r in ok if r.get(metric) is not None]
-            entry[metric] = _mean_sd(vals)
-        for total in ("sent", "received", "drops", "bad_payload", "wrong_size",
-                      "fallback_packets", "retries"):
-            if all(total in r for r in ok):
-                entry[total] = sum(r[total] for r in ok)
-        entry["notes"] = sorted({n for r in ok for n in r.get("notes", [])})
-        out[mode] = entry
-    base = out.get(BASELINE, {}).get("mpps", {}).get("mean") if BASELINE in out else None
+
+        def stat(values: list[float | None]) -> MeanSd:
+            return _mean_sd([v for v in values if v is not None])
+
+        out[mode] = ModeSummary(
+            status="ok", mpps=stat([r.mpps for r in ok]),
+            ns_per_pkt=stat([r.ns_per_pkt for r in ok]),
+            instructions_per_pkt=stat([r.instructions_per_pkt for r in ok]),
+            cycles_per_pkt=stat([r.cycles_per_pkt for r in ok]),
+            sent=_total(ok, [r.sent for r in ok]), received=_total(ok, [r.received for r in ok]),
+            drops=_total(ok, [r.drops for r in ok]),
+            bad_payload=_total(ok, [r.bad_payload for r in ok]),
+            wrong_size=_total(ok, [r.wrong_size for r in ok]),
+            fallback_packets=_total(ok, [r.fallback_packets for r in ok]),
+            retries=_total(ok, [r.retries for r in ok]),
+            notes=sorted({n for r in ok for n in r.notes}))
+    base_mode = out.get(BASELINE)
+    base = base_mode.mpps.mean if base_mode is not None and base_mode.mpps else None
     for entry in out.values():
-        mean = entry.get("mpps", {}).get("mean") if entry.get("status") == "ok" else None
-        entry["vs_single"] = mean / base if base and mean is not None else None
+        mean = entry.mpps.mean if entry.status == "ok" and entry.mpps else None
+        entry.vs_single = mean / base if base and mean is not None else None
     return out
 
 
 def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int = 32,
                 sizes: Sequence[int] | None = None, duration: float | None = 1.0,
                 packets: int | None = None, repeat: int = 5, dst: str | None = None,
-                lab: bool = True, mtu: int = 1500, ipv6: bool = False) -> dict[str, Any]:
+                lab: bool = True, mtu: int = 1500, ipv6: bool = False) -> ResultFile:
     """Measure each mode ``repeat`` times; returns the ``txbench`` JSON envelope.
 
     Traffic goes into a sink in a fresh lab (``lab=True``), to a sink on loopback (``lab=False``),
@@ -235,14 +248,16 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
     if dst is not None:
         parse_dst(dst)  # a bad address fails before anything is set up
     shape = tuple(sorted(set(lengths)))
-    params = {"payload": size if sizes is None else ",".join(map(str, sizes)), "burst": burst}
+    cell = ResultRow(payload=size if sizes is None else ",".join(map(str, sizes)), burst=burst)
     with contextlib.ExitStack() as stack:
         sink: Sink | None = None
-        env_extra: dict[str, Any] = {}
+        target: JSONValue = None
+        nic: JSONObject | None = None
+        lab_env: JSONObject = {}
         if dst is not None:
             addr, port = parse_dst(dst)
             dest = UdpDestination(addr, port)
-            env_extra["target"] = dst
+            target = dst
         elif lab:
             before_run()  # stale labs go; others are announced (log warnings)
             the_lab = stack.enter_context(Lab(mtu=mtu, ipv6=ipv6))
@@ -252,41 +267,40 @@ def run_txbench(*, modes: Sequence[str] = ALL_MODES, size: int = 64, burst: int 
             sink = stack.enter_context(
                 Sink(bind, shape, spawn=functools.partial(the_lab.ns_exec, the_lab.ns_b)))
             dest = UdpDestination(bind, sink.port, sender_netns=the_lab.ns_a)
-            env_extra.update(the_lab.env())
-            env_extra["nic"] = nic_env(the_lab.if_a, the_lab.ns_a)  # the sending interface
+            lab_env = {k: v for k, v in the_lab.env().items() if k != "lab"}
+            nic = nic_env(the_lab.if_a, the_lab.ns_a)  # the sending interface
         else:
             bind = "::1" if ipv6 else "127.0.0.1"
             sink = stack.enter_context(Sink(bind, shape))
             dest = UdpDestination(bind, sink.port)
-            env_extra["target"] = "loopback"
-            env_extra["nic"] = nic_env("lo")
+            target = "loopback"
+            nic = nic_env("lo")
         hw = HwCounters.open()
         if hw:
             stack.callback(hw.close)
-        env_extra["hw_counters"] = "yes" if hw else NO_COUNTERS
-        by_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        env = collect_env(lab=dst is None and lab, target=target, nic=nic,
+                          hw_counters="yes" if hw else NO_COUNTERS, extra=lab_env)
+        by_mode: dict[str, list[ResultRow]] = {mode: [] for mode in modes}
 
-        def document(complete: bool) -> dict[str, Any]:
+        def document(complete: bool) -> ResultFile:
             rows = [row for mode in modes for row in by_mode[mode]]
-            in_lab = bool(env_extra.get("lab", False))
-            extra = {k: v for k, v in env_extra.items() if k != "lab"}
-            doc = envelope("txbench", collect_env(lab=in_lab, **extra), rows, complete=complete)
-            doc["summary"] = _summarize(rows, modes)
-            doc["not_measured"] = NOT_MEASURED
+            doc = envelope("txbench", env, rows)
+            doc.complete = complete
+            doc.summary = _summarize(rows, modes)
+            doc.not_measured = NOT_MEASURED
             return doc
 
         try:
-            _run_modes(stack, by_mode, dest, lengths, sink, hw, duration, packets, repeat,
-                       params)
+            _run_modes(stack, by_mode, dest, lengths, sink, hw, duration, packets, repeat, cell)
         except KeyboardInterrupt:
             raise Interrupted(document(False)) from None
         return document(True)
 
 
-def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]],
+def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[ResultRow]],
                dest: UdpDestination, lengths: list[int], sink: Sink | None, hw: HwCounters | None,
                duration: float | None, packets: int | None, repeat: int,
-               params: dict[str, Any]) -> None:
+               cell: ResultRow) -> None:
     """Repeats go round-robin over the modes (A B C A B C ...), so a load change on the machine
     spreads over all modes instead of landing on one; each row is appended to ``rows[mode]``
     as soon as it is measured (an interrupted run keeps them)."""
@@ -301,17 +315,17 @@ def _run_modes(stack: contextlib.ExitStack, rows: dict[str, list[dict[str, Any]]
         try:
             senders[mode] = sender = _factory(mode)(sock, lengths)
         except Unsupported as exc:
-            rows[mode] = [{"mode": mode, **params, "repeat": i, "status": "unsupported",
-                           "reason": exc.message} for i in range(repeat)]
+            rows[mode] = [replace(cell, mode=mode, repeat=i, status="unsupported",
+                                  reason=exc.message) for i in range(repeat)]
             continue
         stack.callback(sender.close)
         if packets is None:
             run_for(sender, seconds=min(_WARMUP_S, duration or _WARMUP_S))
     for i in range(repeat):
         for mode, sender in senders.items():
-            row = {"mode": mode, **params, "repeat": i,
-                   **_measure(sender, sink, hw, duration, packets)}
+            row = replace(_measure(sender, sink, hw, duration, packets), mode=mode,
+                          payload=cell.payload, burst=cell.burst, repeat=i)
             notes = getattr(sender, "notes", None)
             if notes:
-                row["notes"] = list(notes)
+                row.notes = list(notes)
             rows[mode].append(row)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TypeVar
 
-from zcnet.bench.flow_worker import FlowSpec, flow_main
+from zcnet.bench.flow_worker import Failed, FlowSpec, Unsupported, WorkerEvent, flow_main
 from zcnet.bench.remote import timeout_scale
 
 WORKER_TIMEOUT = 20.0     # a worker's ready / accepted report
@@ -27,7 +27,7 @@ class SessionError(Exception):
 
 # A worker's error code -> the session's (a usage mistake in the request, or a failure).
 _WORKER_CODES = {"invalid": "invalid", "worker": "worker"}
-
+E = TypeVar("E", bound=WorkerEvent)
 
 
 class FlowProc:
@@ -37,7 +37,7 @@ class FlowProc:
         self.flow = flow
         self.role = spec.role
         self.conn, child = CTX.Pipe()
-        self.proc: BaseProcess = CTX.Process(target=flow_main, args=(spec.to_dict(), child),
+        self.proc: BaseProcess = CTX.Process(target=flow_main, args=(spec, child),
                                               name=f"zcnet-{spec.role}{flow}")
         self.proc.start()
         child.close()
@@ -49,27 +49,29 @@ class FlowProc:
         assert self.proc.pid is not None
         return self.proc.pid
 
-    def expect(self, event: str, timeout: float | None = None) -> dict[str, Any]:
+    def expect(self, event: type[E], timeout: float | None = None) -> E:
         if timeout is None:
             timeout = WORKER_TIMEOUT * timeout_scale()  # slow machines (a TCG guest) scale it
         if not self.conn.poll(timeout):
-            raise SessionError("worker", f"flow {self.flow} {self.role} worker: no {event} "
-                               f"within {timeout:.0f} s")
+            raise SessionError("worker", f"flow {self.flow} {self.role} worker: no "
+                               f"{event.__name__.lower()} within {timeout:.0f} s")
         msg = self.recv()
-        if msg.get("event") != event:
-            code = "unsupported" if msg.get("event") == "unsupported" else \
-                _WORKER_CODES.get(msg.get("code"), "worker")
-            raise SessionError(code, msg.get("reason") or f"unexpected {msg.get('event')}")
-        return msg
+        if isinstance(msg, event):
+            return msg
+        if isinstance(msg, Unsupported):
+            raise SessionError("unsupported", msg.reason)
+        if isinstance(msg, Failed):
+            raise SessionError(_WORKER_CODES.get(msg.code, "worker"), msg.reason)
+        raise SessionError("worker", f"unexpected {type(msg).__name__}")
 
-    def recv(self) -> dict[str, Any]:
-        """The worker's next message; a dead worker reads as an error event."""
+    def recv(self) -> WorkerEvent:
+        """The worker's next message; a dead worker reads as a failure."""
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):
             self.proc.join(1)
-            return {"event": "error", "reason": f"{self.role} worker died ({self._how()})"}
-        return msg if isinstance(msg, dict) else {"event": "error", "reason": "bad message"}
+            return Failed(f"{self.role} worker died ({self._how()})")
+        return msg if isinstance(msg, WorkerEvent) else Failed("bad message")
 
     def _how(self) -> str:
         code = self.proc.exitcode

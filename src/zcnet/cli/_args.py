@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from zcnet import quantities
 from zcnet.errors import UsageError
 from zcnet.nic.ifname import ifname_problem
+
+# What ``register(sub)`` of each subcommand gets: argparse's subparsers of the ``zcnet`` parser.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+H = TypeVar("H", bound=Hashable)
 
 
 def number(name: str) -> Callable[[str], int | float]:
@@ -89,7 +93,33 @@ def number_list(name: str, what: str, *, unique: bool = True,
     return parse
 
 
-def unique(values: Iterable[Any]) -> list[Any]:
+def span_list(name: str, what: str, limit: int = 1024) -> Callable[[str], tuple[int, ...]]:
+    """A comma-separated list of integer quantity ``name`` in which ``A-B`` stands for A to B
+    (``2,3``, ``9000-9007``); no value twice, at most ``limit`` values."""
+    def value(text: str) -> int:
+        try:
+            return int(quantities.parse(name, text))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{what} {text.strip()!r}: {exc}") from None
+
+    def parse(text: str) -> tuple[int, ...]:
+        out: list[int] = []
+        for item in items(text, what):
+            lo, dash, hi = item.partition("-")
+            first, last = value(lo), value(hi) if dash else value(lo)
+            if first > last:
+                raise argparse.ArgumentTypeError(f"{what} range {item!r} runs backwards")
+            out.extend(range(first, last + 1))
+            if len(out) > limit:
+                raise argparse.ArgumentTypeError(f"more than {limit} {what}s in {text!r}")
+        if len(set(out)) != len(out):
+            raise argparse.ArgumentTypeError(f"a {what} is given twice in {text!r}")
+        return tuple(out)
+    parse.__name__ = f"{what} list"
+    return parse
+
+
+def unique(values: Iterable[H]) -> list[H]:
     """Values in first-seen order without repeats (for repeatable options)."""
     return list(dict.fromkeys(values))
 

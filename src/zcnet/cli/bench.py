@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -13,7 +12,9 @@ from zcnet.bench.matrix import DEFAULT_ENGINES, PLACEMENTS, BenchOptions, verify
 from zcnet.bench.meta import Interrupted
 from zcnet.bench.peers import PEERS
 from zcnet.bench.proto import OptionValue
+from zcnet.bench.records import ResultFile, ResultRow
 from zcnet.cli._args import (
+    Subparsers,
     check_ifname,
     check_output_file,
     choice_list,
@@ -31,7 +32,7 @@ from zcnet.rx.registry import engine_names
 from zcnet.tx.senders import KINDS
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="single-flow TCP receive benchmark (epoll vs io_uring ...)",
                        description=__doc__)
     p.add_argument("--mtu", type=number_list("mtu", "MTU"), default=None,
@@ -95,7 +96,7 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, OptionValue]:
     return opts
 
 
-def _plots(doc: dict[str, Any], json_path: str, console: Console) -> None:
+def _plots(doc: ResultFile, json_path: str, console: Console) -> None:
     """The PNG plots beside the JSON; a missing matplotlib is a note, the results stand."""
     try:
         paths = plots.plot_beside(doc, json_path)
@@ -107,7 +108,7 @@ def _plots(doc: dict[str, Any], json_path: str, console: Console) -> None:
         say(console, "plots: " + ", ".join(map(str, paths)), "dim")
 
 
-def _report(doc: dict[str, Any], args: argparse.Namespace, out: Console) -> None:
+def _report(doc: ResultFile, args: argparse.Namespace, out: Console) -> None:
     print_report(doc, out)
     if args.json and args.plots:
         _plots(doc, args.json, out)
@@ -141,15 +142,15 @@ def main(args: argparse.Namespace) -> int:
         def on_start(mtu: int, engine: str, placement: str) -> None:
             progress.start(f"{engine} mtu {mtu} {placement}")
 
-        def on_cell(r: dict[str, Any]) -> None:
-            progress.done(f"{r['engine']} mtu {r['mtu']} {r['placement']}", progress_text(r))
+        def on_cell(r: ResultRow) -> None:
+            progress.done(f"{r.engine} mtu {r.mtu} {r.placement}", progress_text(r))
 
         try:
             doc = run_bench(opts, on_cell, on_start)
         except Interrupted as stop:
             progress.stop()
             _report(stop.doc, args, out)
-            kept = len(stop.doc["results"])
+            kept = len(stop.doc.results)
             where = f" in {args.json}" if args.json else " (pass --json to keep them)"
             print(f"zcnet: interrupted: {kept} of {total} cells measured{where}",
                   file=sys.stderr)
@@ -157,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
     _report(doc, args, out)
     if args.json:
         say(out, f"results written to {args.json}", "dim")
-    if opts.verify and verify_failed(doc):
+    if opts.verify and verify_failed(doc.results):
         print("zcnet: error: received data did not match what was sent", file=sys.stderr)
         return 1
     return 0

@@ -8,18 +8,18 @@ import csv
 import io
 import re
 import sys
-from typing import Any
 
 from zcnet import quantities
 from zcnet.bench import client
 from zcnet.bench.authtoken import read_token
 from zcnet.bench.client import ClientOptions, ClientResult
-from zcnet.bench.hist import PERCENTILE_KEYS
 from zcnet.bench.meta import collect_env, envelope, write_json
 from zcnet.bench.proto import OptionValue
+from zcnet.bench.records import Env, Latency, ResultRow, to_json
 from zcnet.bench.remote import RemoteServer
-from zcnet.cli._args import check_output_file, number
+from zcnet.cli._args import Subparsers, check_output_file, number
 from zcnet.errors import UsageError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.report.export import make_console, print_tables, write_text
 from zcnet.report.tables import Table, fmt_share, mpstat_columns, mpstat_legend
 from zcnet.rx.registry import engine_names
@@ -39,7 +39,7 @@ def size(text: str) -> int:
     return value
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("client", help="run flows between two zcnet servers (kperf-style)",
                        description="Open flows from the --src server to the --dst server, place "
                        "them by RX CPU, run them, and report throughput or latency, per-CPU "
@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-host", metavar="ADDR",
                    help="address the flows connect to on dst (default: dst's control host)")
     p.add_argument("--data-port", type=number("port"), metavar="PORT",
-                   help="receive flow N on PORT+N on dst (the port a `zcnet nic setup --port` "
-                        "rule steers to the zero-copy queue); default: any free port")
+                   help="receive flow N on PORT+N on dst (the ports `zcnet nic setup --port "
+                        "PORT-...` steers to the zero-copy queues); default: any free port")
     p.add_argument("--rx-engine", default="epoll",
                    help=f"receive engine on dst: {', '.join(engine_names())} (default epoll)")
     p.add_argument("--rx-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -132,12 +132,13 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.csv, "--csv")
     console = make_console()
 
-    def env(servers: Any) -> dict[str, Any]:
-        return collect_env(lab=False, src=opts.src, dst=opts.dst, mode=opts.mode,
-                           placement={"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
-                                      "pin_off": opts.pin_off, "rx_app_cpu": opts.rx_app_cpu,
-                                      "tx_app_cpu": opts.tx_app_cpu},
-                           servers=servers)
+    def env(servers: JSONObject) -> Env:
+        return collect_env(lab=False, extra={
+            "src": opts.src, "dst": opts.dst, "mode": opts.mode,
+            "placement": {"cpu_min": opts.cpu_min, "cpu_max": opts.cpu_max,
+                          "pin_off": opts.pin_off, "rx_app_cpu": opts.rx_app_cpu,
+                          "tx_app_cpu": opts.tx_app_cpu},
+            "servers": servers})
 
     try:
         with contextlib.ExitStack() as stack:
@@ -152,28 +153,33 @@ def run(args: argparse.Namespace) -> int:
         # The flows report only at their end: an interrupted run has no figures to keep, but
         # its file says so rather than keeping an older run's results or nothing.
         if args.json:
-            write_json(args.json, envelope("client", env({}), [], complete=False,
-                                           reason="interrupted before the flows reported"))
+            doc = envelope("client", env({}), [])
+            doc.complete, doc.reason = False, "interrupted before the flows reported"
+            write_json(args.json, doc)
         print("zcnet: interrupted: no flow had reported"
               + (f"; {args.json} marks the run incomplete" if args.json else ""),
               file=sys.stderr)
         return 130
     print_tables(console, tables(result))
     if args.json:
-        write_json(args.json, envelope("client", env(result.hosts), result.flows,
-                                       summary=result.summary, cpus=result.cpus,
-                                       options=result.options, complete=True))
+        doc = envelope("client", env(dict(result.hosts)), result.flows)
+        doc.summary, doc.cpus, doc.options = result.summary, result.cpus, result.options
+        doc.complete = True
+        write_json(args.json, doc)
     if args.csv:
         write_text(args.csv, flows_csv(result.flows))
-    return 0 if result.summary["ok"] == result.summary["flows"] else 1
+    return 0 if result.summary.ok == result.summary.flows else 1
 
 
-def flows_csv(flows: list[dict[str, Any]]) -> str:
-    """One row per flow; nested dicts (tcp_tx, tcp_rx) become ``tcp_tx.retrans`` columns."""
+def flows_csv(flows: list[ResultRow]) -> str:
+    """One row per flow, its JSON fields; nested objects (tcp_tx, tcp_rx) become
+    ``tcp_tx.retrans`` columns."""
     rows = []
     for f in flows:
-        row: dict[str, Any] = {}
-        for k, v in f.items():
+        row: dict[str, JSONValue] = {}
+        flow = to_json(f)
+        assert isinstance(flow, dict)
+        for k, v in flow.items():
             if isinstance(v, dict):
                 row.update({f"{k}.{kk}": vv for kk, vv in v.items()})
             else:
@@ -187,51 +193,74 @@ def flows_csv(flows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _fmt(v: Any, digits: int = 2) -> str:
+def _fmt(v: int | float | None, digits: int = 2) -> str:
     if v is None:
         return "-"
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def _perf(f: ResultRow, rr: bool) -> list[str]:
+    """A flow's rate (and latency percentiles): n/a for a failed flow, whose figures were not
+    measured (never 0)."""
+    if not rr:
+        return [_fmt(f.gbps) if f.ok else "n/a"]
+    lat = f.latency or Latency()
+    return [_fmt(v, digits) if f.ok else "n/a"
+            for v, digits in ((f.tps, 0), *((p, 2) for _, p in lat.percentiles()))]
+
+
+def _zero_copy(f: ResultRow) -> str:
+    """A flow's zero-copy share: ``-`` for a copying engine, ``?`` unknown (a note says why)."""
+    if not f.tracks_copies() or not f.ok:
+        return "-" if f.ok else "n/a"
+    share = f.zero_copy_share()
+    return f"{share:.0f}" if share is not None else "?"
+
+
 def tables(result: ClientResult) -> list[Table]:
-    rr = result.summary["mode"] == "rr"
-    perf = ["tps", *PERCENTILE_KEYS] if rr else ["gbps"]
-    heads = ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app",
-             *("tps" if k == "tps" else k.removesuffix("_us") + " us" for k in perf)] \
-        if rr else ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app", "Gbit/s"]
-    heads += ["retrans", "rtt us", "cwnd"]
+    s = result.summary
+    rr = s.mode == "rr"
+    heads = ["flow", "status", "rx cpu", "rx app", "tx cpu", "tx app"]
+    heads += (["tps", *(f"{label} us" for label, _ in Latency().percentiles())] if rr
+              else ["Gbit/s"])
+    copies = any(f.tracks_copies() for f in result.flows)
+    heads += ["zc %"] * copies + ["retrans", "rtt us", "cwnd"]
     rows = []
     notes = []
     for f in result.flows:
-        tcp = f.get("tcp_tx", {})
-        ok = f["status"] == "ok"  # a failed flow's figures were not measured: n/a, not 0
-        rows.append([str(f["flow"]), f["status"], _fmt(f["rx_cpu"]), _fmt(f["rx_app_cpu"]),
-                     _fmt(f["tx_cpu"]), _fmt(f["tx_app_cpu"]),
-                     *(_fmt(f.get(k), 0 if k == "tps" else 2) if ok else "n/a" for k in perf),
-                     _fmt(tcp.get("retrans")), _fmt(tcp.get("rtt_us")), _fmt(tcp.get("snd_cwnd"))])
-        if f.get("error"):
-            notes.append(f"warning: flow {f['flow']}: {f['error']}")
-    s = result.summary
+        tcp = f.tcp_tx
+        rows.append([str(f.flow), f.status, _fmt(f.rx_cpu), _fmt(f.rx_app_cpu),
+                     _fmt(f.tx_cpu), _fmt(f.tx_app_cpu), *_perf(f, rr),
+                     *[_zero_copy(f)] * copies,
+                     _fmt(tcp.retrans if tcp else None), _fmt(tcp.rtt_us if tcp else None),
+                     _fmt(tcp.snd_cwnd if tcp else None)])
+        if f.reason:
+            notes.append(f"warning: flow {f.flow}: {f.reason}")
+        if f.ok and (why := f.zero_copy_reason()):
+            notes.append(f"flow {f.flow}: zero-copy share unknown: {why}")
 
-    def us(key: str) -> str:
-        return f"{s[key]:.1f} us" if isinstance(s.get(key), (int, float)) else "n/a"
+    def us(value: float | None) -> str:
+        return f"{value:.1f} us" if value is not None else "n/a"
 
-    total = (f"total {s['tps']:.0f} tps, p50 {us('p50_us')}, p99 {us('p99_us')}" if rr
-             else f"total {s.get('gbps', 0):.2f} Gbit/s")
-    notes.insert(0, f"{total} over {s['ok']}/{s['flows']} flows")
+    lat = s.latency or Latency()
+    total = (f"total {s.tps or 0:.0f} tps, p50 {us(lat.p50_us)}, p99 {us(lat.p99_us)}" if rr
+             else f"total {s.gbps or 0:.2f} Gbit/s")
+    notes.insert(0, f"{total} over {s.ok}/{s.flows} flows")
     notes.append("rx/tx cpu: the CPU that ran each end's receive softirq (SO_INCOMING_CPU); "
                  "rx/tx app: the CPU each application was pinned to (- not pinned); retrans, "
-                 "rtt, cwnd: the sender's TCP_INFO")
+                 "rtt, cwnd: the sender's TCP_INFO"
+                 + ("; zc %: of the bytes received, the share the kernel did not copy (its own "
+                    "counter; - a copying engine, ? unknown)" if copies else ""))
     out = [Table("flows", heads, rows, notes, compact=True)]
     cpu_rows = []
     shares = [sh for cpus in result.cpus.values() for sh in cpus.values()]
     columns = mpstat_columns(shares)
     for side, cpus in result.cpus.items():
         for cpu, sh in sorted(cpus.items(), key=lambda kv: int(kv[0])):
-            cpu_rows.append([side, cpu, ",".join(sh.get("roles", [])) or "-",
-                             *(fmt_share(sh.get(k)) for k, _ in columns)])
+            cpu_rows.append([side, cpu, ",".join(sh.roles) or "-",
+                             *(fmt_share(sh.share(k)) for k, _ in columns)])
     out.append(Table("per-CPU (/proc/stat over the run)",
                      ["side", "cpu", "roles", *(h for _, h in columns)], cpu_rows,
-                     [mpstat_legend(columns, [sh for sh in shares if "idle" in sh])],
+                     [mpstat_legend(columns, [sh for sh in shares if sh.sampled])],
                      compact=True))
     return out

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import sys
 from pathlib import Path
-from typing import Any
 
+from zcnet import __version__
 from zcnet.bench import meta
-from zcnet.cli._args import check_output_file
+from zcnet.bench.records import ComparisonEnv, ComparisonFile, ComparisonRow, ResultFile
+from zcnet.cli._args import Subparsers, check_output_file
 from zcnet.report import export
 from zcnet.report.cells import METRICS
 from zcnet.report.compare import (
     check_comparable,
     compare,
     compare_table,
+    comparison_row,
     incomplete_notes,
-    row_dict,
 )
 from zcnet.report.export import make_console
 from zcnet.report.load import load_result
@@ -33,22 +37,23 @@ def _handler(args: argparse.Namespace) -> int:
         tables[0].notes[:0] = incomplete_notes(doc_a, doc_b)
     # Files first: whatever happens on the terminal, the comparison is kept; a file that
     # cannot be written still leaves the table on the terminal.
+    results = [comparison_row(r) for r in rows]
     try:
-        _write_files(args, doc_a, doc_b, diffs, rows, tables)
+        _write_files(args, doc_a, doc_b, diffs, results, tables)
     finally:
         export.print_tables(make_console(), tables)
     return 0
 
 
-def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[str, Any],
-                 diffs: list[str], rows: list[Any], tables: list[Table]) -> None:
+def _write_files(args: argparse.Namespace, doc_a: ResultFile, doc_b: ResultFile,
+                 diffs: list[str], rows: list[ComparisonRow], tables: list[Table]) -> None:
     if args.json:
-        env = {"a": doc_a.get("env", {}), "b": doc_b.get("env", {}), "differences": diffs}
+        doc = ComparisonFile(
+            version=__version__, argv=sys.argv[1:], files=[args.a, args.b],
+            complete=doc_a.complete is not False and doc_b.complete is not False,
+            env=ComparisonEnv(a=doc_a.env, b=doc_b.env, differences=diffs), results=rows)
         try:
-            meta.write_json(args.json, meta.envelope(
-                "compare", env, [row_dict(r) for r in rows], files=[args.a, args.b],
-                complete=doc_a.get("complete") is not False and doc_b.get("complete")
-                is not False))
+            meta.write_json(args.json, doc)
         except OSError as exc:
             raise export.unwritable(args.json, exc) from None
     if args.markdown:
@@ -57,25 +62,21 @@ def _write_files(args: argparse.Namespace, doc_a: dict[str, Any], doc_b: dict[st
         export.write_text(args.csv, _csv(rows))
 
 
-def _csv(rows: list[Any]) -> str:
-    import csv
-    import io
-
+def _csv(rows: list[ComparisonRow]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cell", "metric", "a_mean", "a_stdev", "a_n", "b_mean", "b_stdev", "b_n",
                 "ratio", "pvalue", "verdict"])
     for r in rows:
-        d = row_dict(r)
-        a, b = d["a"] or {}, d["b"] or {}
-        w.writerow([d["cell_text"], d["metric"], a.get("mean", ""), a.get("stdev", ""),
-                    a.get("n", ""), b.get("mean", ""), b.get("stdev", ""), b.get("n", ""),
-                    "" if d["ratio"] is None else d["ratio"],
-                    "" if d["pvalue"] is None else d["pvalue"], d["verdict"]])
+        a, b = r.a, r.b
+        w.writerow([r.cell_text, r.metric, a.mean if a else "", a.stdev if a else "",
+                    a.n if a else "", b.mean if b else "", b.stdev if b else "",
+                    b.n if b else "", "" if r.ratio is None else r.ratio,
+                    "" if r.pvalue is None else r.pvalue, r.verdict])
     return buf.getvalue()
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("compare", help="compare two result files cell by cell (A/B)",
                        description="Per-cell ratio of B to A with a Welch t-test verdict. Refuses "
                        "runs whose kernel, CPU model or NIC differ unless --force.")

@@ -8,14 +8,14 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from zcnet.cli._args import number, unique
+from zcnet.cli._args import Subparsers, number, unique
 from zcnet.lab import Lab
 from zcnet.lab.netdevsim import DEFAULT_QUEUES
 from zcnet.lab.sweep import LabInfo, lab_status, sweep_stale, take_down
 from zcnet.lab.topology import DEVICES, MTU_MAX, MTU_MIN
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     parser = sub.add_parser("lab", help="create, list and remove namespace labs",
                             description="Two network namespaces joined by a veth pair, "
                                         "for running benchmarks on one machine.")

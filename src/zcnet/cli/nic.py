@@ -5,25 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Mapping
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from zcnet.bench.meta import collect_env, envelope
-from zcnet.cli._args import ifname, number, unique
+from zcnet import __version__
+from zcnet.bench.meta import collect_env
+from zcnet.bench.records import NicFile, to_json
+from zcnet.cli._args import Subparsers, ifname, number, span_list, unique
 from zcnet.errors import ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.netns import netns_path
 from zcnet.nic import doctor, info, setup
 from zcnet.nic.device import Device
+from zcnet.nic.steps import queues_text
 from zcnet.rx.zc.area import udmabuf_create
 
 STATUS_STYLE = {doctor.PASS: "green", doctor.FAIL: "red", doctor.UNKNOWN: "yellow"}
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     parser = sub.add_parser("nic", help="inspect and prepare a NIC for zero-copy receive",
                             description="Header-data split, channels, RSS and flow rules for "
                                         "io_uring zcrx and devmem TCP, with a saved state to "
@@ -42,20 +46,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     doc = actions.add_parser("doctor", help="checklist for zero-copy receive; exit 0 if ready")
     common(doc)
-    doc.add_argument("--queue", type=number("queue"), default=None,
-                     help="RX queue to receive on (default: the device's last RX queue)")
+    queues(doc, required=False, help="RX queue to receive on (default: the device's last RX "
+                                     "queue)")
     doc.add_argument("--mode", choices=setup.MODES, default="zcrx")
     doc.add_argument("--json", action="store_true", help="JSON envelope on stdout")
     doc.set_defaults(func=_doctor)
 
     st = actions.add_parser("setup", help="apply the zero-copy configuration, saving the old")
     common(st)
-    st.add_argument("--queue", type=number("queue"), required=True,
-                    help="RX queue to steer the port to")
-    st.add_argument("--port", type=number("port"), required=True, help="TCP destination port")
+    queues(st, required=True, help="RX queue to steer the port to")
+    st.add_argument("--port", type=span_list("port", "port", setup.MAX_PORTS), required=True,
+                    metavar="PORT[,PORT|-PORT...]",
+                    help="TCP destination ports (9999, 9999,10000 or 9000-9007); with several "
+                         "queues and no --rss-context, port i goes to queue i mod N")
     st.add_argument("--mode", choices=setup.MODES, default="zcrx")
     st.add_argument("--rss-context", action="store_true",
-                    help="steer through a new RSS context instead of shrinking the default one")
+                    help="steer the ports to a new RSS context over the queues (flows spread "
+                         "by hash) instead of one queue per port")
     st.add_argument("--flow", action="append", choices=sorted(setup.ntuple.FLOW_TYPES),
                     help="flow types to steer (repeatable; default tcp4 and tcp6)")
     st.set_defaults(func=_setup)
@@ -63,6 +70,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rs = actions.add_parser("restore", help="undo 'zcnet nic setup' from its saved state")
     common(rs)
     rs.set_defaults(func=_restore)
+
+
+def queues(p: argparse.ArgumentParser, *, required: bool, help: str) -> None:
+    """--queue Q, or --queues Q,Q... (several queues); each a tuple: read ``args.queue or
+    args.queues``."""
+    one = number("queue")
+
+    def one_queue(text: str) -> tuple[int, ...]:
+        return (int(one(text)),)
+
+    one_queue.__name__ = "queue"  # argparse's "invalid queue value"
+    group = p.add_mutually_exclusive_group(required=required)
+    group.add_argument("--queue", type=one_queue, metavar="Q", help=help)
+    group.add_argument("--queues", type=span_list("queue", "queue"), metavar="Q[,Q|-Q...]",
+                       help="several RX queues (2,3 or 2-5)")
 
 
 def netns_name(text: str) -> str:
@@ -74,13 +96,24 @@ def netns_name(text: str) -> str:
     return text
 
 
-def _json_out(kind: str, results: list[dict[str, Any]], **extra: Any) -> None:
-    doc = envelope(kind, collect_env(lab=False), results, **extra)
-    json.dump(doc, sys.stdout, indent=2, default=str)
+def _json_out(doc: NicFile) -> None:
+    json.dump(to_json(doc), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
-def _kv_table(title: str, rows: dict[str, Any]) -> Table:
+def _nic_file(kind: str, results: list[JSONObject]) -> NicFile:
+    return NicFile(version=__version__, argv=sys.argv[1:], kind=kind,
+                   env=collect_env(lab=False), results=results)
+
+
+def _as_json(state: Mapping[str, object]) -> JSONObject:
+    """The NIC's state as JSON: what the kernel answered, values JSON lacks (bytes ...) as
+    their text."""
+    out: JSONObject = json.loads(json.dumps(state, default=str))
+    return out
+
+
+def _kv_table(title: str, rows: Mapping[str, object]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("setting", style="bold")
     table.add_column("value")
@@ -93,7 +126,7 @@ def _show(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
         state = info.show(dev)
     if args.json:
-        _json_out("nic-show", [state])
+        _json_out(_nic_file("nic-show", [_as_json(state)]))
         return 0
     console = Console(markup=False)
     drv = state["driver"]
@@ -147,7 +180,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _thread_cpu(q: dict[str, Any]) -> str:
+def _thread_cpu(q: Mapping[str, object]) -> str:
     """"-" without a NAPI thread; n/a when it has one whose CPU could not be read."""
     if "napi_thread" not in q:
         return "-"
@@ -156,12 +189,13 @@ def _thread_cpu(q: dict[str, Any]) -> str:
 
 def _doctor(args: argparse.Namespace) -> int:
     with Device.open(args.iface, args.netns) as dev:
-        args.queue = doctor.pick_queue(dev, args.queue)
-        checks = doctor.run(dev, args.queue, args.mode, dmabuf=udmabuf_create)
+        qs = doctor.pick_queues(dev, args.queue or args.queues)
+        checks = doctor.run(dev, qs, args.mode, dmabuf=udmabuf_create)
     ok = doctor.all_pass(checks)
     if args.json:
-        _json_out("nic-doctor", [c.as_dict() for c in checks], ready=ok, queue=args.queue,
-                  mode=args.mode)
+        doc = _nic_file("nic-doctor", [_as_json(c.as_dict()) for c in checks])
+        doc.ready, doc.queue, doc.queues, doc.mode = ok, qs[0], list(qs), args.mode
+        _json_out(doc)
         return 0 if ok else 1
     # Three columns, the fix under its detail: four narrow ones wrapped every cell at 80.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -174,7 +208,7 @@ def _doctor(args: argparse.Namespace) -> int:
             detail.append(f"\nfix: {c.fix}", style="dim")
         table.add_row(Text(c.status, style=STATUS_STYLE[c.status]), c.name, detail)
     console = Console(markup=False)
-    console.print(Text(f"{args.iface}: ready for {args.mode} on queue {args.queue}?",
+    console.print(Text(f"{args.iface}: ready for {args.mode} on {queues_text(qs)}?",
                        style="bold"))
     console.print(table)
     if ok:
@@ -187,8 +221,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    cfg = setup.NicConfig(args.iface, args.queue, args.port, args.mode, args.rss_context,
-                          args.netns, tuple(unique(args.flow)) if args.flow else ("tcp4", "tcp6"))
+    cfg = setup.NicConfig(args.iface, args.queue or args.queues, args.port, args.mode,
+                          args.rss_context, args.netns,
+                          tuple(unique(args.flow)) if args.flow else ("tcp4", "tcp6"))
     steps = setup.apply(cfg)
     console = Console(markup=False)
     for s in steps:

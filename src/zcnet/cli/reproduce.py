@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -11,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.spec import builtin_names, builtin_spec, builtin_text
+from zcnet.cli._args import Subparsers
 from zcnet.cli.run import add_run_options, execute
 from zcnet.report.export import make_console
 
@@ -41,7 +41,7 @@ def _handler(args: argparse.Namespace) -> int:
     return execute(builtin_spec(args.name), args)
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("reproduce", help="run a seed experiment (no NAME: list them)",
                        description="Reproduce the experiments of the seed documents on this "
                        "machine. In the lab, rows the hardware cannot run are substituted and "

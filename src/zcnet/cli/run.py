@@ -9,13 +9,13 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
 from zcnet.bench.authtoken import read_token
+from zcnet.bench.records import AxisValue, ResultFile
 from zcnet.bench.spec import Spec, load_spec
-from zcnet.cli._args import check_ifname, check_output_dir, check_output_file, number
+from zcnet.cli._args import Subparsers, check_ifname, check_output_dir, check_output_file, number
 from zcnet.cli._progress import CellProgress
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.report import export, plots
@@ -82,20 +82,20 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_dir(getattr(args, option, None), f"--{option}")
 
 
-def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
+def report(doc: ResultFile, args: argparse.Namespace, console: Console,
            name: str | None = None) -> None:
     """Write whatever report files were asked for, then print the tables.
 
     Files come first: a run's results must not depend on the terminal rendering them."""
-    name = name or (doc.get("experiment") or {}).get("name") or doc.get("kind", "zcnet")
+    name = name or (doc.experiment.name if doc.experiment else "") or doc.kind or "zcnet"
     tables = experiment_tables(doc)
     outs = _outputs(args, name)
     failed: list[ZcnetError] = []
-    for key, render in (("csv", lambda: export.to_csv(doc.get("results", []))),
+    for key, render in (("csv", lambda: export.to_csv(doc.results)),
                         ("markdown", lambda: export.to_markdown(tables))):
-        if outs[key]:
+        if (path := outs[key]) is not None:
             try:
-                export.write_text(outs[key], render())
+                export.write_text(path, render())
             except ZcnetError as exc:  # still show the tables, then fail
                 failed.append(exc)
                 outs[key] = None
@@ -111,7 +111,7 @@ def report(doc: dict[str, Any], args: argparse.Namespace, console: Console,
         say(console, "wrote " + ", ".join(written), "dim")
 
 
-def _plots(doc: dict[str, Any], where: Path, *, explicit: bool, console: Console,
+def _plots(doc: ResultFile, where: Path, *, explicit: bool, console: Console,
            beside: bool = False) -> None:
     """Plots into directory ``where``, or ``beside`` the result file ``where``."""
     try:
@@ -158,11 +158,11 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
     json_path = _outputs(args, spec.name)["json"]
     the_plan = plan(spec, rig)
     for sub in the_plan.substitutions:
-        say(err, f"substituted: {sub['text']}", "yellow")
-    doc: dict[str, Any] = {}
+        say(err, f"substituted: {sub.text}", "yellow")
+    doc: ResultFile | None = None
     total = (args.repeat or spec.repeat) * len(the_plan.cells)
     with CellProgress(err, total, spec.name) as bar:
-        def progress(done: int, total: int, cell: dict[str, Any]) -> None:
+        def progress(done: int, total: int, cell: dict[str, AxisValue]) -> None:
             if cell:
                 bar.start(" ".join(f"{k}={v}" for k, v in cell.items()))
 
@@ -171,20 +171,21 @@ def execute(spec: Spec, args: argparse.Namespace) -> int:
             for partial in iter_run(spec, rig=rig, repeat=args.repeat,
                                     json_path=json_path, progress=progress):
                 doc = partial
-                rows = doc["results"][seen:]
-                seen = len(doc["results"])
+                rows = doc.results[seen:]
+                seen = len(doc.results)
                 if rows:
                     bar.done(key_text(cell_key(rows[0])), result_text(rows, spec.metric))
         except KeyboardInterrupt:
             bar.stop()
-            kept = len(doc.get("results", []))
-            if kept:
+            kept = len(doc.results) if doc is not None else 0
+            if doc is not None and kept:
                 report(doc, args, console, spec.name)  # marked incomplete
             where = f" in {json_path}" if json_path else " (pass --out or --json to keep them)"
             print(f"zcnet: interrupted: {kept} measured rows kept{where}", file=sys.stderr)
             return 130
+    assert doc is not None  # iter_run yields at least the finished document
     report(doc, args, console, spec.name)
-    return 0 if any(r.get("status") == "ok" for r in doc.get("results", [])) else 1
+    return 0 if any(r.ok for r in doc.results) else 1
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -202,7 +203,7 @@ def _handler(args: argparse.Namespace) -> int:
     return execute(load_spec(args.spec), args)
 
 
-def register(sub: Any) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("run", help="run an experiment spec (TOML)",
                        description="Run an experiment spec: the matrix of cells, each measured "
                        "--repeat times, reported as tables (and JSON/CSV/Markdown/plots).")

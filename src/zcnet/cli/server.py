@@ -15,13 +15,13 @@ from types import FrameType
 from zcnet.bench.authtoken import default_token_path, read_token, token_from_stream
 from zcnet.bench.endpoint import parse_hostport
 from zcnet.bench.proto import Limits
-from zcnet.cli._args import number
+from zcnet.cli._args import Subparsers, number
 from zcnet.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser("server", help="run the daemon that zcnet client drives (kperf-style)",
                        description="Serve benchmark sessions: each authenticated control "
                        "connection may open flows, pin their workers and run them. Listens on "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -12,13 +11,14 @@ from rich.table import Table
 from rich.text import Text
 
 from zcnet.bench.meta import Interrupted, write_json
+from zcnet.bench.records import MeanSd, ModeSummary, ResultFile
 from zcnet.bench.txbench import ALL_MODES, BASELINE, NOT_MEASURED, parse_dst, run_txbench
-from zcnet.cli._args import check_output_file, choice_list, number, number_list
+from zcnet.cli._args import Subparsers, check_output_file, choice_list, number, number_list
 from zcnet.report.export import print_notes
 from zcnet.tx.hwcount import NO_COUNTERS
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     p = sub.add_parser(
         "txbench", help="UDP packet rate: one send per packet vs batched sends",
         description="A pktgen-like UDP single stream from one lab namespace into a sink in the "
@@ -55,12 +55,12 @@ LEGEND = ("Mpps, ns/pkt: mean±stdev over the repeats; ns/pkt: the sending threa
           "could not carry (sent by sendmmsg); retry: sends retried after EAGAIN/ENOBUFS")
 
 
-def _show(doc: dict[str, Any], console: Console) -> None:
+def _show(doc: ResultFile, console: Console) -> None:
     console.print(render(doc))
     print_notes(console, [LEGEND])
     for line in seed_lines(doc):
         console.print(Text(line))
-    if not doc.get("complete", True):
+    if doc.complete is False:
         console.print(Text("incomplete: interrupted; rows measured before Ctrl-C only",
                            style="yellow"))
 
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
                               mtu=args.mtu, ipv6=args.ipv6)
     except Interrupted as stop:
         _save_and_show(args.json, stop.doc, console)
-        kept = len(stop.doc["results"])
+        kept = len(stop.doc.results)
         where = f" in {args.json}" if args.json else " (pass --json to keep them)"
         print(f"zcnet: interrupted: {kept} measured rows kept{where}", file=sys.stderr)
         return 130
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_and_show(path: str | None, doc: dict[str, Any], console: Console) -> None:
+def _save_and_show(path: str | None, doc: ResultFile, console: Console) -> None:
     """The file first; if it cannot be written, the table is still shown before the error."""
     try:
         if path:
@@ -97,18 +97,23 @@ def _save_and_show(path: str | None, doc: dict[str, Any], console: Console) -> N
         _show(doc, console)
 
 
-def _pm(stat: dict[str, Any] | None, digits: int) -> str:
-    if not stat or stat.get("mean") is None:
+def _pm(stat: MeanSd | None, digits: int) -> str:
+    if stat is None or stat.mean is None or stat.stdev is None:
         return "-"
-    return f"{stat['mean']:.{digits}f}±{stat['stdev']:.{digits}f}"
+    return f"{stat.mean:.{digits}f}±{stat.stdev:.{digits}f}"
 
 
-def render(doc: dict[str, Any]) -> Table:
-    summary: dict[str, dict[str, Any]] = doc["summary"]
-    first = doc["results"][0] if doc["results"] else {}
-    hw = doc["env"].get("hw_counters") == "yes"
-    repeats = len(doc["results"]) // max(len(summary), 1)
-    title = (f"txbench: UDP payload {first.get('payload')} B, burst {first.get('burst')}, "
+def mode_summaries(doc: ResultFile) -> dict[str, ModeSummary]:
+    """A txbench document's summary: one entry per send mode."""
+    return doc.summary if isinstance(doc.summary, dict) else {}
+
+
+def render(doc: ResultFile) -> Table:
+    summary = mode_summaries(doc)
+    first = doc.results[0] if doc.results else None
+    hw = doc.env.hw_counters == "yes"
+    repeats = len(doc.results) // max(len(summary), 1)
+    title = (f"txbench: UDP payload {first.payload} B, burst {first.burst}, "
              f"{repeats} repeats" if first else "txbench: nothing measured")
     table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, show_edge=False)
@@ -119,46 +124,47 @@ def render(doc: dict[str, Any]) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for mode, s in summary.items():
-        if s["status"] != "ok":
-            table.add_row(mode, Text(f"{s['status']}: {s.get('reason', '')}", style="yellow"),
+        if s.status != "ok":
+            table.add_row(mode, Text(f"{s.status}: {s.reason or ''}", style="yellow"),
                           *[""] * (len(columns) - 2))
             continue
-        ratio = f"{s['vs_single']:.2f}x" if s.get("vs_single") else "-"
-        cells = [mode, _pm(s["mpps"], 3), ratio, _pm(s["ns_per_pkt"], 0)]
+        ratio = f"{s.vs_single:.2f}x" if s.vs_single else "-"
+        cells = [mode, _pm(s.mpps, 3), ratio, _pm(s.ns_per_pkt, 0)]
         if hw:
-            cells += [_pm(s["instructions_per_pkt"], 0), _pm(s["cycles_per_pkt"], 0)]
-        if "received" in s:
-            got = str(s["drops"])
-            damaged = str(s.get("bad_payload", 0) + s.get("wrong_size", 0))
+            cells += [_pm(s.instructions_per_pkt, 0), _pm(s.cycles_per_pkt, 0)]
+        if s.received is not None:
+            got = str(s.drops)
+            damaged = str((s.bad_payload or 0) + (s.wrong_size or 0))
         else:
             got, damaged = "n/a", "n/a"
-        cells += [got, damaged, str(s.get("fallback_packets", 0)), str(s.get("retries", 0))]
+        cells += [got, damaged, str(s.fallback_packets or 0), str(s.retries or 0)]
         table.add_row(*cells)
     return table
 
 
-def seed_lines(doc: dict[str, Any]) -> list[str]:
+def seed_lines(doc: ResultFile) -> list[str]:
     """The seed's summary: baseline -> best batched mode, with ±."""
-    summary = doc["summary"]
+    summary = mode_summaries(doc)
     base = summary.get(BASELINE)
-    batched = [(m, s) for m, s in summary.items() if m != BASELINE and s["status"] == "ok"]
-    if not base or base["status"] != "ok" or not batched:
+    batched = [(m, s) for m, s in summary.items() if m != BASELINE and s.status == "ok"]
+    if not base or base.status != "ok" or not batched:
         return []
-    mode, best = max(batched, key=lambda ms: ms[1]["mpps"]["mean"])
+    mode, best = max(batched, key=lambda ms: (ms[1].mpps.mean if ms[1].mpps else None) or 0.0)
 
     def arrow(metric: str, unit: str, digits: int) -> str:
-        a, b = base[metric], best[metric]
-        if a.get("mean") is None or b.get("mean") is None:
+        a, b = base.metric(metric), best.metric(metric)
+        if a is None or b is None or a.mean is None or b.mean is None \
+                or a.stdev is None or b.stdev is None:
             return NO_COUNTERS
-        return (f"{a['mean']:.{digits}f}{unit} (±{a['stdev']:.{digits}f}) -> "
-                f"{b['mean']:.{digits}f}{unit} (±{b['stdev']:.{digits}f})")
+        return (f"{a.mean:.{digits}f}{unit} (±{a.stdev:.{digits}f}) -> "
+                f"{b.mean:.{digits}f}{unit} (±{b.stdev:.{digits}f})")
 
-    ratio = f" ({best['vs_single']:.2f}x)" if best.get("vs_single") else ""
+    ratio = f" ({best.vs_single:.2f}x)" if best.vs_single else ""
     lines = [f"{BASELINE} -> {mode}{ratio}:",
              f"  Packet rate: {arrow('mpps', ' Mpps', 3)}",
              f"  CPU per packet: {arrow('ns_per_pkt', ' ns', 0)}",
              f"  Instructions per packet: {arrow('instructions_per_pkt', '', 0)}",
              f"  Cycles per packet: {arrow('cycles_per_pkt', '', 0)}"]
-    notes = sorted({n for s in summary.values() for n in s.get("notes", [])})
+    notes = sorted({n for s in summary.values() for n in s.notes or []})
     lines += [f"note: {n}" for n in notes]
     return lines

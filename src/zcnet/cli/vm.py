@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from zcnet.cli._args import positive
+from zcnet.cli._args import Subparsers, positive
 from zcnet.errors import UsageError
 from zcnet.vm.accel import choose_accel
 from zcnet.vm.archive import fetch
@@ -48,7 +48,7 @@ def kernel_spec(*extra: str) -> Callable[[str], str]:
     return parse
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Subparsers) -> None:
     parser = sub.add_parser("vm", help="boot a newer kernel in QEMU and run commands there",
                             description="Fetch Debian kernels >= 7.2 and run commands under them "
                                         "in QEMU, with the host's filesystem visible.")

@@ -12,7 +12,7 @@ import os
 import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from pyroute2 import netns as pr_netns
 from pyroute2.netlink.exceptions import NetlinkError
@@ -66,7 +66,13 @@ def delete_veth(ns: str, ifname: str) -> None:
             raise
 
 
-def is_up(msg: Any) -> bool:
+class LinkAttrs(Protocol):
+    """A link message of pyroute2 (``ipr.link("get", ...)``): its attributes by name."""
+
+    def get(self, key: str) -> object: ...
+
+
+def is_up(msg: LinkAttrs) -> bool:
     """Operstate UP; netdevsim reports UNKNOWN (no link mode) with carrier once linked."""
     state = msg.get("IFLA_OPERSTATE")
     return state == "UP" or (state == "UNKNOWN" and msg.get("IFLA_CARRIER") == 1)

@@ -35,10 +35,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 from zcnet.errors import ZcnetError
 
@@ -62,7 +62,10 @@ _lock = threading.RLock()
 _live: dict[int, _Teardown] = {}
 _atexit_armed = False
 _signals_armed = False
-_prior: dict[int, Any] = {}
+# A signal's disposition, as signal.getsignal gives it: a handler, SIG_DFL/SIG_IGN, or None
+# (set outside Python).
+Disposition: TypeAlias = "Callable[[int, FrameType | None], object] | int | None"
+_prior: dict[int, Disposition] = {}
 _depth = 0  # how deep the main thread is in deferred() sections
 _held: list[int] = []  # signals that arrived meanwhile
 

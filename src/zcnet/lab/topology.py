@@ -31,15 +31,16 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any
+from typing import Literal, overload
 
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject
 from zcnet.lab import names, netdevsim, registry
 from zcnet.lab.plumbing import (
     cpu_mask,
@@ -51,7 +52,7 @@ from zcnet.lab.plumbing import (
     write_queue_files,
 )
 from zcnet.lab.rtnl import ifindex, rtnl, translate
-from zcnet.netns import NeedRoot, can_create_netns, netns_popen
+from zcnet.netns import NeedRoot, Stream, can_create_netns, netns_popen
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
         self.prefixlen6 = PREFIX6
         self._want_ipv6 = ipv6
         self._ipv6 = False
-        self._procs: list[subprocess.Popen[Any]] = []
+        self._procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
         self._lock = threading.RLock()
         self._entered = False  # a `with` block owns the lab
         self._was_up = False
@@ -128,7 +129,7 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
     def is_up(self) -> bool:
         return bool(self.name)
 
-    def env(self) -> dict[str, Any]:
+    def env(self) -> JSONObject:
         """Metadata for the JSON envelope."""
         return {"lab": True, "mtu": self.mtu, self.device: [self.if_a, self.if_b],
                 "ipv6": self._ipv6, "rx_steer_cpu": self._steer_cpu}
@@ -352,15 +353,36 @@ being changed waits until the change is complete (see ``zcnet.lab.registry``).
                               "a kernel built without CONFIG_RPS cannot; run unsteered")
             self._steer_cpu = cpu
 
-    def ns_exec(self, ns: str, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-        """Start ARGV inside NS (``lab.ns_a`` or ``lab.ns_b``). Still running at ``down()``, it
-        gets SIGTERM, then SIGKILL after 2 s, and is reaped."""
+    @overload
+    def ns_exec(self, ns: str, argv: Sequence[str], *, text: Literal[True], stdin: Stream = None,
+                stdout: Stream = None, stderr: Stream = None, bufsize: int = -1,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen[str]: ...
+
+    @overload
+    def ns_exec(self, ns: str, argv: Sequence[str], *, text: Literal[False] = False,
+                stdin: Stream = None, stdout: Stream = None, stderr: Stream = None,
+                bufsize: int = -1,
+                env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]: ...
+
+    def ns_exec(self, ns: str, argv: Sequence[str], *, text: bool = False, stdin: Stream = None,
+                stdout: Stream = None, stderr: Stream = None, bufsize: int = -1,
+                env: Mapping[str, str] | None = None
+                ) -> subprocess.Popen[str] | subprocess.Popen[bytes]:
+        """Start ARGV inside NS (``lab.ns_a`` or ``lab.ns_b``), the streams and the rest as
+        ``netns_popen`` takes them. Still running at ``down()``, it gets SIGTERM, then SIGKILL
+        after 2 s, and is reaped."""
         with self._lock, registry.deferred():
             self._require_up("ns_exec")
             if ns not in (self.ns_a, self.ns_b):
                 raise UsageError(f"{ns!r} is not a namespace of lab {self.name}",
                                  f"use {self.ns_a} or {self.ns_b}")
-            proc = netns_popen(ns, argv, **popen_kwargs)
+            proc: subprocess.Popen[str] | subprocess.Popen[bytes]
+            if text:
+                proc = netns_popen(ns, argv, text=True, stdin=stdin, stdout=stdout,
+                                   stderr=stderr, bufsize=bufsize, env=env)
+            else:
+                proc = netns_popen(ns, argv, stdin=stdin, stdout=stdout, stderr=stderr,
+                                   bufsize=bufsize, env=env)
             self._procs.append(proc)
             return proc
 

@@ -13,13 +13,13 @@ import struct
 from collections.abc import Iterator
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError, cap_hint
 from zcnet.netns import in_netns
 from zcnet.nic.genl import GenlSocket, NetlinkError
 from zcnet.nic.ifname import ifname_problem
-from zcnet.nic.nlattr import AttrSet
+from zcnet.nic.nlattr import AttrSet, NlAttrs, NlRequest
 from zcnet.uapi import ethtool as e
 
 _IFREQ = struct.Struct("=16sQ16x")  # ifr_name, then the union (ifr_data / ifr_ifindex), 40 bytes
@@ -97,7 +97,7 @@ class Device:
 
     # -------------------------------------------------------------------- ioctl
 
-    def ifreq_ioctl(self, request: int, data: ctypes.Structure | ctypes.Array[Any]) -> None:
+    def ifreq_ioctl(self, request: int, data: ctypes.Structure) -> None:
         """SIOCETHTOOL-style ioctl: ``data`` is the struct the kernel reads and writes."""
         self._check_open("ifreq_ioctl")
         ifr = bytearray(_IFREQ.pack(os.fsencode(self.ifname), ctypes.addressof(data)))
@@ -180,18 +180,18 @@ class Device:
 
     # -------------------------------------------------------------------- netlink
 
-    def genl_do(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
+    def genl_do(self, family: str, cmd: int, request: AttrSet, attrs: NlRequest,
                 reply: AttrSet | None = None, what: str = "", setting: str | None = None
-                ) -> dict[str, Any] | None:
+                ) -> NlAttrs | None:
         self._check_open("genl_do")
         try:
             return self.genl.do(family, cmd, request, attrs, reply, what)
         except NetlinkError as exc:
             self.translate(exc, what, setting)
 
-    def genl_dump(self, family: str, cmd: int, request: AttrSet, attrs: dict[str, Any],
+    def genl_dump(self, family: str, cmd: int, request: AttrSet, attrs: NlRequest,
                   reply: AttrSet | None = None, what: str = "", setting: str | None = None
-                  ) -> list[dict[str, Any]]:
+                  ) -> list[NlAttrs]:
         self._check_open("genl_dump")
         try:
             return self.genl.dump(family, cmd, request, attrs, reply, what)

@@ -1,6 +1,7 @@
-"""``zcnet nic doctor``: is this NIC ready for zero-copy receive? A checklist in which every item
-is pass, fail or unknown, with the fix. Checks are a table of functions; each reads what it needs
-and never raises for a missing piece (that is an "unknown" or a "fail" with the reason)."""
+"""``zcnet nic doctor``: is this NIC ready for zero-copy receive on one or more RX queues? A
+checklist in which every item is pass, fail or unknown, with the fix. Checks are a table of
+functions; each reads what it needs and never raises for a missing piece (that is an "unknown"
+or a "fail" with the reason)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import contextlib
 import errno
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, cast
 
 from zcnet.caps import has_caps
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.nic import ethtool, netdev
 from zcnet.nic.device import Device
-from zcnet.nic.setup import STEERED_BY_PEER
+from zcnet.nic.nlattr import NlAttrs
+from zcnet.nic.setup import STEERED_BY_PEER, int_tuple
+from zcnet.nic.steps import queues_text
 from zcnet.uapi import io_uring as u
 from zcnet.uapi import netdev as nd
 from zcnet.uapi.capability import CAP_IPC_LOCK
@@ -41,6 +44,9 @@ _AFTER_QOPS = ("tcp-data-split is disabled", "hds-thresh is not zero",
                "designated queue already memory provider bound")
 
 
+R = TypeVar("R")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -56,24 +62,28 @@ class Check:
 @dataclass
 class Context:
     dev: Device
-    queue: int
+    queues: tuple[int, ...]
     mode: str
-    _cache: dict[str, Any]
+    _cache: dict[str, object]  # key -> what its reader returned, or the ZcnetError it raised
     # Makes a dma-buf of N bytes (e.g. zcnet.rx.zc.area.udmabuf_create): lets the queue-ops
     # check ask the kernel with a devmem bind-rx instead of going by the driver's name.
     dmabuf: Callable[[int], int] | None = None
 
-    def get(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Read once per run; a refusal is stored as the ZcnetError it raised."""
+    def get(self, key: str, fn: Callable[[], R]) -> R | ZcnetError:
+        """Read once per run; a refusal is stored as the ZcnetError it raised. A key is read
+        by one reader, so what it holds is what that reader returns."""
         if key not in self._cache:
             try:
                 self._cache[key] = fn()
             except ZcnetError as exc:
                 self._cache[key] = exc
-        return self._cache[key]
+        return cast("R | ZcnetError", self._cache[key])
 
-    def rings(self) -> dict[str, Any] | ZcnetError:
-        return self.get("rings", lambda: ethtool.rings_get(self.dev))  # type: ignore[no-any-return]
+    def rings(self) -> NlAttrs | ZcnetError:
+        return self.get("rings", lambda: ethtool.rings_get(self.dev))
+
+    def queue(self, qid: int) -> NlAttrs | ZcnetError:
+        return self.get(f"queue {qid}", lambda: netdev.queue_get(self.dev, qid))
 
 
 def _kernel_has_symbol(symbol: bytes) -> bool | None:
@@ -135,8 +145,8 @@ def check_devmem(ctx: Context) -> Check:
 
 
 def _ask_kernel_qmgmt(ctx: Context, name: str) -> Check | None:
-    """Bind a small dma-buf to the queue (devmem bind-rx) and unbind it: the kernel's answer
-    says whether the driver restarts single queues with a memory provider. This restarts the
+    """Bind a small dma-buf to the queues (devmem bind-rx) and unbind it: the kernel's answer
+    says whether the driver restarts single queues with a memory provider. This restarts each
     queue twice. None when it cannot ask (no dma-buf, no bind-rx)."""
     if ctx.dmabuf is None or not netdev.has_op(ctx.dev, nd.NETDEV_CMD_BIND_RX):
         return None
@@ -145,9 +155,9 @@ def _ask_kernel_qmgmt(ctx: Context, name: str) -> Check | None:
     except (ZcnetError, OSError):
         return None
     try:
-        with netdev.bind_rx(ctx.dev, fd, [ctx.queue]):
+        with netdev.bind_rx(ctx.dev, fd, ctx.queues):
             pass
-        return Check(name, PASS, f"the kernel bound a dma-buf to queue {ctx.queue} "
+        return Check(name, PASS, f"the kernel bound a dma-buf to {queues_text(ctx.queues)} "
                                  "(probe, released at once)")
     except (ZcnetError, OSError) as exc:
         extack = getattr(exc, "extack", "") or ""
@@ -155,8 +165,8 @@ def _ask_kernel_qmgmt(ctx: Context, name: str) -> Check | None:
         if any(extack.startswith(a) for a in _AFTER_QOPS):
             return Check(name, PASS, f"the kernel found them, then said: {extack}")
         if err == errno.EOPNOTSUPP:
-            return Check(name, FAIL, "the kernel refused a dma-buf on queue "
-                         f"{ctx.queue}: {extack or os.strerror(err)}",
+            return Check(name, FAIL, "the kernel refused a dma-buf on "
+                         f"{queues_text(ctx.queues)}: {extack or os.strerror(err)}",
                          "use a NIC whose driver restarts single queues with a memory "
                          "provider (mlx5, bnxt, gve, fbnic)")
         return Check(name, UNKNOWN, f"probe bind-rx failed: {exc}")
@@ -167,8 +177,8 @@ def _ask_kernel_qmgmt(ctx: Context, name: str) -> Check | None:
 def check_qmgmt(ctx: Context) -> Check:
     name = "driver: queue management ops"
     drv = ctx.dev.driver
-    q = ctx.get("queue", lambda: netdev.queue_get(ctx.dev, ctx.queue))
-    if isinstance(q, dict) and ("io-uring" in q or "dmabuf" in q):
+    if any(isinstance(q := ctx.queue(qid), dict) and ("io-uring" in q or "dmabuf" in q)
+           for qid in ctx.queues):
         return Check(name, PASS, "a memory provider is bound, so the driver has them")
     if (asked := _ask_kernel_qmgmt(ctx, name)) is not None:
         return asked
@@ -236,25 +246,32 @@ def check_channels(ctx: Context) -> Check:
     if isinstance(ch, ZcnetError):
         return Check(name, UNKNOWN, ch.message)
     count = ch.get("combined-count", 0) or ch.get("rx-count", 0)
-    if count >= 2 and ctx.queue < count:
-        return Check(name, PASS, f"{count} RX channels, queue {ctx.queue} among them")
+    qs = queues_text(ctx.queues)
+    # Every queue, and one more for RSS to keep every other flow (as setup raises them).
+    need = max(max(ctx.queues) + 1, len(ctx.queues) + 1)
+    if count >= need:
+        return Check(name, PASS, f"{count} RX channels, {qs} among them")
     top = ch.get("combined-max", 0) or ch.get("rx-max", 0)
-    if top < max(2, ctx.queue + 1):
+    if top < need:
         return Check(name, FAIL, f"{count} RX channels, the device offers at most {top}",
-                     "a NIC with more queues (or a lower --queue)")
-    return Check(name, FAIL, f"{count} RX channels (max {top}), queue {ctx.queue}",
+                     "a NIC with more queues (or lower or fewer queues)")
+    return Check(name, FAIL, f"{count} RX channels (max {top}); {qs} and RSS need {need}",
                  f"ethtool -L {ctx.dev.ifname} {'combined' if ch.get('combined-max') else 'rx'} "
-                 f"{max(2, ctx.queue + 1)}")
+                 f"{need}")
 
 
 def check_queue_free(ctx: Context) -> Check:
-    name = f"queue {ctx.queue} free of providers"
-    q = ctx.get("queue", lambda: netdev.queue_get(ctx.dev, ctx.queue))
-    if isinstance(q, ZcnetError):
-        return Check(name, FAIL, q.message, q.hint or "")
-    bound = [p for p in ("io-uring", "dmabuf", "xsk") if p in q]
-    if bound:
-        return Check(name, FAIL, f"already bound: {', '.join(bound)}",
+    name = f"{queues_text(ctx.queues)} free of providers"
+    busy = []
+    for qid in ctx.queues:
+        q = ctx.queue(qid)
+        if isinstance(q, ZcnetError):
+            return Check(name, FAIL, q.message, q.hint or "")
+        if bound := [p for p in ("io-uring", "dmabuf", "xsk") if p in q]:
+            busy.append(f"queue {qid}: {', '.join(bound)}" if len(ctx.queues) > 1
+                        else ", ".join(bound))
+    if busy:
+        return Check(name, FAIL, f"already bound: {'; '.join(busy)}",
                      "close the program holding it (EEXIST otherwise) or pick another queue")
     return Check(name, PASS, "no io-uring, dmabuf or xsk provider")
 
@@ -308,24 +325,26 @@ def rx_queues(dev: Device) -> list[int]:
         return []
 
 
-def pick_queue(dev: Device, queue: int | None) -> int:
-    """The RX queue to check: ``queue`` if the device has it, else a UsageError naming the
-    queues it has; without one, its last RX queue (the one zero-copy setups dedicate, as the
-    kernel's selftests do: RSS keeps the others). A device that lists no queues (down) keeps
-    ``queue`` or 0, and the queue check says why."""
+def pick_queues(dev: Device, queues: Sequence[int] | None) -> tuple[int, ...]:
+    """The RX queues to check: ``queues`` if the device has them all, else a UsageError naming
+    the queues it has; without any, its last RX queue (the one zero-copy setups dedicate, as
+    the kernel's selftests do: RSS keeps the others). A device that lists no queues (down)
+    keeps ``queues`` or 0, and the queue check says why."""
     ids = rx_queues(dev)
-    if queue is None:
-        return ids[-1] if ids else 0
-    if ids and queue not in ids:
+    if not queues:
+        return (ids[-1] if ids else 0,)
+    if ids and (missing := [q for q in queues if q not in ids]):
         have = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0])
-        raise UsageError(f"{dev.where} has no RX queue {queue} (its RX queues: {have})",
-                         f"give one of them, e.g. --queue {ids[-1]}, or leave --queue out")
-    return queue
+        option = "--queue" if len(queues) == 1 else "--queues"
+        raise UsageError(f"{dev.where} has no RX {queues_text(missing)} (its RX queues: {have})",
+                         f"give {'one' if len(queues) == 1 else 'some'} of them, e.g. {option} "
+                         f"{ids[-1]}, or leave {option} out")
+    return tuple(queues)
 
 
-def run(dev: Device, queue: int = 1, mode: str = "zcrx",
+def run(dev: Device, queues: int | Iterable[int] = 1, mode: str = "zcrx",
         dmabuf: Callable[[int], int] | None = None) -> list[Check]:
-    ctx = Context(dev, queue, mode, {}, dmabuf)
+    ctx = Context(dev, int_tuple(queues), mode, {}, dmabuf)
     return [check(ctx) for check in CHECKS[mode]]
 
 

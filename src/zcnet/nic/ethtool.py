@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from zcnet.errors import UsageError
 from zcnet.nic.device import Device
-from zcnet.nic.nlattr import T, attrset
+from zcnet.nic.nlattr import MalformedReply, NlAttrs, NlValue, T, attrset
 from zcnet.uapi import ethtool as e
 
 FAMILY = e.ETHTOOL_GENL_NAME
@@ -158,8 +157,10 @@ def bits_to_words(indices: set[int], size: int) -> bytes:
     return b"".join(w.to_bytes(4, "little") for w in words)
 
 
-def decode_bitset(d: Mapping[str, Any], names: list[str] | None = None) -> Bitset:
+def decode_bitset(d: NlValue, names: list[str] | None = None) -> Bitset:
     """Read either form. Compact bitsets carry no names: pass the string set to map indices."""
+    if not isinstance(d, dict):
+        raise MalformedReply(f"a bitset is {type(d).__name__}, not a nest")
     size = d.get("size", 0)
 
     def name_of(i: int) -> str:
@@ -177,12 +178,12 @@ def decode_bitset(d: Mapping[str, Any], names: list[str] | None = None) -> Bitse
     return Bitset(size, frozenset(n for n, v in listed if v), frozenset(n for n, _ in listed))
 
 
-def encode_bitset_verbose(changes: Mapping[str, bool]) -> dict[str, Any]:
+def encode_bitset_verbose(changes: Mapping[str, bool]) -> NlAttrs:
     """Value/mask form by name: only the listed bits change."""
     return {"bits": {"bit": [{"name": n, "value": bool(v)} for n, v in changes.items()]}}
 
 
-def encode_bitset_compact(changes: Mapping[str, bool], names: list[str]) -> dict[str, Any]:
+def encode_bitset_compact(changes: Mapping[str, bool], names: list[str]) -> NlAttrs:
     index = {n: i for i, n in enumerate(names)}
     unknown = [n for n in changes if n not in index]
     if unknown:
@@ -196,14 +197,14 @@ def encode_bitset_compact(changes: Mapping[str, bool], names: list[str]) -> dict
 # ----------------------------------------------------------------------------------- requests
 
 
-def _hdr(dev: Device, flags: int = 0) -> dict[str, Any]:
-    h: dict[str, Any] = {"dev-index": dev.ifindex}
+def _hdr(dev: Device, flags: int = 0) -> NlAttrs:
+    h: NlAttrs = {"dev-index": dev.ifindex}
     if flags:
         h["flags"] = flags
     return h
 
 
-def _strip(d: dict[str, Any] | None) -> dict[str, Any]:
+def _strip(d: NlAttrs | None) -> NlAttrs:
     out = dict(d or {})
     out.pop("header", None)
     return out
@@ -224,7 +225,7 @@ def strset_get(dev: Device, set_id: int) -> list[str]:
     return [names.get(i, f"#{i}") for i in range(max(names, default=-1) + 1)]
 
 
-def rings_get(dev: Device) -> dict[str, Any]:
+def rings_get(dev: Device) -> NlAttrs:
     r = _strip(dev.genl_do(FAMILY, e.ETHTOOL_MSG_RINGS_GET, RINGS, {"header": _hdr(dev)},
                            what="rings", setting="rings"))
     if "tcp-data-split" in r:
@@ -232,7 +233,7 @@ def rings_get(dev: Device) -> dict[str, Any]:
     return r
 
 
-def rings_set(dev: Device, **values: Any) -> None:
+def rings_set(dev: Device, **values: int | str) -> None:
     """Set ring parameters by spec name, e.g. ``rings_set(dev, tcp_data_split="on",
     hds_thresh=0)``. The error names the first setting when the driver refuses."""
     attrs = {k.replace("_", "-"): v for k, v in values.items()}
@@ -250,7 +251,7 @@ def rings_set(dev: Device, **values: Any) -> None:
                 what=f"set rings {setting}", setting=setting)
 
 
-def channels_get(dev: Device) -> dict[str, Any]:
+def channels_get(dev: Device) -> NlAttrs:
     return _strip(dev.genl_do(FAMILY, e.ETHTOOL_MSG_CHANNELS_GET, CHANNELS,
                               {"header": _hdr(dev)}, what="channels", setting="channels"))
 
@@ -304,15 +305,15 @@ def privflags_set(dev: Device, changes: Mapping[str, bool]) -> None:
                 what="set private flags", setting="private flag " + ", ".join(changes))
 
 
-def rss_get(dev: Device, context: int = 0) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"header": _hdr(dev)}
+def rss_get(dev: Device, context: int = 0) -> NlAttrs:
+    attrs: NlAttrs = {"header": _hdr(dev)}
     if context:
         attrs["context"] = context
     return _strip(dev.genl_do(FAMILY, e.ETHTOOL_MSG_RSS_GET, RSS, attrs,
                               what=f"RSS context {context}", setting="RSS"))
 
 
-def rss_contexts(dev: Device) -> list[dict[str, Any]]:
+def rss_contexts(dev: Device) -> list[NlAttrs]:
     """Every additional RSS context of this device (a dump filtered to it)."""
     rows = dev.genl_dump(FAMILY, e.ETHTOOL_MSG_RSS_GET, RSS,
                          {"header": _hdr(dev), "start-context": 1},
@@ -322,7 +323,8 @@ def rss_contexts(dev: Device) -> list[dict[str, Any]]:
 
 def rss_set(dev: Device, indir: list[int] | None, context: int = 0) -> None:
     """Set the indirection table; an empty list resets it to the driver's default spread."""
-    attrs: dict[str, Any] = {"header": _hdr(dev), "indir": indir}
+    attrs: dict[str, NlValue | None] = {"header": _hdr(dev), "indir": [*indir]
+                                        if indir is not None else None}
     if context:
         attrs["context"] = context
     dev.genl_do(FAMILY, e.ETHTOOL_MSG_RSS_SET, RSS, attrs, what="set RSS indirection",
@@ -331,7 +333,8 @@ def rss_set(dev: Device, indir: list[int] | None, context: int = 0) -> None:
 
 def rss_create(dev: Device, indir: list[int] | None = None) -> int:
     """Create an additional RSS context; returns its id."""
-    attrs: dict[str, Any] = {"header": _hdr(dev), "indir": indir}
+    attrs: dict[str, NlValue | None] = {"header": _hdr(dev), "indir": [*indir]
+                                        if indir is not None else None}
     r = dev.genl_do(FAMILY, e.ETHTOOL_MSG_RSS_CREATE_ACT, RSS, attrs,
                     what="create RSS context", setting="RSS contexts")
     if not r or "context" not in r:

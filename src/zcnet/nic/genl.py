@@ -14,7 +14,6 @@ import socket
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
 
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.netns import in_netns
@@ -168,8 +167,8 @@ class GenlSocket:
 
     # ---------------------------------------------------------------- requests
 
-    def do(self, family: str, cmd: int, request: nlattr.AttrSet, attrs: dict[str, Any],
-           reply: nlattr.AttrSet | None = None, what: str = "") -> dict[str, Any] | None:
+    def do(self, family: str, cmd: int, request: nlattr.AttrSet, attrs: nlattr.NlRequest,
+           reply: nlattr.AttrSet | None = None, what: str = "") -> nlattr.NlAttrs | None:
         """One request with NLM_F_ACK; returns the decoded reply, or None for an ack only."""
         self._check_open("do")
         fam = self.family(family)
@@ -179,8 +178,8 @@ class GenlSocket:
             return None
         return nlattr.decode_attrs(reply or request, replies[0][1])
 
-    def dump(self, family: str, cmd: int, request: nlattr.AttrSet, attrs: dict[str, Any],
-             reply: nlattr.AttrSet | None = None, what: str = "") -> list[dict[str, Any]]:
+    def dump(self, family: str, cmd: int, request: nlattr.AttrSet, attrs: nlattr.NlRequest,
+             reply: nlattr.AttrSet | None = None, what: str = "") -> list[nlattr.NlAttrs]:
         """A dump request; returns every decoded object. Retries a dump the kernel marks as
         interrupted (the object list changed while it was being walked)."""
         self._check_open("dump")

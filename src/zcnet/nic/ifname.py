@@ -3,7 +3,7 @@
 Some facts (``dev_valid_name`` in net/core/dev.c): a name is 1 to IFNAMSIZ - 1 bytes (not
 characters: "é" is two), is not "." or "..", and holds no '/', ':' or byte the kernel's
 ``isspace`` matches, which besides ASCII whitespace is 0xa0 (so a UTF-8 no-break space is
-refused too). Any other byte is allowed, control characters and non-ASCII UTF-8 included. A name
+refused too). Every other byte is allowed, control characters and non-ASCII UTF-8 included. A name
 that breaks these would also break the paths built from it (a state file, /sys/class/net).
 """
 

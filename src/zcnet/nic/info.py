@@ -12,11 +12,13 @@ import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from zcnet.errors import ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.nic import ethtool, netdev, ntuple
 from zcnet.nic.device import Device
+from zcnet.nic.nlattr import NlAttrs, NlValue
 from zcnet.uapi.ethtool import IFNAMSIZ, SIOCGIFADDR
 
 # Features zcnet cares about: kernel name -> short label.
@@ -30,7 +32,13 @@ KEY_FEATURES = {
 }
 
 
-def _section(fn: Callable[[], Any]) -> Any:
+# A section of ``show``: netlink values, or what the device could not say (None).
+Section: TypeAlias = "NlValue | None"
+S = TypeVar("S")
+
+
+def _section(fn: Callable[[], S]) -> S | dict[str, str]:
+    """What ``fn`` reads, or ``{"unsupported": why}`` where the device or kernel refuses it."""
     try:
         return fn()
     except ZcnetError as exc:
@@ -63,7 +71,7 @@ def thread_cpu(pid: int) -> int | None:
         return None
 
 
-def queue_map(dev: Device) -> list[dict[str, Any]]:
+def queue_map(dev: Device) -> list[dict[str, Section]]:
     """RX and TX queues with their NAPI instance, its IRQ and CPUs, bound providers, and (RX)
     the page pools that NAPI allocates from."""
     napis = {n["id"]: n for n in netdev.napis(dev) if "id" in n}
@@ -73,8 +81,8 @@ def queue_map(dev: Device) -> list[dict[str, Any]]:
             pools.setdefault(pool["napi-id"], []).append(pool["id"])
     rows = []
     for q in netdev.queues(dev):
-        row: dict[str, Any] = {"type": q.get("type"), "id": q.get("id"),
-                               "napi": q.get("napi-id")}
+        row: dict[str, Section] = {"type": q.get("type"), "id": q.get("id"),
+                                   "napi": q.get("napi-id")}
         providers = [name for name in ("io-uring", "dmabuf", "xsk") if name in q]
         row["providers"] = providers
         if q.get("type") == "rx":
@@ -93,23 +101,23 @@ def queue_map(dev: Device) -> list[dict[str, Any]]:
     return rows
 
 
-def rings_summary(dev: Device) -> dict[str, Any]:
+def rings_summary(dev: Device) -> NlAttrs:
     return ethtool.rings_get(dev)
 
 
-def features_summary(dev: Device) -> dict[str, Any]:
+def features_summary(dev: Device) -> NlAttrs:
     f = ethtool.features_get(dev)
     active, hw = f["active"].value, f["hw"].value
-    out: dict[str, Any] = {label: ("on" if name in active else "off") +
+    out: NlAttrs = {label: ("on" if name in active else "off") +
                            ("" if name in hw else " [fixed]")
                            for name, label in KEY_FEATURES.items()}
     out["active"] = sorted(active)
     return out
 
 
-def rss_summary(dev: Device) -> dict[str, Any]:
+def rss_summary(dev: Device) -> dict[str, Section]:
     r = ethtool.rss_get(dev)
-    out: dict[str, Any] = {"hfunc": r.get("hfunc"), "indir": r.get("indir", []),
+    out: dict[str, Section] = {"hfunc": r.get("hfunc"), "indir": r.get("indir", []),
                            "hkey_len": len(r.get("hkey", b""))}
     out["contexts"] = _section(lambda: [
         {"context": c.get("context"), "indir": c.get("indir", [])}
@@ -117,9 +125,9 @@ def rss_summary(dev: Device) -> dict[str, Any]:
     return out
 
 
-def show(dev: Device) -> dict[str, Any]:
+def show(dev: Device) -> dict[str, Section]:
     """Everything ``zcnet nic show`` reports, JSON-ready."""
-    def drv() -> dict[str, Any]:
+    def drv() -> dict[str, str]:
         d = dev.drvinfo()
         return {"driver": d.driver, "version": d.version, "firmware": d.firmware,
                 "bus_info": d.bus_info}
@@ -141,10 +149,10 @@ def show(dev: Device) -> dict[str, Any]:
     }
 
 
-def config_state(dev: Device) -> dict[str, Any]:
+def config_state(dev: Device) -> dict[str, object]:
     """The settings ``setup`` may change, without ids the kernel renumbers (NAPI ids): two equal
-    results mean the device is configured the same."""
-    def feats() -> dict[str, Any]:
+    results mean the device is configured the same (compared, never read)."""
+    def feats() -> dict[str, list[str]]:
         f = ethtool.features_get(dev)
         return {"wanted": sorted(f["wanted"].value), "active": sorted(f["active"].value)}
 
@@ -165,14 +173,14 @@ def config_state(dev: Device) -> dict[str, Any]:
     }
 
 
-def nic_env(ifname: str, netns: str | None = None) -> dict[str, Any]:
+def nic_env(ifname: str, netns: str | None = None) -> JSONObject:
     """NIC metadata for a result's JSON ``env``: driver, firmware, rings/HDS, channels.
 
     Never raises for a missing piece: an unknown interface or a refused query is recorded as
     such, so a benchmark can always write its envelope."""
     try:
         with Device.open(ifname, netns) as dev:
-            env: dict[str, Any] = {"ifname": ifname}
+            env: JSONObject = {"ifname": ifname}
             if netns:
                 env["netns"] = netns
             drv = _section(dev.drvinfo)
@@ -181,18 +189,29 @@ def nic_env(ifname: str, netns: str | None = None) -> dict[str, Any]:
             else:
                 env.update(driver=drv.driver, firmware=drv.firmware, bus_info=drv.bus_info)
             rings = _section(lambda: ethtool.rings_get(dev))
-            env["rings"] = rings
+            env["rings"] = _json(rings)
             if "unsupported" not in rings:
                 env["hds"] = {"tcp-data-split": rings.get("tcp-data-split"),
                               "hds-thresh": rings.get("hds-thresh")}
-            env["channels"] = _section(lambda: ethtool.channels_get(dev))
+            env["channels"] = _json(_section(lambda: ethtool.channels_get(dev)))
             feats = _section(lambda: features_summary(dev))
             if "unsupported" not in feats:
                 feats.pop("active", None)
-            env["features"] = feats
+            env["features"] = _json(feats)
             return env
     except (ZcnetError, OSError) as exc:
         return {"ifname": ifname, "error": str(exc)}
+
+
+def _json(value: Section | dict[str, str]) -> JSONValue:
+    """A section as the JSON env holds it: binary payloads as hex text."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
 
 
 def ipv4_of(ifname: str) -> str | None:

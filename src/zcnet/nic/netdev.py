@@ -16,12 +16,11 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterable
 from contextlib import ExitStack
-from typing import Any
 
 from zcnet.errors import Unsupported, UsageError
 from zcnet.nic.device import Device
 from zcnet.nic.genl import GenlSocket, NetlinkError
-from zcnet.nic.nlattr import T, attrset
+from zcnet.nic.nlattr import NlAttrs, T, attrset
 from zcnet.uapi import netdev as n
 
 FAMILY = n.NETDEV_FAMILY_NAME
@@ -127,19 +126,19 @@ DMABUF = attrset(
 )
 
 
-def _queue_row(q: dict[str, Any]) -> dict[str, Any]:
+def _queue_row(q: NlAttrs) -> NlAttrs:
     q = dict(q)
     if "type" in q:
         q["type"] = QUEUE_TYPE.get(q["type"], str(q["type"]))
     return q
 
 
-def dev_get(dev: Device) -> dict[str, Any]:
+def dev_get(dev: Device) -> NlAttrs:
     return dev.genl_do(FAMILY, n.NETDEV_CMD_DEV_GET, DEV, {"ifindex": dev.ifindex},
                        what="netdev dev-get") or {}
 
 
-def queue_get(dev: Device, qid: int, qtype: str = "rx") -> dict[str, Any]:
+def queue_get(dev: Device, qid: int, qtype: str = "rx") -> NlAttrs:
     try:
         r = dev.genl.do(FAMILY, n.NETDEV_CMD_QUEUE_GET, QUEUE,
                         {"ifindex": dev.ifindex, "type": QUEUE_TYPE_VALUE[qtype], "id": qid},
@@ -154,31 +153,31 @@ def queue_get(dev: Device, qid: int, qtype: str = "rx") -> dict[str, Any]:
     return _queue_row(r or {})
 
 
-def queues(dev: Device) -> list[dict[str, Any]]:
+def queues(dev: Device) -> list[NlAttrs]:
     rows = dev.genl_dump(FAMILY, n.NETDEV_CMD_QUEUE_GET, QUEUE, {"ifindex": dev.ifindex},
                          what="queues", setting="queue listing (queue-get)")
     return [_queue_row(r) for r in rows if r.get("ifindex", dev.ifindex) == dev.ifindex]
 
 
-def napis(dev: Device) -> list[dict[str, Any]]:
+def napis(dev: Device) -> list[NlAttrs]:
     rows = dev.genl_dump(FAMILY, n.NETDEV_CMD_NAPI_GET, NAPI, {"ifindex": dev.ifindex},
                          what="NAPI instances")
     return [r for r in rows if r.get("ifindex", dev.ifindex) == dev.ifindex]
 
 
-def napi_get(dev: Device, napi_id: int) -> dict[str, Any]:
+def napi_get(dev: Device, napi_id: int) -> NlAttrs:
     return dev.genl_do(FAMILY, n.NETDEV_CMD_NAPI_GET, NAPI, {"id": napi_id},
                        what=f"NAPI {napi_id}") or {}
 
 
-def page_pools(dev: Device) -> list[dict[str, Any]]:
+def page_pools(dev: Device) -> list[NlAttrs]:
     """Page pools of this device (the kernel dumps all; filtered here)."""
     rows = dev.genl_dump(FAMILY, n.NETDEV_CMD_PAGE_POOL_GET, PAGE_POOL, {},
                          what="page pools", setting="page pool listing")
     return [r for r in rows if r.get("ifindex") == dev.ifindex]
 
 
-def page_pool_stats(dev: Device) -> list[dict[str, Any]]:
+def page_pool_stats(dev: Device) -> list[NlAttrs]:
     """Allocation/recycling counters per page pool of this device (CONFIG_PAGE_POOL_STATS)."""
     try:
         rows = dev.genl.dump(FAMILY, n.NETDEV_CMD_PAGE_POOL_STATS_GET, PAGE_POOL_STATS, {},
@@ -191,8 +190,8 @@ def page_pool_stats(dev: Device) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("info", {}).get("ifindex") == dev.ifindex]
 
 
-def qstats(dev: Device, per_queue: bool = True) -> list[dict[str, Any]]:
-    attrs: dict[str, Any] = {"ifindex": dev.ifindex}
+def qstats(dev: Device, per_queue: bool = True) -> list[NlAttrs]:
+    attrs: NlAttrs = {"ifindex": dev.ifindex}
     if per_queue:
         attrs["scope"] = n.NETDEV_QSTATS_SCOPE_QUEUE
     rows = dev.genl_dump(FAMILY, n.NETDEV_CMD_QSTATS_GET, QSTATS, attrs,
@@ -238,7 +237,7 @@ class DmabufBinding:
         self.sock.close()
 
 
-def bind_rx_request(ifindex: int, dmabuf_fd: int, queue_ids: Iterable[int]) -> dict[str, Any]:
+def bind_rx_request(ifindex: int, dmabuf_fd: int, queue_ids: Iterable[int]) -> NlAttrs:
     """The bind-rx request attributes (exposed for tests of the encoding)."""
     return {
         "ifindex": ifindex,
@@ -247,12 +246,12 @@ def bind_rx_request(ifindex: int, dmabuf_fd: int, queue_ids: Iterable[int]) -> d
     }
 
 
-def bind_tx_request(ifindex: int, dmabuf_fd: int) -> dict[str, Any]:
+def bind_tx_request(ifindex: int, dmabuf_fd: int) -> NlAttrs:
     """The bind-tx request attributes (exposed for tests of the encoding)."""
     return {"ifindex": ifindex, "fd": dmabuf_fd}
 
 
-def _bind(dev: Device, cmd: int, request: dict[str, Any], what: str, setting: str,
+def _bind(dev: Device, cmd: int, request: NlAttrs, what: str, setting: str,
           queue_ids: list[int]) -> DmabufBinding:
     with ExitStack() as undo:
         # The binding lives as long as this socket: it is the caller's on success only.

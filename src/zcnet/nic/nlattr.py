@@ -19,7 +19,7 @@ import enum
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
 
 from zcnet.errors import ZcnetError
 from zcnet.uapi.genetlink import GENLMSGHDR
@@ -38,6 +38,14 @@ from zcnet.uapi.netlink import (
     NLMSGERR_ERROR,
     NLMSGHDR,
 )
+
+# What an attribute holds decoded (and what encoding takes): the integers of the fixed and uint
+# types, a string, a binary payload, a flag's presence (True), a u32 array; a nest is a dict of
+# its attributes, an indexed array or a repeated attribute a list.
+NlValue: TypeAlias = int | str | bytes | bool | list["NlValue"] | dict[str, "NlValue"]
+NlAttrs: TypeAlias = dict[str, NlValue]
+# A request's attributes by name; None leaves one out.
+NlRequest: TypeAlias = Mapping[str, "NlValue | None"]
 
 
 class MalformedReply(ZcnetError):
@@ -109,7 +117,12 @@ class AttrSet:
         return self
 
 
-def attrset(name: str, *spec: tuple[Any, ...]) -> AttrSet:
+# One row of an attribute table: (id, name, type[, nested set][, multi]).
+AttrRow: TypeAlias = (tuple[int, str, T] | tuple[int, str, T, "AttrSet"] | tuple[int, str, T, bool]
+                      | tuple[int, str, T, "AttrSet", bool])
+
+
+def attrset(name: str, *spec: AttrRow) -> AttrSet:
     """Build a set from rows ``(id, name, type[, nested][, multi])``: tables read like the spec."""
     attrs = []
     for row in spec:
@@ -123,33 +136,55 @@ def attrset(name: str, *spec: tuple[Any, ...]) -> AttrSet:
 # --------------------------------------------------------------------------------- encoding
 
 
-def _encode_value(attr: Attr, value: Any) -> bytes:
+def _wrong(attr: Attr, value: NlValue, what: str) -> ZcnetError:
+    return ZcnetError(f"netlink attribute {attr.name}: {value!r} is not {what}")
+
+
+def _int(attr: Attr, value: NlValue) -> int:
+    if not isinstance(value, (int, str)):
+        raise _wrong(attr, value, "an integer")
+    return int(value)
+
+
+def _nest(attr: Attr, value: NlValue) -> NlAttrs:
+    if not isinstance(value, dict):
+        raise _wrong(attr, value, "a nest of attributes")
+    return value
+
+
+def _encode_value(attr: Attr, value: NlValue) -> bytes:
     t = attr.type
     if t in _FIXED:
         try:
-            return _FIXED[t].pack(int(value))
+            return _FIXED[t].pack(_int(attr, value))
         except struct.error as exc:
             raise ZcnetError(f"netlink attribute {attr.name}: {value!r} does not fit {t.value}") \
                 from exc
     if t is T.UINT:
-        v = int(value)
+        v = _int(attr, value)
         if v < 0 or v >= 1 << 64:
             raise ZcnetError(f"netlink attribute {attr.name}: {value!r} does not fit uint")
         return _U32.pack(v) if v < 1 << 32 else _U64.pack(v)
     if t is T.STRING:
         return str(value).encode() + b"\0"
     if t is T.BINARY:
-        return bytes(value)
+        if not isinstance(value, bytes):
+            raise _wrong(attr, value, "bytes")
+        return value
     if t is T.U32_ARRAY:
-        return b"".join(_U32.pack(int(v)) for v in value)
+        if not isinstance(value, list):
+            raise _wrong(attr, value, "a list of integers")
+        return b"".join(_U32.pack(_int(attr, v)) for v in value)
     if t is T.FLAG:
         return b""
     if t is T.NEST:
         assert attr.nested is not None, attr.name
-        return encode_attrs(attr.nested, value)
+        return encode_attrs(attr.nested, _nest(attr, value))
     if t is T.INDEXED:
         assert attr.nested is not None, attr.name
-        return b"".join(_attr_bytes(i, encode_attrs(attr.nested, v), nested=True)
+        if not isinstance(value, list):
+            raise _wrong(attr, value, "a list of nests")
+        return b"".join(_attr_bytes(i, encode_attrs(attr.nested, _nest(attr, v)), nested=True)
                         for i, v in enumerate(value, 1))
     raise AssertionError(t)
 
@@ -162,9 +197,9 @@ def _attr_bytes(aid: int, payload: bytes, *, nested: bool = False) -> bytes:
     return head + payload + b"\0" * (align(length) - length)
 
 
-def encode_attrs(aset: AttrSet, values: Mapping[str, Any]) -> bytes:
+def encode_attrs(aset: AttrSet, values: NlRequest) -> bytes:
     """Encode ``{name: value}``; multi attributes take a list; a flag is sent when truthy."""
-    out = []
+    out: list[bytes] = []
     for name, value in values.items():
         if value is None:
             continue
@@ -173,7 +208,9 @@ def encode_attrs(aset: AttrSet, values: Mapping[str, Any]) -> bytes:
             raise ZcnetError(f"netlink attribute set {aset.name} has no attribute {name!r}")
         if attr.type is T.FLAG and not value:
             continue
-        items = value if attr.multi else [value]
+        if attr.multi and not isinstance(value, list):
+            raise _wrong(attr, value, "a list (a repeated attribute)")
+        items = value if isinstance(value, list) and attr.multi else [value]
         nested = attr.type in (T.NEST, T.INDEXED)
         out.extend(_attr_bytes(attr.id, _encode_value(attr, v), nested=nested) for v in items)
     return b"".join(out)
@@ -199,7 +236,7 @@ def iter_attrs(data: bytes | memoryview,
         off += align(length)
 
 
-def _decode_value(attr: Attr, raw: memoryview, depth: int) -> Any:
+def _decode_value(attr: Attr, raw: memoryview, depth: int) -> NlValue:
     t = attr.type
     if t in _FIXED:
         s = _FIXED[t]
@@ -235,18 +272,20 @@ def _decode_value(attr: Attr, raw: memoryview, depth: int) -> Any:
 MAX_DEPTH = 16  # the kernel nests a handful of levels; deeper input is hostile or broken
 
 
-def decode_attrs(aset: AttrSet, data: bytes | memoryview, depth: int = 0) -> dict[str, Any]:
+def decode_attrs(aset: AttrSet, data: bytes | memoryview, depth: int = 0) -> NlAttrs:
     """Decode attributes into ``{name: value}``; unknown ids are skipped."""
     if depth > MAX_DEPTH:
         raise MalformedReply(f"attributes nested deeper than {MAX_DEPTH} levels")
-    out: dict[str, Any] = {}
+    out: NlAttrs = {}
     for aid, raw in iter_attrs(data, aset.name):
         attr = aset.by_id.get(aid)
         if attr is None:
             continue
         value = _decode_value(attr, raw, depth)
         if attr.multi:
-            out.setdefault(attr.name, []).append(value)
+            items = out.setdefault(attr.name, [])
+            assert isinstance(items, list)  # only this loop adds a multi attribute
+            items.append(value)
         else:
             out[attr.name] = value
     return out
@@ -310,7 +349,7 @@ class ErrorAck:
     """A decoded NLMSG_ERROR (error 0 is a plain ack) or the status word of NLMSG_DONE."""
 
     error: int  # a negative errno, or 0
-    extack: dict[str, Any]
+    extack: NlAttrs
 
 
 def parse_error(msg: Message) -> ErrorAck:

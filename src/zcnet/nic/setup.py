@@ -2,7 +2,8 @@
 
 The configuration is the one the kernel's iou-zcrx and devmem selftests use: enough channels,
 ntuple on (and HW-GRO where the driver has it), header-data split on with hds-thresh 0, RSS
-moved off the target queue (or an RSS context for it), and flow rules steering the port there.
+moved off the target queues, and flow rules steering the ports there: each port to one queue,
+or every port to an RSS context that spreads its flows over the queues.
 
 Some facts about doing this safely:
 - Each step is data (``kind`` + ``params``) with an apply and an undo in ``zcnet.nic.steps``;
@@ -21,23 +22,23 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.netns import netns_path
 from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device
 from zcnet.nic.ifname import ifname_problem
-from zcnet.nic.steps import STEPS, Step, channel_key
+from zcnet.nic.steps import STEPS, Step, channel_key, port_list, queue_list, queues_text
 from zcnet.userfile import FileProblem, file_in_the_way, read_text
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2     # 2: several queues and ports; version 1 files (one of each) still read
 STATE_DIR_ENV = "ZCNET_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/zcnet"
 MODES = ("zcrx", "devmem")
@@ -50,27 +51,72 @@ HW_GRO = "rx-gro-hw"
 STEERED_BY_PEER = frozenset({"netdevsim"})
 
 
-@dataclass
+MAX_PORTS = 64   # a rule per port and flow type: up to 128 rules
+
+
+def int_tuple(value: int | Iterable[int]) -> tuple[int, ...]:
+    """One queue or port, or several, as a tuple."""
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def iface_args(ifname: str, netns: str | None) -> str:
+    """The interface as the nic commands take it, for hints: "eth2", or "eth2 --netns lab"."""
+    return ifname + (f" --netns {netns}" if netns else "")
+
+
+@dataclass(init=False)
 class NicConfig:
+    """``ports`` of ``ifname`` steered to ``queues`` (an int is one queue or one port).
+
+    With several queues, either ``rss_context``: one RSS context spreads the flows of every
+    port over the queues (by the NIC's flow hash), or one flow rule per port, the ports dealt
+    to the queues in turn (``ports[i]`` -> ``queues[i % len(queues)]``)."""
+
     ifname: str
-    queue: int
-    port: int
+    queues: tuple[int, ...]
+    ports: tuple[int, ...]
     mode: str = "zcrx"
     rss_context: bool = False
     netns: str | None = None
     flows: tuple[str, ...] = ("tcp4", "tcp6")
 
+    def __init__(self, ifname: str, queues: int | Iterable[int], ports: int | Iterable[int],
+                 mode: str = "zcrx", rss_context: bool = False, netns: str | None = None,
+                 flows: tuple[str, ...] = ("tcp4", "tcp6")) -> None:
+        self.ifname, self.queues, self.ports = ifname, int_tuple(queues), int_tuple(ports)
+        self.mode, self.rss_context, self.netns, self.flows = mode, rss_context, netns, flows
+
+    def queue_of(self, port: int) -> int | None:
+        """The queue a per-port rule steers ``port`` to (None with an RSS context, which
+        spreads each port over all the queues, or for a port not set up)."""
+        if self.rss_context or port not in self.ports:
+            return None
+        return self.queues[self.ports.index(port) % len(self.queues)]
+
     def check(self) -> None:
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}", f"one of {', '.join(MODES)}")
-        if self.queue < 0:
-            raise UsageError(f"queue {self.queue} is negative")
-        if not 0 < self.port < 65536:
-            raise UsageError(f"port {self.port} is not a TCP port")
+        for what, values, lo in (("queue", self.queues, 0), ("port", self.ports, 1)):
+            if not values:
+                raise UsageError(f"no {what} given", f"give at least one {what}")
+            if bad := [v for v in values if type(v) is not int or not lo <= v <= 0xFFFF]:
+                raise UsageError(f"{what} {bad[0]!r} is not a {'TCP port' if lo else 'queue id'}")
+            if len(set(values)) != len(values):
+                raise UsageError(f"a {what} is given twice in {','.join(map(str, values))}")
+        if len(self.ports) > MAX_PORTS:
+            raise UsageError(f"{len(self.ports)} ports: at most {MAX_PORTS} (a flow rule each)",
+                             "use fewer ports")
         bad = [f for f in self.flows if f not in ntuple.FLOW_TYPES]
         if bad:
             raise UsageError(f"unknown flow type {', '.join(bad)}",
                              f"one of {', '.join(ntuple.FLOW_TYPES)}")
+        if not self.rss_context and len(self.ports) < len(self.queues):
+            idle = self.queues[len(self.ports):]
+            raise UsageError(
+                f"{len(self.queues)} queues and {len(self.ports)} port(s): a flow rule steers a "
+                f"port to one queue, so {queues_text(idle)} would get no flow",
+                f"give a port per queue, or --rss-context to spread each port over "
+                f"{queues_text(self.queues)}")
 
 
 class SetupError(ZcnetError):
@@ -90,10 +136,12 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
     ch = ethtool.channels_get(dev)
     key = channel_key(ch)
     count, top = ch.get(key, 0), ch.get(key.replace("-count", "-max"), 0)
-    need = max(cfg.queue + 1, 2)
+    # Every set-up queue, and one more that RSS keeps for every other flow.
+    need = max(max(cfg.queues) + 1, len(cfg.queues) + 1)
     if need > top:
-        raise UsageError(f"queue {cfg.queue} needs {need} channels, {dev.where} has at most "
-                         f"{top}", "pick a lower --queue")
+        verb = "needs" if len(cfg.queues) == 1 else "need"
+        raise UsageError(f"{queues_text(cfg.queues)} {verb} {need} channels, {dev.where} has "
+                         f"at most {top}", "pick lower or fewer queues")
     if count < need:
         steps.append(Step("channels", {"count": need}))
     # Order as in the kernel's selftests: HDS first (the step most drivers refuse), then the
@@ -107,14 +155,19 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
         steps.append(Step("feature", {"name": HW_GRO, "on": True}))
     if NTUPLE not in feats["active"].value:
         steps.append(Step("feature", {"name": NTUPLE, "on": True}))
+    # RSS leaves the queues even with a context of their own: any other flow RSS put there
+    # (a control connection) would find its payload unreadable once a provider holds them.
+    steps.append(Step("rss", {"queues": list(cfg.queues), "count": max(count, need)}))
+    ctx_index = None
     if cfg.rss_context:
-        steps.append(Step("rss-context", {"queue": cfg.queue}))
-    else:
-        steps.append(Step("rss", {"queue": cfg.queue, "count": max(count, need)}))
-    ctx_index = len(steps) - 1 if cfg.rss_context else None
-    for flow in cfg.flows:
-        steps.append(Step("flow-rule", {"flow": flow, "port": cfg.port, "queue": cfg.queue,
-                                        "context_step": ctx_index}))
+        steps.append(Step("rss-context", {"queues": list(cfg.queues)}))
+        ctx_index = len(steps) - 1
+    for port in cfg.ports:
+        queue = cfg.queue_of(port)
+        for flow in cfg.flows:
+            steps.append(Step("flow-rule", {"flow": flow, "port": port,
+                                            "queue": cfg.queues[0] if queue is None else queue,
+                                            "context_step": ctx_index}))
     return steps
 
 
@@ -122,6 +175,7 @@ def plan(dev: Device, cfg: NicConfig) -> list[Step]:
 
 
 MAX_STATE = 1 << 20          # a state file is a few KiB; an RSS table adds a few more
+MAX_STEPS = 8 + MAX_PORTS * len(ntuple.FLOW_TYPES)   # a rule per port and flow type
 _STATUSES = ("pending", "applying", "done", "undone")
 _WRITE_FIX = f"set {STATE_DIR_ENV} to a directory root can write (default {DEFAULT_STATE_DIR})"
 
@@ -153,7 +207,7 @@ def _state_dir_ready() -> Path:
     return d
 
 
-def _write_state(path: Path, doc: dict[str, Any]) -> None:
+def _write_state(path: Path, doc: JSONObject) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -164,7 +218,7 @@ def _write_state(path: Path, doc: dict[str, Any]) -> None:
         raise ZcnetError(f"cannot write state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
+def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> JSONObject:
     c = asdict(cfg)
     c["flows"] = list(cfg.flows)
     return {"version": STATE_VERSION, "ifname": cfg.ifname, "netns": cfg.netns,
@@ -173,7 +227,7 @@ def _doc(cfg: NicConfig, ifindex: int, steps: list[Step]) -> dict[str, Any]:
 
 def _already(cfg: NicConfig, path: Path) -> ZcnetError:
     return ZcnetError(f"{cfg.ifname} is already set up by zcnet (state in {path})",
-                      f"run 'zcnet nic restore {cfg.ifname}' first")
+                      f"run 'zcnet nic restore {iface_args(cfg.ifname, cfg.netns)}' first")
 
 
 def _claim(path: Path, cfg: NicConfig) -> None:
@@ -186,7 +240,7 @@ def _claim(path: Path, cfg: NicConfig) -> None:
         raise ZcnetError(f"cannot create state file {path}: {exc.strerror}", _WRITE_FIX) from None
 
 
-def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+def load_state(ifname: str, netns: str | None = None) -> JSONObject | None:
     """The state ``setup`` saved for ``ifname``, checked field by field (see ``_state_problem``),
     or None if there is none."""
     path = state_path(ifname, netns)
@@ -197,7 +251,8 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     try:
-        doc = json.loads(read_text(path, "state file", limit=MAX_STATE, fix=damaged))
+        doc: JSONValue = json.loads(read_text(path, "state file", limit=MAX_STATE,
+                                              fix=damaged))
     except FileProblem as exc:   # not a regular file, too large, not UTF-8: damage, not usage
         raise ZcnetError(exc.message, exc.hint) from None
     except ValueError as exc:
@@ -205,12 +260,29 @@ def load_state(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
     except RecursionError:
         raise ZcnetError(f"state file {path} is not what setup writes (nested too deeply)",
                          damaged) from None
-    if (why := _state_problem(doc, ifname, netns)) is not None:
+    if (why := _state_problem(_upgrade(doc), ifname, netns)) is not None \
+            or not isinstance(doc, dict):
         raise ZcnetError(f"state file {path} is not what setup writes: {why}", damaged)
     return doc
 
 
-def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
+def _upgrade(doc: JSONValue) -> JSONValue:
+    """A version-1 state file (one queue, one port) in version 2's words, where its fields
+    have the shape version 1 wrote; ``_state_problem`` then checks the result as any other."""
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        return doc
+    steps = doc["steps"] if isinstance(doc.get("steps"), list) else []
+    records = [doc.get("config"), *(s.get("params") for s in steps if isinstance(s, dict)
+                                    and s.get("kind") in ("rss", "rss-context"))]
+    for record in records:
+        for one in ("queue", "port"):
+            if isinstance(record, dict) and one in record:
+                record[f"{one}s"] = [record.pop(one)]
+    doc["version"] = 2
+    return doc
+
+
+def _state_problem(doc: JSONValue, ifname: str, netns: str | None) -> str | None:
     """Why ``doc`` is not a state file of ``ifname`` in ``netns`` as setup writes it, or None:
     restore applies nothing it has not checked."""
     if not isinstance(doc, dict):
@@ -225,13 +297,18 @@ def _state_problem(doc: Any, ifname: str, netns: str | None) -> str | None:
     if type(doc.get("ifindex")) is not int:
         return "no ifindex"
     cfg = doc.get("config")
-    if not isinstance(cfg, dict) or not (type(q := cfg.get("queue")) is int and q >= 0):
-        return "config lacks a queue"
-    if not (type(port := cfg.get("port")) is int and 0 < port < 65536):
-        return "config lacks a port"
+    if not isinstance(cfg, dict) or not queue_list(cfg.get("queues")):
+        return "config lacks its queues"
+    if not port_list(cfg.get("ports")):
+        return "config lacks its ports"
+    if cfg.get("mode") not in MODES or type(cfg.get("rss_context")) is not bool:
+        return "config lacks its mode or rss_context"
+    flows = cfg.get("flows")
+    if not isinstance(flows, list) or not all(f in ntuple.FLOW_TYPES for f in flows):
+        return "config lacks its flow types"
     steps = doc.get("steps")
-    if not isinstance(steps, list) or len(steps) > 64:
-        return "steps is not a list of at most 64 steps"
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        return f"steps is not a list of at most {MAX_STEPS} steps"
     for i, step in enumerate(steps):
         where = f"steps[{i}]"
         if not isinstance(step, dict) or set(step) != {"kind", "params", "status", "undo"}:
@@ -323,7 +400,7 @@ def apply(cfg: NicConfig, *, steps: list[Step] | None = None, before_step: Hook 
                     f"setup failed at '{current.title if current else '?'}' ({exc}) and undo "
                     f"failed: {'; '.join(failures)}",
                     f"state kept in {path}; fix the cause and run "
-                    f"'zcnet nic restore {cfg.ifname}'") from exc
+                    f"'zcnet nic restore {iface_args(cfg.ifname, cfg.netns)}'") from exc
             path.unlink(missing_ok=True)
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -339,12 +416,12 @@ def restore(ifname: str, netns: str | None = None, *, device: Device | None = No
     doc = load_state(ifname, netns)
     if doc is None:
         raise ZcnetError(f"nothing to restore on {ifname}: no state file {path}",
-                         f"'zcnet nic setup {ifname} ...' writes it")
+                         f"'zcnet nic setup {iface_args(ifname, netns)} ...' writes it")
     steps = [Step(s["kind"], s["params"], s["status"], s["undo"]) for s in doc["steps"]]
     # Each undo is saved as it finishes: a file that cannot be rewritten is found now, before
     # anything on the device changes.
     _write_state(path, doc)
-    cfg = NicConfig(ifname, doc["config"]["queue"], doc["config"]["port"], netns=netns)
+    cfg = _configured_by(doc)
     with _maybe_open(cfg, device) as dev:
         if dev.ifindex != doc.get("ifindex", dev.ifindex):
             log.warning("%s has ifindex %d now, %s when set up", ifname, dev.ifindex,
@@ -361,6 +438,20 @@ def restore(ifname: str, netns: str | None = None, *, device: Device | None = No
                              f"state kept in {path}; fix the cause and run restore again")
     path.unlink(missing_ok=True)
     return todo
+
+
+def _configured_by(doc: JSONObject) -> NicConfig:
+    """The configuration a checked state file (``load_state``) records."""
+    c = doc["config"]
+    return NicConfig(doc["ifname"], c["queues"], c["ports"], c["mode"], c["rss_context"],
+                     doc["netns"], tuple(c["flows"]))
+
+
+def configured(ifname: str, netns: str | None = None) -> NicConfig | None:
+    """The configuration ``setup`` applied to ``ifname`` and has not restored (from its state
+    file), or None: what a server checks its connections' queues against."""
+    doc = load_state(ifname, netns)
+    return None if doc is None else _configured_by(doc)
 
 
 @contextmanager
@@ -382,5 +473,5 @@ def applied(cfg: NicConfig) -> Iterator[list[Step]]:
         restore(cfg.ifname, cfg.netns)
 
 
-__all__ = ["NicConfig", "SetupError", "Step", "applied", "apply", "plan", "restore",
-           "state_path"]
+__all__ = ["NicConfig", "SetupError", "Step", "applied", "apply", "configured", "plan",
+           "restore", "state_path"]

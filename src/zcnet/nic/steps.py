@@ -12,8 +12,8 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.nic import ethtool, ntuple
 from zcnet.nic.device import Device, DeviceUnsupported
 
@@ -23,42 +23,47 @@ log = logging.getLogger(__name__)
 @dataclass
 class Step:
     kind: str
-    params: dict[str, Any]
+    params: JSONObject
     status: str = "pending"  # pending -> applying -> done -> undone
-    undo: dict[str, Any] = field(default_factory=dict)
+    undo: JSONObject = field(default_factory=dict)
 
     @property
     def title(self) -> str:
         return STEPS[self.kind].title(self.params)
 
 
-def channel_key(ch: dict[str, Any]) -> str:
+def queues_text(queues: list[int] | tuple[int, ...]) -> str:
+    """"queue 2" or "queues 2,3", for messages and step titles."""
+    return f"queue{'s' if len(queues) > 1 else ''} {','.join(map(str, queues))}"
+
+
+def channel_key(ch: JSONObject) -> str:
     return "combined-count" if ch.get("combined-max", 0) else "rx-count"
 
 
-def _channels_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _channels_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     ch = ethtool.channels_get(dev)
     key = channel_key(ch)
     undo["prior"] = {key: ch.get(key, 0)}
     ethtool.channels_set(dev, **{key.replace("-", "_"): p["count"]})
 
 
-def _channels_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _channels_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if undo.get("prior"):
         ethtool.channels_set(dev, **{k.replace("-", "_"): v for k, v in undo["prior"].items()})
 
 
-def _feature_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _feature_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     undo["prior"] = p["name"] in ethtool.features_get(dev)["wanted"].value
     ethtool.features_set(dev, {p["name"]: p["on"]})
 
 
-def _feature_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _feature_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if "prior" in undo:
         ethtool.features_set(dev, {p["name"]: undo["prior"]})
 
 
-def _rings_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rings_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     try:
         rings = ethtool.rings_get(dev)
     except DeviceUnsupported as exc:
@@ -73,43 +78,51 @@ def _rings_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
     ethtool.rings_set(dev, **{p["name"]: p["value"]})
 
 
-def _rings_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rings_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if undo.get("prior") is not None:
         ethtool.rings_set(dev, **{p["name"]: undo["prior"]})
 
 
-def _rss_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
-    """Spread the default RSS context over every queue but ``queue``."""
+def _spread(queues: list[int], size: int) -> list[int]:
+    return [queues[i % len(queues)] for i in range(size)]
+
+
+def _rss_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
+    """Spread the default RSS context over every queue but ``queues``."""
     prior = ethtool.rss_get(dev).get("indir") or []
-    others = [q for q in range(p["count"]) if q != p["queue"]]
+    others = [q for q in range(p["count"]) if q not in p["queues"]]
     if not prior or not others:
-        dev.raise_unsupported("an RSS indirection table", "move RSS off the queue")
+        dev.raise_unsupported("an RSS indirection table",
+                              f"move RSS off {queues_text(p['queues'])}")
     # A table the user never set is the kernel's default spread (i mod rings). Restoring it by
     # value would mark it user-configured, after which drivers refuse channel changes; an
     # empty table resets it to the default instead.
     rings = ntuple.rx_rings(dev)
     undo["default"] = prior == [i % rings for i in range(len(prior))]
     undo["prior"] = prior
-    ethtool.rss_set(dev, [others[i % len(others)] for i in range(len(prior))])
+    ethtool.rss_set(dev, _spread(others, len(prior)))
 
 
-def _rss_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rss_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if undo.get("default"):
         ethtool.rss_set(dev, [])
     elif undo.get("prior"):
         ethtool.rss_set(dev, undo["prior"])
 
 
-def _rss_ctx_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
-    undo["context"] = ethtool.rss_create(dev, [p["queue"]])
+def _rss_ctx_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
+    """A new RSS context spreading over ``queues``: a table of the device's size (the kernel
+    repeats a shorter one only when it divides that size)."""
+    size = len(ethtool.rss_get(dev).get("indir") or []) or len(p["queues"])
+    undo["context"] = ethtool.rss_create(dev, _spread(p["queues"], size))
 
 
-def _rss_ctx_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rss_ctx_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if undo.get("context"):
         ethtool.rss_delete(dev, undo["context"])
 
 
-def _rule_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rule_apply(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     ctx = p.get("context_of")
     context = 0
     if ctx is not None:
@@ -119,7 +132,12 @@ def _rule_apply(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
     undo["location"] = ntuple.rule_insert(dev, p["flow"], p["port"], queue, context)
 
 
-def _rule_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
+def _rule_title(p: JSONObject) -> str:
+    to = "the RSS context" if p["context_step"] is not None else f"queue {p['queue']}"
+    return f"{p['flow']} dst-port {p['port']} -> {to}"
+
+
+def _rule_undo(dev: Device, p: JSONObject, undo: JSONObject) -> None:
     if "location" in undo:
         ntuple.rule_delete(dev, undo["location"])
     else:
@@ -133,7 +151,7 @@ def _rule_undo(dev: Device, p: dict[str, Any], undo: dict[str, Any]) -> None:
 # until every step's params and undo record have the shape its apply wrote, so no undo ever
 # runs on half-parsed data. Each field is a predicate; ``problem`` names the first that fails.
 
-Check = Callable[[Any], bool]
+Check = Callable[[JSONValue], bool]
 
 
 def _int(lo: int, hi: int) -> Check:
@@ -147,11 +165,11 @@ def _one_of(*choices: object) -> Check:
 _U16, _U32 = _int(0, 0xFFFF), _int(0, 0xFFFF_FFFF)
 
 
-def _bool(v: Any) -> bool:
+def _bool(v: JSONValue) -> bool:
     return type(v) is bool
 
 
-def _feature(v: Any) -> bool:
+def _feature(v: JSONValue) -> bool:
     """An ethtool feature name (ETH_GSTRING_LEN - 1 characters); the kernel's own list is
     checked again when one is set."""
     return isinstance(v, str) and re.fullmatch(r"[\w.-]{1,31}", v) is not None
@@ -162,16 +180,25 @@ RING_VALUES: dict[str, Check] = {"tcp-data-split": _one_of(*ethtool.TCP_DATA_SPL
                                  "hds-thresh": _U32}
 
 
-def _prior_channels(v: Any) -> bool:
+def _prior_channels(v: JSONValue) -> bool:
     return (isinstance(v, dict) and len(v) == 1
             and all(k in ("combined-count", "rx-count") and _U16(n) for k, n in v.items()))
 
 
-def _indir(v: Any) -> bool:
+def _unique_ints(lo: int, limit: int) -> Check:
+    ok = _int(lo, 0xFFFF)
+    return lambda v: (isinstance(v, list) and 0 < len(v) <= limit and all(ok(x) for x in v)
+                      and len(set(v)) == len(v))
+
+
+queue_list, port_list = _unique_ints(0, 1024), _unique_ints(1, 1024)
+
+
+def _indir(v: JSONValue) -> bool:
     return isinstance(v, list) and len(v) <= 0x10000 and all(_U32(q) for q in v)
 
 
-def _fields(record: Any, spec: dict[str, Check], where: str, *, required: bool) -> str | None:
+def _fields(record: JSONValue, spec: dict[str, Check], where: str, *, required: bool) -> str | None:
     if not isinstance(record, dict):
         return f"{where} is not an object"
     if unknown := [k for k in record if k not in spec]:
@@ -187,15 +214,15 @@ def _fields(record: Any, spec: dict[str, Check], where: str, *, required: bool) 
 
 @dataclass(frozen=True)
 class StepKind:
-    title: Callable[[dict[str, Any]], str]
-    apply: Callable[[Device, dict[str, Any], dict[str, Any]], None]
-    undo: Callable[[Device, dict[str, Any], dict[str, Any]], None]
+    title: Callable[[JSONObject], str]
+    apply: Callable[[Device, JSONObject, JSONObject], None]
+    undo: Callable[[Device, JSONObject, JSONObject], None]
     params: dict[str, Check]    # what setup plans: every field required
     recorded: dict[str, Check]  # what apply records for the undo: any may be missing
     # Fields that are only valid together (a ring's value depends on which ring).
-    consistent: Callable[[dict[str, Any], dict[str, Any]], bool] = lambda p, u: True
+    consistent: Callable[[JSONObject, JSONObject], bool] = lambda p, u: True
 
-    def problem(self, params: Any, undo: Any, where: str) -> str | None:
+    def problem(self, params: JSONValue, undo: JSONValue, where: str) -> str | None:
         """Why ``params``/``undo`` (from a state file) are not what this kind writes, or None."""
         why = (_fields(params, self.params, f"{where}.params", required=True)
                or _fields(undo, self.recorded, f"{where}.undo", required=False))
@@ -204,7 +231,7 @@ class StepKind:
         return why
 
 
-def _rings_consistent(p: dict[str, Any], u: dict[str, Any]) -> bool:
+def _rings_consistent(p: JSONObject, u: JSONObject) -> bool:
     ok = RING_VALUES[p["name"]]
     return ok(p["value"]) and (u.get("prior") is None or ok(u["prior"]))
 
@@ -218,14 +245,13 @@ STEPS: dict[str, StepKind] = {
     "rings": StepKind(lambda p: f"{p['name']} {p['value']}", _rings_apply, _rings_undo,
                       {"name": _one_of(*RING_VALUES), "value": lambda v: True},
                       {"prior": lambda v: True}, _rings_consistent),
-    "rss": StepKind(lambda p: f"RSS off queue {p['queue']}", _rss_apply, _rss_undo,
-                    {"queue": _U16, "count": _int(1, 0xFFFF)},
+    "rss": StepKind(lambda p: f"RSS off {queues_text(p['queues'])}", _rss_apply, _rss_undo,
+                    {"queues": queue_list, "count": _int(1, 0xFFFF)},
                     {"default": _bool, "prior": _indir}),
-    "rss-context": StepKind(lambda p: f"RSS context for queue {p['queue']}",
+    "rss-context": StepKind(lambda p: f"RSS context for {queues_text(p['queues'])}",
                             _rss_ctx_apply, _rss_ctx_undo,
-                            {"queue": _U16}, {"context": _int(1, 0xFFFF_FFFF)}),
-    "flow-rule": StepKind(lambda p: f"{p['flow']} dst-port {p['port']} -> queue {p['queue']}",
-                          _rule_apply, _rule_undo,
+                            {"queues": queue_list}, {"context": _int(1, 0xFFFF_FFFF)}),
+    "flow-rule": StepKind(_rule_title, _rule_apply, _rule_undo,
                           {"flow": _one_of(*ntuple.FLOW_TYPES), "port": _int(1, 0xFFFF),
                            "queue": _U16,
                            "context_step": lambda v: v is None or _int(0, 0xFFFF)(v)},

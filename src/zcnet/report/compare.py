@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from zcnet.bench.records import AxisValue, ComparisonRow, Env, ResultFile, ResultRow, Stats
 from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.cells import METRICS, CellKey, check_figures, group, key_text
+from zcnet.jsonvalue import JSONValue
+from zcnet.report.cells import METRICS, CellKey, group, key_text, stored_metric
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, Verdict, summarize, welch
 from zcnet.report.tables import Table
 
@@ -34,17 +35,22 @@ class Row:
 NIC_IDENTITY = ("driver", "firmware", "bus_info")
 
 
-def _identity(field: str, value: Any) -> Any:
+Identity = JSONValue | tuple[JSONValue, ...]
+
+
+def _identity(env: Env, field: str) -> Identity:
+    """What must match of an env's ``field``: a NIC's driver, firmware and bus address."""
+    value = {"kernel": env.kernel, "cpu_model": env.cpu_model, "nic": env.nic}[field]
     if field == "nic" and isinstance(value, dict):
         return tuple(value.get(k) for k in NIC_IDENTITY)
     return value
 
 
-def env_differences(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
+def env_differences(env_a: Env, env_b: Env) -> list[str]:
     """Fields that differ. A NIC recorded on one side only is unknown, not different."""
     out = []
     for f in ENV_MUST_MATCH:
-        a, b = _identity(f, env_a.get(f)), _identity(f, env_b.get(f))
+        a, b = _identity(env_a, f), _identity(env_b, f)
         if f == "nic" and (a is None or b is None):
             continue
         if a != b:
@@ -52,52 +58,45 @@ def env_differences(env_a: dict[str, Any], env_b: dict[str, Any]) -> list[str]:
     return out
 
 
-def _show(value: Any) -> str:
+def _show(value: Identity) -> str:
     if isinstance(value, tuple):
         return "/".join(str(v) for v in value if v) or "?"
     return repr(value)
 
 
-def check_comparable(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool) -> list[str]:
+def check_comparable(doc_a: ResultFile, doc_b: ResultFile, *, force: bool) -> list[str]:
     """The env differences; raises unless ``force``."""
-    for side, doc in (("A", doc_a), ("B", doc_b)):
-        if doc.get("tool") != "zcnet" or not isinstance(doc.get("results"), list):
-            raise UsageError("not a zcnet result file (no zcnet envelope)",
-                             "pass files written by --json or --out")
-        check_figures(doc, side)
     kind_a, kind_b = kind_of(doc_a), kind_of(doc_b)
     if kind_a != kind_b:
         raise UsageError(f"different kinds of runs: A is {kind_a}, B is {kind_b}",
                          "compare two results of one command or experiment")
-    diffs = env_differences(doc_a.get("env", {}), doc_b.get("env", {}))
+    diffs = env_differences(doc_a.env, doc_b.env)
     if diffs and not force:
         raise ZcnetError("runs were measured on different systems: " + "; ".join(diffs),
                          "compare runs from one machine, or pass --force")
     return diffs
 
 
-def kind_of(doc: dict[str, Any]) -> str:
+def kind_of(doc: ResultFile) -> str:
     """What a result file measured: its command, and the experiment's tool for experiments."""
-    kind = str(doc.get("kind", "?"))
-    tool = (doc.get("experiment") or {}).get("tool") if isinstance(doc.get("experiment"),
-                                                                   dict) else None
-    return f"{kind} ({tool})" if tool else kind
+    tool = doc.experiment.tool if doc.experiment is not None else ""
+    return f"{doc.kind} ({tool})" if tool else doc.kind
 
 
-def pick_metric(rows: list[dict[str, Any]]) -> str | None:
+def pick_metric(rows: list[ResultRow]) -> str | None:
     """The headline metric of a cell: the first known metric its rows carry."""
     for name in METRICS:
-        if any(isinstance(r.get(name), (int, float)) for r in rows):
+        if any(stored_metric(r, name) is not None for r in rows):
             return name
     return None
 
 
-def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool = False,
+def compare(doc_a: ResultFile, doc_b: ResultFile, *, force: bool = False,
             metric: str | None = None) -> list[Row]:
     check_comparable(doc_a, doc_b, force=force)
     if metric is not None and metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r}", "choose one of: " + ", ".join(METRICS))
-    cells_a, cells_b = group(doc_a["results"]), group(doc_b["results"])
+    cells_a, cells_b = group(doc_a.results), group(doc_b.results)
     out: list[Row] = []
     for key in list(cells_a) + [k for k in cells_b if k not in cells_a]:
         ca, cb = cells_a.get(key), cells_b.get(key)
@@ -128,18 +127,21 @@ def compare(doc_a: dict[str, Any], doc_b: dict[str, Any], *, force: bool = False
     return out
 
 
-def row_dict(row: Row) -> dict[str, Any]:
-    """A JSON-ready form of a comparison row."""
-    return {
-        "cell": dict(row.key),
-        "cell_text": key_text(row.key),
-        "metric": row.metric,
-        "a": row.a.as_dict() if row.a else None,
-        "b": row.b.as_dict() if row.b else None,
-        "ratio": row.verdict.ratio if row.verdict else None,
-        "pvalue": row.verdict.pvalue if row.verdict else None,
-        "verdict": row.verdict.text() if row.verdict else row.note,
-    }
+def _stats(s: Summary | None) -> Stats | None:
+    if s is None:
+        return None
+    return Stats(n=s.n, mean=s.mean, stdev=s.stdev, min=s.min, max=s.max, unstable=s.unstable)
+
+
+def comparison_row(row: Row) -> ComparisonRow:
+    """A comparison row as the result file keeps it; a ratio without a value (a mean of 0) is
+    null, not NaN, which JSON does not have."""
+    ratio = row.verdict.ratio if row.verdict else None
+    return ComparisonRow(
+        cell=dict(row.key), cell_text=key_text(row.key), metric=row.metric, a=_stats(row.a),
+        b=_stats(row.b), ratio=None if ratio is None or math.isnan(ratio) else ratio,
+        pvalue=row.verdict.pvalue if row.verdict else None,
+        verdict=row.verdict.text() if row.verdict else row.note)
 
 
 def _short_verdict(row: Row) -> str:
@@ -157,7 +159,7 @@ def _short_verdict(row: Row) -> str:
     return f"{'faster' if v.ratio >= 1 else 'slower'} {p}"
 
 
-def _axes(keys: list[CellKey]) -> tuple[list[str], list[tuple[str, Any]]]:
+def _axes(keys: list[CellKey]) -> tuple[list[str], list[tuple[str, AxisValue]]]:
     """The key fields whose values differ between cells (the cell column), and those with one
     value wherever present (said once). A cell that failed before it recorded, say, its send
     path lacks that field: missing is not a value."""
@@ -226,10 +228,10 @@ def _number(s: Summary | None, metric: str) -> str:
     return s.format(METRICS[metric].digits)
 
 
-def incomplete_notes(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> list[str]:
+def incomplete_notes(doc_a: ResultFile, doc_b: ResultFile) -> list[str]:
     """A warning for each side whose run was interrupted before it measured every cell."""
     return [f"incomplete: {side} was interrupted; cells it did not reach read 'only in'"
-            for side, doc in (("A", doc_a), ("B", doc_b)) if doc.get("complete") is False]
+            for side, doc in (("A", doc_a), ("B", doc_b)) if doc.complete is False]
 
 
 def unstable_sides(rows: list[Row], label: Callable[[Row], str] | None = None) -> list[str]:

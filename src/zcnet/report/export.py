@@ -10,7 +10,6 @@ import io
 import os
 import textwrap
 from collections.abc import Iterable
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -19,6 +18,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from zcnet.bench.meta import write_text_atomic
+from zcnet.bench.records import ResultRow
 from zcnet.errors import ZcnetError
 from zcnet.report.tables import Table, flat_rows
 
@@ -109,7 +109,7 @@ def to_markdown(tables: Iterable[Table]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def to_csv(results: list[dict[str, Any]]) -> str:
+def to_csv(results: list[ResultRow]) -> str:
     headers, rows = flat_rows(results)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -4,23 +4,25 @@ A report is often run on a file someone handed over, so the file is treated as h
 read as every file a user hands zcnet is (``zcnet.userfile``: a regular file only, never
 blocking, at most ``MAX_BYTES``, UTF-8 only, another encoding named), and its nesting is bounded
 (json's recursion would otherwise end in RecursionError, or pass and break later in a report).
-Each problem is one ``UsageError`` naming the file and what to give instead.
+Each problem is one ``UsageError`` naming the file and what to give instead. What the file holds
+is read into its record (``zcnet.bench.records``), which checks every field: types, and ranges
+(``zcnet.quantities``: NaN, infinite, negative figures are refused).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from zcnet.bench.records import RecordError, ResultFile, read_file
 from zcnet.errors import UsageError
-from zcnet.report.cells import check_figures
+from zcnet.jsonvalue import JSONValue
 from zcnet.userfile import decode, read_bytes
 
 MAX_BYTES = 64 << 20   # a run of thousands of cells repeated is a few MiB
 MAX_DEPTH = 32         # a result nests about 6 deep
 FIX = "give a file written by --json/--out"
 
-def depth_exceeds(doc: Any, limit: int = MAX_DEPTH) -> bool:
+def depth_exceeds(doc: JSONValue, limit: int = MAX_DEPTH) -> bool:
     """Whether ``doc`` nests deeper than ``limit`` (walked without recursion)."""
     stack = [(doc, 1)]
     while stack:
@@ -39,9 +41,9 @@ def _nesting_error(path: str) -> UsageError:
                       "does not", FIX)
 
 
-def parse(path: str, text: str) -> Any:
+def parse(path: str, text: str) -> JSONValue:
     try:
-        doc = json.loads(text)
+        doc: JSONValue = json.loads(text)
     except RecursionError:
         raise _nesting_error(path) from None
     except json.JSONDecodeError as exc:
@@ -53,12 +55,7 @@ def parse(path: str, text: str) -> Any:
     return doc
 
 
-# Top-level keys a report reads, and the type each must have.
-_TOP = (("env", dict), ("experiment", dict), ("report", dict), ("kind", str),
-        ("complete", bool), ("warnings", list))
-
-
-def load_result(path: str) -> dict[str, Any]:
+def load_result(path: str) -> ResultFile:
     """A zcnet result envelope from ``path``, checked: one-line errors for anything else."""
     text = decode(read_bytes(path, "result file", limit=MAX_BYTES, fix=FIX), path,
                   "result file", FIX)
@@ -66,13 +63,7 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("tool") != "zcnet" \
             or not isinstance(doc.get("results"), list):
         raise UsageError(f"{path} is not a zcnet result file", FIX)
-    for key, kind in _TOP:
-        if key in doc and not isinstance(doc[key], kind):
-            raise UsageError(f"{path}: '{key}' is not {'text' if kind is str else kind.__name__}"
-                             f" but {doc[key]!r}"[:300],
-                             f"{FIX} (not edited by hand)")
-    if not all(isinstance(w, str) for w in doc.get("warnings", [])):
-        raise UsageError(f"{path}: 'warnings' must be a list of texts",
-                         f"{FIX} (not edited by hand)")
-    check_figures(doc, path)
-    return doc
+    try:
+        return read_file(doc)
+    except RecordError as e:
+        raise UsageError(f"{path}: {e}", f"{FIX} (not edited by hand)") from None

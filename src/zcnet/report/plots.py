@@ -16,13 +16,19 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
+from zcnet.bench.records import AxisValue, CpuShares, ResultFile, ResultRow
 from zcnet.errors import ZcnetError
 from zcnet.report.cells import METRICS, Cell, group
 from zcnet.report.labels import PLACEMENT_TITLES
 from zcnet.report.stats import summarize
 from zcnet.report.tables import MPSTAT_COLUMNS, per_cpu_shares, report_section
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FIGSIZE = (11.0, 6.5)
 DPI = 100
@@ -45,26 +51,23 @@ class Context:
     stand_ins: tuple[tuple[str, str, str], ...] = ()
 
 
-def context(doc: dict[str, Any]) -> Context:
-    exp = doc.get("experiment") or {}
-    env = doc.get("env") or {}
-    where = ("a lab of two network namespaces joined by veth" if env.get("lab")
-             else "loopback" if env.get("lab") is False and not exp else "")
-    machine = ", ".join(str(x) for x in (
-        f"Linux {env['kernel']}" if env.get("kernel") else "",
-        f"{env['cpus']} CPUs" if env.get("cpus") else "", env.get("cpu_model") or "", where,
-        str(env.get("time") or "")[:16].replace("T", " ")) if x)
-    title = exp.get("title") or ("zcnet bench: one TCP flow per cell" if doc.get("kind") ==
-                                 "bench" else str(doc.get("kind") or "zcnet results"))
-    subs = [s for s in exp.get("substitutions", [])
-            if isinstance(s, dict) and isinstance(s.get("text"), str)]
-    return Context(title, machine, tuple(f"substituted: {s['text']}" for s in subs),
-                   by_median=doc.get("kind") == "bench",
-                   stand_ins=tuple((str(s.get("axis")), str(s.get("lab")), str(s.get("value")))
-                                   for s in subs))
+def context(doc: ResultFile) -> Context:
+    exp, env = doc.experiment, doc.env
+    where = ("a lab of two network namespaces joined by veth" if env.lab
+             else "loopback" if env.lab is False and exp is None else "")
+    machine = ", ".join(x for x in (
+        f"Linux {env.kernel}" if env.kernel else "",
+        f"{env.cpus} CPUs" if env.cpus else "", env.cpu_model or "", where,
+        (env.time or "")[:16].replace("T", " ")) if x)
+    title = (exp.title if exp else "") or ("zcnet bench: one TCP flow per cell"
+                                           if doc.kind == "bench" else doc.kind or "zcnet results")
+    subs = exp.substitutions if exp else []
+    return Context(title, machine, tuple(f"substituted: {s.text}" for s in subs),
+                   by_median=doc.kind == "bench",
+                   stand_ins=tuple((s.axis, str(s.lab), str(s.value)) for s in subs))
 
 
-def _pyplot() -> Any:
+def _pyplot() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
@@ -86,8 +89,8 @@ def _wrap(lines: list[str], width: int = 160) -> list[str]:
     return [w for line in lines for w in textwrap.wrap(line, width) or [""]]
 
 
-def _figure(plt: Any, ctx: Context, what: str, notes: list[str], panels: int = 1,
-            sharey: bool = True, top: float = 0.87) -> tuple[Any, list[Any]]:
+def _figure(plt: ModuleType, ctx: Context, what: str, notes: list[str], panels: int = 1,
+            sharey: bool = True, top: float = 0.87) -> tuple[Figure, list[Axes]]:
     """A figure titled in words (``what`` of ``ctx.title``), the machine under the title, and
     ``notes`` (error bars, substitutions) in small print at the bottom."""
     fig, axes = plt.subplots(1, panels, figsize=FIGSIZE, dpi=DPI, sharey=sharey, squeeze=False)
@@ -104,7 +107,7 @@ def _figure(plt: Any, ctx: Context, what: str, notes: list[str], panels: int = 1
     return fig, list(axes[0])
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def _save(plt: ModuleType, fig: Figure, path: Path) -> Path:
     """The PNG, atomically; its title and small print also go into its text chunks (Title,
     Description), where a reader or a test finds them without looking at the pixels."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
@@ -132,7 +135,7 @@ def _labeller(cells: list[Cell], skip: tuple[str, ...],
                and len({c.fields.get(f) for c in cells}) > 1]
     stands = {(axis, lab): seed for axis, lab, seed in (ctx.stand_ins if ctx else ())}
 
-    def part(f: str, v: Any) -> str:
+    def part(f: str, v: AxisValue | None) -> str:
         text = str(v) if f in ("engine", "mode") else f"{f} {v}"
         seed = stands.get((f, str(v)))
         return f"{text} (for {seed})" if seed else text
@@ -143,7 +146,7 @@ def _labeller(cells: list[Cell], skip: tuple[str, ...],
     return label
 
 
-def _not_plotted(results: list[dict[str, Any]], shown: list[Cell]) -> list[str]:
+def _not_plotted(results: list[ResultRow], shown: list[Cell]) -> list[str]:
     """A note naming the cells that have no value to plot (did not run, or failed)."""
     keys = {c.key for c in shown}
     missing = [c for c in group(results).values() if c.key not in keys]
@@ -188,9 +191,8 @@ def _panels(cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
              [c for c in cells if c.fields.get("placement") == p]) for p in places]
 
 
-def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "gbps",
-                      ctx: Context | None = None,
-                      peers: list[dict[str, Any]] | None = None) -> Path:
+def throughput_vs_mtu(results: list[ResultRow], path: Path, metric: str = "gbps",
+                      ctx: Context | None = None, peers: list[ResultRow] | None = None) -> Path:
     """One line per engine (and other axes) over the MTUs, a panel per placement; the C tools
     run in the same lab (``peers``) as dashed grey lines."""
     ctx = ctx or Context("throughput", "")
@@ -231,14 +233,15 @@ def throughput_vs_mtu(results: list[dict[str, Any]], path: Path, metric: str = "
         ax.set_xlabel("MTU (bytes)")
     axes[0].set_ylabel(f"{m.label} ({m.unit})")
     axes[0].set_ylim(bottom=0)
-    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+    handles = {str(h.get_label()): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=9,
                    title="engine" if "engine" in {f for c in cells for f, _ in c.key} else None)
     return _save(plt, fig, path)
 
 
-def _peer_series(peers: list[dict[str, Any]], places: set[Any], mtus: list[int], metric: str,
+def _peer_series(peers: list[ResultRow], places: set[AxisValue | None], mtus: list[int],
+                 metric: str,
                  by_median: bool) -> dict[str, list[tuple[int, tuple[float, float, float]]]]:
     """Each peer tool's points at the MTUs of the plot, in the panel's placement."""
     out: dict[str, list[tuple[int, tuple[float, float, float]]]] = {}
@@ -254,27 +257,29 @@ def _peer_series(peers: list[dict[str, Any]], places: set[Any], mtus: list[int],
 def _roles(cell: Cell, cpu: str) -> list[str]:
     """What ran on ``cpu`` in a cell: the application, the sender, the receive softirq."""
     row = cell.rows[0]
-    names = (("rx_cpu", "application"), ("tx_cpu", "sender"), ("incoming_cpu", "softirq"))
-    return [what for key, what in names if str(row.get(key)) == cpu]
+    names = ((row.shares_cpu("rx"), "application"), (row.shares_cpu("tx"), "sender"),
+             (row.rx_cpu_end, "softirq"))
+    return [what for where, what in names if where is not None and str(where) == cpu]
 
 
-def _cpu_bars(cell: Cell) -> list[tuple[str, list[str], dict[str, float | None]]]:
+def _cpu_bars(cell: Cell) -> list[tuple[str, list[str], CpuShares]]:
     """(cpu, roles, shares) per CPU the cell's rows recorded: per-CPU shares where the rows
     carry them, else the receiving and sending CPUs of a bench row (one bar when they are the
     same CPU)."""
     shares = per_cpu_shares(cell)
     if shares:
         return [(cpu, _roles(cell, cpu), s) for cpu, s in shares.items()]
-    out: list[tuple[str, list[str], dict[str, float | None]]] = []
+    out: list[tuple[str, list[str], CpuShares]] = []
     row = cell.rows[0]
     for side, who in (("rx", "receiving"), ("tx", "sending")):
-        vals = [r["cpu"][side] for r in cell.rows if (r.get("cpu") or {}).get(side)]
-        cpu = str(row.get(f"{side}_cpu", who))
+        vals = [v for r in cell.rows if (v := r.side_shares(side)) is not None and v.sampled]
+        where = row.shares_cpu(side)
+        cpu = str(where) if where is not None else who
         if not vals or any(c == cpu for c, _, _ in out):
             continue
-        mean = {k: sum(float(v.get(k) or 0.0) for v in vals) / len(vals) for k, _ in
-                MPSTAT_COLUMNS}
-        out.append((cpu, _roles(cell, cpu) or [f"{who} side"], dict(mean)))
+        mean = CpuShares(**{k: sum(v.share(k) or 0.0 for v in vals) / len(vals)
+                            for k, _ in MPSTAT_COLUMNS})
+        out.append((cpu, _roles(cell, cpu) or [f"{who} side"], mean))
     return out
 
 
@@ -288,7 +293,7 @@ def _rows(labels: Iterable[str]) -> list[float]:
     return ys
 
 
-def cpu_breakdown(results: list[dict[str, Any]], path: Path,
+def cpu_breakdown(results: list[ResultRow], path: Path,
                   ctx: Context | None = None) -> Path:
     """Horizontal bars, one per CPU a cell used, split into %usr, %sys, %irq, %soft ... with
     %idle the rest of 100; a panel per placement. When every cell of a panel gave its CPUs the
@@ -313,7 +318,7 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
         ys = _rows(lab for lab, *_ in bars)
         left = [0.0] * len(bars)
         for part in (*CPU_PARTS, "idle"):
-            widths = [float(s.get(part) or 0.0) for *_, s in bars]
+            widths = [s.share(part) or 0.0 for *_, s in bars]
             if part == "idle":
                 widths = [max(0.0, 100.0 - x) for x in left]
             if not any(widths):
@@ -339,7 +344,7 @@ def cpu_breakdown(results: list[dict[str, Any]], path: Path,
     return _save(plt, fig, path)
 
 
-def pps_per_mode(results: list[dict[str, Any]], path: Path, metric: str = "mpps",
+def pps_per_mode(results: list[ResultRow], path: Path, metric: str = "mpps",
                  ctx: Context | None = None) -> Path:
     """A bar per send mode (and other axes), its value written on it, with error bars."""
     ctx = ctx or Context("packet rate", "")
@@ -365,21 +370,43 @@ def pps_per_mode(results: list[dict[str, Any]], path: Path, metric: str = "mpps"
     return _save(plt, fig, path)
 
 
-PLOTTERS: dict[str, Callable[..., Path]] = {
-    "throughput-vs-mtu": throughput_vs_mtu,
-    "cpu-breakdown": cpu_breakdown,
-    "pps-per-mode": pps_per_mode,
+class Plotter(Protocol):
+    """One plot of a result file's rows into ``path``, in the words of ``ctx``; ``metric``
+    the report's headline (a plot that shows none ignores it), ``peers`` the C tools' rows."""
+
+    def __call__(self, results: list[ResultRow], path: Path, metric: str, ctx: Context,
+                 peers: list[ResultRow]) -> Path: ...
+
+
+def _throughput(results: list[ResultRow], path: Path, metric: str, ctx: Context,
+                peers: list[ResultRow]) -> Path:
+    return throughput_vs_mtu(results, path, metric, ctx, peers)
+
+
+def _cpu(results: list[ResultRow], path: Path, metric: str, ctx: Context,
+         peers: list[ResultRow]) -> Path:
+    return cpu_breakdown(results, path, ctx)
+
+
+def _pps(results: list[ResultRow], path: Path, metric: str, ctx: Context,
+         peers: list[ResultRow]) -> Path:
+    return pps_per_mode(results, path, metric, ctx)
+
+
+PLOTTERS: dict[str, Plotter] = {
+    "throughput-vs-mtu": _throughput,
+    "cpu-breakdown": _cpu,
+    "pps-per-mode": _pps,
 }
 
 
-def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
+def plot_all(doc: ResultFile, out_dir: str | os.PathLike[str],
              names: list[str] | None = None, stem: str | None = None) -> list[Path]:
     """The plots an envelope's report section asks for, as ``<stem>-<plot>.png``; the stem is
     the experiment's name or the command's unless given."""
     rep = report_section(doc)
-    exp = doc.get("experiment") or {}
-    stem = stem or exp.get("name") or doc.get("kind", "zcnet")
-    results = [r for r in doc.get("results", []) if not r.get("peer")]
+    stem = stem or (doc.experiment.name if doc.experiment else "") or doc.kind or "zcnet"
+    results = doc.rows()
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -387,18 +414,12 @@ def plot_all(doc: dict[str, Any], out_dir: str | os.PathLike[str],
         raise ZcnetError(f"cannot create plot directory {out}: {exc.strerror or exc}",
                          "give a directory that exists or can be created") from None
     ctx = context(doc)
-    paths = []
-    for name in names if names is not None else rep.get("plots", []):
-        kwargs: dict[str, Any] = {"ctx": ctx}
-        if name != "cpu-breakdown" and rep.get("metric"):
-            kwargs["metric"] = rep["metric"]
-        if name == "throughput-vs-mtu":
-            kwargs["peers"] = [r for r in doc.get("results", []) if r.get("peer")]
-        paths.append(PLOTTERS[name](results, out / f"{stem}-{name}.png", **kwargs))
-    return paths
+    return [PLOTTERS[name](results, out / f"{stem}-{name}.png", rep.metric, ctx,
+                           doc.rows(peers=True))
+            for name in (names if names is not None else rep.plots)]
 
 
-def plot_beside(doc: dict[str, Any], json_path: str | os.PathLike[str]) -> list[Path]:
+def plot_beside(doc: ResultFile, json_path: str | os.PathLike[str]) -> list[Path]:
     """The plots next to a result file: ``out/run.json`` gives ``out/run-<plot>.png``; none
     beside a device or FIFO (``--json /dev/stdout``): there is no directory of results there."""
     p = Path(json_path)

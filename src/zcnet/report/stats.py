@@ -37,10 +37,6 @@ class Summary:
             return f"{self.mean:.{digits}f}"
         return f"{self.mean:.{digits}f} ± {self.stdev:.{digits}f}"
 
-    def as_dict(self) -> dict[str, float | int | bool]:
-        return {"n": self.n, "mean": self.mean, "stdev": self.stdev, "min": self.min,
-                "max": self.max, "unstable": self.unstable}
-
 
 def summarize(values: Sequence[float]) -> Summary:
     if not values:

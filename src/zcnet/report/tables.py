@@ -13,11 +13,11 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from zcnet.bench.cpustat import SHARES
-from zcnet.errors import UsageError, ZcnetError
-from zcnet.report.cells import METRICS, Cell, cell_key, group, key_text
+from zcnet.bench.records import AxisValue, CpuShares, ReportSection, ResultFile, ResultRow
+from zcnet.errors import ZcnetError
+from zcnet.report.cells import METRICS, Cell, CellKey, cell_key, group, key_text, metric_reason
 from zcnet.report.labels import ZCRX_COPY_NOTE
 from zcnet.report.stats import UNSTABLE_SHARE, Summary, welch
 from zcnet.report.warning_notes import notes_for
@@ -35,7 +35,7 @@ class Table:
     compact: bool = False  # no vertical lines nor edge padding: more room in 80 columns
 
 
-def result_text(rows: list[dict[str, Any]], metric: str) -> str:
+def result_text(rows: list[ResultRow], metric: str) -> str:
     """One measured cell in a line of progress: its metric, or why it has none."""
     cell = Cell(cell_key(rows[0]), rows)
     if cell.status != "ok":
@@ -84,35 +84,56 @@ def _cell_text(cell: Cell | None, metric: str, extra: Iterable[str]) -> str:
     s = cell.summary(metric)
     parts = [s.format(METRICS[metric].digits) if s else "n/a"]
     for name in extra:
+        if name == ZERO_COPY and not any(r.tracks_copies() for r in cell.rows):
+            continue  # a copying engine: no counter to show
         s = cell.summary(name)
         m = METRICS[name]
         if s is not None:
             # Extras read as the seed's "CPU usage 95%": the mean only, the headline keeps the ±.
             unit = m.unit if m.unit == "%" else f" {m.unit}" if m.unit else ""
             parts.append(f"{s.mean:.{m.digits}f}{unit} {m.short or m.label}")
-        else:
-            parts.append(f"n/a {m.short or m.label}")  # not measured: never shown as 0
+        else:  # not measured: never shown as 0
+            parts.append(f"{'unknown' if name == ZERO_COPY else 'n/a'} {m.short or m.label}")
     return ", ".join(parts)
 
 
-def _blocks(cells: dict[Any, Cell], fixed: Iterable[str]) -> dict[tuple[tuple[str, Any], ...],
-                                                                   list[Cell]]:
+ZERO_COPY = "zero_copy_share"
+
+
+def with_copies(extra: list[str], rows: Iterable[ResultRow]) -> list[str]:
+    """``extra`` and the zero-copy share where a receiver kept the kernel's copy counters."""
+    if ZERO_COPY in extra or not any(r.tracks_copies() for r in rows):
+        return extra
+    return [*extra, ZERO_COPY]
+
+
+def copy_notes(cells: Iterable[Cell]) -> list[str]:
+    """Why a zero-copy share is unknown: one line per reason, naming its cells."""
+    by_reason: dict[str, dict[str, None]] = {}
+    for c in cells:
+        for r in c.rows:
+            if r.ok and (why := r.zero_copy_reason()):
+                by_reason.setdefault(why, {})[key_text(c.key)] = None
+    return [f"zero-copy unknown ({'; '.join(keys)}): {why}" for why, keys in by_reason.items()]
+
+
+def _blocks(cells: dict[CellKey, Cell], fixed: Iterable[str]) -> dict[CellKey, list[Cell]]:
     """Cells split by the values of the axes that are neither rows nor columns."""
     fixed = set(fixed)
-    out: dict[tuple[tuple[str, Any], ...], list[Cell]] = {}
+    out: dict[CellKey, list[Cell]] = {}
     for cell in cells.values():
         rest = tuple((f, v) for f, v in cell.key if f not in fixed and f != "experiment")
         out.setdefault(rest, []).append(cell)
     return out
 
 
-def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, metric: str,
+def grid(title: str, results: list[ResultRow], *, rows: str, columns: str, metric: str,
          extra: Iterable[str] = ()) -> list[Table]:
     """One table per combination of the other axes: rows x columns, cell = metric (+ extras)."""
-    extra = list(extra)
     cells = group(results)
     tables = []
     for rest, block in _blocks(cells, (rows, columns)).items():
+        extra = with_copies(list(extra), (r for c in block for r in c.rows))
         row_vals = list(dict.fromkeys(c.fields.get(rows) for c in block))
         col_vals = list(dict.fromkeys(c.fields.get(columns) for c in block))
         lookup = {(c.fields.get(rows), c.fields.get(columns)): c for c in block}
@@ -127,7 +148,8 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
         for r in row_vals:
             t.rows.append([str(r), *(_cell_text(lookup.get((r, c)), metric, extra)
                                      for c in col_vals)])
-        t.notes = (extra_legend(extra) + na_notes(block) + warning_notes(block)
+        t.notes = (extra_legend(extra) + na_notes(block) + copy_notes(block)
+                   + warning_notes(block)
                    + unstable_notes(block, [metric, *extra])
                    + [ZCRX_COPY_NOTE] * any(_modes(c) == {"copy"} for c in block))
         tables.append(t)
@@ -137,7 +159,10 @@ def grid(title: str, results: list[dict[str, Any]], *, rows: str, columns: str, 
 # What an extra after the headline means, where a number alone would not say.
 EXTRA_LEGENDS = {"rx_busy": "N% CPU: how busy the CPU the receiving application ran on was "
                             "(100 - %idle - %iowait over the cell); in placement same it also "
-                            "runs the receive softirq (and in the lab the sender)"}
+                            "runs the receive softirq (and in the lab the sender)",
+                 ZERO_COPY: "N% zero-copy: of the bytes received, the share the kernel did not "
+                            "copy, from its own counter (zcrx stats, devmem's linear "
+                            "fragments; the soft provider copies every byte: 0%)"}
 
 
 def extra_legend(extra: Iterable[str]) -> list[str]:
@@ -145,19 +170,19 @@ def extra_legend(extra: Iterable[str]) -> list[str]:
 
 
 def _modes(cell: Cell) -> set[str]:
-    return {str(r["zcrx_mode"]) for r in cell.rows if r.get("zcrx_mode")}
+    return {r.zcrx_mode for r in cell.rows if r.zcrx_mode}
 
 
-def _engine_head(engine: Any, block: list[Cell], columns: str) -> str:
+def _engine_head(engine: AxisValue | None, block: list[Cell], columns: str) -> str:
     """An engine column's heading; zcrx cells say whether the kernel copied (copy mode)."""
     modes = set().union(*(_modes(c) for c in block if c.fields.get(columns) == engine))
     return f"{engine} ({'/'.join(sorted(modes))} mode)" if modes else str(engine)
 
 
-def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], metric: str,
+def ab(title: str, results: list[ResultRow], *, baseline: dict[str, AxisValue], metric: str,
        extra: Iterable[str] = ()) -> Table:
     """Each cell against the baseline cell: metric ± stdev, extras, ratio and verdict."""
-    extra = list(extra)
+    extra = with_copies(list(extra), results)
     cells = list(group(results).values())
     base = next((c for c in cells if all(c.fields.get(k) == v for k, v in baseline.items())),
                 None)
@@ -183,10 +208,11 @@ def ab(title: str, results: list[dict[str, Any]], *, baseline: dict[str, Any], m
             row.append(_vs_baseline(base.values(metric), cell.values(metric), metric))
         t.rows.append(row)
     if missing:
-        reason = next((str(r[f"{m}_reason"]).removeprefix("n/a: ") for r in results
-                       for m in missing if r.get(f"{m}_reason")), "not measured")
+        reason = next((why.removeprefix("n/a: ") for r in results for m in missing
+                       if (why := metric_reason(r, m))), "not measured")
         t.notes.append("n/a: " + ", ".join(METRICS[m].label for m in missing) + f": {reason}")
-    t.notes += na_notes(cells) + warning_notes(cells) + unstable_notes(cells,
+    t.notes += extra_legend(shown_extra) if ZERO_COPY in shown_extra else []
+    t.notes += na_notes(cells) + copy_notes(cells) + warning_notes(cells) + unstable_notes(cells,
                                                                     [metric, *shown_extra])
     return t
 
@@ -211,38 +237,38 @@ def _vs_baseline(base: list[float], vals: list[float], metric: str) -> str:
     return f"{v.ratio:.2f}x, {v.text()}"
 
 
-def per_cpu_shares(cell: Cell) -> dict[str, dict[str, float | None]]:
+def per_cpu_shares(cell: Cell) -> dict[str, CpuShares]:
     """Mean per-CPU shares over the cell's repeats (CPU ids as strings, as JSON keeps them); a
     share no repeat recorded (a file from before it was measured) is None: n/a, not 0."""
-    acc: dict[str, list[dict[str, float]]] = {}
+    acc: dict[str, list[CpuShares]] = {}
     for row in cell.rows:
-        for cpu, shares in (row.get("cpus") or {}).items():
-            if shares and "idle" in shares:  # an unsampled CPU has no shares: n/a, not 0%
-                acc.setdefault(str(cpu), []).append(shares)
-    return {cpu: {k: _mean_share(lst, k) for k, _ in MPSTAT_COLUMNS}
+        for cpu, shares in (row.cpus or {}).items():
+            if shares.sampled:  # an unsampled CPU has no shares: n/a, not 0%
+                acc.setdefault(cpu, []).append(shares)
+    return {cpu: CpuShares(**{k: _mean_share(lst, k) for k, _ in MPSTAT_COLUMNS})
             for cpu, lst in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
 
-def _mean_share(samples: list[dict[str, float]], key: str) -> float | None:
-    vals = [s[key] for s in samples if isinstance(s.get(key), (int, float))]
+def _mean_share(samples: list[CpuShares], key: str) -> float | None:
+    vals = [v for s in samples if (v := s.share(key)) is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def mpstat_columns(rows: Iterable[dict[str, Any] | None]) -> list[tuple[str, str]]:
+def mpstat_columns(rows: Iterable[CpuShares | None]) -> list[tuple[str, str]]:
     """The share columns worth a place: all but %nice, %steal and %guest, which show only where
     some CPU spent time there (a VM's stolen time, a niced process, a guest it runs)."""
-    rows = [r for r in rows if r]
+    shares = [r for r in rows if r is not None and r.sampled]
     return [(k, h) for k, h in MPSTAT_COLUMNS
-            if k not in RARE_SHARES or any(r.get(k) for r in rows)]
+            if k not in RARE_SHARES or any(r.share(k) for r in shares)]
 
 
-def mpstat_legend(columns: list[tuple[str, str]], shares: list[dict[str, float | None]]) -> str:
+def mpstat_legend(columns: list[tuple[str, str]], shares: list[CpuShares]) -> str:
     """What the share columns are, and the rare ones left out: 0 everywhere, or not recorded
     (a file written before they were)."""
     hidden = [(k, h) for k, h in MPSTAT_COLUMNS if (k, h) not in columns]
     groups: dict[str, list[str]] = {}
     for k, h in hidden:
-        recorded = [sh.get(k) is not None for sh in shares]
+        recorded = [sh.share(k) is not None for sh in shares]
         why = ("0 on every CPU" if all(recorded) else "0 wherever recorded" if any(recorded)
                else "not recorded in this file")
         groups.setdefault(why, []).append(h)
@@ -264,14 +290,14 @@ def mpstat(title: str, cell: Cell, metric: str = "mbps",
     columns = columns or mpstat_columns(shares.values())
     t = Table(f"{title}: {key_text(cell.key)}: {value}", ["CPU", *(h for _, h in columns)], [])
     for cpu, sh in shares.items():
-        t.rows.append([cpu, *(fmt_share(sh[k]) for k, _ in columns)])
+        t.rows.append([cpu, *(fmt_share(sh.share(k)) for k, _ in columns)])
     if not t.rows:
         t.notes.append("no per-CPU accounting recorded for this cell")
     first = cell.rows[0]
-    if "rx_cpu" in first:
-        where = f"application on CPU {first['rx_cpu']}, sender on CPU {first.get('tx_cpu')}"
-        if isinstance(first.get("incoming_cpu"), int) and first["incoming_cpu"] >= 0:
-            where += f", receive softirq on CPU {first['incoming_cpu']} (SO_INCOMING_CPU)"
+    if (app := first.shares_cpu("rx")) is not None:
+        where = f"application on CPU {app}, sender on CPU {first.shares_cpu('tx')}"
+        if first.rx_cpu_end is not None and first.rx_cpu_end >= 0:
+            where += f", receive softirq on CPU {first.rx_cpu_end} (SO_INCOMING_CPU)"
         t.notes.append(where)
     return t
 
@@ -287,96 +313,43 @@ def per_cpu_tables(title: str, cells: list[Cell], metric: str) -> list[Table]:
 
 
 # How to show envelopes that carry no ``report`` section of their own.
-DEFAULT_REPORTS: dict[str, dict[str, Any]] = {
-    "bench": {"table": "grid", "rows": "mtu", "columns": "engine", "metric": "gbps",
-              "extra": ["rx_busy"], "plots": ["throughput-vs-mtu", "cpu-breakdown"]},
-    "txbench": {"table": "ab", "baseline": {"mode": "single"}, "metric": "mpps",
-                "extra": ["ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"],
-                "plots": ["pps-per-mode"]},
+DEFAULT_REPORTS: dict[str, ReportSection] = {
+    "bench": ReportSection(table="grid", rows="mtu", columns="engine", metric="gbps",
+                           extra=["rx_busy"], plots=["throughput-vs-mtu", "cpu-breakdown"]),
+    "txbench": ReportSection(table="ab", baseline={"mode": "single"}, metric="mpps",
+                             extra=["ns_per_pkt", "instructions_per_pkt", "cycles_per_pkt"],
+                             plots=["pps-per-mode"]),
 }
 
 
-def report_section(doc: dict[str, Any]) -> dict[str, Any]:
-    return doc.get("report") or DEFAULT_REPORTS.get(doc.get("kind", ""), DEFAULT_REPORTS["bench"])
+def report_section(doc: ResultFile) -> ReportSection:
+    return doc.report or DEFAULT_REPORTS.get(doc.kind, DEFAULT_REPORTS["bench"])
 
 
-# The shape of a result's ``report`` section: key -> (type, allowed values or None).
-_REPORT_KEYS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
-    "table": (str, ("grid", "ab", "mpstat")), "rows": (str, None), "columns": (str, None),
-    "metric": (str, tuple(METRICS)), "extra": (list, None), "baseline": (dict, None),
-    "per_cpu": (bool, None), "plots": (list, None),
-}
-
-
-def check_report_section(rep: Any) -> None:
-    """A result file's ``report`` section, as a spec would have written it."""
-    def bad(key: str, why: str) -> UsageError:
-        return UsageError(f"the result's report.{key} {why}",
-                          "give a file written by --json/--out (not edited by hand)")
-
-    if not isinstance(rep, dict):
-        raise bad("section", "is not an object")
-    for key, (kind, allowed) in _REPORT_KEYS.items():
-        if key not in rep:
-            continue
-        val = rep[key]
-        if not isinstance(val, kind) or (kind is not bool and isinstance(val, bool)):
-            raise bad(key, f"must be a {kind.__name__}, got {val!r}")
-        if allowed is not None and val not in allowed:
-            raise bad(key, f"{val!r} is not one of: {', '.join(map(str, allowed))}")
-    for m in rep.get("extra", []):
-        if m not in METRICS:
-            raise bad("extra", f"names an unknown metric {m!r}")
-    if not all(isinstance(p, str) for p in rep.get("plots", [])):
-        raise bad("plots", "must list plot names")
-
-
-def check_experiment_section(exp: Any) -> None:
-    """A result file's ``experiment`` section: names and texts, and substitutions with text."""
-    def bad(key: str, why: str) -> UsageError:
-        return UsageError(f"the result's experiment.{key} {why}",
-                          "give a file written by --json/--out (not edited by hand)")
-
-    if not isinstance(exp, dict):
-        raise bad("section", "is not an object")
-    for key in ("name", "title", "tool", "seed", "about", "source"):
-        if key in exp and not isinstance(exp[key], str):
-            raise bad(key, f"must be text, got {exp[key]!r}")
-    subs = exp.get("substitutions", [])
-    if not isinstance(subs, list) or not all(isinstance(x, dict)
-                                             and isinstance(x.get("text"), str) for x in subs):
-        raise bad("substitutions", "must be a list of objects with a text")
-
-
-def experiment_tables(doc: dict[str, Any]) -> list[Table]:
+def experiment_tables(doc: ResultFile) -> list[Table]:
     """All tables of an envelope, as its ``report`` section (or its kind's default) asks."""
     rep = report_section(doc)
-    exp = doc.get("experiment") or {}
-    check_experiment_section(exp)
-    results = [r for r in doc.get("results", []) if not r.get("peer")]
-    title = exp.get("title") or exp.get("name") or doc.get("kind", "results")
-    check_report_section(rep)
-    metric = rep.get("metric", "gbps")
-    extra = rep.get("extra", [])
-    kind = rep.get("table", "grid")
-    if kind == "ab":
-        tables = [ab(title, results, baseline=rep.get("baseline", {}), metric=metric,
-                     extra=extra)]
-    elif kind == "grid":
-        tables = grid(title, results, rows=rep.get("rows") or "mtu",
-                      columns=rep.get("columns") or "engine", metric=metric, extra=extra)
+    exp = doc.experiment
+    results = doc.rows()
+    title = (exp.title or exp.name if exp else "") or doc.kind or "results"
+    metric, extra = rep.metric, rep.extra
+    if rep.table == "ab":
+        tables = [ab(title, results, baseline=rep.baseline, metric=metric, extra=extra)]
+    elif rep.table == "grid":
+        tables = grid(title, results, rows=rep.rows or "mtu", columns=rep.columns or "engine",
+                      metric=metric, extra=extra)
     else:
         tables = []
-    if rep.get("per_cpu") or kind == "mpstat":
-        tables += per_cpu_tables(exp.get("name", title),
+    if rep.per_cpu or rep.table == "mpstat":
+        tables += per_cpu_tables(exp.name if exp and exp.name else title,
                                  [c for c in group(results).values() if c.status == "ok"], metric)
-    peers = [r for r in doc.get("results", []) if r.get("peer")]
+    peers = doc.rows(peers=True)
     if peers:
         tables.append(peer_table(results, peers, metric))
-    subs = [f"substituted: {s['text']}" for s in exp.get("substitutions", [])]
-    subs += [f"warning: {w}" for w in doc.get("warnings") or [] if isinstance(w, str)]
-    if doc.get("complete") is False:
-        subs.insert(0, f"incomplete: the run was interrupted after {len(doc.get('results', []))}"
+    subs = [f"substituted: {s.text}" for s in (exp.substitutions if exp else [])]
+    subs += [f"warning: {w}" for w in doc.warnings or []]
+    if doc.complete is False:
+        subs.insert(0, f"incomplete: the run was interrupted after {len(doc.results)}"
                        " measured rows; cells it did not reach are missing")
         if not tables:
             tables = [Table(title, [], [])]
@@ -385,7 +358,7 @@ def experiment_tables(doc: dict[str, Any]) -> list[Table]:
     return tables
 
 
-def peer_table(results: list[dict[str, Any]], peers: list[dict[str, Any]], metric: str) -> Table:
+def peer_table(results: list[ResultRow], peers: list[ResultRow], metric: str) -> Table:
     """Each peer tool per MTU and placement over its repeats (median and range) against the best
     zcnet cell there (its median), with the ratio of the medians."""
     m = METRICS[metric]
@@ -393,14 +366,14 @@ def peer_table(results: list[dict[str, Any]], peers: list[dict[str, Any]], metri
               "of the runs, [lowest..highest])",
               ["peer", "MTU", "placement", m.label, "best zcnet", "zcnet/peer"], [])
     zc = [c for c in group(results).values() if c.values(metric)]
-    runs: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, int | None, str | None], list[ResultRow]] = {}
     for p in peers:
-        runs.setdefault((p["peer"], p.get("mtu"), p.get("placement")), []).append(p)
+        runs.setdefault((p.peer or "", p.mtu, p.placement), []).append(p)
     for (peer, mtu, placement), rows in runs.items():
         head = [str(peer), str(mtu if mtu is not None else ""), str(placement or "")]
         vals = Cell((), rows).values(metric)
         if not vals:
-            why = next((str(r.get("reason") or r.get("status")) for r in rows), "n/a")
+            why = next((r.reason or r.status for r in rows), "n/a")
             t.rows.append([*head, "n/a", "", ""])
             t.notes.append(f"n/a: {peer} mtu {mtu} {placement}: {why}")
             continue
@@ -426,7 +399,10 @@ def _median_range(vals: list[float], digits: int) -> str:
     return f"{mid} [{min(vals):.{digits}f}..{max(vals):.{digits}f}]"
 
 
-def flat_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+CsvValue = str | int | float
+
+
+def flat_rows(results: list[ResultRow]) -> tuple[list[str], list[list[CsvValue]]]:
     """Cells as flat records (for CSV): key fields, status, then mean/stdev/min/max/n per metric."""
     cells = list(group(results).values())
     keys = list(dict.fromkeys(f for c in cells for f, _ in c.key))
@@ -437,7 +413,7 @@ def flat_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]
                    for m in metrics)]
     out = []
     for c in cells:
-        rec: list[Any] = [c.fields.get(k, "") for k in keys] + [c.status, c.reason]
+        rec: list[CsvValue] = [*(c.fields.get(k, "") for k in keys), c.status, c.reason]
         for m in metrics:
             s = c.summary(m)
             rec += [round(s.mean, 6), round(s.stdev, 6), s.min, s.max, s.n] if s else [""] * 5

@@ -11,7 +11,7 @@ import contextlib
 import errno
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.tx.slots import (
@@ -27,13 +27,16 @@ from zcnet.tx.slots import (
 from zcnet.tx.zerocopy import ZcTracker, read_completions, wait_completions
 from zcnet.uapi.socket import MSG_ZEROCOPY, SO_ZEROCOPY, SOL_SOCKET
 
+if TYPE_CHECKING:
+    from zcnet.tx.slots import SendBuffer
+
 
 class MsgZerocopySender(SlotSender):
     """send(MSG_ZEROCOPY); slots come back when their error-queue notification arrives."""
 
     kind = "msgzc"
 
-    def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
+    def __init__(self, sock: socket.socket, buf: SendBuffer, slots: int = 8,
                  on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> None:
         super().__init__(sock, buf, slots, on_fill, on_release)
         try:

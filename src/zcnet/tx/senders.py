@@ -35,13 +35,13 @@ import socket
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.sockcheck import require_tcp
-from zcnet.tx.devmem import DevmemSender
+from zcnet.tx.devmem import DevmemSender, DmabufMemory
 from zcnet.tx.msgzc import MsgZerocopySender
 from zcnet.tx.sendzc import SendZcSender
 from zcnet.tx.slots import (
@@ -56,6 +56,9 @@ from zcnet.tx.slots import (
     stalled,
 )
 
+if TYPE_CHECKING:
+    from zcnet.tx.slots import SendBuffer
+
 # Part of this module's interface: callers type and time their senders with these.
 __all__ = ["FLUSH_TIMEOUT", "KINDS", "CopySender", "DevmemSender", "MsgZerocopySender",
            "SendStats", "SendZcSender", "Sender", "SlotHook", "fill_pattern", "make_sender"]
@@ -66,7 +69,7 @@ class CopySender(SlotSender):
 
     kind = "copy"
 
-    def __init__(self, sock: socket.socket, buf: Any, slots: int = 1,
+    def __init__(self, sock: socket.socket, buf: SendBuffer, slots: int = 1,
                  on_fill: SlotHook | None = None, on_release: SlotHook | None = None,
                  note: str = "", kind: str = "copy") -> None:
         super().__init__(sock, buf, slots, on_fill, on_release)
@@ -125,8 +128,9 @@ KINDS: dict[str, Callable[..., Sender]] = {
 NO_FALLBACK = frozenset({"devmem"})
 
 
-def make_sender(kind: str, sock: socket.socket, buf: Any, *, slots: int = 8,
-                on_fill: SlotHook | None = None, on_release: SlotHook | None = None) -> Sender:
+def make_sender(kind: str, sock: socket.socket, buf: SendBuffer | DmabufMemory, *,
+                slots: int = 8, on_fill: SlotHook | None = None,
+                on_release: SlotHook | None = None) -> Sender:
     """A sender of ``kind`` over ``sock`` (an open, connected TCP socket: checked here, a
     UsageError otherwise) using ``buf``; falls back to copy with a note (except devmem, whose
     ``buf`` is a dma-buf: see ``zcnet.tx.devmem``)."""

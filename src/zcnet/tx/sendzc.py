@@ -25,7 +25,7 @@ import contextlib
 import mmap
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from zcnet.uring import bufring
 from zcnet.uring.prep import prep_send_zc, prep_send_zc_fixed
 from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import cqe_error
+
+if TYPE_CHECKING:
+    from zcnet.tx.slots import SendBuffer
 
 _COPIED = u.IORING_NOTIF_USAGE_ZC_COPIED
 
@@ -62,7 +65,7 @@ class SendZcSender(SlotSender):
 
     kind = "sendzc"
 
-    def __init__(self, sock: socket.socket, buf: Any, slots: int = 8,
+    def __init__(self, sock: socket.socket, buf: SendBuffer, slots: int = 8,
                  on_fill: SlotHook | None = None, on_release: SlotHook | None = None, *,
                  fixed: bool = True) -> None:
         super().__init__(sock, buf, slots, on_fill, on_release)

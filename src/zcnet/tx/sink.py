@@ -24,7 +24,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
 
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.tx.mmsg import MsgBatch, recvmmsg
@@ -48,7 +47,7 @@ def _open(bind: str, port: int) -> socket.socket:
     return sock
 
 
-def _emit(doc: dict[str, Any]) -> None:
+def _emit(doc: dict[str, int]) -> None:
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
 
@@ -124,12 +123,10 @@ class Sink:
                "--sizes", ",".join(str(s) for s in sizes), "--port", str(port)]
         # One BLAS thread: numpy's pool would only spin on the CPUs the sender needs.
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE,
-                                 "stderr": subprocess.PIPE, "text": True, "bufsize": 1,
-                                 "env": env}
         self.bind = bind
         self._closed = False
-        self._proc = spawn(cmd, **pipes)
+        self._proc = spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
         with ExitStack() as undo:
             undo.callback(self.close)  # on any failure, Ctrl-C included: no orphaned sink
             try:
@@ -139,14 +136,16 @@ class Sink:
                                  "something else writes to the sink's stdout") from exc
             undo.pop_all()
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> dict[str, int]:
+        """The next line the sink wrote: its port, or counters (all whole numbers)."""
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
             err = self._proc.stderr.read() if self._proc.stderr else ""
             raise ZcnetError(f"txbench sink failed to start: {err.strip()[-300:] or 'no output'}",
                              "check the bind address exists in the sink's namespace")
-        return json.loads(line)
+        doc: dict[str, int] = json.loads(line)
+        return doc
 
     def snapshot(self, quiet_ms: int = 100) -> dict[str, int]:
         """Counters after the sink saw no packet for ``quiet_ms`` (cumulative since start)."""

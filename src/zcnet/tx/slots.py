@@ -14,11 +14,19 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.quantities import check
 from zcnet.sockcheck import require_connected
+
+if TYPE_CHECKING:
+    import numpy as np
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+    # What a sender sends from: a writable buffer (bytearray, mmap, numpy array ...). numpy's
+    # stubs declare the buffer protocol from Python 3.12 only, hence the array named too.
+    SendBuffer: TypeAlias = Buffer | np.ndarray
 
 SlotHook = Callable[[int, memoryview], None]
 FLUSH_TIMEOUT = 5.0  # seconds flush() and close() wait for outstanding completions
@@ -41,7 +49,7 @@ class SendStats:
     retries: int = 0     # ENOBUFS/EAGAIN waits
     note: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int]:
         return asdict(self)
 
 
@@ -57,7 +65,7 @@ class Sender(Protocol):
     def stats(self) -> SendStats: ...
 
 
-def byte_view(buf: Any) -> memoryview:
+def byte_view(buf: SendBuffer) -> memoryview:
     """``buf`` as writable bytes; a UsageError naming what it got otherwise."""
     try:
         view = memoryview(buf).cast("B")
@@ -74,7 +82,8 @@ class SlotSender:
 
     kind = ""
 
-    def __init__(self, sock: socket.socket, buf: Any, slots: int, on_fill: SlotHook | None,
+    def __init__(self, sock: socket.socket, buf: SendBuffer, slots: int,
+                 on_fill: SlotHook | None,
                  on_release: SlotHook | None) -> None:
         require_connected(sock, f"{self.kind} sender")
         if not isinstance(slots, int) or slots <= 0:

@@ -22,6 +22,7 @@ Some facts about incremental consumption (IOU_PBUF_RING_INC, Linux 6.12+):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import numpy as np
@@ -72,13 +73,12 @@ class BufRing:
         self.area_offset = area_offset
         self.base = self.area.addr + area_offset
         self._mem = Mapping.anonymous(entries * ctypes.sizeof(u.io_uring_buf))
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._release_memory)  # unless the kernel took the ring
             reg = u.io_uring_buf_reg(ring_addr=self._mem.addr, ring_entries=entries, bgid=bgid,
                                      flags=u.IOU_PBUF_RING_INC if incremental else 0)
             ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
-        except BaseException:
-            self._release_memory()
-            raise
+            undo.pop_all()
         self.registered = True
         #: Where the ring's entries are (a compiled round writes them).
         self.entries_addr = self._mem.addr

@@ -42,6 +42,7 @@ they call the Python methods below, so checks and errors are the same on both pa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -125,11 +126,10 @@ class Ring:
         self._maps: list[Mapping] = []
         self._views: list[memoryview] = []
         self.fd = io_uring_setup(entries, p)
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.close)  # unless the rings are mapped
             self._map_rings(p)
-        except BaseException:
-            self.close()
-            raise
+            undo.pop_all()
         self.flags = p.flags
         self.features = p.features
         self.cqe32 = bool(p.flags & u.IORING_SETUP_CQE32)

@@ -17,9 +17,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from zcnet.errors import UsageError, ZcnetError
+from zcnet.jsonvalue import JSONValue
 from zcnet.userfile import FileProblem, file_in_the_way, read_text
 from zcnet.vm.integrity import bzimage_problem, elf_problem, manifest, manifest_problem
 
@@ -190,18 +190,19 @@ class Kernel:
         (self.path / KERNEL_JSON).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def read_json(path: Path, remake: str = REFETCH) -> Any:
+def read_json(path: Path, remake: str = REFETCH) -> JSONValue:
     """A small JSON file of the cache entry ``path.parent``; :class:`BrokenEntry` if it cannot
     be read or is not JSON."""
     try:
-        return json.loads(read_text(path, "cache file", limit=MAX_META, fix=""))
+        doc: JSONValue = json.loads(read_text(path, "cache file", limit=MAX_META, fix=""))
+        return doc
     except FileProblem as exc:
         raise BrokenEntry(path.parent, exc.message, remake) from None
     except (ValueError, RecursionError) as exc:
         raise BrokenEntry(path.parent, f"{path.name} is not JSON ({exc})", remake) from None
 
 
-def _meta_problem(meta: Any) -> str | None:
+def _meta_problem(meta: JSONValue) -> str | None:
     """Why ``meta`` is not a ``kernel.json`` as ``save_meta`` writes it, or None."""
     if not isinstance(meta, dict):
         return "not a JSON object"

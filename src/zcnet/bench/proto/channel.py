@@ -12,11 +12,11 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 from zcnet.bench.proto.connection import Connection
 from zcnet.bench.proto.errors import LocalProtocolError
-from zcnet.bench.proto.framing import NEED_DATA
+from zcnet.bench.proto.framing import NeedData
+from zcnet.bench.proto.schema import Message
 
 READ_SIZE = 1 << 16
 
@@ -26,7 +26,7 @@ class Channel:
         self.sock = sock
         self.conn = conn
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         self.sock.sendall(self.conn.send(msg))
 
     def send_error(self, code: str, message: str, timeout: float = 1.0) -> None:
@@ -47,14 +47,13 @@ class Channel:
         self.conn.receive_data(data)
 
     def receive(self, timeout: float, *, slice_s: float | None = None,
-                stop: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+                stop: Callable[[], bool] | None = None) -> Message | None:
         """The next message (an ``error`` one included), or None when none came within
         ``timeout`` or ``stop()`` became true. Raises the protocol's errors as they are."""
         deadline = time.monotonic() + timeout
         while True:
             ev = self.conn.next_event()
-            if ev is not NEED_DATA:
-                assert isinstance(ev, dict)
+            if not isinstance(ev, NeedData):
                 return ev
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop()):

@@ -6,12 +6,17 @@ connection also enforces the server's :class:`Limits` on what the client asks fo
 
 from __future__ import annotations
 
-from typing import Any
-
 from zcnet.bench.proto.errors import LocalProtocolError, RemoteProtocolError
 from zcnet.bench.proto.framing import NEED_DATA, Decoder, NeedData, encode
 from zcnet.bench.proto.limits import Budget, Limits
-from zcnet.bench.proto.schema import MAX_MESSAGE, MAX_PREAUTH_MESSAGE, PROTOCOL_VERSION, validate
+from zcnet.bench.proto.schema import (
+    MAX_MESSAGE,
+    MAX_PREAUTH_MESSAGE,
+    PROTOCOL_VERSION,
+    Message,
+    get,
+    validate,
+)
 from zcnet.bench.proto.state import PREAUTH_STATES, TRANSITIONS, C, Role, S
 
 
@@ -41,11 +46,13 @@ class Connection:
     def flows(self) -> int:
         return self.budget.flows
 
-    def send(self, msg: dict[str, Any]) -> bytes:
+    def send(self, msg: Message) -> bytes:
         kind = msg.get("type")
         if kind == "error":
             self.state = "closed"
             return encode(msg)
+        if not isinstance(kind, str):
+            raise LocalProtocolError("unknown", f"cannot send a message of type {kind!r}")
         if self.closed:
             raise LocalProtocolError("closed", f"cannot send {kind}: connection closed")
         key = (self.state, self.role, kind)
@@ -69,18 +76,17 @@ class Connection:
         else:
             self.eof = True
 
-    def next_event(self) -> dict[str, Any] | NeedData:
+    def next_event(self) -> Message | NeedData:
         if self.closed:
             raise RemoteProtocolError("closed", "connection already closed")
         preauth = self.role is S and self.state in PREAUTH_STATES
         msg = self._decoder.next(MAX_PREAUTH_MESSAGE if preauth else MAX_MESSAGE)
-        if msg is NEED_DATA:
+        if isinstance(msg, NeedData):
             if self.eof:
                 was, self.state = self.state, "closed"
                 raise RemoteProtocolError("eof", f"peer closed the connection in state {was}")
             return NEED_DATA
-        assert isinstance(msg, dict)
-        kind = msg["type"]
+        kind = get(msg, "type", str)
         if kind == "error":
             self.state = "closed"
             return msg
@@ -98,11 +104,11 @@ class Connection:
 
     # -- bookkeeping of what the server has granted ----------------------------------------------
 
-    def _enforce(self, msg: dict[str, Any]) -> None:
+    def _enforce(self, msg: Message) -> None:
         if msg["type"] == "hello" and msg["version"] != PROTOCOL_VERSION:
             raise RemoteProtocolError(
                 "version", f"client speaks version {msg['version']}, server {PROTOCOL_VERSION}")
         self.budget.check(msg)
 
-    def _after(self, msg: dict[str, Any]) -> None:
+    def _after(self, msg: Message) -> None:
         self.budget.record(msg)

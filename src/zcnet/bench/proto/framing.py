@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import struct
 from enum import Enum
-from typing import Any
+from typing import NoReturn
 
 from zcnet.bench.proto.errors import LocalProtocolError, RemoteProtocolError
-from zcnet.bench.proto.schema import MAX_MESSAGE, validate
+from zcnet.bench.proto.schema import MAX_MESSAGE, Message, validate
 
 HEADER = struct.Struct("!I")
 
@@ -22,7 +22,7 @@ class NeedData(Enum):
 NEED_DATA = NeedData.NEED_DATA
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: Message) -> bytes:
     payload = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode()
     if len(payload) > MAX_MESSAGE:
         raise LocalProtocolError("too_big", f"{msg.get('type')}: {len(payload)} bytes")
@@ -42,7 +42,7 @@ class Decoder:
     def pending(self) -> int:
         return len(self._buf)
 
-    def next(self, max_message: int = MAX_MESSAGE) -> dict[str, Any] | NeedData:
+    def next(self, max_message: int = MAX_MESSAGE) -> Message | NeedData:
         if len(self._buf) < HEADER.size:
             return NEED_DATA
         (length,) = HEADER.unpack_from(self._buf)
@@ -53,11 +53,11 @@ class Decoder:
         payload = bytes(self._buf[HEADER.size : HEADER.size + length])
         del self._buf[: HEADER.size + length]
         try:
-            msg = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+            msg: object = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise RemoteProtocolError("malformed", f"bad JSON: {str(exc)[:80]}") from None
         return validate(msg)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")

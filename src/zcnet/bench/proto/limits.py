@@ -8,10 +8,11 @@ so that a run the server would refuse half-way is refused before any flow starts
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from zcnet.bench.proto.errors import RemoteProtocolError
+from zcnet.bench.proto.schema import Message, OptionValue, get, get_options
+from zcnet.jsonvalue import JSONObject, JSONValue
 from zcnet.rx.copying import UringMultishotEngine
 from zcnet.rx.engine import EngineOptions
 from zcnet.rx.registry import ENGINES
@@ -26,14 +27,19 @@ class Limits:
     max_buffer: int = 64 << 20        # one read/write/request/response buffer
     max_memory: int = 1 << 30         # sum of all buffers of a session's flows
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_wire(self) -> JSONObject:
+        return {"max_duration": self.max_duration, "max_flows": self.max_flows,
+                "max_buffer": self.max_buffer, "max_memory": self.max_memory}
 
     @classmethod
-    def from_wire(cls, wire: dict[str, Any]) -> Limits:
+    def from_wire(cls, wire: JSONValue) -> Limits:
         """The limits of a ``welcome`` (the schema has checked their types and ranges)."""
-        return cls(max_duration=float(wire["max_duration"]), max_flows=wire["max_flows"],
-                   max_buffer=wire["max_buffer"], max_memory=wire["max_memory"])
+        if not isinstance(wire, dict):
+            raise TypeError("welcome.limits is not an object")
+        return cls(max_duration=get(wire, "max_duration", float),
+                   max_flows=get(wire, "max_flows", int),
+                   max_buffer=get(wire, "max_buffer", int),
+                   max_memory=get(wire, "max_memory", int))
 
 
 class LimitExceeded(RemoteProtocolError):
@@ -55,16 +61,24 @@ _RING_OPTS = ("mshot_buf", "mshot_entries")
 _ZERO_COPY = frozenset(name for name, info in ENGINES.items() if info.zero_copy)
 
 
-def _sizing(opts: dict[str, Any]) -> EngineOptions:
+def _sizing(opts: dict[str, OptionValue]) -> EngineOptions:
     """The options that size memory, those of them the open gives as integers."""
-    return EngineOptions(**{k: v for k in (*_AREA_OPTS, *_RING_OPTS)
-                            if type(v := opts.get(k)) is int})
+    default = EngineOptions()
+
+    def given(name: str, otherwise: int) -> int:
+        value = opts.get(name)
+        return value if type(value) is int else otherwise
+
+    return EngineOptions(zc_area=given("zc_area", default.zc_area),
+                         zc_buf=given("zc_buf", default.zc_buf),
+                         mshot_buf=given("mshot_buf", default.mshot_buf),
+                         mshot_entries=given("mshot_entries", default.mshot_entries))
 
 
-def buffer_sizes(msg: dict[str, Any]) -> list[int]:
+def buffer_sizes(msg: Message) -> list[int]:
     """The memory an open/connect asks the server to allocate, one entry per buffer."""
-    sizes = [msg[k] for k in _BUFFERS[msg["type"]]]
-    opts = msg.get("engine_opts") or {}
+    sizes = [get(msg, k, int) for k in _BUFFERS[get(msg, "type", str)]]
+    opts = get_options(msg)
     engine = msg.get("engine")
     sizing = _sizing(opts)
     if engine in _ZERO_COPY or any(k in opts for k in _AREA_OPTS):
@@ -85,16 +99,16 @@ class Budget:
     def flows(self) -> int:
         return len({flow for _, flow in self._memory})
 
-    def check(self, msg: dict[str, Any]) -> None:
+    def check(self, msg: Message) -> None:
         """Raise :class:`LimitExceeded` (or ``invalid`` for a flow opened twice) unless the
         session may make request ``msg`` now."""
-        kind, lim = msg["type"], self.limits
-        if kind == "start" and msg["duration"] > lim.max_duration:
-            raise LimitExceeded("max_duration", msg["duration"], lim.max_duration,
-                                f"duration {msg['duration']} > {lim.max_duration}")
+        kind, lim = get(msg, "type", str), self.limits
+        if kind == "start" and (duration := get(msg, "duration", float)) > lim.max_duration:
+            raise LimitExceeded("max_duration", duration, lim.max_duration,
+                                f"duration {duration} > {lim.max_duration}")
         if kind not in _BUFFERS:
             return
-        flow = msg["flow"]
+        flow = get(msg, "flow", int)
         if (kind, flow) in self._memory:
             raise RemoteProtocolError("invalid", f"{kind}: flow {flow} already exists")
         if flow not in {f for _, f in self._memory} and self.flows >= lim.max_flows:
@@ -109,14 +123,14 @@ class Budget:
             raise LimitExceeded("max_memory", total, lim.max_memory,
                                 f"session memory > {lim.max_memory}")
 
-    def record(self, msg: dict[str, Any]) -> None:
+    def record(self, msg: Message) -> None:
         """Account for ``msg``, sent or received (a granted open, a close, a run's end)."""
-        kind = msg["type"]
+        kind = get(msg, "type", str)
         if kind in _BUFFERS:
-            self._memory[(kind, msg["flow"])] = sum(buffer_sizes(msg))
+            self._memory[(kind, get(msg, "flow", int))] = sum(buffer_sizes(msg))
         elif kind == "close":
             for k in _BUFFERS:
-                self._memory.pop((k, msg["flow"]), None)
+                self._memory.pop((k, get(msg, "flow", int)), None)
         elif kind == "results":
             # A run ends every flow of the session (the server stops their workers).
             self._memory.clear()

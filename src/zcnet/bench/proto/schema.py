@@ -10,11 +10,14 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 from zcnet.bench.proto.errors import RemoteProtocolError
+from zcnet.bench.records import CpuShares, FlowEnd, RecordError, parse_as
+from zcnet.jsonvalue import JSONObject, JSONValue
 
-PROTOCOL_VERSION = 1
+# 2: a flow's results are zcnet.bench.records.FlowEnd (status and reason, cpu_end, syscalls).
+PROTOCOL_VERSION = 2
 DEFAULT_PORT = 18323
 MAX_MESSAGE = 1 << 20
 # What an unauthenticated peer may send in one frame (a hello or an auth is a few hundred
@@ -27,6 +30,8 @@ GRACE = 10.0
 UNSUPPORTED_HERE = " unsupported here: "
 # What an engine option may hold on the wire (and in the client's and bench's options).
 OptionValue = bool | int | str
+# A message: a JSON object with a "type", whose fields ``validate`` checked against ``SCHEMA``.
+Message: TypeAlias = JSONObject
 CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
@@ -45,7 +50,7 @@ class Field:
     pattern: re.Pattern[str] | None = None
     choices: tuple[str, ...] | None = None
     nullable: bool = False
-    check: Callable[[Any], bool] | None = field(default=None, compare=False)
+    check: Callable[[JSONValue], bool] | None = field(default=None, compare=False)
 
 
 def _int(lo: int, hi: int, required: bool = True) -> Field:
@@ -55,22 +60,32 @@ def _int(lo: int, hi: int, required: bool = True) -> Field:
 FLOW = _int(0, 1 << 16)
 PORT = _int(1, 65535)
 CPU = _int(0, 1 << 16)
-SIZE = _int(1, 1 << 40)   # further bounded by Limits.max_buffer at the server
+MAX_SIZE = 1 << 40        # one buffer; further bounded by Limits.max_buffer at the server
+DURATION = (0.01, 1e6)    # a run's seconds (start.duration); the client checks it up front
+SIZE = _int(1, MAX_SIZE)
 MODES = ("stream", "rr")
 
 
-def _str_list(v: Any) -> bool:
-    return len(v) <= 32 and all(isinstance(s, str) and _NAME.match(s) for s in v)
+def _str_list(v: JSONValue) -> bool:
+    return isinstance(v, list) and len(v) <= 32 and all(isinstance(s, str) and _NAME.match(s)
+                                                        for s in v)
 
 
-def _json_obj(v: Any) -> bool:
-    return all(isinstance(k, str) for k in v)
+def _json_obj(v: JSONValue) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) for k in v)
 
 
-def _result_flows(v: Any) -> bool:
-    """What the client indexes a flow result by: an object with an int flow (and a str role)."""
-    return all(isinstance(f, dict) and type(f.get("flow")) is int
-               and isinstance(f.get("role", ""), str) for f in v)
+def _record_check(tp: object, where: str) -> Callable[[JSONValue], bool]:
+    """A check that ``tp`` (a record, a list of them ...) can hold the value: the results a
+    server sends are read as the client's records, every field typed and in its range."""
+    def check(v: JSONValue) -> bool:
+        try:
+            parse_as(tp, v, where)
+        except RecordError as e:
+            raise RemoteProtocolError("invalid", f"results.{e}") from None
+        return True
+
+    return check
 
 
 # A welcome's limits (``limits.Limits`` on the wire): all four, within the ranges a server can be
@@ -83,8 +98,8 @@ LIMITS: dict[str, Field] = {
 }
 
 
-def _limits(v: Any) -> bool:
-    if not _json_obj(v):
+def _limits(v: JSONValue) -> bool:
+    if not isinstance(v, dict) or not _json_obj(v):
         return False
     for name, f in LIMITS.items():
         if name not in v:
@@ -93,21 +108,17 @@ def _limits(v: Any) -> bool:
     return True
 
 
-def _cpu_shares(v: Any) -> bool:
-    return all(isinstance(k, str) and isinstance(x, dict) for k, x in v.items())
-
-
-def _engine_opts(v: Any) -> bool:
+def _engine_opts(v: JSONValue) -> bool:
     """Engine options (ifname, queue, consumer ...): a few names with plain scalar values."""
-    def ok(x: Any) -> bool:
+    def ok(x: JSONValue) -> bool:
         if isinstance(x, bool):
             return True
         if isinstance(x, int):
             return -(1 << 40) <= x <= 1 << 40
         return isinstance(x, str) and _HOST.match(x) is not None
 
-    return len(v) <= 16 and all(isinstance(k, str) and _NAME.match(k) and ok(x)
-                                for k, x in v.items())
+    return isinstance(v, dict) and len(v) <= 16 and all(
+        isinstance(k, str) and _NAME.match(k) and ok(x) for k, x in v.items())
 
 
 SCHEMA: dict[str, dict[str, Field]] = {
@@ -156,20 +167,22 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "pinned": {"flow": FLOW, "cpu": CPU},
     "close": {"flow": FLOW},
     "closed": {"flow": FLOW},
-    "start": {"duration": Field(float, lo=0.01, hi=1e6)},
+    "start": {"duration": Field(float, lo=DURATION[0], hi=DURATION[1])},
     # hist: the session's latency histograms merged into one (HDR, base64), so a results message
     # stays far below MAX_MESSAGE however many flows ran (one encoded histogram is ~10 KiB).
-    "results": {"flows": Field(list, check=_result_flows), "cpus": Field(dict, check=_cpu_shares),
+    "results": {"flows": Field(list, check=_record_check(list[FlowEnd], "flows")),
+                "cpus": Field(dict, check=_record_check(dict[str, CpuShares], "cpus")),
                 "seconds": Field(float, lo=0.0, hi=1e7),
-                "hist": Field(str, required=False, check=lambda s: len(s) < MAX_MESSAGE // 2)},
+                "hist": Field(str, required=False,
+                              check=lambda s: isinstance(s, str) and len(s) < MAX_MESSAGE // 2)},
     "end": {},
     "bye": {},
     "error": {"code": Field(str, pattern=_NAME),
-              "message": Field(str, check=lambda s: len(s) < 4096)},
+              "message": Field(str, check=lambda s: isinstance(s, str) and len(s) < 4096)},
 }
 
 
-def validate(msg: Any) -> dict[str, Any]:
+def validate(msg: object) -> Message:
     """Check one decoded message against ``SCHEMA``; return it with floats normalized."""
     if not isinstance(msg, dict):
         raise RemoteProtocolError("malformed", "message is not a JSON object")
@@ -180,7 +193,7 @@ def validate(msg: Any) -> dict[str, Any]:
     extra = set(msg) - set(spec) - {"type"}
     if extra:
         raise RemoteProtocolError("invalid", f"{kind}: unexpected fields {sorted(extra)[:8]}")
-    out: dict[str, Any] = {"type": kind}
+    out: Message = {"type": kind}
     for name, f in spec.items():
         if name not in msg:
             if f.required:
@@ -190,7 +203,7 @@ def validate(msg: Any) -> dict[str, Any]:
     return out
 
 
-def _check(kind: str, name: str, f: Field, value: Any) -> Any:
+def _check(kind: str, name: str, f: Field, value: JSONValue) -> JSONValue:
     where = f"{kind}.{name}"
     if value is None and f.nullable:
         return None
@@ -202,19 +215,49 @@ def _check(kind: str, name: str, f: Field, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float) if f.kind is float
                                                  else f.kind):
         raise RemoteProtocolError("invalid", f"{where}: wrong type {type(value).__name__}")
-    if f.kind is float:
+    if f.kind is float and isinstance(value, (int, float)):
         try:
             value = float(value)
         except OverflowError:   # an integer literal of hundreds of digits
             raise RemoteProtocolError("invalid", f"{where}: not a finite number") from None
         if not math.isfinite(value):
             raise RemoteProtocolError("invalid", f"{where}: not a finite number")
-    if (f.lo is not None and value < f.lo) or (f.hi is not None and value > f.hi):
+    if isinstance(value, (int, float)) and ((f.lo is not None and value < f.lo)
+                                            or (f.hi is not None and value > f.hi)):
         raise RemoteProtocolError("invalid", f"{where}: {value} outside [{f.lo}, {f.hi}]")
-    if f.pattern is not None and not f.pattern.match(value):
+    if f.pattern is not None and isinstance(value, str) and not f.pattern.match(value):
         raise RemoteProtocolError("invalid", f"{where}: malformed value")
     if f.choices is not None and value not in f.choices:
         raise RemoteProtocolError("invalid", f"{where}: not one of {list(f.choices)}")
     if f.check is not None and not f.check(value):
         raise RemoteProtocolError("invalid", f"{where}: invalid value")
     return value
+
+
+# ---- reading fields of a validated message ----------------------------------------------------
+
+T = TypeVar("T", int, float, str, bool)
+
+
+def get(msg: Message, name: str, kind: type[T]) -> T:
+    """Field ``name`` of a message ``validate`` checked: of ``kind``, as ``SCHEMA`` says (a
+    TypeError is a bug on our side, never a peer's doing)."""
+    value = msg[name]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)  # a whole number where the schema allows any
+    if not isinstance(value, kind):
+        raise TypeError(f"{msg.get('type')}.{name} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def get_or(msg: Message, name: str, default: T) -> T:
+    """An optional field, or ``default`` where the message leaves it out."""
+    return get(msg, name, type(default)) if name in msg else default
+
+
+def get_options(msg: Message) -> dict[str, OptionValue]:
+    """An open's engine options (``_engine_opts`` checked them), or none."""
+    opts = msg.get("engine_opts") or {}
+    if not isinstance(opts, dict):
+        raise TypeError(f"{msg.get('type')}.engine_opts is {type(opts).__name__}")
+    return {k: v for k, v in opts.items() if isinstance(v, (bool, int, str))}

@@ -26,7 +26,6 @@ import select
 import socket
 import struct
 import warnings
-from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.nic import netdev
@@ -144,7 +143,7 @@ def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
+def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> netdev.DmabufBinding:
     """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
     (close it to unbind). Errors name the missing capability."""
     with Device.open(ifname) as dev:

@@ -20,8 +20,8 @@ from zcnet.rx.zc.zcrx import ZcrxProvider, open_zcrx
 
 #: ``open_<name>(fd, area_size, **options)``: the provider, or a ZcnetError saying why not.
 Opener = Callable[..., Provider]
-#: What ``open_receiver`` hands an opener: its options, by name.
-Option = str | int | bool | None
+#: What ``open_receiver`` hands an opener: its options, by name (``max_held`` is a float).
+Option = str | int | float | bool | None
 
 
 @dataclass(frozen=True)

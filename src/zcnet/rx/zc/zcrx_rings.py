@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
@@ -140,7 +140,8 @@ def _repeated(user_data: int, n: int) -> bytes:
     return b if len(b) == 8 * n else b[:8 * n]
 
 
-def parse_completions(c: Completions, user_data: int = RECV_UD, fast: Any = None) -> Delivery:
+def parse_completions(c: Completions, user_data: int = RECV_UD,
+                      fast: ModuleType | None = None) -> Delivery:
     """Data fragments and the stream's state from CQE32 completions of one RECV_ZC.
 
     The common round (every CQE is data of our RECV_ZC) gives arrays with no Python object per
