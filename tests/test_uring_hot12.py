@@ -102,7 +102,7 @@ def _raw_cqes(entries: list[tuple[int, int, int]]) -> Completions:
     raw = bytearray(16 * len(entries))
     for i, (ud, res, flags) in enumerate(entries):
         struct.pack_into("<QiI", raw, 16 * i, ud, res, flags)
-    return Completions._of(raw, len(entries), False)
+    return Completions.from_raw(raw, len(entries), False)
 
 
 def test_take_round_takes_only_the_common_round() -> None:

@@ -270,7 +270,7 @@ def _raw_cqe32(entries: list[tuple[int, int, int, int]]):
     raw = bytearray(32 * len(entries))
     for i, (ud, res, flags, off) in enumerate(entries):
         struct.pack_into("<QiIQQ", raw, 32 * i, ud, res, flags, off, 0)
-    return Completions._of(raw, len(entries), True)
+    return Completions.from_raw(raw, len(entries), True)
 
 
 def test_zcrx_round_parses_as_the_numpy_path() -> None:

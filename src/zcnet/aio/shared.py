@@ -143,7 +143,7 @@ class LoopRing:
             return None
         a = self.ring.cq_addresses()
         return accel.Router(self.ring, self.members, a.cq_head, a.cq_tail, a.cqes, a.cq_mask,
-                            a.cqe_size, Completions._of, FEW, a.sq_flags, _WORK,
+                            a.cqe_size, Completions.from_raw, FEW, a.sq_flags, _WORK,
                             u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------

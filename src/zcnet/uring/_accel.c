@@ -528,7 +528,7 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
         Py_DECREF(raw);
         return NULL;
     }
-    /* as Completions._of: the copy, its count and kind; the rest decoded on first use */
+    /* as Completions.from_raw: the copy, its count and kind; the rest decoded on first use */
     set_slot(ret, c->comp_off[0], raw);
     set_slot(ret, c->comp_off[1], pn);
     set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
