@@ -60,6 +60,11 @@ def test_bench_json_envelope_with_verify(no_leaks, tmp_path: Path) -> None:
         assert cell["bytes"] > 0 and cell["gbps"] > 0
         assert cell["verify"]["mismatches"] == 0
         assert cell["verify"]["checked_bytes"] == cell["bytes"]
+    # The soft provider copies every byte (recv into its buffers): 0% zero-copy, said so.
+    soft = next(c for c in doc["results"] if c["engine"] == "soft-zc")["engine_stats"]
+    assert soft["kernel_copied_bytes"] == next(
+        c["bytes"] for c in doc["results"] if c["engine"] == "soft-zc")
+    assert soft["zero_copy_share"] == 0.0 and "zc 0%" in r.stdout
     # The table names every engine and the placement block, and says why zcrx is n/a.
     assert "uring-mshot" in r.stdout and "split" in r.stdout and "n/a" in r.stdout
 
