@@ -141,18 +141,6 @@ typedef struct {
 
 _Static_assert(sizeof(SoftRecord) == 16, "record layout");
 
-/* The CQEs' copy: n entries of ``size`` bytes; NULL (no error) when it is shorter. */
-static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size,
-                                    Py_buffer *b) {
-    if (PyObject_GetBuffer(raw, b, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (n <= 0 || size <= 0 || n > b->len / size) { /* no n * size: it could wrap */
-        PyBuffer_Release(b);
-        return NULL;
-    }
-    return b->buf;
-}
-
 /* soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head,
  *            buf_size, base) -> (records, count, final), or None
  *

@@ -20,18 +20,6 @@ typedef struct {
 
 _Static_assert(sizeof(ZcrxRecord) == 24, "record layout");
 
-/* The CQEs' copy: n entries of ``size`` bytes; NULL (no error) when it is shorter. */
-static const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size,
-                                    Py_buffer *b) {
-    if (PyObject_GetBuffer(raw, b, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (n <= 0 || size <= 0 || n > b->len / size) { /* no n * size: it could wrap */
-        PyBuffer_Release(b);
-        return NULL;
-    }
-    return b->buf;
-}
-
 /* refill_push(mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, token, off_mask)
  *     -> new tail, or None
  *
