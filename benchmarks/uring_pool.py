@@ -3,8 +3,8 @@
     python benchmarks/uring_pool.py                        # 100 streams, 2 GiB, 3 rounds
     python benchmarks/uring_pool.py --gib 0.25 --rounds 1 --verify
 
-The question it answers. zcnet.aio gives every receiver a provided-buffer group over an area of
-its own (2 MiB each in aio_stream.py's 100-stream case). On one CPU the sender fills every
+The question it answers. A zcnet.aio receiver without ``pool=`` has a provided-buffer group over
+an area of its own (2 MiB each, say, for 100 streams). On one CPU the sender fills every
 socket before the loop runs, each pass copies a whole area per stream, and 100 areas are far
 more than the CPU's cache: the copy into them, and the sender's copy after it, miss (docs/aio.md,
 "A pool per loop"). uvloop BufferedProtocol with SO_RCVLOWAT reads each socket into a buffer it
@@ -22,7 +22,8 @@ loopback (the issue's CPU-bound case), CPU per GiB of the receiving process (use
                ring's order. The pool runs dry every pass, which ends receives (the bundle that
                took the last buffer, -ENOBUFS for the others); those wait in a queue and
                ``--pace`` of them are re-armed per pass
-  zcnet-proto  zcnet.aio's callback style on uvloop, 2 MiB areas (aio_stream.py's row)
+  zcnet-proto  zcnet.aio's callback style on uvloop, every stream on the loop's pool of
+               ``--pool`` KiB (``pool=``; aio_stream.py's row)
   uvloop-proto, uvloop-proto-lowat   aio_stream.py's anchors (the latter with SO_RCVLOWAT)
 
 The first two use zcnet's ring layer with no event loop: they compare the buffer layouts, not

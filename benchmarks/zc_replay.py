@@ -125,23 +125,21 @@ class StandIn:
 
 class Replayed:
     """Mixed into a real provider: arming is left out (the replayed CQEs stand for one armed
-    multishot receive), every reap first lets the stand-in post a round, and close has nothing
-    armed in the kernel to cancel."""
+    multishot receive; the receiver's core counts it armed), every reap first lets the
+    stand-in post a round, and close has nothing armed in the kernel to cancel."""
 
     kernel: StandIn
-    armed: bool
 
     def arm(self) -> None:
-        self.armed = True
+        pass
 
     def reap(self, timeout: float | None) -> Delivery:
         self.kernel.feed()
         return super().reap(timeout)  # type: ignore[misc, no-any-return]
 
-    def close(self) -> None:
-        self.armed = False
+    def close(self, armed: bool = False) -> bool:
         self.kernel.cq.close()
-        super().close()  # type: ignore[misc]
+        return super().close(False)  # type: ignore[misc, no-any-return]
 
 
 class SoftKernel(StandIn):
@@ -151,11 +149,11 @@ class SoftKernel(StandIn):
 
     def __init__(self, prov: soft.SoftProvider, batch: int, chunk: int) -> None:
         super().__init__(batch, chunk)
-        ring = prov._ring  # the provider's own ring: the kernel side writes into it
-        assert ring is not None and prov._buf is not None
+        ring = prov.ring  # the provider's own ring: the kernel side writes into it
+        assert ring is not None
         self.cq = CqWriter(ring.fd, cq_layout(64, soft.RING_FLAGS, ring.cq_entries))
-        mem = prov._buf._mem  # the registered buffer ring, as the kernel reads it
-        entries = prov._buf.entries
+        mem = prov.buf._mem  # the registered buffer ring, as the kernel reads it
+        entries = prov.buf.entries
         self.mask = entries - 1
         self.tail16 = mem.view(np.uint16, 0, 8)  # entry 0's resv is the tail
         self.bids = mem.view(np.uint16, 0, entries * 8).reshape(entries, 8)[:, 6]

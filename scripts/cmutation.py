@@ -2,7 +2,7 @@
 mutates Python only).
 
 Usage (mutation.sh calls it; by hand from a work copy of the tree):
-    python scripts/cmutation.py --work DIR --file src/zcnet/uring/_accel_rx.c \
+    python scripts/cmutation.py --work DIR --file src/zcnet/rx/zc/_c/chunks.c \
         --tests "tests/rx/test_zc_api.py ..." [--sample N] [--seed S] [--only NAME ...] \
         [--equivalent scripts/mutation-equivalent.txt] [--timeout SECONDS]
 

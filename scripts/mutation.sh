@@ -4,7 +4,7 @@
 # mutation at a time, the extension rebuilt in place, the tests run on the compiled path).
 # Slow (minutes to hours per module) and not part of CI.
 #
-# Usage: bash scripts/mutation.sh [MODULE...]      e.g. rx/zc/devmem.py uring/_accel_rx.c
+# Usage: bash scripts/mutation.sh [MODULE...]      e.g. rx/zc/devmem.py rx/zc/_c/chunks.c
 #   no argument: every module below. Env: MUTATION_DIR (work copies, default /tmp/zcnet-mutation),
 #   MUTATION_JOBS (parallel test processes, default: CPU count), MUTATION_ONLY (mutant names:
 #   run only these, e.g. a previous run's survivors after new tests; the score then covers them),
@@ -60,7 +60,7 @@ declare -A TESTS=(
   # The C accelerators (scripts/cmutation.py). Their tests may start interpreters: the work copy
   # is a plain tree, not an instrumented one.
   [uring/_accel.c]="tests/uring/test_uring_ring.py tests/uring/test_ring_hostile.py tests/uring/test_accel_bounds.py tests/uring/test_accel_cqe.py"
-  [uring/_accel_rx.c]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/uring/test_accel_bounds.py tests/rx/test_zc_zcrx.py"
+  [rx/zc/_c/chunks.c]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/uring/test_accel_bounds.py tests/rx/test_zc_zcrx.py"
   [aio/_loopaccel.c]="tests/aio/test_aio_loopaccel.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_fastpaths.py tests/aio/test_aio_reentry.py tests/aio/test_aio_protocol.py"
 )
 # The targets first (rx/zc/api.py only re-exports: its code is chunks, receiver,
@@ -71,7 +71,7 @@ ORDER=(rx/zc/chunks.py rx/zc/receiver.py rx/zc/debugviews.py rx/zc/opener.py rx/
        tx/sendzc.py rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py
        rx/zc/engines.py tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py
        aio/receiver.py aio/shared.py aio/pool.py aio/protocol.py aio/sender.py aio/wakeup.py
-       aio/sockets.py aio/backend.py uring/_accel_rx.c uring/_accel.c aio/_loopaccel.c)
+       aio/sockets.py aio/backend.py rx/zc/_c/chunks.c uring/_accel.c aio/_loopaccel.c)
 
 modules=("$@")
 ((${#modules[@]})) || modules=("${ORDER[@]}")

@@ -30,7 +30,7 @@ source scripts/env.sh
 # paths (tests/uring_backends.py, the loop_pass fixture). A compiler with no accelerator means
 # the build failed.
 if command -v cc >/dev/null; then
-  for mod in zcnet.uring._accel zcnet.aio._loopaccel; do
+  for mod in zcnet.uring._accel zcnet.rx.zc._rxaccel zcnet.aio._loopaccel; do
     if ! "$ZCNET_PY" -c "import $mod" 2>/dev/null; then
       echo "error: a C compiler exists but $mod did not build: run pip install -v -e . to see why" >&2
       exit 1

@@ -213,8 +213,12 @@ class Case:
 
 SENDER = {"args": {"send": (100,), "in_flight": (0,)}, "allowed": frozenset({"stats"})}
 BURST = {"args": {}}
-PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1]},
-            "allowed": frozenset({"held_back", "extra_stats", "kernel_copy"})}
+# quiesce and recycle_closed are steps of the receiver's close and of releases after it: they
+# touch no provider memory and answer after close too.
+PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1],
+                     "quiesce": (False,), "recycle_closed": ([],)},
+            "allowed": frozenset({"held_back", "extra_stats", "kernel_copy", "quiesce",
+                                  "recycle_closed"})}
 RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "on_release": (None,),
                      "release": lambda: (CTX["chunk"],), "release_many": ([],)},
             "allowed": frozenset({"stats_dict", "release", "release_many"}),

@@ -129,14 +129,14 @@ def state_after(rx: Any, total: int) -> str:
     delivered once and given back, the buffer ring full), "closed-freed" (closed, and its area
     handed back once nothing is held: unmapped, or kept by zcnet.aio's loop) or what is
     wrong."""
-    if rx._closed:
-        freed = rx._area_done is None and (rx.area.closed or rx.provider.__class__.__name__
+    if rx.closed:
+        freed = rx.area_done is None and (rx.area.closed or rx.provider.__class__.__name__
                                            != "SoftProvider")
         return "closed-freed" if freed and rx.stats.in_flight == 0 else (
-            f"closed, area {'handed back' if rx._area_done is None else 'kept'}, "
+            f"closed, area {'handed back' if rx.area_done is None else 'kept'}, "
             f"in_flight {rx.stats.in_flight}")
     rx.flush()
-    st, buf = rx.stats, rx.provider._buf
+    st, buf = rx.stats, rx.provider.group.buf
     if st.delivered_bytes != total or st.in_flight:
         return f"delivered {st.delivered_bytes} of {total}, in_flight {st.in_flight}"
     if buf.in_ring != buf.entries:
@@ -193,7 +193,7 @@ def handmade_chunk_odd_length() -> dict[str, str]:
             c.sendall(b"x" * FIRST)
             got = rx.recv(5)
             cls = Chunk if name == "Chunk" else type(got[0])
-            cls(rx, 0, Evil(rx.close), 0, 0).release()  # type: ignore[arg-type]
+            cls(rx.core, 0, Evil(rx.close), 0, 0).release()  # type: ignore[arg-type]
             out[name] = outcome_of(lambda rx=rx: rx.recv(0.1))
         c.close()
     out["__index__"] = "called" if Evil.called else "not called"
@@ -275,7 +275,7 @@ def sync_once(call: str, action: str, slack: int) -> str | None:
     if outer is not None:
         c.sendall(b"c" * LAST)
         c.shutdown(socket.SHUT_WR)
-        if not rx._closed:
+        if not rx.closed:
             held.extend(it)  # the round the iterator holds, and the rest of the stream
             receive_all(rx, held)
         else:

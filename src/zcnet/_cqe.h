@@ -89,6 +89,19 @@ static inline PyObject *cqe_tuple(uint64_t user_data, int32_t res, uint32_t flag
     return t;
 }
 
+/* A round's copy of the CQEs: n entries of ``size`` bytes (a buffer the caller releases);
+ * NULL (no error) when it is shorter, or with the error set when ``raw`` has no buffer. */
+static inline const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize_t size,
+                                           Py_buffer *b) {
+    if (PyObject_GetBuffer(raw, b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (n <= 0 || size <= 0 || n > b->len / size) { /* no n * size: it could wrap */
+        PyBuffer_Release(b);
+        return NULL;
+    }
+    return b->buf;
+}
+
 /* cqe_layout() -> dict: the layout this header assumes (field -> byte offset, and the entry
  * sizes), for the test that holds it to zcnet.uapi. Listed in each module's methods. */
 static inline PyObject *cqe_layout(PyObject *self, PyObject *unused) {

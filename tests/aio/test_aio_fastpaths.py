@@ -29,6 +29,7 @@ from aio_util import (
 from zcnet import aio
 from zcnet.aio import shared
 from zcnet.errors import ClosedError, UsageError
+from zcnet.rx.zc.core import Phase
 from zcnet.rx.zc.receiver import Receiver
 
 pytestmark = pytest.mark.parametrize("loop_kind", list(LOOPS))
@@ -373,7 +374,7 @@ def test_no_round_is_taken_while_more_than_max_held_is_held(loop_kind, receive, 
             await check.drain(rx) if receive == "recv" else await _drain_batches(rx, check)
             await sender
             assert check.complete
-            return rx._limit, rounds, stalled, rx.stats_dict()
+            return rx.rx.core.limit, rounds, stalled, rx.stats_dict()
 
     limit, rounds, stalled, st = run(loop_kind, main)
     assert stalled == "backpressure" and sum(n for _, n in rounds) > limit
@@ -455,15 +456,15 @@ ENDING = {"area_size": 64 << 10, "buf_size": 4096}
 
 
 def _count_python_rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts calls of Receiver._next, the Python round (the compiled round never calls it)."""
+    """Counts calls of Receiver._round, the Python round (the compiled round never calls it)."""
     calls = [0]
-    python_round = Receiver._next
+    python_round = Receiver._round
 
     def counted(self: Receiver, *args: Any) -> Any:
         calls[0] += 1
         return python_round(self, *args)
 
-    monkeypatch.setattr(Receiver, "_next", counted)
+    monkeypatch.setattr(Receiver, "_round", counted)
     return calls
 
 
@@ -579,14 +580,14 @@ def test_a_re_arm_that_closes_the_receiver_raises_closed_not_a_wait(loop_kind, s
         s, send = await _queued_pair(pattern(8, 256 << 10))
         rx = aio.open_receiver(s, own_socket=True, **ENDING)
         prov = rx.rx.provider
-        while prov.armed or not rx.rx._armed_once:  # until a receive has ended with data
+        while rx.rx.core.phase in (Phase.IDLE, Phase.ARMED):  # until a receive ended with data
             b = await asyncio.wait_for(rx.recv_batch(), 10)
             assert b is not None
             b.release()
         prov.arm = rx.close
         with pytest.raises(ClosedError):
             await asyncio.wait_for(rx.recv_batch() if step == "recv_batch" else anext(rx), 10)
-        assert rx.rx._closed
+        assert rx.rx.closed
         await send
 
     run(loop_kind, main)

@@ -14,7 +14,7 @@ import pytest
 
 from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
-from zcnet.aio import shared
+from zcnet.aio import protocol, shared
 
 pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
               pytest.mark.usefixtures("loop_pass")]
@@ -177,8 +177,8 @@ def test_release_checks_hold_on_chunks_of_the_compiled_round(loop_kind, no_leaks
         await loop.sock_sendall(c2, b"b" * 100)
         while sum(ch.length for ch in got) < 200:
             await asyncio.sleep(0.001)
-        mine = [ch for ch in got if ch._rx is t1.rx]
-        theirs = [ch for ch in got if ch._rx is t2.rx]
+        mine = [ch for ch in got if ch._rx is t1.rx.core]
+        theirs = [ch for ch in got if ch._rx is t2.rx.core]
         with pytest.raises(ValueError, match="another receiver"):
             t1.rx.release(theirs[0])
         view_ok = _release_refusing_misuse(mine[0])
@@ -320,12 +320,13 @@ def test_ping_pong_leaves_the_eventfd_drained(loop_kind, no_leaks):
 def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, loop_pass,
                                                                       no_leaks):
     """The compiled round reads its objects' per-pass attributes in place from their slots;
-    where a subclass puts something else in front of one (here a property), it must read what
-    Python reads: the property says paused, so that round goes to Python (FALLBACK)."""
+    where a subclass puts something else in front of one (here a property on the transport's
+    state), it must read what Python reads: the property says paused, so that round goes to
+    Python (FALLBACK)."""
 
-    class Viewed(aio.ZcTransport):
+    class Viewed(protocol.TransportState):
         @property  # type: ignore[override]
-        def _paused(self) -> bool:
+        def paused(self) -> bool:
             return True
 
     async def main() -> None:
@@ -334,15 +335,17 @@ def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, l
         tr = aio.start_protocol(s, p, **SMALL)
         assert tr.write.__self__ is tr._fast  # the compiled write, its common case in C
         await asyncio.sleep(0)  # the start's pass: the receive is armed
-        v = object.__new__(Viewed)
+        st = object.__new__(Viewed)
+        for name in ("closing", "eof", "failed", "fd", "held", "waiting_release", "wbuf"):
+            setattr(st, name, getattr(tr.st, name))
+        v = object.__new__(aio.ZcTransport)
         v.__dict__.update(tr.__dict__)
-        for name in ("_closing", "_eof", "_waiting_release", "protocol"):
-            setattr(v, name, getattr(tr, name))
+        v.protocol, v.st = tr.protocol, st
         viewed = shared.compiled_round(v, v.rx)
         accel = shared.loop_accel()
         assert tr._fast.run() == accel.DONE  # nothing has arrived: the compiled round is done
         assert viewed.run() == accel.FALLBACK
-        del v, viewed
+        del v, st, viewed
         await asyncio.get_running_loop().sock_sendall(c, bytes(64))
         got = b""
         while len(got) < 64:

@@ -130,7 +130,7 @@ def test_a_round_refuses_a_batch_class_without_the_slots_it_writes() -> None:
              "    __slots__ = ('_offsets', '_lengths')\n"
              "for cls in (B, NoLinear, Batch):\n"
              "    try:\n"
-             "        _loopaccel.Round(None, 0, 0, 0, Chunk, deque(), 0, 0, 2, 16, cls)\n"
+             "        _loopaccel.Round(None, 0, 0, 0, None, Chunk, deque(), 0, 0, 2, 16, cls)\n"
              "        print('made')\n"
              "    except TypeError as e:\n"
              "        print(e)")
@@ -161,8 +161,8 @@ async def batch(rx, c, n):
     return await rx.recv_batch()
 
 def consistent(rx):
-    b = rx.rx.provider._buf
-    return (b._tail - b._head) & 0xFFFF == b.in_ring
+    b = rx.rx.provider.group.buf
+    return (b.tail - b.head) & 0xFFFF == b.in_ring
 
 state = {{}}
 

@@ -15,7 +15,8 @@ from zcnet.aio import shared
 from zcnet.aio.pool import PooledSoftProvider
 from zcnet.aio.shared import loop_ring
 from zcnet.errors import UsageError
-from zcnet.rx.zc.receiver import Receiver
+from zcnet.rx.zc.core import RxCore
+from zcnet.rx.zc.provider import Delivery
 
 pytestmark = [pytest.mark.parametrize("loop_kind", list(LOOPS)),
               pytest.mark.usefixtures("loop_pass")]
@@ -96,14 +97,18 @@ def test_pooled_rounds_run_compiled_when_it_is_built(loop_kind, loop_pass, style
     byte arrives either way. (A dry pool's -ENOBUFS: the many-streams test above.)"""
     n, size = 4, 8 << 20
     by_python = [0]
-    python_round = Receiver._next
 
-    def counted(self: Receiver, *args: object) -> object:
-        got = python_round(self, *args)
-        by_python[0] += len(got.tokens) if got is not None else 0
-        return got
+    def counting(name: str) -> None:
+        python_round = getattr(RxCore, name)
 
-    monkeypatch.setattr(Receiver, "_next", counted)
+        def counted(self: RxCore, d: Delivery) -> object:
+            by_python[0] += len(d.tokens)
+            return python_round(self, d)
+
+        monkeypatch.setattr(RxCore, name, counted)
+
+    counting("deliver")
+    counting("deliver_batch")
 
     async def main() -> int:
         stats = await receive_streams(style, [pattern(20 + i, size) for i in range(n)],

@@ -15,7 +15,7 @@ import pytest
 from aio_util import LOOPS, StreamCheck, loop_pass, pattern, run, tcp_pair
 from zcnet import aio
 from zcnet.aio import shared
-from zcnet.aio.shared import SharedSoftProvider
+from zcnet.aio.loop_soft import SharedSoftProvider
 from zcnet.errors import UsageError, ZcnetError
 from zcnet.rx.zc.soft import SoftProvider
 
@@ -318,12 +318,11 @@ def test_an_area_still_held_or_not_safe_to_reuse_is_unmapped_not_kept(loop_kind,
         held[2].release()  # no room left
         assert areas[2].closed and lr.spare == [areas[1]]
         prov = rxs[3].rx.provider
-        prov.armed = True  # as after a cancel the kernel did not confirm
+        prov._live = True  # as after a cancel the kernel did not confirm
         lr.spare.remove(areas[1])
         areas[1].close()
         held[3].release()
         assert areas[3].closed and lr.spare == []
-        prov.armed = False
         keeper.close()
         for c, _ in pairs:
             c.close()
@@ -443,22 +442,22 @@ def test_a_settled_buffer_group_stays_registered_for_the_next_receiver(loop_kind
             lr = shared._rings[asyncio.get_running_loop()]
             c, s = await tcp_pair()
             rx1 = aio.open_receiver(s, own_socket=True, **SMALL)
-            buf, bgid = rx1.rx.provider._buf, rx1.rx.provider.member.bgid
+            buf, bgid = rx1.rx.provider.group.buf, rx1.rx.provider.member.bgid
             await StreamCheck(pattern(60, 3 * SMALL["area_size"])).through(rx1, c)  # buffers cycle
             rx1.close()
             assert lr.groups == {id(rx1.rx.area): buf} and not buf.closed
             assert bgid not in lr._free_bgids
             c, s = await tcp_pair()
             rx2 = aio.open_receiver(s, own_socket=True, **SMALL)
-            assert rx2.rx.provider._buf is buf and rx2.rx.provider.member.bgid == bgid
+            assert rx2.rx.provider.group.buf is buf and rx2.rx.provider.member.bgid == bgid
             assert rx2.rx.area is rx1.rx.area and lr.groups == {}
             await StreamCheck(pattern(61, 3 * SMALL["area_size"])).through(rx2, c)
-            assert buf.kernel_head() == buf._head & 0xFFFF  # the kernel's ring and ours agree
+            assert buf.kernel_head() == buf.head  # the kernel's ring and ours agree
             rx2.close()
             c, s = await tcp_pair()
             rx3 = aio.open_receiver(s, own_socket=True, area_size=SMALL["area_size"],
                                     buf_size=8 << 10)
-            assert rx3.rx.area is rx1.rx.area and rx3.rx.provider._buf is not buf
+            assert rx3.rx.area is rx1.rx.area and rx3.rx.provider.group.buf is not buf
             assert buf.closed and lr.groups == {}
             await StreamCheck(pattern(62, 1 << 20)).through(rx3, c)
             rx3.close()
@@ -478,7 +477,7 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
             lr = shared._rings[asyncio.get_running_loop()]
             c, s = await tcp_pair()
             rx = aio.open_receiver(s, own_socket=True, **SMALL)
-            buf = rx.rx.provider._buf
+            buf = rx.rx.provider.group.buf
             c.sendall(b"held")
             chunk = await rx.__anext__()
             rx.close()
@@ -489,11 +488,11 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
             for kind in ("debug", "head", "status"):
                 c, s = await tcp_pair()
                 rx = aio.open_receiver(s, own_socket=True, debug=kind == "debug", **SMALL)
-                buf = rx.rx.provider._buf
+                buf = rx.rx.provider.group.buf
                 await StreamCheck(pattern(63, 100_000)).through(rx, c)
                 with monkeypatch.context() as m:
                     if kind == "head":
-                        m.setattr(type(buf), "kernel_head", lambda self: (self._head + 1) & 0xFFFF)
+                        m.setattr(type(buf), "kernel_head", lambda self: (self.head + 1) & 0xFFFF)
                     elif kind == "status":
                         def refused(self: object) -> int:
                             raise OSError(22, "Invalid argument")
@@ -502,7 +501,7 @@ def test_a_group_not_known_settled_is_unregistered_not_kept(loop_kind, no_leaks,
                 assert buf.closed and lr.groups == {}, kind
         c, s = await tcp_pair()
         rx = aio.open_receiver(s, own_socket=True, **SMALL)  # the ring's only member
-        lr, buf = rx.rx.provider.member.lr, rx.rx.provider._buf
+        lr, buf = rx.rx.provider.member.lr, rx.rx.provider.group.buf
         await StreamCheck(pattern(64, 100_000)).through(rx, c)
         rx.close()
         assert lr.ring.closed and buf.closed and rx.rx.area.closed
@@ -541,7 +540,7 @@ def test_kept_groups_survive_failed_opens_and_a_failing_unregister(loop_kind, no
         area, buf = await settle_one()
         rx = aio.open_receiver(s, own_socket=True, **SMALL)
         p = rx.rx.provider
-        assert p._buf is buf
+        assert p.group.buf is buf
         rx.close()
         p.close()  # again: nothing more to free
         assert lr.groups == {id(area): buf} and buf.bgid not in lr._free_bgids

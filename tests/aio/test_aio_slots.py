@@ -5,10 +5,9 @@ from __future__ import annotations
 import inspect
 
 from zcnet import aio
-from zcnet.aio import shared
+from zcnet.aio import protocol, shared
 from zcnet.rx.zc.bookkeeping import Stats
-from zcnet.rx.zc.receiver import Receiver
-from zcnet.rx.zc.soft import SoftProvider
+from zcnet.rx.zc.core import RxCore
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.ring import Ring
 
@@ -17,11 +16,10 @@ def test_what_the_compiled_pass_touches_every_time_is_a_slot() -> None:
     """The pass reads and writes these in place at their slot offsets (no dict lookup); a class
     that lost its slot would still work (the generic getattr) but pay a lookup per access."""
     touched = {
-        aio.ZcTransport: ("_closing", "_eof", "_fd", "_paused", "_waiting_release", "_wbuf",
-                          "protocol"),
-        Receiver: ("_closed", "_end", "_limit", "_owner_tid", "_stream_off", "stalled"),
-        SoftProvider: ("_buf", "armed"),
-        BufRing: ("_head", "_registered", "_tail", "in_ring"),
+        protocol.TransportState: ("closing", "eof", "fd", "paused", "waiting_release", "wbuf"),
+        aio.ZcTransport: ("protocol", "st"),
+        RxCore: ("closed", "limit", "owner_tid", "phase", "stalled", "stats", "stream_off"),
+        BufRing: ("head", "registered", "tail", "in_ring"),
         Stats: ("delivered", "delivered_bytes", "released", "released_bytes", "peak_in_flight",
                 "peak_in_flight_bytes"),
         shared.MemberRing: ("inbox", "fast", "on_ready"),

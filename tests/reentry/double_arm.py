@@ -7,6 +7,7 @@ import numpy as np
 from common import pair, verdict
 
 from zcnet import aio
+from zcnet.rx.zc.core import Phase
 
 N = 2 << 20
 DATA = ((np.arange(N, dtype=np.uint32) * 7) % 251).astype(np.uint8).tobytes()
@@ -30,12 +31,12 @@ async def main() -> None:
     arm = prov.arm
 
     def counting_arm() -> None:
-        state["twice"] += prov.armed
+        state["twice"] += rx.rx.core.armed
         arm()
 
     prov.arm = counting_arm
     out = bytearray()
-    while prov.armed or not rx.rx._armed_once:  # until a receive has ended with data
+    while rx.rx.core.phase in (Phase.IDLE, Phase.ARMED):  # until a receive ended with data
         b = await asyncio.wait_for(rx.recv_batch(), 10)
         for v in b.views():
             out += v

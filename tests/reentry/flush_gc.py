@@ -44,8 +44,8 @@ async def main() -> None:
         print("VERDICT nofire")
         return
     rx.rx.flush()
-    b, st = rx.rx.provider._buf, rx.stats_dict()
-    verdict((b._tail - b._head) & 0xFFFF == b.in_ring == b.entries
+    b, st = rx.rx.provider.group.buf, rx.stats_dict()
+    verdict((b.tail - b.head) & 0xFFFF == b.in_ring == b.entries
             and st["delivered"] == st["released"] and st["in_flight"] == 0,
             f"in_ring {b.in_ring} of {b.entries}, {st}")
     rx.close()

@@ -12,7 +12,7 @@ from zcnet.uring.completions import Completions
 shared.FEW = 0  # every group as a Completions, the path of a pass of many CQEs
 state: dict = {}
 armed = [False]
-made = Completions._of
+made = Completions.from_raw
 
 
 def of(raw, n, cqe32):
@@ -25,7 +25,7 @@ def of(raw, n, cqe32):
     return made(raw, n, cqe32)
 
 
-Completions._of = staticmethod(of)
+Completions.from_raw = staticmethod(of)
 
 
 async def main() -> None:

@@ -25,7 +25,10 @@ def test_engines_in_display_order_with_their_kind():
 
 def test_providers_are_named_by_their_class():
     assert registry.provider_names() == ("zcrx", "devmem", "soft")
-    assert all(cls.name == name for name, cls in registry.PROVIDERS.items())
+    assert all(i.cls.name == i.name == name for name, i in registry.PROVIDERS.items())
+    # the engines' kinds come from their providers' entries
+    by_provider = {n: i for n, i in registry.ENGINES.items() if i.zero_copy}
+    assert [i.factory.provider for i in by_provider.values()] == ["soft", "zcrx", "devmem"]
 
 
 def test_make_engine_names_the_choices_for_an_unknown_engine():

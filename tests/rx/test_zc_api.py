@@ -16,26 +16,27 @@ from zcnet.errors import ClosedError
 from zcnet.rx.zc import netqueue, open_receiver, zcrx
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import CopyCount, Delivery
+from zcnet.rx.zc.core import RxCore
+from zcnet.rx.zc.provider import CopyCount, Delivery, ProviderBase
 
 # Everything a test here creates must be gone afterwards (see leaks.py).
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
-class ScriptedProvider:
+class ScriptedProvider(ProviderBase):
     """Delivers the given Deliveries one per reap (then EOF), records every recycle call."""
 
     name = "scripted"
     note = ""
+    ring = None
 
     def __init__(self, *deliveries: Delivery) -> None:
         self.area = Area(1 << 20)
-        self.armed = True
         self.script = list(deliveries)
         self.recycled: list[tuple[list[int], list[int]]] = []
 
     def arm(self) -> None:
-        self.armed = True
+        pass
 
     def can_arm(self) -> bool:
         return True
@@ -47,17 +48,14 @@ class ScriptedProvider:
         if len(tokens):  # a list, or a numpy array from a vectorized batch
             self.recycled.append((list(tokens), list(lengths)))
 
-    def held_back(self) -> int:
-        return 0
-
     def extra_stats(self) -> dict[str, int]:
         return {}
 
     def kernel_copy(self) -> CopyCount:
         return CopyCount(None, "scripted: no kernel")
 
-    def close(self) -> None:
-        pass
+    def close(self, armed: bool = False) -> bool:
+        return True
 
 
 def delivery(offsets, lengths, tokens, linear=None) -> Delivery:  # type: ignore[no-untyped-def]
@@ -319,7 +317,7 @@ def test_open_receiver_soft_takes_the_options_given(tcp_pair):
                        coalesce=True, debug=True) as rx:
         assert rx.why == "soft provider requested" and rx.name == "soft"
         assert rx.provider.buf_size == 16 << 10 and rx.area.size == 1 << 20
-        assert rx.coalesce and rx.debug and rx._limit == 1 << 20
+        assert rx.coalesce and rx.debug and rx.core.limit == 1 << 20
         tcp_pair[0].sendall(b"z" * 1000)
         got = b""
         while len(got) < 1000:
@@ -384,7 +382,7 @@ def test_open_receiver_defaults_and_the_socket_check(tcp_pair):
 
     with open_receiver(tcp_pair[1], area_size=1 << 20) as rx:  # provider "auto"
         assert rx.why.startswith("soft, because zcrx: ") and not rx.debug
-        assert not rx.coalesce and rx._limit == int(0.75 * rx.area.size)
+        assert not rx.coalesce and rx.core.limit == int(0.75 * rx.area.size)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect(("127.0.0.1", 9))
         with pytest.raises(UsageError) as ei:
@@ -471,8 +469,8 @@ def test_close_unmaps_the_area_even_when_the_provider_close_is_interrupted(
     rx.flush()
     real_close = rx.provider.close
 
-    def interrupted() -> None:
-        real_close()
+    def interrupted(armed: bool = False) -> bool:
+        real_close(armed)
         raise KeyboardInterrupt
 
     rx.provider.close = interrupted  # type: ignore[method-assign]
@@ -647,12 +645,11 @@ def test_a_vectorized_batch_and_a_chunk_released_together_give_back_every_buffer
 
 
 class Exhausting(ScriptedProvider):
-    """A provider with ``free`` buffers: a round uses them up and its receive stops (not
-    armed) until buffers come back, as the soft provider's multishot receive does."""
+    """A provider with ``free`` buffers: a round uses them up and its receive stops
+    (``stopped``) until buffers come back, as the soft provider's multishot receive does."""
 
     def __init__(self, free: int, *deliveries: Delivery) -> None:
         super().__init__(*deliveries)
-        self.armed = False
         self.free = free
 
     def can_arm(self) -> bool:
@@ -661,7 +658,8 @@ class Exhausting(ScriptedProvider):
     def reap(self, timeout: float | None) -> Delivery:
         d = super().reap(timeout)
         self.free -= len(d.offsets)
-        self.armed = self.free > 0
+        if not self.free and d.end is None:
+            d.stopped = "exhausted"
         return d
 
     def recycle(self, tokens: list[int], lengths: list[int]) -> None:
@@ -672,12 +670,12 @@ class Exhausting(ScriptedProvider):
 def _fake_waits(rx: Receiver, clock: Clock, plan) -> list[float | None]:
     """Replace the wait for releases: each wait takes the next step of ``plan`` (a chunk
     list to release, or None: nothing released, the wait times out)."""
-    from zcnet.rx.zc.bookkeeping import ReleaseQueue
-
     steps: list[float | None] = []
 
-    class Planned(ReleaseQueue):
-        def wait(self, timeout: float | None) -> bool:
+    class Planned(RxCore):
+        __slots__ = ()
+
+        def wait_release(self, timeout: float | None) -> bool:
             steps.append(timeout)
             todo = plan.pop(0)
             if todo is None:
@@ -686,8 +684,8 @@ def _fake_waits(rx: Receiver, clock: Clock, plan) -> list[float | None]:
             rx.release_many(todo)
             return True
 
-    assert not len(rx._releases)
-    rx._releases = Planned()
+    assert not rx.core.queue
+    rx.core.__class__ = Planned
     return steps
 
 
@@ -702,7 +700,7 @@ def test_exhausted_buffers_pause_then_rearm_and_count(clock, caplog):
         plan: list = [None]
         steps = _fake_waits(rx, clock, plan)
         plan.append(first)  # nothing for a second (a warning), then the release
-        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc.receiver"):
+        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc"):
             second = rx.recv()
             assert [len(c) for c in second] == [300, 400] and rx.stalled is None
             plan.append(second)
@@ -728,7 +726,7 @@ def test_backpressure_waits_out_the_timeout_in_steps_and_warns_once(clock, caplo
         held = rx.recv()
         steps = _fake_waits(rx, clock, [None] * 4)
         start = clock.now
-        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc.receiver"):
+        with caplog.at_level(logging.INFO, logger="zcnet.rx.zc"):
             assert rx.recv(3.5) == [] and not rx.eof
         assert rx.stalled == "backpressure"
         assert steps == [1.0, 1.0, 1.0, 0.5] and clock.now == start + 3.5

@@ -639,7 +639,7 @@ def test_open_devmem_binds_the_given_or_found_queue(monkeypatch, fake_bind, memf
         assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [(*want[:1], memfd, want[1])]
         assert asked == ([] if ifname and queue is not None else [conn.fileno()])
         assert p.area.dmabuf_fd == memfd and p.area.size == 1 << 20  # the whole dma-buf
-        assert p.armed and p.can_arm() and p.held_back() == 0
+        assert p.can_arm() and p.held_back() == 0 and p.ring is None
         assert p.note == f"{want[0]} queue {want[1][0]}, dma-buf fd {memfd}"
         assert p.extra_stats() == {"linear": 0, "dontneed_calls": 0}
     finally:
@@ -775,7 +775,7 @@ def test_provider_reap_waits_for_data_and_unattached_one_is_idle(fake_bind, memf
 
 def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tcp_pair):
     """fd 0 is a socket like any other (a daemon's stdin may be closed); arming a devmem
-    provider only records that it is armed (the binding delivers regardless)."""
+    provider does nothing (the binding delivers regardless), however often."""
     from zcnet.rx.zc.area import Area
     from zcnet.rx.zc.devmem import DevmemProvider
 
@@ -789,9 +789,10 @@ def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tc
             try:
                 cli.sendall(b"y" * 100)
                 assert sum(p.reap(5.0).lengths) == 100
-                p.armed = False
                 p.arm()
-                assert p.armed is True
+                p.arm()
+                cli.sendall(b"z" * 10)
+                assert sum(p.reap(5.0).lengths) == 10
             finally:
                 p.close()
     finally:

@@ -18,15 +18,15 @@ import pytest
 
 from uring_backends import ring_backend  # noqa: F401  (autouse: every test on both paths)
 from zcnet.errors import ClosedError
-from zcnet.rx.zc import soft
+from zcnet.rx.zc import soft, soft_group
 from zcnet.rx.zc.api import Receiver
 from zcnet.uring.bufring import BufRing
 
 PATHS = {
     # name: (FEW threshold, bundle, method that must have run)
-    "few": (1 << 30, False, (soft.SoftProvider, "_take_few")),
+    "few": (1 << 30, False, (soft_group.SoftGroup, "take_few")),
     "vector": (0, False, (BufRing, "take")),
-    "vector-bundle": (0, True, (soft.SoftProvider, "_take")),
+    "vector-bundle": (0, True, (soft_group.SoftGroup, "_take")),
 }
 PAYLOAD = bytes(range(256)) * 1024  # 256 KiB: 64 buffers of 4 KiB
 
@@ -38,8 +38,8 @@ def path(request, monkeypatch) -> Iterator[dict[str, int]]:
     few, bundle, (cls, name) = PATHS[request.param]
     if (cls, name) == (BufRing, "take") and backend() == "c":
         name = "take_round"  # the vectorized round in one C call (None: not taken)
-    monkeypatch.setattr(soft, "FEW", few)
-    monkeypatch.setattr(soft, "FEW_PURE", few)
+    monkeypatch.setattr(soft_group, "FEW", few)
+    monkeypatch.setattr(soft_group, "FEW_PURE", few)
     calls = {"n": 0, "bundle": bundle}
     orig = getattr(cls, name)
 
@@ -160,15 +160,16 @@ def test_area_closed_under_a_held_batch(no_leaks, path) -> None:
 def test_chunks_are_made_by_the_accelerator_on_its_backend(no_leaks, monkeypatch) -> None:
     """The per-buffer Chunk constructor is the compiled one on the "c" backend (the hot path
     the benchmarks measure), and the same bytes and stream offsets come out on both."""
-    from zcnet.uring.syscall import accel_for, backend
+    from zcnet.rx.zc.accel import rx_accel_for
+    from zcnet.uring.syscall import backend
 
-    accel = accel_for("c")
+    accel = rx_accel_for("c")
     made: list[int] = []
     if accel is not None:
         real = accel.make_chunks
 
         def spy(*args):  # type: ignore[no-untyped-def]
-            made.append(len(args[2]))
+            made.append(len(args[1]))
             return real(*args)
 
         monkeypatch.setattr(accel, "make_chunks", spy)
@@ -269,7 +270,7 @@ def _raw_cqe32(entries: list[tuple[int, int, int, int]]):
     raw = bytearray(32 * len(entries))
     for i, (ud, res, flags, off) in enumerate(entries):
         struct.pack_into("<QiIQQ", raw, 32 * i, ud, res, flags, off, 0)
-    return Completions._of(raw, len(entries), True)
+    return Completions.from_raw(raw, len(entries), True)
 
 
 def test_zcrx_round_parses_as_the_numpy_path() -> None:
@@ -277,11 +278,12 @@ def test_zcrx_round_parses_as_the_numpy_path() -> None:
     any other round (another request's CQE, the final one) is the numpy path's on both."""
     from test_zc_zcrx import TOKEN
 
+    from zcnet.rx.zc.accel import rx_accel_for
     from zcnet.rx.zc.zcrx import parse_completions
     from zcnet.uapi import io_uring as u
-    from zcnet.uring.syscall import accel_for, backend
+    from zcnet.uring.syscall import backend
 
-    fast = accel_for(backend())
+    fast = rx_accel_for(backend())
     more = u.IORING_CQE_F_MORE
     rounds = {
         "common": [(1, 4096, more, TOKEN | 0), (1, 1000, more, TOKEN | 8192 + 96)],

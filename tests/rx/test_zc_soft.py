@@ -471,14 +471,14 @@ def test_provider_close_interrupted_in_cancel_still_frees_its_buffer_ring(
     prov = soft.open_soft(server.fileno(), 1 << 20, 64 << 10, incremental=incremental)
     try:
         prov.arm()
-        buf = prov._buf
+        buf = prov.buf
 
         def interrupted(*_a: object) -> bool:
             raise KeyboardInterrupt
 
         monkeypatch.setattr(provider, "cancel_multishot", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            prov.close()
+            prov.close(armed=True)
         assert buf._mem.closed  # the buffer ring's memory went with the ring
     finally:
         prov.area.close()
@@ -518,9 +518,8 @@ def test_soft_provider_delivers_in_place_and_every_buffer_comes_back(tcp_pair, b
     try:
         assert prov.bundle is bundle and prov.note == f"64 buffers of {bs} bytes"
         assert prov.extra_stats() == {"buffers": 64, "buf_size": bs, "in_ring": 64}
-        assert prov.held_back() == 0 and prov.can_arm() and not prov.armed
+        assert prov.held_back() == 0 and prov.can_arm()
         prov.arm()
-        assert prov.armed
         delivered = 0
         for rnd in range(3):
             data = PAT.expected(rnd * 24 * bs, 24 * bs).tobytes()
@@ -528,16 +527,15 @@ def test_soft_provider_delivers_in_place_and_every_buffer_comes_back(tcp_pair, b
             got, tokens, lengths = _reap_all(prov, len(data))
             assert got == data
             assert len(set(tokens)) == len(tokens), "a buffer delivered twice"
-            assert prov.extra_stats()["in_ring"] == 64 - len(tokens) and prov.armed
+            assert prov.extra_stats()["in_ring"] == 64 - len(tokens)
             delivered += len(tokens)
             prov.recycle(kind(tokens[:3]), kind(lengths[:3]))  # a few, then the rest at once
             prov.recycle(kind(tokens[3:]), kind(lengths[3:]))
             assert prov.extra_stats()["in_ring"] == 64
         assert delivered > 64  # the last round could only fill recycled buffers
     finally:
-        prov.close()
+        assert prov.close(armed=True)  # the multishot's cancel was confirmed
         prov.area.close()
-    assert not prov.armed
 
 
 def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
@@ -547,9 +545,8 @@ def test_every_call_on_a_closed_soft_provider_names_itself(tcp_pair):
     prov = soft.open_soft(conn.fileno(), 16 * 4096, 4096)
     try:
         prov.arm()
-        prov.close()
+        assert prov.close(armed=True)  # the multishot was cancelled
         prov.close()  # twice is harmless
-        assert not prov.armed  # the multishot was cancelled
         assert prov.extra_stats() == {"buffers": 16, "buf_size": 4096, "in_ring": 0}
         calls = {"can_arm": prov.can_arm, "arm": prov.arm, "reap": lambda: prov.reap(0),
                  "recycle": lambda: prov.recycle([0], [1])}
@@ -586,7 +583,7 @@ def test_a_bundle_that_takes_the_last_buffer_ends_the_multishot_with_its_data(tc
                 if d.stopped or d.end is not None:
                     break
             assert (d.stopped, d.end) == (stop, None), bundle
-            assert len(tokens) == 4 and not prov.armed and prov.extra_stats()["in_ring"] == 0
+            assert len(tokens) == 4 and prov.extra_stats()["in_ring"] == 0
         finally:
             prov.close()
             prov.area.close()
@@ -622,7 +619,7 @@ def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair,
             if d.stopped:
                 break
         assert d.stopped == "exhausted" and d.end is None
-        assert not prov.armed and not prov.can_arm() and len(tokens) == nbuf
+        assert not prov.can_arm() and len(tokens) == nbuf
         assert prov.extra_stats()["in_ring"] == 0
         prov.recycle(tokens[:1], lengths[:1])
         assert prov.can_arm() and prov.extra_stats()["in_ring"] == 1
@@ -637,7 +634,7 @@ def test_soft_provider_exhausted_stops_and_one_buffer_back_lets_it_arm(tcp_pair,
         assert bytes(got) == data
         cli.close()
         d = prov.reap(2.0)
-        assert d.end == 0 and not prov.armed  # EOF ends the multishot
+        assert d.end == 0  # EOF ends the multishot
     finally:
         prov.close()
         prov.area.close()
@@ -734,7 +731,7 @@ def test_soft_provider_a_round_ending_the_stream_keeps_its_one_byte_tail(tcp_pai
             if d.end is not None:
                 end = d.end
                 break
-        assert bytes(got) == data and end == 0 and not prov.armed
+        assert bytes(got) == data and end == 0
         assert lengths[-1] == 1 and sum(lengths) == len(data)
     finally:
         prov.close()

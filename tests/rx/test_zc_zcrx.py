@@ -364,7 +364,7 @@ def test_exhausted_area_ends_multishot_and_rearms(fake, sock):
     with Receiver(sock, prov, max_held=1.0) as rx:
         held = rx.recv(timeout=0)
         assert len(held) == 4 and not rx.recv(timeout=0.01)
-        assert rx.stalled == "exhausted" and not prov.armed and not prov.can_arm()
+        assert rx.stalled == "exhausted" and not rx.core.armed and not prov.can_arm()
         got = [(c.stream_offset, bytes(c.data)) for c in held]
         rx.release_many(held)
         got += drain(rx)
@@ -381,7 +381,7 @@ def test_cq_overflow_rearms_without_losing_data(fake, sock):
         rx.release_many(first)
         fake.ring.cq.append((zcrx.RECV_UD, -errno.ENOSPC, 0, 0))
         fake.ring.armed = None
-        assert rx.recv(timeout=0) == [] and not prov.armed and prov.can_arm()
+        assert rx.recv(timeout=0) == [] and not rx.core.armed and prov.can_arm()
         assert_stream(got + drain(rx), 8192)
         assert rx.stats.rearms == 1  # after the overflow; the EOF's final CQE ends the stream
 
@@ -392,9 +392,9 @@ def test_close_cancels_the_armed_multishot(fake, sock):
     rx = Receiver(sock, prov)
     held = rx.recv(timeout=0)
     ring = fake.ring
-    assert prov.armed and ring.armed == zcrx.RECV_UD and ring.sock_fd == sock.fileno()
+    assert rx.core.armed and ring.armed == zcrx.RECV_UD and ring.sock_fd == sock.fileno()
     rx.close()
-    assert ring.armed is None and ring.closed and not prov.armed
+    assert ring.armed is None and ring.closed and not rx.core.armed
     assert not rx.area.closed  # chunks still held
     rx.release_many(held)
     assert rx.area.closed

@@ -140,7 +140,7 @@ def test_multishot_ends_when_area_is_exhausted_and_rearms(pair):
     snd.start()
     with receiver(conn, 16 * PAGE_SIZE, max_held=1.0) as rx:
         held = hold_until_stalled(rx, "exhausted")
-        assert rx.stats.exhausted >= 1 and len(held) == 16 and not rx.provider.armed
+        assert rx.stats.exhausted >= 1 and len(held) == 16 and not rx.core.armed
         got = sum(map(len, held))
         for c in held:
             check(c)

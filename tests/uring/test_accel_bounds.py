@@ -1,4 +1,5 @@
-"""The ring accelerator (zcnet.uring._accel) checks what it is given before it touches memory:
+"""The compiled accelerators (zcnet.uring._accel, the ring's; zcnet.rx.zc._rxaccel, the receive
+core's) check what they are given before they touch memory:
 sizes and counts whose products would wrap, a CQE size that only fits once narrowed, a refill
 ring region past its mapping, a typeless buffer, lists a finalizer empties during the call, a
 CQ head out of step, and a ring Core with no ring.
@@ -14,19 +15,22 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("zcnet.uring._accel") is None,
-                                reason="zcnet.uring._accel is not built (no C compiler)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("zcnet.uring._accel") is None
+    or importlib.util.find_spec("zcnet.rx.zc._rxaccel") is None,
+    reason="the compiled accelerators are not built (no C compiler)")
 
-PRELUDE = "import struct, numpy as np, zcnet.uring._accel as a\n"
+PRELUDE = "import struct, numpy as np, zcnet.uring._accel as a, zcnet.rx.zc._rxaccel as x\n"
 UD, MORE, BUF, SHIFT = 7, 2, 1, 16
 
-CHUNK_CLASS = "class C:\n    __slots__ = ('_rx', '_offset', '_length', '_tok', '_stream_offset')\n"
+# zcnet.rx.zc.core binds the chunk class make_chunks makes (at import).
+BOUND = "import zcnet.rx.zc.core\n"
 
 
 def _lists_changed(finalizer: str, n: int = 8) -> str:
     """make_chunks over ``n`` items while a GC pass inside it runs ``finalizer`` on the
     lists (offs, lens, toks); prints the RuntimeError it must raise."""
-    return (f"import gc\n{CHUNK_CLASS}"
+    return (f"import gc\n{BOUND}"
             f"offs, lens, toks = list(range({n})), [10] * {n}, list(range({n}))\n"
             "class Bomb:\n"
             "    def __del__(self):\n"
@@ -34,7 +38,7 @@ def _lists_changed(finalizer: str, n: int = 8) -> str:
             "b = Bomb(); b.me = b; del b\n"
             "gc.set_threshold(1)\n"
             "try:\n"
-            "    a.make_chunks(C, None, offs, lens, toks, 0)\n"
+            "    x.make_chunks(None, offs, lens, toks, 0)\n"
             "except RuntimeError as e:\n"
             "    print(e)")
 
@@ -42,11 +46,11 @@ def _lists_changed(finalizer: str, n: int = 8) -> str:
 CASES = {
     # 2**61 two-byte elements of one value (stride 0): 2**61 * 8 bytes of ints would wrap.
     "int list that cannot be allocated": (
-        "print(a.int_sum(np.broadcast_to(np.uint16(1), (2**61,))))", "None"),
+        "print(x.int_sum(np.broadcast_to(np.uint16(1), (2**61,))))", "None"),
     # n * 32 wraps to 0: the 64 bytes given do not hold 2**61 CQEs.
     "more CQEs than the bytes hold": (
         f"c = struct.pack('<QiI', {UD}, 100, {MORE}) + bytes(16)\n"
-        f"r = a.zcrx_round(c * 2, 2**61, {UD}, {MORE}, (1 << 48) - 1)\n"
+        f"r = x.zcrx_round(c * 2, 2**61, {UD}, {MORE}, (1 << 48) - 1)\n"
         # records written into b"" would overwrite the interpreter's one-byte bytes objects
         "print(r, b''.join(bytes([i]) for i in range(256)) == bytes(range(256)))",
         "None True"),
@@ -61,17 +65,17 @@ CASES = {
     # 2**60 entries of 16 bytes wrap to 0 bytes.
     "refill ring larger than its region": (
         "try:\n"
-        "    a.refill_push(bytearray(64), 0, 4, 8, 2**60, 2**40, [0], [1], 0, 0)\n"
+        "    x.refill_push(bytearray(64), 0, 4, 8, 2**60, 2**40, [0], [1], 0, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
     "refill index past the region's end": (
         "try:\n"
-        "    a.refill_push(bytearray(64), 2**64 - 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
+        "    x.refill_push(bytearray(64), 2**64 - 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
     "misaligned refill index": (
         "try:\n"
-        "    a.refill_push(bytearray(64), 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
+        "    x.refill_push(bytearray(64), 2, 4, 8, 2, 0, [0], [1], 0, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "the refill ring does not fit in its region"),
     # A GC pass inside the call runs a finalizer that empties the lists being read, or cuts
@@ -84,20 +88,23 @@ CASES = {
        for name in ("offs", "lens", "toks")},
     # A length that is not an int (the C never calls __index__), a class without the slots.
     "chunk length that is not an int": (
-        CHUNK_CLASS +
+        BOUND +
         "class L:\n"
         "    def __index__(self):\n"
         "        print('__index__ called')\n"
         "        return 1\n"
         "try:\n"
-        "    a.make_chunks(C, None, [0], [L()], [0], 0)\n"
+        "    x.make_chunks(None, [0], [L()], [0], 0)\n"
         "except TypeError as e:\n"
         "    print(e)", "make_chunks: a length is L, not an int"),
     "chunk class without a slot": (
-        "class C:\n"
-        "    __slots__ = ('_rx', '_length', '_tok', '_stream_offset')\n"
+        "from collections import deque\n"
+        "from zcnet.rx.zc.chunks import Held\n"
+        "from zcnet.rx.zc.core import RxCore\n"
+        "class C(Held):\n"
+        "    __slots__ = ()\n"
         "try:\n"
-        "    a.make_chunks(C, None, [0], [1], [0], 0)\n"
+        "    x.bind(Held, C, RxCore, deque, Held.release)\n"
         "except TypeError as e:\n"
         "    print(e)", "C._offset is not a writable __slots__ member"),
     # A buffer id equal to the ring size names no buffer: nothing is written (the Python path
@@ -163,12 +170,13 @@ def test_hostile_input_is_refused_not_followed(case: str) -> None:
 def test_the_same_calls_still_work_when_their_input_fits() -> None:
     """The checks refuse only what does not fit: sums and a refill push that fit still work."""
     import numpy as np
-    import zcnet.uring._accel as a
 
-    assert a.int_sum(np.arange(10, dtype=np.uint16)) == 45
-    assert a.int_sum(np.broadcast_to(np.uint16(3), (1000,))) == 3000
+    import zcnet.rx.zc._rxaccel as x
+
+    assert x.int_sum(np.arange(10, dtype=np.uint16)) == 45
+    assert x.int_sum(np.broadcast_to(np.uint16(3), (1000,))) == 3000
     mem = bytearray(8 + 2 * 16)  # head at 0, tail at 4, two entries from 8
-    assert a.refill_push(mem, 0, 4, 8, 2, 0, [4096], [100], 0, (1 << 48) - 1) == 1
+    assert x.refill_push(mem, 0, 4, 8, 2, 0, [4096], [100], 0, (1 << 48) - 1) == 1
     assert int.from_bytes(mem[4:8], "little") == 1
     assert int.from_bytes(mem[8:16], "little") == 4096
     assert int.from_bytes(mem[16:20], "little") == 100

@@ -41,10 +41,10 @@ def test_one_buffer_completion_accounts_as_the_general_path() -> None:
         assert b.consumed_ids(4096, 0) == [0]  # a full buffer is still one buffer
         assert b.consumed_ids(1, 1) == [1]
         a.take(np.array([1], dtype=np.uint16))
-        assert (a._head, a.in_ring) == (b._head, b.in_ring) == (2, 2)
+        assert (a.head, a.in_ring) == (b.head, b.in_ring) == (2, 2)
         with pytest.raises(RuntimeError, match="expected bid 2, got 3"):
             b.consumed_ids(10, 3)
-        assert (b._head, b.in_ring) == (2, 2)  # a refused completion retires nothing
+        assert (b.head, b.in_ring) == (2, 2)  # a refused completion retires nothing
         assert b.consumed_ids(4097, 2) == [2, 3]  # two buffers: the general path
         with pytest.raises(RuntimeError, match="1 buffers consumed, 0 were in the ring"):
             b.consumed_ids(10, 0)
@@ -64,7 +64,7 @@ def test_provide_few_refuses_a_negative_id_and_writes_nothing() -> None:
         br.take(np.array([0, 1], dtype=np.uint16))
         with pytest.raises(IndexError, match=r"outside 0\.\.3"):
             br.provide_few([-1])
-        assert br.in_ring == 2 and br._tail == 4
+        assert br.in_ring == 2 and br.tail == 4
         br.provide_few([1, 0])
         assert br._bid.tolist() == [1, 0, 2, 3] and br.in_ring == 4
         assert (br._addr - np.uint64(br.base)).tolist() == [4096, 0, 8192, 12288]
@@ -82,16 +82,16 @@ def test_batch_provide_and_take_on_a_ring_smaller_than_its_mapping() -> None:
         br.take(np.array([0, 1, 2, 3], dtype=np.uint16))
         br.provide([2, 0])
         br.provide(np.array([3, 1], dtype=np.uint16))
-        assert br._bid.tolist() == [2, 0, 3, 1] and br.in_ring == 4 and br._tail == 8
+        assert br._bid.tolist() == [2, 0, 3, 1] and br.in_ring == 4 and br.tail == 8
         assert (br._addr - np.uint64(br.base)).tolist() == [8192, 0, 12288, 4096]
         assert br._len.tolist() == [4096] * 4 and int(br._ktail[7]) == 8
         with pytest.raises(RuntimeError, match="out of step"):
             br.take(np.array([0], dtype=np.uint16))  # the next one in ring order is 2
-        assert (br._head, br.in_ring) == (4, 4)
+        assert (br.head, br.in_ring) == (4, 4)
         br.take(np.array([2, 0], dtype=np.uint16))
         with pytest.raises(IndexError):
             br.provide([1, 7])
-        assert br._bid.tolist() == [2, 0, 3, 1] and br._tail == 8 and br.in_ring == 2
+        assert br._bid.tolist() == [2, 0, 3, 1] and br.tail == 8 and br.in_ring == 2
         br.provide(np.array([0, 2], dtype=np.uint16))
         assert br._bid.tolist() == [0, 2, 3, 1] and int(br._ktail[7]) == 10
 
@@ -102,7 +102,7 @@ def _raw_cqes(entries: list[tuple[int, int, int]]) -> Completions:
     raw = bytearray(16 * len(entries))
     for i, (ud, res, flags) in enumerate(entries):
         struct.pack_into("<QiI", raw, 16 * i, ud, res, flags)
-    return Completions._of(raw, len(entries), False)
+    return Completions.from_raw(raw, len(entries), False)
 
 
 def test_take_round_takes_only_the_common_round() -> None:
@@ -129,12 +129,12 @@ def test_take_round_takes_only_the_common_round() -> None:
         }
         for name, cqes in bad.items():
             assert br.take_round(_raw_cqes(cqes), 5) is None, name
-            assert (br._head, br.in_ring) == (0, 8), name
+            assert (br.head, br.in_ring) == (0, 8), name
         got = br.take_round(_raw_cqes([cqe(0, 4096), cqe(1, 1), cqe(2)]), 5)
         if backend() != "c":
-            assert got is None and (br._head, br.in_ring) == (0, 8)
+            assert got is None and (br.head, br.in_ring) == (0, 8)
             return
-        assert got is not None and got[1] is None and (br._head, br.in_ring) == (3, 5)
+        assert got is not None and got[1] is None and (br.head, br.in_ring) == (3, 5)
         rec = got[0]
         assert rec["bid"].tolist() == [0, 1, 2] and rec["length"].tolist() == [4096, 1, 100]
         assert rec["offset"].tolist() == [0, 4096, 8192]
@@ -143,5 +143,5 @@ def test_take_round_takes_only_the_common_round() -> None:
         assert got is not None and got[1] == 7 and got[0]["bid"].tolist() == [3, 4]
         got = br.take_round(_raw_cqes([cqe(5), (5, -105, 0)]), 5)
         assert got is not None and got[1] == -105 and got[0]["bid"].tolist() == [5]
-        assert (br._head, br.in_ring) == (6, 2)
+        assert (br.head, br.in_ring) == (6, 2)
         assert br.take_round(_raw_cqes([cqe(6)] * 3), 5) is None  # more than the ring holds

@@ -225,15 +225,15 @@ def test_kernel_head_follows_the_buffers_the_kernel_took(no_leaks, tcp_pair) -> 
     handing a registered group to the next receiver)."""
     c, s = tcp_pair
     with Ring(16, flags=FAST) as r, BufRing(r, 6, 4, 4096) as br:
-        assert br.kernel_head() == br._head == 0
+        assert br.kernel_head() == br.head == 0
         prep_recv_multishot(r, s.fileno(), 6, 7)
         c.sendall(b"h" * 3000)
         r.submit(1)
         r.wait(1)
-        assert br.kernel_head() == 1 and br._head == 0  # taken, completion not yet seen
+        assert br.kernel_head() == 1 and br.head == 0  # taken, completion not yet seen
         cs = r.reap()
         br.consumed(int(cs.res[0]), int(cs.flags[0]) >> u.IORING_CQE_BUFFER_SHIFT)
-        assert br.kernel_head() == br._head == 1
+        assert br.kernel_head() == br.head == 1
     with Ring(4) as r, BufRing(r, 2, 4, 4096) as br:
         br.close()
         with pytest.raises(ClosedError):
@@ -639,7 +639,7 @@ def test_provide_few_writes_the_entries_provide_writes(no_leaks) -> None:
         b.provide_few([5, 2, 4])
         a.provide(np.array([0, 1, 3], dtype=np.uint16))
         b.provide_few([0, 1, 3])
-        assert a.in_ring == b.in_ring == 8 and a._tail == b._tail
+        assert a.in_ring == b.in_ring == 8 and a.tail == b.tail
         assert (a._bid.tolist(), a._len.tolist()) == (b._bid.tolist(), b._len.tolist())
         assert (a._addr - np.uint64(a.base)).tolist() == (b._addr - np.uint64(b.base)).tolist()
         with pytest.raises(ValueError, match="double release"):

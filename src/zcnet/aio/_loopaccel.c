@@ -51,18 +51,19 @@
 /* The kernel's constants come from zcnet.uapi through the constructors (one place for the ABI). */
 
 enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
+/* zcnet.rx.zc.core.Phase */
+enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
 
 /* Interned attribute names. */
-static PyObject *s_fd, *s_inbox, *s_on_ready, *s_kick, *s_closed, *s_owner_tid, *s_end,
-    *s_armed, *s_buf, *s_registered, *s_in_ring, *s_head, *s_tail, *s_stalled, *s_stats,
-    *s_delivered, *s_delivered_bytes, *s_released, *s_released_bytes, *s_peak, *s_peak_bytes,
-    *s_stream_off, *s_limit, *s_closing, *s_paused, *s_held, *s_protocol, *s_chunk_received,
-    *s_put_back, *s_popleft, *s_mem, *s_addr, *s_base, *s_entries, *s_mask, *s_buf_size,
-    *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release, *s_wbuf, *s_tfd, *s_write,
-    *s_send_failed, *s_buffer_rest, *s_rx, *s_offset, *s_length, *s_tok, *s_stream_offset,
-    *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw, *s_close, *s_fileno, *s_sending,
-    *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear, *s_armed_once, *s_rearms, *s_arm,
-    *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
+static PyObject *s_fd, *s_inbox, *s_on_ready, *s_closed, *s_owner_tid, *s_registered, *s_in_ring,
+    *s_head, *s_tail, *s_stalled, *s_stats, *s_phase, *s_delivered, *s_delivered_bytes, *s_released,
+    *s_released_bytes, *s_peak, *s_peak_bytes, *s_stream_off, *s_limit, *s_closing, *s_paused,
+    *s_held, *s_protocol, *s_chunk_received, *s_put_back, *s_popleft, *s_entries_addr, *s_base,
+    *s_entries, *s_mask, *s_buf_size, *s_ring, *s_fast, *s_failed, *s_eof, *s_waiting_release,
+    *s_wbuf, *s_st, *s_write, *s_send_failed, *s_buffer_rest, *s_arx_closed, *s_rx, *s_offset,
+    *s_length, *s_tok, *s_stream_offset, *s_waiter, *s_done, *s_set_result, *s_extend, *s_throw,
+    *s_close, *s_fileno, *s_sending, *s_sends, *s_bytes, *s_offsets, *s_lengths, *s_linear,
+    *s_rearms, *s_arm, *s_waiting, *s_released_now, *s_tuples, *s_drop_pending;
 
 /* The pending exception as one object (PyErr_GetRaisedException exists from 3.12 only). */
 typedef struct {
@@ -662,7 +663,7 @@ OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
 
 struct Round {
     PyObject_HEAD
-    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats;
+    PyObject *tr, *st, *rx, *member, *prov, *bufring, *cls, *queue, *stats;
     PyObject *bcls;                                /* the Batch class (NULL: no batch rounds) */
     PyObject *pool;                                /* the loop's Pool (NULL: a group of its own) */
     long long recv_ud, f_more;
@@ -687,17 +688,18 @@ static PyObject *round_transport(Round *r) {
 }
 
 #define ROUND_REFS(X)                                                                     \
-    X(tr) X(rx) X(member) X(prov) X(cls) X(queue) X(stats) X(pop) X(py_write) X(buf)       \
-    X(buf_ring) X(bcls) X(pool)
+    X(tr) X(st) X(rx) X(member) X(prov) X(bufring) X(cls) X(queue) X(stats) X(pop) X(py_write) \
+    X(buf) X(buf_ring) X(bcls) X(pool)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
-    PyObject *tr, *rx, *member, *prov, *cls, *queue, *stats, *bcls = NULL, *pool = Py_None;
+    PyObject *tr, *rx, *member, *prov, *bufring, *cls, *queue, *stats, *bcls = NULL,
+        *pool = Py_None;
     long long recv_ud, f_more, shift;
     /* Checked in locals first: a failed __init__ leaves the Round as it was. */
-    if (!PyArg_ParseTuple(args, "OOOOO!OOLLL|O!O", &tr, &rx, &member, &prov, &PyType_Type,
-                          &cls, &queue, &stats, &recv_ud, &f_more, &shift, &PyType_Type, &bcls,
-                          &pool))
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOLLL|O!O", &tr, &rx, &member, &prov, &bufring,
+                          &PyType_Type, &cls, &queue, &stats, &recv_ud, &f_more, &shift,
+                          &PyType_Type, &bcls, &pool))
         return -1;
     if (shift < 0 || shift > 31) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
@@ -729,7 +731,10 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
         return -1;
     /* No transport (None): an AsyncReceiver's round, which only takes. */
     PyObject *w = tr == Py_None ? NULL : PyObject_GetAttr((PyObject *)Py_TYPE(tr), s_write);
-    if (!w && tr != Py_None) {
+    /* The transport's TransportState, read and written by every round. */
+    PyObject *st = w ? PyObject_GetAttr(tr, s_st) : NULL;
+    if (!st && tr != Py_None) {
+        Py_XDECREF(w);
         Py_DECREF(pop);
         return -1;
     }
@@ -748,11 +753,13 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     Py_XSETREF(r->pool, pool == Py_None ? NULL : Py_NewRef(pool));
     Py_XSETREF(r->pop, pop);
     Py_XSETREF(r->py_write, w);
+    Py_XSETREF(r->st, st);
     Py_CLEAR(r->buf);
     Py_CLEAR(r->buf_ring);
-    PyObject *objs[7] = {tr == Py_None ? NULL : tr, rx, member, prov, cls, queue, stats};
-    PyObject **dst[7] = {&r->tr, &r->rx, &r->member, &r->prov, &r->cls, &r->queue, &r->stats};
-    for (int i = 0; i < 7; i++) {
+    PyObject *objs[8] = {tr == Py_None ? NULL : tr, rx, member, prov, bufring, cls, queue, stats};
+    PyObject **dst[8] = {&r->tr, &r->rx, &r->member, &r->prov, &r->bufring, &r->cls, &r->queue,
+                         &r->stats};
+    for (int i = 0; i < 8; i++) {
         Py_XINCREF(objs[i]);
         Py_XSETREF(*dst[i], objs[i]);
     }
@@ -773,13 +780,9 @@ static int cache_buf(Round *r, PyObject *buf) {
     if (buf == r->buf)
         return 1;
     long long addr, base, n, mask, bs;
-    PyObject *mem = PyObject_GetAttr(buf, s_mem);
-    if (!mem)
-        return 0;
-    int ok = get_ll(mem, s_addr, &addr);
-    Py_DECREF(mem);
-    if (!ok || !get_ll(buf, s_base, &base) || !get_ll(buf, s_entries, &n) ||
-        !get_ll(buf, s_mask, &mask) || !get_ll(buf, s_buf_size, &bs))
+    if (!get_ll(buf, s_entries_addr, &addr) || !get_ll(buf, s_base, &base) ||
+        !get_ll(buf, s_entries, &n) || !get_ll(buf, s_mask, &mask) ||
+        !get_ll(buf, s_buf_size, &bs))
         return 0;
     if (n < 1 || n > 32768 || mask != n - 1 || (n & mask) || bs < 1 || !addr) {
         PyErr_SetString(PyExc_ValueError, "a buffer ring of 2**k entries (at most 32768) and "
@@ -982,13 +985,13 @@ static int flush_releases(Round *r, PyObject *buf) {
     return verdict;
 }
 
-/* The chunks from ``i`` on were never the protocol's: the transport keeps them in ``_held``
- * and releases them at its teardown (the pending exception stays pending). */
-static void keep_rest(PyObject *tr, PyObject *chunks, Py_ssize_t i) {
+/* The chunks from ``i`` on were never the protocol's: the transport keeps them in its state's
+ * ``held`` and releases them at its teardown (the pending exception stays pending). */
+static void keep_rest(PyObject *st, PyObject *chunks, Py_ssize_t i) {
     Exc exc = exc_take();
     PyObject *rest = PyList_GetSlice(chunks, i, PyList_GET_SIZE(chunks));
-    if (!rest || PyObject_SetAttr(tr, s_held, rest) < 0)
-        PyErr_WriteUnraisable(tr);
+    if (!rest || PyObject_SetAttr(st, s_held, rest) < 0)
+        PyErr_WriteUnraisable(st);
     Py_XDECREF(rest);
     exc_restore(exc);
 }
@@ -1030,11 +1033,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         goto error;
     if ((unsigned long long)x != (unsigned long long)PyThread_get_thread_ident())
         BAIL(FALLBACK);
-    buf = iget(r->prov, s_buf);
-    if (!buf)
-        goto error;
-    if (buf == Py_None)
+    if (!r->bufring)
         BAIL(FALLBACK);
+    buf = Py_NewRef(r->bufring);
     if (!cache_buf(r, buf))
         goto error;
     CHECK(flush_releases(r, buf));
@@ -1044,16 +1045,13 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
      * multishot ended with data after an earlier arm (re-armed below, as Receiver._next
      * does). */
     CHECK(is_open(r->rx));
-    CHECK(is_none(r->rx, s_end));
     CHECK(is_none(r->rx, s_stalled));
-    int armed = iget_true(r->prov, s_armed);
-    if (armed < 0)
+    long long phase;
+    if (!iget_ll(r->rx, s_phase, &phase))
         goto error;
-    if (!armed && (v = iget_true(r->rx, s_armed_once)) != 1) {
-        if (v < 0)
-            goto error;
-        BAIL(FALLBACK);
-    }
+    if (phase != PHASE_ARMED && phase != PHASE_STOPPED)
+        BAIL(FALLBACK); /* never armed, or ended: the Python round */
+    int armed = phase == PHASE_ARMED;
     BufState b;
     CHECK(ring_now(r, buf, &b));
     if (b.bs > INT32_MAX)
@@ -1082,13 +1080,15 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
          * so does a pooled receiver, which waits for the pool's turn to arm. */
         if (PyList_GET_SIZE(box) != 0 || b.in_ring == 0 || r->pool)
             BAIL(FALLBACK);
-        long long n;
-        if (!iget_ll(r->stats, s_rearms, &n) || !iset_ll(r->stats, s_rearms, n + 1))
-            goto error;
         PyObject *ok = PyObject_CallMethodNoArgs(r->prov, s_arm);
         if (!ok)
             goto error;
         Py_DECREF(ok);
+        /* RxCore.armed_now: the receive is armed again, counted. */
+        long long n;
+        if (!iget_ll(r->stats, s_rearms, &n) || !iset_ll(r->stats, s_rearms, n + 1) ||
+            !iset_ll(r->rx, s_phase, PHASE_ARMED))
+            goto error;
         /* arm() ran Python (a GC pass, say) that may have closed the receiver: waiting then
          * would never end; the Python round raises ClosedError instead. */
         CHECK(is_open(r->rx));
@@ -1172,7 +1172,7 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         (dl + k - rel > pk && !iset_ll(r->stats, s_peak, dl + k - rel)) ||
         (dlb + total - relb > pkb && !iset_ll(r->stats, s_peak_bytes, dlb + total - relb)) ||
         !iset_ll(r->rx, s_stream_off, s0 + total) ||
-        (ended && PyObject_SetAttr(r->prov, s_armed, Py_False) < 0)) {
+        (ended && !iset_ll(r->rx, s_phase, PHASE_STOPPED))) {
         PyMem_Free(pieces);
         goto error; /* only memory runs out here */
     }
@@ -1267,12 +1267,12 @@ error:
 static PyObject *round_run(Round *r, PyObject *unused) {
     PyObject *chunks = NULL, *proto = NULL, *cb = NULL;
     int v, code = FALLBACK;
-    if (!r->tr)
+    if (!r->tr || !r->st)
         return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector, or a receiver's */
     /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
     PyObject *const flags[4] = {s_closing, s_paused, s_eof, s_waiting_release};
     for (int i = 0; i < 4; i++)
-        if ((v = iget_true(r->tr, flags[i])) != 0)
+        if ((v = iget_true(r->st, flags[i])) != 0)
             return v < 0 ? NULL : PyLong_FromLong(FALLBACK);
     if (!(chunks = take_chunks(r, &code, 0)))
         return PyErr_Occurred() ? NULL : PyLong_FromLong(code);
@@ -1281,20 +1281,20 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     proto = iget(r->tr, s_protocol);
     cb = proto ? PyObject_GetAttr(proto, s_chunk_received) : NULL;
     if (!cb) {
-        keep_rest(r->tr, chunks, 0);
+        keep_rest(r->st, chunks, 0);
         goto error;
     }
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *res = PyObject_CallOneArg(cb, PyList_GET_ITEM(chunks, i));
         if (!res) {
-            keep_rest(r->tr, chunks, i + 1);
+            keep_rest(r->st, chunks, i + 1);
             goto error;
         }
         Py_DECREF(res);
-        int closing = iget_true(r->tr, s_closing);
-        int paused = closing < 0 ? 0 : iget_true(r->tr, s_paused);
+        int closing = iget_true(r->st, s_closing);
+        int paused = closing < 0 ? 0 : iget_true(r->st, s_paused);
         if (closing < 0 || paused < 0) {
-            keep_rest(r->tr, chunks, i + 1);
+            keep_rest(r->st, chunks, i + 1);
             goto error;
         }
         if (closing || paused) {
@@ -1319,9 +1319,10 @@ static PyObject *round_run(Round *r, PyObject *unused) {
     Py_DECREF(box);
     if (more < 0)
         return NULL;
-    if ((v = iget_true(r->prov, s_armed)) < 0)
+    long long phase;
+    if (!iget_ll(r->rx, s_phase, &phase))
         return NULL;
-    return PyLong_FromLong(more || !v ? AGAIN : DONE);
+    return PyLong_FromLong(more || phase != PHASE_ARMED ? AGAIN : DONE);
 error:
     Py_XDECREF(chunks);
     Py_XDECREF(proto);
@@ -1358,15 +1359,15 @@ static PyObject *round_take_batch(Round *r, PyObject *unused) {
  * What the socket does not take goes to ``_buffer_rest``, a send error to ``_send_failed``,
  * and anything else (closing, a backlog, no contiguous buffer) to the Python write. */
 static PyObject *round_write(Round *r, PyObject *data) {
-    PyObject *tr = r->tr;
-    if (!tr)
+    PyObject *tr = r->tr, *st = r->st;
+    if (!tr || !st)
         return round_transport(r); /* cleared by the cycle collector: raises */
-    int closing = iget_true(tr, s_closing);
+    int closing = iget_true(st, s_closing);
     if (closing < 0)
         return NULL;
     Py_ssize_t backlog = 0;
     if (!closing) {
-        PyObject *wbuf = iget(tr, s_wbuf);
+        PyObject *wbuf = iget(st, s_wbuf);
         backlog = wbuf ? PyObject_Length(wbuf) : -1;
         Py_XDECREF(wbuf);
         if (backlog < 0)
@@ -1374,7 +1375,7 @@ static PyObject *round_write(Round *r, PyObject *data) {
     }
     long long fd = -1;
     Py_buffer view;
-    if (closing || backlog != 0 || !iget_ll(tr, s_tfd, &fd) ||
+    if (closing || backlog != 0 || !iget_ll(st, s_fd, &fd) ||
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear(); /* the Python write raises what applies */
         return PyObject_CallFunctionObjArgs(r->py_write, tr, data, NULL);
@@ -1599,7 +1600,7 @@ static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
         PyObject *rest = PyList_GetSlice(chunks, 1, n);
         PyObject *res = rest ? PyObject_CallMethodOneArg(a->pending, s_extend, rest) : NULL;
         Py_XDECREF(rest);
-        int closed = res ? iget_true(a->arx, s_closed) : -1;
+        int closed = res ? iget_true(a->arx, s_arx_closed) : -1;
         Py_XDECREF(res);
         if (closed > 0) {
             res = PyObject_CallMethodNoArgs(a->arx, s_drop_pending);
@@ -1650,7 +1651,7 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     Py_ssize_t queued = box ? PyObject_Length(box) : -1;
     Py_XDECREF(box);
     if (queued == 0) {
-        int closed = iget_true(a->arx, s_closed);
+        int closed = iget_true(a->arx, s_arx_closed);
         queued = closed < 0 ? -1 : closed;
     }
     if (queued != 0) {
@@ -1721,7 +1722,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
             goto error;
         }
         int here = owner_here(a->tid, a->running);
-        int closed = here > 0 ? iget_true(a->arx, s_closed) : 0;
+        int closed = here > 0 ? iget_true(a->arx, s_arx_closed) : 0;
         if (here < 0 || closed < 0)
             goto error;
         if (!here || closed)
@@ -1751,7 +1752,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     woken: /* as the Python round after its wait: closed meanwhile, or take again */
         if (op_forget(op) < 0)
             goto error;
-        if ((v = iget_true(a->arx, s_closed)) != 0) {
+        if ((v = iget_true(a->arx, s_arx_closed)) != 0) {
             if (v > 0)
                 PyErr_SetString(a->closed_error,
                                 "the zcnet.aio receiver was closed while a receive waited");
@@ -1967,7 +1968,7 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
     if ((v = owner_here(c->tid, c->running)) <= 0)
         return v < 0 ? NULL : PyLong_FromLong(0);
     /* Open, no send in flight (the sender makes a CopySend only for the copy kind). */
-    if ((v = iget_true(c->sender, s_closed)) != 0)
+    if ((v = iget_true(c->sender, s_arx_closed)) != 0)
         return v < 0 ? NULL : PyLong_FromLong(0);
     if (!iget_ll(c->sender, s_sending, &sending))
         return NULL;
@@ -2031,31 +2032,28 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         PyObject **p;
         const char *s;
     } names[] = {
-        {&s_fd, "fd"}, {&s_inbox, "inbox"}, {&s_on_ready, "on_ready"}, {&s_kick, "kick"},
-        {&s_closed, "_closed"}, {&s_owner_tid, "_owner_tid"}, {&s_end, "_end"},
-        {&s_armed, "armed"}, {&s_buf, "_buf"}, {&s_registered, "_registered"},
-        {&s_in_ring, "in_ring"}, {&s_head, "_head"}, {&s_tail, "_tail"},
-        {&s_stalled, "stalled"}, {&s_stats, "_stats"}, {&s_delivered, "delivered"},
-        {&s_delivered_bytes, "delivered_bytes"}, {&s_released, "released"},
-        {&s_released_bytes, "released_bytes"}, {&s_peak, "peak_in_flight"},
-        {&s_peak_bytes, "peak_in_flight_bytes"}, {&s_stream_off, "_stream_off"},
-        {&s_limit, "_limit"}, {&s_closing, "_closing"}, {&s_paused, "_paused"},
-        {&s_held, "_held"}, {&s_protocol, "protocol"}, {&s_chunk_received, "chunk_received"},
-        {&s_put_back, "_put_back"}, {&s_popleft, "popleft"}, {&s_mem, "_mem"},
-        {&s_addr, "addr"}, {&s_base, "base"}, {&s_entries, "entries"}, {&s_mask, "mask"},
-        {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
-        {&s_failed, "_round_failed"}, {&s_eof, "_eof"},
-        {&s_waiting_release, "_waiting_release"}, {&s_wbuf, "_wbuf"}, {&s_tfd, "_fd"},
-        {&s_write, "write"}, {&s_send_failed, "_send_failed"}, {&s_buffer_rest, "_buffer_rest"},
-        {&s_rx, "_rx"}, {&s_offset, "_offset"}, {&s_length, "_length"}, {&s_tok, "_tok"},
-        {&s_stream_offset, "_stream_offset"}, {&s_waiter, "waiter"}, {&s_done, "done"},
-        {&s_set_result, "set_result"}, {&s_extend, "extend"}, {&s_throw, "throw"},
-        {&s_close, "close"}, {&s_fileno, "fileno"}, {&s_sending, "_sending"},
-        {&s_sends, "sends"}, {&s_bytes, "bytes"}, {&s_offsets, "_offsets"},
-        {&s_lengths, "_lengths"}, {&s_linear, "_linear"}, {&s_armed_once, "_armed_once"},
+        {&s_fd, "fd"}, {&s_inbox, "inbox"}, {&s_on_ready, "on_ready"}, {&s_closed, "closed"},
+        {&s_owner_tid, "owner_tid"}, {&s_phase, "phase"}, {&s_arx_closed, "_closed"},
+        {&s_registered, "registered"}, {&s_in_ring, "in_ring"}, {&s_head, "head"},
+        {&s_tail, "tail"}, {&s_stalled, "stalled"}, {&s_stats, "_stats"},
+        {&s_delivered, "delivered"}, {&s_delivered_bytes, "delivered_bytes"},
+        {&s_released, "released"}, {&s_released_bytes, "released_bytes"},
+        {&s_peak, "peak_in_flight"}, {&s_peak_bytes, "peak_in_flight_bytes"},
+        {&s_stream_off, "stream_off"}, {&s_limit, "limit"}, {&s_closing, "closing"},
+        {&s_paused, "paused"}, {&s_held, "held"}, {&s_protocol, "protocol"},
+        {&s_chunk_received, "chunk_received"}, {&s_put_back, "_put_back"}, {&s_popleft, "popleft"},
+        {&s_entries_addr, "entries_addr"}, {&s_base, "base"}, {&s_entries, "entries"},
+        {&s_mask, "mask"}, {&s_buf_size, "buf_size"}, {&s_ring, "ring"}, {&s_fast, "fast"},
+        {&s_failed, "_round_failed"}, {&s_eof, "eof"}, {&s_waiting_release, "waiting_release"},
+        {&s_wbuf, "wbuf"}, {&s_st, "st"}, {&s_write, "write"}, {&s_send_failed, "_send_failed"},
+        {&s_buffer_rest, "_buffer_rest"}, {&s_rx, "_rx"}, {&s_offset, "_offset"},
+        {&s_length, "_length"}, {&s_tok, "_tok"}, {&s_stream_offset, "_stream_offset"},
+        {&s_waiter, "waiter"}, {&s_done, "done"}, {&s_set_result, "set_result"},
+        {&s_extend, "extend"}, {&s_throw, "throw"}, {&s_close, "close"}, {&s_fileno, "fileno"},
+        {&s_sending, "_sending"}, {&s_sends, "sends"}, {&s_bytes, "bytes"},
+        {&s_offsets, "_offsets"}, {&s_lengths, "_lengths"}, {&s_linear, "_linear"},
         {&s_rearms, "rearms"}, {&s_arm, "arm"}, {&s_waiting, "waiting"},
-        {&s_released_now, "released"}, {&s_tuples, "tuples"},
-        {&s_drop_pending, "_drop_pending"},
+        {&s_released_now, "released"}, {&s_tuples, "tuples"}, {&s_drop_pending, "_drop_pending"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))

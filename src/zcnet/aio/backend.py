@@ -5,11 +5,11 @@ The receive and send logic touches its loop through a few calls: ``create_future
 waits for the next completion), ``add_reader``/``remove_reader`` (the ring's eventfd),
 ``add_writer``/``remove_writer`` (a transport's write buffer), ``call_soon`` (the batched pass
 at the end of the loop's current iteration), ``call_soon_threadsafe`` (a chunk released on
-another thread wakes a paused receiver), ``is_closed``, ``call_exception_handler`` and
-``sock_sendall`` (the copy sender). That subset is :class:`Loop`. On asyncio and uvloop the loop
-object itself is the implementation, so their hot paths call the loop's own methods with no
-layer in between. Under trio (directly or as anyio's trio backend) :class:`TrioLoop`, one per
-``trio.run``, implements the same subset:
+another thread wakes a paused receiver), ``call_later`` (the pool's retry while it is
+dry), ``is_closed`` and ``call_exception_handler``. That subset is :class:`Loop`. On asyncio
+and uvloop the loop object itself is the implementation, so their hot paths call the loop's
+own methods with no layer in between. Under trio (directly or as anyio's trio backend)
+:class:`TrioLoop`, one per ``trio.run``, implements the same subset:
 
 - an fd watch is a system task looping on ``trio.lowlevel.wait_readable`` (or
   ``wait_writable``) and calling the callback in the run's thread; removing it cancels the
@@ -37,10 +37,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import socket
 import sys
 import warnings
 from collections.abc import Callable, Generator
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
@@ -59,25 +59,31 @@ class Future(Protocol[T]):
     def exception(self) -> BaseException | None: ...
     def set_result(self, result: T, /) -> None: ...
     def set_exception(self, exception: BaseException, /) -> None: ...
-    def cancel(self, msg: Any = None) -> bool: ...
+    def cancel(self, msg: object = None) -> bool: ...
     def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
     def __await__(self) -> Generator[Any, None, T]: ...
+
+
+class Timer(Protocol):
+    """What ``call_later`` returns, as far as zcnet.aio uses it."""
+
+    def cancel(self) -> None: ...
 
 
 class Loop(Protocol):
     """The slice of asyncio's event loop zcnet.aio calls (see the module docstring)."""
 
     def create_future(self) -> Any: ...
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> Any: ...
-    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> Any: ...
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any: ...
-    def add_reader(self, fd: int, callback: Callable[..., object], *args: Any) -> None: ...
+    def call_soon(self, callback: Callable[..., object], *args: object) -> object: ...
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: object) -> object: ...
+    def call_later(self, delay: float, callback: Callable[..., object],
+                   *args: object) -> Timer: ...
+    def add_reader(self, fd: int, callback: Callable[..., object], *args: object) -> None: ...
     def remove_reader(self, fd: int) -> bool: ...
-    def add_writer(self, fd: int, callback: Callable[..., object], *args: Any) -> None: ...
+    def add_writer(self, fd: int, callback: Callable[..., object], *args: object) -> None: ...
     def remove_writer(self, fd: int) -> bool: ...
     def is_closed(self) -> bool: ...
-    def call_exception_handler(self, context: dict[str, Any]) -> None: ...
-    async def sock_sendall(self, sock: socket.socket, data: Any) -> None: ...
+    def call_exception_handler(self, context: dict[str, object]) -> None: ...
 
 
 class LoopBound(Protocol):
@@ -197,7 +203,7 @@ class TrioFuture:
 
     __slots__ = ("_callbacks", "_exc", "_result", "_state", "_trio", "_waiters")
 
-    def __init__(self, trio: Any) -> None:
+    def __init__(self, trio: ModuleType) -> None:
         self._trio = trio
         self._state = _PENDING
         self._result: Any = None
@@ -228,7 +234,7 @@ class TrioFuture:
     def set_exception(self, exception: BaseException, /) -> None:
         self._settle(_DONE, None, exception)
 
-    def cancel(self, msg: Any = None) -> bool:
+    def cancel(self, msg: object = None) -> bool:
         if self._state != _PENDING:
             return False
         self._settle(_CANCELLED, None, None)
@@ -336,10 +342,10 @@ class TrioLoop:
     """The :class:`Loop` of one trio run (see the module docstring). Made by
     :func:`current_loop` on first use in a run and kept in a RunVar for the rest of it."""
 
-    def __init__(self, trio: Any) -> None:
+    def __init__(self, trio: ModuleType) -> None:
         self.trio = trio
         self.token = trio.lowlevel.current_trio_token()
-        self._ready: collections.deque[tuple[Callable[..., object], tuple[Any, ...]]] = (
+        self._ready: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = (
             collections.deque())
         self._parked: Any = None  # the queue task, while it waits for callbacks
         self._readers: dict[int, _Watch] = {}
@@ -352,7 +358,7 @@ class TrioLoop:
         return f"<zcnet.aio trio loop {'closed' if self._closed else 'running'}>"
 
     # --- callbacks ------------------------------------------------------------------------------
-    def _call(self, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+    def _call(self, callback: Callable[..., object], args: tuple[object, ...]) -> None:
         """Run a callback; an exception is logged as asyncio's loop does, never let out (an
         exception in a system task would end the whole run)."""
         try:
@@ -361,7 +367,7 @@ class TrioLoop:
             self.call_exception_handler({"message": f"exception in callback {callback!r}",
                                          "exception": e})
 
-    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+    def call_soon(self, callback: Callable[..., object], *args: object) -> None:
         if self._closed:
             raise RuntimeError("the trio run that zcnet.aio was used in is ending")
         self._ready.append((callback, args))
@@ -370,12 +376,12 @@ class TrioLoop:
             self._parked = None
             self.trio.lowlevel.reschedule(task)
 
-    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: object) -> None:
         """From any thread; RuntimeError (trio.RunFinishedError) once the run has ended."""
         self.token.run_sync_soon(self._call, callback, args)
 
     def call_later(self, delay: float, callback: Callable[..., object],
-                   *args: Any) -> TrioTimer:
+                   *args: object) -> TrioTimer:
         """``callback`` after ``delay`` seconds, from a system task of its own; ``cancel()``
         on the handle stops it (and so does the run's end)."""
         if self._closed:
@@ -412,7 +418,7 @@ class TrioLoop:
 
     # --- fds ------------------------------------------------------------------------------------
     def _watch(self, table: dict[int, _Watch], fd: int, callback: Callable[..., object],
-               args: tuple[Any, ...], wait: Callable[[int], Any]) -> None:
+               args: tuple[object, ...], wait: Callable[[int], Any]) -> None:
         cb = (lambda: callback(*args)) if args else callback
         w = table.get(fd)
         if w is not None:  # asyncio replaces the callback of a watched fd
@@ -444,13 +450,13 @@ class TrioLoop:
         w.scope.cancel()  # a task blocked in the wait is aborted now: the fd may be closed next
         return True
 
-    def add_reader(self, fd: int, callback: Callable[..., object], *args: Any) -> None:
+    def add_reader(self, fd: int, callback: Callable[..., object], *args: object) -> None:
         self._watch(self._readers, fd, callback, args, self.trio.lowlevel.wait_readable)
 
     def remove_reader(self, fd: int) -> bool:
         return self._unwatch(self._readers, fd)
 
-    def add_writer(self, fd: int, callback: Callable[..., object], *args: Any) -> None:
+    def add_writer(self, fd: int, callback: Callable[..., object], *args: object) -> None:
         self._watch(self._writers, fd, callback, args, self.trio.lowlevel.wait_writable)
 
     def remove_writer(self, fd: int) -> bool:
@@ -463,24 +469,10 @@ class TrioLoop:
     def is_closed(self) -> bool:
         return self._closed
 
-    def call_exception_handler(self, context: dict[str, Any]) -> None:
+    def call_exception_handler(self, context: dict[str, object]) -> None:
         exc = context.get("exception")
         log.error("%s", context.get("message", "zcnet.aio callback failed"),
                   exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
-
-    async def sock_sendall(self, sock: socket.socket, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        waited = False
-        while view:
-            try:
-                n = sock.send(view)
-            except BlockingIOError:
-                await self.trio.lowlevel.wait_writable(sock.fileno())
-                waited = True
-                continue
-            view = view[n:]
-        if not waited:
-            await self.trio.lowlevel.checkpoint()
 
     # --- the shutdown guard ---------------------------------------------------------------------
     def track(self, obj: LoopBound) -> None:
@@ -508,7 +500,7 @@ class TrioLoop:
 _run_var: Any = None  # trio.lowlevel.RunVar holding the run's TrioLoop, made with the first
 
 
-def _trio_loop(trio: Any) -> TrioLoop:
+def _trio_loop(trio: ModuleType) -> TrioLoop:
     global _run_var
     if _run_var is None:
         _run_var = trio.lowlevel.RunVar("zcnet.aio loop")

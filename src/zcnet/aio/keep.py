@@ -15,6 +15,8 @@ down is closed there with a ResourceWarning, as a forgotten receiver is.
 
 from __future__ import annotations
 
+import contextlib
+
 from zcnet.aio.loop import LoopResource, Owner, track, untrack
 from zcnet.aio.shared import LoopRing, loop_ring
 
@@ -28,12 +30,11 @@ class RingKeeper(LoopResource):
         self._lr: LoopRing = loop_ring(self._owner.loop)
         self._lr.keepers += 1
         self._closed = False
-        try:
+        with contextlib.ExitStack() as undo:  # a trio run that is ending: let go at once
+            undo.callback(self._lr.unkeep)
+            undo.callback(setattr, self, "_closed", True)
             track(self._owner.loop, self)
-        except BaseException:  # a trio run that is ending: let go at once
-            self._closed = True
-            self._lr.unkeep()
-            raise
+            undo.pop_all()
 
     @property
     def closed(self) -> bool:

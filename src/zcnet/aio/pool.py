@@ -52,23 +52,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
 
-from zcnet.aio.backend import Loop
-from zcnet.aio.shared import LoopRing, MemberRing, SharedSoftProvider, loop_ring
+from zcnet.aio.backend import Loop, Timer
+from zcnet.aio.loop_soft import OnLoopRing
+from zcnet.aio.shared import LoopRing, MemberRing, loop_ring
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.provider import (
-    CANCEL_UD,
-    RECV_UD,
-    SOFT_STOPS,
-    Delivery,
-    buffer_count,
-    cancel_multishot,
-    note_final,
-)
-from zcnet.uapi import io_uring as u
+from zcnet.rx.zc.provider import Delivery, IntSeq, buffer_count
+from zcnet.rx.zc.receiver import Receiver
+from zcnet.rx.zc.soft_group import SoftGroup
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.ring import Completions
 
@@ -79,8 +71,6 @@ QUOTA = 1 << 20
 DRY_RETRY = 0.001
 #: The largest receive cap: the kernel reads the SQE's optlen as an int.
 _CAP_MAX = 0x7FFFFFFF
-_F_MORE = u.IORING_CQE_F_MORE
-_SHIFT = u.IORING_CQE_BUFFER_SHIFT
 
 
 class Pool:
@@ -93,18 +83,16 @@ class Pool:
         self.buf_size = buf_size
         self.area = Area(entries * buf_size)
         self.bgid = -1
-        try:
+        with contextlib.ExitStack() as undo:  # a failure frees the id and the area
+            undo.callback(self.area.close)
             self.bgid = lr.take_bgid()
+            undo.callback(lr.free_bgid, self.bgid)
             self.buf = BufRing(lr.ring, self.bgid, entries, buf_size, area=self.area.mapping)
-        except BaseException:
-            if self.bgid >= 0:
-                lr.free_bgid(self.bgid)
-            self.area.close()
-            raise
+            undo.pop_all()
         #: Receivers whose receive ended and that wait for buffers, oldest first.
         self.waiting: deque[PooledSoftProvider] = deque()
         #: Open pooled receivers by provider id: their releases are returned at a pass's end.
-        self.receivers: dict[int, Any] = {}
+        self.receivers: dict[int, Receiver] = {}
         pool_bytes = entries * buf_size
         #: Bytes one receive may take (QUOTA, at most half the pool, whole buffers) and how
         #: many receives are armed per pass: as many as the pool holds of those.
@@ -115,7 +103,7 @@ class Pool:
         self._holders_lock = threading.Lock()  # holder_done runs on the releasing thread
         self.late: deque[list[int]] = deque()  # released after close, off the loop's thread
         self.closed = False
-        self._retry: Any = None  # the DRY_RETRY timer, while one is set
+        self._retry: Timer | None = None  # the DRY_RETRY timer, while one is set
 
     # --- a pass -----------------------------------------------------------------------------
     def end_pass(self) -> None:
@@ -131,14 +119,15 @@ class Pool:
             for rx in list(self.receivers.values()):
                 # A closing one flushes its own, and so does one whose receive this pass
                 # runs inside (a pass nested in its flush).
-                if len(rx._releases) and not rx._closed and not rx._busy:
-                    rx._flush_releases()
+                core = rx.core
+                if core.queue and not core.closed and not core.busy:
+                    rx.flush()
             free = self.free()
         woken = 0
         while self.waiting and woken < self.pace and free:
             p = self.waiting.popleft()
             p.queued = False
-            if p._ring is None:  # closed while it waited
+            if p.closed:  # closed while it waited
                 continue
             p.granted = True
             woken += 1
@@ -156,7 +145,7 @@ class Pool:
         reading leaves them unread (waking the others then only fails their receives at
         once). One system call: at a pass's end while receivers wait, and per arm."""
         buf = self.buf
-        return (buf._tail - buf.kernel_head()) & 0xFFFF
+        return (buf.tail - buf.kernel_head()) & 0xFFFF
 
     def _dry_retry(self) -> None:
         self._retry = None
@@ -222,25 +211,31 @@ class Pool:
                 self.area.close()
 
 
-class PooledSoftProvider(SharedSoftProvider):
-    """The soft provider on its loop's pool: SharedSoftProvider's release and arming, with
-    completions taken one buffer each and the pool's pacing of re-arms."""
+class PooledSoftProvider(OnLoopRing):
+    """The soft provider on its loop's pool: a SoftGroup on the pool's buffer group whose
+    completions name their buffers (``named``), its receives capped and their re-arms paced
+    by the pool."""
 
     def __init__(self, fd: int, pool: Pool, member: MemberRing) -> None:
-        self._init_buffers(fd, pool.area, pool.buf_size)
-        self.note += ", the event loop's pool"
-        self._attach(pool.lr.ring, pool.bgid, member, bundle=False, buf=pool.buf)
+        self.area = pool.area
         self.member = member
         member.tuples = True  # a completion per buffer: many per pass, for the compiled round
         self.pool = pool
-        self.reuse = False
-        self._kept = None
+        self.group = SoftGroup(fd, pool.area, pool.buf_size, member, pool.buf, bundle=False,
+                               round_cqes=1, named=True)
+        self.note = (f"{self.group.entries} buffers of {pool.buf_size} bytes, on the loop's "
+                     "shared io_uring, the event loop's pool")
         self.queued = False   # in the pool's waiting queue
         self.granted = False  # woken by the pool: may arm once
+        self.closed = False
+
+    def _check(self, method: str) -> SoftGroup:
+        if self.closed:
+            raise ClosedError.of(self, method)
+        return self.group
 
     def can_arm(self) -> bool:
-        if self._ring is None:
-            raise ClosedError.of(self, "can_arm")
+        self._check("can_arm")
         if self.granted:
             return True
         pool = self.pool
@@ -251,13 +246,11 @@ class PooledSoftProvider(SharedSoftProvider):
         return False
 
     def arm(self) -> None:
-        super().arm()
+        """Arm a receive capped at this receiver's quota: it ends there and waits its turn
+        again (one that stays armed while its application reads nothing would otherwise take
+        the whole pool)."""
+        self._check("arm").arm(self.quota())
         self.granted = False
-
-    def _receive_cap(self) -> int:
-        """The receive ends at this receiver's quota and waits its turn again (one that stays
-        armed while its application reads nothing would otherwise take the whole pool)."""
-        return self.quota()
 
     def quota(self) -> int:
         """The pool's quota, no more than the receiver may still take before it is held back
@@ -267,89 +260,60 @@ class PooledSoftProvider(SharedSoftProvider):
         share = pool.quota
         rx = pool.receivers.get(id(self))
         if rx is not None:
-            share = min(share, rx._limit - rx._stats.in_flight_bytes)
+            core = rx.core
+            share = min(share, core.limit - core.stats.in_flight_bytes)
         return max(bs, share // bs * bs)
 
     def reap(self, timeout: float | None) -> Delivery:
-        ring = self._ring
-        if ring is None:
-            raise ClosedError.of(self, "reap")
+        g = self._check("reap")
         m = self.member
         if not m.inbox and timeout:
-            ring.submit(1, timeout)
+            m.submit(1, timeout)
         box, m.inbox = m.inbox, []
         out = Delivery()
         for part in box:
-            self._take_few(part if type(part) is list else part.tuples(), out)
+            g.take_few(part if type(part) is list else part.tuples(), out)
         return out
 
-    def _take_few(self, cqes: Iterable[tuple[int, int, int]], out: Delivery) -> None:
-        """Every data CQE is one buffer, named by the CQE (no bundles)."""
-        bs = self.buf_size
-        offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
-        n = len(tokens)  # ``out`` may hold an earlier part's
-        last = None
-        for ud, r, f in cqes:
-            if ud != RECV_UD:
-                continue
-            last = (r, f)
-            if r > 0:
-                b = f >> _SHIFT
-                tokens.append(b)
-                offsets.append(b * bs)
-                lengths.append(r)
-        if len(tokens) > n:
-            self.pool.buf.took(len(tokens) - n)
-        if last is not None and not last[1] & _F_MORE:
-            self.armed = False
-            note_final(out, last[0], SOFT_STOPS)
-
-    def _cancel(self, ring: Any) -> bool:
-        """cancel_multishot, with the buffers of completions reaped meanwhile given back to
-        the pool (a group of its own would simply go; the pool stays)."""
-        return cancel_multishot(ring, RECV_UD, CANCEL_UD, self._reaped_at_cancel)
-
-    def _reaped_at_cancel(self, c: Completions) -> None:
-        out = Delivery()
-        self._take_few(c.tuples(), out)
-        self.pool.give_back(out.tokens)
-
-    def recycle(self, tokens: list[int] | Any, lengths: list[int] | Any) -> None:
-        super().recycle(tokens, lengths)
+    def recycle(self, tokens: IntSeq, lengths: IntSeq) -> None:
+        self._check("recycle").recycle(tokens)
         if len(tokens):
             self.pool.released()
 
-    def recycle_closed(self, chunks: list[Any]) -> None:
-        """Chunks released after the receiver closed (Receiver._account_closed, any thread):
-        their buffers are the pool's, not the receiver's."""
-        bids: list[int] = []
-        for c in chunks:
-            t = c._tok
-            if type(t) is int:
-                bids.append(t)
-            else:
-                bids.extend(int(b) for b in t)
-        self.pool.give_back(bids)
+    def quiesce(self, armed: bool) -> bool:
+        """Cancel ahead of close, the buffers of completions reaped meanwhile given back to
+        the pool (a group of its own would simply go; the pool stays)."""
+        return not armed or self._check("quiesce").cancel(self._reaped_at_cancel)
 
-    def retire_area(self, area: Area) -> None:  # the pool's, not this receiver's
-        self.pool.holder_done()
+    def _reaped_at_cancel(self, c: Completions) -> None:
+        out = Delivery()
+        self.group.take_few(c.tuples(), out)
+        self.pool.give_back(out.tokens)  # type: ignore[arg-type]  # take_few: a list
 
-    def close(self) -> None:
-        ring = self._ring
-        if ring is None:
-            return
+    def recycle_closed(self, tokens: list[int]) -> None:
+        """Chunks released after the receiver closed (any thread): their buffers are the
+        pool's, not the receiver's."""
+        self.pool.give_back(tokens)
+
+    def close(self, armed: bool = False) -> bool:
+        if self.closed:
+            return not armed
+        self.closed = True
+        over = not armed
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.member.close)
+            undo.callback(self._leave_pool)
+            if armed:
+                over = self.group.cancel(self._reaped_at_cancel)
+        return over
+
+    def _leave_pool(self) -> None:
         pool = self.pool
-        try:
-            if self.armed:
-                self.armed = not self._cancel(ring)
-        finally:
-            self._ring = self._buf = None
-            pool.receivers.pop(id(self), None)
-            if self.queued:
-                self.queued = False
-                with contextlib.suppress(ValueError):
-                    pool.waiting.remove(self)
-            self.member.close()
+        pool.receivers.pop(id(self), None)
+        if self.queued:
+            self.queued = False
+            with contextlib.suppress(ValueError):
+                pool.waiting.remove(self)
 
 
 def open_pooled_soft(loop: Loop, fd: int, size: int, buf_size: int) -> PooledSoftProvider:
@@ -359,23 +323,25 @@ def open_pooled_soft(loop: Loop, fd: int, size: int, buf_size: int) -> PooledSof
     lr = loop_ring(loop)
     pool = lr.pool
     if pool is None:
-        try:
+        with contextlib.ExitStack() as undo:  # a failure: a ring opened for it alone goes
+            undo.callback(_close_if_unused, lr)
             pool = lr.pool = Pool(lr, size, buf_size)
-        except BaseException:
-            if not lr.members and not lr.keepers:
-                lr.close()
-            raise
+            undo.pop_all()
     elif (pool.size, pool.buf_size) != (size, buf_size):
         raise UsageError(
             f"this event loop's pool is {pool.size} bytes of {pool.buf_size}-byte buffers, "
             f"not {size} of {buf_size}",
             "open every pooled receiver of a loop with the same pool size and buf_size")
     m = lr.join(pool.bgid)
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(m.close)
         p = PooledSoftProvider(fd, pool, m)
-    except BaseException:
-        m.close()
-        raise
+        undo.pop_all()
     with pool._holders_lock:
         pool.holders += 1
     return p
+
+
+def _close_if_unused(lr: LoopRing) -> None:
+    if not lr.members and not lr.keepers:
+        lr.close()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from typing import Any
 
 from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
@@ -39,6 +38,7 @@ from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
+from zcnet.rx.zc.providers import Option
 from zcnet.sockcheck import set_rcvlowat
 
 
@@ -71,25 +71,32 @@ class ZcProtocol:
         """The transport is closed: no more callbacks."""
 
 
+class TransportState:
+    """A transport's receive and send state: what its compiled round (zcnet.aio._loopaccel)
+    is handed once and reads and writes in place."""
+
+    __slots__ = ("closing", "eof", "failed", "fd", "held", "paused", "waiting_release", "wbuf")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.wbuf = bytearray()  # what the socket did not take yet
+        self.closing = False     # close() asked; teardown once the write buffer is sent
+        self.paused = False      # pause_reading()
+        self.waiting_release = False  # delivery paused by max_held: a release resumes it
+        self.eof = False
+        self.failed = False      # a send failed: connection_lost(exc) reports it, writes drop
+        self.held: list[Chunk] = []  # a round's chunks not yet given when reading paused
+
+
 class ZcTransport:
     """The connection of one :class:`ZcProtocol`: zero-copy receive, buffered send.
 
     Owns the socket (closed with the transport). Use from the loop that started it.
     """
 
-    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
-    # the rest lives in the instance dict.
-    __slots__ = (
-        "__dict__",
-        "__weakref__",
-        "_closing",
-        "_eof",
-        "_fd",
-        "_paused",
-        "_waiting_release",
-        "_wbuf",
-        "protocol",
-    )
+    # What zcnet.aio._loopaccel's round reads every pass (in place, no dict lookup); the rest
+    # lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "protocol", "st")
 
     def __init__(self, sock: socket.socket, rx: Receiver, protocol: ZcProtocol) -> None:
         self._owner = Owner("zcnet.aio transport")
@@ -97,17 +104,10 @@ class ZcTransport:
         self.sock = sock
         self.rx = rx
         self.protocol = protocol
-        self._fd = sock.fileno()
+        self.st = TransportState(sock.fileno())
         self._member = rx.provider.member  # type: ignore[attr-defined]
-        self._wbuf = bytearray()
         self._writing = False   # add_writer is on
-        self._closing = False   # close() asked; teardown once the write buffer is sent
         self._closed = False    # torn down: the receiver and socket are closed
-        self._paused = False    # pause_reading()
-        self._waiting_release = False
-        self._eof = False
-        self._failed = False    # a send failed: connection_lost(exc) reports it, writes drop
-        self._held: list[Chunk] = []  # a round's chunks not yet given when reading paused
         #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
         self._fast = compiled_round(self, rx)
         if self._fast is not None and type(self).write is ZcTransport.write:
@@ -123,10 +123,11 @@ class ZcTransport:
         m = self._member
         proto = self.protocol
         fast = self._fast
+        st = self.st
         try:
-            while not self._closing and not self._paused and not self._eof:
-                if self._waiting_release:
-                    self._waiting_release = False
+            while not st.closing and not st.paused and not st.eof:
+                if st.waiting_release:
+                    st.waiting_release = False
                     rx.on_release(None)
                 if fast is not None:  # the common round in C; anything else below
                     r = fast.run()
@@ -141,24 +142,24 @@ class ZcTransport:
                         try:
                             proto.chunk_received(c)
                         except BaseException:
-                            self._held = list(it)  # never the protocol's: released at teardown
+                            st.held = list(it)  # never the protocol's: released at teardown
                             raise
-                        if self._closing or self._paused:  # by the protocol, in the callback
+                        if st.closing or st.paused:  # by the protocol, in the callback
                             self._put_back(list(it))
                             return
-                    if m.inbox or not rx.provider.armed:
+                    if m.inbox or not rx.core.armed:
                         continue  # more is here, or the receive must be re-armed
                     return
                 if rx.eof:
-                    self._eof = True
+                    st.eof = True
                     if not proto.eof_received():
                         self.close()
                     return
                 if rx.stalled is not None:  # the protocol holds max_held of the area
-                    self._waiting_release = True
+                    st.waiting_release = True
                     rx.on_release(self._release_seen)
                     return
-                if rx.provider.armed:
+                if rx.core.armed:
                     return  # nothing yet: the next dispatch calls again
         except Exception as e:
             self._round_failed(e)
@@ -176,11 +177,11 @@ class ZcTransport:
     def _put_back(self, rest: list[Chunk]) -> None:
         """The chunks of a round after the protocol closed (released) or paused (given on
         resume) inside ``chunk_received``."""
-        if self._closing:
+        if self.st.closing:
             if rest:
                 self.rx.release_many(rest)
         else:
-            self._held = rest
+            self.st.held = rest
 
     def _release_seen(self) -> None:
         """A chunk was released while delivery was paused (any thread): resume in the loop."""
@@ -193,18 +194,20 @@ class ZcTransport:
 
     def pause_reading(self) -> None:
         """No ``chunk_received`` until ``resume_reading`` (the kernel keeps filling buffers)."""
-        self._paused = True
+        self._owner.check()
+        self.st.paused = True
 
     def resume_reading(self) -> None:
-        if self._paused:
-            self._paused = False
+        self._owner.check()
+        if self.st.paused:
+            self.st.paused = False
             self.loop.call_soon(self._resume_held)
 
     def _resume_held(self) -> None:
-        held, self._held = self._held, []
+        held, self.st.held = self.st.held, []
         try:
             for i, c in enumerate(held):
-                if self._closing or self._paused:
+                if self.st.closing or self.st.paused:
                     self._put_back(held[i:])
                     return
                 self.protocol.chunk_received(c)
@@ -217,18 +220,20 @@ class ZcTransport:
         self._resume()
 
     def is_reading(self) -> bool:
-        return not (self._paused or self._closing)
+        return not (self.st.paused or self.st.closing)
 
     # --- sending ------------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data``: at once as far as the socket takes it, the rest copied and sent when
         it becomes writable. ``data`` may be a chunk's view; release the chunk afterwards."""
-        if self._closing:
-            if self._failed:
+        self._owner.check()
+        st = self.st
+        if st.closing:
+            if st.failed:
                 return  # the send error reaches connection_lost; the bytes have nowhere to go
             raise ClosedError("write on a closing zcnet.aio transport")
-        if self._wbuf:
-            self._wbuf += data
+        if st.wbuf:
+            st.wbuf += data
             return
         if type(data) is not bytes:  # counts below are in bytes, whatever the item size
             data = memoryview(data).cast("B")
@@ -249,41 +254,42 @@ class ZcTransport:
     # buffered, the socket takes it all) and calls these two, or ``write`` itself, for the rest.
     def _send_failed(self, e: OSError) -> None:
         """The peer reset or shut down: drop the connection (later, not inside write)."""
-        self._closing = self._failed = True
+        self.st.closing = self.st.failed = True
         self.loop.call_soon(self._teardown, e)
 
     def _buffer_rest(self, data: bytes | bytearray | memoryview, sent: int) -> None:
         """Copy what the socket did not take; it goes when the socket is writable."""
-        self._wbuf += memoryview(data).cast("B")[sent:]  # ``sent`` counts bytes, not items
-        self.loop.add_writer(self._fd, self._on_writable)
+        self.st.wbuf += memoryview(data).cast("B")[sent:]  # ``sent`` counts bytes, not items
+        self.loop.add_writer(self.st.fd, self._on_writable)
         self._writing = True
 
     def _on_writable(self) -> None:
         try:
-            sent = self.sock.send(self._wbuf)
+            sent = self.sock.send(self.st.wbuf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self._teardown(e)
             return
-        del self._wbuf[:sent]
-        if not self._wbuf:
+        del self.st.wbuf[:sent]
+        if not self.st.wbuf:
             self._stop_writing()
-            if self._closing:
+            if self.st.closing:
                 self._teardown(None)
 
     def _stop_writing(self) -> None:
         if self._writing:
             self._writing = False
             if not self.loop.is_closed():
-                self.loop.remove_writer(self._fd)
+                self.loop.remove_writer(self.st.fd)
 
     def get_write_buffer_size(self) -> int:
-        return len(self._wbuf)
+        return len(self.st.wbuf)
 
     def write_eof(self) -> None:
         """Shut down the sending side once the write buffer is sent (here: at once if empty)."""
-        if self._wbuf:
+        self._owner.check()
+        if self.st.wbuf:
             raise ClosedError("write_eof with unsent data buffered",
                               "wait until get_write_buffer_size() is 0")
         with contextlib.suppress(OSError):
@@ -295,38 +301,40 @@ class ZcTransport:
         return self.rx.stats
 
     def is_closing(self) -> bool:
-        return self._closing
+        return self.st.closing
 
     def close(self) -> None:
         """Stop receiving, send what is buffered, then close; ``connection_lost(None)`` follows
         (from the loop, never inside this call). Chunks the protocol holds stay valid."""
-        if self._closing:
+        if self.st.closing:
             return
-        self._closing = True
-        if not self._wbuf:
+        self._owner.check()
+        self.st.closing = True
+        if not self.st.wbuf:
             # Not now: close() may come from inside the ring's dispatch, where cancelling the
             # receive (which waits on that ring) must not run.
             self.loop.call_soon(self._teardown, None)
 
     def abort(self) -> None:
         """Close now, dropping the write buffer."""
-        self._closing = True
-        self._wbuf.clear()
+        self._owner.check()
+        self.st.closing = True
+        self.st.wbuf.clear()
         self.loop.call_soon(self._teardown, None)
 
     def _teardown(self, exc: BaseException | None) -> None:
         if self._closed:
             return
-        self._closing = self._closed = True
+        self.st.closing = self._closed = True
         untrack(self.loop, self)
         self._member.on_ready = None
         self._member.fast = None
         self._fast = None  # it refers back to the transport: both go now, not at a GC pass
         self.__dict__.pop("write", None)  # the round's, bound to it
-        held, self._held = self._held, []
+        held, self.st.held = self.st.held, []
         try:
             self._stop_writing()
-            if self._waiting_release:
+            if self.st.waiting_release:
                 rx_release_off(self.rx)
             if held:
                 self.rx.release_many(held)
@@ -344,8 +352,8 @@ class ZcTransport:
         self._teardown(None)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "closing" if self._closing else "open"
-        return f"<zcnet.aio transport fd={self._fd} {state}>"
+        state = "closed" if self._closed else "closing" if self.st.closing else "open"
+        return f"<zcnet.aio transport fd={self.st.fd} {state}>"
 
 
 def rx_release_off(rx: Receiver) -> None:
@@ -355,7 +363,7 @@ def rx_release_off(rx: Receiver) -> None:
 
 def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
                    buf_size: int = BUF_SIZE, rcvlowat: int = 0, pool: bool | int = False,
-                   **kw: Any) -> ZcTransport:
+                   **kw: Option) -> ZcTransport:
     """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
     ``protocol``'s methods from the event loop; returns the transport after
     ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
@@ -364,18 +372,16 @@ def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int 
     check_tcp_socket(sock, "zcnet.aio.start_protocol")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.start_protocol")
     rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol", pool)
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(rx.close)
         sock.setblocking(False)
         tr = ZcTransport(sock, rx, protocol)
-    except BaseException:
-        rx.close()
-        raise
+        undo.pop_all()
     tr._member.on_ready = tr._on_ready
     tr._member.fast = tr._fast
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(tr._teardown, None)
         protocol.connection_made(tr)
-    except BaseException:
-        tr._teardown(None)
-        raise
+        undo.pop_all()
     tr.loop.call_soon(tr._resume)  # arms the receive (and takes what already arrived)
     return tr

@@ -24,19 +24,16 @@ from typing import Any
 
 from zcnet.aio.backend import Loop
 from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
+from zcnet.aio.loop_soft import OnLoopRing, open_shared_soft
 from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
-from zcnet.aio.shared import (
-    ROUND_DONE,
-    MemberRing,
-    SharedSoftProvider,
-    compiled_round,
-    open_shared_soft,
-)
+from zcnet.aio.shared import ROUND_DONE, MemberRing, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
+from zcnet.rx.zc.providers import Option, provider_info
+from zcnet.rx.zc.receiver import StatValue
 from zcnet.sockcheck import set_rcvlowat
 
 #: Defaults sized for many connections per process: the area is populated at open.
@@ -53,17 +50,15 @@ class AsyncReceiver(LoopResource):
     at EOF). Release as with the synchronous API: ``chunk.release()``, from any thread.
     """
 
-    def __init__(self, rx: Receiver, sock: socket.socket | None = None, *,
-                 max_held: float = 0.75) -> None:
+    def __init__(self, rx: Receiver, sock: socket.socket | None = None) -> None:
         self._owner = Owner("zcnet.aio receiver")
         self.rx = rx
-        self._limit = int(rx.area.size * max_held)  # the Receiver's back-pressure threshold
         self.sock = sock
         self._pending: deque[Chunk] = deque()
         self._closed = False
         provider = rx.provider
         self._member: MemberRing | None = (provider.member
-                                           if isinstance(provider, SharedSoftProvider) else None)
+                                           if isinstance(provider, OnLoopRing) else None)
         self._wake = (None if self._member is not None
                       else Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd))
         self._kick = self._member.kick if self._wake is None else self._wake.kick
@@ -88,6 +83,7 @@ class AsyncReceiver(LoopResource):
         if self._closed:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
+        core = rx.core
         m = self._member
         take = self._take_batch if batch else self._take
         while True:
@@ -107,8 +103,7 @@ class AsyncReceiver(LoopResource):
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
-            elif (rx.provider.armed and rx.stalled is None
-                    and rx.stats.in_flight_bytes <= self._limit):
+            elif core.reaping():
                 # The common case, without the synchronous receiver's timed wait: a zero
                 # timeout there still costs the kernel a timer and often a context switch.
                 # Releases go back first, so the kernel has the buffers before it runs.
@@ -123,8 +118,8 @@ class AsyncReceiver(LoopResource):
                 return got
             if rx.eof:
                 return got
-            stalled = rx.stalled
-            if stalled is None and not rx.provider.armed:
+            stalled = core.stalled
+            if stalled is None and not core.armed:
                 continue  # the multishot ended without ending the stream: re-arm now
             if stalled is not None:
                 rx.on_release(self._kick_threadsafe)
@@ -221,7 +216,7 @@ class AsyncReceiver(LoopResource):
     def stats(self) -> api.Stats:
         return self.rx.stats
 
-    def stats_dict(self) -> dict[str, Any]:
+    def stats_dict(self) -> dict[str, StatValue]:
         return self.rx.stats_dict()
 
     # --- lifetime ------------------------------------------------------------------------------
@@ -264,7 +259,7 @@ _SHARED_OPTIONS = frozenset({"hugetlb", "max_held", "coalesce", "debug"})
 
 
 def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
-                         kw: dict[str, Any], what: str, pool: bool | int = False) -> Receiver:
+                         kw: dict[str, Option], what: str, pool: bool | int = False) -> Receiver:
     """A soft-provider Receiver on the running loop's shared ring; ``kw`` holds only
     ``_SHARED_OPTIONS``. ``pool``: on the loop's pool instead of an area of its own."""
     loop = running_loop(what)  # a clear error before anything is allocated
@@ -277,19 +272,20 @@ def open_shared_receiver(sock: socket.socket, area_size: int, buf_size: int,
     debug = kw.get("debug", False)
     p = open_shared_soft(loop, sock.fileno(), area_size, buf_size, kw.get("hugetlb", False),
                          reuse=not debug)
-    try:
-        return Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=debug,
-                        coalesce=kw.get("coalesce", False), why="soft provider requested",
-                        area_done=None if debug else p.retire_area)  # debug poisons memory
-    except BaseException:
-        p.reuse = False  # no Receiver will hand the area back: the group goes with it
-        p.close()
-        p.area.close()
-        raise
+    with contextlib.ExitStack() as undo:  # a failure: the provider and its area go
+        undo.callback(p.area.close)
+        undo.callback(p.close)
+        # No Receiver will hand the area back: the group goes with it.
+        undo.callback(setattr, p, "reuse", False)
+        rx = Receiver(sock, p, max_held=kw.get("max_held", 0.75), debug=debug,
+                      coalesce=kw.get("coalesce", False), why="soft provider requested",
+                      area_done=None if debug else p.retire_area)  # debug poisons memory
+        undo.pop_all()
+    return rx
 
 
 def _open_pooled(loop: Loop, sock: socket.socket, pool: bool | int, buf_size: int,
-                 kw: dict[str, Any], what: str) -> Receiver:
+                 kw: dict[str, Option], what: str) -> Receiver:
     if set(kw) - {"max_held"}:
         raise UsageError(f"{what} with pool= does not take "
                          f"{', '.join(sorted(set(kw) - {'max_held'}))}",
@@ -299,21 +295,20 @@ def _open_pooled(loop: Loop, sock: socket.socket, pool: bool | int, buf_size: in
         raise UsageError(f"{what}: pool must be True or a size in bytes, got {pool!r}",
                          "pass pool=True (8 MiB), or a size such as pool=4 << 20")
     p = open_pooled_soft(loop, sock.fileno(), size, buf_size)
-    try:
+    with contextlib.ExitStack() as undo:  # a bad max_held: the pool loses this holder again
+        undo.callback(p.pool.holder_done)
+        undo.callback(p.close)
         rx = Receiver(sock, p, max_held=kw.get("max_held", 0.75),
                       why="soft provider requested, on the event loop's pool",
                       area_done=p.pool.holder_done)
-    except BaseException:  # a bad max_held: the pool loses this holder again
-        p.close()
-        p.pool.holder_done()
-        raise
+        undo.pop_all()
     p.pool.receivers[id(p)] = rx
     return rx
 
 
 def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bool = False,
                   area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, shared_ring: bool = True,
-                  rcvlowat: int = 0, pool: bool | int = False, **kw: Any) -> AsyncReceiver:
+                  rcvlowat: int = 0, pool: bool | int = False, **kw: Option) -> AsyncReceiver:
     """Open a zero-copy receiver on a connected TCP socket, for use in the running loop::
 
         async with zcnet.aio.open_receiver(sock, "soft") as rx:
@@ -339,19 +334,20 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     """
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.open_receiver")
-    max_held = kw.get("max_held", 0.75)
-    if pool is not False and (provider != "soft" or not shared_ring):
+    info = provider_info(provider)
+    on_loop_ring = info is not None and info.loop_ring and shared_ring
+    if pool is not False and not on_loop_ring:
         raise UsageError("zcnet.aio.open_receiver: pool= is for soft receivers on the loop's "
                          "shared ring", "drop pool=, or open with provider='soft' and "
                          "shared_ring=True")
-    if provider == "soft" and shared_ring and (pool is not False or set(kw) <= _SHARED_OPTIONS):
+    if on_loop_ring and (pool is not False or set(kw) <= _SHARED_OPTIONS):
         rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.open_receiver",
                                   pool)
     else:
         running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
         rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
-    try:
-        return AsyncReceiver(rx, sock if own_socket else None, max_held=max_held)
-    except BaseException:
-        rx.close()
-        raise
+    with contextlib.ExitStack() as undo:
+        undo.callback(rx.close)
+        arx = AsyncReceiver(rx, sock if own_socket else None)
+        undo.pop_all()
+    return arx

@@ -255,7 +255,7 @@ class AsyncSender:
         else:
             self._freed.set()  # flush() waits for the send to end
 
-    async def sendall(self, data: Any) -> None:
+    async def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
         csend = self._csend
         took = 0 if csend is None else csend(data)  # the copy kind's common case, in C

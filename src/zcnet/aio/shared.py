@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,9 @@ from zcnet.aio.backend import Future, Loop, check_one_waiter
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.provider import RECV_UD, Delivery, close_ring
-from zcnet.rx.zc.soft import SoftProvider
+from zcnet.rx.zc.provider import (
+    RECV_UD,
+)
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
@@ -49,7 +51,7 @@ from zcnet.uring.ring import Completions, Ring
 try:
     # By name: an extension module has no source, so the import graph (grimp) would see this as
     # an import of the zcnet.aio package itself, a cycle through aio/__init__ that is not there.
-    _loopaccel: Any = importlib.import_module("zcnet.aio._loopaccel")
+    _loopaccel: ModuleType | None = importlib.import_module("zcnet.aio._loopaccel")
 except ImportError:  # not built (no C compiler at install): the Python pass runs
     _loopaccel = None
 
@@ -68,7 +70,7 @@ _WORK = u.IORING_SQ_TASKRUN | u.IORING_SQ_CQ_OVERFLOW
 _U64 = np.uint64
 
 
-def loop_accel() -> Any:
+def loop_accel() -> ModuleType | None:
     """The compiled pass (zcnet.aio._loopaccel) when it is built and ZCNET_PURE is not set
     (read when a loop's ring or a transport is made, so tests can run both), else None."""
     if _loopaccel is None or os.environ.get("ZCNET_PURE", "") not in ("", "0"):
@@ -89,8 +91,9 @@ def compiled_round(transport: Any, rx: Any) -> Any:
     accel = rx.provider.member.lr.accel
     if accel is None or rx.debug or rx.coalesce:
         return None
-    return accel.Round(transport, rx, rx.provider.member, rx.provider, rx._chunk_cls,
-                       rx._releases._q, rx._stats, RECV_UD, u.IORING_CQE_F_MORE,
+    core, prov = rx.core, rx.provider
+    return accel.Round(transport, core, prov.member, prov, prov.group.buf, core.chunk_cls,
+                       core.queue, core.stats, RECV_UD, u.IORING_CQE_F_MORE,
                        u.IORING_CQE_BUFFER_SHIFT, Batch, getattr(rx.provider, "pool", None))
 
 
@@ -124,19 +127,14 @@ class LoopRing:
         self.keepers = 0
         #: The buffer group pooled receivers share (zcnet.aio.pool.Pool), made by the first.
         self.pool: Any = None
-        try:
+        with contextlib.ExitStack() as undo:  # a failure closes what was opened
+            undo.callback(self.ring.close)
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        except BaseException:
-            self.ring.close()
-            raise
-        try:
+            undo.callback(os.close, self.efd)
             self._router = self._make_router()
             register_eventfd(self.ring, self.efd)
             loop.add_reader(self.efd, self.poll, True)  # signalled: the eventfd is set
-        except BaseException:
-            os.close(self.efd)
-            self.ring.close()
-            raise
+            undo.pop_all()
 
     def _make_router(self) -> Any:
         """The compiled reap-and-dispatch over this ring's CQ, or None (the Python one)."""
@@ -145,7 +143,7 @@ class LoopRing:
             return None
         a = self.ring.cq_addresses()
         return accel.Router(self.ring, self.members, a.cq_head, a.cq_tail, a.cqes, a.cq_mask,
-                            a.cqe_size, Completions._of, FEW, a.sq_flags, _WORK,
+                            a.cqe_size, Completions.from_raw, FEW, a.sq_flags, _WORK,
                             u.IORING_ENTER_GETEVENTS, LOCAL_BITS)
 
     # --- members ---------------------------------------------------------------------------
@@ -195,7 +193,7 @@ class LoopRing:
                 or buf.in_ring != buf.entries):
             return False
         try:
-            return buf.kernel_head() == buf._head  # both u16 (bufring masks its copy)
+            return buf.kernel_head() == buf.head  # both u16 (bufring masks its copy)
         except OSError:  # no IORING_REGISTER_PBUF_STATUS (Linux < 6.8): not known, not kept
             return False
 
@@ -218,11 +216,10 @@ class LoopRing:
                 del self.spare[i]
                 buf = self.groups.pop(id(a), None)
                 if buf is not None and buf.buf_size != buf_size:
-                    try:
+                    with contextlib.ExitStack() as undo:  # a failure unmaps the area too
+                        undo.callback(a.close)
                         self._drop_group(buf)
-                    except BaseException:
-                        a.close()
-                        raise
+                        undo.pop_all()
                     buf = None
                 return a, buf
         return None
@@ -498,66 +495,6 @@ def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
     return Completions(np.array(ud, _U64), np.array(res, np.int32), np.array(flags, np.uint32))
 
 
-class SharedSoftProvider(SoftProvider):
-    """The soft provider with its buffer group on the loop's ring instead of a ring of its own;
-    everything else (reaping, recycling, cancelling) is SoftProvider's own code."""
-
-    def __init__(self, fd: int, area: Area, buf_size: int, member: MemberRing, *,
-                 buf: BufRing | None = None, reuse: bool = True) -> None:
-        self._init_buffers(fd, area, buf_size)
-        self.note += ", on the loop's shared io_uring"
-        self._attach(member.lr.ring, member.bgid, member, buf=buf)
-        self.member = member
-        #: The Receiver hands the area back through ``retire_area`` (not a debug receiver),
-        #: so a settled buffer group may stay registered with it for the next receiver.
-        self.reuse = reuse
-        self._kept: BufRing | None = None  # that group, between close and retire_area
-
-    def reap(self, timeout: float | None) -> Delivery:
-        """A pass of a few CQEs arrives as (user_data, res, flags) tuples: hand them to the
-        provider's small-round path as they are, with no arrays built and taken apart."""
-        m = self.member
-        box = m.inbox
-        if len(box) == 1 and type(box[0]) is list and self._buf is not None:
-            m.inbox = []
-            out = Delivery()
-            self._take_few(box[0], out)
-            return out
-        return super().reap(timeout)
-
-    def retire_area(self, area: Area) -> None:
-        """The Receiver's ``area_done``: the area goes to the loop's spares, unless a receive
-        whose cancel was not confirmed may still write to it (then it is unmapped)."""
-        buf, self._kept = self._kept, None
-        if self.armed:
-            area.close()
-        else:
-            self.member.lr.keep_area(area, buf)
-
-    def close(self) -> None:
-        ring, buf = self._ring, self._buf
-        if ring is None:
-            return
-        self._ring = self._buf = None
-        keep = False
-        try:
-            if self.armed:
-                self.armed = not self._cancel(ring)
-            keep = (self.reuse and buf is not None and not self.armed
-                    and self.member.lr.settled(buf))
-        finally:
-            try:  # the receive is over (or its cancel unconfirmed): the group and the ring
-                close_ring(ring, False, *(() if buf is None or keep else (buf.close,)))
-            finally:
-                if keep:
-                    self._kept = buf  # still registered: retire_area keeps it with the area
-                # A receive whose cancel was not confirmed may still pick buffers from its
-                # group id: that id is never given to another receiver. A kept group's id
-                # goes with it.
-                elif not self.armed:
-                    self.member.lr.free_bgid(self.member.bgid)
-
-
 _rings: weakref.WeakKeyDictionary[Loop, LoopRing] = (
     weakref.WeakKeyDictionary())
 
@@ -568,38 +505,3 @@ def loop_ring(loop: Loop) -> LoopRing:
     if lr is None or lr.ring.closed:
         lr = _rings[loop] = LoopRing(loop)
     return lr
-
-
-def open_shared_soft(loop: Loop, fd: int, area_size: int, buf_size: int, hugetlb: bool,
-                     reuse: bool = True) -> SharedSoftProvider:
-    """A soft provider on ``loop``'s shared ring (opened now if this is its first member), on
-    a kept area (and its registered group) where one fits; ``reuse``: see SharedSoftProvider."""
-    lr = loop_ring(loop)
-    spare = lr.spare_area(area_size, hugetlb, buf_size)
-    area, buf = spare or (None, None)
-    try:
-        m = lr.join(None if buf is None else buf.bgid)
-    except BaseException:  # no buffer group id left: the spare goes back
-        if area is not None:
-            lr.keep_area(area, buf)
-        raise
-    try:
-        area = area or Area(area_size, hugetlb=hugetlb)
-    except BaseException:
-        m.close()
-        lr.free_bgid(m.bgid)
-        raise
-    try:
-        return SharedSoftProvider(fd, area, buf_size, m, buf=buf, reuse=reuse)
-    except BaseException:  # a bad buf_size, say: nothing was armed; a spare goes back
-        m.close()
-        if spare is None:
-            try:
-                area.close()
-            finally:
-                lr.free_bgid(m.bgid)
-        else:
-            lr.keep_area(area, buf)  # with its group (and id), or both freed there
-            if buf is None:
-                lr.free_bgid(m.bgid)
-        raise

@@ -16,16 +16,16 @@ Some facts about taking a connection from an asyncio transport:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-from typing import Any
 
 from zcnet.aio.backend import TrioLoop, current_loop
 from zcnet.errors import UsageError
 from zcnet.sockcheck import require_tcp
 
 
-def check_tcp_socket(sock: Any, what: str) -> socket.socket:
+def check_tcp_socket(sock: object, what: str) -> socket.socket:
     """``sock`` if it is a connected TCP socket, else a UsageError naming what it is.
 
     The kind, open/connected and listening checks are :func:`zcnet.sockcheck.require_tcp`'s;
@@ -79,12 +79,11 @@ def adopt_transport(transport: asyncio.BaseTransport) -> socket.socket:
     if isinstance(transport, asyncio.ReadTransport):
         transport.pause_reading()
     sock = socket.socket(fileno=os.dup(tsock.fileno()))
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(sock.close)
         check_tcp_socket(sock, "adopt_transport")
         sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
+        undo.pop_all()
     transport.close()
     return sock
 

@@ -24,6 +24,7 @@ No helper thread: the loop's own epoll wait is the only place anyone sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -53,12 +54,11 @@ class Wakeup:
             self.fd = sock_fd
             return
         self.efd = self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(os.close, self.efd)
             register_eventfd(ring, self.efd)
             loop.add_reader(self.efd, self._ready)
-        except BaseException:
-            os.close(self.efd)
-            raise
+            undo.pop_all()
         self._watching = True
 
     def _ready(self) -> None:

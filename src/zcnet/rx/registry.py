@@ -1,7 +1,9 @@
 """Every receive engine and zero-copy provider by name: the one list the rest derives from.
 
 The CLI's choices, the benchmark's default engine list, the server's checks and the report's
-columns all come from here, so adding an engine is one entry below.
+columns all come from here, so adding an engine is one entry below. The zero-copy engines
+take what they are from their provider's entry in zcnet.rx.zc.providers (the providers'
+table, which the opener and zcnet.aio use too).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from types import MappingProxyType
 
 from zcnet.rx.copying import EpollEngine, UringEngine, UringMultishotEngine
 from zcnet.rx.engine import Engine, EngineOptions
-from zcnet.rx.zc.devmem import DevmemProvider
 from zcnet.rx.zc.engines import DevmemEngine, SoftZcEngine, ZcrxEngine
-from zcnet.rx.zc.soft import SoftProvider
-from zcnet.rx.zc.zcrx import ZcrxProvider
+from zcnet.rx.zc.providers import PROVIDERS, ProviderInfo
+
+__all__ = ["ENGINES", "PROVIDERS", "EngineInfo", "ProviderInfo", "default_engines",
+           "engine_names", "make_engine", "provider_names"]
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,12 @@ class EngineInfo:
     default: bool    # in `zcnet bench`'s default engine list
 
 
-def _info(cls: Callable[[EngineOptions], Engine], *, zero_copy: bool = False,
-          needs_nic: bool = False, default: bool = True) -> EngineInfo:
+def _info(cls: Callable[[EngineOptions], Engine], *, default: bool = True) -> EngineInfo:
+    """An engine's entry; a zero-copy engine's kind is its provider's."""
     name: str = cls.name  # type: ignore[attr-defined]
-    return EngineInfo(name, cls, zero_copy, needs_nic, default)
+    provider = PROVIDERS.get(getattr(cls, "provider", ""))
+    return EngineInfo(name, cls, provider is not None,
+                      provider is not None and provider.needs_nic, default)
 
 
 # Display order: copying engines first, then zero-copy ones from the most to the least portable.
@@ -38,14 +43,11 @@ ENGINES: Mapping[str, EngineInfo] = MappingProxyType({i.name: i for i in (
     _info(EpollEngine),
     _info(UringEngine),
     _info(UringMultishotEngine),
-    _info(SoftZcEngine, zero_copy=True),
-    _info(ZcrxEngine, zero_copy=True, needs_nic=True),
+    _info(SoftZcEngine),
+    _info(ZcrxEngine),
     # devmem cannot run without a NIC and a dma-buf, so a default run would only print n/a.
-    _info(DevmemEngine, zero_copy=True, needs_nic=True, default=False),
+    _info(DevmemEngine, default=False),
 )})
-
-PROVIDERS: Mapping[str, type] = MappingProxyType(
-    {cls.name: cls for cls in (ZcrxProvider, DevmemProvider, SoftProvider)})
 
 
 def engine_names() -> tuple[str, ...]:

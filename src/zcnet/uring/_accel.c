@@ -3,10 +3,11 @@
  * Only what pure Python cannot do fast enough lives here: io_uring_enter without ctypes'
  * argument conversion (about 0.35 us per call) and the Ring's hot methods (Core: one C call
  * each instead of a Python frame, a ctypes call and a struct pack). The zero-copy receive
- * path's half is _accel_rx.c, in the same module. The Core works on the ring's mapped memory
+ * path's twins are zcnet.rx.zc._rxaccel. The Core works on the ring's mapped memory
  * through raw pointers, so it checks its own closed flag before every access and the Ring
  * closes it before unmapping; anything unusual goes back to the Python methods, whose checks
- * and errors are then the user's. Private to zcnet.uring.ring: it passes valid addresses.
+ * and errors are then the user's. Private to zcnet.uring.ring: it passes valid addresses. The
+ * provided-buffer ring's writes and a soft receive's round over it are _accel_bufring.c.
  *
  * Built at install time when a C compiler exists (setup.py, optional); without it, or with
  * ZCNET_PURE=1 in the environment, zcnet runs the pure-Python path.
@@ -78,67 +79,6 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
             ret = -errno;
     }
     return PyLong_FromLong(ret);
-}
-
-Py_ssize_t slot_offset(PyTypeObject *cls, const char *name) {
-    PyObject *d = PyObject_GetAttrString((PyObject *)cls, name);
-    if (!d) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear(); /* no such member: the TypeError below */
-    }
-    Py_ssize_t off = -1;
-    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
-            off = m->offset;
-    }
-    Py_XDECREF(d);
-    if (off < 0)
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a writable __slots__ member", cls->tp_name,
-                     name);
-    return off;
-}
-
-/* readonly_slot(cls, slot, name) -> descriptor for ``cls.<name>``: reads __slots__ member
- * ``slot`` in place, as fast as the member's own descriptor, and refuses assignment and
- * deletion (AttributeError). For the fields the compiled paths read back (a chunk's offset and
- * length): only the class's own code writes them, through ``slot``. */
-static PyObject *accel_readonly_slot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyType_Check(args[0]) || !PyUnicode_Check(args[1]) ||
-        !PyUnicode_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "readonly_slot(cls, slot: str, name: str)");
-        return NULL;
-    }
-    PyTypeObject *cls = (PyTypeObject *)args[0];
-    const char *slot = PyUnicode_AsUTF8(args[1]), *name = PyUnicode_AsUTF8(args[2]);
-    if (!slot || !name)
-        return NULL;
-    Py_ssize_t off = slot_offset(cls, slot);
-    if (off < 0)
-        return NULL;
-    /* A member descriptor keeps pointing at its PyMemberDef: one per class attribute, made at
-     * import and never freed. */
-    size_t len = strlen(name) + 1;
-    PyMemberDef *def = PyMem_Calloc(1, sizeof *def + len);
-    if (!def)
-        return PyErr_NoMemory();
-    memcpy((char *)(def + 1), name, len);
-    def->name = (const char *)(def + 1);
-    def->type = T_OBJECT_EX;
-    def->offset = off;
-    def->flags = READONLY;
-    PyObject *d = PyDescr_NewMember(cls, def);
-    if (!d)
-        PyMem_Free(def);
-    return d;
-}
-
-void set_slot(PyObject *o, Py_ssize_t off, PyObject *v) {
-    PyObject **p = (PyObject **)((char *)o + off);
-    PyObject *old = *p;
-    *p = v; /* the reference passed in is stolen */
-    Py_XDECREF(old);
 }
 
 /* Core: the ring's hot methods over its mapped memory, bound on a Ring made with the
@@ -588,7 +528,7 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
         Py_DECREF(raw);
         return NULL;
     }
-    /* as Completions._of: the copy, its count and kind; the rest decoded on first use */
+    /* as Completions.from_raw: the copy, its count and kind; the rest decoded on first use */
     set_slot(ret, c->comp_off[0], raw);
     set_slot(ret, c->comp_off[1], pn);
     set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
@@ -648,11 +588,19 @@ static PyTypeObject CoreType = {
     .tp_members = core_members,
 };
 
+/* Each entry point and its Python twin (tests/test_twins.py holds them to the Python side). */
+static const Twin twins[] = {
+    {"enter", "zcnet.uring.syscall.io_uring_enter"},
+    {"Core", "zcnet.uring.ring.Ring"},
+    {"buf_provide", "zcnet.uring.bufring.BufRing.provide"},
+    {"buf_in_step", "zcnet.uring.bufring.BufRing.take"},
+    {"soft_round", "zcnet.rx.zc.soft_group.SoftGroup.round"},
+    {NULL, NULL},
+};
+
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
      "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
-    {"readonly_slot", (PyCFunction)(void (*)(void))accel_readonly_slot, METH_FASTCALL,
-     "readonly_slot(cls, slot, name) -> a read-only descriptor of the __slots__ member slot"},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
@@ -674,7 +622,7 @@ PyMODINIT_FUNC PyInit__accel(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (zc_rx_add(m) < 0) { /* the receive path's functions and ChunkIter (_accel_rx.c) */
+    if (bufring_add(m) < 0 || add_twins(m, twins) < 0) { /* _accel_bufring.c's functions */
         Py_DECREF(m);
         return NULL;
     }

@@ -51,16 +51,18 @@ class BufRing:
     ClosedError: the ring entries are unmapped (and the registration is gone).
     """
 
-    # Slots for what zcnet.aio._loopaccel reads and writes every pass (in place, no dict lookup);
-    # the rest lives in the instance dict.
-    __slots__ = ("__dict__", "__weakref__", "_head", "_registered", "_tail", "in_ring")
+    # The fields a compiled round reads and writes in place (it is handed the ring once, see
+    # zcnet.rx.zc.core): ``head`` is our copy of the kernel's consumption point, ``tail``
+    # what we published, ``in_ring`` the buffers the kernel may still fill, ``registered``
+    # False once closed. The rest lives in the instance dict.
+    __slots__ = ("__dict__", "__weakref__", "head", "in_ring", "registered", "tail")
 
     def __init__(self, ring: Ring, bgid: int, entries: int, buf_size: int, *,
                  area: Mapping | None = None, area_offset: int = 0,
                  incremental: bool = False) -> None:
         if entries <= 0 or entries & (entries - 1) or entries > 32768:
             raise ValueError("buffer ring entries must be a power of two <= 32768")
-        self._registered = False
+        self.registered = False
         if ring.closed:
             raise ClosedError("cannot register a buffer ring on a closed io_uring")
         self.ring, self.bgid, self.entries, self.buf_size = ring, bgid, entries, buf_size
@@ -77,7 +79,9 @@ class BufRing:
                                      flags=u.IOU_PBUF_RING_INC if incremental else 0)
             ring.register(u.IORING_REGISTER_PBUF_RING, reg, 1)
             undo.pop_all()
-        self._registered = True
+        self.registered = True
+        #: Where the ring's entries are (a compiled round writes them).
+        self.entries_addr = self._mem.addr
         self._addr = self._mem.view(np.uint64, 0, entries * 2).reshape(entries, 2)[:, 0]
         self._len = self._mem.view(np.uint32, 0, entries * 4).reshape(entries, 4)[:, 2]
         self._bid = self._mem.view(np.uint16, 0, entries * 8).reshape(entries, 8)[:, 6]
@@ -92,8 +96,8 @@ class BufRing:
         # get the entries as ``mv`` only after the same open checks as the numpy path.
         self._mv = mv
         self.accel = accel_for(ring.backend)
-        self._tail = 0
-        self._head = 0  # our copy of the kernel's consumption point
+        self.tail = 0
+        self.head = 0  # our copy of the kernel's consumption point
         # area address of each buffer id, so publishing is one take per batch
         self._addr_of = np.uint64(self.base) + np.arange(entries, dtype=np.uint64) * np.uint64(
             buf_size)
@@ -103,7 +107,7 @@ class BufRing:
         self.provide(np.arange(entries, dtype=np.uint16))
 
     def _check_open(self) -> None:
-        if not self._registered:
+        if not self.registered:
             raise ClosedError("the buffer ring is closed")
         if self.ring.fd < 0:
             raise ClosedError("the buffer ring's io_uring is closed, and its registration with it")
@@ -129,7 +133,7 @@ class BufRing:
 
     def provide(self, bids: np.ndarray | list[int]) -> None:
         """Give buffers (back) to the kernel: slice writes of the entries, then one tail store."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         n = len(bids)
         if n == 0:
@@ -137,15 +141,15 @@ class BufRing:
         if self.in_ring + n > self.entries:
             raise ValueError("more buffers provided than the ring holds (double release?)")
         if self.accel is not None and self._pos is None:
-            t = self.accel.buf_provide(self._mv, self.entries, self._tail, bids, self.base,
+            t = self.accel.buf_provide(self._mv, self.entries, self.tail, bids, self.base,
                                          self.buf_size)
             if t is not None:
-                self._tail = t
+                self.tail = t
                 self.in_ring += n
                 return
         bids = np.asarray(bids, dtype=np.uint16)
         k = 0
-        for lo, hi in self._spans(self._tail, n):
+        for lo, hi in self._spans(self.tail, n):
             part = bids[k:k + hi - lo]
             self._addr[lo:hi] = self._addr_of.take(part)  # IndexError: an id outside the ring
             self._len[lo:hi] = self.buf_size  # the kernel may have shortened it (bundles, inc)
@@ -155,14 +159,14 @@ class BufRing:
             pos = self._pos
             for b in np.asarray(bids).tolist():
                 pos[b] = 0
-        self._tail = (self._tail + n) & 0xFFFF
+        self.tail = (self.tail + n) & 0xFFFF
         self.in_ring += n
-        self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
+        self._ktail[_TAIL_U16] = self.tail  # release: entries above are written first
 
     def provide_few(self, bids: list[int]) -> None:
         """``provide`` for a few ids in a list: element stores, no numpy call, which costs more
         than the work itself for a handful of buffers (request/response traffic)."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         n = len(bids)
         if self.in_ring + n > self.entries:
@@ -170,7 +174,7 @@ class BufRing:
         m64, m32, m16 = self._mv64, self._mv32, self._mv16
         mask, size, pos, base, entries = (self.mask, self.buf_size, self._pos, self.base,
                                           self.entries)
-        t = self._tail
+        t = self.tail
         for b in bids:
             if not 0 <= b < entries:
                 raise IndexError(f"buffer id {b} is outside 0..{entries - 1}")
@@ -181,24 +185,24 @@ class BufRing:
             t += 1
             if pos is not None:
                 pos[b] = 0
-        self._tail = t & 0xFFFF
+        self.tail = t & 0xFFFF
         self.in_ring += n
-        self._ktail[_TAIL_U16] = self._tail  # release: entries above are written first
+        self._ktail[_TAIL_U16] = self.tail  # release: entries above are written first
 
     def _next(self, count: int) -> tuple[tuple[int, int], ...]:
         """Where the next ``count`` buffers in ring order are (whole-buffer accounting): the
         ones the kernel consumed, if we are in step with it. Checks, then ``_spans``."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         if self.incremental:
             raise ValueError("an incremental buffer ring is accounted with filled()")
         if count > self.in_ring:
             raise RuntimeError(f"buffer ring out of step: {count} buffers consumed, "
                                f"{self.in_ring} were in the ring")
-        return self._spans(self._head, count)
+        return self._spans(self.head, count)
 
     def _retire(self, count: int) -> None:
-        self._head = (self._head + count) & 0xFFFF
+        self.head = (self.head + count) & 0xFFFF
         self.in_ring -= count
 
     def take(self, bids: np.ndarray) -> None:
@@ -207,7 +211,7 @@ class BufRing:
         n = len(bids)
         spans = self._next(n)
         if self.accel is not None:
-            ok = self.accel.buf_in_step(self._mv, self.entries, self._head, bids)
+            ok = self.accel.buf_in_step(self._mv, self.entries, self.head, bids)
         else:
             ok = (b"".join([self._bid[lo:hi].tobytes() for lo, hi in spans])
                   == np.asarray(bids, np.uint16).tobytes())
@@ -223,14 +227,14 @@ class BufRing:
         (else None), or None when the round is anything else or the compiled path is off;
         then nothing is accounted and the caller takes its own path. ClosedError once the
         ring is closed, as every method."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         raw, n = c.raw, len(c)
         if self.accel is None or raw is None or self.incremental or n > self.in_ring:
             return None
         got = self.accel.soft_round(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE,
                                     u.IORING_CQE_F_BUFFER, u.IORING_CQE_BUFFER_SHIFT, self._mv,
-                                    self.entries, self._head, self.buf_size, self.area_offset)
+                                    self.entries, self.head, self.buf_size, self.area_offset)
         if got is None:
             return None
         records, k, final = got
@@ -256,15 +260,15 @@ class BufRing:
     def consumed_ids(self, nbytes: int, first_bid: int) -> list[int]:
         """``consumed`` as a list, with no numpy arithmetic: for rounds of a few completions,
         where a handful of list operations beat numpy's per-call cost."""
-        if nbytes <= self.buf_size and self._registered and self.ring.fd >= 0 \
+        if nbytes <= self.buf_size and self.registered and self.ring.fd >= 0 \
                 and not self.incremental and self.in_ring:
             # One buffer (every completion without bundles): the checks of _consume, inline.
-            head = self._head
+            head = self.head
             expected = int(self._bid[head & self.mask])
             if expected != first_bid:
                 raise RuntimeError(f"buffer ring out of step: expected bid {expected}, "
                                    f"got {first_bid}")
-            self._head = (head + 1) & 0xFFFF
+            self.head = (head + 1) & 0xFFFF
             self.in_ring -= 1
             return [first_bid]
         bids: list[int] = []
@@ -276,7 +280,7 @@ class BufRing:
         """``n`` buffers left the ring, each named by its own completion: a group shared by
         several receives whose completions are read per receive, not in CQ order
         (zcnet.aio.pool; one buffer per completion, no bundles). Our head is not followed."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         if n > self.in_ring:
             raise RuntimeError(f"buffer ring out of step: {n} buffers taken, {self.in_ring} "
@@ -288,7 +292,7 @@ class BufRing:
         earlier data; returns where in the buffer they start. ``more`` is the CQE's
         IORING_CQE_F_BUF_MORE: without it the kernel is done with the buffer, which leaves the
         ring until it is provided again."""
-        if not self._registered or self.ring.fd < 0:
+        if not self.registered or self.ring.fd < 0:
             self._check_open()
         pos = self._pos
         if pos is None:
@@ -298,17 +302,17 @@ class BufRing:
             raise RuntimeError(f"buffer ring out of step: {nbytes} bytes past the end of bid {bid}")
         pos[bid] = at + nbytes
         if not more:
-            expected = int(self._bid[self._head & self.mask])
+            expected = int(self._bid[self.head & self.mask])
             if expected != bid:
                 raise RuntimeError(
                     f"buffer ring out of step: expected bid {expected} to retire, got {bid}")
-            self._head = (self._head + 1) & 0xFFFF
+            self.head = (self.head + 1) & 0xFFFF
             self.in_ring -= 1
         return at
 
     def kernel_head(self) -> int:
         """The kernel's consumption point, a u16 (IORING_REGISTER_PBUF_STATUS, Linux 6.8+;
-        OSError before). Equal to ``_head & 0xFFFF`` when we have seen every buffer it took."""
+        OSError before). Equal to ``head`` when we have seen every buffer it took."""
         self._check_open()
         st = u.io_uring_buf_status(buf_group=self.bgid)
         self.ring.register(u.IORING_REGISTER_PBUF_STATUS, st, 1)
@@ -321,19 +325,19 @@ class BufRing:
 
     def close(self) -> None:
         """Unregister and unmap; idempotent."""
-        if not self._registered:
+        if not self.registered:
             return
         try:
             if self.ring.fd >= 0:
                 reg = u.io_uring_buf_reg(bgid=self.bgid)
                 self.ring.register(u.IORING_UNREGISTER_PBUF_RING, reg, 1)
         finally:  # the kernel pinned the ring's pages, so unmapping is safe either way
-            self._registered = False
+            self.registered = False
             self._release_memory()
 
     @property
     def closed(self) -> bool:
-        return not self._registered
+        return not self.registered
 
     def __enter__(self) -> BufRing:
         self._check_open()

@@ -46,7 +46,9 @@ class Completions:
         self._ud, self._res, self._flags, self._extra = user_data, res, flags, extra
 
     @classmethod
-    def _of(cls, raw: bytearray, n: int, cqe32: bool) -> Completions:
+    def from_raw(cls, raw: bytearray, n: int, cqe32: bool) -> Completions:
+        """``n`` CQEs copied out of the CQ ring into ``raw``, decoded on first use (a reap's
+        result; the compiled reaps make theirs through this too)."""
         # The compiled reap (zcnet.uring._accel) sets these same slots itself.
         c = cls.__new__(cls)
         c._raw, c._n, c._cqe32 = raw, n, cqe32

@@ -469,7 +469,7 @@ class Ring:
             if self.fd < 0:  # another thread closed the ring meanwhile: its views are released
                 raise ClosedError.of(self, "reap") from None
             raise
-        return Completions._of(raw, n, self.cqe32)
+        return Completions.from_raw(raw, n, self.cqe32)
 
     _reap_py = reap  # the compiled Core's slow path
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 from zcnet.rx.zc.bookkeeping import Stats
 from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, LinearChunk
 from zcnet.rx.zc.debugviews import POISON
-from zcnet.rx.zc.opener import PROVIDERS, open_receiver
+from zcnet.rx.zc.opener import open_receiver
+from zcnet.rx.zc.providers import PROVIDERS
 from zcnet.rx.zc.receiver import Receiver
 
 __all__ = ["POISON", "PROVIDERS", "Batch", "Chunk", "CoalescedChunk", "LinearChunk", "Receiver",

@@ -4,7 +4,7 @@ it queues its token for the owner thread to give back to the kernel (see receive
 
 The public fields (``offset``, ``length``, ``stream_offset``, ``parts``, a batch's ``offsets``
 and ``lengths``) are read-only: they describe memory the kernel filled, the receiver's
-accounting and the compiled paths (zcnet.uring._accel, zcnet.aio._loopaccel) read them when a
+accounting and the compiled paths (zcnet.rx.zc._rxaccel, zcnet.aio._loopaccel) read them when a
 chunk comes back, and an object put there could run Python in the middle of that (an
 ``__index__`` that closes the receiver). Each is a read-only view of a private slot; with the
 accelerator built it reads the slot in place, as fast as the slot itself.
@@ -14,46 +14,55 @@ from __future__ import annotations
 
 import operator
 import weakref
-from typing import Any, Protocol
+from collections import deque
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from zcnet.rx.zc.bookkeeping import ReleaseQueue, contiguous_runs
-from zcnet.rx.zc.provider import Delivery
-from zcnet.uring.syscall import accel_for
+from zcnet.rx.zc.accel import rx_accel_for
+from zcnet.rx.zc.bookkeeping import contiguous_runs
+from zcnet.rx.zc.provider import Delivery, IntSeq
 
 
 class ChunkOwner(Protocol):
-    """The receiver side chunks talk to (zcnet.rx.zc.receiver.Receiver)."""
+    """The receive core chunks belong to (zcnet.rx.zc.core.RxCore): its fields and the calls
+    a chunk makes when it is read or released."""
 
     debug: bool
-    _view: memoryview
-    _releases: ReleaseQueue
-    _closed: bool
+    view: memoryview
+    queue: deque[Held]
+    waiting: bool
+    closed: bool
 
-    def _track(self, held: _Held, view: Any) -> None: ...
+    def track(self, held: Held, view: object) -> None: ...
 
-    def _revoke(self, held: _Held) -> None: ...
+    def revoke(self, held: Held) -> None: ...
 
-    def _release_after_close(self) -> None: ...
+    def signal(self) -> None: ...
+
+    def late_release(self) -> None: ...
 
 
-def _as_list(seq: Any) -> list[int]:
+def as_list(seq: IntSeq) -> list[int]:
     """A provider's offsets/lengths/tokens as a list of ints (providers that vectorize give
     numpy arrays; the per-chunk paths need Python ints anyway)."""
-    return seq.tolist() if type(seq) is np.ndarray else seq  # type: ignore[no-any-return]
+    return seq.tolist() if type(seq) is np.ndarray else seq  # type: ignore[return-value]
 
 
-class _Held:
+H = TypeVar("H", bound="Held")
+
+
+class Held:
     """Something the application holds until it releases it: a Chunk or a Batch.
 
-    ``_rx`` is the owning receiver while held and None once released; only the holder writes
-    it, so checking it needs no lock. ``_tok`` is the provider's token (int) or tokens (list).
+    ``_rx`` is the owning receive core while held and None once released; only the holder
+    writes it, so checking it needs no lock. ``_tok`` is the provider's token (int) or tokens
+    (a list or an array).
     """
 
     __slots__ = ("_length", "_rx", "_stream_offset", "_tok")
     _rx: ChunkOwner | None
-    _tok: Any
+    _tok: int | IntSeq
     _length: int
     _stream_offset: int
     length: int  #: bytes held (read-only)
@@ -72,16 +81,15 @@ class _Held:
             raise ValueError(f"{self!r} released twice")
         self._rx = None
         if rx.debug:
-            rx._revoke(self)
-        # ReleaseQueue.put, inlined: this runs once per chunk on the iterator path.
-        q = rx._releases
-        q._q.append(self)
-        if q._waiting:
-            q._signal()
-        if rx._closed:
-            rx._release_after_close()
+            rx.revoke(self)
+        # RxCore.put_many, inlined: this runs once per chunk on the iterator path.
+        rx.queue.append(self)
+        if rx.waiting:
+            rx.signal()
+        if rx.closed:
+            rx.late_release()
 
-    def __enter__(self) -> Any:
+    def __enter__(self: H) -> H:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -92,7 +100,7 @@ class _Held:
         return self._length
 
 
-class Chunk(_Held):
+class Chunk(Held):
     """Received bytes at ``offset`` in the area, ``length`` long; ``stream_offset`` is their
     position in the TCP byte stream. A coalesced chunk spans several kernel buffers (``parts``)."""
 
@@ -114,9 +122,9 @@ class Chunk(_Held):
         rx = self._rx
         if rx is None:  # _owner(), inline: this runs once per chunk on the callback path
             raise ValueError(f"{self!r} used after release")
-        mv = rx._view[self._offset:self._offset + self._length]
+        mv = rx.view[self._offset:self._offset + self._length]
         if rx.debug:
-            rx._track(self, mv)
+            rx.track(self, mv)
         return mv
 
     @property
@@ -125,7 +133,7 @@ class Chunk(_Held):
         rx = self._owner()
         arr = np.frombuffer(self.data, dtype=np.uint8)
         if rx.debug:
-            rx._track(self, weakref.ref(arr))
+            rx.track(self, weakref.ref(arr))
         return arr
 
     def __bytes__(self) -> bytes:
@@ -166,15 +174,15 @@ class LinearChunk(Chunk):
         return memoryview(self._buf)
 
 
-class Batch(_Held):
+class Batch(Held):
     """Everything one kernel round delivered, in stream order, as parallel sequences:
     ``offsets`` and ``lengths`` of each buffer in the area (``offset`` -1: a linear copy, see
     ``views``). Providers that vectorize (soft) give numpy arrays, so a batch holds no Python
     object per buffer; others give lists. One ``release()`` returns them all."""
 
     __slots__ = ("_lengths", "_linear", "_offsets")
-    offsets: Any  #: each buffer's offset in the area, a list or numpy array (read-only)
-    lengths: Any  #: each buffer's bytes (read-only)
+    offsets: IntSeq  #: each buffer's offset in the area, a list or numpy array (read-only)
+    lengths: IntSeq  #: each buffer's bytes (read-only)
 
     def __init__(self, rx: ChunkOwner, d: Delivery, stream_offset: int, nbytes: int) -> None:
         self._rx = rx
@@ -192,8 +200,8 @@ class Batch(_Held):
     def views(self, coalesce: bool = False) -> list[memoryview]:
         """Zero-copy memoryviews in stream order; ``coalesce`` merges area neighbours."""
         rx = self._owner()
-        v = rx._view
-        offs, lens = _as_list(self._offsets), _as_list(self._lengths)
+        v = rx.view
+        offs, lens = as_list(self._offsets), as_list(self._lengths)
         if self._linear:
             out = [memoryview(self._linear[i]) if i in self._linear else v[o:o + n]
                    for i, (o, n) in enumerate(zip(offs, lens, strict=True))]
@@ -203,7 +211,7 @@ class Batch(_Held):
             out = [v[o:o + n] for o, n in zip(offs, lens, strict=True)]
         if rx.debug:
             for mv in out:
-                rx._track(self, mv)
+                rx.track(self, mv)
         return out
 
     def arrays(self, coalesce: bool = False) -> list[np.ndarray]:
@@ -220,14 +228,14 @@ def _read_only(cls: type, *names: str) -> None:
     """``cls.<name>`` for each name: a read-only view of the slot ``_<name>`` (see the module
     docstring). The accelerator's is a member descriptor at the slot's offset; without it, a
     property (about 30 ns more per read)."""
-    accel = accel_for("c")
+    accel = rx_accel_for("c")
     for name in names:
         view = (property(operator.attrgetter(f"_{name}")) if accel is None
                 else accel.readonly_slot(cls, f"_{name}", name))
         setattr(cls, name, view)
 
 
-_read_only(_Held, "length", "stream_offset")
+_read_only(Held, "length", "stream_offset")
 _read_only(Chunk, "offset")
 _read_only(CoalescedChunk, "parts")
 _read_only(Batch, "offsets", "lengths")

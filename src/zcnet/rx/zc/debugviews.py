@@ -1,15 +1,14 @@
-"""Debug mode of a Receiver (``debug=True``): views handed out for a chunk are revoked when it is
-released and its bytes poisoned, so a use after release fails or reads obvious garbage instead
-of plausible new data."""
+"""Debug mode of a receive core (``debug=True``): views handed out for a chunk are revoked when
+it is released and its bytes poisoned, so a use after release fails or reads obvious garbage
+instead of plausible new data."""
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
 
 from zcnet.rx.zc.area import Area
-from zcnet.rx.zc.chunks import Chunk, _Held
+from zcnet.rx.zc.chunks import Chunk, Held
 
 # Poison written over a released chunk in debug mode, so a stale numpy array reads garbage that
 # is easy to recognise instead of plausible new data.
@@ -17,23 +16,24 @@ POISON = 0xDB
 
 
 class DebugViews:
-    """The Receiver's debug-mode half: it tracks the views of each held chunk by id."""
+    """The core's debug-mode half: it tracks the views of each held chunk by id."""
 
-    _debug_views: dict[int, list[Any]]
-    area: Area  # the Receiver's area: its ``array`` is what gets poisoned
+    __slots__ = ()
+    views: dict[int, list[object]]
+    area: Area  # its ``array`` is what gets poisoned
 
-    def _track(self, held: _Held, view: Any) -> None:
-        self._debug_views.setdefault(id(held), []).append(view)
+    def track(self, held: Held, view: object) -> None:
+        self.views.setdefault(id(held), []).append(view)
 
-    def _revoke(self, held: _Held) -> None:
+    def revoke(self, held: Held) -> None:
         """Debug mode: invalidate views handed out for ``held`` and poison its bytes."""
         alive = 0
-        for v in self._debug_views.pop(id(held), ()):
+        for v in self.views.pop(id(held), ()):
             if isinstance(v, weakref.ref):
                 alive += v() is not None  # a numpy array cannot be revoked, only reported
                 continue
             try:
-                v.release()
+                v.release()  # type: ignore[attr-defined]  # a memoryview
             except BufferError:
                 alive += 1  # something still exports it
         spans = ([(held.offset, held.length)] if isinstance(held, Chunk)

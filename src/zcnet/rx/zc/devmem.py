@@ -17,6 +17,7 @@ Some facts about devmem TCP receive:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -25,14 +26,13 @@ import select
 import socket
 import struct
 import warnings
-from typing import Any
 
 from zcnet.errors import ClosedError, Unsupported, ZcnetError
 from zcnet.nic import netdev
 from zcnet.nic.device import Device
 from zcnet.rx.zc.area import UDMABUF_DEV, Area
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import CopyCount, Delivery, build_or_close
+from zcnet.rx.zc.provider import CopyCount, Delivery, ProviderBase, build_or_close
 from zcnet.uapi import socket as usock
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> Any:
+def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> netdev.DmabufBinding:
     """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
     (close it to unbind). Errors name the missing capability."""
     with Device.open(ifname) as dev:
@@ -171,14 +171,14 @@ def probe_device(ifname: str, queue: int) -> None:
             raise
 
 
-class DevmemProvider:
+class DevmemProvider(ProviderBase):
     name = "devmem"
 
     def __init__(self, fd: int, area: Area, ifname: str, queue: int) -> None:
         if area.dmabuf_fd is None:
             raise ZcnetError("devmem needs a dma-buf area", "pass dmabuf_fd or load udmabuf")
         self.area = area
-        self.armed = True  # nothing to arm: the binding delivers as long as it exists
+        self.ifname = ifname  # the device the dma-buf is bound to
         self.note = f"{ifname} queue {queue}, dma-buf fd {area.dmabuf_fd}"
         self.linear_bytes = 0
         self.dontneed_calls = 0
@@ -207,9 +207,13 @@ class DevmemProvider:
         return True
 
     def arm(self) -> None:
+        """Nothing to arm: the binding delivers as long as it exists."""
         if self._closed:
             raise ClosedError.of(self, "arm")
-        self.armed = True
+
+    @property
+    def ring(self) -> None:
+        return None  # reads the socket itself
 
     def reap(self, timeout: float | None) -> Delivery:
         if self._closed:
@@ -240,23 +244,20 @@ class DevmemProvider:
             self._sock.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, arg)
             self.dontneed_calls += 1
 
-    def held_back(self) -> int:
-        return 0
-
     def extra_stats(self) -> dict[str, int]:
         return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls}
 
     def kernel_copy(self) -> CopyCount:
         return CopyCount(self.linear_bytes, LINEAR_SOURCE)
 
-    def close(self) -> None:
+    def close(self, armed: bool = False) -> bool:
         self._closed = True
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._binding.close)
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
-        finally:
-            self._binding.close()
+        return True
 
 
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,

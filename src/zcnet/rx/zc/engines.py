@@ -32,7 +32,7 @@ from zcnet.rx.engine import (
 )
 from zcnet.rx.zc.chunks import Batch
 from zcnet.rx.zc.devmem import open_devmem
-from zcnet.rx.zc.provider import Provider, build_or_close
+from zcnet.rx.zc.provider import NicProvider, build_or_close
 from zcnet.rx.zc.receiver import COPY_FIELDS, Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
@@ -43,6 +43,8 @@ from zcnet.uring.bufring import unsupported
 
 class _ZcEngine:
     name: ClassVar[str] = ""
+    #: Its provider's name in zcnet.rx.zc.providers (what kind of engine it is).
+    provider: ClassVar[str] = ""
     default_rcvlowat: ClassVar[int] = RCVLOWAT
     area_buffers: ClassVar[int] = ZC_AREA_BUFFERS  # buffers in the default area
 
@@ -147,6 +149,7 @@ class SoftZcEngine(_ZcEngine):
     """The soft provider: provided-buffer multishot RECV behind the zero-copy chunk API."""
 
     name: ClassVar[str] = "soft-zc"
+    provider: ClassVar[str] = "soft"
     area_buffers: ClassVar[int] = SOFT_AREA_BUFFERS
 
     def close(self) -> None:
@@ -165,11 +168,9 @@ class SoftZcEngine(_ZcEngine):
 class _NicEngine(_ZcEngine):
     """zcrx/devmem: the provider is opened in unsupported() and attached to the socket in run."""
 
-    provider: ClassVar[str] = ""
-
     def __init__(self, opts: EngineOptions) -> None:
         super().__init__(opts)
-        self._prov: Provider | None = None
+        self._prov: NicProvider | None = None
         self._closed = False
 
     def unsupported(self) -> str | None:
@@ -182,10 +183,8 @@ class _NicEngine(_ZcEngine):
         if ifname is None or q is None:
             why = (f"{self.provider} needs --ifname and --queue naming a queue of a NIC with "
                    "header-data split and the queue API (none given)")
-            if self.provider != "zcrx":
-                return why
-            if not kernel_offers().copy_mode:
-                return why + ", and this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x)"
+            if no_copy := self._no_copy_mode(why):
+                return no_copy
             copy = True  # no queue named: the kernel's copy mode
         try:
             self._prov = self._open_provider(ifname, q, copy)
@@ -193,8 +192,13 @@ class _NicEngine(_ZcEngine):
             return e.message
         return None
 
-    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> NicProvider:
         raise NotImplementedError
+
+    def _no_copy_mode(self, why: str) -> str | None:
+        """Why it cannot run without a queue (``why``: none was given), or None when the
+        kernel's copy mode takes it instead."""
+        return why
 
     def run(self, sock: socket.socket, consume: Consumer | None) -> RxStats:
         if self._closed:
@@ -208,7 +212,7 @@ class _NicEngine(_ZcEngine):
         prov, self._prov = self._prov, None
 
         def attach() -> Receiver:
-            prov.attach(sock.fileno())  # type: ignore[attr-defined]
+            prov.attach(sock.fileno())
             return Receiver(sock, prov, debug=self.debug, why=f"{self.provider}: {prov.note}")
 
         # The queue registration must not outlive a failed open.
@@ -227,7 +231,12 @@ class ZcrxEngine(_NicEngine):
     name: ClassVar[str] = "zcrx"
     provider: ClassVar[str] = "zcrx"
 
-    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+    def _no_copy_mode(self, why: str) -> str | None:
+        if not kernel_offers().copy_mode:
+            return why + ", and this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x)"
+        return None
+
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> NicProvider:
         return open_zcrx(-1, self.area_size, ifname=ifname, queue=q, copy=copy or None,
                          rx_buf_len=self.opts.zc_rx_buf_len)
 
@@ -236,5 +245,5 @@ class DevmemEngine(_NicEngine):
     name: ClassVar[str] = "devmem"
     provider: ClassVar[str] = "devmem"
 
-    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> Provider:
+    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> NicProvider:
         return open_devmem(-1, self.area_size, ifname=ifname, queue=q)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 from zcnet.errors import Unsupported
 from zcnet.nic import genl, netdev
@@ -32,7 +31,7 @@ def incoming_napi_id(fd: int) -> int:
         sk.close()
 
 
-def queue_of_napi(g: Any, napi_id: int) -> tuple[str, int]:
+def queue_of_napi(g: genl.GenlSocket, napi_id: int) -> tuple[str, int]:
     """(ifname, rx queue) served by NAPI ``napi_id``, asked over the netdev family (``g``: a
     GenlSocket). A NAPI also serves TX queues, often with other ids: only RX counts."""
     napi = g.do(netdev.FAMILY, nd.NETDEV_CMD_NAPI_GET, netdev.NAPI, {"id": napi_id},

@@ -1,28 +1,23 @@
 """open_receiver: pick a provider for a socket (or take the one asked for) and wrap it in a
-Receiver; "auto" tries zcrx on the socket's device, then devmem, then soft, and says why."""
+Receiver; "auto" tries the providers in the order of zcnet.rx.zc.providers (zcrx on the
+socket's device, then devmem, then soft) and says why."""
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from zcnet.errors import UsageError, ZcnetError, require_int
-from zcnet.rx.zc.devmem import open_devmem
 from zcnet.rx.zc.devnote import device_note
-from zcnet.rx.zc.provider import Provider, build_or_close
+from zcnet.rx.zc.provider import NicProvider, Provider, build_or_close
+from zcnet.rx.zc.providers import AUTO, PROVIDERS, Option, ProviderInfo
 from zcnet.rx.zc.receiver import Receiver
-from zcnet.rx.zc.soft import open_soft
-from zcnet.rx.zc.zcrx import open_zcrx
 from zcnet.sockcheck import require_tcp
 
 log = logging.getLogger(__name__)
 
-# The providers open_receiver can take by name, in the order "auto" tries them.
-_OPENERS: dict[str, Callable[..., Provider]] = {
-    "zcrx": open_zcrx, "devmem": open_devmem, "soft": open_soft}
-PROVIDERS = tuple(_OPENERS)
+__all__ = ["PROVIDERS", "open_receiver"]
 
 
 def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
@@ -59,47 +54,38 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
     if not 0.0 < max_held <= 1.0:
         raise UsageError(f"max_held must be in (0, 1], got {max_held}")
     fd = require_tcp(sock, "zero-copy receiver")
-    mem: dict[str, Any] = {"hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd}
-    nic: dict[str, Any] = {"ifname": ifname, "queue": queue}
-    soft_kw: dict[str, Any] = {"buf_size": buf_size, "hugetlb": hugetlb,
-                               "incremental": incremental, "dmabuf_fd": dmabuf_fd}
+    options: dict[str, Option] = {
+        "buf_size": buf_size, "hugetlb": hugetlb, "dmabuf_fd": dmabuf_fd, "ifname": ifname,
+        "queue": queue, "incremental": incremental, "rx_buf_len": rx_buf_len}
 
-    def wrap(p: Provider, why: str) -> Receiver:
-        if p.name in ("zcrx", "devmem") and (note := device_note(getattr(p, "ifname", ifname))):
+    def opened(info: ProviderInfo, **extra: Option) -> Provider:
+        return info.open(fd, area_size, **{k: options[k] for k in info.options}, **extra)
+
+    def wrap(info: ProviderInfo, p: Provider, why: str) -> Receiver:
+        if info.needs_nic and (note := device_note(cast(NicProvider, p).ifname or ifname)):
             why = f"{why}; {note}"
         return build_or_close(
             lambda: Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why),
             p.close, p.area.close)
 
-    if provider == "soft":
-        return wrap(_open("soft", fd, area_size, **soft_kw), "soft provider requested")
-    if provider == "zcrx":
-        p = _open("zcrx", fd, area_size, **mem, **nic, rx_buf_len=rx_buf_len)
-        return wrap(p, f"zcrx requested; {p.note}")
-    if provider == "devmem":
-        return wrap(_open("devmem", fd, area_size, dmabuf_fd=dmabuf_fd, **nic),
-                    "devmem requested")
+    info = PROVIDERS.get(provider)
+    if info is not None:
+        p = opened(info)
+        return wrap(info, p, info.requested.format(note=p.note))
     if provider != "auto":
         raise UsageError(f"unknown zero-copy provider {provider!r}",
                          f"choose one of {', '.join((*PROVIDERS, 'auto'))}")
-    reasons = []
-    try:
-        return wrap(_open("zcrx", fd, area_size, **mem, **nic, copy=False),
-                    "zcrx: the socket's device supports it")
-    except ZcnetError as e:
-        reasons.append(f"zcrx: {e.message}")
-    if dmabuf_fd is None:
-        reasons.append("devmem: no dma-buf given")
-    else:
+    reasons: list[str] = []
+    for info in AUTO:
+        why = info.auto_why.format(reasons="; ".join(reasons))
+        if info is AUTO[-1]:  # the last resort: no fallback left, its errors are the user's
+            log.info("zero-copy provider for fd %d: %s", fd, why)
+            return wrap(info, opened(info, **info.auto_options), why)
+        if info.auto_needs is not None and options[info.auto_needs[0]] is None:
+            reasons.append(f"{info.name}: {info.auto_needs[1]}")
+            continue
         try:
-            return wrap(_open("devmem", fd, area_size, dmabuf_fd=dmabuf_fd, **nic),
-                        "devmem: " + "; ".join(reasons))
+            return wrap(info, opened(info, **info.auto_options), why)
         except ZcnetError as e:
-            reasons.append(f"devmem: {e.message}")
-    why = "soft, because " + "; ".join(reasons)
-    log.info("zero-copy provider for fd %d: %s", fd, why)
-    return wrap(_open("soft", fd, area_size, **soft_kw), why)
-
-
-def _open(name: str, fd: int, area_size: int, **kw: Any) -> Provider:
-    return _OPENERS[name](fd, area_size, **kw)
+            reasons.append(f"{info.name}: {e.message}")
+    raise AssertionError("unreachable: the last provider is returned or raises")

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+import numpy as np
+
 from zcnet.errors import UsageError, require_int
 from zcnet.rx.zc.area import Area
 from zcnet.uapi import io_uring as u
@@ -42,18 +44,23 @@ SOFT_STOPS = {errno.ENOBUFS: "exhausted", errno.ECANCELED: "rearm"}
 SOFT_COPIES = "soft provider: the kernel copies every byte into the provided buffers"
 
 
+#: What a provider delivers per buffer: a list of ints, or (vectorizing providers) an array.
+IntSeq = list[int] | np.ndarray
+
+
 @dataclass
 class Delivery:
     """What one reap produced: parallel lists, one entry per received fragment.
 
     ``end`` is None while the stream continues, 0 at EOF, or -errno when the stream failed.
     ``stopped`` is set when delivery stopped without ending the stream (buffers exhausted, CQ
-    overflow): the Receiver re-arms once it may.
+    overflow): the receive core re-arms once it may. Offsets, lengths and tokens are lists,
+    or arrays from a provider that vectorizes its round.
     """
 
-    offsets: list[int] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    offsets: IntSeq = field(default_factory=list)
+    lengths: IntSeq = field(default_factory=list)
+    tokens: IntSeq = field(default_factory=list)
     #: devmem only: fragments that arrived in host memory instead of the area, by list position
     #: (their offset and token are -1); rare, and a setup problem the provider reports.
     linear: dict[int, bytes] = field(default_factory=dict)
@@ -74,11 +81,20 @@ class CopyCount:
 
 
 class Provider(Protocol):
+    """The provider model: the kernel side of one receiver. Its round function is ``reap``
+    (completions in, a Delivery out); the receive core (zcnet.rx.zc.core) owns the receive's
+    state (armed, stopped, ended), so a provider only acts: arm, reap, recycle, close."""
+
     name: str
     area: Area
-    armed: bool
     #: Why this provider was chosen (for "auto") or a note about its setup.
     note: str
+
+    @property
+    def ring(self) -> Ring | None:
+        """The io_uring whose completions deliver the data, for an event loop to wait on;
+        None when the provider reads the socket itself (devmem), shares a ring (a loop's), or
+        is closed."""
 
     def arm(self) -> None:
         """Start (or restart) delivery into the area."""
@@ -90,7 +106,7 @@ class Provider(Protocol):
         """Wait up to ``timeout`` seconds (None: until something happens) and collect what the
         kernel delivered."""
 
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+    def recycle(self, tokens: IntSeq, lengths: IntSeq) -> None:
         """Give buffers back to the kernel; a provider that cannot take them all now (refill
         ring full) holds the rest and retries on the next call, it never drops one."""
 
@@ -104,10 +120,48 @@ class Provider(Protocol):
         """The bytes the kernel copied rather than placing them by DMA (readable after
         close)."""
 
-    def close(self) -> None:
-        """Release kernel resources; the area stays mapped (chunks may still be held).
-        Idempotent; afterwards arm, can_arm, reap and recycle raise ClosedError (their memory
-        is unmapped), while held_back, extra_stats and kernel_copy still read."""
+    def quiesce(self, armed: bool) -> bool:
+        """Ahead of close: stop the receive if ``armed`` (and it can be stopped), so the
+        releases given back next leave the provider's buffers whole. True when no receive
+        is armed any more."""
+
+    def recycle_closed(self, tokens: list[int]) -> None:
+        """Buffers released after close (any thread): back to whoever outlives the receiver
+        (an event loop's pool), or nowhere."""
+
+    def close(self, armed: bool = False) -> bool:
+        """Release kernel resources, cancelling the receive first when ``armed``; the area
+        stays mapped (chunks may still be held). True when no receive can write to the area
+        any more (False: a cancel the kernel did not confirm). Idempotent; afterwards arm,
+        can_arm, reap and recycle raise ClosedError (their memory is unmapped), while
+        held_back, extra_stats and kernel_copy still read."""
+
+
+class NicProvider(Provider, Protocol):
+    """A provider registered on a NIC queue (zcrx, devmem): it may be opened before the
+    connection exists (an engine registers the queue first) and names its device."""
+
+    #: The interface it registered on (None: zcrx's copy mode, no device).
+    ifname: str | None
+
+    def attach(self, fd: int) -> None:
+        """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
+
+
+class ProviderBase:
+    """What most providers share of the model: no held-back buffers, nothing to stop ahead of
+    close, nothing to do with buffers released after it."""
+
+    __slots__ = ()
+
+    def held_back(self) -> int:
+        return 0
+
+    def quiesce(self, armed: bool) -> bool:
+        return not armed
+
+    def recycle_closed(self, tokens: list[int]) -> None:
+        return None
 
 
 T = TypeVar("T")

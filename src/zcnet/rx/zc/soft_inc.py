@@ -31,6 +31,7 @@ from zcnet.rx.zc.provider import (
     SOFT_STOPS,
     CopyCount,
     Delivery,
+    ProviderBase,
     buffer_count,
     build_or_close,
     close_ring,
@@ -43,7 +44,7 @@ from zcnet.uring.prep import prep_recv_multishot
 from zcnet.uring.ring import Ring
 
 
-class IncrementalSoftProvider:
+class IncrementalSoftProvider(ProviderBase):
     name = "soft"
 
     def __init__(self, fd: int, area: Area, buf_size: int) -> None:
@@ -52,7 +53,6 @@ class IncrementalSoftProvider:
         self.buf_size = buf_size
         self.entries = buffer_count(area.size, buf_size)
         self.note = f"{self.entries} incrementally filled buffers of {buf_size} bytes"
-        self.armed = False
         # Per buffer: chunks the application holds, and whether the kernel is done with it.
         # Lists, not arrays: they are read and written a few entries per round, where a list
         # index costs tens of nanoseconds and a numpy call a microsecond.
@@ -60,7 +60,7 @@ class IncrementalSoftProvider:
         self._done = [False] * self.entries
         ring = Ring(64, flags=RING_FLAGS, cq_entries=4096)
         self._ring: Ring | None = ring
-        self._buf = build_or_close(
+        self.buf = build_or_close(
             lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
                             incremental=True),
             ring.close)
@@ -68,14 +68,17 @@ class IncrementalSoftProvider:
     def can_arm(self) -> bool:
         if self._ring is None:
             raise ClosedError.of(self, "can_arm")
-        return self._buf.in_ring > 0
+        return self.buf.in_ring > 0
 
     def arm(self) -> None:
         if self._ring is None:
             raise ClosedError.of(self, "arm")
         prep_recv_multishot(self._ring, self.fd, BGID, RECV_UD)
         self._ring.submit()
-        self.armed = True
+
+    @property
+    def ring(self) -> Ring | None:
+        return self._ring
 
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
@@ -86,7 +89,7 @@ class IncrementalSoftProvider:
         keep = c.user_data == RECV_UD
         res = c.res[keep].tolist()
         flags = c.flags[keep].tolist()
-        filled, bs = self._buf.filled, self.buf_size
+        filled, bs = self.buf.filled, self.buf_size
         offsets, lengths, tokens = out.offsets, out.lengths, out.tokens
         refs, done = self._refs, self._done
         for r, f in zip(res, flags, strict=True):
@@ -101,7 +104,6 @@ class IncrementalSoftProvider:
             if not more:
                 done[bid] = True
         if res and not flags[-1] & u.IORING_CQE_F_MORE:
-            self.armed = False
             note_final(out, res[-1], SOFT_STOPS)
         return out
 
@@ -119,21 +121,17 @@ class IncrementalSoftProvider:
                 done[t] = False
                 ready.append(t)
         if ready:
-            self._buf.provide(np.array(ready, dtype=np.uint16))
-
-    def held_back(self) -> int:
-        return 0
+            self.buf.provide(np.array(ready, dtype=np.uint16))
 
     def extra_stats(self) -> dict[str, int]:
-        return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self._buf.in_ring,
+        return {"buffers": self.entries, "buf_size": self.buf_size, "in_ring": self.buf.in_ring,
                 "incremental": 1}
 
     def kernel_copy(self) -> CopyCount:
         return CopyCount(None, SOFT_COPIES, every_byte=True)
 
-    def close(self) -> None:
+    def close(self, armed: bool = False) -> bool:
         ring, self._ring = self._ring, None
         if ring is None:
-            return
-        close_ring(ring, self.armed, self._buf.close)
-        self.armed = False
+            return not armed
+        return close_ring(ring, armed, self.buf.close)

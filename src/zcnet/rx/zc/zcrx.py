@@ -56,7 +56,14 @@ import numpy as np
 from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import RECV_UD, CopyCount, Delivery, close_ring, reap_ready
+from zcnet.rx.zc.provider import (
+    RECV_UD,
+    CopyCount,
+    Delivery,
+    ProviderBase,
+    close_ring,
+    reap_ready,
+)
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.rx.zc.zcrx_reg import (
     Offers,
@@ -80,7 +87,7 @@ COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the 
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
 
 
-class ZcrxProvider:
+class ZcrxProvider(ProviderBase):
     """One zcrx interface queue and its ring. ``ifname`` None: copy mode (ZCRX_REG_NODEV)."""
 
     name = "zcrx"
@@ -94,7 +101,6 @@ class ZcrxProvider:
         self.mode = "copy" if self.copy else "device"
         self.ifname = ifname
         self.queue = queue
-        self.armed = False
         self._starved = False  # the last stop was -ENOMEM: arm again only after a recycle
         if ifname is None:
             ifindex = 0
@@ -114,7 +120,7 @@ class ZcrxProvider:
         self._consumed: int | None = None       # the refill ring's kernel head, last read
         self.flushes = 0
         with contextlib.ExitStack() as undo:
-            undo.callback(self.close)
+            undo.callback(self.close, False)
             if err := memlock_error(self._reg.locked_bytes()):
                 raise err
             self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
@@ -168,7 +174,10 @@ class ZcrxProvider:
             raise ClosedError.of(self, "arm")
         prep_recv_zc(self._ring, self.fd, self.ifq_id, RECV_UD)
         self._ring.submit()
-        self.armed = True
+
+    @property
+    def ring(self) -> Ring | None:
+        return self._ring
 
     def reap(self, timeout: float | None) -> Delivery:
         ring = self._ring
@@ -176,7 +185,6 @@ class ZcrxProvider:
             raise ClosedError.of(self, "reap")
         out = parse_completions(reap_ready(ring, timeout), fast=self.rq.accel)
         if out.end is not None or out.stopped:
-            self.armed = False
             self._starved = out.stopped == "exhausted"
             if self._starved and not self.copy and (self.rq.held
                                                     or self.rq.space() < self.rq.entries):
@@ -237,19 +245,20 @@ class ZcrxProvider:
             d["zcrx_copy_count"] = self._copied[0]  # copy-fallback CQEs (zcrx_stats)
         return d
 
-    def close(self) -> None:
+    def close(self, armed: bool = False) -> bool:
         self._read_region()  # the last readings, before the region goes
         ring, self._ring = self._ring, None
         region, self._region_map = self._region_map, None
         self._kstats = None
         with contextlib.ExitStack() as undo:
             undo.callback(self._reg.release)
-            # Closing the ring frees the ifq: the queue gets its normal page pool back.
+            # Closing the ring frees the ifq: the queue gets its normal page pool back (the
+            # kernel is done with the area then, whatever the cancel saw).
             if ring is not None:
-                close_ring(ring, self.armed, *(() if region is None else (region.close,)))
-                self.armed = False
+                close_ring(ring, armed, *(() if region is None else (region.close,)))
             elif region is not None:
                 region.close()
+        return True
 
 
 def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import errno
 import struct
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
+from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.provider import RECV_UD, Delivery, note_final
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Completions
-from zcnet.uring.syscall import accel_for, backend
+from zcnet.uring.syscall import backend
 
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 _OFF_MASK = np.uint64(OFF_MASK)
 _NO_OFFS = np.zeros(0, dtype=np.uint64)
 _NO_LENS = np.zeros(0, dtype=np.uint32)
 _UD_BYTES: dict[int, bytes] = {}
-# zcnet.uring._accel.zcrx_round's record per CQE.
+# zcnet.rx.zc._rxaccel.zcrx_round's record per CQE.
 _ROUND_RECORD = np.dtype({"names": ["token", "offset", "length"],
                           "formats": ["<u8", "<i8", "<i4"], "offsets": [0, 8, 16],
                           "itemsize": 24})
@@ -60,7 +61,7 @@ class RefillRing:
         self.produced = 0  # entries written over the ring's life
         # The whole push in one C call when everything fits (None: the numpy path, which also
         # holds back what does not fit); the provider parses its rounds with it too.
-        self.accel = accel_for(backend())
+        self.accel = rx_accel_for(backend())
         self._where = (mem, head, tail, rqes, entries)
 
     def _acquire_khead(self) -> int:
@@ -139,7 +140,8 @@ def _repeated(user_data: int, n: int) -> bytes:
     return b if len(b) == 8 * n else b[:8 * n]
 
 
-def parse_completions(c: Completions, user_data: int = RECV_UD, fast: Any = None) -> Delivery:
+def parse_completions(c: Completions, user_data: int = RECV_UD,
+                      fast: ModuleType | None = None) -> Delivery:
     """Data fragments and the stream's state from CQE32 completions of one RECV_ZC.
 
     The common round (every CQE is data of our RECV_ZC) gives arrays with no Python object per
