@@ -39,9 +39,9 @@ import collections
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 
@@ -60,8 +60,38 @@ class Future(Protocol[T]):
     def set_result(self, result: T, /) -> None: ...
     def set_exception(self, exception: BaseException, /) -> None: ...
     def cancel(self, msg: object = None) -> bool: ...
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
-    def __await__(self) -> Generator[Any, None, T]: ...
+    def add_done_callback(self, fn: Callable[[Future[T]], object], /) -> None: ...
+    def __await__(self) -> Generator[object, None, T]: ...
+
+
+class Pending(Protocol):
+    """A future as far as :func:`check_one_waiter` asks: done or not."""
+
+    def done(self) -> bool: ...
+
+
+class Event(Protocol):
+    """asyncio.Event or :class:`TrioEvent`: what the send side waits on."""
+
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> object: ...
+
+
+class Scope(Protocol):
+    """trio.CancelScope, as far as the trio loop uses it."""
+
+    def __enter__(self) -> object: ...
+    def __exit__(self, *exc: object) -> bool | None: ...
+    def cancel(self) -> None: ...
+
+
+class _RunVar(Protocol):
+    """trio.lowlevel.RunVar holding the run's loop."""
+
+    def get(self) -> TrioLoop: ...
+    def set(self, value: TrioLoop) -> object: ...
 
 
 class Timer(Protocol):
@@ -73,7 +103,7 @@ class Timer(Protocol):
 class Loop(Protocol):
     """The slice of asyncio's event loop zcnet.aio calls (see the module docstring)."""
 
-    def create_future(self) -> Any: ...
+    def create_future(self) -> Future[Any]: ...
     def call_soon(self, callback: Callable[..., object], *args: object) -> object: ...
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: object) -> object: ...
     def call_later(self, delay: float, callback: Callable[..., object],
@@ -156,18 +186,18 @@ def identity(loop: Loop) -> tuple[Callable[[], object], object]:
 
 # --- helpers the send side needs in both worlds ------------------------------------------------
 
-def event(loop: Loop) -> Any:
+def event(loop: Loop) -> Event:
     """An event with set/clear/is_set/wait for ``loop``."""
     return TrioEvent() if isinstance(loop, TrioLoop) else asyncio.Event()
 
 
-def shield(loop: Loop, fut: Future[T]) -> Any:
+def shield(loop: Loop, fut: Future[T]) -> Awaitable[T]:
     """An awaitable of ``fut`` whose waiter's cancellation leaves ``fut`` running (a
     :class:`TrioFuture` is never cancelled by its waiter)."""
     return fut if isinstance(loop, TrioLoop) else asyncio.shield(fut)
 
 
-async def wait_for(loop: Loop, aw: Any, timeout: float) -> None:
+async def wait_for(loop: Loop, aw: Awaitable[object], timeout: float) -> None:
     """Await ``aw`` for at most ``timeout`` s; raises the builtin TimeoutError after that."""
     if isinstance(loop, TrioLoop):
         with loop.trio.move_on_after(timeout) as scope:
@@ -186,7 +216,7 @@ async def wait_for(loop: Loop, aw: Any, timeout: float) -> None:
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
 
 
-def check_one_waiter(fut: Any) -> None:
+def check_one_waiter(fut: Pending | None) -> None:
     """Refuse a second task's wait while ``fut`` (the first task's) is awaited: the second
     would replace it, and the first would never wake (not by data, not by close). A cancelled
     asyncio waiter cancels its future; a trio waiter whose scope was cancelled leaves a
@@ -197,7 +227,7 @@ def check_one_waiter(fut: Any) -> None:
                      "receive from one task and hand chunks to others (a queue)")
 
 
-class TrioFuture:
+class TrioFuture(Generic[T]):
     """A one-shot result for trio tasks, shaped like asyncio.Future (see the module docstring).
     Callbacks run at once when it is settled (in the run's thread)."""
 
@@ -206,10 +236,10 @@ class TrioFuture:
     def __init__(self, trio: ModuleType) -> None:
         self._trio = trio
         self._state = _PENDING
-        self._result: Any = None
+        self._result: T | None = None
         self._exc: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._callbacks: list[Callable[[TrioFuture], object]] = []
+        self._waiters: list[object] = []  # trio tasks
+        self._callbacks: list[Callable[[TrioFuture[T]], object]] = []
 
     def done(self) -> bool:
         return self._state != _PENDING
@@ -217,7 +247,7 @@ class TrioFuture:
     def cancelled(self) -> bool:
         return self._state == _CANCELLED
 
-    def _settle(self, state: int, result: Any, exc: BaseException | None) -> None:
+    def _settle(self, state: int, result: T | None, exc: BaseException | None) -> None:
         if self._state != _PENDING:
             raise asyncio.InvalidStateError(f"{self!r} is already settled")
         self._state, self._result, self._exc = state, result, exc
@@ -228,7 +258,7 @@ class TrioFuture:
         for fn in callbacks:
             fn(self)
 
-    def set_result(self, result: Any, /) -> None:
+    def set_result(self, result: T, /) -> None:
         self._settle(_DONE, result, None)
 
     def set_exception(self, exception: BaseException, /) -> None:
@@ -240,14 +270,14 @@ class TrioFuture:
         self._settle(_CANCELLED, None, None)
         return True
 
-    def result(self) -> Any:
+    def result(self) -> T:
         if self._state == _PENDING:
             raise asyncio.InvalidStateError("the result is not set yet")
         if self._state == _CANCELLED:
             raise ClosedError("the zcnet.aio object was closed while a task waited on it")
         if self._exc is not None:
             raise self._exc
-        return self._result
+        return cast(T, self._result)  # set_result gave a T
 
     def exception(self) -> BaseException | None:
         if self._state == _CANCELLED:
@@ -256,19 +286,19 @@ class TrioFuture:
             raise asyncio.InvalidStateError("the result is not set yet")
         return self._exc
 
-    def add_done_callback(self, fn: Callable[[TrioFuture], object], /) -> None:
+    def add_done_callback(self, fn: Callable[[TrioFuture[T]], object], /) -> None:
         if self._state != _PENDING:
             fn(self)
         else:
             self._callbacks.append(fn)
 
-    async def _wait(self) -> Any:
+    async def _wait(self) -> T:
         if self._state == _PENDING:
             lowlevel = self._trio.lowlevel
             task = lowlevel.current_task()
             self._waiters.append(task)
 
-            def abort(_: object) -> Any:
+            def abort(_: object) -> object:
                 self._waiters.remove(task)
                 return lowlevel.Abort.SUCCEEDED
 
@@ -283,7 +313,7 @@ class TrioFuture:
                     self._waiters.remove(task)
         return self.result()
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[object, None, T]:
         return self._wait().__await__()
 
 
@@ -294,7 +324,7 @@ class TrioEvent:
 
     def __init__(self) -> None:
         self._set = False
-        self._fut: TrioFuture | None = None
+        self._fut: TrioFuture[None] | None = None
 
     def is_set(self) -> bool:
         return self._set
@@ -321,7 +351,7 @@ class _Watch:
 
     __slots__ = ("active", "callback", "fd", "scope")
 
-    def __init__(self, fd: int, callback: Callable[[], object], scope: Any) -> None:
+    def __init__(self, fd: int, callback: Callable[[], object], scope: Scope) -> None:
         self.fd = fd
         self.callback = callback
         self.scope = scope
@@ -331,7 +361,7 @@ class _Watch:
 class TrioTimer:
     """What TrioLoop.call_later returns: asyncio's TimerHandle, as far as zcnet.aio uses it."""
 
-    def __init__(self, scope: Any) -> None:
+    def __init__(self, scope: Scope) -> None:
         self.scope = scope
 
     def cancel(self) -> None:
@@ -347,7 +377,7 @@ class TrioLoop:
         self.token = trio.lowlevel.current_trio_token()
         self._ready: collections.deque[tuple[Callable[..., object], tuple[object, ...]]] = (
             collections.deque())
-        self._parked: Any = None  # the queue task, while it waits for callbacks
+        self._parked: object | None = None  # the queue task, while it waits for callbacks
         self._readers: dict[int, _Watch] = {}
         self._writers: dict[int, _Watch] = {}
         self._closed = False
@@ -396,7 +426,7 @@ class TrioLoop:
         self.trio.lowlevel.spawn_system_task(fire, name="zcnet.aio timer")
         return timer
 
-    def _unpark(self, _: object) -> Any:
+    def _unpark(self, _: object) -> object:
         self._parked = None
         return self.trio.lowlevel.Abort.SUCCEEDED
 
@@ -418,7 +448,7 @@ class TrioLoop:
 
     # --- fds ------------------------------------------------------------------------------------
     def _watch(self, table: dict[int, _Watch], fd: int, callback: Callable[..., object],
-               args: tuple[object, ...], wait: Callable[[int], Any]) -> None:
+               args: tuple[object, ...], wait: Callable[[int], Awaitable[object]]) -> None:
         cb = (lambda: callback(*args)) if args else callback
         w = table.get(fd)
         if w is not None:  # asyncio replaces the callback of a watched fd
@@ -429,7 +459,7 @@ class TrioLoop:
         w = table[fd] = _Watch(fd, cb, self.trio.CancelScope())
         self.trio.lowlevel.spawn_system_task(self._watching, w, wait, name=f"zcnet.aio fd {fd}")
 
-    async def _watching(self, w: _Watch, wait: Callable[[int], Any]) -> None:
+    async def _watching(self, w: _Watch, wait: Callable[[int], Awaitable[object]]) -> None:
         trio = self.trio
         try:
             with w.scope:
@@ -463,7 +493,7 @@ class TrioLoop:
         return self._unwatch(self._writers, fd)
 
     # --- the rest of the slice ------------------------------------------------------------------
-    def create_future(self) -> TrioFuture:
+    def create_future(self) -> TrioFuture[Any]:
         return TrioFuture(self.trio)
 
     def is_closed(self) -> bool:
@@ -497,7 +527,8 @@ class TrioLoop:
         close_leftovers(self.open, "its trio run ended")
 
 
-_run_var: Any = None  # trio.lowlevel.RunVar holding the run's TrioLoop, made with the first
+# The trio.lowlevel.RunVar holding each run's TrioLoop, made on first use.
+_run_var: _RunVar | None = None
 
 
 def _trio_loop(trio: ModuleType) -> TrioLoop:
