@@ -19,11 +19,9 @@
 /* The kernel's constants come from zcnet.uapi through the constructors (one place for the ABI). */
 
 enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
-/* zcnet.rx.zc.core.Phase */
-enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
 
 /* Interned attribute names, ``la_name.<field>`` (module.c interns them at import). */
-#define LA_NAMES(X)                                                                       \
+#define LA_NAMES(X) \
     X(fd, "fd") X(inbox, "inbox") X(on_ready, "on_ready") X(closed, "closed") \
     X(owner_tid, "owner_tid") X(phase, "phase") X(arx_closed, "_closed") \
     X(registered, "registered") X(in_ring, "in_ring") X(head, "head") X(tail, "tail") \
@@ -36,8 +34,9 @@ enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
     X(entries_addr, "entries_addr") X(base, "base") X(entries, "entries") X(mask, "mask") \
     X(buf_size, "buf_size") X(ring, "ring") X(fast, "fast") X(failed, "_round_failed") \
     X(eof, "eof") X(waiting_release, "waiting_release") X(wbuf, "wbuf") X(st, "st") \
-    X(write, "write") X(send_failed, "_send_failed") X(buffer_rest, "_buffer_rest") X(rx, "_rx") \
-    X(offset, "_offset") X(length, "_length") X(tok, "_tok") X(stream_offset, "_stream_offset") \
+    X(write, "write") X(send_failed, "_send_failed") X(buffer_rest, "_buffer_rest") \
+    X(rx, "_rx") X(offset, "_offset") X(length, "_length") X(tok, "_tok") \
+    X(stream_offset, "_stream_offset") \
     X(waiter, "waiter") X(done, "done") X(set_result, "set_result") X(extend, "extend") \
     X(throw, "throw") X(close, "close") X(fileno, "fileno") X(sending, "_sending") \
     X(sends, "sends") X(bytes, "bytes") X(offsets, "_offsets") X(lengths, "_lengths") \
@@ -83,15 +82,6 @@ static inline int as_ll(PyObject *v, PyObject *name, long long *out) {
     }
     *out = PyLong_AsLongLong(v);
     return !(*out == -1 && PyErr_Occurred());
-}
-
-static inline int get_ll(PyObject *o, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (!v)
-        return 0;
-    int ok = as_ll(v, name, out);
-    Py_DECREF(v);
-    return ok;
 }
 
 /* The attributes a pass reads and writes each time are __slots__ members of their classes
@@ -185,23 +175,6 @@ static inline int iset(PyObject *o, PyObject *name, PyObject *v) {
         return 0;
     }
     return PyObject_SetAttr(o, name, v);
-}
-
-static inline int as_ptr(PyObject *o, void **out) {
-    *out = PyLong_AsVoidPtr(o);
-    return !(*out == NULL && PyErr_Occurred());
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few, sq_flags,  */
-/*        work_mask, getevents, local_bits)                                                 */
-
-/* Keep the pending exception in *exc when it is the first (else drop it). */
-static inline void keep_first(Exc *exc) {
-    if (exc->type == NULL)
-        *exc = exc_take();
-    else
-        PyErr_Clear();
 }
 
 /* 1 when called from the owner's thread with its loop running (``running``: the loop's

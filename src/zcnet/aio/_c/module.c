@@ -2,26 +2,27 @@
  *
  * Four objects, each a C version of a Python hot path that stays in place as the fallback:
  *
- * - Router: takes every ready CQE off the loop's shared io_uring and hands each member (one
- *   receiver) its own, as zcnet.aio.shared.LoopRing does in Python: a few CQEs as a list of
- *   (local user_data, res, flags) tuples, many as a Completions made from the raw CQEs with the
- *   user_data made local; then calls the member's on_ready() or kick().
- * - Round: one receive round of a ZcTransport (zcnet.aio.protocol) in the common case: every
- *   released chunk goes back to the buffer ring, every completion is data of the receive in
- *   one buffer, the chunks are made and given to the protocol's chunk_received. Data that ended
- *   the multishot (a bundle took the ring's last buffer) is delivered the same way, and the
- *   next round re-arms the receive through the provider's own arm(). A pooled receiver's
- *   round (zcnet.aio.pool: a buffer group shared by the loop's receivers) takes each buffer
- *   by the id its completion names, since other receivers' completions interleave in ring
- *   order, and leaves re-arming to the pool's pacing in Python. Anything else (a batch
- *   or coalesced chunk released, an error or EOF completion, back-pressure, a closed receiver,
- *   a buffer ring out of step, a double release) returns FALLBACK before changing anything,
- *   and the Python round runs with its own checks and errors.
- *   Its take() and take_batch() are the same round for an AsyncReceiver's ``recv`` and
- *   ``recv_batch``, returning the chunks (or one Batch) instead of calling a protocol.
- * - Anext: an AsyncReceiver's ``__anext__`` on such a round, as an awaitable with no
- *   coroutine frame; anything but a chunk now or a wait for data goes to the Python step.
- * - CopySend: a copy sender's ``sendall`` when the socket takes the bytes at once.
+ * - Router (router.c): takes every ready CQE off the loop's shared io_uring and hands each
+ *   member (one receiver) its own, as zcnet.aio.shared.LoopRing does in Python: a few CQEs as a
+ *   list of (local user_data, res, flags) tuples, many as a Completions made from the raw CQEs
+ *   with the user_data made local; then calls the member's on_ready() or kick().
+ * - Round (round.c): one receive round of a ZcTransport (zcnet.aio.protocol) in the common
+ *   case: every released chunk goes back to the buffer ring, every completion is data of the
+ *   receive in one buffer, the chunks are made and given to the protocol's chunk_received. Data
+ *   that ended the multishot (a bundle took the ring's last buffer) is delivered the same way,
+ *   and the next round re-arms the receive through the provider's own arm(). A pooled
+ *   receiver's round (zcnet.aio.pool: a buffer group shared by the loop's receivers) takes each
+ *   buffer by the id its completion names, since other receivers' completions interleave in
+ *   ring order, and leaves re-arming to the pool's pacing in Python. Anything else (a batch or
+ *   coalesced chunk released, an error or EOF completion, back-pressure, a closed receiver, a
+ *   buffer ring out of step, a double release) returns FALLBACK before changing anything, and
+ *   the Python round runs with its own checks and errors. Its take() and take_batch() are the
+ *   same round for an AsyncReceiver's ``recv`` and ``recv_batch``, returning the chunks (or one
+ *   Batch) instead of calling a protocol.
+ * - Anext (anext.c, with its awaitable AnextOp): an AsyncReceiver's ``__anext__`` on such a
+ *   round, as an awaitable with no coroutine frame; anything but a chunk now or a wait for data
+ *   goes to the Python step.
+ * - CopySend (copysend.c): a copy sender's ``sendall`` when the socket takes the bytes at once.
  *
  * Router and Round work on mapped memory through raw pointers: they check the ring's fd (and
  * the buffer ring's registration) before every access; the Python owners close them before
@@ -30,9 +31,8 @@
  * Built at install time when a C compiler exists (setup.py, optional); without it, or with
  * ZCNET_PURE=1 in the environment, the Python path runs.
  *
- * Files: router.c, round.c, anext.c (Anext and AnextOp), copysend.c; loopaccel.h holds what
- * they share (the interned names, the in-place slot access, the type boilerplate); this file
- * the module and the state they share.
+ * loopaccel.h holds what the files share (the interned names, the in-place slot access, the
+ * type boilerplate); this file holds the module and the state behind those.
  */
 #include "loopaccel.h"
 

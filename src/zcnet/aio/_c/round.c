@@ -9,6 +9,18 @@
 /* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
 /*       buffer_shift); transport None: an AsyncReceiver's, for take() only                 */
 
+/* zcnet.rx.zc.core.Phase */
+enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
+
+static int get_ll(PyObject *o, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v)
+        return 0;
+    int ok = as_ll(v, name, out);
+    Py_DECREF(v);
+    return ok;
+}
+
 struct Round {
     PyObject_HEAD
     PyObject *tr, *st, *rx, *member, *prov, *bufring, *cls, *queue, *stats;
@@ -53,7 +65,8 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
         return -1;
     }
-    PyObject *const names[5] = {la_name.rx, la_name.offset, la_name.length, la_name.tok, la_name.stream_offset};
+    PyObject *const names[5] = {la_name.rx, la_name.offset, la_name.length, la_name.tok,
+                                la_name.stream_offset};
     Py_ssize_t offs[5];
     for (int i = 0; i < 5; i++)
         if (!(offs[i] = type_slot_offset((PyTypeObject *)cls, names[i]))) {
@@ -62,7 +75,8 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
         }
     /* A Batch class: the chunk's held-object slots at the same offsets (``names`` 0, 2, 3, 4),
      * and its own three. */
-    PyObject *const bnames[7] = {la_name.rx, la_name.length, la_name.tok, la_name.stream_offset, la_name.offsets, la_name.lengths,
+    PyObject *const bnames[7] = {la_name.rx, la_name.length, la_name.tok,
+                                 la_name.stream_offset, la_name.offsets, la_name.lengths,
                                  la_name.linear};
     const int same[4] = {0, 2, 3, 4};
     Py_ssize_t boffs[7] = {0};
@@ -293,7 +307,8 @@ static int flush_releases(Round *r, PyObject *buf) {
     BufState bs, *b = &bs;
     long long rel, relb;
     if (verdict == 1 && (verdict = is_open(r->rx)) == 1 && (verdict = ring_now(r, buf, b)) == 1 &&
-        !(iget_ll(r->stats, la_name.released, &rel) && iget_ll(r->stats, la_name.released_bytes, &relb)))
+        !(iget_ll(r->stats, la_name.released, &rel) &&
+          iget_ll(r->stats, la_name.released_bytes, &relb)))
         verdict = 0;
     PyObject **items = verdict == 1 ? PyMem_Malloc((size_t)n * sizeof *items) : NULL;
     if (verdict == 1 && !items) {
@@ -319,7 +334,8 @@ static int flush_releases(Round *r, PyObject *buf) {
         b->tail = t & 0xFFFF;
         b->in_ring += ids.n;
         buf_publish_tail(b->entries, (uint16_t)b->tail); /* after the entries above */
-        verdict = iset_ll(buf, la_name.tail, b->tail) && iset_ll(buf, la_name.in_ring, b->in_ring) &&
+        verdict = iset_ll(buf, la_name.tail, b->tail) &&
+                  iset_ll(buf, la_name.in_ring, b->in_ring) &&
                   iset_ll(r->stats, la_name.released, rel + ids.n) &&
                   iset_ll(r->stats, la_name.released_bytes, relb + nbytes);
     } else
@@ -618,7 +634,8 @@ PyObject *la_round_run(Round *r, PyObject *unused) {
     if (!r->tr || !r->st)
         return PyLong_FromLong(FALLBACK); /* cleared by the cycle collector, or a receiver's */
     /* The transport: receiving (not closing, paused, at EOF or waiting for a release). */
-    PyObject *const flags[4] = {la_name.closing, la_name.paused, la_name.eof, la_name.waiting_release};
+    PyObject *const flags[4] = {la_name.closing, la_name.paused, la_name.eof,
+                                la_name.waiting_release};
     for (int i = 0; i < 4; i++)
         if ((v = iget_true(r->st, flags[i])) != 0)
             return v < 0 ? NULL : PyLong_FromLong(FALLBACK);

@@ -14,6 +14,19 @@
 /* Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few, sq_flags,  */
 /*        work_mask, getevents, local_bits)                                                 */
 
+static int as_ptr(PyObject *o, void **out) {
+    *out = PyLong_AsVoidPtr(o);
+    return !(*out == NULL && PyErr_Occurred());
+}
+
+/* Keep the pending exception in *exc when it is the first (else drop it). */
+static void keep_first(Exc *exc) {
+    if (exc->type == NULL)
+        *exc = exc_take();
+    else
+        PyErr_Clear();
+}
+
 typedef struct {
     PyObject_HEAD
     PyObject *ring, *members, *completions_of;
