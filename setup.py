@@ -14,6 +14,7 @@ from setuptools import Extension, setup
 _SHARED = {"include_dirs": ["src/zcnet"], "optional": True}
 _HEADERS = ["src/zcnet/_cqe.h", "src/zcnet/_bufring.h", "src/zcnet/_ints.h", "src/zcnet/_slots.h"]
 _RX = "src/zcnet/rx/zc/_c/"
+_LOOP = "src/zcnet/aio/_c/"
 
 setup(ext_modules=[Extension("zcnet.uring._accel",
                              ["src/zcnet/uring/_accel.c", "src/zcnet/uring/_accel_bufring.c"],
@@ -21,5 +22,7 @@ setup(ext_modules=[Extension("zcnet.uring._accel",
                    Extension("zcnet.rx.zc._rxaccel",
                              [_RX + f for f in ("module.c", "chunks.c", "chunkiter.c", "ints.c")],
                              depends=[*_HEADERS, _RX + "rxaccel.h"], **_SHARED),
-                   Extension("zcnet.aio._loopaccel", ["src/zcnet/aio/_loopaccel.c"],
-                             depends=_HEADERS, **_SHARED)])
+                   Extension("zcnet.aio._loopaccel",
+                             [_LOOP + f for f in ("module.c", "router.c", "round.c", "anext.c",
+                                                  "copysend.c")],
+                             depends=[*_HEADERS, _LOOP + "loopaccel.h"], **_SHARED)])

@@ -144,8 +144,13 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple
 
 
 def built_at(source: Path) -> float:
-    """When the extension module next to ``source`` (its directory holds one) was written."""
-    return max((so.stat().st_mtime for so in source.parent.glob("*.so")), default=0.0)
+    """When the extension module built from ``source`` was written: the one in the nearest
+    directory above it that holds one (next to it, or its package's for a ``_c/`` source)."""
+    for d in source.parents:
+        times = [so.stat().st_mtime for so in d.glob("*.so")]
+        if times:
+            return max(times)
+    return 0.0
 
 
 def main() -> int:

@@ -61,7 +61,11 @@ declare -A TESTS=(
   # is a plain tree, not an instrumented one.
   [uring/_accel.c]="tests/uring/test_uring_ring.py tests/uring/test_ring_hostile.py tests/uring/test_accel_bounds.py tests/uring/test_accel_cqe.py"
   [rx/zc/_c/chunks.c]="tests/rx/test_zc_api.py tests/rx/test_zc_soft.py tests/rx/test_zc_fastpath.py tests/uring/test_accel_bounds.py tests/rx/test_zc_zcrx.py"
-  [aio/_loopaccel.c]="tests/aio/test_aio_loopaccel.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_fastpaths.py tests/aio/test_aio_reentry.py tests/aio/test_aio_protocol.py"
+  # zcnet.aio._loopaccel, a file per object (module.c only interns names and adds the types)
+  [aio/_c/router.c]="tests/aio/test_aio_loopaccel.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_shared.py tests/aio/test_aio_reentry.py tests/aio/test_aio_protocol.py"
+  [aio/_c/round.c]="tests/aio/test_aio_loopaccel.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_fastpaths.py tests/aio/test_aio_reentry.py tests/aio/test_aio_protocol.py"
+  [aio/_c/anext.c]="tests/aio/test_aio_fastpaths.py tests/aio/test_aio_loopaccel_gc.py tests/aio/test_aio_loopaccel.py tests/aio/test_aio_receiver.py"
+  [aio/_c/copysend.c]="tests/aio/test_aio_fastpaths.py tests/aio/test_aio_sender.py tests/aio/test_aio_loopaccel_gc.py"
 )
 # The targets first (rx/zc/api.py only re-exports: its code is chunks, receiver,
 # debugviews and opener; zcrx's is zcrx, zcrx_reg, zcrx_rings and netqueue), then the rest of
@@ -71,7 +75,8 @@ ORDER=(rx/zc/chunks.py rx/zc/receiver.py rx/zc/debugviews.py rx/zc/opener.py rx/
        tx/sendzc.py rx/zc/soft_inc.py rx/zc/area.py rx/zc/bookkeeping.py rx/zc/provider.py
        rx/zc/engines.py tx/senders.py tx/zerocopy.py uring/bufring.py nic/setup.py
        aio/receiver.py aio/shared.py aio/pool.py aio/protocol.py aio/sender.py aio/wakeup.py
-       aio/sockets.py aio/backend.py rx/zc/_c/chunks.c uring/_accel.c aio/_loopaccel.c)
+       aio/sockets.py aio/backend.py rx/zc/_c/chunks.c uring/_accel.c aio/_c/router.c
+       aio/_c/round.c aio/_c/anext.c aio/_c/copysend.c)
 
 modules=("$@")
 ((${#modules[@]})) || modules=("${ORDER[@]}")

@@ -20,14 +20,13 @@ import weakref
 from typing import TypeVar
 
 from zcnet.aio.backend import (
-    Loop,
-    LoopBound,
     TrioLoop,
     close_leftovers,
     current_loop,
     identity,
     running_library,
 )
+from zcnet.aio.looptypes import Loop, LoopBound
 from zcnet.errors import ZcnetError
 
 

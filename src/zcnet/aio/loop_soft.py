@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
-from zcnet.aio.backend import Loop
+from zcnet.aio.looptypes import Loop
 from zcnet.aio.shared import MemberRing, loop_ring
 from zcnet.errors import ClosedError
 from zcnet.rx.zc.area import Area

@@ -53,8 +53,8 @@ import contextlib
 import threading
 from collections import deque
 
-from zcnet.aio.backend import Loop, Timer
 from zcnet.aio.loop_soft import OnLoopRing
+from zcnet.aio.looptypes import Loop, Timer
 from zcnet.aio.shared import LoopRing, MemberRing, loop_ring
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.area import Area

@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
-from zcnet.aio.backend import Loop
 from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
 from zcnet.aio.loop_soft import OnLoopRing, open_shared_soft
+from zcnet.aio.looptypes import Loop
 from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import ROUND_DONE, MemberRing, compiled_round
 from zcnet.aio.sockets import check_tcp_socket

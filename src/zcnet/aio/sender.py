@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from zcnet.aio import backend
-from zcnet.aio.backend import Future
 from zcnet.aio.loop import Owner, track, untrack
+from zcnet.aio.looptypes import Future
 from zcnet.aio.shared import loop_accel
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.aio.wakeup import Wakeup

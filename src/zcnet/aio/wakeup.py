@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 
 from zcnet.aio import backend
-from zcnet.aio.backend import Future, Loop
+from zcnet.aio.looptypes import Future, Loop
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Ring
 
