@@ -577,17 +577,15 @@ def test_bench_zcrx_and_devmem_cells_are_ok_and_labelled(no_leaks, tmp_path):
     assert _ours() == []
 
 
-def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
-    """The real-NIC form of `zcnet reproduce mlx5-zcrx`: side b receives on its netdevsim port
-    (`nic setup`: HDS on, the data port's flow rule to QUEUE, RSS off it), side a runs the
-    sending `zcnet server`; no substitutions, and the kernel copies nothing."""
-    lab = ready
+def _reproduce(lab: Lab, tmp_path: Path, name: str) -> tuple[dict, str]:
+    """`zcnet reproduce NAME` in its real-NIC form: side b receives on its netdevsim port (set
+    up by ``ready``), side a runs the sending `zcnet server`; the JSON and Markdown written."""
     token = tmp_path / "token"
+    out = tmp_path / "out"
     with NetnsServer(host=lab.addr_a, netns=lab.ns_a) as server:
         token.write_bytes(server.token + b"\n")
         token.chmod(0o600)
-        out = tmp_path / "out"
-        proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", "mlx5-zcrx",
+        proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", name,
                                       "--ifname", lab.if_b, "--remote", str(server.address),
                                       "--token-file", str(token), "--queue", str(QUEUE),
                                       "--data-port", str(PORT),
@@ -595,7 +593,14 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, stderr = proc.communicate(timeout=1200)
     assert proc.returncode == 0, stderr[-2000:]
-    doc = json.loads((out / "mlx5-zcrx.json").read_text())
+    return json.loads((out / f"{name}.json").read_text()), (out / f"{name}.md").read_text()
+
+
+def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
+    """The real-NIC form of `zcnet reproduce mlx5-zcrx`: side b receives on its netdevsim port
+    (`nic setup`: HDS on, the data port's flow rule to QUEUE, RSS off it), side a runs the
+    sending `zcnet server`; no substitutions, and the kernel copies nothing."""
+    doc, md = _reproduce(ready, tmp_path, "mlx5-zcrx")
     cells = doc["results"]
     assert not doc.get("substitutions"), doc.get("substitutions")
     # Rows at the ports' MTU run; the spec's other MTUs are refused naming the fix, as on a NIC.
@@ -610,7 +615,6 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
                for c in zcrx), zcrx
     assert all(c["engine_stats"]["kernel_copied_bytes"] == 0 for c in zcrx), zcrx
     # The report says so per row: the zcrx column of the 1500 row reads 100% zero-copy.
-    md = (out / "mlx5-zcrx.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 1500 "))
     assert row.rstrip(" |").endswith("100% zero-copy"), row
 
@@ -618,31 +622,13 @@ def test_reproduce_mlx5_zcrx_on_a_netdevsim_queue(ready, tmp_path):
 def test_reproduce_zcrx_refs_on_a_netdevsim_queue_reports_the_share_per_row(ready, tmp_path):
     """`zcnet reproduce zcrx-refs` on the netdevsim port: real zcrx (no substitution) in each
     placement x consumer cell, every row 100% zero-copy by the kernel's own counter."""
-    from zcnet.bench.remote import NetnsServer
-    from zcnet.netns import netns_popen
-
-    lab = ready
-    token = tmp_path / "token"
-    with NetnsServer(host=lab.addr_a, netns=lab.ns_a) as server:
-        token.write_bytes(server.token + b"\n")
-        token.chmod(0o600)
-        out = tmp_path / "out"
-        proc = netns_popen(lab.ns_b, [sys.executable, "-m", "zcnet", "reproduce", "zcrx-refs",
-                                      "--ifname", lab.if_b, "--remote", str(server.address),
-                                      "--token-file", str(token), "--queue", str(QUEUE),
-                                      "--data-port", str(PORT),
-                                      "--duration", "0.5", "--repeat", "1", "--out", str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _, stderr = proc.communicate(timeout=1200)
-    assert proc.returncode == 0, stderr[-2000:]
-    doc = json.loads((out / "zcrx-refs.json").read_text())
+    doc, md = _reproduce(ready, tmp_path, "zcrx-refs")
     assert not doc.get("substitutions"), doc.get("substitutions")
     cells = doc["results"]
     assert len(cells) == 4 and all(c["status"] == "ok" for c in cells), cells
     for c in cells:
         assert c["engine"] == "zcrx" and c["zcrx_mode"] == "device", c
         assert c["engine_stats"]["kernel_copied_bytes"] == 0, c["engine_stats"]
-    md = (out / "zcrx-refs.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith(("| same ", "| split "))]
     # Two placements x two consumers: each cell of each row reads 100% zero-copy.
     assert len(rows) == 2 and all(line.count("100% zero-copy") == 2 for line in rows), md
