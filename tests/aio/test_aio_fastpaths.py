@@ -572,7 +572,7 @@ def test_a_re_arm_that_fails_raises_from_the_receive_and_the_next_one_goes_on(
 @both_passes
 @pytest.mark.parametrize("step", ["recv_batch", "anext"])
 def test_a_re_arm_that_closes_the_receiver_raises_closed_not_a_wait(loop_kind, step, no_leaks):
-    """Python run by the re-arm (a GC pass inside arm(), here arm() itself) closes the
+    """Python run by the re-arm (a GC pass inside arm(), here a wrapper around it) closes the
     receiver: the receive raises ClosedError on both passes instead of waiting for completions
     that will never come."""
 
@@ -584,9 +584,20 @@ def test_a_re_arm_that_closes_the_receiver_raises_closed_not_a_wait(loop_kind, s
             b = await asyncio.wait_for(rx.recv_batch(), 10)
             assert b is not None
             b.release()
-        prov.arm = rx.close
+        arm = prov.arm
+
+        def arm_then_close() -> None:  # what a GC pass at the end of arm() could do
+            arm()
+            rx.close()
+
+        prov.arm = arm_then_close
+        # Not through wait_for: its timeout cancels the receive, whose ClosedError would then
+        # pass for the answer. A receive that waits instead of raising is still pending here.
+        task = asyncio.ensure_future(rx.recv_batch() if step == "recv_batch" else anext(rx))
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert task in done, "the receive waits for completions that will never come"
         with pytest.raises(ClosedError):
-            await asyncio.wait_for(rx.recv_batch() if step == "recv_batch" else anext(rx), 10)
+            task.result()
         assert rx.rx.closed
         await send
 

@@ -146,6 +146,8 @@ class AsyncReceiver(LoopResource):
         return bool(ring.cq_ready())
 
     async def _wait(self) -> None:
+        if self._closed:  # by what this round ran (GC in arm()): nothing would ever wake it
+            raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
         m = self._member
         if m is not None:
             fut = m.wait()
