@@ -137,6 +137,9 @@ class Replayed:
         self.kernel.feed()
         return super().reap(timeout)  # type: ignore[misc, no-any-return]
 
+    def quiesce(self, armed: bool) -> bool:
+        return True  # nothing armed in the kernel to cancel (the soft one would wait for it)
+
     def close(self, armed: bool = False) -> bool:
         self.kernel.cq.close()
         return super().close(False)  # type: ignore[misc, no-any-return]
