@@ -497,6 +497,17 @@ def _interrupt_after(p: subprocess.Popen[str], seconds: float) -> tuple[str, str
     return p.communicate(timeout=60)
 
 
+def _wait_for_results(out: Path, timeout: float = 60) -> None:
+    """Until the run's JSON holds a measured row (or ``timeout`` passes: the test then sees
+    what the run wrote)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(out.read_text())["results"]:
+                return
+        time.sleep(0.1)
+
+
 def test_txbench_ctrl_c_writes_what_was_measured(tmp_path: Path, no_leaks: None) -> None:
     out = tmp_path / "tx.json"
     p = subprocess.Popen([*ZCNET, "txbench", "--loopback", "--mode", "single,mmsg",
@@ -516,12 +527,7 @@ def test_bench_ctrl_c_keeps_cells_marked_incomplete(tmp_path: Path, no_leaks: No
                           "epoll,uring,uring-mshot,soft-zc", "--placement", "same",
                           "--duration", "1", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(out.read_text())["results"]:
-                break
-        time.sleep(0.1)
+    _wait_for_results(out)
     stdout, stderr = _interrupt_after(p, 0.2)
     assert p.returncode == 130 and "Traceback" not in stderr
     doc = json.loads(out.read_text())
