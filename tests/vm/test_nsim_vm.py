@@ -219,10 +219,11 @@ def test_setup_steers_the_port_to_the_queue_and_restore_undoes_it(lab, state_dir
         assert _state(dev) == before
 
 
+# Several queues by a rule per port go through the CLI in the 8-flow client test below (setup
+# and restore); the Python API runs every plan step by step in the rollback tests.
 @pytest.mark.parametrize("queues", [("--queue", str(QUEUE), "--port", str(PORT)),
-                                    ("--queues", "2,3", "--port", "9000-9003"),
                                     ("--queues", "2-3", "--port", str(PORT), "--rss-context")],
-                         ids=["one", "rule-per-port", "rss-context"])
+                         ids=["one", "rss-context"])
 def test_cli_setup_restore_doctor_passes_in_between(lab, state_dir, queues):
     args = (lab.if_b, "--netns", lab.ns_b)
     which = queues[:2]

@@ -340,12 +340,12 @@ def test_cli_exit_status_env_and_share(kernel: Kernel, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_timeout_kills_guest_and_shows_last_lines(kernel: Kernel) -> None:
-    # The guest boots in 3-4 s here (TCG); 30 s leaves room for a loaded machine without
-    # making every run wait as long as the old 120 s did.
-    rc, _, err = _finish(_zcnet("vm", "run", "--timeout", "30", "--", "sh", "-c",
+    # The guest boots in 3-4 s here (TCG); 20 s leaves five times that for a loaded machine
+    # without making every run wait as long as the old 120 s did.
+    rc, _, err = _finish(_zcnet("vm", "run", "--timeout", "20", "--", "sh", "-c",
                                 "echo about to hang; sleep 1000"))
     assert rc == 124
-    assert "did not finish within 30 s" in err and "about to hang" in err
+    assert "did not finish within 20 s" in err and "about to hang" in err
 
 
 @pytest.mark.slow
