@@ -90,9 +90,12 @@ def test_256mib_verified_refill_ring_wraps(pair):
         rq = rx.provider.rq
         assert rq.produced == st.released and rq.produced >= 1000 * rq.entries
         assert rq.held == 0 and rq.kernel_head() == rq.tail  # the flush consumed everything
-        # Copy mode copies every byte, and the kernel's own counter (zcrx_stats) says so.
+        # Copy mode copies every byte, and the kernel's own counter (zcrx_stats) says so, but
+        # for payload copied out of an skb's linear part, which io_zcrx_recv_skb (7.3) does not
+        # count: now and then a few bytes of the stream (docs/netdevsim.md).
         copied = rx.stats_dict()
-        assert (copied["kernel_copied_bytes"], copied["zero_copy_share"]) == (total, 0.0)
+        assert total - (64 << 10) <= copied["kernel_copied_bytes"] <= total, copied
+        assert copied["zero_copy_share"] == 0.0
         assert copied["kernel_copied_source"] == "zcrx_stats.copy_bytes"
     snd.join()
     assert snd.error is None
