@@ -16,13 +16,14 @@ PAT = StreamPattern(seed=4)
 
 
 class Sender(threading.Thread):
-    """Sends ``total`` pattern bytes, then closes (or resets when ``reset`` is set and the receiver
-    signals ``go_reset``)."""
+    """Sends ``total`` pattern bytes (from pattern offset ``base``), then closes (or resets when
+    ``reset`` is set and the receiver signals ``go_reset``)."""
 
     def __init__(self, sock: socket.socket, total: int, *, piece: int = 1 << 20,
-                 reset: bool = False) -> None:
+                 reset: bool = False, base: int = 0) -> None:
         super().__init__(daemon=True)
         self.sock, self.total, self.piece, self.reset = sock, total, piece, reset
+        self.base = base
         self.go_reset = threading.Event()
         self.error: BaseException | None = None
 
@@ -31,7 +32,7 @@ class Sender(threading.Thread):
             off = 0
             while off < self.total:
                 n = min(self.piece, self.total - off)
-                self.sock.sendall(PAT.expected(off, n))
+                self.sock.sendall(PAT.expected(self.base + off, n))
                 off += n
             if self.reset:
                 self.go_reset.wait(10)

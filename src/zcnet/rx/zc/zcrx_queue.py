@@ -18,11 +18,12 @@ Some facts that shape it (io_uring/zcrx.c and net.c, 7.3.4):
 - The ring is SINGLE_ISSUER: every enter and register must come from the thread that made it,
   so a queue and its members belong to that thread.
 
-Fairness: each member may hold ``share()`` buffers (the area's buffers over the members); a
-receive is armed with a cap of what is left of that share and is not re-armed while the share
-is used up. A connection that holds its chunks stalls alone: its data waits in its socket and
-TCP's window closes for that flow only. The cap counts bytes, the share buffers: in copy mode a
-buffer may hold less than its size, so a member holds about its share, not exactly.
+Fairness: each connection may hold ``share_bytes()`` (the area over its connections); its
+receive is armed with a cap of what is left of that and is not armed again while none is left.
+A connection that keeps its chunks stalls alone: its data waits in its socket and TCP's window
+closes for that flow only. The kernel enforces the cap in bytes; a buffer filled only partly
+(small packets on a device) holds fewer, so buffer-wise a connection may hold more than
+``share()`` there.
 """
 
 from __future__ import annotations

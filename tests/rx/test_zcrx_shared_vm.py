@@ -1,0 +1,194 @@
+"""Many TCP connections on one zcrx queue against a real 7.x kernel in copy mode
+(ZCRX_REG_NODEV, booted by `zcnet vm run`): one ifq, one ring and one refill ring for all of
+them, each connection's RECV_ZC capped to its share, completions routed by user_data. Every byte
+is checked against the stream its connection was sent. Copy mode has no NIC queue: what a device
+adds (its page pool reading the refill ring, SO_RCVBUF bounding the skbs that hold buffers)
+is tested on netdevsim and the fake kernel, not here.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from contextlib import ExitStack
+
+import pytest
+
+from zc_helpers import PAT, Sender
+from zcnet.errors import ClosedError
+from zcnet.rx.zc import Receiver
+from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx_queue
+
+pytestmark = pytest.mark.vm
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def copy_mode(no_leaks):
+    if not kernel_offers().copy_mode:
+        pytest.skip("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x); run the vm tests "
+                    "under `zcnet vm run`")
+
+
+def connections(stack: ExitStack, n: int) -> list[tuple[socket.socket, socket.socket]]:
+    """``n`` loopback TCP connections: (receiving, sending) pairs, closed with ``stack``."""
+    ls = stack.enter_context(socket.socket())
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(n)
+    out = []
+    for _ in range(n):
+        c = stack.enter_context(socket.create_connection(ls.getsockname()))
+        s, _ = ls.accept()
+        stack.enter_context(s)
+        out.append((s, c))
+    return out
+
+
+class Server:
+    """One thread serving every connection of a queue: ``ready()``, then ``recv(0)`` on each
+    one it names; each chunk checked at its connection's pattern offset (connection i's stream
+    starts at pattern offset i MiB, so a chunk routed to another connection fails)."""
+
+    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset()):
+        self.zq = zq
+        self.rx = [Receiver(s, zq.join(s.fileno()), max_held=1.0) for s in socks]
+        self.by_member = {rx.provider.mid: i for i, rx in enumerate(self.rx)}
+        self.got = [0] * len(socks)
+        self.done_at: list[float | None] = [None] * len(socks)
+        self.errors: dict[int, OSError] = {}
+        self.hold = hold
+        self.kept: list = []
+        self.most_held = 0
+
+    def run(self, until, timeout: float = 120) -> None:
+        start = time.monotonic()
+        while not until():
+            assert time.monotonic() - start < timeout, f"stuck: {self.got}"
+            for m in self.zq.ready(0.2):
+                i = self.by_member.get(m.mid)
+                if i is None or self.rx[i].closed:
+                    continue
+                rx = self.rx[i]
+                try:
+                    chunks = rx.recv(0)
+                except OSError as e:
+                    self.errors[i] = e
+                    self.done_at[i] = time.monotonic()
+                    continue
+                for c in chunks:
+                    assert c.stream_offset == self.got[i]
+                    assert PAT.matches(i * MIB + c.stream_offset, c.array), (
+                        f"connection {i}: wrong bytes at {c.stream_offset}")
+                    self.got[i] += c.length
+                    (self.kept.append(c) if i in self.hold else c.release())
+                if rx.eof and self.done_at[i] is None:
+                    self.done_at[i] = time.monotonic()
+            share = self.zq.share_bytes()
+            for rx in self.rx:
+                if not rx.closed:
+                    self.most_held = max(self.most_held, rx.provider.held_bytes)
+                    assert rx.provider.held_bytes <= share
+
+    def finished(self, i: int) -> bool:
+        return self.done_at[i] is not None
+
+
+def test_64_connections_on_one_queue_verified_none_starved(copy_mode):
+    """64 connections of 256 KiB each through one 16 MiB area (a 256 KiB share each): every
+    byte verified, no connection held more than its share on any round, and every connection's
+    throughput within 2x of the median; then every buffer is back and the queue is freed."""
+    n, total = 64, 256 << 10
+    with ExitStack() as stack:
+        pairs = connections(stack, n)
+        zq = stack.enter_context(open_zcrx_queue(16 * MIB, copy=True))
+        srv = Server(zq, [s for s, _ in pairs])
+        assert zq.share_bytes() == 256 << 10
+        start = time.monotonic()
+        senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
+                   for i, (_, c) in enumerate(pairs)]
+        for t in senders:
+            t.start()
+        srv.run(lambda: all(map(srv.finished, range(n))))
+        for t in senders:
+            t.join(10)
+            assert t.error is None
+        assert srv.got == [total] * n and not srv.errors
+        rates = [total / (t - start) for t in srv.done_at]  # type: ignore[operator]
+        med = statistics.median(rates)
+        assert all(med / 2 <= r <= med * 2 for r in rates), (min(rates), med, max(rates))
+        assert 0 < srv.most_held <= zq.share_bytes()
+        assert sum(rx.provider.cap_stops for rx in srv.rx) > 0  # the caps did their work
+        for rx in srv.rx:
+            rx.close()
+        zq.ready(0)  # the last releases back through the refill ring
+        assert zq.rq.produced == sum(rx.stats.delivered for rx in srv.rx)
+
+
+def test_one_connection_keeping_its_chunks_stalls_alone(copy_mode):
+    """Connection 0 keeps every chunk: it stops at its share (its receive's cap) while the 7
+    others finish; released, it finishes too."""
+    n, total = 8, 1 * MIB
+    with ExitStack() as stack:
+        pairs = connections(stack, n)
+        zq = stack.enter_context(open_zcrx_queue(2 * MIB, copy=True))
+        srv = Server(zq, [s for s, _ in pairs], hold=frozenset({0}))
+        senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
+                   for i, (_, c) in enumerate(pairs)]
+        for t in senders:
+            t.start()
+        srv.run(lambda: all(map(srv.finished, range(1, n))))
+        hog = srv.rx[0]
+        assert srv.got[1:] == [total] * (n - 1)
+        assert srv.got[0] <= zq.share_bytes() == 256 << 10 and not hog.eof
+        assert hog.provider.held_bytes == srv.got[0]
+        hog.release_many(srv.kept)
+        srv.hold, srv.kept = frozenset(), []
+        srv.run(lambda: srv.finished(0))
+        assert srv.got[0] == total
+        for t in senders:
+            t.join(10)
+        for rx in srv.rx:
+            rx.close()
+
+
+def test_a_reset_a_close_and_the_queue_closing_end_only_their_connections(copy_mode):
+    """Of 12 connections: one peer resets (its receiver raises ECONNRESET), one is closed by
+    the server mid-stream holding a chunk (still readable), six finish; then the queue is
+    closed with the last four open: each raises ClosedError naming the queue."""
+    n, total = 12, 512 << 10
+    with ExitStack() as stack:
+        pairs = connections(stack, n)
+        zq = open_zcrx_queue(4 * MIB, copy=True)
+        stack.callback(zq.close)
+        srv = Server(zq, [s for s, _ in pairs])
+        senders = [Sender(c, total if i < 8 else 64 * MIB, piece=64 << 10, base=i * MIB,
+                          reset=i == 1) for i, (_, c) in enumerate(pairs)]
+        for t in senders:
+            t.start()
+        senders[1].go_reset.set()
+        srv.hold = frozenset({2})
+        srv.run(lambda: srv.got[2] > 0)
+        srv.rx[2].close()  # mid-stream, holding what it got
+        kept, srv.kept = srv.kept, []
+        srv.run(lambda: all(srv.finished(i) for i in (0, 1, 3, 4, 5, 6, 7)))
+        assert isinstance(srv.errors.get(1), ConnectionResetError), srv.errors
+        assert [srv.got[i] for i in (0, 3, 4, 5, 6, 7)] == [total] * 6
+        assert all(PAT.matches(2 * MIB + c.stream_offset, c.array) for c in kept)
+        srv.rx[2].release_many(kept)
+        assert all(srv.got[i] > 0 for i in range(8, 12))
+        assert zq.close()
+        for i in range(8, 12):
+            with pytest.raises(ClosedError) as ei:
+                while True:
+                    srv.rx[i].release_many(srv.rx[i].recv(0))
+            assert "the zcrx queue copy mode was closed with this connection open" in str(
+                ei.value)
+        for rx in srv.rx:
+            rx.close()
+        for _, c in pairs[8:]:  # the blocked senders end once their peers are gone
+            c.shutdown(socket.SHUT_RDWR)
+        for t in senders:
+            t.join(10)
+        assert zq.area.closed
