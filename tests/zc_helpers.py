@@ -7,6 +7,8 @@ import queue
 import socket
 import struct
 import threading
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from zcnet.pattern import StreamPattern
@@ -122,3 +124,69 @@ def open_asking_for_hugetlb(open_provider):  # type: ignore[no-untyped-def]
         prov.area.close()
         raise AssertionError(f"hugetlb asked for, area is {prov.area.kind} without a warning")
     return prov
+
+
+MIB = 1 << 20
+
+
+def connections(stack: ExitStack, n: int) -> list[tuple[socket.socket, socket.socket]]:
+    """``n`` loopback TCP connections: (receiving, sending) pairs, closed with ``stack``."""
+    ls = stack.enter_context(socket.socket())
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(n)
+    out = []
+    for _ in range(n):
+        c = stack.enter_context(socket.create_connection(ls.getsockname()))
+        s, _ = ls.accept()
+        stack.enter_context(s)
+        out.append((s, c))
+    return out
+
+
+class ZcrxServer:
+    """One thread serving every connection of a queue: ``ready()``, then ``recv(0)`` on each
+    one it names; each chunk checked at its connection's pattern offset (connection i's stream
+    starts at pattern offset i MiB, so a chunk routed to another connection fails)."""
+
+    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset()):
+        self.zq = zq
+        self.rx = [Receiver(s, zq.join(s.fileno()), max_held=1.0) for s in socks]
+        self.by_member = {rx.provider.mid: i for i, rx in enumerate(self.rx)}
+        self.got = [0] * len(socks)
+        self.done_at: list[float | None] = [None] * len(socks)
+        self.errors: dict[int, OSError] = {}
+        self.hold = hold
+        self.kept: list = []
+        self.most_held = 0
+
+    def run(self, until, timeout: float = 120) -> None:
+        start = time.monotonic()
+        while not until():
+            assert time.monotonic() - start < timeout, f"stuck: {self.got}"
+            for m in self.zq.ready(0.2):
+                i = self.by_member.get(m.mid)
+                if i is None or self.rx[i].closed:
+                    continue
+                rx = self.rx[i]
+                try:
+                    chunks = rx.recv(0)
+                except OSError as e:
+                    self.errors[i] = e
+                    self.done_at[i] = time.monotonic()
+                    continue
+                for c in chunks:
+                    assert c.stream_offset == self.got[i]
+                    assert PAT.matches(i * MIB + c.stream_offset, c.array), (
+                        f"connection {i}: wrong bytes at {c.stream_offset}")
+                    self.got[i] += c.length
+                    (self.kept.append(c) if i in self.hold else c.release())
+                if rx.eof and self.done_at[i] is None:
+                    self.done_at[i] = time.monotonic()
+            share = self.zq.share_bytes()
+            for rx in self.rx:
+                if not rx.closed:
+                    self.most_held = max(self.most_held, rx.provider.held_bytes)
+                    assert rx.provider.held_bytes <= share
+
+    def finished(self, i: int) -> bool:
+        return self.done_at[i] is not None

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
-from zc_helpers import PAT, Sender
+from zc_helpers import PAT, Sender, ZcrxServer, connections
 from zcnet.errors import ClosedError
-from zcnet.rx.zc import Receiver
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx_queue
 
 pytestmark = pytest.mark.vm
 
 MIB = 1 << 20
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "zcrx_shared.py"
 
 
 @pytest.fixture
@@ -30,69 +33,6 @@ def copy_mode(no_leaks):
     if not kernel_offers().copy_mode:
         pytest.skip("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x); run the vm tests "
                     "under `zcnet vm run`")
-
-
-def connections(stack: ExitStack, n: int) -> list[tuple[socket.socket, socket.socket]]:
-    """``n`` loopback TCP connections: (receiving, sending) pairs, closed with ``stack``."""
-    ls = stack.enter_context(socket.socket())
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(n)
-    out = []
-    for _ in range(n):
-        c = stack.enter_context(socket.create_connection(ls.getsockname()))
-        s, _ = ls.accept()
-        stack.enter_context(s)
-        out.append((s, c))
-    return out
-
-
-class Server:
-    """One thread serving every connection of a queue: ``ready()``, then ``recv(0)`` on each
-    one it names; each chunk checked at its connection's pattern offset (connection i's stream
-    starts at pattern offset i MiB, so a chunk routed to another connection fails)."""
-
-    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset()):
-        self.zq = zq
-        self.rx = [Receiver(s, zq.join(s.fileno()), max_held=1.0) for s in socks]
-        self.by_member = {rx.provider.mid: i for i, rx in enumerate(self.rx)}
-        self.got = [0] * len(socks)
-        self.done_at: list[float | None] = [None] * len(socks)
-        self.errors: dict[int, OSError] = {}
-        self.hold = hold
-        self.kept: list = []
-        self.most_held = 0
-
-    def run(self, until, timeout: float = 120) -> None:
-        start = time.monotonic()
-        while not until():
-            assert time.monotonic() - start < timeout, f"stuck: {self.got}"
-            for m in self.zq.ready(0.2):
-                i = self.by_member.get(m.mid)
-                if i is None or self.rx[i].closed:
-                    continue
-                rx = self.rx[i]
-                try:
-                    chunks = rx.recv(0)
-                except OSError as e:
-                    self.errors[i] = e
-                    self.done_at[i] = time.monotonic()
-                    continue
-                for c in chunks:
-                    assert c.stream_offset == self.got[i]
-                    assert PAT.matches(i * MIB + c.stream_offset, c.array), (
-                        f"connection {i}: wrong bytes at {c.stream_offset}")
-                    self.got[i] += c.length
-                    (self.kept.append(c) if i in self.hold else c.release())
-                if rx.eof and self.done_at[i] is None:
-                    self.done_at[i] = time.monotonic()
-            share = self.zq.share_bytes()
-            for rx in self.rx:
-                if not rx.closed:
-                    self.most_held = max(self.most_held, rx.provider.held_bytes)
-                    assert rx.provider.held_bytes <= share
-
-    def finished(self, i: int) -> bool:
-        return self.done_at[i] is not None
 
 
 def test_64_connections_on_one_queue_verified_none_starved(copy_mode):
@@ -103,7 +43,7 @@ def test_64_connections_on_one_queue_verified_none_starved(copy_mode):
     with ExitStack() as stack:
         pairs = connections(stack, n)
         zq = stack.enter_context(open_zcrx_queue(16 * MIB, copy=True))
-        srv = Server(zq, [s for s, _ in pairs])
+        srv = ZcrxServer(zq, [s for s, _ in pairs])
         assert zq.share_bytes() == 256 << 10
         start = time.monotonic()
         senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
@@ -133,7 +73,7 @@ def test_one_connection_keeping_its_chunks_stalls_alone(copy_mode):
     with ExitStack() as stack:
         pairs = connections(stack, n)
         zq = stack.enter_context(open_zcrx_queue(2 * MIB, copy=True))
-        srv = Server(zq, [s for s, _ in pairs], hold=frozenset({0}))
+        srv = ZcrxServer(zq, [s for s, _ in pairs], hold=frozenset({0}))
         senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
                    for i, (_, c) in enumerate(pairs)]
         for t in senders:
@@ -162,7 +102,7 @@ def test_a_reset_a_close_and_the_queue_closing_end_only_their_connections(copy_m
         pairs = connections(stack, n)
         zq = open_zcrx_queue(4 * MIB, copy=True)
         stack.callback(zq.close)
-        srv = Server(zq, [s for s, _ in pairs])
+        srv = ZcrxServer(zq, [s for s, _ in pairs])
         senders = [Sender(c, total if i < 8 else 64 * MIB, piece=64 << 10, base=i * MIB,
                           reset=i == 1) for i, (_, c) in enumerate(pairs)]
         for t in senders:
@@ -192,3 +132,15 @@ def test_a_reset_a_close_and_the_queue_closing_end_only_their_connections(copy_m
         for t in senders:
             t.join(10)
         assert zq.area.closed
+
+
+def test_the_shared_queue_benchmark_runs_and_reports_each_count(copy_mode):
+    """benchmarks/zcrx_shared.py, tiny: a row per connection count with both ratios."""
+    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--mib", "4",
+                          "--conns", "1,8", "--area-mib", "4"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["1", "8"]
+    for r in rows:
+        assert all(float(x) > 0 for x in r[1:]), r

@@ -37,6 +37,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
+from zcnet.nic import ethtool
+from zcnet.nic.device import Device
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.provider import (
     RECV_UD,
@@ -62,6 +64,9 @@ COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the 
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
 MEMBER_BITS = 8    # user_data: member id << MEMBER_BITS | RECV_UD or CANCEL_UD
 MIN_SHARE = 16     # buffers each connection may hold at least
+# Buffers a device's page pool keeps besides its RX ring: its alloc cache (PP_ALLOC_CACHE_SIZE,
+# include/net/page_pool/types.h). Held by no connection, so kept out of the shares.
+PP_ALLOC_CACHE_SIZE = 128
 
 _local = threading.local()
 _bound: dict[tuple[int, ...], int] = {}  # every thread's open device queues: the owner's id
@@ -108,6 +113,17 @@ class Member(Protocol):
 
 class MemberClass(Protocol):
     def joining(self, zq: ZcrxQueue, fd: int) -> Member: ...
+
+
+def _device_reserve(ifname: str) -> int:
+    """Buffers a device queue keeps to receive into: its RX ring (ethtool rings "rx") and the
+    page pool's cache. Without the ring size (no ethtool rings), the cache only."""
+    try:
+        with Device.open(ifname) as dev:
+            ring = int(ethtool.rings_get(dev).get("rx", 0))
+    except (ZcnetError, OSError):
+        ring = 0
+    return ring + PP_ALLOC_CACHE_SIZE
 
 
 class ZcrxQueue:
@@ -175,6 +191,7 @@ class ZcrxQueue:
         self.ifq_id = int(self.reg.ifq.zcrx_id)
         # 7.x writes back the buffer size; older kernels leave our 0 (one page).
         self.buf_len = int(self.reg.ifq.rx_buf_len) or PAGE_SIZE
+        self.reserve = 0 if self.copy else _device_reserve(ifname)  # type: ignore[arg-type]
         self.flush_ctrl = u.zcrx_ctrl(zcrx_id=self.ifq_id, op=u.ZCRX_CTRL_FLUSH_RQ)
         where = (f"{COPY_NOTE}" + (f" ({why_copy})" if why_copy else "") if self.copy
                  else f"{ifname} queue {queue}")
@@ -208,10 +225,13 @@ class ZcrxQueue:
 
     # --- connections ------------------------------------------------------------------------
     def buffers(self) -> int:
-        return self.area.size // self.buf_len
+        """The area's buffers the connections share: on a device, less what its RX ring and
+        page pool hold to receive into (``reserve``)."""
+        total = self.area.size // self.buf_len
+        return max(total - self.reserve, total // 2)
 
     def share(self) -> int:
-        """Buffers each connection may hold: the area's, split evenly."""
+        """Buffers each connection may hold: the shared ones, split evenly."""
         return self.buffers() // max(1, len(self.members))
 
     def share_bytes(self) -> int:
