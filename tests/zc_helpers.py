@@ -148,7 +148,8 @@ class ZcrxServer:
     one it names; each chunk checked at its connection's pattern offset (connection i's stream
     starts at pattern offset i MiB, so a chunk routed to another connection fails)."""
 
-    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset()):
+    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset(),
+                 first: int = 0):
         self.zq = zq
         self.rx = [Receiver(s, zq.join(s.fileno()), max_held=1.0) for s in socks]
         self.by_member = {rx.provider.mid: i for i, rx in enumerate(self.rx)}
@@ -158,6 +159,7 @@ class ZcrxServer:
         self.hold = hold
         self.kept: list = []
         self.most_held = 0
+        self.first = first  # the pattern index of socks[0] (pattern offset first MiB)
 
     def run(self, until, timeout: float = 120) -> None:
         start = time.monotonic()
@@ -176,7 +178,7 @@ class ZcrxServer:
                     continue
                 for c in chunks:
                     assert c.stream_offset == self.got[i]
-                    assert PAT.matches(i * MIB + c.stream_offset, c.array), (
+                    assert PAT.matches((self.first + i) * MIB + c.stream_offset, c.array), (
                         f"connection {i}: wrong bytes at {c.stream_offset}")
                     self.got[i] += c.length
                     (self.kept.append(c) if i in self.hold else c.release())
@@ -190,3 +192,24 @@ class ZcrxServer:
 
     def finished(self, i: int) -> bool:
         return self.done_at[i] is not None
+
+
+def _send_round_robin(socks: list[socket.socket], total: int, piece: int) -> None:
+    for s in socks:  # the parent's copies stay open: only the child sends
+        s.setblocking(True)
+    for off in range(0, total, piece):
+        for i, s in enumerate(socks):
+            s.sendall(PAT.expected(i * MIB + off, min(piece, total - off)))
+    for s in socks:
+        s.shutdown(socket.SHUT_WR)
+
+
+def send_from_child(socks: list[socket.socket], total: int, piece: int = 64 << 10):
+    """Send ``total`` bytes on each socket (socket i from pattern offset i MiB) from a forked
+    child, round robin: the test process makes no thread (each would keep a malloc arena
+    mapped, which the leak check counts). Returns the started process; join it."""
+    import multiprocessing as mp
+
+    p = mp.get_context("fork").Process(target=_send_round_robin, args=(socks, total, piece))
+    p.start()
+    return p

@@ -12,15 +12,16 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from zc_helpers import PAT, Sender, ZcrxServer, connections
+from zc_helpers import PAT, Sender, ZcrxServer, connections, send_from_child
 from zcnet.errors import ClosedError
-from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx_queue
+from zcnet.rx.zc.zcrx import export_zcrx_queue, kernel_offers, open_zcrx_queue
 
 pytestmark = pytest.mark.vm
 
@@ -144,3 +145,57 @@ def test_the_shared_queue_benchmark_runs_and_reports_each_count(copy_mode):
     assert [r[0] for r in rows] == ["1", "8"]
     for r in rows:
         assert all(float(x) > 0 for x in r[1:]), r
+
+
+def test_four_threads_receive_one_queue_through_imports(copy_mode):
+    """The queue's thread exports it to three more; each imports it on a ring of its own and
+    serves 16 of the 64 connections: every byte verified, the shares split over all 64, one
+    refill ring for all. Thread 3 closes its queue and exits holding one connection's chunks;
+    released later from the main thread, they go back through the ifq."""
+    n, per, total = 64, 16, 128 << 10
+    with ExitStack() as stack:
+        pairs = connections(stack, n)
+        zq = stack.enter_context(open_zcrx_queue(16 * MIB, copy=True))
+        exports = [stack.enter_context(export_zcrx_queue(zq)) for _ in range(3)]
+        joined = threading.Barrier(4)
+        delivered = [0] * 4
+        kept: list = []
+        failures: list[BaseException] = []
+
+        def serve(k: int, open_queue) -> None:
+            try:
+                q = open_queue()
+                socks = [s for s, _ in pairs[k * per:(k + 1) * per]]
+                srv = ZcrxServer(q, socks, first=k * per,
+                                 hold=frozenset({0}) if k == 3 else frozenset())
+                joined.wait(60)  # every connection joined before any receive is armed
+                assert q.mem.members == n and q.share_bytes() == 256 << 10
+                srv.run(lambda: all(map(srv.finished, range(per))), timeout=300)
+                assert srv.got == [total] * per and not srv.errors
+                for rx in srv.rx:
+                    rx.close()
+                delivered[k] = sum(rx.stats.delivered for rx in srv.rx)
+                kept.extend(srv.kept)
+                if q is not zq:
+                    assert q.close()
+            except BaseException as e:  # reported by the test's thread
+                failures.append(e)
+                joined.abort()
+
+        threads = [threading.Thread(target=serve, args=(k + 1, e.open))
+                   for k, e in enumerate(exports)]
+        for t in threads:
+            t.start()
+        sender = send_from_child([c for _, c in pairs], total)
+        serve(0, lambda: zq)  # the queue's own thread serves the first 16
+        for t in threads:
+            t.join(300)
+        sender.join(60)
+        assert not failures, failures
+        assert len(kept) > 0 and all(
+            PAT.matches(3 * per * MIB + c.stream_offset, c.array) for c in kept)
+        produced = zq.rq.produced
+        for c in kept:
+            c.release()  # after its receiver, its queue and its thread are gone
+        zq.ready(0)
+        assert zq.rq.produced == produced + len(kept) == sum(delivered)

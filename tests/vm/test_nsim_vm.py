@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from zc_helpers import MIB, PAT, Sender, ZcrxServer, check_to_eof
+from zc_helpers import MIB, PAT, Sender, ZcrxServer, check_to_eof, send_from_child
 from zcnet.bench.remote import NetnsServer
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
@@ -499,15 +499,11 @@ def test_64_connections_share_one_device_queue_with_no_copy_and_no_drop(ready):
         with Device.open(ready.if_b, ready.ns_b) as dev:
             assert netdev.queue_get(dev, QUEUE)["io-uring"] == {"rx-buf-len": zq.buf_len}
             before, fails = _rx_bytes(dev), _alloc_fails(dev)
-            senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
-                       for i, (_, c) in enumerate(pairs)]
-            for t in senders:
-                t.start()
+            sender = send_from_child([c for _, c in pairs], total)
             srv.run(lambda: all(map(srv.finished, range(n))), timeout=600)
             landed, dropped = _delta(dev, before), _alloc_fails(dev) - fails
-        for t in senders:
-            t.join(60)
-            assert t.error is None
+        sender.join(60)
+        assert sender.exitcode == 0
         assert srv.got == [total] * n and not srv.errors
         assert landed[QUEUE] >= n * total and dropped == 0, (landed, dropped)
         assert zq.copied()[1] == 0

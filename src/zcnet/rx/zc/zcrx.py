@@ -69,6 +69,7 @@ from zcnet.rx.zc.provider import (
     ProviderBase,
     build_or_close,
 )
+from zcnet.rx.zc.zcrx_export import ZcrxExport, export_queue
 from zcnet.rx.zc.zcrx_queue import (
     COPY_NOTE,
     MEMBER_BITS,
@@ -149,7 +150,7 @@ class ZcrxProvider(ProviderBase):
         self.cap = 0          # bytes the armed receive may deliver (0: no cap)
         self.since_arm = 0    # bytes it delivered so far
         self.held = 0         # buffers delivered and not given back
-        self.held_bytes = 0   # their bytes: what the share bounds (the kernel caps bytes)
+        self.held_bytes = 0   # their bytes
         self.cap_stops = 0
         self.left = False     # closed (this connection)
         self.queue_gone = False  # the queue closed under an open connection
@@ -157,7 +158,6 @@ class ZcrxProvider(ProviderBase):
         self._released: Sized = ()  # its receiver's released chunks, not yet given back
         c = zq.copied()
         self._copied_at_join = 0 if c is None else c[1]
-        self._bound_socket()
         zq.recap()
 
     # Read-outs of the queue, under the names a single-connection provider always had.
@@ -220,8 +220,8 @@ class ZcrxProvider(ProviderBase):
         self._bound_socket()
 
     def _bound_socket(self) -> None:
-        """On a shared device queue, bound what waits in the socket to the share too: those
-        skbs hold the queue's buffers (copy mode queues kernel memory instead)."""
+        """On a shared device queue, bound what waits in the socket to the other half of its
+        budget: those skbs hold the queue's buffers (copy mode queues kernel memory)."""
         zq = self.zq
         if self.fd < 0 or zq.copy or not zq.capping():
             return
@@ -232,7 +232,8 @@ class ZcrxProvider(ProviderBase):
             os.close(dup)
             return
         with s:  # the kernel doubles what it is given (skb overhead)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, zq.share() * zq.buf_len // 2)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                         (zq.budget() - zq.share()) * zq.buf_len // 2)
 
     def _live(self, method: str) -> None:
         if self.left:
@@ -250,14 +251,15 @@ class ZcrxProvider(ProviderBase):
         """Buffers to arm with: the queue's free list was not found dry since the last flush,
         and (capped) this connection holds less than its share."""
         zq = self.zq
-        return not zq.starved and (not zq.capping() or self.held_bytes < zq.share_bytes())
+        return not zq.starved and (not zq.capping() or self.held < zq.share())
 
     def arm(self) -> None:
         self._live("arm")
         zq = self.zq
         cap = 0
         if zq.capping():
-            cap = max(zq.buf_len, zq.share_bytes() - self.held_bytes)
+            # What is left of its share in buffers, in bytes as buffers are being filled.
+            cap = max(1, int((zq.share() - self.held) * zq.fill()))
             if cap > _CAP_MAX:
                 cap = 0
         assert zq.ring is not None
@@ -283,6 +285,8 @@ class ZcrxProvider(ProviderBase):
             nbytes = _total(out.lengths, zq.rq.accel)
             self.held += n
             self.held_bytes += nbytes
+            zq.seen_cqes += n
+            zq.seen_bytes += nbytes
             self.since_arm += nbytes
         if out.end is not None or out.stopped:
             self._ended(out)
@@ -328,8 +332,11 @@ class ZcrxProvider(ProviderBase):
             raise ClosedError.of(self, "recycle")
         self.held -= len(tokens)
         self.held_bytes -= _total(lengths, self.zq.rq.accel)
-        if self.queue_gone:
-            return  # the ifq is gone, and the kernel took every buffer back with it
+        if self.queue_gone:  # its queue closed under it: back through another ring of the
+            mem = self.zq.mem  # ifq; with none, the kernel took every buffer back already
+            if not mem.gone:
+                mem.closed_tokens.append(np.asarray(tokens, dtype=np.uint64).tolist())
+            return
         self.zq.recycle(tokens, lengths)
 
     def held_back(self) -> int:
@@ -363,8 +370,9 @@ class ZcrxProvider(ProviderBase):
         return not self.armed or self.zq._cancel([self])
 
     def recycle_closed(self, tokens: list[int]) -> None:
-        if not self.zq.closed:  # else the kernel took them back when the ifq went
-            self.zq.closed_tokens.append(tokens)
+        mem = self.zq.mem
+        if not mem.gone:  # else the kernel took them back when the ifq went
+            mem.closed_tokens.append(tokens)
 
     def area_done(self, area: Area) -> None:
         self.zq.area_user_done()
@@ -463,6 +471,13 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
     return build_or_close(lambda: zq.join(fd), zq.close)
 
 
+def export_zcrx_queue(zq: ZcrxQueue) -> ZcrxExport:
+    """``zq`` for another thread of this process (call in ``zq``'s thread, then
+    ``.open()`` in the other): its own ring on the same ifq, area and refill ring. Needs
+    ZCRX_CTRL_EXPORT / ZCRX_REG_IMPORT (6.19+); refused clearly before."""
+    return export_queue(zq, kernel_offers())
+
+
 def _joinable(ifname: str | None, queue: int | None) -> ZcrxQueue | None:
     """This thread's open queue for the device queue (or shared copy-mode queue), if any."""
     if ifname is None:
@@ -475,5 +490,6 @@ def _joinable(ifname: str | None, queue: int | None) -> ZcrxQueue | None:
 
 
 __all__ = ["COPY_NOTE", "OFF_MASK", "PAGE_SIZE", "RING_FLAGS", "STOPS", "Offers", "RefillRing",
-           "Registration", "ZcrxProvider", "ZcrxQueue", "kernel_offers", "open_zcrx",
+           "Registration", "ZcrxExport", "ZcrxProvider", "ZcrxQueue", "export_zcrx_queue",
+           "kernel_offers", "open_zcrx",
            "open_zcrx_queue", "parse_completions", "register_ifq"]

@@ -16,7 +16,8 @@ Some facts that shape it (io_uring/zcrx.c and net.c, 7.3.4):
   ends the receive with res 0 and no F_MORE, the CQE of EOF, so a member counts the bytes since
   its arm to tell a cap from the end of the stream.
 - The ring is SINGLE_ISSUER: every enter and register must come from the thread that made it,
-  so a queue and its members belong to that thread.
+  so a queue and its members belong to that thread. Another thread receives the same NIC
+  queue through a ring of its own that imports the ifq (zcrx_export.py, 6.19+).
 
 Fairness: each connection may hold ``share_bytes()`` (the area over its connections); its
 receive is armed with a cap of what is left of that and is not armed again while none is left.
@@ -37,14 +38,13 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
-from zcnet.nic import ethtool
-from zcnet.nic.device import Device
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.provider import (
     RECV_UD,
     close_ring,
 )
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
+from zcnet.rx.zc.zcrx_ifq import IfqMemory, device_reserve
 from zcnet.rx.zc.zcrx_reg import (
     Registration,
     kernel_stats_layout,
@@ -64,9 +64,6 @@ COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the 
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
 MEMBER_BITS = 8    # user_data: member id << MEMBER_BITS | RECV_UD or CANCEL_UD
 MIN_SHARE = 16     # buffers each connection may hold at least
-# Buffers a device's page pool keeps besides its RX ring: its alloc cache (PP_ALLOC_CACHE_SIZE,
-# include/net/page_pool/types.h). Held by no connection, so kept out of the shares.
-PP_ALLOC_CACHE_SIZE = 128
 
 _local = threading.local()
 _bound: dict[tuple[int, ...], int] = {}  # every thread's open device queues: the owner's id
@@ -108,22 +105,13 @@ class Member(Protocol):
 
     def _take_final(self) -> None: ...
 
+    def _bound_socket(self) -> None: ...
+
     def due(self) -> bool: ...
 
 
 class MemberClass(Protocol):
     def joining(self, zq: ZcrxQueue, fd: int) -> Member: ...
-
-
-def _device_reserve(ifname: str) -> int:
-    """Buffers a device queue keeps to receive into: its RX ring (ethtool rings "rx") and the
-    page pool's cache. Without the ring size (no ethtool rings), the cache only."""
-    try:
-        with Device.open(ifname) as dev:
-            ring = int(ethtool.rings_get(dev).get("rx", 0))
-    except (ZcnetError, OSError):
-        ring = 0
-    return ring + PP_ALLOC_CACHE_SIZE
 
 
 class ZcrxQueue:
@@ -147,12 +135,9 @@ class ZcrxQueue:
         self.ifname = ifname
         self.queue = queue
         self.shared = shared
-        self.starved = False  # the last stop was -ENOMEM: arm again only after a flush
         self.members: dict[int, Member] = {}
-        self.closed_tokens: list[list[int]] = []  # released after their member left
         self.owner_tid = threading.get_ident()
         self._mids: list[int] = []  # ids of members that left, reused lowest first
-        self._area_users = 1  # the queue itself, then one per member until its chunks are back
         ifindex = 0
         if ifname is not None:
             try:
@@ -165,12 +150,13 @@ class ZcrxQueue:
         self.reg = Registration.build(area, ifindex, queue or 0, rq_entries, user_region,
                                        nodev=self.copy, rx_buf_len=rx_buf_len,
                                        stats=kernel_stats_layout())
-        self._region_map: Mapping | None = None
+        self.mem = IfqMemory(self.reg, area)
         self._ring: Ring | None = None
         self._kstats: np.ndarray | None = None  # the kernel's zcrx_stats: copy count, bytes
         self._copied = (0, 0)                   # its last reading (kept after close)
         self._consumed: int | None = None       # the refill ring's kernel head, last read
         self.flushes = 0
+        self.seen_cqes = self.seen_bytes = 0  # data CQEs and their bytes (see fill)
         with contextlib.ExitStack() as undo:
             undo.callback(self._close_kernel_side)
             if err := memlock_error(self.reg.locked_bytes()):
@@ -183,7 +169,9 @@ class ZcrxQueue:
                     raise ZcnetError(
                         f"{self.where} is already received by another thread of this process "
                         f"(thread {owner}): a zcrx queue's ring is single-issuer",
-                        "receive every connection of this queue in that thread") from e
+                        "receive its connections in that thread, or in a ring that imports "
+                        "the queue (zcnet.rx.zc.zcrx.export_zcrx_queue there, Linux 6.19+)"
+                        ) from e
                 raise
             self.rq = self._map_refill_ring()
             self._consumed = 0
@@ -191,7 +179,7 @@ class ZcrxQueue:
         self.ifq_id = int(self.reg.ifq.zcrx_id)
         # 7.x writes back the buffer size; older kernels leave our 0 (one page).
         self.buf_len = int(self.reg.ifq.rx_buf_len) or PAGE_SIZE
-        self.reserve = 0 if self.copy else _device_reserve(ifname)  # type: ignore[arg-type]
+        self.reserve = 0 if self.copy else device_reserve(ifname)  # type: ignore[arg-type]
         self.flush_ctrl = u.zcrx_ctrl(zcrx_id=self.ifq_id, op=u.ZCRX_CTRL_FLUSH_RQ)
         where = (f"{COPY_NOTE}" + (f" ({why_copy})" if why_copy else "") if self.copy
                  else f"{ifname} queue {queue}")
@@ -200,6 +188,28 @@ class ZcrxQueue:
             _queues().setdefault(self.key, self)
             _bound.setdefault(self.key, self.owner_tid)
 
+    @classmethod
+    def adopt(cls, source: ZcrxQueue, ring: Ring, ifq_id: int, *, shared: bool) -> ZcrxQueue:
+        """The queue of a ring that imported ``source``'s ifq (zcrx_export.py) in this thread:
+        its own ring and zcrx id, ``source``'s area, refill ring and counters (same process,
+        same addresses). Registered as this thread's queue for the device queue."""
+        zq = cls.__new__(cls)
+        for name in ("area", "copy", "mode", "ifname", "queue", "key", "where", "reg", "mem",
+                     "rq", "buf_len", "reserve", "note", "_kstats"):
+            setattr(zq, name, getattr(source, name))
+        zq.shared = shared
+        zq.members, zq._mids = {}, []
+        zq.owner_tid = threading.get_ident()
+        zq._ring, zq.ifq_id = ring, ifq_id
+        zq._copied, zq._consumed, zq.flushes = source._copied, 0, 0
+        zq.seen_cqes, zq.seen_bytes = source.seen_cqes, source.seen_bytes
+        zq.flush_ctrl = u.zcrx_ctrl(zcrx_id=ifq_id, op=u.ZCRX_CTRL_FLUSH_RQ)
+        with zq.mem.lock:
+            zq.mem.holders += 1
+            zq.mem.area_users += 1
+        _queues().setdefault(zq.key, zq)
+        return zq
+
     def _map_refill_ring(self) -> RefillRing:
         reg = self.reg
         size = int(reg.region.size)
@@ -207,8 +217,9 @@ class ZcrxQueue:
             mem = reg.region_mem.view(np.uint8, 0, size)
         else:
             assert self._ring is not None
-            self._region_map = Mapping(size, fd=self._ring.fd, offset=int(reg.region.mmap_offset))
-            mem = self._region_map.view(np.uint8, 0, size)
+            self.mem.region_map = Mapping(size, fd=self._ring.fd,
+                                          offset=int(reg.region.mmap_offset))
+            mem = self.mem.region_map.view(np.uint8, 0, size)
         if (at := reg.stats_offset) is not None:
             self._kstats = mem[at:at + 16].view(np.uint64)
         o = reg.ifq.offsets
@@ -218,6 +229,16 @@ class ZcrxQueue:
     @property
     def ring(self) -> Ring | None:
         return self._ring
+
+    @property
+    def starved(self) -> bool:
+        """The area's free list ran dry (a receive stopped with -ENOMEM) and no flush of the
+        refill ring followed yet, on any ring of the ifq."""
+        return self.mem.starved
+
+    @starved.setter
+    def starved(self, value: bool) -> None:
+        self.mem.starved = value
 
     @property
     def closed(self) -> bool:
@@ -230,19 +251,30 @@ class ZcrxQueue:
         total = self.area.size // self.buf_len
         return max(total - self.reserve, total // 2)
 
+    def budget(self) -> int:
+        """Buffers per connection: the shared ones, split evenly over every connection on the
+        ifq (all its rings)."""
+        return self.buffers() // max(1, self.mem.members)
+
     def share(self) -> int:
-        """Buffers each connection may hold: the shared ones, split evenly."""
-        return self.buffers() // max(1, len(self.members))
+        """Buffers a connection may hold: its whole budget in copy mode; half on a device,
+        whose other half its socket may hold (skbs that wait in a socket hold the queue's
+        buffers too: SO_RCVBUF bounds them)."""
+        return self.budget() if self.copy else self.budget() // 2
+
+    def fill(self) -> float:
+        """Bytes per buffer seen so far on this ring (a 1500-byte MTU fills a 4 KiB buffer
+        about a third): what turns a share of buffers into a receive's byte cap. Before any
+        data, a quarter buffer: the first caps stop early rather than overshoot."""
+        return self.seen_bytes / self.seen_cqes if self.seen_cqes else self.buf_len / 4
 
     def share_bytes(self) -> int:
-        """Bytes each connection may hold (what its receive's cap enforces exactly). Buffers a
-        device fills only partly (a 1500-byte MTU in 4 KiB buffers) hold fewer bytes each, so
-        there a connection's buffers may exceed ``share()``: size the area for that."""
+        """The most bytes a connection may hold (its share of buffers, each full)."""
         return self.share() * self.buf_len
 
     def capping(self) -> bool:
         """Receives carry a byte cap: the queue is shared, or has more than one connection."""
-        return self.shared or len(self.members) > 1
+        return self.shared or self.mem.members > 1
 
     def join(self, fd: int) -> Member:
         """A provider (zcnet.rx.zc.zcrx.ZcrxProvider) for the connection on ``fd``, receiving
@@ -253,8 +285,9 @@ class ZcrxQueue:
         """Take ``m`` in and give it its id. Refused when the area would give each connection
         fewer than MIN_SHARE buffers."""
         self._check("join")
-        n = len(self.members) + 1
-        if n > 1 and self.buffers() // n < MIN_SHARE:  # one connection: any area, as asked
+        n = self.mem.members + 1
+        if n > 1 and self.buffers() // n // (1 if self.copy else 2) < MIN_SHARE:  # one
+            # connection: any area, as asked
             raise UsageError(
                 f"{self.where}: its {self.area.size >> 10} KiB zcrx area gives {n} connections "
                 f"fewer than {MIN_SHARE} buffers of {self.buf_len} bytes each",
@@ -263,7 +296,9 @@ class ZcrxQueue:
         if self._mids:
             self._mids.remove(mid)
         self.members[mid] = m
-        self._area_users += 1
+        with self.mem.lock:
+            self.mem.members += 1
+            self.mem.area_users += 1
         return mid
 
     def recap(self) -> None:
@@ -271,9 +306,10 @@ class ZcrxQueue:
         ("rearm") and its core arms it again with a cap that fits."""
         if not self.capping() or self._ring is None:
             return
-        limit = self.share_bytes()
+        limit = int(self.share() * self.fill())
         cancelled = False
         for m in self.members.values():
+            m._bound_socket()  # its socket's part of a smaller budget
             if m.armed and not m.cancelling and (not m.cap or m.cap - m.since_arm > limit):
                 prep_cancel(self._ring, m.ud, m.cancel_ud)
                 m.cancelling = cancelled = True
@@ -286,15 +322,15 @@ class ZcrxQueue:
         if self.members.get(m.mid) is m:
             del self.members[m.mid]
             self._mids.append(m.mid)
+            with self.mem.lock:
+                self.mem.members -= 1
         if not self.members and not self.shared:
             self.close()
 
     def area_user_done(self) -> None:
         """A member's receiver holds nothing any more (its ``area_done``): the area is
         unmapped once the queue is closed and no chunk of it is held."""
-        self._area_users -= 1
-        if self._area_users == 0:
-            self.area.close()
+        self.mem.area_done()
 
     # --- the ring --------------------------------------------------------------------------
     def _check(self, method: str) -> None:
@@ -310,7 +346,7 @@ class ZcrxQueue:
         into its member's inbox. Buffers of a member that left go straight back."""
         ring = self._ring
         assert ring is not None
-        if self.closed_tokens:
+        if self.mem.closed_tokens:
             self._drain_closed()
         if not ring.cq_ready():
             ring.submit(1, timeout)
@@ -323,7 +359,7 @@ class ZcrxQueue:
         or a receive to arm again. When none has, one enter first, waiting up to ``timeout``
         seconds (None: until a completion). A server's loop: ``recv(0)`` on each."""
         self._check("ready")
-        if self.closed_tokens:
+        if self.mem.closed_tokens:
             self._drain_closed()
         due = [m for m in self.members.values() if m.due()]
         if due:
@@ -349,13 +385,15 @@ class ZcrxQueue:
             self.recycle(extra[data, 0], c.res[data])
 
     def _drain_closed(self) -> None:
-        got, self.closed_tokens = self.closed_tokens, []
+        with self.mem.lock:
+            got, self.mem.closed_tokens = self.mem.closed_tokens, []
         toks = [t for part in got for t in part]
         if toks:  # the kernel reads only an entry's offset (io_parse_rqe): length 0 is fine
             self.recycle(toks, [0] * len(toks))
 
     def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
-        n = self.rq.push(tokens, lengths)
+        with self.mem.lock:  # other threads' queues on this ifq write the same ring
+            n = self.rq.push(tokens, lengths)
         if (self.copy and n) or (not self.copy and self.starved):
             self.flush_all()
         # Otherwise (a device, not starved) its page pool reads the ring as it allocates.
@@ -369,8 +407,9 @@ class ZcrxQueue:
         while True:
             self._flush_rq()
             self.starved = False
-            if not (self.rq.held and self.rq.push([], [])):
-                return
+            with self.mem.lock:
+                if not (self.rq.held and self.rq.push([], [])):
+                    return
 
     def _flush_rq(self) -> None:
         assert self._ring is not None
@@ -449,18 +488,17 @@ class ZcrxQueue:
         self._read_region()  # the last readings, before the region goes
         if _queues().get(self.key) is self:
             del _queues()[self.key]
-            _bound.pop(self.key, None)
+            if _bound.get(self.key) == self.owner_tid:
+                del _bound[self.key]
         ring, self._ring = self._ring, None
-        region, self._region_map = self._region_map, None
         self._kstats = None
         with contextlib.ExitStack() as undo:
-            undo.callback(self.reg.release)
-            # Closing the ring frees the ifq: the queue gets its normal page pool back, and the
-            # kernel takes back every buffer a user still held (io_zcrx_scrub).
+            undo.callback(self.mem.release)
+            # Closing the last ring that holds the ifq frees it: the queue gets its normal page
+            # pool back, and the kernel takes back every buffer a user still held
+            # (io_zcrx_scrub).
             if ring is not None:
-                close_ring(ring, False, *(() if region is None else (region.close,)))
-            elif region is not None:
-                region.close()
+                close_ring(ring, False)
 
     def __enter__(self) -> ZcrxQueue:
         return self
