@@ -187,8 +187,10 @@ class ZcrxServer:
             share = self.zq.share_bytes()
             for rx in self.rx:
                 if not rx.closed:
-                    self.most_held = max(self.most_held, rx.provider.held_bytes)
-                    assert rx.provider.held_bytes <= share
+                    st = rx.stats  # the bytes its receiver holds (delivered, not released)
+                    held = st.delivered_bytes - st.released_bytes
+                    self.most_held = max(self.most_held, held)
+                    assert held <= share
 
     def finished(self, i: int) -> bool:
         return self.done_at[i] is not None

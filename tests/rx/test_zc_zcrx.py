@@ -915,7 +915,6 @@ def test_open_zcrx_defaults_and_notes(fake, sock):
                                       "rx_buf_len": PAGE_SIZE, "zcrx_copy": 1,
                                       "zcrx_flushes": 0, "zcrx_copy_count": 0,
                                       "zcrx_members": 1, "zcrx_share": 4, "zcrx_held": 0,
-                                      "zcrx_held_bytes": 0,
                                       "zcrx_cap_stops": 0}
     finally:
         prov.close()

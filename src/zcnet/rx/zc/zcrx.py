@@ -150,7 +150,6 @@ class ZcrxProvider(ProviderBase):
         self.cap = 0          # bytes the armed receive may deliver (0: no cap)
         self.since_arm = 0    # bytes it delivered so far
         self.held = 0         # buffers delivered and not given back
-        self.held_bytes = 0   # their bytes
         self.cap_stops = 0
         self.left = False     # closed (this connection)
         self.queue_gone = False  # the queue closed under an open connection
@@ -282,12 +281,12 @@ class ZcrxProvider(ProviderBase):
         inbox.clear()
         out = parse_completions(c, self.ud, fast=zq.rq.accel)
         if n := len(out.tokens):
-            nbytes = _total(out.lengths, zq.rq.accel)
             self.held += n
-            self.held_bytes += nbytes
-            zq.seen_cqes += n
-            zq.seen_bytes += nbytes
-            self.since_arm += nbytes
+            if self.cap:  # bytes only count for a capped receive (its end, the fill)
+                nbytes = _total(out.lengths, zq.rq.accel)
+                zq.seen_cqes += n
+                zq.seen_bytes += nbytes
+                self.since_arm += nbytes
         if out.end is not None or out.stopped:
             self._ended(out)
         return out
@@ -331,7 +330,6 @@ class ZcrxProvider(ProviderBase):
         if self.left:  # closed: the refill ring may be unmapped
             raise ClosedError.of(self, "recycle")
         self.held -= len(tokens)
-        self.held_bytes -= _total(lengths, self.zq.rq.accel)
         if self.queue_gone:  # its queue closed under it: back through another ring of the
             mem = self.zq.mem  # ifq; with none, the kernel took every buffer back already
             if not mem.gone:
@@ -359,8 +357,7 @@ class ZcrxProvider(ProviderBase):
 
     def extra_stats(self) -> dict[str, int]:
         d = self.zq.stats()
-        d.update(zcrx_held=self.held, zcrx_held_bytes=self.held_bytes,
-                 zcrx_cap_stops=self.cap_stops)
+        d.update(zcrx_held=self.held, zcrx_cap_stops=self.cap_stops)
         return d
 
     def quiesce(self, armed: bool) -> bool:

@@ -157,6 +157,7 @@ class ZcrxQueue:
         self._consumed: int | None = None       # the refill ring's kernel head, last read
         self.flushes = 0
         self.seen_cqes = self.seen_bytes = 0  # data CQEs and their bytes (see fill)
+        self.unsettled: set[int] = set()  # ids of members that left with a receive armed
         with contextlib.ExitStack() as undo:
             undo.callback(self._close_kernel_side)
             if err := memlock_error(self.reg.locked_bytes()):
@@ -198,7 +199,7 @@ class ZcrxQueue:
                      "rq", "buf_len", "reserve", "note", "_kstats"):
             setattr(zq, name, getattr(source, name))
         zq.shared = shared
-        zq.members, zq._mids = {}, []
+        zq.members, zq._mids, zq.unsettled = {}, [], set()
         zq.owner_tid = threading.get_ident()
         zq._ring, zq.ifq_id = ring, ifq_id
         zq._copied, zq._consumed, zq.flushes = source._copied, 0, 0
@@ -321,7 +322,10 @@ class ZcrxQueue:
         connection closes with its last."""
         if self.members.get(m.mid) is m:
             del self.members[m.mid]
-            self._mids.append(m.mid)
+            if m.armed:  # its cancel was not confirmed: CQEs may still come, never reuse its id
+                self.unsettled.add(m.mid)
+            else:
+                self._mids.append(m.mid)
             with self.mem.lock:
                 self.mem.members -= 1
         if not self.members and not self.shared:
@@ -369,6 +373,12 @@ class ZcrxQueue:
 
     def _route(self, c: Completions) -> None:
         members = self.members
+        if len(members) == 1 and not self.unsettled:
+            # One connection and no other request in flight: all of it is that connection's
+            # (its parse keeps only its receive's CQEs, as a provider of its own ring did).
+            for m in members.values():
+                m.inbox.append(c)
+            return
         for mid, part in split_by_member(c, MEMBER_BITS, local=False):
             m = members.get(mid)
             if m is not None:

@@ -8,7 +8,6 @@ object per buffer.
 from __future__ import annotations
 
 import errno
-import struct
 from types import ModuleType
 
 import numpy as np
@@ -16,6 +15,7 @@ import numpy as np
 from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.provider import RECV_UD, Delivery, note_final
 from zcnet.uapi import io_uring as u
+from zcnet.uring.members import repeated
 from zcnet.uring.ring import Completions
 from zcnet.uring.syscall import backend
 
@@ -23,7 +23,6 @@ OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe 
 _OFF_MASK = np.uint64(OFF_MASK)
 _NO_OFFS = np.zeros(0, dtype=np.uint64)
 _NO_LENS = np.zeros(0, dtype=np.uint32)
-_UD_BYTES: dict[int, bytes] = {}
 # zcnet.rx.zc._rxaccel.zcrx_round's record per CQE.
 _ROUND_RECORD = np.dtype({"names": ["token", "offset", "length"],
                           "formats": ["<u8", "<i8", "<i4"], "offsets": [0, 8, 16],
@@ -132,14 +131,6 @@ class RefillRing:
         return n
 
 
-def _repeated(user_data: int, n: int) -> bytes:
-    """``n`` copies of ``user_data`` as the CQEs hold it (cached: one compare per round)."""
-    b = _UD_BYTES.get(user_data, b"")
-    if len(b) < 8 * n:
-        b = _UD_BYTES[user_data] = struct.pack("<Q", user_data) * max(n, 1024)
-    return b if len(b) == 8 * n else b[:8 * n]
-
-
 def parse_completions(c: Completions, user_data: int = RECV_UD,
                       fast: ModuleType | None = None) -> Delivery:
     """Data fragments and the stream's state from CQE32 completions of one RECV_ZC.
@@ -164,7 +155,7 @@ def parse_completions(c: Completions, user_data: int = RECV_UD,
     # Only the last CQE of a multishot can lack F_MORE, and every CQE that ends it lacks it:
     # with F_MORE on the last one every res is data.
     if c.flags.item(n - 1) & u.IORING_CQE_F_MORE and (
-            c.user_data.tobytes() == _repeated(user_data, n)):
+            c.user_data.tobytes() == repeated(user_data, n)):
         off = extra[:, 0]
         out.tokens = off
         out.offsets = off & _OFF_MASK
