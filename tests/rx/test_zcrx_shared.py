@@ -16,7 +16,7 @@ import pytest
 from fake_zcrx_kernel import FakeKernel, Stream
 from zc_helpers import PAT
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, zcrx, zcrx_export, zcrx_queue
+from zcnet.rx.zc import Receiver, zcrx, zcrx_export, zcrx_ifq, zcrx_queue
 from zcnet.rx.zc.area import PAGE_SIZE
 from zcnet.rx.zc.zcrx import open_zcrx, open_zcrx_queue
 from zcnet.rx.zc.zcrx_reg import Offers, StatsLayout
@@ -325,3 +325,23 @@ def test_another_thread_needs_import_and_a_kernel_without_it_says_so(fake, socks
         t.start()
         t.join()
         assert errors[0].message.startswith("export() of copy mode's zcrx queue from a thread")
+
+
+def test_device_reserve_and_the_registry_per_thread():
+    """A device queue keeps its RX ring and the page pool's cache out of the shares (lo has no
+    ethtool rings: the cache only); each thread sees its own queues, and which thread
+    registered a device queue is known to every thread."""
+    assert zcrx_ifq.device_reserve("lo") == zcrx_ifq.PP_ALLOC_CACHE_SIZE == 128
+    reg: zcrx_ifq.QueueRegistry[str] = zcrx_ifq.QueueRegistry()
+    key = zcrx_ifq.queue_key(1, 0)
+    reg.add(key, "mine", own=True)
+    seen: list[object] = []
+    t = threading.Thread(target=lambda: seen.extend((reg.mine().get(key), reg.owners.get(key))))
+    t.start()
+    t.join()
+    assert seen == [None, threading.get_ident()]
+    reg.remove(key, "other")  # not this thread's queue for key: nothing changes
+    assert reg.mine() == {key: "mine"}
+    reg.remove(key, "mine")
+    assert reg.mine() == {} and reg.owners == {}
+    assert zcrx_ifq.queue_key(0, 5) == (0,)  # copy mode: no device, no namespace

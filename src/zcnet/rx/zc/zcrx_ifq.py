@@ -1,10 +1,13 @@
-"""What every ring that holds one zcrx ifq shares (``IfqMemory``), and what a device queue
-keeps for itself (``device_reserve``): the parts of zcrx_queue.py that know no queue object."""
+"""What every ring that holds one zcrx ifq shares (``IfqMemory``), what a device queue keeps for
+itself (``device_reserve``), and where each thread finds its queues (``QueueRegistry``): the
+parts of zcrx_queue.py that know no queue object."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+from typing import Generic, TypeVar
 
 from zcnet.errors import ZcnetError
 from zcnet.nic import ethtool
@@ -72,3 +75,42 @@ class IfqMemory:
             last = self.area_users == 0
         if last:
             self.area.close()
+
+
+T = TypeVar("T")
+
+
+def queue_key(ifindex: int, queue: int) -> tuple[int, ...]:
+    """A device queue as seen from this thread's network namespace; ``ifindex`` 0: copy mode."""
+    if not ifindex:
+        return (0,)
+    return (os.stat("/proc/thread-self/ns/net").st_ino, ifindex, queue)
+
+
+class QueueRegistry(Generic[T]):
+    """Each thread's open queues by key (a queue's ring is single-issuer, so a connection joins
+    its own thread's), and which thread registered each device queue (an EEXIST from another
+    thread of this process is then told apart from another program's binding)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self.owners: dict[tuple[int, ...], int] = {}
+
+    def mine(self) -> dict[tuple[int, ...], T]:
+        try:
+            return self._local.queues  # type: ignore[no-any-return]
+        except AttributeError:
+            self._local.queues = {}
+            return self._local.queues  # type: ignore[no-any-return]
+
+    def add(self, key: tuple[int, ...], q: T, *, own: bool) -> None:
+        """``q`` is this thread's queue for ``key``; ``own``: it registered the ifq."""
+        self.mine().setdefault(key, q)
+        if own:
+            self.owners.setdefault(key, threading.get_ident())
+
+    def remove(self, key: tuple[int, ...], q: T) -> None:
+        if self.mine().get(key) is q:
+            del self.mine()[key]
+            if self.owners.get(key) == threading.get_ident():
+                del self.owners[key]

@@ -30,7 +30,6 @@ closes for that flow only. The kernel enforces the cap in bytes; a buffer filled
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 from typing import ClassVar, Protocol
@@ -44,7 +43,7 @@ from zcnet.rx.zc.provider import (
     close_ring,
 )
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
-from zcnet.rx.zc.zcrx_ifq import IfqMemory, device_reserve
+from zcnet.rx.zc.zcrx_ifq import IfqMemory, QueueRegistry, device_reserve, queue_key
 from zcnet.rx.zc.zcrx_reg import (
     Registration,
     kernel_stats_layout,
@@ -65,29 +64,12 @@ COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the 
 MEMBER_BITS = 8    # user_data: member id << MEMBER_BITS | RECV_UD or CANCEL_UD
 MIN_SHARE = 16     # buffers each connection may hold at least
 
-_local = threading.local()
-_bound: dict[tuple[int, ...], int] = {}  # every thread's open device queues: the owner's id
-
-
-def _queues() -> dict[tuple[int, ...], ZcrxQueue]:
-    """This thread's queues by key (see ZcrxQueue.key)."""
-    try:
-        return _local.queues  # type: ignore[no-any-return]
-    except AttributeError:
-        _local.queues = {}
-        return _local.queues  # type: ignore[no-any-return]
-
-
-def queue_key(ifindex: int, queue: int) -> tuple[int, ...]:
-    """A device queue as seen from this thread's network namespace; ``ifindex`` 0: copy mode."""
-    if not ifindex:
-        return (0,)
-    return (os.stat("/proc/thread-self/ns/net").st_ino, ifindex, queue)
+QUEUES: QueueRegistry[ZcrxQueue] = QueueRegistry()
 
 
 def find_open(key: tuple[int, ...]) -> ZcrxQueue | None:
     """This thread's open queue for ``key``, if any (a connection joins it)."""
-    return _queues().get(key)
+    return QUEUES.mine().get(key)
 
 
 class Member(Protocol):
@@ -166,7 +148,7 @@ class ZcrxQueue:
             try:
                 register_ifq(self._ring, self.reg, ifname=ifname or "(no device, copy mode)")
             except ZcnetError as e:
-                if (owner := _bound.get(self.key)) is not None:
+                if (owner := QUEUES.owners.get(self.key)) is not None:
                     raise ZcnetError(
                         f"{self.where} is already received by another thread of this process "
                         f"(thread {owner}): a zcrx queue's ring is single-issuer",
@@ -186,8 +168,7 @@ class ZcrxQueue:
                  else f"{ifname} queue {queue}")
         self.note = f"{where}, {self.rq.entries} refill entries of {self.buf_len} bytes"
         if shared or not self.copy:  # a device queue is joined, never registered twice
-            _queues().setdefault(self.key, self)
-            _bound.setdefault(self.key, self.owner_tid)
+            QUEUES.add(self.key, self, own=True)
 
     @classmethod
     def adopt(cls, source: ZcrxQueue, ring: Ring, ifq_id: int, *, shared: bool) -> ZcrxQueue:
@@ -208,7 +189,7 @@ class ZcrxQueue:
         with zq.mem.lock:
             zq.mem.holders += 1
             zq.mem.area_users += 1
-        _queues().setdefault(zq.key, zq)
+        QUEUES.add(zq.key, zq, own=False)
         return zq
 
     def _map_refill_ring(self) -> RefillRing:
@@ -496,10 +477,7 @@ class ZcrxQueue:
 
     def _close_kernel_side(self) -> None:
         self._read_region()  # the last readings, before the region goes
-        if _queues().get(self.key) is self:
-            del _queues()[self.key]
-            if _bound.get(self.key) == self.owner_tid:
-                del _bound[self.key]
+        QUEUES.remove(self.key, self)
         ring, self._ring = self._ring, None
         self._kstats = None
         with contextlib.ExitStack() as undo:
