@@ -559,16 +559,24 @@ static PyMemberDef core_members[] = {
 
 static PyMethodDef core_methods[] = {
     {"prep", (PyCFunction)(void (*)(void))core_prep, METH_FASTCALL | METH_KEYWORDS,
+     "prep($self, /, opcode, fd=-1, addr=0, length=0, off=0, user_data=0, *, flags=0, "
+     "ioprio=0, op_flags=0, buf_index=0, file_index=0, addr3=0)\n--\n\n"
      "Fill one SQE; returns the slot index (Ring.prep)."},
     {"submit", (PyCFunction)(void (*)(void))core_submit, METH_FASTCALL | METH_KEYWORDS,
+     "submit($self, /, wait_nr=0, timeout=None)\n--\n\n"
      "Publish pending SQEs and enter (Ring.submit)."},
     {"prep_batch", (PyCFunction)(void (*)(void))core_prep_batch, METH_FASTCALL | METH_KEYWORDS,
+     "prep_batch($self, /, opcode, user_data, *, fd=-1, addr=0, length=0, flags=0, ioprio=0, "
+     "op_flags=0, buf_index=0)\n--\n\n"
      "Fill len(user_data) SQEs of one opcode (Ring.prep_batch)."},
     {"reap", (PyCFunction)(void (*)(void))core_reap, METH_FASTCALL | METH_KEYWORDS,
+     "reap($self, /, max_n=None)\n--\n\n"
      "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
     {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
+     "reap_one($self, /)\n--\n\n"
      "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
     {"close", (PyCFunction)(void (*)(void))core_close, METH_FASTCALL,
+     "close($self, ring=None, /)\n--\n\n"
      "Refuse every later call (ring: whose _release_fd to call after an enter in flight)."},
     {NULL, NULL, 0, NULL},
 };
@@ -580,7 +588,8 @@ static PyTypeObject CoreType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, "
               "cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, "
-              "cq_mask, cqe_size, closed)",
+              "cq_mask, cqe_size, closed, /)\n--\n\n"
+              "The Ring's hot methods over its mapped memory (zcnet.uring.accel_bind makes it).",
     .tp_new = core_new,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
@@ -600,7 +609,8 @@ static const Twin twins[] = {
 
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
-     "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+     "enter($module, fd, to_submit, min_complete, flags, arg, argsz, /)\n--\n\n"
+     "One io_uring_enter: the kernel's result, or -errno."},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };

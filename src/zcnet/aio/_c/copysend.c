@@ -100,5 +100,7 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
 
 static PyMethodDef copysend_methods[] = {{NULL, NULL, 0, NULL}};
 
-OBJECT_TYPE(CopySend, copysend, "An AsyncSender's copy sendall in C (the common case).",
+OBJECT_TYPE(CopySend, copysend,
+            "CopySend(sender, sock, owner_tid, is_running, /)\n--\n\n"
+            "An AsyncSender's copy sendall in C (the common case).",
             .tp_call = (ternaryfunc)copysend_call);

@@ -773,13 +773,19 @@ static PyObject *round_write(Round *r, PyObject *data) {
 
 static PyMethodDef round_methods[] = {
     {"run", (PyCFunction)la_round_run, METH_NOARGS,
-     "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+     "run($self, /)\n--\n\nOne receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
     {"take_batch", (PyCFunction)round_take_batch, METH_NOARGS,
-     "One receive round as a Batch, else DONE 0 or FALLBACK 2."},
+     "take_batch($self, /)\n--\n\nOne receive round as a Batch, else DONE 0 or FALLBACK 2."},
     {"take", (PyCFunction)la_round_take, METH_NOARGS,
+     "take($self, /)\n--\n\n"
      "One receive round's chunks as a list, else DONE 0 or FALLBACK 2."},
-    {"write", (PyCFunction)round_write, METH_O, "The transport's write (common case)."},
+    {"write", (PyCFunction)round_write, METH_O,
+     "write($self, data, /)\n--\n\nThe transport's write (common case)."},
     {NULL, NULL, 0, NULL},
 };
 
-OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case).");
+OBJECT_TYPE(Round, round,
+            "Round(transport, rx, member, provider, bufring, chunk_cls, release_queue, stats, "
+            "recv_ud, f_more, buffer_shift, batch_cls=..., pool=None, /)\n--\n\n"
+            "One ZcTransport's receive round in C (the common case); batch_cls left out: no "
+            "take_batch rounds.");
