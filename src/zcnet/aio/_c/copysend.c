@@ -40,7 +40,7 @@ static int copysend_init(CopySend *c, PyObject *args, PyObject *kw) {
 /* stats.name += n */
 static int add_stat(PyObject *stats, PyObject *name, long long n) {
     long long v;
-    return iget_ll(stats, name, &v) && iset_ll(stats, name, v + n);
+    return iget_counter(stats, name, COUNTER_ADD, &v) && iset_ll(stats, name, v + n);
 }
 
 static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
