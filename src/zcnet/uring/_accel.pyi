@@ -3,7 +3,7 @@ and the provided-buffer ring's writes. Each entry point's Python twin is in ``TW
 bufring functions answer None for anything but the common case (then the twin runs).
 tests/project/test_stubs.py holds this file to the module (names, parameters, arity)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -33,10 +33,11 @@ class Core:
     method has the signature of the Ring method it stands for, which is its slow path."""
 
     def __init__(self, ring: Ring, closed_error: type[ClosedError],
-                 completions_of: type[Completions], keep: tuple[Mapping, ...], cqe32: int,
-                 fd: int, sq_addr: int, khead: int, ktail: int, cq_addr: int, kcq_head: int,
-                 kcq_tail: int, sqes_addr: int, sq_mask: int, sq_entries: int, sqe_size: int,
-                 cqes_addr: int, cq_mask: int, cqe_size: int, closed: int, /) -> None: ...
+                 completions_of: type[Completions], keep: tuple[Mapping, ...],
+                 slow: tuple[Callable[..., object], ...], cqe32: int, fd: int, sq_addr: int,
+                 khead: int, ktail: int, cq_addr: int, kcq_head: int, kcq_tail: int,
+                 sqes_addr: int, sq_mask: int, sq_entries: int, sqe_size: int, cqes_addr: int,
+                 cq_mask: int, cqe_size: int, closed: int, /) -> None: ...
     @property
     def users(self) -> int: ...
     def prep(self, opcode: int, fd: int = -1, addr: int = 0, length: int = 0, off: int = 0,
