@@ -2,7 +2,10 @@
 behind tests/project/test_misuse_both_paths.py. ``python misuse_cases.py NAME`` runs case NAME on
 the path ZCNET_PURE selects and prints its outcome as one line, ``OUTCOME <json>``. The test runs
 each case in a child process per path, so a crash or a hang fails the case instead of the run, and
-holds both outcomes to the case's ``expected``: the same exception types, or none.
+holds both outcomes to the case's ``expected``: the same exception types, or none. The messages
+of those exceptions are compared too: the same on both paths, or, for a sweep or a race (where
+the collector or the other thread lands decides what is raised), each one among the case's
+``messages``.
 
 - fields: a chunk's public fields replaced with an object whose ``__index__`` closes the
   receiver (refused: they are read-only); a chunk built by hand with such a length, and a
@@ -47,16 +50,28 @@ SLACKS = range(0, 40)  # where the collector runs: the slack-th allocation after
 class Case:
     run: Callable[[], Any]
     expected: Any
+    #: None: both paths raise the same messages; else every message either may raise
+    messages: frozenset[str] | None = None
 
 
 CASES: dict[str, Case] = {}
 
 
-def case(expected: Any) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+def case(expected: Any, messages: frozenset[str] | None = None
+         ) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
     def add(fn: Callable[[], Any]) -> Callable[[], Any]:
-        CASES[fn.__name__.replace("_", "-")] = Case(fn, expected)
+        CASES[fn.__name__.replace("_", "-")] = Case(fn, expected, messages)
         return fn
     return add
+
+
+FIX_CLOSED = " (fix: it cannot be used after close(); open a new one)"
+
+
+def closed(what: str) -> str:
+    """The message of the ClosedError ``what`` raises once closed (``what``: "recv() on a
+    closed Receiver", say)."""
+    return f"ClosedError: {what}{FIX_CLOSED}"
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -67,8 +82,16 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return c, s
 
 
+#: Every exception a case saw, as "Type: message" (the test compares these across paths).
+MESSAGES: set[str] = set()
+
+
 def kind(e: BaseException | None) -> str:
-    return "ok" if e is None else type(e).__name__
+    """"ok", or the exception's type name (its message goes to MESSAGES)."""
+    if e is None:
+        return "ok"
+    MESSAGES.add(f"{type(e).__name__}: {e}")
+    return type(e).__name__
 
 
 def outcome_of(fn: Callable[[], Any]) -> str:
@@ -200,11 +223,12 @@ def handmade_chunk_odd_length() -> dict[str, str]:
     return out
 
 
-@case({"released": "TypeError", "delivered": "TypeError", "__index__": "not called"})
+@case({"released": "TypeError", "delivered": "TypeError", "sends": "TypeError",
+       "__index__": "not called"})
 def stats_counter_odd() -> dict[str, str]:
-    """zcnet.aio: a receiver's counter replaced with an object whose ``__index__`` closes the
-    receiver; the next receive raises TypeError on both passes (the compiled round reads ints
-    only, the Python round's arithmetic refuses it)."""
+    """zcnet.aio: a receiver's counter (and a copy sender's) replaced with an object whose
+    ``__index__`` closes the receiver; the next receive (send) raises TypeError on both passes
+    (the compiled round and send read ints only, the Python ones' arithmetic refuses it)."""
     from zcnet import aio
 
     async def main() -> dict[str, str]:
@@ -226,6 +250,17 @@ def stats_counter_odd() -> dict[str, str]:
             setattr(rx.stats, field, was)  # close() does its own arithmetic on them
             rx.close()
             c.close()
+        c, s = await pair()
+        async with aio.open_sender(s, "copy") as tx:
+            tx._stats.sends = Evil(lambda: None)  # any call would count as made
+            try:
+                await asyncio.wait_for(tx.sendall(b"z" * 100), 1)
+                out["sends"] = "ok"
+            except Exception as e:
+                out["sends"] = kind(e)
+            tx._stats.sends = 0
+        c.close()
+        s.close()
         out["__index__"] = "called" if Evil.called else "not called"
         return out
 
@@ -324,8 +359,19 @@ SYNC_REENTRY = {
     ("close", "release"): CLOSED, ("close", "close"): CLOSED,
     ("close", "flush"): ALSO_BEFORE_CLOSE, ("close", "recv"): ALSO_BEFORE_CLOSE,
 }
+#: what each finalizer action may raise, whatever call it lands in
+RECV_INSIDE = ("UsageError: recv() inside another receive or flush of this receiver (a finalizer "
+               "or a signal handler ran there) (fix: only release chunks from __del__ and "
+               "signal handlers; receive in the code that owns the receiver)")
+SYNC_MESSAGES = {
+    "recv": frozenset({RECV_INSIDE, closed("recv() on a closed Receiver")}),
+    "next": frozenset({RECV_INSIDE, "ValueError: generator already executing"}),
+    "flush": frozenset({closed("flush() on a closed Receiver")}),
+    "release": frozenset(), "close": frozenset(),
+}
 for (_call, _action), _expected in SYNC_REENTRY.items():
-    CASES[f"reentry-{_call}-{_action}"] = Case(sync_reentry(_call, _action), _expected)
+    CASES[f"reentry-{_call}-{_action}"] = Case(sync_reentry(_call, _action), _expected,
+                                               SYNC_MESSAGES[_action])
 
 
 def aio_reentry(call: str, action: str) -> Callable[[], list[str]]:
@@ -413,12 +459,18 @@ async def afire(action: Callable[[], Any], step: Callable[[], Awaitable[Any]], s
     return kind(err) if Bomb.fired else None
 
 
+#: a zcnet.aio receive's own words for a receiver closed before or during it (never those of
+#: the blocking Receiver inside)
+AIO_CLOSED = frozenset({closed("receive on a closed zcnet.aio receiver"),
+                        closed("the zcnet.aio receiver was closed while a receive waited")})
 for _call in ("anext", "recv", "recv_batch"):
-    CASES[f"aio-reentry-{_call}-flush"] = Case(aio_reentry(_call, "flush"), CLEAN)
-    CASES[f"aio-reentry-{_call}-release"] = Case(aio_reentry(_call, "release"), CLEAN)
+    CASES[f"aio-reentry-{_call}-flush"] = Case(aio_reentry(_call, "flush"), CLEAN, frozenset())
+    CASES[f"aio-reentry-{_call}-release"] = Case(aio_reentry(_call, "release"), CLEAN,
+                                                 frozenset())
     CASES[f"aio-reentry-{_call}-close"] = Case(
         aio_reentry(_call, "close"),
-        ["outer=ClosedError fin=ok after=closed-freed", "outer=ok fin=ok after=closed-freed"])
+        ["outer=ClosedError fin=ok after=closed-freed", "outer=ok fin=ok after=closed-freed"],
+        AIO_CLOSED)
 
 
 # --- abandoned awaitables ----------------------------------------------------------------------
@@ -529,7 +581,8 @@ for _loop in ("asyncio", "uvloop", "trio"):
 
 # --- a ring closed under another thread ------------------------------------------------------
 
-@case(["ClosedError"])
+@case(["ClosedError"], frozenset(closed(f"{m}() on a closed Ring")
+                                  for m in ("prep", "prep_batch", "submit", "reap", "reap_one")))
 def ring_closed_under_use() -> list[str]:
     """A thread preps, submits (waiting, and with a timeout) and reaps in a loop while another
     closes the ring at a random moment: it gets ClosedError, never another error."""
@@ -600,7 +653,9 @@ def ring_fd_outlives_its_enter() -> dict[str, str]:
 
 def main() -> None:
     name = sys.argv[1]
-    print("OUTCOME " + json.dumps(CASES[name].run(), sort_keys=True), flush=True)
+    outcome = CASES[name].run()
+    print("OUTCOME " + json.dumps({"outcome": outcome, "messages": sorted(MESSAGES)},
+                                  sort_keys=True), flush=True)
 
 
 if __name__ == "__main__":

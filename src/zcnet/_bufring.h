@@ -59,6 +59,6 @@ static inline PyObject *bufring_layout(PyObject *self, PyObject *unused) {
 
 #define BUFRING_LAYOUT_METHOD                                                               \
     {"bufring_layout", (PyCFunction)bufring_layout, METH_NOARGS,                            \
-     "bufring_layout() -> the struct io_uring_buf layout this module was built for"}
+     "bufring_layout($module, /)\n--\n\nThe struct io_uring_buf layout this module was built for."}
 
 #endif /* ZCNET_BUFRING_H */

@@ -113,6 +113,6 @@ static inline PyObject *cqe_layout(PyObject *self, PyObject *unused) {
 
 #define CQE_LAYOUT_METHOD                                                                   \
     {"cqe_layout", (PyCFunction)cqe_layout, METH_NOARGS,                                    \
-     "cqe_layout() -> the struct io_uring_cqe layout this module was built for"}
+     "cqe_layout($module, /)\n--\n\nThe struct io_uring_cqe layout this module was built for."}
 
 #endif /* ZCNET_CQE_H */

@@ -51,7 +51,7 @@ INDIRECT = {
     "zcnet.report.labels", "zcnet.report.warning_notes", "zcnet.rx.copying",
     "zcnet.rx.zc.debugviews", "zcnet.rx.zc.engines", "zcnet.rx.zc.soft_inc", "zcnet.tx.mmsg",
     "zcnet.tx.payload", "zcnet.tx.slots", "zcnet.uapi.mman", "zcnet.uapi.sched",
-    "zcnet.uapi.tcp", "zcnet.uapi.udp", "zcnet.uring.accel_bind", "zcnet.uring.eventfd",
+    "zcnet.uapi.tcp", "zcnet.uapi.udp", "zcnet.uring.eventfd",
     "zcnet.uring.layout", "zcnet.vm.caps", "zcnet.vm.integrity",
 }
 

@@ -1,7 +1,8 @@
 """Misuse on both paths (tests/misuse_cases.py): each case runs once on the pure path
 (ZCNET_PURE=1) and once on the compiled one, each in an interpreter of its own so that a crash
 or a hang fails the case, and both must end as the case expects (the same exception types, or
-none, and a receiver left in step). Every case crashed, hung or diverged before its fix."""
+none, and a receiver left in step) with the same messages (or, for a sweep or a race, messages
+the case allows). Every case crashed, hung or diverged before its fix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +27,8 @@ HERE = TESTS
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
 
 
-def _outcome(name: str, path: str) -> object:
+@cache
+def _outcome(name: str, path: str) -> dict[str, Any]:
     if path == "c" and not (accel_available() and shared._loopaccel is not None):
         pytest.skip("the compiled accelerators are not built: install with a C compiler")
     env = {**os.environ, "ZCNET_PURE": "1" if path == "pure" else "0",
@@ -40,13 +44,13 @@ def _outcome(name: str, path: str) -> object:
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("OUTCOME ")),
                 None)
     assert p.returncode == 0 and line, p.stderr[-3000:]
-    return json.loads(line.removeprefix("OUTCOME "))
+    return json.loads(line.removeprefix("OUTCOME "))  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("path", ["pure", "c"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_misuse_ends_as_expected(name: str, path: str) -> None:
-    got = _outcome(name, path)
+    got = _outcome(name, path)["outcome"]
     expected = CASES[name].expected
     if expected is None:  # abandoned-*: every awaitable's next receive worked
         assert isinstance(got, dict) and got and set(got.values()) == {"ok"}, got
@@ -56,3 +60,14 @@ def test_misuse_ends_as_expected(name: str, path: str) -> None:
         assert got and set(got) <= set(expected), got
     else:
         assert got == expected
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_misuse_raises_the_same_messages_on_both_paths(name: str) -> None:
+    pure, compiled = (_outcome(name, path)["messages"] for path in ("pure", "c"))
+    allowed = CASES[name].messages
+    if allowed is None:
+        assert pure == compiled
+    else:  # a sweep or a race: each path raises what the case allows, nothing else
+        assert set(pure) <= allowed, set(pure) - allowed
+        assert set(compiled) <= allowed, set(compiled) - allowed

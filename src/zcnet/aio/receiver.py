@@ -101,6 +101,8 @@ class AsyncReceiver(LoopResource):
                     # once (one enter per loop iteration, not one per message and task).
                     await self._wait()
                     continue
+                if self._closed:  # by a finalizer inside the round: the check above says so
+                    continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
             elif core.reaping():

@@ -88,14 +88,22 @@ static PyObject *accel_enter(PyObject *self, PyObject *const *args, Py_ssize_t n
  * ClosedError as the Python methods. Anything off the common path (keywords it does not know,
  * a value out of range, a full SQ, a timeout, a short submit or a failed enter) is handed to
  * the Ring's Python method of the same job, so errors and their messages are the Python
- * path's own. */
+ * path's own. Those methods are handed over once, as the ``slow`` tuple (in SLOW_* order,
+ * accel_bind.SLOW_PATHS): no lookup by name on a slow path. */
+enum { SLOW_PREP, SLOW_PREP_BATCH, SLOW_SUBMIT, SLOW_SUBMIT_SLOW, SLOW_REAP, SLOW_RELEASE_FD,
+       SLOW_N };
+/* The public method each slow path serves, for a ClosedError once the Ring is gone. */
+static const char *const slow_for[SLOW_N] = {"prep", "prep_batch", "submit", "submit", "reap",
+                                             "close"};
+
 typedef struct {
     PyObject_HEAD
     int fd, closed;
     unsigned *khead, *ktail, *kcq_head, *kcq_tail;
     char *sqes, *cqes;
     unsigned sq_mask, cq_mask, sq_entries, sqe_size, cqe_size;
-    PyObject *ring_ref;     /* weakref to the Ring: its slow paths */
+    PyObject *ring_ref;     /* weakref to the Ring: its slow paths' self */
+    PyObject *slow[SLOW_N]; /* the Ring class's slow-path functions, SLOW_* order */
     PyObject *closed_error; /* zcnet.errors.ClosedError */
     PyObject *owner;        /* the Ring's type name, for the error message */
     PyTypeObject *comp;     /* zcnet.uring.ring.Completions: reap's result */
@@ -117,6 +125,8 @@ static void core_dealloc(Core *c) {
     Py_XDECREF(c->comp);
     Py_XDECREF(c->keep);
     Py_XDECREF(c->closer);
+    for (int i = 0; i < SLOW_N; i++)
+        Py_XDECREF(c->slow[i]);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -131,13 +141,23 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
     unsigned khead, ktail, kcq_head, kcq_tail, sq_mask, sq_entries, sqe_size, cq_mask, cqe_size;
     int cqe32, fd, closed;
-    PyObject *ring, *err, *of, *keep;
+    PyObject *ring, *err, *of, *keep, *slow;
     /* Parsed into locals and stored only once every check passed: a failed __init__ leaves
      * the Core as it was (closed, or bound to its ring). */
-    if (!PyArg_ParseTuple(args, "OOOOiiKIIKIIKIIIKIII", &ring, &err, &of, &keep, &cqe32, &fd,
-                          &sq, &khead, &ktail, &cq, &kcq_head, &kcq_tail, &sqes, &sq_mask,
-                          &sq_entries, &sqe_size, &cqes, &cq_mask, &cqe_size, &closed))
+    if (!PyArg_ParseTuple(args, "OOOOO!iiKIIKIIKIIIKIII", &ring, &err, &of, &keep,
+                          &PyTuple_Type, &slow, &cqe32, &fd, &sq, &khead, &ktail, &cq,
+                          &kcq_head, &kcq_tail, &sqes, &sq_mask, &sq_entries, &sqe_size, &cqes,
+                          &cq_mask, &cqe_size, &closed))
         return -1;
+    if (PyTuple_GET_SIZE(slow) != SLOW_N) {
+        PyErr_Format(PyExc_TypeError, "Core: slow is a tuple of %d functions", SLOW_N);
+        return -1;
+    }
+    for (int i = 0; i < SLOW_N; i++)
+        if (!PyCallable_Check(PyTuple_GET_ITEM(slow, i))) {
+            PyErr_Format(PyExc_TypeError, "Core: slow[%d] is not callable", i);
+            return -1;
+        }
     if (cqe_size != (cqe32 ? CQE32_SIZE : CQE_SIZE)) {
         PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", cqe_size,
                      cqe32);
@@ -162,6 +182,8 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
         return -1;
     }
     memcpy(c->comp_off, comp_off, sizeof comp_off);
+    for (int i = 0; i < SLOW_N; i++)
+        Py_XSETREF(c->slow[i], Py_NewRef(PyTuple_GET_ITEM(slow, i)));
     Py_XSETREF(c->comp, (PyTypeObject *)Py_NewRef(of));
     Py_XSETREF(c->keep, Py_NewRef(keep));
     Py_XSETREF(c->ring_ref, ring_ref);
@@ -210,13 +232,13 @@ static PyObject *core_ring(Core *c) {
 #endif
 }
 
-/* Call the Ring's Python method ``name`` with these arguments (the slow path). */
-static PyObject *core_delegate(Core *c, const char *name, PyObject *const *args, size_t nargsf,
+/* Call the Ring's slow path ``which`` with these arguments, the Ring as its self. */
+static PyObject *core_delegate(Core *c, int which, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
     PyObject *ring = core_ring(c);
     if (!ring)
-        return PyErr_Occurred() ? NULL : core_closed(c, name);
-    PyObject *meth = PyObject_GetAttrString(ring, name);
+        return PyErr_Occurred() ? NULL : core_closed(c, slow_for[which]);
+    PyObject *meth = PyMethod_New(c->slow[which], ring);
     Py_DECREF(ring);
     if (!meth)
         return NULL;
@@ -332,7 +354,7 @@ static PyObject *core_prep(Core *c, PyObject *const *args, size_t nargsf, PyObje
     __atomic_store_n(c->ktail, tail + 1, __ATOMIC_RELEASE);
     return PyLong_FromUnsignedLong(slot);
 slow:
-    return core_delegate(c, "_prep_py", args, nargsf, kwnames);
+    return core_delegate(c, SLOW_PREP, args, nargsf, kwnames);
 }
 
 static const int batch_pos[] = {F_OPCODE, F_UD};
@@ -389,7 +411,7 @@ static PyObject *core_prep_batch(Core *c, PyObject *const *args, size_t nargsf,
     __atomic_store_n(c->ktail, tail + (unsigned)n, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 slow:
-    return core_delegate(c, "_prep_batch_py", args, nargsf, kwnames);
+    return core_delegate(c, SLOW_PREP_BATCH, args, nargsf, kwnames);
 }
 
 /* One enter; with a wait the GIL is released, and the enter counts in ``users`` meanwhile: a
@@ -418,7 +440,7 @@ static int core_enter_done(Core *c) {
         return 0;
     PyObject *ring = c->closer;
     c->closer = NULL;
-    PyObject *r = PyObject_CallMethod(ring, "_release_fd", NULL);
+    PyObject *r = PyObject_CallOneArg(c->slow[SLOW_RELEASE_FD], ring);
     Py_DECREF(ring);
     Py_XDECREF(r);
     return r ? 0 : -1;
@@ -461,13 +483,13 @@ static PyObject *core_submit(Core *c, PyObject *const *args, size_t nargsf, PyOb
             Py_XDECREF(pyargs[1]);
             return NULL;
         }
-        PyObject *r = core_delegate(c, "_submit_slow", pyargs, 3, NULL);
+        PyObject *r = core_delegate(c, SLOW_SUBMIT_SLOW, pyargs, 3, NULL);
         Py_DECREF(pyargs[0]);
         Py_DECREF(pyargs[1]);
         return r;
     }
 slow:
-    return core_delegate(c, "_submit_py", args, nargsf, kwnames);
+    return core_delegate(c, SLOW_SUBMIT, args, nargsf, kwnames);
 }
 
 /* reap_one() -> (user_data, res, flags) or None */
@@ -494,20 +516,20 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
     unsigned head = *c->kcq_head;
     unsigned n = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
     if (kwnames || nargs > 1)
-        return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
     if (nargs == 1 && args[0] != Py_None) {
         if (!PyLong_CheckExact(args[0]))
-            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+            return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
         long long m = PyLong_AsLongLong(args[0]);
         if (m == -1 && PyErr_Occurred()) {
             PyErr_Clear(); /* too big for C: the Python method takes it */
-            return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+            return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
         }
         if (m < (long long)n)
             n = m < 0 ? 0 : (unsigned)m;
     }
     if (n > c->cq_mask + 1) /* a head out of step (written through cq_addresses): no copy */
-        return core_delegate(c, "_reap_py", args, nargsf, kwnames);
+        return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
     size_t sz = c->cqe_size, ring_bytes = (size_t)(c->cq_mask + 1) * sz;
     size_t start = (size_t)(head & c->cq_mask) * sz, len = (size_t)n * sz;
     PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
@@ -559,16 +581,24 @@ static PyMemberDef core_members[] = {
 
 static PyMethodDef core_methods[] = {
     {"prep", (PyCFunction)(void (*)(void))core_prep, METH_FASTCALL | METH_KEYWORDS,
+     "prep($self, /, opcode, fd=-1, addr=0, length=0, off=0, user_data=0, *, flags=0, "
+     "ioprio=0, op_flags=0, buf_index=0, file_index=0, addr3=0)\n--\n\n"
      "Fill one SQE; returns the slot index (Ring.prep)."},
     {"submit", (PyCFunction)(void (*)(void))core_submit, METH_FASTCALL | METH_KEYWORDS,
+     "submit($self, /, wait_nr=0, timeout=None)\n--\n\n"
      "Publish pending SQEs and enter (Ring.submit)."},
     {"prep_batch", (PyCFunction)(void (*)(void))core_prep_batch, METH_FASTCALL | METH_KEYWORDS,
+     "prep_batch($self, /, opcode, user_data, *, fd=-1, addr=0, length=0, flags=0, ioprio=0, "
+     "op_flags=0, buf_index=0)\n--\n\n"
      "Fill len(user_data) SQEs of one opcode (Ring.prep_batch)."},
     {"reap", (PyCFunction)(void (*)(void))core_reap, METH_FASTCALL | METH_KEYWORDS,
+     "reap($self, /, max_n=None)\n--\n\n"
      "Take every ready CQE (up to max_n) as Completions (Ring.reap)."},
     {"reap_one", (PyCFunction)core_reap_one, METH_NOARGS,
+     "reap_one($self, /)\n--\n\n"
      "The oldest ready CQE as (user_data, res, flags), or None (Ring.reap_one)."},
     {"close", (PyCFunction)(void (*)(void))core_close, METH_FASTCALL,
+     "close($self, ring=None, /)\n--\n\n"
      "Refuse every later call (ring: whose _release_fd to call after an enter in flight)."},
     {NULL, NULL, 0, NULL},
 };
@@ -578,9 +608,10 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, completions_of, keep, cqe32, fd, sq_addr, khead, ktail, "
-              "cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, cqes_addr, "
-              "cq_mask, cqe_size, closed)",
+    .tp_doc = "Core(ring, closed_error, completions_of, keep, slow, cqe32, fd, sq_addr, khead, "
+              "ktail, cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, "
+              "cqes_addr, cq_mask, cqe_size, closed, /)\n--\n\n"
+              "The Ring's hot methods over its mapped memory (zcnet.uring.accel_bind makes it).",
     .tp_new = core_new,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
@@ -600,7 +631,8 @@ static const Twin twins[] = {
 
 static PyMethodDef accel_methods[] = {
     {"enter", (PyCFunction)(void (*)(void))accel_enter, METH_FASTCALL,
-     "enter(fd, to_submit, min_complete, flags, arg, argsz) -> result or -errno"},
+     "enter($module, fd, to_submit, min_complete, flags, arg, argsz, /)\n--\n\n"
+     "One io_uring_enter: the kernel's result, or -errno."},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };

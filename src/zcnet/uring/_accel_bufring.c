@@ -229,12 +229,15 @@ static PyObject *accel_soft_round(PyObject *self, PyObject *const *args, Py_ssiz
 static PyMethodDef bufring_methods[] = {
     BUFRING_LAYOUT_METHOD,
     {"soft_round", (PyCFunction)(void (*)(void))accel_soft_round, METH_FASTCALL,
-     "soft_round(raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, head, "
-     "buf_size, base) -> (records, count, final) or None"},
+     "soft_round($module, raw, n, cqe_size, recv_ud, f_more, f_buffer, shift, mem, entries, "
+     "head, buf_size, base, /)\n--\n\n"
+     "A soft receive's common round: (records, count, final), or None."},
     {"buf_provide", (PyCFunction)(void (*)(void))accel_buf_provide, METH_FASTCALL,
-     "buf_provide(mem, entries, tail, bids, base, buf_size) -> new tail or None"},
+     "buf_provide($module, mem, entries, tail, bids, base, buf_size, /)\n--\n\n"
+     "Publish bids to the buffer ring: the new tail, or None."},
     {"buf_in_step", (PyCFunction)(void (*)(void))accel_buf_in_step, METH_FASTCALL,
-     "buf_in_step(mem, entries, head, bids) -> bool"},
+     "buf_in_step($module, mem, entries, head, bids, /)\n--\n\n"
+     "Whether bids are the ring's entries from head on, in order."},
     {NULL, NULL, 0, NULL},
 };
 

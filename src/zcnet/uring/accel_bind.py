@@ -13,6 +13,10 @@ from zcnet.uring.syscall import accel_for
 
 #: The methods the Core runs, each with the Python method it falls back to (``_<name>_py``).
 ACCEL_METHODS = ("prep", "prep_batch", "submit", "reap", "reap_one")
+#: The Ring methods the Core's slow paths call, handed over once in this order (SLOW_* in
+#: _accel.c): the Core looks none up by name.
+SLOW_PATHS = ("_prep_py", "_prep_batch_py", "_submit_py", "_submit_slow", "_reap_py",
+              "_release_fd")
 
 
 def bind_accel(ring: object, fd: int, maps: list[Mapping], mem: RingMemory,
@@ -22,13 +26,13 @@ def bind_accel(ring: object, fd: int, maps: list[Mapping], mem: RingMemory,
     Returns the Core (``close()`` it before unmapping)."""
     accel = accel_for("c")
     assert accel is not None  # backend() said "c"
+    cls = type(ring)
     core = accel.Core(ring, ClosedError, Completions, tuple(maps),
-                      int(mem.cqe_size == 32),
+                      tuple(getattr(cls, name) for name in SLOW_PATHS), int(mem.cqe_size == 32),
                       fd, mem.sq.addr, p.sq_off.head, p.sq_off.tail,
                       mem.cq.addr, p.cq_off.head, p.cq_off.tail, mem.sqes.addr,
                       mem.sq_mask, p.sq_entries, mem.sqe_size,
                       mem.cq.addr + p.cq_off.cqes, mem.cq_mask, mem.cqe_size, 0)
-    cls = type(ring)
     for name in ACCEL_METHODS:
         if getattr(cls, name) is getattr(cls, f"_{name}_py"):  # not overridden: take it
             ring.__dict__[name] = getattr(core, name)

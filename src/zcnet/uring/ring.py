@@ -221,9 +221,7 @@ class Ring:
 
     # -- submission ---------------------------------------------------------------------------
     def sq_space(self) -> int:
-        if self.fd < 0:
-            raise ClosedError.of(self, "sq_space")
-        return self.sq_entries - ((self._sqm[self._ktail_i] - self._sqm[self._khead_i]) & _U32)
+        return self.sq_entries - self._pending("sq_space")
 
     def _make_room(self, n: int) -> None:
         """Submit so that ``n`` SQ slots are free (the SQ is full)."""
@@ -376,7 +374,7 @@ class Ring:
         while True:
             try:
                 if deadline is None:
-                    self._syscall("submit", io_uring_enter, self.pending, wait_nr, flags)
+                    self._syscall("submit", io_uring_enter, self._pending(), wait_nr, flags)
                 else:
                     self._enter_until(wait_nr, flags, deadline)
             except OSError as e:
@@ -389,7 +387,7 @@ class Ring:
             # Fewer completions than asked for: a signal ended the wait early.
             if deadline is not None and time.monotonic() >= deadline:
                 break
-        return n0 - self.pending
+        return n0 - self._pending()
 
     def _enter_until(self, wait_nr: int, flags: int, deadline: float) -> int:
         """Enter with a relative timeout; after EINTR (a signal whose handler returned) enter
@@ -399,7 +397,7 @@ class Ring:
             ts = _kernel_timespec(int(left), int((left % 1) * 1e9))
             arg = u.io_uring_getevents_arg(ts=ctypes.addressof(ts))
             try:
-                return self._syscall("submit", _enter_once, self.pending, wait_nr, flags, arg)
+                return self._syscall("submit", _enter_once, self._pending(), wait_nr, flags, arg)
             except InterruptedError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -407,10 +405,12 @@ class Ring:
 
     @property
     def pending(self) -> int:
-        """SQEs prepared but not yet consumed by the kernel (it advances ``khead`` inside our
-        own enter: no SQPOLL)."""
-        if self.fd < 0:
-            raise ClosedError.of(self, "pending")
+        """SQEs prepared but not consumed yet (no SQPOLL: the kernel takes them in our enter)."""
+        return self._pending("pending")
+
+    def _pending(self, method: str = "submit") -> int:
+        if self.fd < 0:  # naming the user's call (submit's slow path reads this too)
+            raise ClosedError.of(self, method)
         return (self._sqm[self._ktail_i] - self._sqm[self._khead_i]) & _U32
 
     def wait(self, wait_nr: int = 1, timeout: float | None = None) -> None:

@@ -479,6 +479,9 @@ PyTypeObject la_AnextOpType = {
 
 static PyMethodDef anext_methods[] = {{NULL, NULL, 0, NULL}};
 
-OBJECT_TYPE(Anext, anext, "An AsyncReceiver's __anext__ in C: each call, an awaitable for one "
-            "chunk.", .tp_call = (ternaryfunc)anext_call);
+OBJECT_TYPE(Anext, anext,
+            "Anext(round, receiver, member, owner_tid, is_running, create_future, pending, "
+            "py_anext, closed_error, /)\n--\n\n"
+            "An AsyncReceiver's __anext__ in C: each call, an awaitable for one chunk.",
+            .tp_call = (ternaryfunc)anext_call);
 

@@ -40,7 +40,7 @@ static int copysend_init(CopySend *c, PyObject *args, PyObject *kw) {
 /* stats.name += n */
 static int add_stat(PyObject *stats, PyObject *name, long long n) {
     long long v;
-    return iget_ll(stats, name, &v) && iset_ll(stats, name, v + n);
+    return iget_counter(stats, name, COUNTER_ADD, &v) && iset_ll(stats, name, v + n);
 }
 
 static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
@@ -100,5 +100,7 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
 
 static PyMethodDef copysend_methods[] = {{NULL, NULL, 0, NULL}};
 
-OBJECT_TYPE(CopySend, copysend, "An AsyncSender's copy sendall in C (the common case).",
+OBJECT_TYPE(CopySend, copysend,
+            "CopySend(sender, sock, owner_tid, is_running, /)\n--\n\n"
+            "An AsyncSender's copy sendall in C (the common case).",
             .tp_call = (ternaryfunc)copysend_call);

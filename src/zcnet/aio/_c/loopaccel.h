@@ -138,6 +138,26 @@ static inline int iget_ll(PyObject *o, PyObject *name, long long *out) {
     return ok;
 }
 
+/* A stats counter (o.name) as a C integer. Anything but an int is the TypeError the Python
+ * twin's arithmetic on it raises, word for word: ``err`` is that message with a %s for the
+ * counter's type (COUNTER_ADD: ``stats.x += n``; PEAK_CMP: ``held > stats.peak_...``). */
+#define COUNTER_ADD "unsupported operand type(s) for +=: '%.200s' and 'int'"
+#define PEAK_CMP "'>' not supported between instances of 'int' and '%.200s'"
+
+static inline int iget_counter(PyObject *o, PyObject *name, const char *err, long long *out) {
+    PyObject *v = iget(o, name);
+    if (!v)
+        return 0;
+    int ok = 0;
+    *out = 0;
+    if (PyLong_Check(v))
+        ok = as_ll(v, name, out);
+    else
+        PyErr_Format(PyExc_TypeError, err, Py_TYPE(v)->tp_name);
+    Py_DECREF(v);
+    return ok;
+}
+
 /* 1 when attribute ``name`` is true, 0 when false, -1 on error. */
 static inline int iget_true(PyObject *o, PyObject *name) {
     Py_ssize_t off = slot_offset(o, name);

@@ -307,8 +307,8 @@ static int flush_releases(Round *r, PyObject *buf) {
     BufState bs, *b = &bs;
     long long rel, relb;
     if (verdict == 1 && (verdict = is_open(r->rx)) == 1 && (verdict = ring_now(r, buf, b)) == 1 &&
-        !(iget_ll(r->stats, la_name.released, &rel) &&
-          iget_ll(r->stats, la_name.released_bytes, &relb)))
+        !(iget_counter(r->stats, la_name.released, COUNTER_ADD, &rel) &&
+          iget_counter(r->stats, la_name.released_bytes, COUNTER_ADD, &relb)))
         verdict = 0;
     PyObject **items = verdict == 1 ? PyMem_Malloc((size_t)n * sizeof *items) : NULL;
     if (verdict == 1 && !items) {
@@ -421,10 +421,10 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     if (b.bs > INT32_MAX)
         BAIL(FALLBACK);
     long long dl, dlb, rel, relb, limit;
-    if (!iget_ll(r->stats, la_name.delivered, &dl) ||
-        !iget_ll(r->stats, la_name.delivered_bytes, &dlb) ||
-        !iget_ll(r->stats, la_name.released, &rel) ||
-        !iget_ll(r->stats, la_name.released_bytes, &relb) ||
+    if (!iget_counter(r->stats, la_name.delivered, COUNTER_ADD, &dl) ||
+        !iget_counter(r->stats, la_name.delivered_bytes, COUNTER_ADD, &dlb) ||
+        !iget_counter(r->stats, la_name.released, COUNTER_ADD, &rel) ||
+        !iget_counter(r->stats, la_name.released_bytes, COUNTER_ADD, &relb) ||
         !iget_ll(r->rx, la_name.limit, &limit))
         goto error;
     /* Back-pressure: the Python round pauses and counts it. */
@@ -450,7 +450,8 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         Py_DECREF(ok);
         /* RxCore.armed_now: the receive is armed again, counted. */
         long long n;
-        if (!iget_ll(r->stats, la_name.rearms, &n) || !iset_ll(r->stats, la_name.rearms, n + 1) ||
+        if (!iget_counter(r->stats, la_name.rearms, COUNTER_ADD, &n) ||
+            !iset_ll(r->stats, la_name.rearms, n + 1) ||
             !iset_ll(r->rx, la_name.phase, PHASE_ARMED))
             goto error;
         /* arm() ran Python (a GC pass, say) that may have closed the receiver: waiting then
@@ -531,8 +532,8 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         !iset_ll(buf, la_name.in_ring, b.in_ring - k) ||
         !iset_ll(r->stats, la_name.delivered, dl + k) ||
         !iset_ll(r->stats, la_name.delivered_bytes, dlb + total) ||
-        !iget_ll(r->stats, la_name.peak, &pk) ||
-        !iget_ll(r->stats, la_name.peak_bytes, &pkb) ||
+        !iget_counter(r->stats, la_name.peak, PEAK_CMP, &pk) ||
+        !iget_counter(r->stats, la_name.peak_bytes, PEAK_CMP, &pkb) ||
         (dl + k - rel > pk && !iset_ll(r->stats, la_name.peak, dl + k - rel)) ||
         (dlb + total - relb > pkb && !iset_ll(r->stats, la_name.peak_bytes, dlb + total - relb)) ||
         !iset_ll(r->rx, la_name.stream_off, s0 + total) ||
@@ -773,13 +774,19 @@ static PyObject *round_write(Round *r, PyObject *data) {
 
 static PyMethodDef round_methods[] = {
     {"run", (PyCFunction)la_round_run, METH_NOARGS,
-     "One receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
+     "run($self, /)\n--\n\nOne receive round: DONE 0, AGAIN 1, FALLBACK 2, STOPPED 3."},
     {"take_batch", (PyCFunction)round_take_batch, METH_NOARGS,
-     "One receive round as a Batch, else DONE 0 or FALLBACK 2."},
+     "take_batch($self, /)\n--\n\nOne receive round as a Batch, else DONE 0 or FALLBACK 2."},
     {"take", (PyCFunction)la_round_take, METH_NOARGS,
+     "take($self, /)\n--\n\n"
      "One receive round's chunks as a list, else DONE 0 or FALLBACK 2."},
-    {"write", (PyCFunction)round_write, METH_O, "The transport's write (common case)."},
+    {"write", (PyCFunction)round_write, METH_O,
+     "write($self, data, /)\n--\n\nThe transport's write (common case)."},
     {NULL, NULL, 0, NULL},
 };
 
-OBJECT_TYPE(Round, round, "One ZcTransport's receive round in C (the common case).");
+OBJECT_TYPE(Round, round,
+            "Round(transport, rx, member, provider, bufring, chunk_cls, release_queue, stats, "
+            "recv_ud, f_more, buffer_shift, batch_cls=..., pool=None, /)\n--\n\n"
+            "One ZcTransport's receive round in C (the common case); batch_cls left out: no "
+            "take_batch rounds.");

@@ -418,10 +418,14 @@ static PyObject *router_poll(Router *r, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef router_methods[] = {
     {"route", (PyCFunction)router_route, METH_NOARGS,
-     "Every ready CQE to its member; returns how many."},
+     "route($self, /)\n--\n\nEvery ready CQE to its member; returns how many."},
     {"poll", (PyCFunction)(void (*)(void))router_poll, METH_FASTCALL,
-     "The rest of a pass after its submission; see the source."},
+     "poll($self, entered, efd, /)\n--\n\n"
+     "The rest of a pass after its submission: -1 (no further look), 0 or 1 (more)."},
     {NULL, NULL, 0, NULL},
 };
 
-OBJECT_TYPE(Router, router, "The shared ring's CQEs routed to its members.");
+OBJECT_TYPE(Router, router,
+            "Router(ring, members, khead, ktail, cqes, mask, cqe_size, completions_of, few, "
+            "sq_flags, work_mask, getevents, local_bits, /)\n--\n\n"
+            "The shared ring's CQEs routed to its members.");

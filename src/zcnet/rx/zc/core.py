@@ -405,7 +405,9 @@ class RxCore(DebugViews):
                     toks.extend(t)
                     lens.extend(ls)
                 parts += len(t)
-            nbytes += c.length
+            # ``+``, as sum() on the all-chunks path: a length that is not an int fails
+            # with the same message either way (the compiled path always comes here).
+            nbytes = nbytes + c.length
         self.stats.note_released(parts, nbytes)
         if arrays:  # a vectorizing provider takes arrays (the order of buffers is free)
             if toks:

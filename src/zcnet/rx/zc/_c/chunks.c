@@ -282,14 +282,19 @@ static PyObject *rx_readonly_slot(PyObject *self, PyObject *const *args, Py_ssiz
 
 PyMethodDef rx_chunk_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))rx_bind, METH_FASTCALL,
-     "bind(held, chunk, core, deque, slow_release) -> chunk's release"},
+     "bind($module, held, chunk, core, deque, slow_release, /)\n--\n\n"
+     "Bind the chunk classes; returns the chunk's release."},
     {"make_chunks", (PyCFunction)(void (*)(void))rx_make_chunks_py, METH_FASTCALL,
-     "make_chunks(core, offsets, lengths, tokens, start) -> (chunks, end)"},
+     "make_chunks($module, core, offsets, lengths, tokens, start, /)\n--\n\n"
+     "One bound chunk per buffer: (chunks, end)."},
     {"mark_released", (PyCFunction)(void (*)(void))rx_mark_released, METH_FASTCALL,
-     "mark_released(items, core) -> bool"},
+     "mark_released($module, items, core, /)\n--\n\n"
+     "Mark items released to core: whether all were taken."},
     {"chunk_tokens", (PyCFunction)rx_chunk_tokens, METH_O,
-     "chunk_tokens(items) -> (tokens, lengths, nbytes) or None"},
+     "chunk_tokens($module, items, /)\n--\n\n"
+     "The items' (tokens, lengths, nbytes), or None."},
     {"readonly_slot", (PyCFunction)(void (*)(void))rx_readonly_slot, METH_FASTCALL,
-     "readonly_slot(cls, slot, name) -> a read-only descriptor of the __slots__ member slot"},
+     "readonly_slot($module, cls, slot, name, /)\n--\n\n"
+     "A read-only descriptor of the __slots__ member slot."},
     {NULL, NULL, 0, NULL},
 };

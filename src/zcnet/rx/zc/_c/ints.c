@@ -151,12 +151,14 @@ static PyObject *rx_int_sum(PyObject *self, PyObject *seq) {
 }
 
 PyMethodDef rx_int_methods[] = {
-    {"int_sum", (PyCFunction)rx_int_sum, METH_O, "int_sum(seq) -> int or None"},
+    {"int_sum", (PyCFunction)rx_int_sum, METH_O, "int_sum($module, seq, /)\n--\n\nThe sum of seq's ints, or None."},
     {"zcrx_round", (PyCFunction)(void (*)(void))rx_zcrx_round, METH_FASTCALL,
-     "zcrx_round(raw, n, recv_ud, f_more, off_mask) -> records or None"},
+     "zcrx_round($module, raw, n, recv_ud, f_more, off_mask, /)\n--\n\n"
+     "A zcrx receive's common round: the records, or None."},
     {"refill_push", (PyCFunction)(void (*)(void))rx_refill_push, METH_FASTCALL,
-     "refill_push(mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, token, "
-     "off_mask) -> new tail or None"},
+     "refill_push($module, mem, head_off, tail_off, rqes_off, entries, tail, offs, lens, "
+     "token, off_mask, /)\n--\n\n"
+     "Push buffers to the refill ring: the new tail, or None."},
     CQE_LAYOUT_METHOD,
     {NULL, NULL, 0, NULL},
 };
