@@ -345,3 +345,33 @@ def test_device_reserve_and_the_registry_per_thread():
     reg.remove(key, "mine")
     assert reg.mine() == {} and reg.owners == {}
     assert zcrx_ifq.queue_key(0, 5) == (0,)  # copy mode: no device, no namespace
+
+
+def test_a_connection_from_another_queue_is_refused_before_its_first_arm(fake, socks,
+                                                                         monkeypatch):
+    """Where the socket's queue is known (its NAPI id) and is not the queue's, the join is a
+    WrongQueue naming both and the fix; nothing of it stays in the queue. Unknown (no NAPI id
+    yet): joined, as the kernel alone can tell then."""
+    arrived = {socks[0].fileno(): ("lo", 3)}
+
+    def find_queue(fd: int) -> tuple[str, int]:
+        if fd not in arrived:
+            raise Unsupported("the socket has no NAPI id")
+        return arrived[fd]
+
+    monkeypatch.setattr(zcrx, "find_queue", find_queue)
+    with open_zcrx_queue(256 * PAGE_SIZE, ifname="lo", queue=0) as zq:
+        with pytest.raises(zcrx.WrongQueue) as ei:
+            zq.join(socks[0].fileno())
+        assert ei.value.message == (f"the connection on fd {socks[0].fileno()} arrived on lo "
+                                    "queue 3, not on lo queue 0, whose zcrx queue it joined")
+        assert ei.value.hint == ("steer its port to lo queue 0 (`zcnet nic setup lo --queues 0 "
+                                 "--port PORT`), or join the zcrx queue of lo queue 3")
+        assert (ei.value.ifname, ei.value.queue) == ("lo", 3)
+        assert not zq.members and zq.mem.members == 0
+        arrived[socks[1].fileno()] = ("lo", 0)
+        ok, unknown = zq.join(socks[1].fileno()), zq.join(socks[2].fileno())
+        assert zq.mem.members == 2
+        for m in (ok, unknown):
+            m.close()
+            m.area_done(m.area)

@@ -492,9 +492,9 @@ def test_64_connections_share_one_device_queue_with_no_copy_and_no_drop(ready):
             stack.enter_context(server)
             stack.callback(client.close)
             pairs.append((server, client))
-        with in_netns(ready.ns_b):
+        with in_netns(ready.ns_b):  # where a join can ask which queue a connection came on
             zq = stack.enter_context(open_zcrx_queue(16 * MIB, ifname=ready.if_b, queue=QUEUE))
-        srv = ZcrxServer(zq, [s for s, _ in pairs])
+            srv = ZcrxServer(zq, [s for s, _ in pairs])
         assert "shared by 64 connections" in srv.rx[0].provider.note
         with Device.open(ready.if_b, ready.ns_b) as dev:
             assert netdev.queue_get(dev, QUEUE)["io-uring"] == {"rx-buf-len": zq.buf_len}
@@ -513,6 +513,29 @@ def test_64_connections_share_one_device_queue_with_no_copy_and_no_drop(ready):
             rx.close()
     with Device.open(ready.if_b, ready.ns_b) as dev:
         assert "io-uring" not in netdev.queue_get(dev, QUEUE)
+
+
+def test_a_connection_on_another_queue_cannot_join_the_zcrx_queue(ready):
+    """A flow that RSS put on another queue would end with -EFAULT at its first buffer: the
+    join is refused before any receive is armed, naming where it arrived and the fix."""
+    client, server = _pair(ready, OTHER_PORTS[0])
+    with ExitStack() as stack:
+        stack.enter_context(server)
+        stack.callback(client.close)
+        client.sendall(b"x")  # its first packet gives it a NAPI id
+        assert server.recv(1, socket.MSG_PEEK) == b"x"
+        with in_netns(ready.ns_b):
+            zq = stack.enter_context(open_zcrx_queue(4 * MIB, ifname=ready.if_b, queue=QUEUE))
+            with pytest.raises(WrongQueue) as ei:
+                zq.join(server.fileno())
+        e = ei.value
+        assert e.ifname == ready.if_b and e.queue not in (None, QUEUE)
+        assert e.message == (f"the connection on fd {server.fileno()} arrived on {ready.if_b} "
+                             f"queue {e.queue}, not on {ready.if_b} queue {QUEUE}, whose zcrx "
+                             "queue it joined")
+        assert e.hint.startswith(f"steer its port to {ready.if_b} queue {QUEUE} (`zcnet nic "
+                                 f"setup {ready.if_b} --queues {QUEUE} --port PORT`)")
+        assert not zq.members and zq.mem.members == 0
 
 
 @pytest.fixture

@@ -58,7 +58,8 @@ from types import ModuleType
 
 import numpy as np
 
-from zcnet.errors import ClosedError, Unsupported, UsageError
+from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
+from zcnet.nic.arrival import WrongQueue
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
 from zcnet.rx.zc.provider import (
@@ -157,6 +158,13 @@ class ZcrxProvider(ProviderBase):
         self._released: Sized = ()  # its receiver's released chunks, not yet given back
         c = zq.copied()
         self._copied_at_join = 0 if c is None else c[1]
+        try:
+            self._check_queue()
+        except WrongQueue:
+            self.left = True
+            zq.leave(self)
+            zq.area_user_done()
+            raise
         zq.recap()
 
     # Read-outs of the queue, under the names a single-connection provider always had.
@@ -216,7 +224,27 @@ class ZcrxProvider(ProviderBase):
         """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
         self._live("attach")
         self.fd = fd
+        self._check_queue()
         self._bound_socket()
+
+    def _check_queue(self) -> None:
+        """A connection that arrived on another NIC queue than this one's cannot receive
+        through its ifq (the kernel ends its receive with -EFAULT at the first foreign buffer):
+        refused before the first arm, where its queue is known (SO_INCOMING_NAPI_ID)."""
+        zq = self.zq
+        if zq.copy or self.fd < 0:
+            return
+        try:
+            where = find_queue(self.fd)
+        except (ZcnetError, OSError):  # no packet yet, or loopback: the queue is unknown
+            return
+        if where != (zq.ifname, zq.queue):
+            raise WrongQueue(
+                f"the connection on fd {self.fd} arrived on {where[0]} queue {where[1]}, not on "
+                f"{zq.where}, whose zcrx queue it joined",
+                f"steer its port to {zq.where} (`zcnet nic setup {zq.ifname} --queues "
+                f"{zq.queue} --port PORT`), or join the zcrx queue of {where[0]} queue "
+                f"{where[1]}", where[0], where[1])
 
     def _bound_socket(self) -> None:
         """On a shared device queue, bound what waits in the socket to the other half of its

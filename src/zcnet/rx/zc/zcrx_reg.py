@@ -206,10 +206,12 @@ REGISTER_ERRORS: dict[int, tuple[type[ZcnetError], str, str]] = {
                        "use a NIC whose driver supports zcrx (queue API and tcp-data-split), "
                        "or provider 'soft'"),
     errno.EEXIST: (ZcnetError,
-                   "queue {queue} of {ifname} is still bound to an earlier memory provider (a "
-                   "zcrx or devmem binding not yet released) or the device runs an XDP program",
-                   "close the earlier receiver and its ring (the kernel unbinds when the ring "
-                   "is freed), or detach XDP"),
+                   "queue {queue} of {ifname} already has a memory provider: a zcrx or devmem "
+                   "binding of another process or program (one per queue), one not yet "
+                   "released, or an XDP program",
+                   "receive all of the queue's connections in one process (zcnet.rx.zc.zcrx."
+                   "open_zcrx_queue; threads import it), close the earlier receiver and its "
+                   "ring, or detach XDP"),
     errno.EBUSY: (ZcnetError, "queue {queue} of {ifname} is in use by an AF_XDP socket",
                   "close the AF_XDP socket or pick another queue"),
     errno.ERANGE: (UsageError, "{ifname} has no rx queue {queue}",
