@@ -1144,10 +1144,9 @@ def test_a_binding_shared_with_another_process_maps_the_dmabuf_and_follows_the_c
     parent wrote, the member count and held limit are the owner's (three members), the child
     binds nothing and owns nothing of the binding."""
     import multiprocessing as mp
+    from multiprocessing import forkserver, resource_tracker
 
     from zcnet.rx.zc.devmem_binding import acquire
-
-    from multiprocessing import forkserver, resource_tracker
 
     ctx = mp.get_context("forkserver")  # as the bench's: the handle is pickled, fds sent along
     b = acquire("eth7", [4], 4 << 20, big_memfd)

@@ -17,8 +17,8 @@ Some facts (net/core/devmem.c, net/ipv4/tcp.c, net/core/sock.c of Linux 7.3):
   ``share = usable // members``, of which the member may hold half in pages (``held_limit``)
   and its socket may queue the other half (SO_RCVBUF = share / 4: the kernel doubles it and
   counts truesize, a page per fragment). A join that would leave several members a share under
-  MIN_SHARE each is refused. A member over its share stops reading its socket: its TCP window closes, nobody
-  else's.
+  MIN_SHARE each is refused. A member over its share stops reading its socket: its TCP window
+  closes, nobody else's.
 - Destroying a socket puts the pages it still holds back into the pool
   (``tcp_release_user_frags``), where the NIC refills them while the application may still
   read them. So a member closed with chunks held keeps its socket until they come back
