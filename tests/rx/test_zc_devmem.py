@@ -647,12 +647,16 @@ def _member(memfd: int, fd: int, queues: tuple[int, ...] = (0,), size: int = 1 <
     return DevmemProvider(fd, acquire("eth7", queues, size, memfd))
 
 
-@pytest.fixture
-def memfd():
+def _memfd(size: int):  # type: ignore[no-untyped-def]
     fd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
-    os.ftruncate(fd, 1 << 20)
+    os.ftruncate(fd, size)
     yield fd
     os.close(fd)
+
+
+@pytest.fixture
+def memfd():
+    yield from _memfd(1 << 20)
 
 
 @pytest.mark.parametrize(("ifname", "queue", "want"), [
@@ -969,10 +973,7 @@ def test_a_receiver_that_cannot_be_built_closes_its_provider_and_area(monkeypatc
 
 @pytest.fixture
 def big_memfd():
-    fd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
-    os.ftruncate(fd, 4 << 20)
-    yield fd
-    os.close(fd)
+    yield from _memfd(4 << 20)
 
 
 def test_connections_on_one_queue_set_share_one_binding_and_split_the_dma_buf(fake_bind,
