@@ -40,7 +40,7 @@ import numpy as np
 
 from zcnet.bench.cbuild import compile_c
 from zcnet.errors import ZcnetError
-from zcnet.rx.zc import soft, zcrx
+from zcnet.rx.zc import soft, zcrx, zcrx_queue
 from zcnet.rx.zc.api import Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import Delivery
@@ -241,13 +241,13 @@ class ReplayZcrx(Replayed, zcrx.ZcrxProvider):
 
     def __init__(self, area: Area, chunk: int, batch: int, rq_entries: int = 4096) -> None:
         self.kernel: ZcrxNic = ZcrxNic(batch, chunk)
-        real, zcrx.register_ifq = zcrx.register_ifq, self.kernel.register
+        real, zcrx_queue.register_ifq = zcrx_queue.register_ifq, self.kernel.register
         try:
             super().__init__(-1, area, "lo", 0, rq_entries=rq_entries)
         finally:
-            zcrx.register_ifq = real
-        assert self._ring is not None
-        self.kernel.start(area.size, self._ring.cq_entries)
+            zcrx_queue.register_ifq = real
+        assert self.ring is not None
+        self.kernel.start(area.size, self.ring.cq_entries)
 
 
 # --- the application's side ----------------------------------------------------------------------

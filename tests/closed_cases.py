@@ -114,12 +114,12 @@ def soft_provider(incremental: bool) -> Callable[[], Any]:
 
 
 def zcrx_provider() -> Any:
-    from zcnet.rx.zc import zcrx
+    from zcnet.rx.zc import zcrx, zcrx_queue
     from zcnet.rx.zc.area import Area
 
     # The kernel refuses zcrx on lo (EOPNOTSUPP); everything else (ring, refill ring in user
     # memory, area) is built for real.
-    zcrx.register_ifq = lambda ring, reg, ifname="?": None
+    zcrx_queue.register_ifq = lambda ring, reg, ifname="?": None
     return zcrx.ZcrxProvider(tcp_pair()[1].fileno(), Area(1 << 20), "lo", 0, rq_entries=64)
 
 
@@ -214,10 +214,19 @@ SENDER = {"args": {"send": (100,), "in_flight": (0,)}, "allowed": frozenset({"st
 BURST = {"args": {}}
 # quiesce and recycle_closed are steps of the receiver's close and of releases after it: they
 # touch no provider memory and answer after close too.
+def _spare_area() -> object:
+    """An area of its own for area_done (which unmaps or hands on what it is given)."""
+    from zcnet.rx.zc.area import Area
+
+    return Area(1 << 16)
+
+
+# area_done is the receiver's last step, when it holds nothing of the area (after close).
 PROVIDER = {"args": {"reap": (0,), "recycle": ([0], [100]), "attach": ANY_SOCKET[1],
-                     "quiesce": (False,), "recycle_closed": ([],)},
+                     "quiesce": (False,), "recycle_closed": ([],),
+                     "area_done": lambda: (_spare_area(),), "watch_releases": ((),)},
             "allowed": frozenset({"held_back", "extra_stats", "kernel_copy", "quiesce",
-                                  "recycle_closed"})}
+                                  "recycle_closed", "area_done", "watch_releases"})}
 RECEIVER = {"args": {"recv": (0,), "recv_batch": (0,), "on_release": (None,),
                      "release": lambda: (CTX["chunk"],), "release_many": ([],)},
             "allowed": frozenset({"stats_dict", "release", "release_many"}),

@@ -23,8 +23,8 @@ What it copies from the kernel (io_uring/zcrx.c, 7.2), and what a registration i
 
 Unlike the kernel (which skips or stops at a bad entry), every bad entry is recorded in
 ``rejections`` so a test can fail on it: wrong area id, offset past the area, a length that is
-not the one delivered for that buffer, nonzero pad, a buffer returned that the user did not hold,
-more entries than the ring holds.
+not the one delivered for that buffer (0 passes: the kernel ignores it), nonzero pad, a buffer
+returned that the user did not hold, more entries than the ring holds.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class FakeKernel:
     area_id: int = 0
     layout: tuple[int, int, int] = KERNEL_LAYOUTS["7.2.13"]
     stream: Stream = field(default_factory=Stream)
+    #: Per-socket streams (by the fd a RECV_ZC names); a socket not here reads ``stream``.
+    streams: dict[int, Stream] = field(default_factory=dict)
     rejections: list[str] = field(default_factory=list)
     rings: list[FakeRing] = field(default_factory=list)
     foreign_every: int = 0      # post a data CQE of another request every N wake-ups
@@ -84,6 +86,9 @@ class FakeKernel:
     pool_reads_ring: bool = True
     stats: bool = True          # the kernel has zcrx stats (7.x); False: EINVAL on event_desc
     next_id: int = 0
+    #: Device queues an ifq holds: a second registration there is EEXIST (the queue already
+    #: has a memory provider: __netif_mp_open_rxq).
+    bound: set[tuple[int, int]] = field(default_factory=set)
 
     def ring_class(self) -> Callable[..., FakeRing]:
         def make(entries: int = 64, *, flags: int = 0, cq_entries: int | None = None) -> FakeRing:
@@ -110,8 +115,11 @@ class FakeRing:
         # IORING_OFF_SQES): other memory, not a fault (sparse: untouched, it costs nothing).
         os.ftruncate(self.fd, ZCRX_REGION_MMAP_OFF)
         self.cq: list[tuple[int, int, int, int]] = []
-        self.armed: int | None = None   # user_data of the multishot RECV_ZC
-        self.sock_fd = -1
+        # The armed multishot RECV_ZCs: user_data -> [socket fd, byte cap (0: none), delivered].
+        # Any number may share the ifq, as in the kernel (io_recvzc_prep keeps nothing per
+        # socket).
+        self.reqs: dict[int, list[int]] = {}
+        self.sock_fd = -1               # the socket of the last RECV_ZC armed
         self.registered = False
         self.closed = False
         self.flushes = 0
@@ -149,6 +157,9 @@ class FakeRing:
         self.nodev = bool(reg.flags & u.ZCRX_REG_NODEV)
         if self.nodev and (reg.if_idx or reg.if_rxq):
             raise _err(errno.EINVAL)
+        self.queue = None if self.nodev else (int(reg.if_idx), int(reg.if_rxq))
+        if self.queue in self.k.bound:
+            raise _err(errno.EEXIST)
         entries = 1 << (reg.rq_entries - 1).bit_length()
         area = u.io_uring_zcrx_area_reg.from_address(reg.area_ptr)
         rd = u.io_uring_region_desc.from_address(reg.region_ptr)
@@ -208,6 +219,8 @@ class FakeRing:
         self.k.next_id += 1
         reg.rx_buf_len = buf_len
         self.registered = True
+        if self.queue is not None:
+            self.k.bound.add(self.queue)
         return 0
 
     # --- refill ring: read where the kernel reads ------------------------------------------
@@ -242,7 +255,8 @@ class FakeRing:
         if not self.user_len[niov]:
             self.k.rejections.append(f"buffer {niov} returned but not held by the user")
             return
-        if ln != self.user_len[niov]:
+        if ln and ln != self.user_len[niov]:  # 0: what zcnet writes for buffers released
+            # after their connection left; the kernel reads only off (io_parse_rqe)
             self.k.rejections.append(f"buffer {niov} returned with length {ln}, delivered "
                                      f"{self.user_len[niov]}")
             return
@@ -254,15 +268,16 @@ class FakeRing:
              user_data: int = 0, *, ioprio: int = 0, file_index: int = 0, **_: int) -> int:
         if opcode == u.IORING_OP_RECV_ZC:
             ok = (ioprio == u.IORING_RECV_MULTISHOT and file_index == self.zcrx_id
-                  and self.armed is None and fd >= 0)
+                  and user_data not in self.reqs and fd >= 0)
             if not ok:
                 self.cq.append((user_data, -errno.EINVAL, 0, 0))
                 return 0
-            self.armed, self.sock_fd = user_data, fd
+            self.reqs[user_data] = [fd, length, 0]
+            self.sock_fd = fd
         elif opcode == u.IORING_OP_ASYNC_CANCEL:
-            if self.armed == addr:
+            if addr in self.reqs:
                 self.cq.append((addr, -errno.ECANCELED, 0, 0))
-                self.armed = None
+                del self.reqs[addr]
                 self.cq.append((user_data, 0, 0, 0))
             else:
                 self.cq.append((user_data, -errno.ENOENT, 0, 0))
@@ -282,21 +297,32 @@ class FakeRing:
         self.waits += 1
         if not self.nodev and self.k.pool_reads_ring:
             self._consume_refill()
-        k, s = self.k, self.k.stream
+        k = self.k
         if k.foreign_every and self.waits % k.foreign_every == 0:
             # Another request's CQEs carry data and end: they are not ours.
             self.cq.append((77, 4096, u.IORING_CQE_F_MORE, 5 << 12))
             self.cq.append((78, 100, 0, 6 << 12))
-        if self.armed is None:
-            return
+        for ud in list(self.reqs):
+            if ud in self.reqs:
+                self._serve(ud)
+
+    def _serve(self, ud: int) -> None:
+        """One request's turn: up to ``per_wait`` segments of its socket's stream, each in a
+        buffer of its own, within its byte cap (reached: res 0 and no F_MORE, as EOF)."""
+        k = self.k
+        fd, cap, _ = req = self.reqs[ud]
+        s = k.streams.get(fd, k.stream)
         for _ in range(s.per_wait):
             if s.pos >= len(s.data):
                 break
             if not self.free:
-                if not any(ud == self.armed for ud, *_ in self.cq):
-                    self._final(-errno.ENOMEM)
+                if not any(u_ == ud for u_, *_ in self.cq):
+                    self._final(ud, -errno.ENOMEM)
                 return
-            seg = s.data[s.pos:s.pos + min(s.segment, self.buf_len)]
+            n = min(s.segment, self.buf_len)
+            if cap:
+                n = min(n, cap - req[2])
+            seg = s.data[s.pos:s.pos + n]
             niov = self.free.pop()
             base = niov * self.buf_len
             self.area[base:base + len(seg)] = np.frombuffer(seg, dtype=np.uint8)
@@ -304,16 +330,30 @@ class FakeRing:
             if self.stats_at is not None and (self.nodev or not k.pool_reads_ring):
                 st = self.region[self.stats_at:self.stats_at + 16].view(np.uint64)
                 st += np.array([1, len(seg)], dtype=np.uint64)
-            self.cq.append((self.armed, len(seg), u.IORING_CQE_F_MORE,
+            self.cq.append((ud, len(seg), u.IORING_CQE_F_MORE,
                             k.area_id << u.IORING_ZCRX_AREA_SHIFT | base))
             s.pos += len(seg)
+            req[2] += len(seg)
+            if cap and req[2] >= cap:
+                self._final(ud, 0)
+                return
         if s.pos >= len(s.data) and s.end is not None:
-            self._final(s.end)
+            self._final(ud, s.end)
 
-    def _final(self, res: int) -> None:
-        assert self.armed is not None
-        self.cq.append((self.armed, res, 0, 0))
-        self.armed = None
+    @property
+    def armed(self) -> int | None:
+        """The user_data of the first armed RECV_ZC (None: none armed); set None: every armed
+        receive ends without a CQE (a test that posts the final itself)."""
+        return next(iter(self.reqs), None)
+
+    @armed.setter
+    def armed(self, value: None) -> None:
+        assert value is None
+        self.reqs.clear()
+
+    def _final(self, ud: int, res: int) -> None:
+        self.cq.append((ud, res, 0, 0))
+        del self.reqs[ud]
 
     def cq_ready(self) -> int:
         return len(self.cq)
@@ -335,6 +375,8 @@ class FakeRing:
     def close(self) -> None:
         """The ring goes and with it the ifq: the user's pages are unpinned."""
         self.closed = True
+        if self.registered and self.queue is not None:
+            self.k.bound.discard(self.queue)
         self.region = np.empty(0, np.uint8)
         self.area = np.empty(0, np.uint8)
         for mm in (self._mm, self._dmabuf_mm):

@@ -7,6 +7,8 @@ import queue
 import socket
 import struct
 import threading
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from zcnet.pattern import StreamPattern
@@ -16,13 +18,14 @@ PAT = StreamPattern(seed=4)
 
 
 class Sender(threading.Thread):
-    """Sends ``total`` pattern bytes, then closes (or resets when ``reset`` is set and the receiver
-    signals ``go_reset``)."""
+    """Sends ``total`` pattern bytes (from pattern offset ``base``), then closes (or resets when
+    ``reset`` is set and the receiver signals ``go_reset``)."""
 
     def __init__(self, sock: socket.socket, total: int, *, piece: int = 1 << 20,
-                 reset: bool = False) -> None:
+                 reset: bool = False, base: int = 0) -> None:
         super().__init__(daemon=True)
         self.sock, self.total, self.piece, self.reset = sock, total, piece, reset
+        self.base = base
         self.go_reset = threading.Event()
         self.error: BaseException | None = None
 
@@ -31,7 +34,7 @@ class Sender(threading.Thread):
             off = 0
             while off < self.total:
                 n = min(self.piece, self.total - off)
-                self.sock.sendall(PAT.expected(off, n))
+                self.sock.sendall(PAT.expected(self.base + off, n))
                 off += n
             if self.reset:
                 self.go_reset.wait(10)
@@ -121,3 +124,92 @@ def open_asking_for_hugetlb(open_provider):  # type: ignore[no-untyped-def]
         prov.area.close()
         raise AssertionError(f"hugetlb asked for, area is {prov.area.kind} without a warning")
     return prov
+
+
+MIB = 1 << 20
+
+
+def connections(stack: ExitStack, n: int) -> list[tuple[socket.socket, socket.socket]]:
+    """``n`` loopback TCP connections: (receiving, sending) pairs, closed with ``stack``."""
+    ls = stack.enter_context(socket.socket())
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(n)
+    out = []
+    for _ in range(n):
+        c = stack.enter_context(socket.create_connection(ls.getsockname()))
+        s, _ = ls.accept()
+        stack.enter_context(s)
+        out.append((s, c))
+    return out
+
+
+class ZcrxServer:
+    """One thread serving every connection of a queue: ``ready()``, then ``recv(0)`` on each
+    one it names; each chunk checked at its connection's pattern offset (connection i's stream
+    starts at pattern offset i MiB, so a chunk routed to another connection fails)."""
+
+    def __init__(self, zq, socks: list[socket.socket], *, hold: frozenset[int] = frozenset(),
+                 first: int = 0):
+        self.zq = zq
+        self.rx = [Receiver(s, zq.join(s.fileno()), max_held=1.0) for s in socks]
+        self.by_member = {rx.provider.mid: i for i, rx in enumerate(self.rx)}
+        self.got = [0] * len(socks)
+        self.done_at: list[float | None] = [None] * len(socks)
+        self.errors: dict[int, OSError] = {}
+        self.hold = hold
+        self.kept: list = []
+        self.most_held = 0
+        self.first = first  # the pattern index of socks[0] (pattern offset first MiB)
+
+    def run(self, until, timeout: float = 120) -> None:
+        start = time.monotonic()
+        while not until():
+            assert time.monotonic() - start < timeout, f"stuck: {self.got}"
+            for m in self.zq.ready(0.2):
+                i = self.by_member.get(m.mid)
+                if i is None or self.rx[i].closed:
+                    continue
+                rx = self.rx[i]
+                try:
+                    chunks = rx.recv(0)
+                except OSError as e:
+                    self.errors[i] = e
+                    self.done_at[i] = time.monotonic()
+                    continue
+                for c in chunks:
+                    assert c.stream_offset == self.got[i]
+                    assert PAT.matches((self.first + i) * MIB + c.stream_offset, c.array), (
+                        f"connection {i}: wrong bytes at {c.stream_offset}")
+                    self.got[i] += c.length
+                    (self.kept.append(c) if i in self.hold else c.release())
+                if rx.eof and self.done_at[i] is None:
+                    self.done_at[i] = time.monotonic()
+            share = self.zq.share_bytes()
+            for rx in self.rx:
+                if not rx.closed:
+                    self.most_held = max(self.most_held, rx.provider.held_bytes)
+                    assert rx.provider.held_bytes <= share
+
+    def finished(self, i: int) -> bool:
+        return self.done_at[i] is not None
+
+
+def _send_round_robin(socks: list[socket.socket], total: int, piece: int) -> None:
+    for s in socks:  # the parent's copies stay open: only the child sends
+        s.setblocking(True)
+    for off in range(0, total, piece):
+        for i, s in enumerate(socks):
+            s.sendall(PAT.expected(i * MIB + off, min(piece, total - off)))
+    for s in socks:
+        s.shutdown(socket.SHUT_WR)
+
+
+def send_from_child(socks: list[socket.socket], total: int, piece: int = 64 << 10):
+    """Send ``total`` bytes on each socket (socket i from pattern offset i MiB) from a forked
+    child, round robin: the test process makes no thread (each would keep a malloc arena
+    mapped, which the leak check counts). Returns the started process; join it."""
+    import multiprocessing as mp
+
+    p = mp.get_context("fork").Process(target=_send_round_robin, args=(socks, total, piece))
+    p.start()
+    return p

@@ -29,7 +29,7 @@ MAX_ANY = 13
 MAX_PY_LINES = 500
 MAX_C_LINES = 1000
 # Over the limit today: each may shrink, none may grow, and no other may join.
-BIG_PY = {"zcnet/uring/ring.py": 518, "zcnet/aio/shared.py": 507}
+BIG_PY = {"zcnet/uring/ring.py": 518}
 BIG_C: dict[str, int] = {}
 MAX_PRIVATE_ACROSS = 0
 # Reached by tests only through the command line (subprocess or cli.main) or as a package's

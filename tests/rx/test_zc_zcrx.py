@@ -17,7 +17,7 @@ import pytest
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
 from zc_helpers import PAT, open_asking_for_hugetlb
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_reg
+from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_queue, zcrx_reg
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.zcrx import RING_FLAGS, open_zcrx, parse_completions
 from zcnet.rx.zc.zcrx_reg import (
@@ -263,10 +263,10 @@ def fake(monkeypatch, no_leaks):
     """A FakeKernel under the real provider (its Ring and the query); fails the test on any
     refill entry the kernel would reject."""
     k = FakeKernel()
-    monkeypatch.setattr(zcrx, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
     # A 7.x kernel's zcrx_stats layout, unless the test takes the stats away (k.stats False).
-    monkeypatch.setattr(zcrx, "kernel_stats_layout",
+    monkeypatch.setattr(zcrx_queue, "kernel_stats_layout",
                         lambda: StatsLayout(16, 8) if k.stats else None)
     yield k
     k.stream = None  # the test's payload: freed before no_leaks counts anonymous memory
@@ -472,7 +472,7 @@ def test_queue_discovery_registers_the_rx_queue_of_the_socket_napi(fake, sock, m
     prov = open_zcrx(sock.fileno(), 1 << 20, copy=False)
     try:
         assert (prov.ifname, prov.queue) == ("lo", 3) and prov.mode == "device"
-        assert prov._reg.ifq.if_rxq == 3 and prov._reg.ifq.flags == 0
+        assert prov.reg.ifq.if_rxq == 3 and prov.reg.ifq.flags == 0
     finally:
         prov.close()
         prov.area.close()
@@ -482,7 +482,7 @@ def test_no_napi_id_falls_back_to_copy_mode_and_says_why(fake, tcp_pair):
     sock = tcp_pair[1]  # open_receiver takes TCP sockets only; loopback has no NAPI id
     fake.stream = Stream(b"x" * 100, end=0)
     with open_receiver(sock, "zcrx", area_size=1 << 20) as rx:
-        assert rx.provider.mode == "copy" and rx.provider._reg.ifq.flags == u.ZCRX_REG_NODEV
+        assert rx.provider.mode == "copy" and rx.provider.reg.ifq.flags == u.ZCRX_REG_NODEV
         assert "kernel copies every byte" in rx.why and "no NAPI id" in rx.why
         (c,) = rx.recv(timeout=0)
         assert bytes(c.data) == b"x" * 100
@@ -518,7 +518,7 @@ def test_fake_kernel_rejects_what_the_kernel_would(fake, sock, bad, kernel):
         for i in range(n):
             struct.pack_into("<QII", ring.region, rqes + (i % 4) * 16, *entry)
         struct.pack_into("<I", ring.region, tail, n)
-        ring.register(u.IORING_REGISTER_ZCRX_CTRL, prov._flush, 0)
+        ring.register(u.IORING_REGISTER_ZCRX_CTRL, prov.zq.flush_ctrl, 0)
         assert len(fake.rejections) >= 1
         fake.rejections.clear()
     finally:
@@ -739,7 +739,7 @@ def test_provider_defaults_user_region_4096_entries_page_buffers(fake, sock):
         prov = zcrx.ZcrxProvider(sock.fileno(), area, None, None)
         try:
             assert prov.rq.entries == 4096 and prov.buf_len == PAGE_SIZE
-            assert prov._reg.region_mem is not None and prov._reg.ifq.rx_buf_len == PAGE_SIZE
+            assert prov.reg.region_mem is not None and prov.reg.ifq.rx_buf_len == PAGE_SIZE
             assert prov.note == f"{zcrx.COPY_NOTE}, 4096 refill entries of {PAGE_SIZE} bytes"
         finally:
             prov.close()
@@ -748,7 +748,7 @@ def test_provider_defaults_user_region_4096_entries_page_buffers(fake, sock):
 def test_kernel_region_is_mapped_at_the_offset_the_kernel_returned(fake, sock):
     fake.stream = Stream(PAT.expected(0, 64 << 10).tobytes(), segment=4096, end=0)
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, rq_entries=4, copy=True, user_region=False)
-    assert prov._reg.region.mmap_offset != 0
+    assert prov.reg.region.mmap_offset != 0
     with Receiver(sock, prov, max_held=1.0) as rx:
         assert_stream(drain(rx), 64 << 10)  # 16 buffers' worth through 4: refills were seen
     assert fake.ring.flushes > 0 and fake.ring.free_count == 4
@@ -908,12 +908,15 @@ def test_open_zcrx_defaults_and_notes(fake, sock):
         prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, copy=True)
     try:
         assert prov.area.kind == "anon" and prov.rq.entries == 4096
-        assert prov._reg.region_mem is not None  # the refill ring in our own memory
+        assert prov.reg.region_mem is not None  # the refill ring in our own memory
         assert prov.note == f"{zcrx.COPY_NOTE}, 4096 refill entries of {PAGE_SIZE} bytes"
         assert prov.extra_stats() == {"refill_full": 0, "refill_held": 0, "refill_produced": 0,
                                       "refill_consumed": 0, "rq_entries": 4096,
                                       "rx_buf_len": PAGE_SIZE, "zcrx_copy": 1,
-                                      "zcrx_flushes": 0, "zcrx_copy_count": 0}
+                                      "zcrx_flushes": 0, "zcrx_copy_count": 0,
+                                      "zcrx_members": 1, "zcrx_share": 4, "zcrx_held": 0,
+                                      "zcrx_held_bytes": 0,
+                                      "zcrx_cap_stops": 0}
     finally:
         prov.close()
         prov.close()  # twice is harmless
@@ -955,7 +958,7 @@ def test_queue_discovery_fills_in_only_what_was_not_given(fake, sock, monkeypatc
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname=ifname, queue=queue, copy=False)
     try:
-        assert (prov.ifname, prov.queue) == want and prov._reg.ifq.if_rxq == want[1]
+        assert (prov.ifname, prov.queue) == want and prov.reg.ifq.if_rxq == want[1]
     finally:
         prov.close()
         prov.area.close()
@@ -1019,8 +1022,8 @@ def test_device_mode_takes_a_dmabuf_area_and_a_kernel_region(fake, sock, dmabuf_
     prov = open_zcrx(sock.fileno(), 8 * PAGE_SIZE, ifname="lo", queue=0, rq_entries=8,
                      dmabuf_fd=dmabuf_stand_in)
     try:
-        assert prov.area.kind == "dmabuf" and prov._reg.area.flags == u.IORING_ZCRX_AREA_DMABUF
-        assert prov._reg.region_mem is not None  # user region by default in device mode too
+        assert prov.area.kind == "dmabuf" and prov.reg.area.flags == u.IORING_ZCRX_AREA_DMABUF
+        assert prov.reg.region_mem is not None  # user region by default in device mode too
         with Receiver(sock, prov) as rx:
             assert_stream(drain(rx), 4 * 4096)
     finally:
@@ -1125,7 +1128,7 @@ def test_copied_bytes_come_from_the_kernels_counter(fake, sock, how):
     assert st["refill_produced"] == 40
     assert st["refill_consumed"] == 40 if how == "copy mode" else st["refill_consumed"] >= 32
     # The region holds the counter where the registration put it: past the ring's entries.
-    assert prov._reg.stats_offset >= fake.ring.RQES + 16 * 8
+    assert prov.reg.stats_offset >= fake.ring.RQES + 16 * 8
 
 
 def test_without_kernel_stats_the_copied_bytes_are_unknown_with_the_reason(fake, sock):
@@ -1135,7 +1138,7 @@ def test_without_kernel_stats_the_copied_bytes_are_unknown_with_the_reason(fake,
     with Receiver(sock, prov, max_held=1.0) as rx:
         assert_stream(drain(rx), 4 * 4096)
     st = rx.stats_dict()
-    assert prov._reg.ifq.event_desc == 0  # __resv[0] on such a kernel: left zero
+    assert prov.reg.ifq.event_desc == 0  # __resv[0] on such a kernel: left zero
     assert st["kernel_copied_bytes"] is None and st["zero_copy_share"] is None
     assert st["kernel_copied_source"] == (f"kernel {os.uname().release} lacks zcrx stats "
                                           "(ZCRX_FEATURE_EVENT, needs >= 7.2)")

@@ -77,7 +77,7 @@ def test_256mib_verified_refill_ring_wraps(pair):
     snd = Sender(cli, total, piece=4 << 20)
     snd.start()
     rx = receiver(conn, 2 << 20, rq_entries=64)
-    area_addr, region_addr = rx.area.addr, rx.provider._reg.region_mem.addr
+    area_addr, region_addr = rx.area.addr, rx.provider.reg.region_mem.addr
     with rx:
         assert rx.provider.mode == "copy"
         # The host's fake kernel uses these layouts: a new one must be added there.

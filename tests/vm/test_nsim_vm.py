@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from zc_helpers import PAT, Sender, check, check_to_eof
+from zc_helpers import MIB, PAT, Sender, ZcrxServer, check, check_to_eof, send_from_child
 from zcnet.bench.remote import NetnsServer
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
@@ -33,6 +33,7 @@ from zcnet.nic.device import Device
 from zcnet.rx.zc import open_receiver
 from zcnet.rx.zc.area import HUGE_2MB, udmabuf_create
 from zcnet.rx.zc.devnote import NETDEVSIM_DMA_NOTE
+from zcnet.rx.zc.zcrx import open_zcrx_queue
 
 pytestmark = [pytest.mark.vm(kernel="nsim"), pytest.mark.root]
 
@@ -481,6 +482,48 @@ def test_zcrx_on_an_rx_queue_receives_with_no_kernel_copy(ready):
     buffers = total // stats["rx_buf_len"]
     assert stats["refill_produced"] >= buffers, stats
     assert stats["refill_consumed"] >= stats["refill_produced"] - area // stats["rx_buf_len"]
+
+
+def _alloc_fails(dev: Device) -> int:
+    """Packets QUEUE dropped for want of a buffer (the patched driver's rx-alloc-fail)."""
+    return sum(r.get("rx-alloc-fail", 0) for r in netdev.qstats(dev)
+               if r.get("queue-type") == "rx" and r.get("queue-id") == QUEUE)
+
+
+def test_64_connections_share_one_device_queue_with_no_copy_and_no_drop(ready):
+    """64 connections steered to QUEUE share one zcrx registration (a second one would be
+    EEXIST): every byte verified where the device wrote it, none copied by the kernel (its
+    counter for the queue stays 0, so each connection's is 0), no packet dropped for want of
+    a buffer, no connection ever holding more than its share; the queue unbound at the end."""
+    n, total = 64, 256 << 10
+    with ExitStack() as stack:
+        pairs = []
+        for _ in range(n):
+            client, server = _pair(ready, PORT)
+            stack.enter_context(server)
+            stack.callback(client.close)
+            pairs.append((server, client))
+        with in_netns(ready.ns_b):
+            zq = stack.enter_context(open_zcrx_queue(16 * MIB, ifname=ready.if_b, queue=QUEUE))
+        srv = ZcrxServer(zq, [s for s, _ in pairs])
+        assert "shared by 64 connections" in srv.rx[0].provider.note
+        with Device.open(ready.if_b, ready.ns_b) as dev:
+            assert netdev.queue_get(dev, QUEUE)["io-uring"] == {"rx-buf-len": zq.buf_len}
+            before, fails = _rx_bytes(dev), _alloc_fails(dev)
+            sender = send_from_child([c for _, c in pairs], total)
+            srv.run(lambda: all(map(srv.finished, range(n))), timeout=600)
+            landed, dropped = _delta(dev, before), _alloc_fails(dev) - fails
+        sender.join(60)
+        assert sender.exitcode == 0
+        assert srv.got == [total] * n and not srv.errors
+        assert landed[QUEUE] >= n * total and dropped == 0, (landed, dropped)
+        assert zq.copied()[1] == 0
+        assert all(rx.stats_dict()["kernel_copied_bytes"] == 0 for rx in srv.rx)
+        assert 0 < srv.most_held <= zq.share_bytes()
+        for rx in srv.rx:
+            rx.close()
+    with Device.open(ready.if_b, ready.ns_b) as dev:
+        assert "io-uring" not in netdev.queue_get(dev, QUEUE)
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import itertools
 import os
 import threading
 import time
@@ -46,6 +45,7 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.mem import page_align
+from zcnet.uring.members import split_by_member
 from zcnet.uring.ring import Completions, Ring
 
 try:
@@ -336,22 +336,7 @@ class LoopRing:
                 ring.submit(1, min(left, 0.1))
 
     def _dispatch(self, c: Completions) -> None:
-        ud = c.user_data
-        keys = ud >> LOCAL_BITS
-        local = ud & _U64(LOCAL_MASK)
-        res, flags = c.res, c.flags
-        first = int(keys[0])
-        if keys.tobytes() == np.full(len(keys), first, _U64).tobytes():
-            self._deliver([(first, Completions(local, res, flags))])
-            return
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        cuts = [0, *(np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist(), len(sk)]
-        groups = []
-        for a, b in itertools.pairwise(cuts):
-            idx = order[a:b]
-            groups.append((int(sk[a]), Completions(local[idx], res[idx], flags[idx])))
-        self._deliver(groups)
+        self._deliver(split_by_member(c, LOCAL_BITS))  # type: ignore[arg-type]
 
     def _dispatch_few(self, ring: Ring, n: int) -> None:
         """A few CQEs as Python tuples: cheaper than the ~8 numpy calls of ``_dispatch``."""

@@ -66,7 +66,7 @@ def open_receiver(sock: socket.socket | int, provider: str = "auto", *,
             why = f"{why}; {note}"
         return build_or_close(
             lambda: Receiver(sock, p, max_held=max_held, debug=debug, coalesce=coalesce, why=why),
-            p.close, p.area.close)
+            p.close, lambda: p.area_done(p.area))
 
     info = PROVIDERS.get(provider)
     if info is not None:

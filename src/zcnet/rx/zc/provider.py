@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -127,7 +127,15 @@ class Provider(Protocol):
 
     def recycle_closed(self, tokens: list[int]) -> None:
         """Buffers released after close (any thread): back to whoever outlives the receiver
-        (an event loop's pool), or nowhere."""
+        (an event loop's pool, a shared zcrx queue), or nowhere."""
+
+    def watch_releases(self, released: Sized) -> None:
+        """The receiver's queue of released chunks not yet given back (a provider that shares
+        its kernel side with other receivers tells from it that this one has work)."""
+
+    def area_done(self, area: Area) -> None:
+        """The receiver is closed and holds none of ``area`` any more: unmap it, or tell
+        whoever shares it (a zcrx queue's other connections)."""
 
     def close(self, armed: bool = False) -> bool:
         """Release kernel resources, cancelling the receive first when ``armed``; the area
@@ -150,7 +158,7 @@ class NicProvider(Provider, Protocol):
 
 class ProviderBase:
     """What most providers share of the model: no held-back buffers, nothing to stop ahead of
-    close, nothing to do with buffers released after it."""
+    close, nothing to do with buffers released after it, an area of their own."""
 
     __slots__ = ()
 
@@ -162,6 +170,12 @@ class ProviderBase:
 
     def recycle_closed(self, tokens: list[int]) -> None:
         return None
+
+    def watch_releases(self, released: Sized) -> None:
+        return None
+
+    def area_done(self, area: Area) -> None:
+        area.close()
 
 
 T = TypeVar("T")

@@ -81,12 +81,13 @@ class Receiver:
                            debug=debug, coalesce=coalesce, accel=accel,
                            chunk_cls=CompiledChunk if accel is not None else Chunk)
         self.core.late = self._release_after_close
+        provider.watch_releases(self.core.queue)
         self._close_lock = threading.Lock()
         self._close_deferred = False  # close() was called inside an owner operation
         self._accounting: int | None = None  # the thread closing or accounting, under the lock
         #: Given the area once the receiver is closed and none of it is held: unmaps it, or
         #: keeps it for another receiver (zcnet.aio's loop ring). Called once: None after.
-        self.area_done: Callable[[Area], object] | None = area_done or Area.close
+        self.area_done: Callable[[Area], object] | None = area_done or provider.area_done
 
     @property
     def debug(self) -> bool:

@@ -1,7 +1,9 @@
 """Provider "zcrx": io_uring zero-copy receive (IORING_REGISTER_ZCRX_IFQ + RECV_ZC).
 
-Registration, its errors and what the kernel offers are in zcrx_reg.py; the CQE parse and the
-refill ring in zcrx_rings.py; finding the NIC queue of a socket is in netqueue.py.
+A ZcrxProvider is one connection's receive through a ZcrxQueue (zcrx_queue.py: the ifq, its
+ring and area, shared by every connection on that NIC queue). Registration, its errors and what
+the kernel offers are in zcrx_reg.py; the CQE parse and the refill ring in zcrx_rings.py;
+finding the NIC queue of a socket is in netqueue.py.
 
 Some facts about zcrx that shape this module:
 
@@ -49,7 +51,10 @@ Some facts about copy mode (7.x kernels; the host's 6.18 answers EINVAL):
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+from collections.abc import Sized
+from types import ModuleType
 
 import numpy as np
 
@@ -57,209 +62,332 @@ from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
 from zcnet.rx.zc.provider import (
+    CANCEL_UD,
     RECV_UD,
     CopyCount,
     Delivery,
     ProviderBase,
-    close_ring,
-    reap_ready,
+    build_or_close,
 )
-from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
+from zcnet.rx.zc.zcrx_export import ZcrxExport, export_queue
+from zcnet.rx.zc.zcrx_queue import (
+    COPY_NOTE,
+    MEMBER_BITS,
+    RING_FLAGS,
+    ZcrxQueue,
+    find_open,
+    queue_key,
+)
 from zcnet.rx.zc.zcrx_reg import (
     Offers,
     Registration,
     check_rx_buf_len,
     kernel_offers,
-    kernel_stats_layout,
-    memlock_error,
     no_stats_reason,
     register_ifq,
 )
 from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions
 from zcnet.uapi import io_uring as u
-from zcnet.uring.mem import Mapping
+from zcnet.uring.completions import Completions
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Ring
 
-RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 MODES = ("device", "copy")
-COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the zcrx area "
-             "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
+_CAP_MAX = 0xFFFFFFFF  # sqe len is a u32: a larger share is no cap at all
+
+
+def _concat(parts: list[Completions]) -> Completions:
+    extra = [p.extra for p in parts]
+    return Completions(np.concatenate([p.user_data for p in parts]),
+                       np.concatenate([p.res for p in parts]),
+                       np.concatenate([p.flags for p in parts]),
+                       np.concatenate(extra))  # type: ignore[arg-type]
+
+
+def _total(lengths: list[int] | np.ndarray, accel: ModuleType | None) -> int:
+    """The bytes of a round's buffers (a list, or an array: summed in C where built)."""
+    if type(lengths) is list:
+        return sum(lengths)
+    if accel is None or (n := accel.int_sum(lengths)) is None:
+        return int(np.add.reduce(lengths))
+    return int(n)
 
 
 class ZcrxProvider(ProviderBase):
-    """One zcrx interface queue and its ring. ``ifname`` None: copy mode (ZCRX_REG_NODEV)."""
+    """One connection's receive through a ZcrxQueue: the Provider its Receiver drives. Every
+    call comes from the queue's thread (the Receiver's owner).
+
+    Built as ``ZcrxProvider(fd, area, ifname, queue, ...)`` it opens a queue of its own on
+    ``area`` (``ifname`` None: copy mode), closed with it; ``ZcrxQueue.join(fd)`` gives one on a
+    queue shared with other connections.
+    """
 
     name = "zcrx"
 
     def __init__(self, fd: int, area: Area, ifname: str | None, queue: int | None, *,
                  rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
                  why_copy: str = "") -> None:
-        self.fd = fd
-        self.area = area
-        self.copy = ifname is None
-        self.mode = "copy" if self.copy else "device"
-        self.ifname = ifname
-        self.queue = queue
-        self._starved = False  # the last stop was -ENOMEM: arm again only after a recycle
-        if ifname is None:
-            ifindex = 0
-        else:
-            try:
-                ifindex = socket.if_nametoindex(ifname)
-            except OSError:
-                raise UsageError(f"no interface named {ifname!r} in this network namespace"
-                                 ) from None
-        self._reg = Registration.build(area, ifindex, queue or 0, rq_entries, user_region,
-                                       nodev=self.copy, rx_buf_len=rx_buf_len,
-                                       stats=kernel_stats_layout())
-        self._region_map: Mapping | None = None
-        self._ring: Ring | None = None
-        self._kstats: np.ndarray | None = None  # the kernel's zcrx_stats: copy count, bytes
-        self._copied = (0, 0)                   # its last reading (kept after close)
-        self._consumed: int | None = None       # the refill ring's kernel head, last read
-        self.flushes = 0
-        with contextlib.ExitStack() as undo:
-            undo.callback(self.close, False)
-            if err := memlock_error(self._reg.locked_bytes()):
-                raise err
-            self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
-            register_ifq(self._ring, self._reg, ifname=ifname or "(no device, copy mode)")
-            self.rq = self._map_refill_ring()
-            self._consumed = 0
-            undo.pop_all()
-        self.ifq_id = int(self._reg.ifq.zcrx_id)
-        # 7.x writes back the buffer size; older kernels leave our 0 (one page).
-        self.buf_len = int(self._reg.ifq.rx_buf_len) or PAGE_SIZE
-        self._flush = u.zcrx_ctrl(zcrx_id=self.ifq_id, op=u.ZCRX_CTRL_FLUSH_RQ)
-        where = (f"{COPY_NOTE}" + (f" ({why_copy})" if why_copy else "") if self.copy
-                 else f"{ifname} queue {queue}")
-        self.note = f"{where}, {self.rq.entries} refill entries of {self.buf_len} bytes"
+        zq = ZcrxQueue(area, ifname, queue, rq_entries=rq_entries, user_region=user_region,
+                       rx_buf_len=rx_buf_len, why_copy=why_copy)
+        build_or_close(lambda: self._join(zq, fd), zq.close)
 
-    def _map_refill_ring(self) -> RefillRing:
-        reg = self._reg
-        size = int(reg.region.size)
-        if reg.region_mem is not None:
-            mem = reg.region_mem.view(np.uint8, 0, size)
-        else:
-            assert self._ring is not None
-            self._region_map = Mapping(size, fd=self._ring.fd, offset=int(reg.region.mmap_offset))
-            mem = self._region_map.view(np.uint8, 0, size)
-        if (at := reg.stats_offset) is not None:
-            self._kstats = mem[at:at + 16].view(np.uint64)
-        o = reg.ifq.offsets
-        return RefillRing(mem, o.head, o.tail, o.rqes, int(reg.ifq.rq_entries),
-                          int(reg.area.rq_area_token))
+    @classmethod
+    def joining(cls, zq: ZcrxQueue, fd: int) -> ZcrxProvider:
+        m = cls.__new__(cls)
+        m._join(zq, fd)
+        return m
+
+    def _join(self, zq: ZcrxQueue, fd: int) -> None:
+        self.zq = zq
+        self.fd = fd
+        self.mid = mid = zq.add(self)
+        self.ud = mid << MEMBER_BITS | RECV_UD
+        self.cancel_ud = mid << MEMBER_BITS | CANCEL_UD
+        self.area = zq.area
+        self.inbox: list[Completions] = []
+        self.armed = False
+        self.cancelling = False
+        self.cap = 0          # bytes the armed receive may deliver (0: no cap)
+        self.since_arm = 0    # bytes it delivered so far
+        self.held = 0         # buffers delivered and not given back
+        self.held_bytes = 0   # their bytes
+        self.cap_stops = 0
+        self.left = False     # closed (this connection)
+        self.queue_gone = False  # the queue closed under an open connection
+        self.ended = False    # its stream ended (EOF or an error)
+        self._released: Sized = ()  # its receiver's released chunks, not yet given back
+        c = zq.copied()
+        self._copied_at_join = 0 if c is None else c[1]
+        zq.recap()
+
+    # Read-outs of the queue, under the names a single-connection provider always had.
+    @property
+    def note(self) -> str:
+        n = len(self.zq.members)
+        return self.zq.note + (f", shared by {n} connections" if n > 1 else "")
+
+    @property
+    def copy(self) -> bool:
+        return self.zq.copy
+
+    @property
+    def mode(self) -> str:
+        return self.zq.mode
+
+    @property
+    def ifname(self) -> str | None:
+        return self.zq.ifname
+
+    @property
+    def queue(self) -> int | None:
+        return self.zq.queue
+
+    @property
+    def rq(self) -> RefillRing:
+        return self.zq.rq
+
+    @property
+    def ifq_id(self) -> int:
+        return self.zq.ifq_id
+
+    @property
+    def buf_len(self) -> int:
+        return self.zq.buf_len
+
+    @property
+    def flushes(self) -> int:
+        return self.zq.flushes
+
+    @property
+    def reg(self) -> Registration:
+        """The queue's registration (the structs the kernel read and wrote back)."""
+        return self.zq.reg
 
     @property
     def offsets(self) -> tuple[int, int, int]:
         """(head, tail, rqes): the refill ring layout the kernel returned."""
-        o = self._reg.ifq.offsets
+        o = self.zq.reg.ifq.offsets
         return int(o.head), int(o.tail), int(o.rqes)
-
-    def attach(self, fd: int) -> None:
-        """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
-        if self._ring is None:
-            raise ClosedError.of(self, "attach")
-        self.fd = fd
-
-    # --- Provider protocol ------------------------------------------------------------------
-    def can_arm(self) -> bool:
-        if self._ring is None:
-            raise ClosedError.of(self, "can_arm")
-        return not self._starved
-
-    def arm(self) -> None:
-        if self._ring is None:
-            raise ClosedError.of(self, "arm")
-        prep_recv_zc(self._ring, self.fd, self.ifq_id, RECV_UD)
-        self._ring.submit()
 
     @property
     def ring(self) -> Ring | None:
-        return self._ring
+        return None if self.left else self.zq.ring
+
+    def attach(self, fd: int) -> None:
+        """Receive from ``fd`` (registration does not need the socket, so it can come first)."""
+        self._live("attach")
+        self.fd = fd
+        self._bound_socket()
+
+    def _bound_socket(self) -> None:
+        """On a shared device queue, bound what waits in the socket to the other half of its
+        budget: those skbs hold the queue's buffers (copy mode queues kernel memory)."""
+        zq = self.zq
+        if self.fd < 0 or zq.copy or not zq.capping():
+            return
+        dup = os.dup(self.fd)
+        try:
+            s = socket.socket(fileno=dup)
+        except OSError:  # not a socket (a test's socketpair stand-in): nothing to bound
+            os.close(dup)
+            return
+        with s:  # the kernel doubles what it is given (skb overhead)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                         (zq.budget() - zq.share()) * zq.buf_len // 2)
+
+    def _live(self, method: str) -> None:
+        if self.left:
+            raise ClosedError.of(self, method)
+        if self.queue_gone:
+            raise ClosedError(f"{method}(): the zcrx queue {self.zq.where} was closed with "
+                              "this connection open", "open a new queue and receiver")
+
+    # --- Provider protocol ------------------------------------------------------------------
+    def can_arm(self) -> bool:
+        self._live("can_arm")
+        return self._may_arm()
+
+    def _may_arm(self) -> bool:
+        """Buffers to arm with: the queue's free list was not found dry since the last flush,
+        and (capped) this connection holds less than its share."""
+        zq = self.zq
+        return not zq.starved and (not zq.capping() or self.held < zq.share())
+
+    def arm(self) -> None:
+        self._live("arm")
+        zq = self.zq
+        cap = 0
+        if zq.capping():
+            # What is left of its share in buffers, in bytes as buffers are being filled.
+            cap = max(1, int((zq.share() - self.held) * zq.fill()))
+            if cap > _CAP_MAX:
+                cap = 0
+        assert zq.ring is not None
+        prep_recv_zc(zq.ring, self.fd, zq.ifq_id, self.ud, cap)
+        zq.ring.submit()
+        self.cap, self.since_arm, self.armed, self.cancelling = cap, 0, True, False
 
     def reap(self, timeout: float | None) -> Delivery:
-        ring = self._ring
-        if ring is None:
+        if self.left:
             raise ClosedError.of(self, "reap")
-        out = parse_completions(reap_ready(ring, timeout), fast=self.rq.accel)
+        zq = self.zq
+        if not self.inbox:
+            if self.queue_gone:
+                self._live("reap")
+            zq.pump(timeout)
+            if not self.inbox:
+                return Delivery()
+        inbox = self.inbox
+        c = inbox[0] if len(inbox) == 1 else _concat(inbox)
+        inbox.clear()
+        out = parse_completions(c, self.ud, fast=zq.rq.accel)
+        if n := len(out.tokens):
+            nbytes = _total(out.lengths, zq.rq.accel)
+            self.held += n
+            self.held_bytes += nbytes
+            zq.seen_cqes += n
+            zq.seen_bytes += nbytes
+            self.since_arm += nbytes
         if out.end is not None or out.stopped:
-            self._starved = out.stopped == "exhausted"
-            if self._starved and not self.copy and (self.rq.held
-                                                    or self.rq.space() < self.rq.entries):
-                self._flush_all()  # buffers released before the stop wait unread in the ring
+            self._ended(out)
         return out
 
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
-        if self._ring is None:  # closed: the refill ring is unmapped
+    def _ended(self, out: Delivery) -> None:
+        """The receive's final CQE: a reached cap (res 0 after exactly ``cap`` bytes) is a
+        stop to re-arm, not EOF."""
+        self.armed = self.cancelling = False
+        if out.end == 0 and self.cap and self.since_arm >= self.cap:
+            out.end, out.stopped = None, "rearm"
+            self.cap_stops += 1
+        self.ended = out.end is not None
+        zq = self.zq
+        if out.stopped == "exhausted":
+            zq.starved = True
+            if not zq.copy and (zq.rq.held or zq.rq.space() < zq.rq.entries):
+                zq.flush_all()  # buffers released before the stop wait unread in the ring
+
+    def watch_releases(self, released: Sized) -> None:
+        self._released = released
+
+    def due(self) -> bool:
+        """Its receiver has work: completions to take, chunks released to give back, or a
+        receive it may arm again."""
+        if self.left:
+            raise ClosedError.of(self, "due")
+        if self.inbox or self._released:
+            return True
+        return not (self.armed or self.ended or self.queue_gone) and self._may_arm()
+
+    def _take_final(self) -> None:
+        """While closing: drop the inbox (its data goes back unread) and note the final CQE."""
+        inbox, self.inbox = self.inbox, []
+        for c in inbox:
+            self.zq._give_back_unread(c)
+            mine = (c.user_data == self.ud) & ((c.flags & u.IORING_CQE_F_MORE) == 0)
+            if mine.any():
+                self.armed = self.cancelling = False
+
+    def recycle(self, tokens: list[int] | np.ndarray, lengths: list[int] | np.ndarray) -> None:
+        if self.left:  # closed: the refill ring may be unmapped
             raise ClosedError.of(self, "recycle")
-        n = self.rq.push(tokens, lengths)
-        if (self.copy and n) or (not self.copy and self._starved):
-            self._flush_all()
-        # Otherwise (a device, not starved) its page pool reads the ring as it allocates.
-
-    def _flush_all(self) -> None:
-        """Return the ring's entries to the area's free list, then those held back, until none
-        is held (the flush empties the ring). Copy mode needs this after every write. So does a
-        device whose receive stopped with -ENOMEM: the kernel's copies take buffers from the
-        free list, and a page pool that does not allocate (a device that copies) never reads
-        the ring. A device that DMAs never stops so (its pool reads the ring): no flush."""
-        while True:
-            self._flush_rq()
-            self._starved = False
-            if not (self.rq.held and self.rq.push([], [])):
-                return
-
-    def _flush_rq(self) -> None:
-        assert self._ring is not None
-        self._ring.register(u.IORING_REGISTER_ZCRX_CTRL, self._flush, 0)
-        self.flushes += 1
-
-    def kernel_copy(self) -> CopyCount:
-        """Bytes the kernel copied into the area, from its own counter (zcrx_stats)."""
-        if self._reg.stats_offset is None:
-            return CopyCount(None, no_stats_reason())
-        self._read_region()
-        return CopyCount(self._copied[1], "zcrx_stats.copy_bytes")
+        self.held -= len(tokens)
+        self.held_bytes -= _total(lengths, self.zq.rq.accel)
+        if self.queue_gone:  # its queue closed under it: back through another ring of the
+            mem = self.zq.mem  # ifq; with none, the kernel took every buffer back already
+            if not mem.gone:
+                mem.closed_tokens.append(np.asarray(tokens, dtype=np.uint64).tolist())
+            return
+        self.zq.recycle(tokens, lengths)
 
     def held_back(self) -> int:
-        return self.rq.held
+        return self.zq.rq.held
 
-    def _read_region(self) -> None:
-        """What the kernel wrote in the refill region: the ring's head, the copy counters
-        (kept here, as the region is unmapped at close)."""
-        if self._ring is None or self._consumed is None:
-            return
-        self._consumed = self.rq.kernel_head()
-        if self._kstats is not None:
-            self._copied = (int(self._kstats[0]), int(self._kstats[1]))
+    def kernel_copy(self) -> CopyCount:
+        """Bytes the kernel copied for this connection: the queue's counter (zcrx_stats) since
+        it joined, exact while it had the queue to itself or the kernel copied nothing."""
+        zq = self.zq
+        c = zq.copied()
+        if c is None:
+            return CopyCount(None, no_stats_reason())
+        copied = c[1] - self._copied_at_join
+        if not zq.capping() or copied == 0:
+            return CopyCount(copied, "zcrx_stats.copy_bytes")
+        if zq.copy:
+            return CopyCount(None, "zcrx copy mode: the kernel copies every byte", True)
+        return CopyCount(None, "zcrx_stats counts the whole queue, which other connections "
+                               "shared")
 
     def extra_stats(self) -> dict[str, int]:
-        self._read_region()
-        d = {"refill_full": self.rq.full_events, "refill_held": self.rq.held,
-             "refill_produced": self.rq.produced, "refill_consumed": self._consumed or 0,
-             "rq_entries": self.rq.entries, "rx_buf_len": self.buf_len,
-             "zcrx_copy": int(self.copy), "zcrx_flushes": self.flushes}
-        if self._reg.stats_offset is not None:
-            d["zcrx_copy_count"] = self._copied[0]  # copy-fallback CQEs (zcrx_stats)
+        d = self.zq.stats()
+        d.update(zcrx_held=self.held, zcrx_held_bytes=self.held_bytes,
+                 zcrx_cap_stops=self.cap_stops)
         return d
 
-    def close(self, armed: bool = False) -> bool:
-        self._read_region()  # the last readings, before the region goes
-        ring, self._ring = self._ring, None
-        region, self._region_map = self._region_map, None
-        self._kstats = None
-        with contextlib.ExitStack() as undo:
-            undo.callback(self._reg.release)
-            # Closing the ring frees the ifq: the queue gets its normal page pool back (the
-            # kernel is done with the area then, whatever the cancel saw).
-            if ring is not None:
-                close_ring(ring, armed, *(() if region is None else (region.close,)))
-            elif region is not None:
-                region.close()
-        return True
+    def quiesce(self, armed: bool) -> bool:
+        if self.left or self.queue_gone or self.zq.closed:
+            return True
+        self._take_final()
+        return not self.armed or self.zq._cancel([self])
 
+    def recycle_closed(self, tokens: list[int]) -> None:
+        mem = self.zq.mem
+        if not mem.gone:  # else the kernel took them back when the ifq went
+            mem.closed_tokens.append(tokens)
+
+    def area_done(self, area: Area) -> None:
+        self.zq.area_user_done()
+
+    def close(self, armed: bool = False) -> bool:
+        if self.left:
+            return not self.armed
+        ok = self.quiesce(armed)
+        self._take_final()
+        self.left = True
+        self.zq.leave(self)
+        return ok or self.zq.closed
+
+
+ZcrxQueue.member_cls = ZcrxProvider
 
 def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
               ifname: str | None = None, queue: int | None = None,
@@ -269,32 +397,57 @@ def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int 
 
     ``copy``: None takes the device when it can do zcrx, else the kernel's copy mode where the
     kernel offers it (7.x); True: copy mode only; False: the device or a clear refusal.
+    A queue this thread already receives (a ZcrxQueue, or another connection's provider) is
+    joined, not registered again (that would be EEXIST); its area and settings apply. Copy mode
+    joins only a queue opened with ``open_zcrx_queue``.
     """
+    return _provider(fd, area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd, ifname=ifname,
+                     queue=queue, rq_entries=rq_entries, user_region=user_region,
+                     rx_buf_len=rx_buf_len, copy=copy, shared=False)  # type: ignore[return-value]
+
+
+def open_zcrx_queue(area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
+                    ifname: str | None = None, queue: int | None = None,
+                    rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
+                    copy: bool | None = None) -> ZcrxQueue:
+    """A zcrx queue for many connections (a server's): ``ifname``/``queue`` of a NIC, or copy
+    mode (``copy`` as in open_zcrx; no device given: copy mode). Each connection joins it with
+    ``join(fd)`` (or ``open_zcrx`` on one of its sockets, in this thread); it stays open until
+    ``close()``. Every receive on it is capped to its connection's share of the area."""
+    if ifname is None and queue is None and copy is None:
+        copy = True
+    return _provider(-1, area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd, ifname=ifname,
+                     queue=queue, rq_entries=rq_entries, user_region=user_region,
+                     rx_buf_len=rx_buf_len, copy=copy, shared=True)  # type: ignore[return-value]
+
+
+def _provider(fd: int, area_size: int, *, hugetlb: bool, dmabuf_fd: int | None,
+              ifname: str | None, queue: int | None, rq_entries: int, user_region: bool,
+              rx_buf_len: int, copy: bool | None, shared: bool) -> ZcrxProvider | ZcrxQueue:
+    """open_zcrx (a provider on ``fd``) or, ``shared``, open_zcrx_queue (the queue)."""
     offers = kernel_offers()
+    kw = {"hugetlb": hugetlb, "rq_entries": rq_entries, "user_region": user_region,
+          "rx_buf_len": rx_buf_len, "shared": shared}
     if copy:
-        return _open(fd, area_size, None, None, offers, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd,
-                     rq_entries=rq_entries, user_region=user_region, rx_buf_len=rx_buf_len)
+        return _open(fd, area_size, None, None, offers, dmabuf_fd=dmabuf_fd, **kw)
     try:
         if ifname is None or queue is None:
             found_if, found_q = find_queue(fd)
             ifname = ifname or found_if
             queue = found_q if queue is None else queue
-        return _open(fd, area_size, ifname, queue, offers, hugetlb=hugetlb,
-                     dmabuf_fd=dmabuf_fd, rq_entries=rq_entries, user_region=user_region,
-                     rx_buf_len=rx_buf_len)
+        return _open(fd, area_size, ifname, queue, offers, dmabuf_fd=dmabuf_fd, **kw)
     except Unsupported as e:
         if copy is None and not offers.copy_mode:
             e.message += "; this kernel has no zcrx copy mode to fall back to (7.x kernels)"
         if copy is False or not offers.copy_mode or dmabuf_fd is not None:
             raise
         why = e.message
-    return _open(fd, area_size, None, None, offers, hugetlb=hugetlb, rq_entries=rq_entries,
-                 user_region=user_region, rx_buf_len=rx_buf_len, why_copy=why)
+    return _open(fd, area_size, None, None, offers, why_copy=why, **kw)
 
 
 def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers: Offers, *,
           hugetlb: bool, dmabuf_fd: int | None = None, rq_entries: int, user_region: bool,
-          rx_buf_len: int, why_copy: str = "") -> ZcrxProvider:
+          rx_buf_len: int, why_copy: str = "", shared: bool) -> ZcrxProvider | ZcrxQueue:
     if ifname is None:
         if not offers.copy_mode:
             raise Unsupported("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x kernels) "
@@ -305,14 +458,38 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
             raise UsageError("zcrx copy mode cannot fill a dma-buf area (the kernel's copy "
                              "writes through the CPU)", "leave dmabuf_fd out in copy mode")
     check_rx_buf_len(rx_buf_len, offers, ifname is None)
+    if not shared and (zq := _joinable(ifname, queue)) is not None:
+        return zq.join(fd)
     area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
     with contextlib.ExitStack() as undo:
         undo.callback(area.close)
-        prov = ZcrxProvider(fd, area, ifname, queue, rq_entries=rq_entries,
-                            user_region=user_region, rx_buf_len=rx_buf_len, why_copy=why_copy)
+        zq = ZcrxQueue(area, ifname, queue, rq_entries=rq_entries, user_region=user_region,
+                       rx_buf_len=rx_buf_len, why_copy=why_copy, shared=shared)
         undo.pop_all()
-    return prov
+    if shared:
+        return zq
+    return build_or_close(lambda: zq.join(fd), zq.close)
 
 
-__all__ = ["OFF_MASK", "STOPS", "Offers", "RefillRing", "Registration", "ZcrxProvider",
-           "kernel_offers", "open_zcrx", "parse_completions"]
+def export_zcrx_queue(zq: ZcrxQueue) -> ZcrxExport:
+    """``zq`` for another thread of this process (call in ``zq``'s thread, then
+    ``.open()`` in the other): its own ring on the same ifq, area and refill ring. Needs
+    ZCRX_CTRL_EXPORT / ZCRX_REG_IMPORT (6.19+); refused clearly before."""
+    return export_queue(zq, kernel_offers())
+
+
+def _joinable(ifname: str | None, queue: int | None) -> ZcrxQueue | None:
+    """This thread's open queue for the device queue (or shared copy-mode queue), if any."""
+    if ifname is None:
+        return find_open(queue_key(0, 0))
+    try:
+        ifindex = socket.if_nametoindex(ifname)
+    except OSError:
+        return None  # ZcrxQueue names the problem
+    return find_open(queue_key(ifindex, queue or 0))
+
+
+__all__ = ["COPY_NOTE", "OFF_MASK", "PAGE_SIZE", "RING_FLAGS", "STOPS", "Offers", "RefillRing",
+           "Registration", "ZcrxExport", "ZcrxProvider", "ZcrxQueue", "export_zcrx_queue",
+           "kernel_offers", "open_zcrx",
+           "open_zcrx_queue", "parse_completions", "register_ifq"]

@@ -53,6 +53,12 @@ class Offers:
         return bool(self.register_flags & u.ZCRX_REG_NODEV) and self.nr_ctrl_opcodes > 0
 
     @property
+    def imports(self) -> bool:
+        """One ifq on several rings: ZCRX_CTRL_EXPORT and ZCRX_REG_IMPORT (6.19)."""
+        return (bool(self.register_flags & u.ZCRX_REG_IMPORT)
+                and self.nr_ctrl_opcodes > u.ZCRX_CTRL_EXPORT)
+
+    @property
     def rx_buf_len(self) -> bool:
         return bool(self.features & u.ZCRX_FEATURE_RX_PAGE_SIZE)
 
