@@ -1178,7 +1178,8 @@ def test_engine_option_queues_names_a_set():
     from zcnet.rx.engine import EngineOptions
 
     assert EngineOptions(queues="2,1,2").queue_set() == (1, 2)
-    assert EngineOptions(queue=3).queue_set() == (3,)
+    assert EngineOptions(queue=3).queue_set() == EngineOptions(queues=3).queue_set() == (3,)
+    assert EngineOptions.from_mapping({"queues": 3}).queue_set() == (3,)  # --rx-opt queues=3
     assert EngineOptions(queue=2, queues="1,2").queue_set() == (1, 2)
     assert EngineOptions().queue_set() == ()
     for bad in ("", "1,x", "-1"):

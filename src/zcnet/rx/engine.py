@@ -77,7 +77,7 @@ class EngineOptions:
     consumer_cpu: int | None = None
     ifname: str | None = None     # zcrx/devmem: the NIC and queue the flow is steered to
     queue: int | None = None
-    queues: str | None = None     # devmem: several queues, "1,2" (one binding over them)
+    queues: int | str | None = None  # devmem: several queues, "1,2" (one binding over them)
     zc_buf: int = 0               # soft-zc: buffer size (0: ZC_BUF)
     zc_area: int = 0              # zero-copy area size (0: the engine's default count of buffers)
     zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
@@ -96,7 +96,7 @@ class EngineOptions:
         if self.queues is None:
             return () if self.queue is None else (self.queue,)
         try:
-            qs = tuple(sorted({int(q) for q in self.queues.split(",")}))
+            qs = tuple(sorted({int(q) for q in str(self.queues).split(",")}))
         except ValueError:
             qs = ()
         if not qs or min(qs) < 0:

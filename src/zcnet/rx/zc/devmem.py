@@ -320,9 +320,10 @@ class DevmemProvider(ProviderBase):
         self._left = True
         with contextlib.ExitStack() as undo:
             undo.callback(self.binding.release)
-            if self._sock is not None:
-                self._poll.unregister(self._sock.fileno())
-                self._sock.close()
+            sock, self._sock = self._sock, None
+            if sock is not None:
+                self._poll.unregister(sock.fileno())
+                sock.close()
 
 
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
@@ -335,14 +336,12 @@ def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
         # The area is a dma-buf (udmabuf's memfd, or the caller's): its exporter picks the pages.
         warnings.warn("hugetlb does not apply to devmem: its area is a dma-buf whose exporter "
                       "picks the pages; normal pages are used", RuntimeWarning, stacklevel=2)
-    if queues is None and (ifname is None or queue is None):
+    qs = list(queues) if queues is not None else [] if queue is None else [queue]
+    if ifname is None or not qs:
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
-        queue = found_q if queue is None else queue
-    assert ifname is not None
-    qs = list(queues) if queues is not None else [queue]
-    binding = acquire(ifname, [q for q in qs if q is not None], area_size, dmabuf_fd)
-    return DevmemProvider(fd, binding)
+        qs = qs or [found_q]
+    return DevmemProvider(fd, acquire(ifname, qs, area_size, dmabuf_fd))
 
 
 def open_shared(fd: int, handle: SharedBinding) -> DevmemProvider:

@@ -49,7 +49,7 @@ from zcnet.rx.zc.area import UDMABUF_DEV, udmabuf_create
 from zcnet.rx.zc.provider import build_or_close
 
 PAGE = mmap.PAGESIZE        # the net_iov size of a bind-rx without an rx page size
-MIN_SHARE = 1 << 20         # a member's share: at least 4 receive low-water marks of 256 KiB
+MIN_SHARE = 1 << 20         # a member's least share with others: half held, half queued
 _COUNT = struct.Struct("=I")  # the count page: members of the binding, written by its owner
 
 __all__ = ["MIN_SHARE", "DevmemBinding", "SharedBinding", "acquire", "bind_rx", "bound_here",
@@ -171,12 +171,15 @@ class DevmemBinding:
 
     def release(self) -> None:
         """A holder is done (it left and holds no chunk); the last one closes the binding."""
-        with self._lock:
+        # Under the registry's lock: an acquire of these queues meanwhile finds either this
+        # binding open or none (and then the queues free again).
+        with _REGISTRY_LOCK, self._lock:
             self.holders = max(0, self.holders - 1)
             if self.holders > 0 or self.closed:
                 return
-            self.closed = True
-        self._close()
+            if self._key is not None and _REGISTRY.get(self._key) is self:
+                del _REGISTRY[self._key]
+            self.free()
 
     def quit(self) -> None:
         """``leave`` and ``release``: a member that never received (a failed open)."""
@@ -187,13 +190,6 @@ class DevmemBinding:
         """The handle another process receives on (owner only)."""
         return SharedBinding(self.dmabuf_fd, self._count_fd, self.size, self.reserve,
                              self.ifname, self.queues, self.id)
-
-    def _close(self) -> None:
-        if self._key is not None:
-            with _REGISTRY_LOCK:
-                if _REGISTRY.get(self._key) is self:
-                    del _REGISTRY[self._key]
-        self.free()
 
     def free(self) -> None:
         """Unbind (owner) and close the fds and the count page (``release`` does it when the
@@ -210,9 +206,10 @@ class DevmemBinding:
     def imported(cls, handle: SharedBinding) -> DevmemBinding:
         """A binding another process holds (``SharedBinding``); this one takes the handle's
         fds and only reads its sockets."""
-        return cls(ifname=handle.ifname, queues=handle.queues, dmabuf_fd=handle.dmabuf_fd,
-                   size=handle.size, reserve=handle.reserve, binding_id=handle.binding_id,
-                   count_fd=handle.count_fd, netlink=None, key=None)
+        return build_or_close(lambda: cls(
+            ifname=handle.ifname, queues=handle.queues, dmabuf_fd=handle.dmabuf_fd,
+            size=handle.size, reserve=handle.reserve, binding_id=handle.binding_id,
+            count_fd=handle.count_fd, netlink=None, key=None), handle.close)
 
 
 # --- the process's bindings -----------------------------------------------------------------
