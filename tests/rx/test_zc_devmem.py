@@ -1187,3 +1187,27 @@ def test_engine_option_queues_names_a_set():
             EngineOptions(queues=bad).queue_set()
     with pytest.raises(UsageError, match="disagree"):
         EngineOptions(queue=3, queues="1,2").queue_set()
+
+
+def test_a_members_socket_queue_follows_its_share(fake_bind, big_memfd, tcp_pair):
+    """SO_RCVBUF is a quarter of the share (the kernel doubles it: half the share of truesize)
+    and SO_RCVLOWAT at most half of that, so the queue can reach it; when a second member
+    joins, the first one's next receive halves both."""
+    conn, _ = tcp_pair
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 20)
+    p = _member(big_memfd, conn.fileno(), size=4 << 20)
+    other = None
+    try:
+        def queue() -> tuple[int, int]:
+            return (conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+
+        assert queue() == (2 * (1 << 20), 512 << 10)
+        other = _member(big_memfd, -1, size=4 << 20)
+        p.reap(0)
+        assert queue() == (2 * (512 << 10), 256 << 10) and p.rcvbuf == 512 << 10
+    finally:
+        for m in (p, other):
+            if m is not None:
+                m.close()
+                m.area.close()

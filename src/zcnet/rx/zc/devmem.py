@@ -227,10 +227,11 @@ class DevmemProvider(ProviderBase):
             sock.setsockopt(usock.SOL_SOCKET, usock.SO_RCVBUFFORCE, want)
         except PermissionError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
-        # The kernel caps SO_RCVLOWAT at half the (now locked) rcvbuf only when it is set:
-        # set it again, or a low-water mark above the queue's room would never wake us.
+        # The queue holds 2 x want of truesize, a page per fragment: at MTU 1500 about 0.7 x
+        # want of payload. A low-water mark above that wakes us only once the kernel's
+        # pressure check fires (7/8 full, the window nearly shut), so keep it at want / 2.
         low = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, low)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, min(low, want // 2)))
 
     def can_arm(self) -> bool:
         if self._closed:
