@@ -570,7 +570,8 @@ def test_devmem_connections_on_one_queue_share_one_binding_each_within_its_share
     after every receive) while the other three get their 1 MiB each, verified, every payload
     byte in a dma-buf page. Closed with its chunks held, it keeps its socket: a fifth
     connection's 1 MiB flows through the pool meanwhile, and the held chunks keep their bytes
-    (pages go back to the pool only on release). The last release and close unbind."""
+    (pages go back to the pool only on release). The last release and close unbind; a queue
+    another program bound is refused saying so, with EEXIST."""
     lab = ready
     total, area = 1 << 20, 8 << 20
     rxs, senders, servers = [], [], []
@@ -622,6 +623,15 @@ def test_devmem_connections_on_one_queue_share_one_binding_each_within_its_share
             rx.close()
         with Device.open(lab.if_b, lab.ns_b) as dev:
             assert "dmabuf" not in netdev.queue_get(dev, QUEUE)
+            # Another program's binding (a raw bind-rx, not this process's registry): refused
+            # by name, the kernel's errno kept.
+            fd = udmabuf_create(1 << 20)
+            stack.callback(os.close, fd)
+            with netdev.bind_rx(dev, fd, [QUEUE]), pytest.raises(ZcnetError) as ei:
+                connect(total)
+            assert getattr(ei.value, "errno", None) == errno.EEXIST
+            assert ei.value.message.startswith(f"queue {QUEUE} of {lab.if_b} is bound by another "
+                                               "program (zcrx or devmem) or an XDP program")
     assert binding.closed
     for s in senders[1:]:
         s.join(60)
