@@ -126,14 +126,13 @@ def zcrx_provider() -> Any:
 def devmem_provider() -> Any:
     from zcnet.nic.genl import GenlSocket
     from zcnet.nic.netdev import DmabufBinding
-    from zcnet.rx.zc import devmem
-    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc import devmem, devmem_binding
 
     # bind-rx needs a NIC with the queue API; the binding object around a real netlink socket
     # stands in for it. The socket duplicate and the area (a memfd as dma-buf) are real.
-    devmem.bind_rx = lambda ifname, fd, queues: DmabufBinding(GenlSocket(), 1, 1, queues)
-    return devmem.DevmemProvider(tcp_pair()[1].fileno(), Area(1 << 20, dmabuf_fd=memfd(1 << 20)),
-                                 "lo", 0)
+    devmem_binding.bind_rx = lambda ifname, fd, queues: DmabufBinding(GenlSocket(), 1, 1, queues)
+    return devmem.DevmemProvider(
+        tcp_pair()[1].fileno(), devmem_binding.acquire("lo", [0], 1 << 20, memfd(1 << 20)))
 
 
 def area(dmabuf: bool) -> Callable[[], Any]:

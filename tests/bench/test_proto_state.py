@@ -155,6 +155,13 @@ def test_server_enforces_bounds(msg, limits, code):
     assert exc.value.code == code
 
 
+def test_an_engine_option_may_list_queues():
+    """devmem's queues=1,2 (one binding over both) passes; what a shell would read does not."""
+    cli, srv = handshake()
+    opts = {"ifname": "eth1", "queues": "1,2"}
+    assert deliver(cli, srv, {**OPEN, "engine_opts": opts})["engine_opts"] == opts
+
+
 def test_flow_limit_counts_flows_not_messages():
     cli, srv = handshake(Limits(max_flows=2))
     for flow in (0, 1):

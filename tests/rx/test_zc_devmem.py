@@ -203,6 +203,7 @@ class FakeBinding:
 
     def __init__(self, ifname: str, fd: int, queues: list[int]) -> None:
         self.ifname, self.fd, self.queues = ifname, fd, queues
+        self.id = BINDING_ID
         self.closed = False
 
     def close(self) -> None:
@@ -227,12 +228,15 @@ class DevmemNic:
     """
 
     def __init__(self, dmabuf_fd: int, size: int, *, device_share: float, seed: int,
-                 first_token: int = 1) -> None:
+                 first_token: int = 1, pages: range | None = None,
+                 heads: bool = True) -> None:
         self.mm = mmap.mmap(dmabuf_fd, size, mmap.MAP_SHARED)
         self.rng = random.Random(seed)
         self.share = device_share  # of the calls, spread evenly
         self.credit = 0.0
-        self.free_pages = list(range(size // PAGE))
+        # The pool's pages this socket's flow gets (sockets on one binding share the dma-buf)
+        self.free_pages = list(pages if pages is not None else range(size // PAGE))
+        self.heads = heads  # False: header split always works, every payload byte in a page
         self.free_tokens: list[int] = []
         self.next_token = first_token
         self.dontneed_calls = 0
@@ -271,7 +275,11 @@ class DevmemNic:
         (iov,) = buffers
         iov = memoryview(iov).cast("B")
         self.credit += self.share
-        if self.credit < 1 or len(self.free_pages) < 2:
+        # The kernel stops a call when the next cmsg would not fit (put_cmsg_notrunc): at most
+        # two cmsgs per page (a linear head and a fragment) and a final linear run.
+        slots = ancbufsize // socket.CMSG_SPACE(DMABUF_CMSG.size)
+        budget = min(len(self.free_pages), 64, (slots - 1) // 2 if self.heads else slots)
+        if self.credit < 1 or budget < (2 if self.heads else 1):
             self.calls["host"] += 1
             # A random share of the iov, so a stream takes many calls of both kinds.
             n, anc, mflags, addr = real([iov[:self.rng.randint(1, 1 << 16)]], ancbufsize, flags)
@@ -281,7 +289,6 @@ class DevmemNic:
         self.calls["device"] += 1
         self.credit -= 1
         # At most one fragment per free page, and few enough cmsgs for the control buffer.
-        budget = min(len(self.free_pages), 64)
         scratch = bytearray(min(len(iov), budget * PAGE))
         n, anc, mflags, addr = real([scratch], ancbufsize, flags)
         assert not anc, "loopback gave a cmsg"
@@ -289,8 +296,9 @@ class DevmemNic:
         iov[:n] = b"\xee" * n
         pos = lin = 0
         while pos < n:
-            head = min(n - pos, self.rng.choice((0, 0, self.rng.randint(1, 300))))
-            if not self.free_pages:
+            head = min(n - pos, self.rng.choice((0, 0, self.rng.randint(1, 300)))
+                       if self.heads else 0)
+            if not self.free_pages or budget == 0:
                 head = n - pos  # no page left: the rest of the skb stays linear
             if head:
                 iov[lin:lin + head] = scratch[pos:pos + head]
@@ -299,11 +307,15 @@ class DevmemNic:
                 lin += head
                 pos += head
             for _ in range(self.rng.randint(1, 4)):
-                if pos == n or not self.free_pages:
+                if pos == n or not self.free_pages or budget == 0:
                     break
                 page = heapq.heappop(self.free_pages)
-                start = self.rng.choice((0, 0, self.rng.randrange(PAGE)))
-                want = self.rng.choice((PAGE, self.rng.randint(1, PAGE)))
+                budget -= 1
+                if self.heads:
+                    start = self.rng.choice((0, 0, self.rng.randrange(PAGE)))
+                    want = self.rng.choice((PAGE, self.rng.randint(1, PAGE)))
+                else:  # whole pages: the bytes read fit the pages budgeted
+                    start, want = 0, PAGE
                 size = min(n - pos, PAGE - start, want)
                 off = page * PAGE + start
                 self.mm[off:off + size] = scratch[pos:pos + size]
@@ -334,12 +346,20 @@ class DevmemNic:
         self.mm.close()
 
 
+def _patch_binding(monkeypatch, bind) -> None:  # type: ignore[no-untyped-def]
+    """bind-rx replaced by ``bind`` (no NIC here takes a binding), no RX ring reserve."""
+    from zcnet.rx.zc import devmem_binding
+
+    monkeypatch.setattr(devmem_binding, "bind_rx", bind)
+    monkeypatch.setattr(devmem_binding, "_reserve", lambda ifname: 0)
+
+
 @pytest.fixture
 def devmem_rx(monkeypatch, tcp_pair):
     """(open(device_share, seed) -> (Receiver, nic, binding), sending socket)."""
     from zcnet.rx.zc import devmem
     from zcnet.rx.zc.api import Receiver
-    from zcnet.rx.zc.area import Area
+    from zcnet.rx.zc.devmem_binding import acquire
 
     conn, cli = tcp_pair
     bindings: list[FakeBinding] = []
@@ -348,7 +368,7 @@ def devmem_rx(monkeypatch, tcp_pair):
         bindings.append(FakeBinding(ifname, fd, queues))
         return bindings[-1]
 
-    monkeypatch.setattr(devmem, "bind_rx", fake_bind)
+    _patch_binding(monkeypatch, fake_bind)
     size = 128 * PAGE
     memfd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
     os.ftruncate(memfd, size)
@@ -361,8 +381,7 @@ def devmem_rx(monkeypatch, tcp_pair):
         sockmod = type("socket_module", (), {"__getattr__": lambda _s, k: getattr(socket, k),
                                              "socket": nic.socket_class()})()
         monkeypatch.setattr(devmem, "socket", sockmod)
-        area = Area(size, dmabuf_fd=memfd)
-        provider = devmem.DevmemProvider(conn.fileno(), area, "lo", 3)
+        provider = devmem.DevmemProvider(conn.fileno(), acquire("lo", [3], size, memfd))
         rx = Receiver(conn, provider)
         opened.append((rx, nic))
         return rx, nic, bindings[-1]
@@ -394,7 +413,8 @@ def test_receiver_over_devmem_linear_loopback_every_byte_and_offset(devmem_rx):
     linear copy at its stream offset, and nothing is handed to SO_DEVMEM_DONTNEED."""
     open_rx, cli = devmem_rx
     rx, nic, binding = open_rx(device_share=0.0)
-    assert (binding.ifname, binding.fd, binding.queues) == ("lo", rx.area.dmabuf_fd, [3])
+    assert (binding.ifname, binding.queues) == ("lo", [3])
+    assert binding.fd == rx.area.dmabuf_fd == rx.provider.binding.dmabuf_fd
     total = 3 << 20
     sender = _send_pattern(cli, total)
     expect = 0
@@ -504,10 +524,11 @@ def test_receiver_over_devmem_tokens_return_exactly_once(devmem_rx, form: str):
 
 
 @pytest.mark.timeout(60)
-def test_devmem_chunks_held_at_close_stay_readable_and_free_the_area_last(devmem_rx):
-    """Closing the receiver closes the socket (the kernel frees its tokens itself): chunks
-    still held keep their bytes, their release gives nothing to SO_DEVMEM_DONTNEED, and the
-    area goes with the last one."""
+def test_devmem_chunks_held_at_close_keep_their_socket_and_free_the_binding_last(devmem_rx):
+    """Closing the receiver with chunks held keeps its socket open (destroying it would hand
+    their pages back to the NIC, which refills them while the application reads) and the
+    binding bound: the chunks keep their bytes; their release gives each token back on that
+    socket, then the socket, the binding and the area go."""
     open_rx, cli = devmem_rx
     rx, nic, binding = open_rx(device_share=1.0)
     sender = _send_pattern(cli, 256 << 10)
@@ -515,13 +536,18 @@ def test_devmem_chunks_held_at_close_stay_readable_and_free_the_area_last(devmem
     while not held or sum(map(len, held)) < 64 << 10:
         held += rx.recv(5.0)
     sender.join()
-    returned = list(nic.returned)
+    prov = rx.provider
+    sock = prov._sock
     rx.close()
-    assert binding.closed and not rx.area.closed
+    assert not binding.closed and not rx.area.closed and sock.fileno() >= 0
+    assert prov.binding.members == 0 and prov.binding.holders == 1
     for c in held:
         assert PAT_DEVMEM.matches(c.stream_offset, np.frombuffer(c.data, np.uint8))
+    tokens = {c._tok for c in held if c._tok >= 0}
+    assert tokens and tokens <= set(nic.held)
     rx.release_many(held)
-    assert rx.area.closed and nic.returned == returned
+    assert tokens <= set(nic.returned) and prov.held == 0
+    assert sock.fileno() == -1 and binding.closed and prov.binding.closed and rx.area.closed
 
 
 # --- recv_devmem and the provider, case by case ---------------------------------------------------
@@ -603,24 +629,34 @@ def test_dontneed_counts_tokens_across_runs_in_one_call():
 @pytest.fixture
 def fake_bind(monkeypatch):
     """bind_rx recorded instead of asking the device (no NIC here takes a binding)."""
-    from zcnet.rx.zc import devmem
-
     made: list[FakeBinding] = []
 
     def bind(ifname: str, fd: int, queues: list[int]) -> FakeBinding:
         made.append(FakeBinding(ifname, fd, queues))
         return made[-1]
 
-    monkeypatch.setattr(devmem, "bind_rx", bind)
+    _patch_binding(monkeypatch, bind)
     return made
+
+
+def _member(memfd: int, fd: int, queues: tuple[int, ...] = (0,), size: int = 1 << 20):
+    """A DevmemProvider on this process's binding of ``queues`` of eth7 (fake_bind)."""
+    from zcnet.rx.zc.devmem import DevmemProvider
+    from zcnet.rx.zc.devmem_binding import acquire
+
+    return DevmemProvider(fd, acquire("eth7", queues, size, memfd))
+
+
+def _memfd(size: int):  # type: ignore[no-untyped-def]
+    fd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    yield fd
+    os.close(fd)
 
 
 @pytest.fixture
 def memfd():
-    fd = os.memfd_create("zcnet-test-dmabuf", os.MFD_CLOEXEC)
-    os.ftruncate(fd, 1 << 20)
-    yield fd
-    os.close(fd)
+    yield from _memfd(1 << 20)
 
 
 @pytest.mark.parametrize(("ifname", "queue", "want"), [
@@ -636,12 +672,16 @@ def test_open_devmem_binds_the_given_or_found_queue(monkeypatch, fake_bind, memf
     conn, _ = tcp_pair
     p = open_devmem(conn.fileno(), 64 << 10, dmabuf_fd=memfd, ifname=ifname, queue=queue)
     try:
-        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [(*want[:1], memfd, want[1])]
+        assert [(b.ifname, b.queues) for b in fake_bind] == [(want[0], want[1])]
+        assert os.path.samestat(os.fstat(fake_bind[0].fd), os.fstat(memfd))
         assert asked == ([] if ifname and queue is not None else [conn.fileno()])
-        assert p.area.dmabuf_fd == memfd and p.area.size == 1 << 20  # the whole dma-buf
+        assert p.area.size == 1 << 20  # the whole dma-buf, mapped by the member itself
         assert p.can_arm() and p.held_back() == 0 and p.ring is None
-        assert p.note == f"{want[0]} queue {want[1][0]}, dma-buf fd {memfd}"
-        assert p.extra_stats() == {"linear": 0, "dontneed_calls": 0}
+        assert p.note == (f"queue {want[1][0]} of {want[0]}, dma-buf fd "
+                          f"{p.binding.dmabuf_fd} (binding {BINDING_ID}, shared by the "
+                          "connections on them)")
+        assert p.extra_stats() == {"linear": 0, "dontneed_calls": 0, "share_stops": 0,
+                                   "held_limit": (1 << 20) // 2 // PAGE, "members": 1}
     finally:
         p.close()
         p.area.close()
@@ -659,7 +699,7 @@ def test_open_devmem_warns_that_hugetlb_does_not_apply(fake_bind, memfd, tcp_pai
                         ifname="eth7", queue=2)
     try:
         assert [w.filename for w in caught] == [__file__]
-        assert p.area.kind != "hugetlb" and p.area.dmabuf_fd == memfd
+        assert p.area.kind != "hugetlb" and p.area.dmabuf_fd == p.binding.dmabuf_fd
     finally:
         p.close()
         p.area.close()
@@ -669,7 +709,7 @@ def test_open_devmem_without_udmabuf_probes_the_device_first(monkeypatch):
     """No dma-buf given and no /dev/udmabuf: the device is asked (fd -1 as u32) before the
     missing udmabuf is reported."""
     from zcnet.errors import ZcnetError
-    from zcnet.rx.zc import devmem
+    from zcnet.rx.zc import devmem, devmem_binding
 
     if os.path.exists("/dev/udmabuf"):
         pytest.skip("udmabuf exists: no probe is needed")
@@ -679,7 +719,7 @@ def test_open_devmem_without_udmabuf_probes_the_device_first(monkeypatch):
         asked.append((ifname, fd, queues))
         raise OSError(errno.EBADF, "bad fd")  # the device passed its checks
 
-    monkeypatch.setattr(devmem, "bind_rx", bind)
+    monkeypatch.setattr(devmem_binding, "bind_rx", bind)
     with pytest.raises(ZcnetError, match="/dev/udmabuf does not exist"):
         devmem.open_devmem(-1, 1 << 20, ifname="eth7", queue=3)
     assert asked == [("eth7", 0xFFFFFFFF, [3])]
@@ -687,25 +727,28 @@ def test_open_devmem_without_udmabuf_probes_the_device_first(monkeypatch):
 
 @pytest.mark.parametrize("err", [errno.EPERM, errno.ENODEV])
 def test_probe_passes_on_ebadf_only(monkeypatch, err):
-    from zcnet.rx.zc import devmem
+    from zcnet.rx.zc import devmem_binding
 
-    monkeypatch.setattr(devmem, "bind_rx", lambda *a: (_ for _ in ()).throw(OSError(err, "x")))
+    monkeypatch.setattr(devmem_binding, "bind_rx",
+                        lambda *a: (_ for _ in ()).throw(OSError(err, "x")))
     with pytest.raises(OSError) as ei:
-        devmem.probe_device("eth7", 0)
+        devmem_binding.probe_device("eth7", 0)
     assert ei.value.errno == err
-    monkeypatch.setattr(devmem, "bind_rx",
+    monkeypatch.setattr(devmem_binding, "bind_rx",
                         lambda *a: (_ for _ in ()).throw(OSError(errno.EBADF, "x")))
-    assert devmem.probe_device("eth7", 0) is None
+    assert devmem_binding.probe_device("eth7", 0) is None
 
 
-def test_a_binding_that_fails_closes_the_area(monkeypatch, memfd):
-    """no_leaks (module-wide) sees the dma-buf mapping if open_devmem left it."""
+def test_a_binding_that_fails_leaves_no_fd_and_no_binding(monkeypatch, memfd):
+    """no_leaks (module-wide) sees an fd or a mapping if open_devmem left one; the process
+    has no binding of the queue afterwards."""
     from zcnet.rx.zc import devmem
+    from zcnet.rx.zc.devmem_binding import bound_here
 
-    monkeypatch.setattr(devmem, "bind_rx",
-                        lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
+    _patch_binding(monkeypatch, lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
     with pytest.raises(Unsupported):
         devmem.open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=0)
+    assert bound_here("eth7", [0]) is None
 
 
 @pytest.mark.parametrize("extack", ["", "rx queue 0 has no memory provider support"])
@@ -729,45 +772,31 @@ def test_bind_rx_refusal_names_the_device_and_the_fix(monkeypatch, extack):
                              "elsewhere use provider 'soft'")
 
 
-def test_a_devmem_provider_needs_a_dmabuf_area(fake_bind):
-    from zcnet.errors import ZcnetError
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
-
-    with Area(1 << 20) as area, pytest.raises(ZcnetError) as ei:
-        DevmemProvider(-1, area, "eth7", 0)
-    assert (ei.value.message, ei.value.hint) == ("devmem needs a dma-buf area",
-                                                 "pass dmabuf_fd or load udmabuf")
-    assert fake_bind == []
-
-
 @pytest.mark.timeout(30)
 def test_provider_reap_waits_for_data_and_unattached_one_is_idle(fake_bind, memfd, tcp_pair,
                                                                  caplog):
     """reap(timeout) sleeps in poll until data comes (None: as long as it takes), returns empty
     when the time is up; the linear warning is logged once with the byte count."""
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
-
     conn, cli = tcp_pair
-    with Area(1 << 20, dmabuf_fd=memfd) as area:
-        idle = DevmemProvider(-1, area, "eth7", 0)
-        assert idle.reap(0.05).lengths == []
-        idle.recycle([1, 2], [10, 10])  # nothing attached: nothing to give back to
-        idle.close()
-        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
-        try:
-            assert p.reap(0.05).lengths == []  # nothing sent: the time runs out
-            for timeout in (5.0, None):
-                timer = threading.Timer(0.2, cli.sendall, (b"x" * 1000,))
-                timer.start()
-                with caplog.at_level("WARNING", logger="zcnet.rx.zc.devmem"):
-                    got = p.reap(timeout)
-                timer.join()
-                assert sum(got.lengths) == 1000, timeout
-            assert p.extra_stats() == {"linear": 2000, "dontneed_calls": 0}
-        finally:
-            p.close()
+    idle = _member(memfd, -1)
+    assert idle.reap(0.05).lengths == []
+    idle.recycle([1, 2], [10, 10])  # nothing attached: nothing to give back to
+    idle.close()
+    idle.area.close()
+    p = _member(memfd, conn.fileno())
+    try:
+        assert p.reap(0.05).lengths == []  # nothing sent: the time runs out
+        for timeout in (5.0, None):
+            timer = threading.Timer(0.2, cli.sendall, (b"x" * 1000,))
+            timer.start()
+            with caplog.at_level("WARNING", logger="zcnet.rx.zc.devmem"):
+                got = p.reap(timeout)
+            timer.join()
+            assert sum(got.lengths) == 1000, timeout
+        assert p.extra_stats()["linear"] == 2000 and p.extra_stats()["dontneed_calls"] == 0
+    finally:
+        p.close()
+        p.area.close()
     warned = [r.getMessage() for r in caplog.records if r.name == "zcnet.rx.zc.devmem"]
     assert warned == ["devmem: 1000 bytes arrived in host memory (SCM_DEVMEM_LINEAR): header "
                       "split is off or the flow is not steered to the bound queue"]
@@ -776,25 +805,22 @@ def test_provider_reap_waits_for_data_and_unattached_one_is_idle(fake_bind, memf
 def test_a_socket_on_fd_0_is_attached_and_arm_is_idempotent(fake_bind, memfd, tcp_pair):
     """fd 0 is a socket like any other (a daemon's stdin may be closed); arming a devmem
     provider does nothing (the binding delivers regardless), however often."""
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
-
     conn, cli = tcp_pair
     saved = os.dup(0)
     try:
         os.dup2(conn.fileno(), 0)
-        with Area(1 << 20, dmabuf_fd=memfd) as area:
-            p = DevmemProvider(0, area, "eth7", 0)
-            os.dup2(saved, 0)  # the provider holds its own duplicate
-            try:
-                cli.sendall(b"y" * 100)
-                assert sum(p.reap(5.0).lengths) == 100
-                p.arm()
-                p.arm()
-                cli.sendall(b"z" * 10)
-                assert sum(p.reap(5.0).lengths) == 10
-            finally:
-                p.close()
+        p = _member(memfd, 0)
+        os.dup2(saved, 0)  # the provider holds its own duplicate
+        try:
+            cli.sendall(b"y" * 100)
+            assert sum(p.reap(5.0).lengths) == 100
+            p.arm()
+            p.arm()
+            cli.sendall(b"z" * 10)
+            assert sum(p.reap(5.0).lengths) == 10
+        finally:
+            p.close()
+            p.area.close()
     finally:
         os.dup2(saved, 0)
         os.close(saved)
@@ -811,8 +837,7 @@ def test_a_binding_that_fails_unmaps_the_area_before_the_error_is_seen(monkeypat
     """The area is closed on the way out, not when the traceback's frames die."""
     from zcnet.rx.zc import devmem
 
-    monkeypatch.setattr(devmem, "bind_rx",
-                        lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
+    _patch_binding(monkeypatch, lambda *a: (_ for _ in ()).throw(Unsupported("no", "fix")))
     with pytest.raises(Unsupported) as ei:
         devmem.open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=0)
     assert ei.value.__traceback__ is not None  # its frames (and their locals) still live
@@ -820,42 +845,34 @@ def test_a_binding_that_fails_unmaps_the_area_before_the_error_is_seen(monkeypat
 
 
 def test_a_socket_that_cannot_be_attached_unbinds(fake_bind, memfd):
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
+    from zcnet.rx.zc.devmem_binding import bound_here
 
-    bad = os.open("/dev/null", os.O_RDONLY)
-    os.close(bad)  # a closed fd number: duplicating it fails with EBADF
-    with Area(1 << 20, dmabuf_fd=memfd) as area, pytest.raises(OSError) as ei:
-        DevmemProvider(bad, area, "eth7", 0)
-    assert ei.value.errno == errno.EBADF
-    assert len(fake_bind) == 1 and fake_bind[0].closed
+    with open("/dev/null", "rb") as null, pytest.raises(OSError) as ei:
+        _member(memfd, null.fileno())  # not a socket
+    assert ei.value.errno == errno.ENOTSOCK
+    assert len(fake_bind) == 1 and fake_bind[0].closed and bound_here("eth7", [0]) is None
 
 
 def test_every_call_on_a_closed_devmem_provider_names_itself(fake_bind, memfd, tcp_pair):
     from zcnet.errors import ClosedError
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
 
     conn, _ = tcp_pair
-    with Area(1 << 20, dmabuf_fd=memfd) as area:
-        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
-        p.close()
-        p.close()  # twice is harmless
-        assert fake_bind[0].closed
-        calls = {"attach": lambda: p.attach(conn.fileno()), "can_arm": p.can_arm,
-                 "arm": p.arm, "reap": lambda: p.reap(0), "recycle": lambda: p.recycle([1], [9])}
-        for name, call in calls.items():
-            with pytest.raises(ClosedError) as ei:
-                call()
-            assert ei.value.message == f"{name}() on a closed DevmemProvider"
+    p = _member(memfd, conn.fileno())
+    p.area.close()
+    p.close()
+    p.close()  # twice is harmless
+    assert fake_bind[0].closed
+    calls = {"attach": lambda: p.attach(conn.fileno()), "can_arm": p.can_arm,
+             "arm": p.arm, "reap": lambda: p.reap(0), "recycle": lambda: p.recycle([1], [9])}
+    for name, call in calls.items():
+        with pytest.raises(ClosedError) as ei:
+            call()
+        assert ei.value.message == f"{name}() on a closed DevmemProvider"
 
 
 def test_devmem_reap_polls_as_long_as_it_is_told(monkeypatch, fake_bind, memfd, tcp_pair):
     """The timeout reaches poll(2) in milliseconds (poll itself recorded, then not waited)."""
     import select
-
-    from zcnet.rx.zc.area import Area
-    from zcnet.rx.zc.devmem import DevmemProvider
 
     real = select.poll
     waits: list[int] = []
@@ -867,19 +884,22 @@ def test_devmem_reap_polls_as_long_as_it_is_told(monkeypatch, fake_bind, memfd, 
         def register(self, fd: int, events: int) -> None:
             self._p.register(fd, events)
 
+        def unregister(self, fd: int) -> None:
+            self._p.unregister(fd)
+
         def poll(self, ms: int) -> list[tuple[int, int]]:
             waits.append(ms)
             return self._p.poll(0)
 
     monkeypatch.setattr(select, "poll", RecordingPoll)
     conn, _ = tcp_pair
-    with Area(1 << 20, dmabuf_fd=memfd) as area:
-        p = DevmemProvider(conn.fileno(), area, "eth7", 0)
-        try:
-            for timeout in (2.5, 0.25, 0):
-                assert p.reap(timeout).lengths == []
-        finally:
-            p.close()
+    p = _member(memfd, conn.fileno())
+    try:
+        for timeout in (2.5, 0.25, 0):
+            assert p.reap(timeout).lengths == []
+    finally:
+        p.close()
+        p.area.close()
     assert waits == [2500, 250, 0]
 
 
@@ -892,8 +912,8 @@ def test_open_receiver_devmem_binds_the_dmabuf_and_receives(fake_bind, memfd, tc
     with open_receiver(conn, "devmem", area_size=64 << 10, dmabuf_fd=memfd, ifname="eth7",
                        queue=2) as rx:
         assert rx.name == "devmem" and rx.why == "devmem requested"
-        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
-        assert rx.area.dmabuf_fd == memfd
+        assert [(b.ifname, b.queues) for b in fake_bind] == [("eth7", [2])]
+        assert os.path.samestat(os.fstat(rx.area.dmabuf_fd), os.fstat(memfd))
         cli.sendall(b"d" * 300)
         got = b""
         while len(got) < 300:
@@ -913,7 +933,7 @@ def test_auto_takes_devmem_when_zcrx_fails_and_says_why(fake_bind, memfd, tcp_pa
                            queue=2)
     with rx:
         assert rx.name == "devmem" and rx.why.startswith("devmem: zcrx: ")
-        assert [(b.ifname, b.fd, b.queues) for b in fake_bind] == [("eth7", memfd, [2])]
+        assert [(b.ifname, b.queues) for b in fake_bind] == [("eth7", [2])]
     assert not [r for r in caplog.records if r.name == "zcnet.rx.zc.opener"]  # no fallback
 
 
@@ -947,3 +967,247 @@ def test_a_receiver_that_cannot_be_built_closes_its_provider_and_area(monkeypatc
     assert p.area.closed
     with pytest.raises(ClosedError):
         p.can_arm()
+
+
+# --- one binding, many connections (zcnet.rx.zc.devmem_binding) ---------------------------------
+
+@pytest.fixture
+def big_memfd():
+    yield from _memfd(4 << 20)
+
+
+def test_connections_on_one_queue_set_share_one_binding_and_split_the_dma_buf(fake_bind,
+                                                                              big_memfd):
+    """Four connections on queue 0: one bind-rx; each may hold a quarter of the 4 MiB (half
+    of it in pages, half queued in its socket); a fifth would get under 1 MiB and is refused
+    naming the fix; as members leave the others' shares grow, and the last one unbinds."""
+    from zcnet.errors import UsageError
+    from zcnet.rx.zc.devmem_binding import MIN_SHARE, bound_here
+
+    members = [_member(big_memfd, -1, size=4 << 20) for _ in range(4)]
+    try:
+        assert len(fake_bind) == 1 and fake_bind[0].queues == [0]
+        b = bound_here("eth7", [0])
+        assert all(m.binding is b for m in members) and b.members == 4 == b.holders
+        assert b.share() == MIN_SHARE and b.held_limit() == (1 << 20) // 2 // PAGE
+        assert b.rcvbuf() == 256 << 10
+        with pytest.raises(UsageError) as ei:
+            _member(big_memfd, -1, size=4 << 20)
+        assert ei.value.message == (
+            "devmem on queue 0 of eth7: its 4 MiB dma-buf (0 MiB kept for the device's RX "
+            "ring) gives 5 connections 819 KiB each, under the 1 MiB a connection needs")
+        assert ei.value.hint == ("use a dma-buf (area) of at least 5 MiB for the first "
+                                 "connection on these queues, or fewer connections")
+        assert b.members == 4 and len(fake_bind) == 1
+        for n, m in enumerate(members[:3]):
+            m.close()
+            m.area.close()
+            assert b.members == 3 - n and b.held_limit() == (4 << 20) // (3 - n) // 2 // PAGE
+            assert not fake_bind[0].closed
+    finally:
+        for m in members:
+            m.close()
+            m.area.close()
+    assert fake_bind[0].closed and b.closed and bound_here("eth7", [0]) is None
+
+
+def test_several_queues_are_one_binding_and_an_overlapping_set_is_refused(fake_bind, memfd):
+    """queues 1,2: one bind-rx over both; a connection asking for queue 2 alone (or another
+    dma-buf for 1,2) while that binding lives is told which binding holds it."""
+    from zcnet.errors import UsageError
+    from zcnet.rx.zc.devmem import open_devmem
+
+    p = open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queues=[2, 1])
+    try:
+        assert [b.queues for b in fake_bind] == [[1, 2]]
+        assert p.note.startswith("queues 1,2 of eth7, dma-buf fd ")
+        with pytest.raises(UsageError) as ei:
+            open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=2)
+        assert ei.value.message == ("devmem on queues 2 of eth7: this process has queues 1,2 "
+                                    "of eth7 bound already")
+        assert ei.value.hint == "receive on queues 1,2 (one binding per queue set)"
+        other = os.memfd_create("zcnet-test-other", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(other, 1 << 20)
+            with pytest.raises(UsageError, match="this process bound another dma-buf"):
+                open_devmem(-1, 1 << 20, dmabuf_fd=other, ifname="eth7", queues=[1, 2])
+        finally:
+            os.close(other)
+        assert len(fake_bind) == 1 and p.binding.members == 1
+    finally:
+        p.close()
+        p.area.close()
+    assert fake_bind[0].closed
+
+
+def test_a_queue_bound_by_another_program_is_named_with_its_errno(monkeypatch, memfd):
+    from zcnet.nic.genl import NetlinkError
+    from zcnet.rx.zc.devmem import open_devmem
+
+    def taken(ifname: str, fd: int, queues: list[int]) -> FakeBinding:
+        raise NetlinkError(errno.EEXIST, "bind", "designated queue already memory provider "
+                           "bound")
+
+    _patch_binding(monkeypatch, taken)
+    with pytest.raises(NetlinkError) as ei:
+        open_devmem(-1, 1 << 20, dmabuf_fd=memfd, ifname="eth7", queue=1)
+    assert ei.value.errno == errno.EEXIST
+    assert ei.value.message == ("queue 1 of eth7 is bound by another program (zcrx or devmem) "
+                                "or an XDP program: designated queue already memory provider "
+                                "bound (File exists)")
+    assert ei.value.hint == ("stop that program, or receive on other queues (zcnet nic setup "
+                             "--queues)")
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_holding_its_chunks_stops_at_its_share_while_another_finishes(
+        monkeypatch, fake_bind, big_memfd):
+    """Two connections on one binding, each fed by its own socket into its own pages of the
+    dma-buf. One never releases: it stops reading at its share (pages held <= held_limit
+    after every receive), while the other receives its whole stream, verified. Then the first
+    releases and gets the rest of its stream, verified too."""
+    from zcnet.rx.zc import devmem
+    from zcnet.rx.zc.api import Receiver
+
+    size = 4 << 20
+    pairs, rxs, nics = [], [], []
+    try:
+        for i in range(2):
+            with socket.create_server(("127.0.0.1", 0)) as srv:
+                cli = socket.create_connection(srv.getsockname())
+                conn, _ = srv.accept()
+            pairs.append((conn, cli))
+            half = size // PAGE // 2
+            nic = DevmemNic(big_memfd, size, device_share=1.0, seed=i,
+                            pages=range(i * half, (i + 1) * half), heads=False)
+            nics.append(nic)
+            sockmod = type("socket_module", (), {"__getattr__": lambda _s, k: getattr(socket, k),
+                                                 "socket": nic.socket_class()})()
+            monkeypatch.setattr(devmem, "socket", sockmod)
+            rxs.append(Receiver(conn, _member(big_memfd, conn.fileno(), size=size)))
+        hog, other = rxs
+        limit = hog.provider.binding.held_limit()
+        assert limit == size // 2 // 2 // PAGE
+        total = 4 << 20  # more than the hog's share, in pages of at most 4 KiB
+        senders = [_send_pattern(cli, total) for _, cli in pairs]
+        held = []
+        while hog.provider.share_stops == 0:
+            held += hog.recv(0.5)  # at its share, recv waits out the timeout for a release
+            assert hog.provider.held <= limit
+        assert len([c for c in held if c.offset >= 0]) == hog.provider.held
+        got = 0
+        for chunk in other:
+            with chunk:
+                assert PAT_DEVMEM.matches(chunk.stream_offset, np.frombuffer(chunk.data, np.uint8))
+                got += len(chunk)
+            assert hog.provider.held <= limit
+        assert got == total and other.provider.held == 0
+        assert not hog.recv(0.2) and hog.stalled == "exhausted"  # still at its share
+        for c in held:
+            assert PAT_DEVMEM.matches(c.stream_offset, np.frombuffer(c.data, np.uint8))
+        expect = sum(map(len, held))
+        hog.release_many(held)
+        for chunk in hog:
+            with chunk:
+                assert chunk.stream_offset == expect
+                assert PAT_DEVMEM.matches(expect, np.frombuffer(chunk.data, np.uint8))
+                expect += len(chunk)
+        assert expect == total
+        for s in senders:
+            s.join()
+        assert hog.stats_dict()["share_stops"] > 0 and other.stats_dict()["members"] == 2
+    finally:
+        for rx in rxs:
+            rx.close()
+        for nic in nics:
+            nic.close()
+        for conn, cli in pairs:
+            conn.close()
+            cli.close()
+    assert fake_bind[0].closed
+
+
+def _child_reads(handle, offset: int, conn) -> None:  # type: ignore[no-untyped-def]
+    """In a flow worker's kind of child (forkserver): the binding's view from there."""
+    from zcnet.rx.zc.devmem import open_shared
+
+    p = open_shared(-1, handle)
+    conn.send((p.binding.members, p.binding.held_limit(), p.binding.owner,
+               bytes(p.area.view[offset:offset + 5])))
+    p.close()
+    p.area.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_binding_shared_with_another_process_maps_the_dmabuf_and_follows_the_count(
+        fake_bind, big_memfd):
+    """The handle a session gives its flow worker: in the child the dma-buf holds what the
+    parent wrote, the member count and held limit are the owner's (three members), the child
+    binds nothing and owns nothing of the binding."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver, resource_tracker
+
+    from zcnet.rx.zc.devmem_binding import acquire
+
+    ctx = mp.get_context("forkserver")  # as the bench's: the handle is pickled, fds sent along
+    b = acquire("eth7", [4], 4 << 20, big_memfd)
+    for _ in range(2):
+        acquire("eth7", [4], 4 << 20)
+    try:
+        os.pwrite(big_memfd, b"hello", 3 * PAGE)
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_reads, args=(b.shared(), 3 * PAGE, child))
+        proc.start()
+        child.close()
+        assert parent.poll(30)
+        assert parent.recv() == (3, b.held_limit(), False, b"hello")
+        proc.join(10)
+        parent.close()
+        assert proc.exitcode == 0
+        assert len(fake_bind) == 1 and not fake_bind[0].closed
+    finally:
+        for _ in range(3):
+            b.quit()
+        forkserver._forkserver._stop()  # type: ignore[attr-defined]  # no server left behind
+        resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+    assert fake_bind[0].closed
+
+
+def test_engine_option_queues_names_a_set():
+    from zcnet.errors import UsageError
+    from zcnet.rx.engine import EngineOptions
+
+    assert EngineOptions(queues="2,1,2").queue_set() == (1, 2)
+    assert EngineOptions(queue=3).queue_set() == EngineOptions(queues=3).queue_set() == (3,)
+    assert EngineOptions.from_mapping({"queues": 3}).queue_set() == (3,)  # --rx-opt queues=3
+    assert EngineOptions(queue=2, queues="1,2").queue_set() == (1, 2)
+    assert EngineOptions().queue_set() == ()
+    for bad in ("", "1,x", "-1"):
+        with pytest.raises(UsageError, match="expected queue ids"):
+            EngineOptions(queues=bad).queue_set()
+    with pytest.raises(UsageError, match="disagree"):
+        EngineOptions(queue=3, queues="1,2").queue_set()
+
+
+def test_a_members_socket_queue_follows_its_share(fake_bind, big_memfd, tcp_pair):
+    """SO_RCVBUF is a quarter of the share (the kernel doubles it: half the share of truesize)
+    and SO_RCVLOWAT at most half of that, so the queue can reach it; when a second member
+    joins, the first one's next receive halves both."""
+    conn, _ = tcp_pair
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 20)
+    p = _member(big_memfd, conn.fileno(), size=4 << 20)
+    other = None
+    try:
+        def queue() -> tuple[int, int]:
+            return (conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+
+        assert queue() == (2 * (1 << 20), 512 << 10)
+        other = _member(big_memfd, -1, size=4 << 20)
+        p.reap(0)
+        assert queue() == (2 * (512 << 10), 256 << 10) and p.rcvbuf == 512 << 10
+    finally:
+        for m in (p, other):
+            if m is not None:
+                m.close()
+                m.area.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from zc_helpers import MIB, PAT, Sender, ZcrxServer, check_to_eof, send_from_child
+from zc_helpers import MIB, PAT, Sender, ZcrxServer, check, check_to_eof, send_from_child
 from zcnet.bench.remote import NetnsServer
 from zcnet.errors import ZcnetError
 from zcnet.lab import Lab, netdevsim
@@ -353,15 +353,17 @@ def test_a_connection_outside_the_set_queues_is_a_clear_error(lab, state_dir):
         f"{lab.if_b} --netns {lab.ns_b} --queues 2,3`")
 
 
-# One engine: the steering under test is the NIC's, the same for every engine (each engine's
-# own receive is tested elsewhere); soft-zc, the heavier receiver of the two this kernel runs.
-@pytest.mark.parametrize("engine", ["soft-zc"])
+# soft-zc: the steering under test is the NIC's, the same for every engine; devmem: eight flow
+# workers on one binding of both queues, which the session holds (zcnet.bench.devmem_flows).
+@pytest.mark.parametrize("engine", ["soft-zc", "devmem"])
 def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, engine):
     """The commands a user types: `zcnet nic setup --queues 1,2 --port 9000-9007` on side b,
     a `zcnet server` on each side, then `zcnet client -n 8 --data-port 9000 --verify` from
     side a: every flow's bytes checked, flows 0,2,4,6 on queue 1 and 1,3,5,7 on queue 2 (the
-    driver's per-queue counters); the control connections stay on queues 0 and 3. (Each flow
-    on its own queue's zcrx or devmem needs the shared receive path of issue 36.)"""
+    driver's per-queue counters); the control connections stay on queues 0 and 3. devmem
+    (`--rx-opt ifname=... --rx-opt queues=1,2`): the server binds one dma-buf to both queues
+    once, its eight flow workers receive on it (eight members), every payload byte in a
+    dma-buf page (linear 0), and the queues are free again after the run."""
     token = tmp_path / "token"
     secret = os.urandom(32).hex().encode()
     token.write_bytes(secret + b"\n")
@@ -376,14 +378,17 @@ def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, e
         dev = stack.enter_context(Device.open(lab.if_b, lab.ns_b))
         start = _rx_bytes(dev)
         out = tmp_path / "client.json"
+        opts = ["--rx-opt", f"ifname={lab.if_b}", "--rx-opt", "queues=1,2"] \
+            if engine == "devmem" else []
         proc = netns_popen(lab.ns_a, [sys.executable, "-m", "zcnet", "client", "--src",
                                       str(src.address), "--dst", str(dst.address),
                                       "--token-file", str(token), "-n", "8", "-t", "1",
-                                      "--data-port", "9000", "--rx-engine", engine,
+                                      "--data-port", "9000", "--rx-engine", engine, *opts,
                                       "--verify", "--json", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, stderr = proc.communicate(timeout=600)
         landed = _delta(dev, start)
+        bound = [q for q in (1, 2) if "dmabuf" in netdev.queue_get(dev, q)]
     assert proc.returncode == 0, stderr[-2000:]
     flows = json.loads(out.read_text())["results"]
     assert sorted(f["flow"] for f in flows) == list(range(8))
@@ -393,6 +398,12 @@ def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, e
     want = {q: sum(f["bytes"] for f in flows if f["flow"] % 2 == q - 1) for q in (1, 2)}
     assert all(landed[q] >= n for q, n in want.items()), (want, landed)
     assert landed[0] + landed[3] < sum(want.values()) // 20, (want, landed)   # control only
+    assert bound == []   # the session's binding went with its flows
+    if engine == "devmem":
+        for f in flows:
+            st = f["engine_stats"]
+            assert st["linear"] == 0 and st["kernel_copied_bytes"] == 0, st
+            assert st["members"] == 8 and st["delivered"] == st["released"] > 0, st
 
 
 def test_page_pools_stats_and_queue_map(lab):
@@ -441,7 +452,7 @@ def _receive(lab: Lab, total: int, provider: str, port: int = PORT,
         if provider == "zcrx":
             assert bound["io-uring"] == {"rx-buf-len": rx.provider.buf_len}
         else:
-            assert bound["dmabuf"] == rx.provider._binding.id
+            assert bound["dmabuf"] == rx.provider.binding.id
         sender.start()
         got = check_to_eof(rx)
         sender.join(300)
@@ -573,6 +584,83 @@ def test_devmem_receives_every_payload_byte_in_dmabuf_frags(ready):
         os.close(fd)
     assert got == 4 << 20 and stats["linear"] == 0, stats
     assert stats["kernel_copied_bytes"] == 0 and stats["zero_copy_share"] == 1.0, stats
+
+
+def test_devmem_connections_on_one_queue_share_one_binding_each_within_its_share(ready):
+    """Four connections to PORT (steered to QUEUE) open devmem receivers: one bind-rx (the
+    queue shows one dma-buf), four members of its 8 MiB (2 MiB kept for the RX ring: 1.5 MiB
+    each). One holds every chunk it gets: it stops at its share (pages held <= held_limit
+    after every receive) while the other three get their 1 MiB each, verified, every payload
+    byte in a dma-buf page. Closed with its chunks held, it keeps its socket: a fifth
+    connection's 1 MiB flows through the pool meanwhile, and the held chunks keep their bytes
+    (pages go back to the pool only on release). The last release and close unbind; a queue
+    another program bound is refused saying so, with EEXIST."""
+    lab = ready
+    total, area = 1 << 20, 8 << 20
+    rxs, senders, servers = [], [], []
+    with ExitStack() as stack:
+        def connect(n: int):  # type: ignore[no-untyped-def]
+            client, server = _pair(lab, PORT)
+            stack.enter_context(server)
+            servers.append(server)
+            stack.callback(client.close)
+            with in_netns(lab.ns_b):
+                rx = stack.enter_context(open_receiver(server, "devmem", ifname=lab.if_b,
+                                                       queue=QUEUE, area_size=area))
+            senders.append(Sender(client, n))
+            rxs.append(rx)
+            return rx
+
+        hog = connect(2 * total)
+        others = [connect(total) for _ in range(3)]
+        binding = hog.provider.binding
+        assert all(rx.provider.binding is binding for rx in others)
+        assert binding.members == 4 and binding.reserve > 0
+        with Device.open(lab.if_b, lab.ns_b) as dev:
+            assert netdev.queue_get(dev, QUEUE)["dmabuf"] == binding.id
+        limit = binding.held_limit()
+        assert limit == (area - binding.reserve) // 4 // 2 // 4096
+        for s in senders:
+            s.start()
+        held = []
+        while hog.provider.share_stops == 0:
+            held += hog.recv(0.2)
+            assert hog.provider.held <= limit
+        for rx in others:
+            assert check_to_eof(rx) == total
+            assert rx.stats_dict()["linear"] == 0 and hog.provider.held <= limit
+        for c in held:
+            check(c)
+        hog_sock = hog.provider._sock
+        hog.close()   # with its chunks held
+        servers[0].close()   # the application's socket too: only the receiver's duplicate left
+        assert hog_sock.fileno() >= 0 and binding.members == 3
+        extra = connect(total)
+        senders[-1].start()
+        assert check_to_eof(extra) == total and extra.stats_dict()["linear"] == 0
+        for c in held:
+            check(c)   # still its bytes: the pool did not get its pages back
+        hog.release_many(held)
+        assert hog_sock.fileno() == -1 and hog.provider.held == 0
+        for rx in rxs:
+            rx.close()
+        with Device.open(lab.if_b, lab.ns_b) as dev:
+            assert "dmabuf" not in netdev.queue_get(dev, QUEUE)
+            # Another program's binding (a raw bind-rx, not this process's registry): refused
+            # by name, the kernel's errno kept.
+            fd = udmabuf_create(1 << 20)
+            stack.callback(os.close, fd)
+            with netdev.bind_rx(dev, fd, [QUEUE]), pytest.raises(ZcnetError) as ei:
+                connect(total)
+            assert getattr(ei.value, "errno", None) == errno.EEXIST
+            assert ei.value.message.startswith(f"queue {QUEUE} of {lab.if_b} is bound by another "
+                                               "program (zcrx or devmem) or an XDP program")
+    assert binding.closed
+    for s in senders[1:]:
+        s.join(60)
+        assert s.error is None, s.error
+    senders[0].join(60)   # the hog's unread rest: its peer reset it at close
+    assert senders[0].error is None or isinstance(senders[0].error, ConnectionError)
 
 
 @pytest.mark.parametrize("provider", ["zcrx", "devmem"])

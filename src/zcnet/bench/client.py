@@ -150,8 +150,8 @@ class ClientOptions:
 _REQUEST_FIELDS = {
     "open.engine": ("--rx-engine", "rx_engine", f"one of {', '.join(engine_names())}"),
     "open.engine_opts": ("--rx-opt", "engine_opts", "KEY=VALUE, KEY a lowercase word; VALUE an "
-                         "integer within +-2^40, true/false, or a plain word such as eth1 (at "
-                         "most 16 options)"),
+                         "integer within +-2^40, true/false, or a plain word such as eth1 or "
+                         "1,2 (at most 16 options)"),
     "connect.tx": ("--tx", "tx", "a send path, e.g. copy, msgzc, sendzc"),
     "connect.host": ("--data-host", "data_host", "an IP address or host name"),
 }

@@ -42,6 +42,8 @@ from zcnet.errors import UsageError, ZcnetError
 from zcnet.pattern import Verifier
 from zcnet.rx.engine import Engine, EngineOptions, close_engine
 from zcnet.rx.registry import make_engine
+from zcnet.rx.zc.devmem_binding import SharedBinding
+from zcnet.rx.zc.engines import DevmemEngine
 from zcnet.tx.senders import KINDS
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
@@ -115,6 +117,8 @@ class FlowSpec:
     name: str = "zcnet-flow"
     engine_opts: dict[str, OptionValue] = field(default_factory=dict)  # EngineOptions' names
     verify: bool = False    # stream: check every received byte against the sent pattern
+    # devmem: the binding its session holds for the flow's queues (zcnet.bench.devmem_flows)
+    devmem: SharedBinding | None = None
 
 
 # ---- process plumbing --------------------------------------------------------------------------
@@ -186,6 +190,8 @@ def _engine(spec: FlowSpec) -> Engine:
     # "bufsize" engine option.
     opts = EngineOptions.from_mapping(spec.engine_opts, bufsize=spec.read_size)
     engine = make_engine(spec.engine, opts)
+    if spec.devmem is not None and isinstance(engine, DevmemEngine):
+        engine.shared = spec.devmem  # its session bound the queues: bind nothing here
     why = engine.unsupported()
     if why:
         raise EngineUnsupported(f"engine {spec.engine}{UNSUPPORTED_HERE}{why}")

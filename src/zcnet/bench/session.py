@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait
 
-from zcnet.bench import proto
+from zcnet.bench import devmem_flows, proto
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.bench.flow_worker import Accepted, Failed, FlowSpec, Ready, Start, tx_paths
 from zcnet.bench.hist import encode_histogram, merge_encoded
@@ -40,6 +40,7 @@ from zcnet.bench.worker import FlowProc, SessionError
 from zcnet.jsonvalue import JSONObject
 from zcnet.nic.info import ifname_for_address, nic_env
 from zcnet.rx.registry import engine_names
+from zcnet.rx.zc.devmem_binding import DevmemBinding
 
 log = logging.getLogger("zcnet.bench.server")
 
@@ -189,8 +190,13 @@ class Session:
 
     # -- requests --------------------------------------------------------------------------------
 
-    def _spawn(self, flow: int, spec: FlowSpec) -> FlowProc:
-        fp = FlowProc(flow, spec)
+    def _spawn(self, flow: int, spec: FlowSpec,
+               membership: DevmemBinding | None = None) -> FlowProc:
+        with contextlib.ExitStack() as undo:
+            if membership is not None:
+                undo.callback(membership.quit)
+            fp = FlowProc(flow, spec)
+            fp.held.push(undo.pop_all())  # given up when the worker is stopped
         self.flows[(flow, spec.role)] = fp
         log.info("session %d: flow %d %s worker pid %d", self.ident, flow, spec.role, fp.pid)
         return fp
@@ -198,12 +204,17 @@ class Session:
     def on_open(self, msg: Message) -> Message:
         flow, engine = get(msg, "flow", int), get(msg, "engine", str)
         _check_engine(engine)
-        spec = FlowSpec(role="rx", mode=get(msg, "mode", str), host=self.bind_host, flow=flow,
-                        engine=engine, read_size=get(msg, "read_size", int),
+        mode, read_size = get(msg, "mode", str), get(msg, "read_size", int)
+        # devmem: the binding is the session's, shared by its flows' workers.
+        binding = devmem_flows.join(engine, get_options(msg), read_size) \
+            if mode == "stream" else None
+        spec = FlowSpec(role="rx", mode=mode, host=self.bind_host, flow=flow,
+                        engine=engine, read_size=read_size,
                         req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
                         name=f"zcnet-rx{flow}", engine_opts=get_options(msg),
-                        verify=get_or(msg, "verify", False), port=get_or(msg, "port", 0))
-        fp = self._spawn(flow, spec)
+                        verify=get_or(msg, "verify", False), port=get_or(msg, "port", 0),
+                        devmem=binding.shared() if binding is not None else None)
+        fp = self._spawn(flow, spec, binding)
         ready = fp.expect(Ready)
         return {"type": "opened", "flow": flow, "port": ready.port, "pid": fp.pid}
 

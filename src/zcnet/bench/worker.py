@@ -5,6 +5,7 @@ Workers come from a ``forkserver``: see ``zcnet.bench.server`` for why.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
 from multiprocessing.process import BaseProcess
@@ -43,6 +44,8 @@ class FlowProc:
         child.close()
         self.cpu: int | None = None
         self.pinned: int | None = None  # from ``pin``: the worker may be gone when results come
+        #: What the session holds for this worker (a devmem membership), released at stop.
+        self.held = contextlib.ExitStack()
 
     @property
     def pid(self) -> int:
@@ -85,8 +88,9 @@ class FlowProc:
         return f"exit status {code}"
 
     def stop(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
-        self.proc.close()
+        with self.held:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(5)
+            self.conn.close()
+            self.proc.close()

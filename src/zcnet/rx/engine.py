@@ -77,6 +77,7 @@ class EngineOptions:
     consumer_cpu: int | None = None
     ifname: str | None = None     # zcrx/devmem: the NIC and queue the flow is steered to
     queue: int | None = None
+    queues: int | str | None = None  # devmem: several queues, "1,2" (one binding over them)
     zc_buf: int = 0               # soft-zc: buffer size (0: ZC_BUF)
     zc_area: int = 0              # zero-copy area size (0: the engine's default count of buffers)
     zc_incremental: bool = False  # soft-zc: incrementally consumed buffers (IOU_PBUF_RING_INC)
@@ -89,6 +90,22 @@ class EngineOptions:
     def rcvlowat_for(self, engine: Engine) -> int:
         """The SO_RCVLOWAT ``engine`` sets: the option when given, else the engine's default."""
         return engine.default_rcvlowat if self.rcvlowat is None else self.rcvlowat
+
+    def queue_set(self) -> tuple[int, ...]:
+        """The queues named by ``queues`` ("1,2") or ``queue`` (both: they must agree)."""
+        if self.queues is None:
+            return () if self.queue is None else (self.queue,)
+        try:
+            qs = tuple(sorted({int(q) for q in str(self.queues).split(",")}))
+        except ValueError:
+            qs = ()
+        if not qs or min(qs) < 0:
+            raise UsageError(f"engine option queues={self.queues!r}: expected queue ids "
+                             "separated by commas", "e.g. queues=1,2")
+        if self.queue is not None and self.queue not in qs:
+            raise UsageError(f"engine options queue={self.queue} and queues={self.queues} "
+                             "disagree", "give one of them")
+        return qs
 
     def zc_buf_bytes(self) -> int:
         """The soft provider's buffer size."""

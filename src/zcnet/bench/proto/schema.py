@@ -37,6 +37,7 @@ CAPABILITIES = ("stream", "rr", "tcp_info", "cpu_stats", "pin", "hist")
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _HOST = re.compile(r"[0-9A-Za-z:.%_-]{1,255}\Z")
+_OPTION_WORD = re.compile(r"[0-9A-Za-z:.%_,-]{1,255}\Z")   # eth1, fe80::1%eth1, 1,2
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def _engine_opts(v: JSONValue) -> bool:
             return True
         if isinstance(x, int):
             return -(1 << 40) <= x <= 1 << 40
-        return isinstance(x, str) and _HOST.match(x) is not None
+        return isinstance(x, str) and _OPTION_WORD.match(x) is not None
 
     return isinstance(v, dict) and len(v) <= 16 and all(
         isinstance(k, str) and _NAME.match(k) and ok(x) for k, x in v.items())

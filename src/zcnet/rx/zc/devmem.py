@@ -3,7 +3,8 @@
 Some facts about devmem TCP receive:
 
 - ``bind-rx`` (netdev generic netlink) attaches a dma-buf to RX queues; the binding lives as long
-  as the netlink socket that made it, so the provider keeps that socket open until close().
+  as the netlink socket that made it. One binding serves every connection on its queues
+  (zcnet.rx.zc.devmem_binding: who holds it, and each connection's share of the dma-buf).
 - ``recvmsg(MSG_SOCK_DEVMEM)`` returns no payload for data that landed in the dma-buf; instead
   each fragment comes as a SCM_DEVMEM_DMABUF cmsg (struct dmabuf_cmsg: offset in the dma-buf,
   size, a token, the binding id). The iov receives only bytes the NIC did not put in the
@@ -25,23 +26,40 @@ import os
 import select
 import socket
 import struct
+import threading
 import warnings
+from collections.abc import Iterable
 
-from zcnet.errors import ClosedError, Unsupported, ZcnetError
-from zcnet.nic import netdev
-from zcnet.nic.device import Device
-from zcnet.rx.zc.area import UDMABUF_DEV, Area
+from zcnet.errors import ClosedError, ZcnetError
+from zcnet.rx.zc.area import Area
+from zcnet.rx.zc.devmem_binding import (
+    DevmemBinding,
+    SharedBinding,
+    acquire,
+    bind_rx,
+    probe_device,
+)
 from zcnet.rx.zc.netqueue import find_queue
-from zcnet.rx.zc.provider import CopyCount, Delivery, ProviderBase, build_or_close
+from zcnet.rx.zc.provider import (
+    CopyCount,
+    Delivery,
+    IntSeq,
+    ProviderBase,
+    build_or_close,
+)
 from zcnet.uapi import socket as usock
 
 log = logging.getLogger(__name__)
+
+__all__ = ["DevmemProvider", "bind_rx", "dontneed_batches", "open_devmem", "open_shared",
+           "parse_cmsgs", "probe_device", "recv_devmem"]
 
 MAX_DONTNEED_TOKENS = 128   # dmabuf_token entries per setsockopt (net/core/sock.c)
 MAX_DONTNEED_FRAGS = 1024   # tokens per setsockopt
 CMSG_SLOTS = 512
 DMABUF_CMSG_SIZE = ctypes.sizeof(usock.dmabuf_cmsg)
-ANCBUF = socket.CMSG_SPACE(DMABUF_CMSG_SIZE) * CMSG_SLOTS
+CMSG_SPACE = socket.CMSG_SPACE(DMABUF_CMSG_SIZE)
+ANCBUF = CMSG_SPACE * CMSG_SLOTS
 LINEAR_BUF = 1 << 20
 RECVMSG_PER_REAP = 16
 # What the devmem copy count is: bytes the socket gave in host memory, not dma-buf frags.
@@ -79,15 +97,22 @@ def parse_cmsgs(ancdata: list[tuple[int, int, bytes]], linear: memoryview | byte
 
 
 def recv_devmem(sock: socket.socket, iov: memoryview, out: Delivery,
-                max_calls: int = RECVMSG_PER_REAP) -> int:
-    """Up to ``max_calls`` non-blocking recvmsg(MSG_SOCK_DEVMEM) into ``out``; returns the bytes
-    that arrived as linear data. The kernel never mixes dma-buf and host-memory skbs in one call,
-    so bytes of a call not announced by any cmsg are plain copied data, also linear."""
+                max_calls: int = RECVMSG_PER_REAP, max_frags: int | None = None) -> int:
+    """Up to ``max_calls`` non-blocking recvmsg(MSG_SOCK_DEVMEM) into ``out``, taking at most
+    ``max_frags`` dma-buf fragments (a member's room in its share); returns the bytes that
+    arrived as linear data. The kernel never mixes dma-buf and host-memory skbs in one call, so
+    bytes of a call not announced by any cmsg are plain copied data, also linear. The kernel
+    stops a call, without truncating, when the control buffer has no room for the next
+    fragment's cmsg (put_cmsg_notrunc), so a smaller buffer takes fewer fragments."""
     flags = usock.MSG_SOCK_DEVMEM | usock.MSG_DONTWAIT
     linear = 0
+    room = CMSG_SLOTS * max_calls if max_frags is None else max_frags
     for _ in range(max_calls):
+        if room <= 0:
+            break
+        anc_size = ANCBUF if room >= CMSG_SLOTS else CMSG_SPACE * room
         try:
-            n, anc, mflags, _ = sock.recvmsg_into([iov], ANCBUF, flags)
+            n, anc, mflags, _ = sock.recvmsg_into([iov], anc_size, flags)
         except BlockingIOError:
             break
         except OSError as e:
@@ -100,7 +125,9 @@ def recv_devmem(sock: socket.socket, iov: memoryview, out: Delivery,
             raise ZcnetError("devmem control buffer truncated: fragment tokens were lost",
                              "report this; the control buffer must grow")
         first = len(out.offsets)
+        runs = len(out.linear)
         pos = parse_cmsgs(anc, iov, out)
+        room -= len(out.offsets) - first - (len(out.linear) - runs)
         accounted = sum(out.lengths[first:])
         if n > accounted:
             out.linear[len(out.offsets)] = bytes(iov[pos:pos + n - accounted])
@@ -143,54 +170,40 @@ def _runs(sorted_tokens: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def bind_rx(ifname: str, dmabuf_fd: int, queues: list[int]) -> netdev.DmabufBinding:
-    """Bind the dma-buf to ``queues`` of ``ifname`` (netdev bind-rx); returns the live binding
-    (close it to unbind). Errors name the missing capability."""
-    with Device.open(ifname) as dev:
-        try:
-            return netdev.bind_rx(dev, dmabuf_fd, queues)
-        except Unsupported as e:
-            raise Unsupported(
-                f"device {ifname} cannot bind a dma-buf to queue(s) {queues}: it lacks queue "
-                "management ops, DMA or header-data split"
-                + (f" ({e.extack})" if getattr(e, "extack", "") else ""),
-                "devmem TCP needs a NIC with the queue API and tcp-data-split on; elsewhere use "
-                "provider 'soft'") from e
-
-
-def probe_device(ifname: str, queue: int) -> None:
-    """Whether ``ifname`` would take a dma-buf binding, without one: the kernel checks the
-    device (queue ops, DMA) before it looks at the fd, so EBADF means the device passed.
-    Raises Unsupported naming the device's problem; returns when only the dma-buf is missing."""
-    try:
-        bind_rx(ifname, netdev.NO_FD, [queue]).close()
-    except Unsupported:
-        raise
-    except OSError as e:
-        if e.errno != errno.EBADF:
-            raise
-
-
 class DevmemProvider(ProviderBase):
+    """One connection (a member) on a shared devmem binding (zcnet.rx.zc.devmem_binding): it
+    reads its own socket and gives tokens back on it, maps the dma-buf itself (its area), and
+    holds no more pages than its share. Closed with chunks held, it keeps its socket open until
+    they come back (destroying the socket would hand their pages to the NIC)."""
+
     name = "devmem"
 
-    def __init__(self, fd: int, area: Area, ifname: str, queue: int) -> None:
-        if area.dmabuf_fd is None:
-            raise ZcnetError("devmem needs a dma-buf area", "pass dmabuf_fd or load udmabuf")
-        self.area = area
-        self.ifname = ifname  # the device the dma-buf is bound to
-        self.note = f"{ifname} queue {queue}, dma-buf fd {area.dmabuf_fd}"
+    def __init__(self, fd: int, binding: DevmemBinding) -> None:
+        """Takes over one membership of ``binding`` (joined by the caller); closes it when it
+        cannot be built."""
+        with contextlib.ExitStack() as undo:
+            undo.callback(binding.quit)
+            self.area = Area(binding.size, dmabuf_fd=binding.dmabuf_fd)
+            undo.pop_all()
+        self.binding = binding
+        self.ifname = binding.ifname  # the device the dma-buf is bound to
+        self.note = (f"{binding.describe()}, dma-buf fd {binding.dmabuf_fd} (binding "
+                     f"{binding.id}, shared by the connections on them)")
         self.linear_bytes = 0
         self.dontneed_calls = 0
+        self.share_stops = 0       # reaps refused because the member held its share
+        self.held = 0              # tokens handed out and not given back
+        self.rcvbuf = 0            # the SO_RCVBUF set for the current share
         self._sock: socket.socket | None = None
         self._poll = select.poll()
         self._linear = bytearray(LINEAR_BUF)
         self._linear_mv = memoryview(self._linear)
         self._warned = False
         self._closed = False
-        self._binding = bind_rx(ifname, area.dmabuf_fd, [queue])
+        self._left = False         # the membership is given up (close with chunks held)
+        self._lock = threading.Lock()  # releases after close come from any thread
         if fd >= 0:
-            build_or_close(lambda: self.attach(fd), self._binding.close)
+            build_or_close(lambda: self.attach(fd), self.close, self.area.close)
 
     def attach(self, fd: int) -> None:
         """Receive from ``fd`` (a duplicate, so the caller's socket object keeps its own)."""
@@ -198,13 +211,32 @@ class DevmemProvider(ProviderBase):
         # ask for non-blocking receives per call (MSG_DONTWAIT) instead.
         if self._closed:
             raise ClosedError.of(self, "attach")
-        self._sock = socket.socket(fileno=os.dup(fd))
+        dup = os.dup(fd)
+        self._sock = build_or_close(lambda: socket.socket(fileno=dup), lambda: os.close(dup))
         self._poll.register(self._sock.fileno(), select.POLLIN)
+        self._fit_rcvbuf()
+
+    def _fit_rcvbuf(self) -> None:
+        """Bound the socket's queue by the member's share (when the share changed)."""
+        want = self.binding.rcvbuf()
+        if want == self.rcvbuf or self._sock is None:
+            return
+        self.rcvbuf = want
+        sock = self._sock
+        try:  # root: not capped by net.core.rmem_max
+            sock.setsockopt(usock.SOL_SOCKET, usock.SO_RCVBUFFORCE, want)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
+        # The queue holds 2 x want of truesize, a page per fragment: at MTU 1500 about 0.7 x
+        # want of payload. A low-water mark above that wakes us only once the kernel's
+        # pressure check fires (7/8 full, the window nearly shut), so keep it at want / 2.
+        low = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, min(low, want // 2)))
 
     def can_arm(self) -> bool:
         if self._closed:
             raise ClosedError.of(self, "can_arm")
-        return True
+        return self.held < self.binding.held_limit()
 
     def arm(self) -> None:
         """Nothing to arm: the binding delivers as long as it exists."""
@@ -219,10 +251,19 @@ class DevmemProvider(ProviderBase):
         if self._closed:
             raise ClosedError.of(self, "reap")
         out = Delivery()
+        room = self.binding.held_limit() - self.held
+        if room <= 0:
+            # Its share is held: leave the data in the socket (its window closes, nobody
+            # else's) until releases come back (the core waits: can_arm is False).
+            self.share_stops += 1
+            out.stopped = "share"
+            return out
+        self._fit_rcvbuf()
         ms = -1 if timeout is None else int(timeout * 1000)
         if self._sock is None or not self._poll.poll(ms):
             return out
-        lin = recv_devmem(self._sock, self._linear_mv, out)
+        lin = recv_devmem(self._sock, self._linear_mv, out, max_frags=room)
+        self.held += len(out.offsets) - len(out.linear)
         if lin:
             self._note_linear(lin)
         return out
@@ -234,46 +275,79 @@ class DevmemProvider(ProviderBase):
             log.warning("devmem: %d bytes arrived in host memory (SCM_DEVMEM_LINEAR): header "
                         "split is off or the flow is not steered to the bound queue", n)
 
-    def recycle(self, tokens: list[int], lengths: list[int]) -> None:
+    def recycle(self, tokens: IntSeq, lengths: IntSeq) -> None:
         if self._closed:
             raise ClosedError.of(self, "recycle")
-        real = [t for t in tokens if t >= 0]
-        if self._sock is None:
+        self._dontneed(tokens)
+
+    def _dontneed(self, tokens: IntSeq) -> None:
+        real = [int(t) for t in tokens if t >= 0]
+        if self._sock is None or not real:
             return
         for arg in dontneed_batches(real):
             self._sock.setsockopt(usock.SOL_SOCKET, usock.SO_DEVMEM_DONTNEED, arg)
             self.dontneed_calls += 1
+        self.held -= len(real)
+
+    def recycle_closed(self, tokens: list[int]) -> None:
+        """Chunks released after close: their tokens go back on the socket kept open for them;
+        the last one closes it and gives up the membership."""
+        with self._lock:
+            self._dontneed(tokens)
+            self._finish_if_idle()
 
     def extra_stats(self) -> dict[str, int]:
-        return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls}
+        return {"linear": self.linear_bytes, "dontneed_calls": self.dontneed_calls,
+                "share_stops": self.share_stops, "held_limit": self.binding.held_limit(),
+                "members": self.binding.members}
 
     def kernel_copy(self) -> CopyCount:
         return CopyCount(self.linear_bytes, LINEAR_SOURCE)
 
     def close(self, armed: bool = False) -> bool:
-        self._closed = True
-        with contextlib.ExitStack() as undo:
-            undo.callback(self._binding.close)
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+        """Stop receiving: the other members' shares grow now; the socket (and with it this
+        member's hold on the binding) goes once no chunk is held."""
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+            self.binding.leave()
+            self._finish_if_idle()
         return True
+
+    def _finish_if_idle(self) -> None:
+        if self._left or self.held > 0:
+            return
+        self._left = True
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.binding.release)
+            sock, self._sock = self._sock, None
+            if sock is not None:
+                self._poll.unregister(sock.fileno())
+                sock.close()
 
 
 def open_devmem(fd: int, area_size: int, *, dmabuf_fd: int | None = None,
                 hugetlb: bool = False, ifname: str | None = None,
-                queue: int | None = None) -> DevmemProvider:
+                queue: int | None = None, queues: Iterable[int] | None = None
+                ) -> DevmemProvider:
+    """A member of this process's binding of ``queues`` (or ``queue``) of ``ifname``, bound
+    first when there is none (see zcnet.rx.zc.devmem_binding.acquire)."""
     if hugetlb:
         # The area is a dma-buf (udmabuf's memfd, or the caller's): its exporter picks the pages.
         warnings.warn("hugetlb does not apply to devmem: its area is a dma-buf whose exporter "
                       "picks the pages; normal pages are used", RuntimeWarning, stacklevel=2)
-    if ifname is None or queue is None:
+    qs = list(queues) if queues is not None else [] if queue is None else [queue]
+    if ifname is None or not qs:
         found_if, found_q = find_queue(fd)
         ifname = ifname or found_if
-        queue = found_q if queue is None else queue
-    if dmabuf_fd is None and not os.path.exists(UDMABUF_DEV):
-        # Ask the device first, so the reason names what is really missing.
-        probe_device(ifname, queue)
-    area = Area(area_size, dmabuf_fd=dmabuf_fd) if dmabuf_fd is not None \
-        else Area.udmabuf(area_size)
-    return build_or_close(lambda: DevmemProvider(fd, area, ifname, queue), area.close)
+        qs = qs or [found_q]
+    return DevmemProvider(fd, acquire(ifname, qs, area_size, dmabuf_fd))
+
+
+def open_shared(fd: int, handle: SharedBinding) -> DevmemProvider:
+    """A member of a binding another process holds and counted this member in (a benchmark's
+    flow worker: its session binds)."""
+    binding = DevmemBinding.imported(handle)
+    build_or_close(binding.join, binding.free)
+    return DevmemProvider(fd, binding)

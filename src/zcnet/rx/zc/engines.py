@@ -31,7 +31,8 @@ from zcnet.rx.engine import (
     RxStats,
 )
 from zcnet.rx.zc.chunks import Batch
-from zcnet.rx.zc.devmem import open_devmem
+from zcnet.rx.zc.devmem import open_devmem, open_shared
+from zcnet.rx.zc.devmem_binding import SharedBinding
 from zcnet.rx.zc.provider import NicProvider, build_or_close
 from zcnet.rx.zc.receiver import COPY_FIELDS, Receiver
 from zcnet.rx.zc.soft import open_soft
@@ -242,8 +243,39 @@ class ZcrxEngine(_NicEngine):
 
 
 class DevmemEngine(_NicEngine):
+    """devmem: a member of this process's binding of the queues (``queue`` or ``queues``),
+    or of the binding ``shared`` names (a benchmark session binds for its flow workers; the
+    worker then binds nothing)."""
+
     name: ClassVar[str] = "devmem"
     provider: ClassVar[str] = "devmem"
 
-    def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> NicProvider:
-        return open_devmem(-1, self.area_size, ifname=ifname, queue=q)
+    def __init__(self, opts: EngineOptions) -> None:
+        super().__init__(opts)
+        self.shared: SharedBinding | None = None
+
+    def unsupported(self) -> str | None:
+        if self._closed:
+            raise ClosedError.of(self, "unsupported")
+        if why := self._check_consumer():
+            return why
+        try:
+            queues = self.opts.queue_set()
+            if self.shared is not None:
+                shared, self.shared = self.shared, None  # the provider owns its fds now
+                self._prov = open_shared(-1, shared)
+            elif self.opts.ifname is None or not queues:
+                return ("devmem needs --ifname and --queue (or queues=1,2) naming queues of a "
+                        "NIC with header-data split and the queue API (none given)")
+            else:
+                self._prov = open_devmem(-1, self.area_size, ifname=self.opts.ifname,
+                                         queues=queues)
+        except ZcnetError as e:
+            return e.message
+        return None
+
+    def close(self) -> None:
+        super().close()
+        shared, self.shared = self.shared, None
+        if shared is not None:
+            shared.close()
