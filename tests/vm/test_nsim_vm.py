@@ -353,9 +353,10 @@ def test_a_connection_outside_the_set_queues_is_a_clear_error(lab, state_dir):
         f"{lab.if_b} --netns {lab.ns_b} --queues 2,3`")
 
 
-# soft-zc: the steering under test is the NIC's, the same for every engine; devmem: eight flow
-# workers on one binding of both queues, which the session holds (zcnet.bench.devmem_flows).
-@pytest.mark.parametrize("engine", ["soft-zc", "devmem"])
+# devmem only: the steering under test is the NIC's, the same for every engine, and devmem adds
+# eight flow workers on one binding of both queues, which the session holds
+# (zcnet.bench.devmem_flows). (soft-zc ran here too; it added 80 s of TCG and no check.)
+@pytest.mark.parametrize("engine", ["devmem"])
 def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, engine):
     """The commands a user types: `zcnet nic setup --queues 1,2 --port 9000-9007` on side b,
     a `zcnet server` on each side, then `zcnet client -n 8 --data-port 9000 --verify` from
