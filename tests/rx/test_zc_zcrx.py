@@ -956,6 +956,12 @@ def test_queue_discovery_fills_in_only_what_was_not_given(fake, sock, monkeypatc
 
     monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)
     monkeypatch.setattr(genl, "GenlSocket", FakeGenl)
+    if want[1] != 3:  # given a queue the socket did not arrive on (its NAPI's is 3)
+        with pytest.raises(zcrx.WrongQueue) as ei:
+            open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname=ifname, queue=queue, copy=False)
+        assert (ei.value.ifname, ei.value.queue) == ("lo", 3)
+        assert fake.rings[-1].closed  # the queue registered for it is gone again
+        return
     prov = open_zcrx(sock.fileno(), 4 * PAGE_SIZE, ifname=ifname, queue=queue, copy=False)
     try:
         assert (prov.ifname, prov.queue) == want and prov.reg.ifq.if_rxq == want[1]
