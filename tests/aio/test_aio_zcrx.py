@@ -12,26 +12,20 @@ import asyncio
 import pytest
 
 from aio_util import LOOPS, run, tcp_pair
-from fake_zcrx_kernel import FakeKernel, Stream
+from fake_zcrx_kernel import FakeKernel, Stream, install_copy_mode
 from zc_helpers import PAT
 from zcnet import aio
 from zcnet.errors import ClosedError, Unsupported, UsageError
-from zcnet.rx.zc import zcrx, zcrx_queue
+from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.zcrx_queue import find_open, queue_key
-from zcnet.rx.zc.zcrx_reg import Offers, StatsLayout
-from zcnet.uapi import io_uring as u
 
-COPY_OFFERS = Offers(u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3)
 N = 16
 AREA = 2 << 20  # 512 buffers: 32 per connection, a 128 KiB share each
 
 
 @pytest.fixture
 def fake(monkeypatch, no_leaks):
-    k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
-    monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
-    monkeypatch.setattr(zcrx_queue, "kernel_stats_layout", lambda: StatsLayout(16, 8))
+    k = install_copy_mode(monkeypatch)
     yield k
     k.stream = None
     k.streams.clear()
@@ -53,6 +47,16 @@ def check(i: int, chunk) -> int:  # type: ignore[no-untyped-def]
     return chunk.length
 
 
+async def drain(i: int, rx: aio.AsyncReceiver) -> int:
+    """``async for`` to the end of connection ``i``'s stream, each chunk checked and released;
+    returns its bytes."""
+    got = 0
+    async for c in rx:
+        got += check(i, c)
+        c.release()
+    return got
+
+
 def queue_gone(fake: FakeKernel) -> None:
     """The loop let go of the queue: unregistered from this thread, its ring (and ifq) closed."""
     assert find_open(queue_key(0, 0)) is None
@@ -72,13 +76,6 @@ def test_receivers_share_the_threads_queue_each_verified(fake, loop_kind):
         zq = rxs[0].rx.provider.zq
         assert all(r.rx.provider.zq is zq for r in rxs) and len(fake.rings) == 1
         assert "copy mode" in rxs[0].rx.why and zq.share_bytes() == 128 << 10
-
-        async def drain(i: int, rx: aio.AsyncReceiver) -> int:
-            got = 0
-            async for c in rx:
-                got += check(i, c)
-                c.release()
-            return got
 
         got = await asyncio.gather(*(drain(i, rx) for i, rx in enumerate(rxs)))
         assert got == [total] * N
@@ -125,7 +122,8 @@ def test_transports_on_the_queue_each_verified(fake):
 
 def test_a_receiver_that_keeps_its_chunks_stalls_alone(fake):
     """Connection 0 keeps every chunk: it stops at its share (paused "exhausted") while the
-    others finish; once it releases, it resumes and finishes too."""
+    others finish. Its task is cancelled there (nothing lost); once its chunks are released it
+    resumes and finishes too."""
     total = 300_000
 
     async def main() -> None:
@@ -140,27 +138,16 @@ def test_a_receiver_that_keeps_its_chunks_stalls_alone(fake):
                 check(0, c)
                 kept.append(c)
 
-        async def drain(i: int) -> int:
-            got = 0
-            async for c in rxs[i]:
-                got += check(i, c)
-                c.release()
-            return got
-
         k = asyncio.ensure_future(keeper())
-        assert await asyncio.gather(*(drain(i) for i in (1, 2, 3))) == [total] * 3
+        assert await asyncio.gather(*(drain(i, rxs[i]) for i in (1, 2, 3))) == [total] * 3
         held = sum(c.length for c in kept)
         assert 0 < held <= zq.share_bytes() < total and not k.done()
         assert rxs[0].rx.stalled == "exhausted"
+        k.cancel()
+        await asyncio.gather(k, return_exceptions=True)
         for c in kept:
             c.release()
-        kept.clear()
-        got = held
-        async for c in rxs[0]:
-            got += check(0, c)
-            c.release()
-        await k
-        assert got == total
+        assert held + await drain(0, rxs[0]) == total
         for rx in rxs:
             rx.close()
         for c, _ in ps:
@@ -184,14 +171,7 @@ def test_closing_one_receiver_leaves_the_others_streaming(fake):
             check(0, c)
             c.release()
 
-        async def drain(i: int) -> int:
-            got = 0
-            async for c in rxs[i]:
-                got += check(i, c)
-                c.release()
-            return got
-
-        assert await asyncio.gather(*(drain(i) for i in (1, 2, 3))) == [total] * 3
+        assert await asyncio.gather(*(drain(i, rxs[i]) for i in (1, 2, 3))) == [total] * 3
         zq = rxs[1].rx.provider.zq
         assert len(zq.members) == 3
         for rx in rxs[1:]:
@@ -270,14 +250,12 @@ def test_trio_receivers_on_the_queue(fake):
                for _, s in socks]
         got = [0] * 4
 
-        async def drain(i: int) -> None:
-            async for c in rxs[i]:
-                got[i] += check(i, c)
-                c.release()
+        async def each(i: int) -> None:
+            got[i] = await drain(i, rxs[i])
 
         async with trio.open_nursery() as n:
             for i in range(4):
-                n.start_soon(drain, i)
+                n.start_soon(each, i)
         assert got == [total] * 4
         for rx in rxs:
             rx.close()

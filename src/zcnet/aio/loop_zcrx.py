@@ -33,7 +33,7 @@ import weakref
 from typing import cast
 
 from zcnet.aio.looptypes import Future, Loop
-from zcnet.aio.shared import Waiting
+from zcnet.aio.shared import Waiting, wake_each
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import Receiver
@@ -143,14 +143,7 @@ class LoopZcrx:
                 armable = [m for m in self.paused if m.p.can_arm()]
                 self.paused.difference_update(armable)
                 woken += [m for m in armable if not m.p.inbox]
-        failure: BaseException | None = None
-        for m in woken:
-            try:
-                m.wake()
-            except Exception as e:  # one try per receiver: the others still run
-                failure = failure or e
-        if failure is not None:
-            raise failure
+        wake_each(woken)
 
 
 class ZcrxMember(Waiting):

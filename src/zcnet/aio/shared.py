@@ -362,14 +362,20 @@ class LoopRing:
             if m is not None:  # else: a member that left; its cancel completed before it did
                 m.inbox.append(c)
                 woken.append(m)
-        failure: BaseException | None = None
-        for m in woken:
-            try:
-                m.wake()
-            except Exception as e:  # one try per member: the others still run
-                failure = failure or e
-        if failure is not None:
-            raise failure
+        wake_each(woken)
+
+
+def wake_each(woken: list[Any]) -> None:
+    """``wake()`` each member; a failing one does not stop the others, and the first failure
+    is raised at the end."""
+    failure: BaseException | None = None
+    for m in woken:
+        try:
+            m.wake()
+        except Exception as e:  # one try per member: the others still run
+            failure = failure or e
+    if failure is not None:
+        raise failure
 
 
 class Waiting:
