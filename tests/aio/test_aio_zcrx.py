@@ -190,13 +190,19 @@ def test_a_queue_closed_under_waiting_receivers_ends_each_clearly(fake):
             fake.streams[s.fileno()].end = None  # open, idle streams: the tasks wait
         rxs = [aio.open_receiver(s, "zcrx", area_size=AREA // 4, own_socket=True)
                for _, s in ps]
+        c4, s4 = await tcp_pair()
+        fake.streams[s4.fileno()] = Stream(b"", end=None)
+        proto = Count(0, asyncio.get_running_loop().create_future())
+        aio.start_protocol(s4, proto, provider="zcrx")
         tasks = [asyncio.ensure_future(rx.recv()) for rx in rxs]
         await asyncio.sleep(0.05)
-        assert not any(t.done() for t in tasks)
+        assert not any(t.done() for t in tasks) and not proto.lost.done()
         rxs[0].rx.provider.zq.close()
         for t in tasks:
             with pytest.raises(ClosedError, match="zcrx queue copy mode was closed"):
                 await t
+        assert isinstance(await proto.lost, ClosedError)
+        c4.close()
         for rx in rxs:
             rx.close()
         for c, _ in ps:
@@ -216,6 +222,9 @@ def test_options_that_zcrx_does_not_take_are_refused_by_name(fake):
                 aio.open_receiver(s, "zcrx", pool=True)
             with pytest.raises(UsageError, match="cannot drive callbacks"):
                 aio.start_protocol(s, aio.ZcProtocol(), provider="devmem")
+            with pytest.raises(UsageError, match="max_held must be in"):
+                aio.open_receiver(s, "zcrx", max_held=2.0)  # refused after the join: undone
+            queue_gone(fake)
             with pytest.raises(UsageError, match="fewer than 16 buffers"):
                 # 64 KiB: 16 buffers, enough for one connection, not two
                 a = aio.open_receiver(s, "zcrx", area_size=64 << 10)
@@ -224,6 +233,7 @@ def test_options_that_zcrx_does_not_take_are_refused_by_name(fake):
                     with c2, s2:
                         aio.open_receiver(s2, "zcrx")
                 finally:
+                    assert list(a.rx.provider.zq.members) == [0]  # the first stays
                     a.close()
         queue_gone(fake)
 

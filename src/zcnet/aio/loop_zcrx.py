@@ -228,8 +228,8 @@ def _copy_queue(loop: Loop, area_size: int, opts: dict[str, Option]) -> LoopZcrx
 def _open_provider(loop: Loop, fd: int, area_size: int,
                    opts: dict[str, Option]) -> tuple[ZcrxProvider, LoopZcrx | None, str]:
     """The socket's provider by open_zcrx's rules (the device's queue, else copy mode where the
-    kernel has it), with copy mode on the loop's shared copy-mode queue; the LoopZcrx when
-    one was opened for it, and why copy mode."""
+    kernel has it), with copy mode on the thread's shared copy-mode queue; that queue's
+    LoopZcrx in copy mode, and why copy mode."""
     offers = zcrx.kernel_offers()
     if not offers.copy_mode or opts.get("dmabuf_fd") is not None:
         return zcrx.open_zcrx(fd, area_size, **opts), None, ""  # type: ignore[arg-type]
@@ -257,14 +257,11 @@ def open_zcrx_receiver(loop: Loop, sock: socket.socket, area_size: int,
                          f"{', '.join(sorted(extra))}",
                          f"it takes area_size, {', '.join(sorted(ZCRX_OPTIONS))}")
     opts = {k: kw[k] for k in _PROVIDER_OPTIONS if k in kw}
-    p, opened, why = _open_provider(loop, sock.fileno(), area_size, opts)
-    held = [] if opened is None else [opened]
-    with contextlib.ExitStack() as undo:  # a failure: the provider leaves, then the loop
-        undo.callback(lambda: held and held[0].leave_if_empty())  # lets go of its queue
-        undo.callback(p.area_done, p.area)
-        undo.callback(p.close)
-        lq = opened or _loop_queue(loop, p.zq, False)
-        held[:] = [lq]
+    p, lq, why = _open_provider(loop, sock.fileno(), area_size, opts)
+    with contextlib.ExitStack() as undo:
+        undo.callback(lambda: _abandon(p, lq))  # the lq of the moment
+        if lq is None:
+            lq = _loop_queue(loop, p.zq, False)
         rx = Receiver(sock, p, max_held=cast(float, kw.get("max_held", 0.75)),
                       debug=bool(kw.get("debug", False)),
                       coalesce=bool(kw.get("coalesce", False)),
@@ -272,5 +269,16 @@ def open_zcrx_receiver(loop: Loop, sock: socket.socket, area_size: int,
         m = lq.join(p, rx)
         undo.pop_all()
     return rx, m
+
+
+def _abandon(p: ZcrxProvider, lq: LoopZcrx | None) -> None:
+    """An open that failed after the provider joined: it leaves the queue (and gives its use
+    of the area back), then the loop lets go of a queue it holds for nobody."""
+    with contextlib.ExitStack() as undo:
+        if lq is not None:
+            undo.callback(lq.leave_if_empty)
+        undo.callback(p.area_done, p.area)
+        p.close()
+
 
 __all__ = ["ZCRX_OPTIONS", "LoopZcrx", "ZcrxMember", "open_zcrx_receiver"]
