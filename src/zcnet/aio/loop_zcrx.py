@@ -12,9 +12,10 @@ Some facts that shape it:
   ``recv(0)``, which pumps the queue's ring when its inbox is empty (one enter; every CQE into
   its member's inbox). What this module adds is when to run it.
 - One eventfd registered on the queue's ring and one loop reader (``LoopZcrx.poll``): a pass
-  drains the eventfd, pumps once, and wakes the receivers whose inbox holds completions. Work
-  queued after the pass's enter signals the eventfd again (no lost wake-up), and so do the
-  CQEs a receiver's own pump posts, so the others hear of theirs in the next pass.
+  drains the eventfd, enters once (GETEVENTS: the task work runs), routes the CQEs, and
+  wakes the receivers whose inbox holds completions. Work queued after the pass's enter
+  signals the eventfd again (no lost wake-up), and so do the CQEs a receiver's own pump
+  posts, so the others hear of theirs in the next pass.
 - The area's buffers are shared: a receiver paused because it may not arm ("exhausted": its
   share is held, or the queue ran dry) is resumed by its own releases (``on_release``) but also
   by anyone's returns, and by a connection leaving (the shares grow). So while any receiver is
@@ -125,10 +126,10 @@ class LoopZcrx:
         self.poll()
 
     def poll(self) -> None:
-        """Drain the eventfd, pump the ring once, wake the receivers with completions and the
-        paused ones that may arm now. A queue closed under its receivers wakes them all, once
-        (each raises ClosedError naming the queue). The first failing wake-up is raised after
-        all."""
+        """Drain the eventfd, enter the ring once and route its CQEs, wake the receivers with
+        completions and the paused ones that may arm now. A queue closed under its receivers
+        wakes them all, once (each raises ClosedError naming the queue). The first failing
+        wake-up is raised after all."""
         if self.efd < 0:
             return
         drain(self.efd)
@@ -137,7 +138,13 @@ class LoopZcrx:
             self._unwatch()
             woken = list(self.members.values())
         else:
-            zq.pump(0)
+            ring = zq.ring
+            assert ring is not None
+            ring.get_events()  # runs the task work: a plain enter (pump(0) would arm a timer)
+            if ring.cq_ready() or self.paused:
+                # Routes what is there (no second enter); while a receiver waits for buffers,
+                # also gives back those of connections that closed holding chunks.
+                zq.pump(0)
             woken = [m for m in self.members.values() if m.p.inbox]
             if self.paused:
                 armable = [m for m in self.paused if m.p.can_arm()]
