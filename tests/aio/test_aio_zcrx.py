@@ -57,6 +57,15 @@ async def drain(i: int, rx: aio.AsyncReceiver) -> int:
     return got
 
 
+def close_all(fake: FakeKernel, rxs: list, ps: list) -> None:
+    """Close the receivers and the sending ends; then the queue must be gone."""
+    for rx in rxs:
+        rx.close()
+    for c, _ in ps:
+        c.close()
+    queue_gone(fake)
+
+
 def queue_gone(fake: FakeKernel) -> None:
     """The loop let go of the queue: unregistered from this thread, its ring (and ifq) closed."""
     assert find_open(queue_key(0, 0)) is None
@@ -80,11 +89,7 @@ def test_receivers_share_the_threads_queue_each_verified(fake, loop_kind):
         got = await asyncio.gather(*(drain(i, rx) for i, rx in enumerate(rxs)))
         assert got == [total] * N
         assert sum(r.rx.provider.cap_stops for r in rxs) > 0  # the share capped them
-        for rx in rxs:
-            rx.close()
-        for c, _ in ps:
-            c.close()
-        queue_gone(fake)
+        close_all(fake, rxs, ps)
 
     run(loop_kind, main)
 
@@ -148,11 +153,7 @@ def test_a_receiver_that_keeps_its_chunks_stalls_alone(fake):
         for c in kept:
             c.release()
         assert held + await drain(0, rxs[0]) == total
-        for rx in rxs:
-            rx.close()
-        for c, _ in ps:
-            c.close()
-        queue_gone(fake)
+        close_all(fake, rxs, ps)
 
     run("asyncio", main)
 
@@ -174,11 +175,7 @@ def test_closing_one_receiver_leaves_the_others_streaming(fake):
         assert await asyncio.gather(*(drain(i, rxs[i]) for i in (1, 2, 3))) == [total] * 3
         zq = rxs[1].rx.provider.zq
         assert len(zq.members) == 3
-        for rx in rxs[1:]:
-            rx.close()
-        for c, _ in ps:
-            c.close()
-        queue_gone(fake)
+        close_all(fake, rxs[1:], ps)
 
     run("asyncio", main)
 
@@ -203,11 +200,7 @@ def test_a_queue_closed_under_waiting_receivers_ends_each_clearly(fake):
                 await t
         assert isinstance(await proto.lost, ClosedError)
         c4.close()
-        for rx in rxs:
-            rx.close()
-        for c, _ in ps:
-            c.close()
-        queue_gone(fake)
+        close_all(fake, rxs, ps)
 
     run("asyncio", main)
 
