@@ -70,6 +70,7 @@ class LoopZcrx:
             self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             undo.callback(os.close, self.efd)
             register_eventfd(ring, self.efd)
+            undo.callback(unregister_eventfd, ring)
             loop.add_reader(self.efd, self.poll)
             undo.pop_all()
         _by_queue[zq] = self
