@@ -16,6 +16,9 @@ What it copies from the kernel (io_uring/zcrx.c, 7.2), and what a registration i
   ``rqes + (i & mask) * 16``, and stores head at its offset. Device mode consumes entries when it
   refills (here: each wait; never with ``pool_reads_ring`` False, as on a device that copies);
   copy mode only on ZCRX_CTRL_FLUSH_RQ.
+- eventfd (IORING_REGISTER_EVENTFD, one per ring, else EBUSY): signalled after an enter when
+  CQEs wait or an armed receive's socket has more to deliver (the kernel's task work), which
+  is what an event loop watching it needs.
 - stats (7.x): an ``event_desc`` with ZCRX_EVENT_DESC_FLAG_STATS puts a ``struct zcrx_stats`` at
   ``stats_offset`` (8-byte aligned, past the entries, inside the region; EINVAL/ERANGE
   otherwise), zeroed; each buffer the kernel copies into (copy mode, or a device that copies)
@@ -125,6 +128,7 @@ class FakeRing:
         self.flushes = 0
         self.waits = 0
         self.wait_timeouts: list[float | None] = []  # what each waiting submit was given
+        self.efd = -1                   # the registered eventfd
         self._mm: mmap.mmap | None = None
         self._dmabuf_mm: mmap.mmap | None = None
 
@@ -142,6 +146,17 @@ class FakeRing:
                 raise _err(errno.EINVAL)
             self.flushes += 1
             self._consume_refill()
+            return 0
+        if opcode == u.IORING_REGISTER_EVENTFD:
+            if self.efd >= 0:
+                raise _err(errno.EBUSY)
+            assert isinstance(arg, ctypes.c_int32) and nr_args == 1
+            self.efd = arg.value
+            return 0
+        if opcode == u.IORING_UNREGISTER_EVENTFD:
+            if self.efd < 0:
+                raise _err(errno.ENXIO)
+            self.efd = -1
             return 0
         raise _err(errno.EINVAL)
 
@@ -290,7 +305,24 @@ class FakeRing:
             self.wait_timeouts.append(timeout)
         if wait_nr and not self.cq:
             self._wake()
+        self._signal()
         return 0
+
+    def get_events(self) -> None:
+        """An enter that only runs the task work: what a wait lets the kernel do."""
+        if not self.cq:
+            self._wake()
+        self._signal()
+
+    def _signal(self) -> None:
+        """The registered eventfd hears of CQEs waiting and of data an armed receive has yet
+        to take (the next wait delivers it)."""
+        if self.efd >= 0 and (self.cq or any(self._pending(ud) for ud in self.reqs)):
+            os.eventfd_write(self.efd, 1)
+
+    def _pending(self, ud: int) -> bool:
+        s = self.k.streams.get(self.reqs[ud][0], self.k.stream)
+        return s is not None and (s.pos < len(s.data) or s.end is not None)
 
     def _wake(self) -> None:
         """What a wait lets the kernel do: refill (device mode), then copy queued segments."""
@@ -388,3 +420,17 @@ class FakeRing:
     @property
     def free_count(self) -> int:
         return len(self.free)
+
+
+def install_copy_mode(monkeypatch) -> FakeKernel:  # type: ignore[no-untyped-def]
+    """A FakeKernel behind zcnet's zcrx queues, offering copy mode (a 7.x kernel's offers and
+    its stats layout), through ``monkeypatch`` (pytest's)."""
+    from zcnet.rx.zc import zcrx, zcrx_queue
+    from zcnet.rx.zc.zcrx_reg import Offers, StatsLayout
+
+    k = FakeKernel()
+    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx, "kernel_offers", lambda: Offers(
+        u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
+    monkeypatch.setattr(zcrx_queue, "kernel_stats_layout", lambda: StatsLayout(16, 8))
+    return k

@@ -30,7 +30,8 @@ Design decisions, and why:
 - **One io_uring per loop for soft receivers** (:mod:`zcnet.aio.shared`): one eventfd, one
   reader callback and one enter per pass for every connection, completions dispatched by
   user_data, arms submitted together once per loop iteration, and no enter that finds
-  nothing (IORING_SETUP_TASKRUN_FLAG). Other providers keep a ring of their own
+  nothing (IORING_SETUP_TASKRUN_FLAG). zcrx receivers share their NIC queue's ring, one
+  per queue per loop thread (:mod:`zcnet.aio.loop_zcrx`); devmem keeps a ring of its own
   (:mod:`zcnet.aio.wakeup`). The ring lives from the first receiver to the last, or as long
   as :func:`keep_ring` holds it: an explicit holder, since asyncio tells a library nothing
   when a loop closes (:mod:`zcnet.aio.keep`).

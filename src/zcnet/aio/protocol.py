@@ -23,7 +23,8 @@ Sending: ``transport.write`` sends at once with a non-blocking ``send``; what th
 not take is copied into a write buffer and sent when it becomes writable (as asyncio
 transports do), so a chunk's view may be written and the chunk released straight after.
 
-Only the soft provider on the loop's shared ring drives callbacks (other providers: use
+The soft provider on the loop's shared ring and zcrx on the loop thread's queue
+(``provider="zcrx"``, :mod:`zcnet.aio.loop_zcrx`) drive callbacks (devmem: use
 :func:`~zcnet.aio.open_receiver`).
 """
 
@@ -32,13 +33,14 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from zcnet.aio.loop import Owner, track, untrack
+from zcnet.aio.loop import Owner, running_loop, track, untrack
+from zcnet.aio.loop_zcrx import ZcrxMember, open_zcrx_receiver
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
-from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, compiled_round
+from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, MemberRing, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
-from zcnet.errors import ClosedError
+from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
-from zcnet.rx.zc.providers import Option
+from zcnet.rx.zc.providers import Option, provider_info
 from zcnet.sockcheck import set_rcvlowat
 
 
@@ -98,18 +100,19 @@ class ZcTransport:
     # lives in the instance dict.
     __slots__ = ("__dict__", "__weakref__", "protocol", "st")
 
-    def __init__(self, sock: socket.socket, rx: Receiver, protocol: ZcProtocol) -> None:
+    def __init__(self, sock: socket.socket, rx: Receiver, protocol: ZcProtocol,
+                 member: MemberRing | ZcrxMember) -> None:
         self._owner = Owner("zcnet.aio transport")
         self.loop = self._owner.loop
         self.sock = sock
         self.rx = rx
         self.protocol = protocol
         self.st = TransportState(sock.fileno())
-        self._member = rx.provider.member  # type: ignore[attr-defined]
+        self._member = member   # where the ring's passes find it
         self._writing = False   # add_writer is on
         self._closed = False    # torn down: the receiver and socket are closed
         #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
-        self._fast = compiled_round(self, rx)
+        self._fast = compiled_round(self, rx, member)
         if self._fast is not None and type(self).write is ZcTransport.write:
             # its write: no Python frame and no GIL release per send (a subclass's own stays)
             self.write = self._fast.write  # type: ignore[method-assign]
@@ -356,26 +359,61 @@ class ZcTransport:
         return f"<zcnet.aio transport fd={self.st.fd} {state}>"
 
 
+class QueueTransport(ZcTransport):
+    """A zcrx connection's transport: its member on the loop thread's queue is told when each
+    round ends (the queue's buffers are shared: zcnet.aio.loop_zcrx) and leaves at teardown."""
+
+    _member: ZcrxMember
+
+    def _on_ready(self) -> None:
+        super()._on_ready()
+        if not self._closed:
+            self._member.round_done()
+
+    def _teardown(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        try:
+            super()._teardown(exc)
+        finally:
+            self._member.leave()
+
+
 def rx_release_off(rx: Receiver) -> None:
     with contextlib.suppress(ClosedError):
         rx.on_release(None)
 
 
-def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, area_size: int = AREA_SIZE,
-                   buf_size: int = BUF_SIZE, rcvlowat: int = 0, pool: bool | int = False,
-                   **kw: Option) -> ZcTransport:
+def start_protocol(sock: socket.socket, protocol: ZcProtocol, *, provider: str = "soft",
+                   area_size: int = AREA_SIZE, buf_size: int = BUF_SIZE, rcvlowat: int = 0,
+                   pool: bool | int = False, **kw: Option) -> ZcTransport:
     """Receive on ``sock`` (a connected TCP socket, now owned by the transport) by calling
     ``protocol``'s methods from the event loop; returns the transport after
     ``protocol.connection_made``. Options as for :func:`~zcnet.aio.open_receiver` with the
     soft provider (``hugetlb``, ``max_held``, ``coalesce``, ``debug``, and ``rcvlowat`` and
-    ``pool`` for bulk ingest only)."""
-    check_tcp_socket(sock, "zcnet.aio.start_protocol")
-    set_rcvlowat(sock, rcvlowat, "zcnet.aio.start_protocol")
-    rx = open_shared_receiver(sock, area_size, buf_size, kw, "zcnet.aio.start_protocol", pool)
+    ``pool`` for bulk ingest only), or with ``provider="zcrx"`` (on the loop thread's zcrx
+    queue; its options, and ``rcvlowat``)."""
+    what = "zcnet.aio.start_protocol"
+    check_tcp_socket(sock, what)
+    info = provider_info(provider)
+    if info is None or not (info.loop_ring or info.loop_queue):
+        raise UsageError(f"{what}: provider {provider!r} cannot drive callbacks",
+                         "use provider='soft' or 'zcrx', or open_receiver for the others")
+    if info.loop_queue and pool is not False:
+        raise UsageError(f"{what}: pool= is for soft receivers", "drop pool=")
+    set_rcvlowat(sock, rcvlowat, what)
     with contextlib.ExitStack() as undo:
+        member: MemberRing | ZcrxMember
+        if info.loop_queue:
+            rx, member = open_zcrx_receiver(running_loop(what), sock, area_size, kw, what)
+            undo.callback(member.leave)
+            cls: type[ZcTransport] = QueueTransport
+        else:
+            rx = open_shared_receiver(sock, area_size, buf_size, kw, what, pool)
+            member, cls = rx.provider.member, ZcTransport  # type: ignore[attr-defined]
         undo.callback(rx.close)
         sock.setblocking(False)
-        tr = ZcTransport(sock, rx, protocol)
+        tr = cls(sock, rx, protocol, member)
         undo.pop_all()
     tr._member.on_ready = tr._on_ready
     tr._member.fast = tr._fast

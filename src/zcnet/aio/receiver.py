@@ -24,6 +24,7 @@ from typing import Any
 
 from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
 from zcnet.aio.loop_soft import OnLoopRing, open_shared_soft
+from zcnet.aio.loop_zcrx import ZcrxMember, open_zcrx_receiver
 from zcnet.aio.looptypes import Loop
 from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import ROUND_DONE, MemberRing, compiled_round
@@ -50,21 +51,24 @@ class AsyncReceiver(LoopResource):
     at EOF). Release as with the synchronous API: ``chunk.release()``, from any thread.
     """
 
-    def __init__(self, rx: Receiver, sock: socket.socket | None = None) -> None:
+    def __init__(self, rx: Receiver, sock: socket.socket | None = None,
+                 member: ZcrxMember | None = None) -> None:
         self._owner = Owner("zcnet.aio receiver")
         self.rx = rx
         self.sock = sock
         self._pending: deque[Chunk] = deque()
         self._closed = False
         provider = rx.provider
-        self._member: MemberRing | None = (provider.member
-                                           if isinstance(provider, OnLoopRing) else None)
+        #: Where it waits: its place on the loop's shared ring, or (zcrx, ``member``) on its
+        #: loop thread's queue (zcnet.aio.loop_zcrx); None: a ring of its own (``_wake``).
+        self._member: MemberRing | ZcrxMember | None = (
+            provider.member if isinstance(provider, OnLoopRing) else member)
         self._wake = (None if self._member is not None
                       else Wakeup(self._owner.loop, rx.ring, sock_fd=rx.fd))
         self._kick = self._member.kick if self._wake is None else self._wake.kick
         #: The compiled round's take (zcnet.aio._loopaccel) for chunk rounds on the shared
         #: ring, or None: the Python round only.
-        fast = None if self._member is None else compiled_round(None, rx)
+        fast = None if self._member is None else compiled_round(None, rx, self._member)
         self._take = None if fast is None else fast.take
         self._take_batch = None if fast is None else fast.take_batch
         #: ``__anext__`` in C (zcnet.aio._loopaccel.Anext) with the compiled round on an asyncio
@@ -110,7 +114,7 @@ class AsyncReceiver(LoopResource):
                 # timeout there still costs the kernel a timer and often a context switch.
                 # Releases go back first, so the kernel has the buffers before it runs.
                 rx.flush()
-                if not (self._data_shared(m) if m is not None else self._data_own()):
+                if not (m.has_data() if m is not None else self._data_own()):
                     await self._wait()
                     continue
             got = rx.recv_batch(0) if batch else rx.recv(0)
@@ -130,14 +134,6 @@ class AsyncReceiver(LoopResource):
             finally:
                 if stalled is not None and not self._closed:
                     rx.on_release(None)
-
-    @staticmethod
-    def _data_shared(m: MemberRing) -> bool:
-        """Completions for us are waiting, or a pass of the loop's ring (only when the kernel
-        flags work for it) brought some."""
-        if not m.inbox and m.lr.work():
-            m.lr.poll()
-        return bool(m.inbox)
 
     def _data_own(self) -> bool:
         ring = self.rx.ring
@@ -250,6 +246,8 @@ class AsyncReceiver(LoopResource):
             try:
                 self.rx.close()
             finally:
+                if isinstance(self._member, ZcrxMember):
+                    self._member.leave()
                 if self.sock is not None:
                     self.sock.close()
 
@@ -329,8 +327,13 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     which request/response protocols need. Give the area at least twice ``rcvlowat``: a
     receive that empties the buffer ring ends the multishot (``stats.rearms``; docs/aio.md).
     ``shared_ring``: soft receivers share one io_uring per loop (:mod:`zcnet.aio.shared`);
-    False gives this one a ring of its own, as the other providers (and ``incremental`` or
-    ``dmabuf_fd``) always have.
+    False gives this one a ring of its own, as devmem (and soft with ``incremental`` or
+    ``dmabuf_fd``) always has.
+    "zcrx": every zcrx receiver of the loop's thread on one NIC queue (or in copy mode, where
+    the socket's device cannot do zcrx) shares that queue's ring and area
+    (:mod:`zcnet.aio.loop_zcrx`); ``area_size`` is the queue's area when this receiver opens
+    the queue (it is shared: give it at least 64 KiB per connection), and each connection may
+    hold its share of it.
     ``pool``: True (8 MiB) or a size in bytes: no area of its own, but the loop's
     buffer group that every pooled receiver fills in turn (:mod:`zcnet.aio.pool`), for many
     bulk streams on one loop; ``area_size`` is then unused and only ``max_held`` (a share of
@@ -339,6 +342,8 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     check_tcp_socket(sock, "zcnet.aio.open_receiver")
     set_rcvlowat(sock, rcvlowat, "zcnet.aio.open_receiver")
     info = provider_info(provider)
+    if info is not None and info.loop_queue:
+        return _open_on_queue(sock, own_socket, area_size, shared_ring, pool, kw)
     on_loop_ring = info is not None and info.loop_ring and shared_ring
     if pool is not False and not on_loop_ring:
         raise UsageError("zcnet.aio.open_receiver: pool= is for soft receivers on the loop's "
@@ -353,5 +358,21 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
     with contextlib.ExitStack() as undo:
         undo.callback(rx.close)
         arx = AsyncReceiver(rx, sock if own_socket else None)
+        undo.pop_all()
+    return arx
+
+
+def _open_on_queue(sock: socket.socket, own_socket: bool, area_size: int, shared_ring: bool,
+                   pool: bool | int, kw: dict[str, Option]) -> AsyncReceiver:
+    """open_receiver for zcrx: on the loop thread's queue (zcnet.aio.loop_zcrx)."""
+    what = "zcnet.aio.open_receiver"
+    if pool is not False or not shared_ring:
+        raise UsageError(f"{what}: pool= and shared_ring=False are for soft receivers",
+                         "drop them: a zcrx receiver always shares its loop thread's queue")
+    rx, member = open_zcrx_receiver(running_loop(what), sock, area_size, kw, what)
+    with contextlib.ExitStack() as undo:
+        undo.callback(member.leave)
+        undo.callback(rx.close)
+        arx = AsyncReceiver(rx, sock if own_socket else None, member)
         undo.pop_all()
     return arx

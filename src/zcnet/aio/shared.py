@@ -82,13 +82,15 @@ def loop_accel() -> ModuleType | None:
 ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 
 
-def compiled_round(transport: Any, rx: Any) -> Any:
+def compiled_round(transport: Any, rx: Any, member: Any = None) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
-    (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``). None
-    when the compiled pass is off for its ring, or the receiver needs the Python round's
-    (debug views revoked, coalescing). A pooled receiver's round is given its pool
-    (zcnet.aio.pool): completions name their buffers, and the pool paces re-arms."""
-    accel = rx.provider.member.lr.accel
+    (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``), on
+    ``member`` (its MemberRing; None: its provider's). None when the compiled pass is off for
+    the member's ring (or the ring has none: a zcrx queue's, zcnet.aio.loop_zcrx), or the
+    receiver needs the Python round's (debug views revoked, coalescing). A pooled receiver's
+    round is given its pool (zcnet.aio.pool): completions name their buffers, and the pool
+    paces re-arms."""
+    accel = (rx.provider.member if member is None else member).lr.accel
     if accel is None or rx.debug or rx.coalesce:
         return None
     core, prov = rx.core, rx.provider
@@ -360,17 +362,61 @@ class LoopRing:
             if m is not None:  # else: a member that left; its cancel completed before it did
                 m.inbox.append(c)
                 woken.append(m)
-        failure: BaseException | None = None
-        for m in woken:
-            try:
-                m.wake()
-            except Exception as e:  # one try per member: the others still run
-                failure = failure or e
-        if failure is not None:
-            raise failure
+        wake_each(woken)
 
 
-class MemberRing:
+def wake_each(woken: list[Any]) -> None:
+    """``wake()`` each member; a failing one does not stop the others, and the first failure
+    is raised at the end."""
+    failure: BaseException | None = None
+    for m in woken:
+        try:
+            m.wake()
+        except Exception as e:  # one try per member: the others still run
+            failure = failure or e
+    if failure is not None:
+        raise failure
+
+
+class Waiting:
+    """Waking a member's receiver: its transport's round (``on_ready``) or its task's future
+    (``waiter``). A MemberRing here; a zcrx receiver's member in zcnet.aio.loop_zcrx."""
+
+    __slots__ = ()
+    lr: Any  # the loop's ring (or zcrx queue): its ``loop`` makes the futures
+    waiter: Future[None] | None
+    on_ready: Callable[[], None] | None
+    closed: bool
+
+    def wake(self) -> None:
+        """Run the receiver's round as a dispatch does: its transport's, or its task's."""
+        if self.on_ready is not None:
+            self.on_ready()
+        else:
+            self.kick()
+
+    def kick(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def wait(self) -> Future[None]:
+        """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
+        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait. The
+        awaiting code clears ``waiter`` when its await ends unwoken (its awaitable closed,
+        thrown into or dropped after a step): a future nobody awaits any more would otherwise
+        make every later wait look like another task's (``check_one_waiter``)."""
+        check_one_waiter(self.waiter)
+        fut: Future[None] = self.lr.loop.create_future()
+        self.waiter = fut
+        if self.closed:  # closed while the future was made (a GC pass): no kick will come
+            self.kick()
+        return fut
+
+
+class MemberRing(Waiting):
     """One receiver's view of the loop's ring, shaped like the slice of :class:`Ring` that
     :class:`SoftProvider` and the provider helpers use, in the member's local user_data."""
 
@@ -444,34 +490,12 @@ class MemberRing:
         self.kick()
         self.lr.leave(self)
 
-    # --- the receiver's side ---------------------------------------------------------------------
-    def wake(self) -> None:
-        """Run the receiver's round as a dispatch does: its transport's, or its task's."""
-        if self.on_ready is not None:
-            self.on_ready()
-        else:
-            self.kick()
-
-    def kick(self) -> None:
-        w = self.waiter
-        if w is not None:
-            self.waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def wait(self) -> Future[None]:
-        """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
-        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait. The
-        awaiting code clears ``waiter`` when its await ends unwoken (its awaitable closed,
-        thrown into or dropped after a step): a future nobody awaits any more would otherwise
-        make every later wait look like another task's (``check_one_waiter``)."""
-        check_one_waiter(self.waiter)
-        fut: Future[None] = self.lr.loop.create_future()
-        self.waiter = fut
-        if self.closed:  # closed while the future was made (a GC pass): no kick will come
-            self.kick()
-        return fut
-
+    def has_data(self) -> bool:
+        """Completions for its receiver are waiting, or a pass of the loop's ring (only when
+        the kernel flags work for it) brought some."""
+        if not self.inbox and self.lr.work():
+            self.lr.poll()
+        return bool(self.inbox)
 
 def _from_tuples(cqes: list[tuple[int, int, int]]) -> Completions:
     if not cqes:

@@ -44,6 +44,8 @@ class ProviderInfo:
     auto_needs: tuple[str, str] | None = None
     #: zcnet.aio can put it on the event loop's shared ring (and pool).
     loop_ring: bool = False
+    #: zcnet.aio receives it through its loop thread's queue (zcnet.aio.loop_zcrx).
+    loop_queue: bool = False
     #: Its round function and that round's C twin, by qualified name.
     round: str = ""
     c_twin: str | None = None
@@ -55,6 +57,7 @@ PROVIDERS: Mapping[str, ProviderInfo] = MappingProxyType({i.name: i for i in (
                  "zcrx requested; {note}", needs_nic=True,
                  auto_why="zcrx: the socket's device supports it",
                  auto_options={"copy": False},  # auto takes zcrx only on a device
+                 loop_queue=True,
                  round="zcnet.rx.zc.zcrx_rings.parse_completions",
                  c_twin="zcnet.rx.zc._rxaccel.zcrx_round"),
     ProviderInfo("devmem", DevmemProvider, open_devmem,
