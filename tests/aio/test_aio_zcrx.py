@@ -15,6 +15,7 @@ from aio_util import LOOPS, run, tcp_pair
 from fake_zcrx_kernel import FakeKernel, Stream, install_copy_mode
 from zc_helpers import PAT
 from zcnet import aio
+from zcnet.aio.loop_zcrx import ZCRX_OPTIONS
 from zcnet.errors import ClosedError, Unsupported, UsageError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.zcrx_queue import find_open, queue_key
@@ -209,8 +210,9 @@ def test_options_that_zcrx_does_not_take_are_refused_by_name(fake):
     async def main() -> None:
         c, s = await tcp_pair()
         with c, s:
-            with pytest.raises(UsageError, match="does not take incremental"):
+            with pytest.raises(UsageError, match="does not take incremental") as ei:
                 aio.open_receiver(s, "zcrx", incremental=True)
+            assert ei.value.hint == f"it takes area_size, {', '.join(sorted(ZCRX_OPTIONS))}"
             with pytest.raises(UsageError, match="pool= and shared_ring=False are for soft"):
                 aio.open_receiver(s, "zcrx", pool=True)
             with pytest.raises(UsageError, match="cannot drive callbacks"):

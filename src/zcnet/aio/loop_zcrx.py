@@ -34,7 +34,7 @@ import weakref
 from typing import cast
 
 from zcnet.aio.looptypes import Future, Loop
-from zcnet.aio.shared import Waiting, wake_each
+from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import Receiver

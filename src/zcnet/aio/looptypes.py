@@ -74,3 +74,9 @@ class LoopBound(Protocol):
         """Free everything; called by the guard when the loop ends with this still open."""
 
     def __repr__(self) -> str: ...
+
+
+class HasLoop(Protocol):
+    """What owns a receiver's wake-ups (a loop ring, a loop's zcrx queue): its event loop."""
+
+    loop: Loop

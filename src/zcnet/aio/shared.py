@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from zcnet.aio.backend import Future, Loop, check_one_waiter
+from zcnet.aio.backend import Future, Loop
+from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
 from zcnet.rx.zc.chunks import Batch
@@ -45,7 +46,7 @@ from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.mem import page_align
-from zcnet.uring.members import split_by_member
+from zcnet.uring.members import concat, split_by_member
 from zcnet.uring.ring import Completions, Ring
 
 try:
@@ -82,7 +83,7 @@ def loop_accel() -> ModuleType | None:
 ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 
 
-def compiled_round(transport: Any, rx: Any, member: Any = None) -> Any:
+def compiled_round(transport: Any, rx: Any, member: MemberRing | None = None) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
     (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``), on
     ``member`` (its MemberRing; None: its provider's). None when the compiled pass is off for
@@ -365,57 +366,6 @@ class LoopRing:
         wake_each(woken)
 
 
-def wake_each(woken: list[Any]) -> None:
-    """``wake()`` each member; a failing one does not stop the others, and the first failure
-    is raised at the end."""
-    failure: BaseException | None = None
-    for m in woken:
-        try:
-            m.wake()
-        except Exception as e:  # one try per member: the others still run
-            failure = failure or e
-    if failure is not None:
-        raise failure
-
-
-class Waiting:
-    """Waking a member's receiver: its transport's round (``on_ready``) or its task's future
-    (``waiter``). A MemberRing here; a zcrx receiver's member in zcnet.aio.loop_zcrx."""
-
-    __slots__ = ()
-    lr: Any  # the loop's ring (or zcrx queue): its ``loop`` makes the futures
-    waiter: Future[None] | None
-    on_ready: Callable[[], None] | None
-    closed: bool
-
-    def wake(self) -> None:
-        """Run the receiver's round as a dispatch does: its transport's, or its task's."""
-        if self.on_ready is not None:
-            self.on_ready()
-        else:
-            self.kick()
-
-    def kick(self) -> None:
-        w = self.waiter
-        if w is not None:
-            self.waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def wait(self) -> Future[None]:
-        """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
-        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait. The
-        awaiting code clears ``waiter`` when its await ends unwoken (its awaitable closed,
-        thrown into or dropped after a step): a future nobody awaits any more would otherwise
-        make every later wait look like another task's (``check_one_waiter``)."""
-        check_one_waiter(self.waiter)
-        fut: Future[None] = self.lr.loop.create_future()
-        self.waiter = fut
-        if self.closed:  # closed while the future was made (a GC pass): no kick will come
-            self.kick()
-        return fut
-
-
 class MemberRing(Waiting):
     """One receiver's view of the loop's ring, shaped like the slice of :class:`Ring` that
     :class:`SoftProvider` and the provider helpers use, in the member's local user_data."""
@@ -480,9 +430,7 @@ class MemberRing(Waiting):
             return parts[0]
         if not parts:
             return _from_tuples([])
-        return Completions(np.concatenate([c.user_data for c in parts]),
-                           np.concatenate([c.res for c in parts]),
-                           np.concatenate([c.flags for c in parts]))
+        return concat(parts)
 
     def close(self) -> None:
         self.closed = True

@@ -29,7 +29,8 @@ import os
 from collections.abc import Callable
 
 from zcnet.aio import backend
-from zcnet.aio.looptypes import Future, Loop
+from zcnet.aio.backend import check_one_waiter
+from zcnet.aio.looptypes import Future, HasLoop, Loop
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Ring
 
@@ -112,3 +113,54 @@ class Wakeup:
             os.close(self.efd)
         self.efd = self.fd = -1
         self._on_ready = None  # a bound method of the owner: no cycle outlives the close
+
+
+def wake_each(woken: list[Waiting]) -> None:
+    """``wake()`` each member; a failing one does not stop the others, and the first failure
+    is raised at the end."""
+    failure: BaseException | None = None
+    for m in woken:
+        try:
+            m.wake()
+        except Exception as e:  # one try per member: the others still run
+            failure = failure or e
+    if failure is not None:
+        raise failure
+
+
+class Waiting:
+    """Waking a member's receiver: its transport's round (``on_ready``) or its task's future
+    (``waiter``). A MemberRing here; a zcrx receiver's member in zcnet.aio.loop_zcrx."""
+
+    __slots__ = ()
+    lr: HasLoop  # the loop's ring (or zcrx queue): its ``loop`` makes the futures
+    waiter: Future[None] | None
+    on_ready: Callable[[], None] | None
+    closed: bool
+
+    def wake(self) -> None:
+        """Run the receiver's round as a dispatch does: its transport's, or its task's."""
+        if self.on_ready is not None:
+            self.on_ready()
+        else:
+            self.kick()
+
+    def kick(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def wait(self) -> Future[None]:
+        """A future the next dispatch (or close) resolves, awaited as it is: no coroutine frame
+        per wake-up. One whose waiter was cancelled is dropped by the next kick or wait. The
+        awaiting code clears ``waiter`` when its await ends unwoken (its awaitable closed,
+        thrown into or dropped after a step): a future nobody awaits any more would otherwise
+        make every later wait look like another task's (``check_one_waiter``)."""
+        check_one_waiter(self.waiter)
+        fut: Future[None] = self.lr.loop.create_future()
+        self.waiter = fut
+        if self.closed:  # closed while the future was made (a GC pass): no kick will come
+            self.kick()
+        return fut

@@ -61,3 +61,12 @@ def split_by_member(c: Completions, bits: int, *, local: bool = True
         groups.append((int(sk[a]), Completions(ud[idx], res[idx], flags[idx],
                                                 None if extra is None else extra[idx])))
     return groups
+
+
+def concat(parts: list[Completions]) -> Completions:
+    """Several rounds' completions as one, in order (``extra`` kept where they have it)."""
+    extra = [p.extra for p in parts] if parts[0].cqe_size == 32 else None
+    return Completions(np.concatenate([p.user_data for p in parts]),
+                       np.concatenate([p.res for p in parts]),
+                       np.concatenate([p.flags for p in parts]),
+                       None if extra is None else np.concatenate(extra))  # type: ignore[arg-type]

@@ -54,7 +54,6 @@ import contextlib
 import os
 import socket
 from collections.abc import Sized
-from types import ModuleType
 
 import numpy as np
 
@@ -70,7 +69,7 @@ from zcnet.rx.zc.provider import (
     ProviderBase,
     build_or_close,
 )
-from zcnet.rx.zc.zcrx_export import ZcrxExport, export_queue
+from zcnet.rx.zc.zcrx_export import ZcrxExport, export_zcrx_queue
 from zcnet.rx.zc.zcrx_queue import (
     COPY_NOTE,
     MEMBER_BITS,
@@ -87,31 +86,15 @@ from zcnet.rx.zc.zcrx_reg import (
     no_stats_reason,
     register_ifq,
 )
-from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions
+from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions, total_bytes
 from zcnet.uapi import io_uring as u
 from zcnet.uring.completions import Completions
+from zcnet.uring.members import concat
 from zcnet.uring.prep import prep_recv_zc
 from zcnet.uring.ring import Ring
 
 MODES = ("device", "copy")
 _CAP_MAX = 0xFFFFFFFF  # sqe len is a u32: a larger share is no cap at all
-
-
-def _concat(parts: list[Completions]) -> Completions:
-    extra = [p.extra for p in parts]
-    return Completions(np.concatenate([p.user_data for p in parts]),
-                       np.concatenate([p.res for p in parts]),
-                       np.concatenate([p.flags for p in parts]),
-                       np.concatenate(extra))  # type: ignore[arg-type]
-
-
-def _total(lengths: list[int] | np.ndarray, accel: ModuleType | None) -> int:
-    """The bytes of a round's buffers (a list, or an array: summed in C where built)."""
-    if type(lengths) is list:
-        return sum(lengths)
-    if accel is None or (n := accel.int_sum(lengths)) is None:
-        return int(np.add.reduce(lengths))
-    return int(n)
 
 
 class ZcrxProvider(ProviderBase):
@@ -305,13 +288,13 @@ class ZcrxProvider(ProviderBase):
             if not self.inbox:
                 return Delivery()
         inbox = self.inbox
-        c = inbox[0] if len(inbox) == 1 else _concat(inbox)
+        c = inbox[0] if len(inbox) == 1 else concat(inbox)
         inbox.clear()
         out = parse_completions(c, self.ud, fast=zq.rq.accel)
         if n := len(out.tokens):
             self.held += n
             if self.cap:  # bytes only count for a capped receive (its end, the fill)
-                nbytes = _total(out.lengths, zq.rq.accel)
+                nbytes = total_bytes(out.lengths, zq.rq.accel)
                 zq.seen_cqes += n
                 zq.seen_bytes += nbytes
                 self.since_arm += nbytes
@@ -494,13 +477,6 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
     if shared:
         return zq
     return build_or_close(lambda: zq.join(fd), zq.close)
-
-
-def export_zcrx_queue(zq: ZcrxQueue) -> ZcrxExport:
-    """``zq`` for another thread of this process (call in ``zq``'s thread, then
-    ``.open()`` in the other): its own ring on the same ifq, area and refill ring. Needs
-    ZCRX_CTRL_EXPORT / ZCRX_REG_IMPORT (6.19+); refused clearly before."""
-    return export_queue(zq, kernel_offers())
 
 
 def _joinable(ifname: str | None, queue: int | None) -> ZcrxQueue | None:

@@ -27,7 +27,7 @@ import threading
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc.zcrx_queue import RING_FLAGS, ZcrxQueue
-from zcnet.rx.zc.zcrx_reg import Offers
+from zcnet.rx.zc.zcrx_reg import Offers, kernel_offers
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Ring
 
@@ -111,3 +111,10 @@ def export_queue(zq: ZcrxQueue, offers: Offers) -> ZcrxExport:
                          ) from e
     box = u.zcrx_ctrl_export.from_buffer(ctrl, 24)  # the union member the kernel wrote
     return ZcrxExport(zq, int(box.zcrx_fd))
+
+
+def export_zcrx_queue(zq: ZcrxQueue) -> ZcrxExport:
+    """``zq`` for another thread of this process (call in ``zq``'s thread, then ``.open()`` in
+    the other): its own ring on the same ifq, area and refill ring. Needs ZCRX_CTRL_EXPORT /
+    ZCRX_REG_IMPORT (6.19+); refused clearly before."""
+    return export_queue(zq, kernel_offers())

@@ -172,3 +172,12 @@ def parse_completions(c: Completions, user_data: int = RECV_UD,
     if len(res) and not flags[-1] & u.IORING_CQE_F_MORE:
         note_final(out, int(res[-1]), STOPS)
     return out
+
+
+def total_bytes(lengths: list[int] | np.ndarray, accel: ModuleType | None) -> int:
+    """The bytes of a round's buffers (a list, or an array: summed in C where built)."""
+    if type(lengths) is list:
+        return sum(lengths)
+    if accel is None or (n := accel.int_sum(lengths)) is None:
+        return int(np.add.reduce(lengths))
+    return int(n)
