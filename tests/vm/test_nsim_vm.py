@@ -667,8 +667,17 @@ def test_devmem_connections_on_one_queue_share_one_binding_each_within_its_share
 @pytest.mark.parametrize("provider", ["zcrx", "devmem"])
 def test_a_flow_on_a_queue_without_the_provider_is_copied_and_counted(ready, provider, caplog):
     """The provider holds QUEUE but the flow lands on another queue (no rule for its port, RSS
-    spreads it elsewhere), whose pool has no provider: the kernel copies (zcrx's copy
-    fallback, devmem's SCM_DEVMEM_LINEAR), and the receiver counts every byte as copied."""
+    spreads it elsewhere), whose pool has no provider. zcrx: its queue is known from the
+    handshake, so the open is refused (WrongQueue) rather than every byte copied. devmem: the
+    kernel copies (SCM_DEVMEM_LINEAR), and the receiver counts every byte as copied."""
+    if provider == "zcrx":
+        client, server = _pair(ready, OTHER_PORTS[0])
+        with server, client, in_netns(ready.ns_b), pytest.raises(WrongQueue) as ei:
+            open_receiver(server, "zcrx", ifname=ready.if_b, queue=QUEUE, area_size=4 << 20)
+        assert ei.value.ifname == ready.if_b and ei.value.queue not in (None, QUEUE)
+        with Device.open(ready.if_b, ready.ns_b) as dev:  # nothing stayed registered
+            assert "io-uring" not in netdev.queue_get(dev, QUEUE)
+        return
     kw: dict[str, object] = {"area_size": 4 << 20}
     with ExitStack() as stack:
         if provider == "devmem":

@@ -97,6 +97,11 @@ MODES = ("device", "copy")
 _CAP_MAX = 0xFFFFFFFF  # sqe len is a u32: a larger share is no cap at all
 
 
+def _of_queue(name: str) -> property:  # type: ignore[type-arg]
+    """A read-only attribute of the connection's ZcrxQueue, under the provider's name."""
+    return property(lambda self: getattr(self.zq, name), doc=f"The queue's ``{name}``.")
+
+
 class ZcrxProvider(ProviderBase):
     """One connection's receive through a ZcrxQueue: the Provider its Receiver drives. Every
     call comes from the queue's thread (the Receiver's owner).
@@ -139,6 +144,7 @@ class ZcrxProvider(ProviderBase):
         self.queue_gone = False  # the queue closed under an open connection
         self.ended = False    # its stream ended (EOF or an error)
         self._released: Sized = ()  # its receiver's released chunks, not yet given back
+        self._has_receiver = self._area_released = False
         c = zq.copied()
         self._copied_at_join = 0 if c is None else c[1]
         try:
@@ -146,7 +152,7 @@ class ZcrxProvider(ProviderBase):
         except WrongQueue:
             self.left = True
             zq.leave(self)
-            zq.area_user_done()
+            self.area_done(self.area)
             raise
         zq.recap()
 
@@ -156,42 +162,15 @@ class ZcrxProvider(ProviderBase):
         n = len(self.zq.members)
         return self.zq.note + (f", shared by {n} connections" if n > 1 else "")
 
-    @property
-    def copy(self) -> bool:
-        return self.zq.copy
-
-    @property
-    def mode(self) -> str:
-        return self.zq.mode
-
-    @property
-    def ifname(self) -> str | None:
-        return self.zq.ifname
-
-    @property
-    def queue(self) -> int | None:
-        return self.zq.queue
-
-    @property
-    def rq(self) -> RefillRing:
-        return self.zq.rq
-
-    @property
-    def ifq_id(self) -> int:
-        return self.zq.ifq_id
-
-    @property
-    def buf_len(self) -> int:
-        return self.zq.buf_len
-
-    @property
-    def flushes(self) -> int:
-        return self.zq.flushes
-
-    @property
-    def reg(self) -> Registration:
-        """The queue's registration (the structs the kernel read and wrote back)."""
-        return self.zq.reg
+    copy = _of_queue("copy")
+    mode = _of_queue("mode")
+    ifname = _of_queue("ifname")
+    queue = _of_queue("queue")
+    rq = _of_queue("rq")
+    ifq_id = _of_queue("ifq_id")
+    buf_len = _of_queue("buf_len")
+    flushes = _of_queue("flushes")
+    reg = _of_queue("reg")  # the structs the kernel read and wrote back
 
     @property
     def offsets(self) -> tuple[int, int, int]:
@@ -318,6 +297,7 @@ class ZcrxProvider(ProviderBase):
 
     def watch_releases(self, released: Sized) -> None:
         self._released = released
+        self._has_receiver = True
 
     def due(self) -> bool:
         """Its receiver has work: completions to take, chunks released to give back, or a
@@ -383,7 +363,9 @@ class ZcrxProvider(ProviderBase):
             mem.closed_tokens.append(tokens)
 
     def area_done(self, area: Area) -> None:
-        self.zq.area_user_done()
+        if not self._area_released:  # once per connection
+            self._area_released = True
+            self.zq.area_user_done()
 
     def close(self, armed: bool = False) -> bool:
         if self.left:
@@ -392,6 +374,8 @@ class ZcrxProvider(ProviderBase):
         self._take_final()
         self.left = True
         self.zq.leave(self)
+        if not self._has_receiver:  # nothing will hold its chunks: its part of the area goes
+            self.area_done(self.area)
         return ok or self.zq.closed
 
 
