@@ -10,6 +10,9 @@ Some facts about the memory kinds:
 - dma-buf: memory exported by a driver (or udmabuf from a memfd). zcrx takes it with
   IORING_ZCRX_AREA_DMABUF, devmem binds it to a queue. The CPU view is an mmap of the dma-buf fd,
   bracketed by DMA_BUF_IOCTL_SYNC so caches are coherent with the device.
+- shared (a memfd): normal memory other processes can map too, so a zcrx queue's area can be
+  read by the processes that import the queue (zcrx_procs.py). zcrx pins its pages like
+  anonymous ones (shmem takes long-term pins).
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ class Area:
         *,
         hugetlb: bool = False,
         dmabuf_fd: int | None = None,
+        memfd: int | None = None,
     ) -> None:
+        """``memfd``: map the first ``size`` bytes of that memfd (shared memory; the caller
+        keeps the fd)."""
         require_int("area size", size, "pass a whole number of bytes, e.g. area_size=64 << 20")
         if size <= 0:
             raise UsageError(f"area size must be positive, got {size}")
@@ -78,6 +84,14 @@ class Area:
                 # for zcrx/devmem, chunks then carry offsets for the device's own API.
                 log.info("dma-buf fd %d cannot be mapped by the CPU (%s)", dmabuf_fd, e.strerror)
                 self._mapping = None
+        elif memfd is not None:
+            try:
+                self._mapping = Mapping(page_align(size), fd=memfd)
+            except OSError as e:
+                raise ZcnetError(f"cannot map a shared area of {size} bytes: {e.strerror}",
+                                 "ask for a smaller area") from None
+            self.size = self._mapping.size
+            self.kind = "shared"
         elif hugetlb:
             try:
                 self._mapping = Mapping.anonymous(size, hugetlb=True)

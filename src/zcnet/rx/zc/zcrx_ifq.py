@@ -52,6 +52,10 @@ class IfqMemory:
         #: thread: back through the refill ring at the next enter of any queue on the ifq.
         self.closed_tokens: list[list[int]] = []
 
+    def count(self, delta: int) -> None:
+        """A connection joined (+1) or left (-1); the caller holds ``lock``."""
+        self.members += delta
+
     @property
     def gone(self) -> bool:
         """No ring holds the ifq any more: the kernel took every buffer back with it."""

@@ -32,24 +32,17 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
-from zcnet.rx.zc.provider import (
-    RECV_UD,
-    close_ring,
-)
+from zcnet.rx.zc.provider import RECV_UD, close_ring
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.rx.zc.zcrx_ifq import IfqMemory, QueueRegistry, device_reserve, queue_key
-from zcnet.rx.zc.zcrx_reg import (
-    Registration,
-    kernel_stats_layout,
-    memlock_error,
-    register_ifq,
-)
+from zcnet.rx.zc.zcrx_reg import Registration, kernel_stats_layout, memlock_error, register_ifq
 from zcnet.rx.zc.zcrx_rings import RefillRing
 from zcnet.uapi import io_uring as u
 from zcnet.uring.completions import Completions
@@ -110,7 +103,8 @@ class ZcrxQueue:
 
     def __init__(self, area: Area, ifname: str | None, queue: int | None, *,
                  rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
-                 why_copy: str = "", shared: bool = False) -> None:
+                 why_copy: str = "", shared: bool = False, region: Mapping | None = None,
+                 memory: Callable[[Registration, Area], IfqMemory] = IfqMemory) -> None:
         self.area = area
         self.copy = ifname is None
         self.mode = "copy" if self.copy else "device"
@@ -131,8 +125,8 @@ class ZcrxQueue:
         self.where = "copy mode" if self.copy else f"{ifname} queue {queue}"
         self.reg = Registration.build(area, ifindex, queue or 0, rq_entries, user_region,
                                        nodev=self.copy, rx_buf_len=rx_buf_len,
-                                       stats=kernel_stats_layout())
-        self.mem = IfqMemory(self.reg, area)
+                                       stats=kernel_stats_layout(), region=region)
+        self.mem = memory(self.reg, area)
         self._ring: Ring | None = None
         self._kstats: np.ndarray | None = None  # the kernel's zcrx_stats: copy count, bytes
         self._copied = (0, 0)                   # its last reading (kept after close)
@@ -279,7 +273,7 @@ class ZcrxQueue:
             self._mids.remove(mid)
         self.members[mid] = m
         with self.mem.lock:
-            self.mem.members += 1
+            self.mem.count(1)
             self.mem.area_users += 1
         return mid
 
@@ -308,7 +302,7 @@ class ZcrxQueue:
             else:
                 self._mids.append(m.mid)
             with self.mem.lock:
-                self.mem.members -= 1
+                self.mem.count(-1)
         if not self.members and not self.shared:
             self.close()
 

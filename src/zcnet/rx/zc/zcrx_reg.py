@@ -155,9 +155,12 @@ class Registration:
     @classmethod
     def build(cls, area: Area, ifindex: int, queue: int, rq_entries: int,
               user_region: bool = True, *, nodev: bool = False,
-              rx_buf_len: int = 0, stats: StatsLayout | None = None) -> Registration:
+              rx_buf_len: int = 0, stats: StatsLayout | None = None,
+              region: Mapping | None = None) -> Registration:
         """``nodev``: copy mode (ifindex and queue must be 0, the kernel insists).
-        ``stats``: have the kernel count its copies in the region (kernel_stats_layout())."""
+        ``stats``: have the kernel count its copies in the region (kernel_stats_layout()).
+        ``region``: memory for the user region (released with it; ``region_size`` bytes),
+        e.g. a shared mapping other processes map too; else an anonymous one."""
         if queue < 0:
             raise UsageError(f"queue must be >= 0, got {queue}")
         if not 0 < rq_entries <= IO_RQ_MAX_ENTRIES:
@@ -172,8 +175,14 @@ class Registration:
             areg.addr = area.addr
         rd = u.io_uring_region_desc(size=size)
         mem = None
-        if user_region:
+        if region is not None:
+            if region.size < size:
+                raise UsageError(f"a refill region of {size} bytes does not fit in "
+                                 f"{region.size}")
+            mem = region
+        elif user_region:
             mem = Mapping.anonymous(size)
+        if mem is not None:
             rd.user_addr = mem.addr
             rd.flags = u.IORING_MEM_REGION_TYPE_USER
         ifq = u.io_uring_zcrx_ifq_reg(if_idx=ifindex, if_rxq=queue, rq_entries=entries,

@@ -58,6 +58,9 @@ class RefillRing:
         self._held_len = _NO_LENS
         self.full_events = 0
         self.produced = 0  # entries written over the ring's life
+        #: Other processes write this ring too (zcrx_procs.py): the tail is read from the ring
+        #: at each push (under their common lock), not kept.
+        self.shared = False
         # The whole push in one C call when everything fits (None: the numpy path, which also
         # holds back what does not fit); the provider parses its rounds with it too.
         self.accel = rx_accel_for(backend())
@@ -95,6 +98,8 @@ class RefillRing:
 
         Vectorized: the entries are written with a few slice operations (two where the ring
         wraps), no Python object per buffer for arrays."""
+        if self.shared:
+            self._tail = int(self._ktail[0])
         if self.accel is not None and not len(self._held_off):
             t = self.accel.refill_push(*self._where, self._tail, offs, lens, self.area_token,
                                        OFF_MASK)
