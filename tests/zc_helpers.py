@@ -215,3 +215,29 @@ def send_from_child(socks: list[socket.socket], total: int, piece: int = 64 << 1
     p = mp.get_context("fork").Process(target=_send_round_robin, args=(socks, total, piece))
     p.start()
     return p
+
+
+def serve_imported(handoff, socks: list[socket.socket], first: int, conn) -> None:
+    """A worker process's side of a hosted zcrx queue (zcnet.rx.zc.zcrx_procs): import it,
+    serve ``socks`` (pattern index ``first`` on) with ZcrxServer until each ends, and send
+    back what it saw: (bytes per connection, errors, members seen, its share, refill entries
+    it wrote, the kernel's copy count)."""
+    from zcnet.rx.zc.zcrx_procs import import_queue
+
+    try:
+        zq = import_queue(handoff, shared=True)  # stays open after its connections
+        srv = ZcrxServer(zq, socks, first=first)
+        members = zq.mem.members
+        share = zq.share_bytes()
+        conn.send("joined")
+        srv.run(lambda: all(map(srv.finished, range(len(socks)))), timeout=300)
+        for rx in srv.rx:
+            rx.close()
+        zq.ready(0)
+        produced, delivered = zq.rq.produced, sum(rx.stats.delivered for rx in srv.rx)
+        assert zq.close()
+        conn.send((srv.got, {i: str(e) for i, e in srv.errors.items()}, members, share,
+                   produced, delivered))
+    except BaseException as e:  # reported to the test
+        conn.send(f"error: {e!r}")
+        raise

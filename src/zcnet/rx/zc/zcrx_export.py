@@ -13,8 +13,8 @@ through a ring of its own that imports the same ifq. Some facts (io_uring/zcrx.c
 - Threads share the address space: the importer uses the area and the refill ring where the
   owner mapped them, and their writers to the refill ring take one lock (IfqMemory.lock).
 
-Another process would need the area and the refill region in shared memory (memfd) and the fd
-passed over a socket: not built.
+Another process cannot use the owner's addresses: zcrx_procs.py puts the area and the refill
+region in a memfd it maps too, and the fd travels over a unix socket.
 """
 
 from __future__ import annotations
@@ -67,15 +67,8 @@ class ZcrxExport:
             ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * src.rq.entries))
             with contextlib.ExitStack() as fail:
                 fail.callback(ring.close)
-                reg = u.io_uring_zcrx_ifq_reg(if_idx=fd, flags=u.ZCRX_REG_IMPORT)
-                try:
-                    ring.register(u.IORING_REGISTER_ZCRX_IFQ, reg, 1)
-                except OSError as e:
-                    raise ZcnetError(f"importing {src.where}'s zcrx queue failed: "
-                                     f"{os.strerror(e.errno)}",
-                                     f"the kernel needs ZCRX_REG_IMPORT (Linux {IMPORT_SINCE}+)"
-                                     if e.errno == errno.EINVAL else None) from e
-                zq = ZcrxQueue.adopt(src, ring, int(reg.zcrx_id), shared=shared)
+                ifq_id = int(import_box(ring, fd, src.where).zcrx_id)
+                zq = ZcrxQueue.adopt(src, ring, ifq_id, shared=shared)
                 fail.pop_all()
         return zq
 
@@ -96,6 +89,12 @@ class ZcrxExport:
 def export_queue(zq: ZcrxQueue, offers: Offers) -> ZcrxExport:
     """``zq``'s ifq for another thread (call in ``zq``'s thread; ``offers``: the kernel's)."""
     refuse_without_import(offers, zq.where)
+    return ZcrxExport(zq, export_box(zq))
+
+
+def export_box(zq: ZcrxQueue) -> int:
+    """A new "[zcrx]" file holding ``zq``'s ifq (ZCRX_CTRL_EXPORT, in ``zq``'s thread): its fd,
+    the caller's to import elsewhere or close."""
     ring = zq.ring
     if ring is None:
         raise ClosedError.of(zq, "export")
@@ -109,8 +108,21 @@ def export_queue(zq: ZcrxQueue, offers: Offers) -> ZcrxExport:
     except OSError as e:
         raise ZcnetError(f"exporting {zq.where}'s zcrx queue failed: {os.strerror(e.errno)}"
                          ) from e
-    box = u.zcrx_ctrl_export.from_buffer(ctrl, 24)  # the union member the kernel wrote
-    return ZcrxExport(zq, int(box.zcrx_fd))
+    return int(u.zcrx_ctrl_export.from_buffer(ctrl, 24).zcrx_fd)  # the union member written
+
+
+def import_box(ring: Ring, fd: int, where: str) -> u.io_uring_zcrx_ifq_reg:
+    """Register the "[zcrx]" file ``fd`` on ``ring`` (ZCRX_REG_IMPORT): what the kernel wrote
+    back (``ring``'s zcrx id for the ifq, the refill ring's offsets). ``fd`` stays the
+    caller's (close it: an open one keeps the queue bound)."""
+    reg = u.io_uring_zcrx_ifq_reg(if_idx=fd, flags=u.ZCRX_REG_IMPORT)
+    try:
+        ring.register(u.IORING_REGISTER_ZCRX_IFQ, reg, 1)
+    except OSError as e:
+        raise ZcnetError(f"importing {where}'s zcrx queue failed: {os.strerror(e.errno)}",
+                         f"the kernel needs ZCRX_REG_IMPORT (Linux {IMPORT_SINCE}+)"
+                         if e.errno == errno.EINVAL else None) from e
+    return reg
 
 
 def export_zcrx_queue(zq: ZcrxQueue) -> ZcrxExport:
