@@ -49,7 +49,7 @@ INDIRECT = {
     "zcnet.bench.proto.schema", "zcnet.bench.stream", "zcnet.bench.tcpinfo", "zcnet.jsonvalue",
     "zcnet.lab.registry", "zcnet.nic.ifname", "zcnet.nic.steps",
     "zcnet.report.labels", "zcnet.report.warning_notes", "zcnet.rx.copying",
-    "zcnet.rx.zc.debugviews", "zcnet.rx.zc.engines", "zcnet.rx.zc.soft_inc", "zcnet.tx.mmsg",
+    "zcnet.rx.zc.debugviews", "zcnet.rx.zc.soft_inc", "zcnet.tx.mmsg",
     "zcnet.tx.payload", "zcnet.tx.slots", "zcnet.uapi.mman", "zcnet.uapi.sched",
     "zcnet.uapi.tcp", "zcnet.uapi.udp", "zcnet.uring.eventfd",
     "zcnet.uring.layout", "zcnet.vm.caps", "zcnet.vm.integrity",

@@ -353,18 +353,21 @@ def test_a_connection_outside_the_set_queues_is_a_clear_error(lab, state_dir):
         f"{lab.if_b} --netns {lab.ns_b} --queues 2,3`")
 
 
-# devmem only: the steering under test is the NIC's, the same for every engine, and devmem adds
-# eight flow workers on one binding of both queues, which the session holds
-# (zcnet.bench.devmem_flows). (soft-zc ran here too; it added 80 s of TCG and no check.)
-@pytest.mark.parametrize("engine", ["devmem"])
+# devmem and zcrx: the steering under test is the NIC's, the same for every engine; both add
+# eight flow workers on queues their session holds (zcnet.bench.devmem_flows: one binding of
+# both queues; zcnet.bench.zcrx_flows: one zcrx per queue, imported by each worker). (soft-zc
+# ran here too; it added 80 s of TCG and no check.)
+@pytest.mark.parametrize("engine", ["devmem", "zcrx"])
 def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, engine):
     """The commands a user types: `zcnet nic setup --queues 1,2 --port 9000-9007` on side b,
     a `zcnet server` on each side, then `zcnet client -n 8 --data-port 9000 --verify` from
     side a: every flow's bytes checked, flows 0,2,4,6 on queue 1 and 1,3,5,7 on queue 2 (the
-    driver's per-queue counters); the control connections stay on queues 0 and 3. devmem
-    (`--rx-opt ifname=... --rx-opt queues=1,2`): the server binds one dma-buf to both queues
-    once, its eight flow workers receive on it (eight members), every payload byte in a
-    dma-buf page (linear 0), and the queues are free again after the run."""
+    driver's per-queue counters); the control connections stay on queues 0 and 3. Both with
+    `--rx-opt ifname=... --rx-opt queues=1,2`. devmem: the server binds one dma-buf to both
+    queues once, its eight flow workers receive on it (eight members), every payload byte in
+    a dma-buf page (linear 0). zcrx: the server registers each queue once (in a memfd) and
+    each worker imports both and joins the one its connection arrived on; the kernel copied
+    nothing. The queues are free again after the run."""
     token = tmp_path / "token"
     secret = os.urandom(32).hex().encode()
     token.write_bytes(secret + b"\n")
@@ -379,8 +382,7 @@ def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, e
         dev = stack.enter_context(Device.open(lab.if_b, lab.ns_b))
         start = _rx_bytes(dev)
         out = tmp_path / "client.json"
-        opts = ["--rx-opt", f"ifname={lab.if_b}", "--rx-opt", "queues=1,2"] \
-            if engine == "devmem" else []
+        opts = ["--rx-opt", f"ifname={lab.if_b}", "--rx-opt", "queues=1,2"]
         proc = netns_popen(lab.ns_a, [sys.executable, "-m", "zcnet", "client", "--src",
                                       str(src.address), "--dst", str(dst.address),
                                       "--token-file", str(token), "-n", "8", "-t", "1",
@@ -389,7 +391,7 @@ def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, e
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _, stderr = proc.communicate(timeout=600)
         landed = _delta(dev, start)
-        bound = [q for q in (1, 2) if "dmabuf" in netdev.queue_get(dev, q)]
+        bound = [q for q in (1, 2) if {"dmabuf", "io-uring"} & set(netdev.queue_get(dev, q))]
     assert proc.returncode == 0, stderr[-2000:]
     flows = json.loads(out.read_text())["results"]
     assert sorted(f["flow"] for f in flows) == list(range(8))
@@ -405,6 +407,11 @@ def test_cli_client_8_flows_over_two_queues_verified(lab, state_dir, tmp_path, e
             st = f["engine_stats"]
             assert st["linear"] == 0 and st["kernel_copied_bytes"] == 0, st
             assert st["members"] == 8 and st["delivered"] == st["released"] > 0, st
+    else:
+        for f in flows:
+            st = f["engine_stats"]
+            assert st["zcrx_copy"] == 0 and st["kernel_copied_bytes"] == 0, st
+            assert st["delivered"] == st["released"] > 0, st
 
 
 def test_page_pools_stats_and_queue_map(lab):

@@ -43,7 +43,8 @@ from zcnet.pattern import Verifier
 from zcnet.rx.engine import Engine, EngineOptions, close_engine
 from zcnet.rx.registry import make_engine
 from zcnet.rx.zc.devmem_binding import SharedBinding
-from zcnet.rx.zc.engines import DevmemEngine
+from zcnet.rx.zc.engines import DevmemEngine, ZcrxEngine
+from zcnet.rx.zc.zcrx_procs import ZcrxHandoff
 from zcnet.tx.senders import KINDS
 from zcnet.uapi.socket import SO_INCOMING_CPU
 
@@ -119,6 +120,8 @@ class FlowSpec:
     verify: bool = False    # stream: check every received byte against the sent pattern
     # devmem: the binding its session holds for the flow's queues (zcnet.bench.devmem_flows)
     devmem: SharedBinding | None = None
+    # zcrx: the queues its session hosts for the flow (zcnet.bench.zcrx_flows), one per queue
+    zcrx: tuple[ZcrxHandoff, ...] = ()
 
 
 # ---- process plumbing --------------------------------------------------------------------------
@@ -192,6 +195,8 @@ def _engine(spec: FlowSpec) -> Engine:
     engine = make_engine(spec.engine, opts)
     if spec.devmem is not None and isinstance(engine, DevmemEngine):
         engine.shared = spec.devmem  # its session bound the queues: bind nothing here
+    if spec.zcrx and isinstance(engine, ZcrxEngine):
+        engine.hosted = spec.zcrx  # its session registered the queues: import them
     why = engine.unsupported()
     if why:
         raise EngineUnsupported(f"engine {spec.engine}{UNSUPPORTED_HERE}{why}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.connection import wait
 
-from zcnet.bench import devmem_flows, proto
+from zcnet.bench import devmem_flows, proto, zcrx_flows
 from zcnet.bench.cpustat import CpuTimes
 from zcnet.bench.flow_worker import Accepted, Failed, FlowSpec, Ready, Start, tx_paths
 from zcnet.bench.hist import encode_histogram, merge_encoded
@@ -191,7 +191,7 @@ class Session:
     # -- requests --------------------------------------------------------------------------------
 
     def _spawn(self, flow: int, spec: FlowSpec,
-               membership: DevmemBinding | None = None) -> FlowProc:
+               membership: DevmemBinding | zcrx_flows.Membership | None = None) -> FlowProc:
         with contextlib.ExitStack() as undo:
             if membership is not None:
                 undo.callback(membership.quit)
@@ -206,15 +206,19 @@ class Session:
         _check_engine(engine)
         mode, read_size = get(msg, "mode", str), get(msg, "read_size", int)
         # devmem: the binding is the session's, shared by its flows' workers.
+        # devmem and zcrx on a device: the queues are the session's, shared by its flows.
         binding = devmem_flows.join(engine, get_options(msg), read_size) \
+            if mode == "stream" else None
+        hosted = zcrx_flows.join(engine, get_options(msg), read_size) \
             if mode == "stream" else None
         spec = FlowSpec(role="rx", mode=mode, host=self.bind_host, flow=flow,
                         engine=engine, read_size=read_size,
                         req_size=get(msg, "req_size", int), resp_size=get(msg, "resp_size", int),
                         name=f"zcnet-rx{flow}", engine_opts=get_options(msg),
                         verify=get_or(msg, "verify", False), port=get_or(msg, "port", 0),
-                        devmem=binding.shared() if binding is not None else None)
-        fp = self._spawn(flow, spec, binding)
+                        devmem=binding.shared() if binding is not None else None,
+                        zcrx=hosted.handoffs() if hosted is not None else ())
+        fp = self._spawn(flow, spec, binding or hosted)
         ready = fp.expect(Ready)
         return {"type": "opened", "flow": flow, "port": ready.port, "pid": fp.pid}
 

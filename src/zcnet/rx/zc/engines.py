@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -37,6 +38,9 @@ from zcnet.rx.zc.provider import NicProvider, build_or_close
 from zcnet.rx.zc.receiver import COPY_FIELDS, Receiver
 from zcnet.rx.zc.soft import open_soft
 from zcnet.rx.zc.zcrx import kernel_offers, open_zcrx
+from zcnet.rx.zc.zcrx_export import IMPORT_SINCE
+from zcnet.rx.zc.zcrx_procs import ZcrxHandoff, arrival_queue, import_queue
+from zcnet.rx.zc.zcrx_queue import ZcrxQueue
 from zcnet.sockcheck import RCVLOWAT, require_tcp, set_rcvlowat
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import unsupported
@@ -229,8 +233,41 @@ class _NicEngine(_ZcEngine):
 
 
 class ZcrxEngine(_NicEngine):
+    """zcrx: a registration of ``queue`` of its own (or copy mode), or the queues a server
+    session hosts for its flows (``hosted``: one ZcrxHandoff per queue of ``queues``); the
+    connection joins the one it arrived on."""
+
     name: ClassVar[str] = "zcrx"
     provider: ClassVar[str] = "zcrx"
+
+    def __init__(self, opts: EngineOptions) -> None:
+        super().__init__(opts)
+        self.hosted: tuple[ZcrxHandoff, ...] = ()
+        self._imported: list[ZcrxQueue] = []
+
+    def unsupported(self) -> str | None:
+        if self._closed or not self.hosted:
+            try:
+                if len(self.opts.queue_set()) > 1 and not self._closed:
+                    return (f"zcrx registers one queue at a time: queues={self.opts.queues} "
+                            "works under `zcnet server` (the session hosts a zcrx per queue "
+                            f"for its flows, Linux {IMPORT_SINCE}+); name one queue here")
+            except UsageError as e:
+                return e.message
+            return super().unsupported()
+        if why := self._check_consumer():
+            return why
+        hosted, self.hosted = self.hosted, ()
+        with contextlib.ExitStack() as undo:
+            for h in hosted:
+                undo.callback(h.close)  # an import uses its handoff up; the rest are closed
+            try:
+                for h in hosted:
+                    self._imported.append(import_queue(h))
+            except ZcnetError as e:
+                self._close_imported()
+                return e.message
+        return None
 
     def _no_copy_mode(self, why: str) -> str | None:
         if not kernel_offers().copy_mode:
@@ -240,6 +277,30 @@ class ZcrxEngine(_NicEngine):
     def _open_provider(self, ifname: str | None, q: int | None, copy: bool) -> NicProvider:
         return open_zcrx(-1, self.area_size, ifname=ifname, queue=q, copy=copy or None,
                          rx_buf_len=self.opts.zc_rx_buf_len)
+
+    def _open(self, sock: socket.socket) -> Receiver:
+        if not self._imported:
+            return super()._open(sock)
+        zq = arrival_queue(sock, self._imported)
+        self._imported.remove(zq)
+        self._close_imported()  # the others: this connection did not arrive on them
+        prov = zq.join(sock.fileno())
+        return build_or_close(lambda: Receiver(sock, prov, debug=self.debug,
+                                               why=f"zcrx: {prov.note}"), prov.close)
+
+    def _close_imported(self) -> None:
+        queues, self._imported = self._imported, []
+        with contextlib.ExitStack() as undo:
+            for zq in queues:
+                undo.callback(zq.close)
+
+    def close(self) -> None:
+        super().close()
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._close_imported)
+            for h in self.hosted:
+                undo.callback(h.close)
+            self.hosted = ()
 
 
 class DevmemEngine(_NicEngine):
