@@ -34,10 +34,11 @@ static inline Py_ssize_t member_offset(PyTypeObject *cls, PyObject *d) {
 }
 
 /* The offsets of the ``n`` member descriptors in tuple ``descrs`` into ``out``, in order (see
- * member_offset): 1 done, 0 with TypeError (``what`` names the argument). */
+ * member_offset): 1 done, 0 with TypeError (``what`` names the argument; ``descrs`` NULL: an
+ * optional argument left out). */
 static inline int member_offsets(PyTypeObject *cls, PyObject *descrs, Py_ssize_t n,
                                  Py_ssize_t *out, const char *what) {
-    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != n) {
+    if (!descrs || !PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != n) {
         PyErr_Format(PyExc_TypeError, "%s is a tuple of %zd member descriptors", what, n);
         return 0;
     }
