@@ -9,10 +9,12 @@ and zcnet runs its pure-Python path. ZCNET_PURE=1 selects the pure path even whe
 from setuptools import Extension, setup
 
 # Shared by all: zcnet/_cqe.h (reading CQEs), _bufring.h (a provided-buffer ring's entries),
-# _ints.h (int sequences into C memory) and _slots.h (__slots__ members in place). ``depends``
+# _ints.h (int sequences into C memory), _slots.h (__slots__ members in place) and _members.h
+# (the members a Python class hands its compiled twin, as descriptors). ``depends``
 # rebuilds them when a header changes and puts it in the sdist; the include dir finds them.
 _SHARED = {"include_dirs": ["src/zcnet"], "optional": True}
-_HEADERS = ["src/zcnet/_cqe.h", "src/zcnet/_bufring.h", "src/zcnet/_ints.h", "src/zcnet/_slots.h"]
+_HEADERS = ["src/zcnet/_cqe.h", "src/zcnet/_bufring.h", "src/zcnet/_ints.h", "src/zcnet/_slots.h",
+            "src/zcnet/_members.h"]
 _RX = "src/zcnet/rx/zc/_c/"
 _LOOP = "src/zcnet/aio/_c/"
 

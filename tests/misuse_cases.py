@@ -408,7 +408,7 @@ def aio_reentry(call: str, action: str) -> Callable[[], list[str]]:
                 for h in held:
                     if h is not None and h._rx is not None:
                         h.release()
-                if not rx._closed:  # (a closed one closed its socket: the peer is reset)
+                if not rx.closed:  # (a closed one closed its socket: the peer is reset)
                     c.sendall(b"c" * LAST)
                     c.shutdown(socket.SHUT_WR)
                     async for h in rx:

@@ -7,6 +7,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_members.h" /* the offsets, from the descriptors Python hands over */
+
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
 /* The byte offset of __slots__ member ``name`` of ``cls`` (-1 and TypeError when it is not a

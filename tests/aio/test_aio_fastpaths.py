@@ -28,6 +28,7 @@ from aio_util import (
 )
 from zcnet import aio
 from zcnet.aio import shared
+from zcnet.aio.loop import ResourceState
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.core import Phase
 from zcnet.rx.zc.receiver import Receiver
@@ -310,13 +311,13 @@ def test_a_step_re_entered_from_the_python_step_is_refused(loop_kind, monkeypatc
                     refused.append(str(e.value))
                 return "done"
 
-            class Closed:
-                _closed = True  # the step hands every call to py_step
+            closed = ResourceState()
+            closed.closed = True  # the step hands every call to py_step
             owner = rx._owner
             anext_ = shared.loop_accel().Anext(
-                shared.compiled_round(None, rx.rx), Closed(), rx._member, owner.thread,
+                shared.compiled_round(None, rx.rx), closed, rx._member, owner.thread,
                 owner.is_running, owner.loop.create_future, collections.deque(), py_step,
-                ClosedError)
+                lambda: None, ClosedError)
             box["op"] = anext_()
             assert await box["op"] == "done"
         c.close()

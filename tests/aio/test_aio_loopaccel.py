@@ -341,7 +341,8 @@ def test_a_round_whose_attributes_are_descriptors_is_left_to_python(loop_kind, l
         v = object.__new__(aio.ZcTransport)
         v.__dict__.update(tr.__dict__)
         v.protocol, v.st = tr.protocol, st
-        viewed = shared.compiled_round(v, v.rx)
+        viewed = shared.compiled_round(v, v.rx, None, shared.TransportCalls(
+            v._round_failed, v._put_back, v._send_failed, v._buffer_rest))
         accel = shared.loop_accel()
         assert tr._fast.run() == accel.DONE  # nothing has arrived: the compiled round is done
         assert viewed.run() == accel.FALLBACK

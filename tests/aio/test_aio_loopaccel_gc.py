@@ -119,25 +119,39 @@ def test_an_uninitialised_router_refuses(what: str, code: str, expected: str) ->
 
 
 def test_a_round_refuses_a_batch_class_without_the_slots_it_writes() -> None:
-    """The batch round writes a Batch's slots in place: a class whose held-object slots are
-    not the chunk class's, or that lacks one, is refused when the Round is made."""
+    """The batch round writes a Batch's slots in place, at the offsets of the member
+    descriptors it is handed: a class those are not members of, descriptors whose held-object
+    slots are not the chunk class's, or a class that shadows one, are refused when the Round
+    is made."""
     p = _run("from collections import deque\nfrom zcnet.aio import _loopaccel\n"
-             "from zcnet.rx.zc.chunks import Batch, Chunk\n"
+             "from zcnet.rx.zc.chunks import BATCH_SLOTS, CHUNK_SLOTS, Batch, Chunk\n"
+             "from zcnet.uring.syscall import slot_members\n"
              "class B:\n"
              "    __slots__ = ('_rx', '_length', '_tok', '_stream_offset', '_offsets', "
              "'_lengths', '_linear')\n"
+             "OWN = slot_members(B, '_rx', '_tok', '_length', '_stream_offset', '_offsets', "
+             "'_lengths', '_linear')\n"
              "class NoLinear(Chunk):\n"
              "    __slots__ = ('_offsets', '_lengths')\n"
-             "for cls in (B, NoLinear, Batch):\n"
+             "class Shadow(Batch):\n"
+             "    _linear = None\n"
+             "for cls, slots in ((B, BATCH_SLOTS), (B, OWN), (NoLinear, BATCH_SLOTS),\n"
+             "                   (Shadow, BATCH_SLOTS), (Batch, BATCH_SLOTS)):\n"
              "    try:\n"
-             "        _loopaccel.Round(None, 0, 0, 0, None, Chunk, deque(), 0, 0, 2, 16, cls)\n"
+             "        _loopaccel.Round(None, None, 0, 0, 0, None, Chunk, CHUNK_SLOTS, deque(), 0,"
+             " 0, 2, 16, cls, slots)\n"
              "        print('made')\n"
              "    except TypeError as e:\n"
              "        print(e)")
     out = p.stdout.split("\n")
-    assert "B'>._rx is not the __slots__ member" in out[0], (out, p.stderr[-2000:])
-    assert "NoLinear'>._linear is not the __slots__ member" in out[1], out
-    assert out[2] == "made", out
+    assert out[0] == ("<member '_rx' of 'Held' objects> is not a writable __slots__ member of "
+                      "B"), (out, p.stderr[-2000:])
+    assert out[1] == "Round: batch_slots[0] is not the chunk's (chunk_slots[0])", out
+    assert out[2] == ("<member '_offsets' of 'Batch' objects> is not a writable __slots__ "
+                      "member of NoLinear"), out
+    assert out[3] == ("<member '_linear' of 'Batch' objects> is not a writable __slots__ "
+                      "member of Shadow"), out
+    assert out[4] == "made", out
 
 
 # Python that runs inside a compiled round, through a released item's last reference or a GC

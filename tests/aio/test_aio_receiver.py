@@ -273,7 +273,7 @@ def test_loop_closed_without_asyncio_run(loop_kind, no_leaks, caplog):
         warnings.simplefilter("always")
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
-    assert rx._closed and rx.rx.ring is None
+    assert rx.closed and rx.rx.ring is None
     assert "Traceback" not in caplog.text
 
 

@@ -6,6 +6,8 @@ may only fall. When a change lowers a count, lower its limit here in the same co
 - ``Any`` in src (annotations say what a value is);
 - Python modules over 500 lines, C files over 1,000 lines (both by name, current size as cap);
 - private names of another package used across packages (tests/private_access.py);
+- C that names a private Python attribute (the compiled halves are handed their state once:
+  member descriptors, bound callables and state records with public fields);
 - modules no test imports, directly or through the package that re-exports them (today's
   exceptions listed, the list only shrinks).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import types
 from pathlib import Path
 
@@ -42,7 +45,7 @@ CLI_ONLY = {
 # Today's modules that tests reach only through other modules: this list may only shrink (a
 # new module needs a test that imports it).
 INDIRECT = {
-    "zcnet.aio.keep", "zcnet.aio.loop", "zcnet.aio.receiver",
+    "zcnet.aio.keep", "zcnet.aio.receiver",
     "zcnet.aio.sender", "zcnet.aio.sockets", "zcnet.aio.wakeup", "zcnet.bench.hist",
     "zcnet.bench.meta",
     "zcnet.bench.metrics", "zcnet.bench.proto.auth", "zcnet.bench.proto.channel",
@@ -135,6 +138,40 @@ def test_private_names_across_packages_only_fall() -> None:
     assert len(found) <= MAX_PRIVATE_ACROSS, (
         f"{len(found)} uses of another package's private names (limit {MAX_PRIVATE_ACROSS}): "
         "use or add a public name\n" + "\n".join(map(str, found)))
+
+
+# A whole C string literal that is a private Python name (one leading underscore, not a dunder).
+_C_PRIVATE_NAME = re.compile(r'"(_[A-Za-z][A-Za-z0-9_]*)"')
+_C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+
+
+def c_private_names(root: Path = SRC) -> list[str]:
+    """``file:line: name`` for each string literal in the C sources under ``root`` that names
+    a private Python attribute (comments left out, their lines kept)."""
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".c", ".h")
+                       and "build" not in p.parts):
+        text = _C_COMMENT.sub(lambda m: "\n" * m.group().count("\n"), path.read_text())
+        for m in _C_PRIVATE_NAME.finditer(text):
+            if not m.group(1).endswith("__"):
+                line = text.count("\n", 0, m.start()) + 1
+                out.append(f"{path.relative_to(root)}:{line}: {m.group(1)}")
+    return out
+
+
+def test_c_names_no_private_python_attribute() -> None:
+    found = c_private_names()
+    assert not found, (
+        "C names a private Python attribute: hand it over once instead (a member descriptor, "
+        "a bound callable, or a state record's public field, declared in the stub)\n"
+        + "\n".join(found))
+
+
+def test_the_c_guard_finds_a_private_name(tmp_path: Path) -> None:
+    (tmp_path / "x.c").write_text('/* "_in_a_comment" */\nstatic const char *n[] = {"fd",\n'
+                                  '    "__dict__", "_rx"};\nPyObject_GetAttrString(o, "_tok");\n')
+    (tmp_path / "y.h").write_text('#include "_cqe.h"\n')
+    assert c_private_names(tmp_path) == ["x.c:3: _rx", "x.c:4: _tok"]
 
 
 def _module_names() -> set[str]:

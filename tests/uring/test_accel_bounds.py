@@ -97,16 +97,32 @@ CASES = {
         "    x.make_chunks(None, [0], [L()], [0], 0)\n"
         "except TypeError as e:\n"
         "    print(e)", "make_chunks: a length is L, not an int"),
+    # The chunk slots are handed over as descriptors: one the class does not have (it is no
+    # Chunk), or one a subclass shadows with a property, would be read where the class keeps
+    # something else.
     "chunk class without a slot": (
         "from collections import deque\n"
-        "from zcnet.rx.zc.chunks import Held\n"
+        "from zcnet.rx.zc.chunks import CHUNK_SLOTS, Held\n"
         "from zcnet.rx.zc.core import RxCore\n"
         "class C(Held):\n"
         "    __slots__ = ()\n"
         "try:\n"
-        "    x.bind(Held, C, RxCore, deque, Held.release)\n"
+        "    x.bind(Held, C, CHUNK_SLOTS, RxCore, deque, Held.release)\n"
         "except TypeError as e:\n"
-        "    print(e)", "C._offset is not a writable __slots__ member"),
+        "    print(e)", "<member '_offset' of 'Chunk' objects> is not a writable __slots__ member "
+        "of C"),
+    "chunk class that shadows a slot": (
+        "from collections import deque\n"
+        "from zcnet.rx.zc.chunks import CHUNK_SLOTS, Chunk, Held\n"
+        "from zcnet.rx.zc.core import RxCore\n"
+        "class C(Chunk):\n"
+        "    __slots__ = ()\n"
+        "    _length = property(lambda self: 0)\n"
+        "try:\n"
+        "    x.bind(Held, C, CHUNK_SLOTS, RxCore, deque, Held.release)\n"
+        "except TypeError as e:\n"
+        "    print(e)", "<member '_length' of 'Held' objects> is not a writable __slots__ member "
+        "of C"),
     # A buffer id equal to the ring size names no buffer: nothing is written (the Python path
     # raises), and the tail stays.
     "buffer id past the ring": (

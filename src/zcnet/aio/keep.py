@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from zcnet.aio.loop import LoopResource, Owner, track, untrack
+from zcnet.aio.loop import LoopResource, Owner, ResourceState, track, untrack
 from zcnet.aio.shared import LoopRing, loop_ring
 
 
@@ -29,25 +29,21 @@ class RingKeeper(LoopResource):
         self._owner = Owner("zcnet.aio.keep_ring")
         self._lr: LoopRing = loop_ring(self._owner.loop)
         self._lr.keepers += 1
-        self._closed = False
+        self._state = ResourceState()
         with contextlib.ExitStack() as undo:  # a trio run that is ending: let go at once
             undo.callback(self._lr.unkeep)
-            undo.callback(setattr, self, "_closed", True)
+            undo.callback(setattr, self._state, "closed", True)
             track(self._owner.loop, self)
             undo.pop_all()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _free(self) -> None:
         """Let go of the ring: it closes now if no receiver is open on it, else with the last."""
-        self._closed = True
+        self._state.closed = True
         untrack(self._owner.loop, self)
         self._lr.unkeep()
 
     def __repr__(self) -> str:
-        return f"<zcnet.aio ring keeper {'closed' if self._closed else 'open'}>"
+        return f"<zcnet.aio ring keeper {'closed' if self._state.closed else 'open'}>"
 
 
 def keep_ring() -> RingKeeper:

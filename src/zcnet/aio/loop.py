@@ -78,16 +78,33 @@ class Owner:
 R = TypeVar("R", bound="LoopResource")
 
 
+class ResourceState:
+    """Whether a loop resource is closed, as a record of its own: a compiled half is handed the
+    record once and reads ``closed`` in place (an AsyncReceiver's: zcnet.aio._loopaccel.Anext,
+    aio/_c/anext.c), never the resource's own attributes. Its ``_free`` sets it, once."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
 class LoopResource:
     """What a zcnet.aio object open on a loop shares: ``close()`` (once, from its owner),
-    ``aclose()`` and ``async with``, and the guard's ``_shutdown``. A subclass sets ``_owner``
-    and ``_closed`` and frees itself in ``_free``."""
+    ``aclose()`` and ``async with``, ``closed``, and the guard's ``_shutdown``. A subclass sets
+    ``_owner`` and ``_state`` (a ResourceState) and frees itself in ``_free``, which sets
+    ``_state.closed`` first."""
 
     _owner: Owner
-    _closed: bool
+    _state: ResourceState
+
+    @property
+    def closed(self) -> bool:
+        """close() ran (or the loop's shutdown closed it)."""
+        return self._state.closed
 
     def close(self) -> None:
-        if self._closed:
+        if self._state.closed:
             return
         self._owner.check()
         self._free()
@@ -96,7 +113,7 @@ class LoopResource:
         raise NotImplementedError
 
     def _shutdown(self) -> None:
-        if not self._closed:
+        if not self._state.closed:
             self._free()
 
     async def aclose(self) -> None:

@@ -36,7 +36,7 @@ import socket
 from zcnet.aio.loop import Owner, running_loop, track, untrack
 from zcnet.aio.loop_zcrx import ZcrxMember, open_zcrx_receiver
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE, open_shared_receiver
-from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, MemberRing, compiled_round
+from zcnet.aio.shared import ROUND_AGAIN, ROUND_FALLBACK, MemberRing, TransportCalls, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc.api import Chunk, Receiver, Stats
@@ -111,8 +111,10 @@ class ZcTransport:
         self._member = member   # where the ring's passes find it
         self._writing = False   # add_writer is on
         self._closed = False    # torn down: the receiver and socket are closed
-        #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only.
-        self._fast = compiled_round(self, rx, member)
+        #: The compiled round (zcnet.aio._loopaccel), or None: the Python round only. It is
+        #: handed the steps it calls back (their order: TransportCalls).
+        self._fast = compiled_round(self, rx, member, TransportCalls(
+            self._round_failed, self._put_back, self._send_failed, self._buffer_rest))
         if self._fast is not None and type(self).write is ZcTransport.write:
             # its write: no Python frame and no GIL release per send (a subclass's own stays)
             self.write = self._fast.write  # type: ignore[method-assign]
@@ -170,7 +172,7 @@ class ZcTransport:
     def _round_failed(self, e: Exception) -> None:
         """A round raised: the stream's error (OSError: ConnectionResetError, ...) ends the
         connection; the protocol's is reported as asyncio does, then drops it. Also called by
-        the compiled pass when the round it ran directly raised."""
+        the compiled pass when the round it ran directly raised (TransportCalls)."""
         if not isinstance(e, OSError):
             self.loop.call_exception_handler({
                 "message": "zcnet.aio protocol callback failed", "exception": e,
@@ -179,7 +181,7 @@ class ZcTransport:
 
     def _put_back(self, rest: list[Chunk]) -> None:
         """The chunks of a round after the protocol closed (released) or paused (given on
-        resume) inside ``chunk_received``."""
+        resume) inside ``chunk_received`` (the compiled round's too: TransportCalls)."""
         if self.st.closing:
             if rest:
                 self.rx.release_many(rest)
@@ -254,7 +256,8 @@ class ZcTransport:
             self._buffer_rest(data, sent)
 
     # The compiled write (zcnet.aio._loopaccel.Round.write) does the common case (open, nothing
-    # buffered, the socket takes it all) and calls these two, or ``write`` itself, for the rest.
+    # buffered, the socket takes it all) and calls these two (handed to it as TransportCalls),
+    # or ``write`` itself, for the rest.
     def _send_failed(self, e: OSError) -> None:
         """The peer reset or shut down: drop the connection (later, not inside write)."""
         self.st.closing = self.st.failed = True

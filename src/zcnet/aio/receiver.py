@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
-from zcnet.aio.loop import LoopResource, Owner, running_loop, track, untrack
+from zcnet.aio.loop import LoopResource, Owner, ResourceState, running_loop, track, untrack
 from zcnet.aio.loop_soft import OnLoopRing, open_shared_soft
 from zcnet.aio.loop_zcrx import ZcrxMember, open_zcrx_receiver
 from zcnet.aio.looptypes import Loop
@@ -57,7 +57,7 @@ class AsyncReceiver(LoopResource):
         self.rx = rx
         self.sock = sock
         self._pending: deque[Chunk] = deque()
-        self._closed = False
+        self._state = ResourceState()
         provider = rx.provider
         #: Where it waits: its place on the loop's shared ring, or (zcrx, ``member``) on its
         #: loop thread's queue (zcnet.aio.loop_zcrx); None: a ring of its own (``_wake``).
@@ -76,22 +76,23 @@ class AsyncReceiver(LoopResource):
         self._cnext: Any = None
         if fast is not None and self._owner.is_running is not None:
             self._cnext = self._member.lr.accel.Anext(
-                fast, self, self._member, self._owner.thread, self._owner.is_running,
-                self._owner.loop.create_future, self._pending, self._anext, ClosedError)
+                fast, self._state, self._member, self._owner.thread, self._owner.is_running,
+                self._owner.loop.create_future, self._pending, self._anext, self._drop_pending,
+                ClosedError)
         track(self._owner.loop, self)
 
     # --- receiving -------------------------------------------------------------------------
     async def _round(self, batch: bool) -> Any:
         """One kernel round's worth, sleeping on the loop until there is one (or EOF)."""
         self._owner.check()
-        if self._closed:
+        if self._state.closed:
             raise ClosedError("receive on a closed zcnet.aio receiver")
         rx = self.rx
         core = rx.core
         m = self._member
         take = self._take_batch if batch else self._take
         while True:
-            if self._closed:  # by another task while this one slept: the ring is unmapped
+            if self._state.closed:  # by another task while this one slept: the ring is unmapped
                 raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
             if take is not None:
                 # The common case in C: releases back, this member's completions made into
@@ -105,7 +106,7 @@ class AsyncReceiver(LoopResource):
                     # once (one enter per loop iteration, not one per message and task).
                     await self._wait()
                     continue
-                if self._closed:  # by a finalizer inside the round: the check above says so
+                if self._state.closed:  # by a finalizer inside the round: the check above says so
                     continue
             if m is not None and m.inbox:
                 pass  # completions are here: the round below flushes releases and takes them
@@ -132,7 +133,7 @@ class AsyncReceiver(LoopResource):
             try:
                 await self._wait()
             finally:
-                if stalled is not None and not self._closed:
+                if stalled is not None and not self._state.closed:
                     rx.on_release(None)
 
     def _data_own(self) -> bool:
@@ -144,7 +145,7 @@ class AsyncReceiver(LoopResource):
         return bool(ring.cq_ready())
 
     async def _wait(self) -> None:
-        if self._closed:  # by what this round ran (GC in arm()): nothing would ever wake it
+        if self._state.closed:  # by what this round ran (GC in arm()): nothing would ever wake it
             raise ClosedError("the zcnet.aio receiver was closed while a receive waited")
         m = self._member
         if m is not None:
@@ -198,7 +199,7 @@ class AsyncReceiver(LoopResource):
             raise StopAsyncIteration
         if len(got) > 1:
             pending.extend(itertools.islice(got, 1, None))
-            if self._closed:  # by a finalizer inside the round: nobody will take them now
+            if self._state.closed:  # by a finalizer inside the round: nobody will take them now
                 self._drop_pending()
         return got[0]
 
@@ -234,7 +235,7 @@ class AsyncReceiver(LoopResource):
             self.rx.release_many(pending)
 
     def _free(self) -> None:
-        self._closed = True
+        self._state.closed = True
         untrack(self._owner.loop, self)
         try:
             self._drop_pending()
@@ -252,7 +253,7 @@ class AsyncReceiver(LoopResource):
                     self.sock.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._state.closed else "open"
         return f"<zcnet.aio receiver {self.rx.name} fd={self.rx.fd} {state}>"
 
 

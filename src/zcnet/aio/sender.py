@@ -92,12 +92,13 @@ class AsyncSender:
         self._idle.set()
         if kind == "sendzc":
             self._open_ring()
-        #: sendall's copy send in C (zcnet.aio._loopaccel.CopySend) on an asyncio loop; it
+        #: sendall's copy send in C (zcnet.aio._loopaccel.CopySend) on an asyncio loop, handed
+        #: the stats it counts in; called while the sender is open with no send in flight, it
         #: leaves everything but a send the socket takes at once to the Python sendall.
         accel = loop_accel()
         running = self._owner.is_running
         self._csend: Any = (None if accel is None or running is None or self.ring is not None
-                            else accel.CopySend(self, sock, self._owner.thread, running))
+                            else accel.CopySend(self._stats, sock, self._owner.thread, running))
         track(self.loop, self)
 
     def _open_ring(self) -> None:
@@ -258,7 +259,8 @@ class AsyncSender:
     async def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` (any bytes-like), copied into slots one slot at a time."""
         csend = self._csend
-        took = 0 if csend is None else csend(data)  # the copy kind's common case, in C
+        # The copy kind's common case, in C: open, and no send in flight (this one goes next).
+        took = 0 if csend is None or self._sending >= 0 or self._closed else csend(data)
         if took is True:
             return
         self._check()

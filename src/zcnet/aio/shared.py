@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from zcnet.aio.backend import Future, Loop
 from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
-from zcnet.rx.zc.chunks import Batch
+from zcnet.rx.zc.chunks import BATCH_SLOTS, CHUNK_SLOTS, Batch, Chunk
 from zcnet.rx.zc.provider import (
     RECV_UD,
 )
@@ -83,21 +83,39 @@ def loop_accel() -> ModuleType | None:
 ROUND_DONE, ROUND_AGAIN, ROUND_FALLBACK = 0, 1, 2
 
 
-def compiled_round(transport: Any, rx: Any, member: MemberRing | None = None) -> Any:
+class TransportCalls(NamedTuple):
+    """A transport's steps its compiled round calls (zcnet.aio._loopaccel.Round: aio/_c/round.c,
+    and router.c's pass, which runs it), handed over once, in this order, when the round is
+    made: the C looks no method up by name. Each is what the Python round does there."""
+
+    #: the round raised (router.c ran it directly): report it and end the connection
+    round_failed: Callable[[Exception], None]
+    #: the protocol closed or paused the transport inside chunk_received: the round's later
+    #: chunks are released, or kept for resume_reading
+    put_back: Callable[[list[Chunk]], None]
+    #: ``write``'s send failed: the connection ends (later, not inside write)
+    send_failed: Callable[[OSError], None]
+    #: ``write``'s send took the first ``sent`` bytes: the rest waits for the socket
+    buffer_rest: Callable[[bytes | bytearray | memoryview, int], None]
+
+
+def compiled_round(transport: Any, rx: Any, member: MemberRing | None = None,
+                   calls: TransportCalls | None = None) -> Any:
     """The compiled round (zcnet.aio._loopaccel.Round) of a shared-ring receiver: a transport's
-    (``run``), or with ``transport`` None an AsyncReceiver's (``take``, ``take_batch``), on
-    ``member`` (its MemberRing; None: its provider's). None when the compiled pass is off for
-    the member's ring (or the ring has none: a zcrx queue's, zcnet.aio.loop_zcrx), or the
-    receiver needs the Python round's (debug views revoked, coalescing). A pooled receiver's
-    round is given its pool (zcnet.aio.pool): completions name their buffers, and the pool
-    paces re-arms."""
+    (``run``; ``calls`` its steps), or with ``transport`` None an AsyncReceiver's (``take``,
+    ``take_batch``), on ``member`` (its MemberRing; None: its provider's). None when the
+    compiled pass is off for the member's ring (or the ring has none: a zcrx queue's,
+    zcnet.aio.loop_zcrx), or the receiver needs the Python round's (debug views revoked,
+    coalescing). A pooled receiver's round is given its pool (zcnet.aio.pool): completions name
+    their buffers, and the pool paces re-arms."""
     accel = (rx.provider.member if member is None else member).lr.accel
     if accel is None or rx.debug or rx.coalesce:
         return None
     core, prov = rx.core, rx.provider
-    return accel.Round(transport, core, prov.member, prov, prov.group.buf, core.chunk_cls,
-                       core.queue, core.stats, RECV_UD, u.IORING_CQE_F_MORE,
-                       u.IORING_CQE_BUFFER_SHIFT, Batch, getattr(rx.provider, "pool", None))
+    return accel.Round(transport, calls, core, prov.member, prov, prov.group.buf,
+                       core.chunk_cls, CHUNK_SLOTS, core.queue, core.stats, RECV_UD,
+                       u.IORING_CQE_F_MORE, u.IORING_CQE_BUFFER_SHIFT, Batch, BATCH_SLOTS,
+                       getattr(rx.provider, "pool", None))
 
 
 def loop_backend() -> str:

@@ -107,16 +107,12 @@ typedef struct {
     PyObject *closed_error; /* zcnet.errors.ClosedError */
     PyObject *owner;        /* the Ring's type name, for the error message */
     PyTypeObject *comp;     /* zcnet.uring.ring.Completions: reap's result */
-    Py_ssize_t comp_off[8]; /* its slots, in comp_slots order */
+    Py_ssize_t comp_off[8]; /* its slots, in the order of zcnet.uring.completions.C_SLOTS */
     PyObject *keep;         /* the ring's mappings: alive while any bound method is */
     int cqe32;
     int users;              /* enters in flight with the GIL released (fd in use) */
     PyObject *closer;       /* the Ring, closed during such an enter: its fd goes after it */
 } Core;
-
-/* Completions' slots: the three reap sets, then the lazily decoded ones (None) */
-static const char *const comp_slots[8] = {"_raw", "_n", "_cqe32", "_words", "_ud", "_res",
-                                          "_flags", "_extra"};
 
 static void core_dealloc(Core *c) {
     Py_XDECREF(c->ring_ref);
@@ -141,10 +137,10 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
     unsigned khead, ktail, kcq_head, kcq_tail, sq_mask, sq_entries, sqe_size, cq_mask, cqe_size;
     int cqe32, fd, closed;
-    PyObject *ring, *err, *of, *keep, *slow;
+    PyObject *ring, *err, *of, *of_slots, *keep, *slow;
     /* Parsed into locals and stored only once every check passed: a failed __init__ leaves
      * the Core as it was (closed, or bound to its ring). */
-    if (!PyArg_ParseTuple(args, "OOOOO!iiKIIKIIKIIIKIII", &ring, &err, &of, &keep,
+    if (!PyArg_ParseTuple(args, "OOOOOO!iiKIIKIIKIIIKIII", &ring, &err, &of, &of_slots, &keep,
                           &PyTuple_Type, &slow, &cqe32, &fd, &sq, &khead, &ktail, &cq,
                           &kcq_head, &kcq_tail, &sqes, &sq_mask, &sq_entries, &sqe_size, &cqes,
                           &cq_mask, &cqe_size, &closed))
@@ -171,10 +167,11 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "Core: completions_of must be the Completions class");
         return -1;
     }
+    /* Its slots as Python hands them over (C_SLOTS): the three a reap sets, then the lazily
+     * decoded ones (None). */
     Py_ssize_t comp_off[8];
-    for (int i = 0; i < 8; i++)
-        if ((comp_off[i] = slot_offset((PyTypeObject *)of, comp_slots[i])) < 0)
-            return -1;
+    if (!member_offsets((PyTypeObject *)of, of_slots, 8, comp_off, "Core: completions_slots"))
+        return -1;
     PyObject *ring_ref = PyWeakref_NewRef(ring, NULL);
     PyObject *owner = ring_ref ? PyUnicode_FromString(Py_TYPE(ring)->tp_name) : NULL;
     if (!owner) {
@@ -608,9 +605,9 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, completions_of, keep, slow, cqe32, fd, sq_addr, khead, "
-              "ktail, cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, sq_entries, sqe_size, "
-              "cqes_addr, cq_mask, cqe_size, closed, /)\n--\n\n"
+    .tp_doc = "Core(ring, closed_error, completions_of, completions_slots, keep, slow, cqe32, fd, "
+              "sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, "
+              "sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed, /)\n--\n\n"
               "The Ring's hot methods over its mapped memory (zcnet.uring.accel_bind makes it).",
     .tp_new = core_new,
     .tp_init = (initproc)core_init,

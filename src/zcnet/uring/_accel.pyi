@@ -4,6 +4,7 @@ bufring functions answer None for anything but the common case (then the twin ru
 tests/project/test_stubs.py holds this file to the module (names, parameters, arity)."""
 
 from collections.abc import Callable, Sequence
+from types import MemberDescriptorType
 
 import numpy as np
 
@@ -33,7 +34,8 @@ class Core:
     method has the signature of the Ring method it stands for, which is its slow path."""
 
     def __init__(self, ring: Ring, closed_error: type[ClosedError],
-                 completions_of: type[Completions], keep: tuple[Mapping, ...],
+                 completions_of: type[Completions],
+                 completions_slots: tuple[MemberDescriptorType, ...], keep: tuple[Mapping, ...],
                  slow: tuple[Callable[..., object], ...], cqe32: int, fd: int, sq_addr: int,
                  khead: int, ktail: int, cq_addr: int, kcq_head: int, kcq_tail: int,
                  sqes_addr: int, sq_mask: int, sq_entries: int, sqe_size: int, cqes_addr: int,

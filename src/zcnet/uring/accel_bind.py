@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from zcnet.errors import ClosedError
 from zcnet.uapi import io_uring as u
-from zcnet.uring.completions import Completions
+from zcnet.uring.completions import C_SLOTS, Completions
 from zcnet.uring.layout import RingMemory
 from zcnet.uring.mem import Mapping
 from zcnet.uring.syscall import accel_for
@@ -27,7 +27,7 @@ def bind_accel(ring: object, fd: int, maps: list[Mapping], mem: RingMemory,
     accel = accel_for("c")
     assert accel is not None  # backend() said "c"
     cls = type(ring)
-    core = accel.Core(ring, ClosedError, Completions, tuple(maps),
+    core = accel.Core(ring, ClosedError, Completions, C_SLOTS, tuple(maps),
                       tuple(getattr(cls, name) for name in SLOW_PATHS), int(mem.cqe_size == 32),
                       fd, mem.sq.addr, p.sq_off.head, p.sq_off.tail,
                       mem.cq.addr, p.cq_off.head, p.cq_off.tail, mem.sqes.addr,

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 
 from zcnet.uapi import io_uring as u
-from zcnet.uring.syscall import cqe_error
+from zcnet.uring.syscall import cqe_error, slot_members
 
 # A CQE as numpy sees it: ``bid`` overlaps the upper half of ``flags`` (the provided-buffer id,
 # IORING_CQE_BUFFER_SHIFT = 16); ``extra`` is the second half of a CQE32.
@@ -32,7 +32,8 @@ class Completions:
 
     They are a copy (the CQ slots are already handed back to the kernel): the ring takes one
     bytes copy of the CQEs and the arrays are views decoded from it on first access, so a
-    caller pays only for the fields it reads.
+    caller pays only for the fields it reads. The compiled reap (zcnet.uring._accel's Core)
+    makes them itself, filling the slots it is handed as ``C_SLOTS`` (below).
     """
 
     __slots__ = ("_cqe32", "_extra", "_flags", "_n", "_raw", "_res", "_ud", "_words")
@@ -126,3 +127,10 @@ class Completions:
 
     def __repr__(self) -> str:
         return f"<Completions n={self._n}>"
+
+
+#: The slots the compiled reap fills in place when it makes Completions, handed to its Core once
+#: (zcnet.uring.accel_bind) in this order: the three ``from_raw`` sets, then the lazily decoded
+#: ones, which it sets to None.
+C_SLOTS = slot_members(Completions, "_raw", "_n", "_cqe32", "_words", "_ud", "_res", "_flags",
+                       "_extra")

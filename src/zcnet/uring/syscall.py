@@ -8,7 +8,7 @@ import errno
 import functools
 import os
 from collections.abc import Callable
-from types import ModuleType
+from types import MemberDescriptorType, ModuleType
 
 from zcnet.uapi import io_uring as u
 
@@ -92,6 +92,17 @@ def accel_for(kind: str) -> ModuleType | None:
     """The compiled accelerator module when backend ``kind`` is "c" (else None): for callers
     above the ring with a hot loop of their own (the zero-copy receiver's chunks)."""
     return _accel if kind == "c" else None
+
+
+def slot_members(cls: type, *names: str) -> tuple[MemberDescriptorType, ...]:
+    """``cls``'s __slots__ members ``names`` as their descriptors, in that order: the form a
+    class hands the fields its compiled twin reads and writes in place (zcnet/_members.h), once,
+    so the C keeps their offsets and names none of them."""
+    out = tuple(getattr(cls, name) for name in names)
+    bad = [n for n, d in zip(names, out, strict=True) if type(d) is not MemberDescriptorType]
+    if bad:
+        raise TypeError(f"{cls.__qualname__}: not __slots__ members: {', '.join(bad)}")
+    return out
 
 
 def enter_fast_for(kind: str) -> Callable[[int, int, int, int, None, int], int]:

@@ -2,8 +2,10 @@
 #include "loopaccel.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* Anext(round, receiver, member, owner_tid, is_running, create_future, pending, py_anext,  */
-/*       closed_error): an AsyncReceiver's ``__anext__`` (zcnet.aio.receiver) in C.        */
+/* Anext(round, state, member, owner_tid, is_running, create_future, pending, py_anext,     */
+/*       drop_pending, closed_error): an AsyncReceiver's ``__anext__`` (zcnet.aio.receiver)  */
+/* in C. What it works on is handed over here: the receiver's ResourceState (``closed`` is  */
+/* read in place), its pending deque and its steps as callables; it never sees the receiver. */
 /*                                                                                          */
 /* Each call gives an awaitable (AnextOp) for one chunk, as the Python ``__anext__`` and    */
 /* ``_round`` give it: one waiting in ``pending``, else the Round's take(); with none yet,  */
@@ -15,35 +17,38 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *round, *arx, *member, *running, *create_future, *pending, *popleft, *py_anext,
-        *closed_error;
+    PyObject *round, *state, *member, *running, *create_future, *pending, *popleft, *py_anext,
+        *drop_pending, *closed_error;
     unsigned long tid;
 } Anext;
 
 #define ANEXT_REFS(X)                                                                      \
-    X(round) X(arx) X(member) X(running) X(create_future) X(pending) X(popleft) X(py_anext)  \
-    X(closed_error)
+    X(round) X(state) X(member) X(running) X(create_future) X(pending) X(popleft) X(py_anext) \
+    X(drop_pending) X(closed_error)
 GC_METHODS(Anext, anext, ANEXT_REFS)
 
 static int anext_init(Anext *a, PyObject *args, PyObject *kw) {
-    PyObject *round, *arx, *member, *running, *cf, *pending, *py_anext, *closed_error;
+    PyObject *round, *state, *member, *running, *cf, *pending, *py_anext, *drop, *closed_error;
     unsigned long long tid;
-    if (!PyArg_ParseTuple(args, "O!OOKOOOOO", &la_RoundType, &round, &arx, &member, &tid,
-                          &running, &cf, &pending, &py_anext, &closed_error))
+    if (!PyArg_ParseTuple(args, "O!OOKOOOOOO", &la_RoundType, &round, &state, &member, &tid,
+                          &running, &cf, &pending, &py_anext, &drop, &closed_error))
         return -1;
     if (!PyCallable_Check(running) || !PyCallable_Check(cf) || !PyCallable_Check(py_anext) ||
-        !PyExceptionClass_Check(closed_error)) {
-        PyErr_SetString(PyExc_TypeError, "Anext: is_running, create_future and py_anext are "
-                                         "callables, closed_error an exception class");
+        !PyCallable_Check(drop) || !PyExceptionClass_Check(closed_error)) {
+        PyErr_SetString(PyExc_TypeError, "Anext: is_running, create_future, py_anext and "
+                                         "drop_pending are callables, closed_error an "
+                                         "exception class");
         return -1;
     }
     PyObject *popleft = PyObject_GetAttr(pending, la_name.popleft);
     if (!popleft)
         return -1;
-    PyObject *objs[8] = {round, arx, member, running, cf, pending, py_anext, closed_error};
-    PyObject **dst[8] = {&a->round,   &a->arx,     &a->member,   &a->running,
-                         &a->create_future, &a->pending, &a->py_anext, &a->closed_error};
-    for (int i = 0; i < 8; i++)
+    PyObject *objs[9] = {round, state, member, running, cf, pending, py_anext, drop,
+                         closed_error};
+    PyObject **dst[9] = {&a->round,   &a->state,   &a->member,       &a->running,
+                         &a->create_future, &a->pending, &a->py_anext, &a->drop_pending,
+                         &a->closed_error};
+    for (int i = 0; i < 9; i++)
         Py_XSETREF(*dst[i], Py_NewRef(objs[i]));
     Py_XSETREF(a->popleft, popleft);
     a->tid = (unsigned long)tid;
@@ -154,7 +159,7 @@ static PySendResult op_py(AnextOp *op, PyObject **result) {
 
 /* A round's chunks: the first is the result, the rest wait in ``pending`` (none: EOF); a
  * receiver closed meanwhile (a finalizer inside the round) releases them at once, as the
- * Python step does (``_drop_pending``). */
+ * Python step does (its ``drop_pending``). */
 static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
     Anext *a = (Anext *)op->a;
     Py_ssize_t n = PyList_GET_SIZE(chunks);
@@ -168,10 +173,10 @@ static PySendResult op_got(AnextOp *op, PyObject *chunks, PyObject **result) {
         PyObject *rest = PyList_GetSlice(chunks, 1, n);
         PyObject *res = rest ? PyObject_CallMethodOneArg(a->pending, la_name.extend, rest) : NULL;
         Py_XDECREF(rest);
-        int closed = res ? iget_true(a->arx, la_name.arx_closed) : -1;
+        int closed = res ? iget_true(a->state, la_name.closed) : -1;
         Py_XDECREF(res);
         if (closed > 0) {
-            res = PyObject_CallMethodNoArgs(a->arx, la_name.drop_pending);
+            res = PyObject_CallNoArgs(a->drop_pending);
             Py_XDECREF(res);
             if (!res)
                 closed = -1;
@@ -219,7 +224,7 @@ static PySendResult op_wait(AnextOp *op, PyObject **result) {
     Py_ssize_t queued = box ? PyObject_Length(box) : -1;
     Py_XDECREF(box);
     if (queued == 0) {
-        int closed = iget_true(a->arx, la_name.arx_closed);
+        int closed = iget_true(a->state, la_name.closed);
         queued = closed < 0 ? -1 : closed;
     }
     if (queued != 0) {
@@ -258,8 +263,8 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     PyObject *res;
     int v;
     *result = NULL;
-    if (!a->round || !a->arx || !a->member || !a->running || !a->create_future ||
-        !a->pending || !a->popleft || !a->py_anext || !a->closed_error) {
+    if (!a->round || !a->state || !a->member || !a->running || !a->create_future ||
+        !a->pending || !a->popleft || !a->py_anext || !a->drop_pending || !a->closed_error) {
         PyErr_SetString(PyExc_ValueError, "the Anext is not initialised");
         return PYGEN_ERROR;
     }
@@ -290,7 +295,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
             goto error;
         }
         int here = owner_here(a->tid, a->running);
-        int closed = here > 0 ? iget_true(a->arx, la_name.arx_closed) : 0;
+        int closed = here > 0 ? iget_true(a->state, la_name.closed) : 0;
         if (here < 0 || closed < 0)
             goto error;
         if (!here || closed)
@@ -320,7 +325,7 @@ static PySendResult op_send(AnextOp *op, PyObject *arg, PyObject **result) {
     woken: /* as the Python round after its wait: closed meanwhile, or take again */
         if (op_forget(op) < 0)
             goto error;
-        if ((v = iget_true(a->arx, la_name.arx_closed)) != 0) {
+        if ((v = iget_true(a->state, la_name.closed)) != 0) {
             if (v > 0)
                 PyErr_SetString(a->closed_error,
                                 "the zcnet.aio receiver was closed while a receive waited");
@@ -480,8 +485,8 @@ PyTypeObject la_AnextOpType = {
 static PyMethodDef anext_methods[] = {{NULL, NULL, 0, NULL}};
 
 OBJECT_TYPE(Anext, anext,
-            "Anext(round, receiver, member, owner_tid, is_running, create_future, pending, "
-            "py_anext, closed_error, /)\n--\n\n"
+            "Anext(round, state, member, owner_tid, is_running, create_future, pending, "
+            "py_anext, drop_pending, closed_error, /)\n--\n\n"
             "An AsyncReceiver's __anext__ in C: each call, an awaitable for one chunk.",
             .tp_call = (ternaryfunc)anext_call);
 

@@ -4,33 +4,34 @@
 #include <errno.h>
 #include <sys/socket.h>
 
-/* CopySend(sender, sock, owner_tid, is_running): an AsyncSender's copy sendall (zcnet.aio. */
-/* sender) in its common case: the owner's thread with its loop running, the sender open    */
-/* (one of the copy kind) with no send in flight, and the socket taking bytes now.          */
-/* Calling it with ``data`` sends what the socket takes at once, without blocking, and      */
-/* counts it in the sender's stats (the send, and its bytes): True when that was all of it, */
-/* else the bytes it took (0 when it did not try), for the Python sendall to go on from    */
-/* without counting the send again. A send error is raised as the socket's send raises it. */
+/* CopySend(stats, sock, owner_tid, is_running): an AsyncSender's copy sendall (zcnet.aio.  */
+/* sender) in its common case, which the sender calls only while it is open (one of the    */
+/* copy kind) with no send in flight: from the owner's thread with its loop running, and   */
+/* the socket taking bytes now. Calling it with ``data`` sends what the socket takes at    */
+/* once, without blocking, and counts it in ``stats`` (the sender's SendStats, handed over  */
+/* once: the send, and its bytes): True when that was all of it, else the bytes it took (0 */
+/* when it did not try), for the Python sendall to go on from without counting the send    */
+/* again. A send error is raised as the socket's send raises it.                           */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *sender, *sock, *running;
+    PyObject *stats, *sock, *running;
     unsigned long tid;
 } CopySend;
 
-#define COPYSEND_REFS(X) X(sender) X(sock) X(running)
+#define COPYSEND_REFS(X) X(stats) X(sock) X(running)
 GC_METHODS(CopySend, copysend, COPYSEND_REFS)
 
 static int copysend_init(CopySend *c, PyObject *args, PyObject *kw) {
-    PyObject *sender, *sock, *running;
+    PyObject *stats, *sock, *running;
     unsigned long long tid;
-    if (!PyArg_ParseTuple(args, "OOKO", &sender, &sock, &tid, &running))
+    if (!PyArg_ParseTuple(args, "OOKO", &stats, &sock, &tid, &running))
         return -1;
     if (!PyCallable_Check(running)) {
         PyErr_SetString(PyExc_TypeError, "CopySend: is_running is a callable");
         return -1;
     }
-    Py_XSETREF(c->sender, Py_NewRef(sender));
+    Py_XSETREF(c->stats, Py_NewRef(stats));
     Py_XSETREF(c->sock, Py_NewRef(sock));
     Py_XSETREF(c->running, Py_NewRef(running));
     c->tid = (unsigned long)tid;
@@ -45,9 +46,9 @@ static int add_stat(PyObject *stats, PyObject *name, long long n) {
 
 static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
     PyObject *data, *res;
-    long long fd, sending;
+    long long fd;
     int v;
-    if (!c->sender) {
+    if (!c->stats || !c->sock || !c->running) {
         PyErr_SetString(PyExc_ValueError, "the CopySend is cleared");
         return NULL;
     }
@@ -55,13 +56,6 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
         return NULL;
     if ((v = owner_here(c->tid, c->running)) <= 0)
         return v < 0 ? NULL : PyLong_FromLong(0);
-    /* Open, no send in flight (the sender makes a CopySend only for the copy kind). */
-    if ((v = iget_true(c->sender, la_name.arx_closed)) != 0)
-        return v < 0 ? NULL : PyLong_FromLong(0);
-    if (!iget_ll(c->sender, la_name.sending, &sending))
-        return NULL;
-    if (sending >= 0)
-        return PyLong_FromLong(0);
     if (!(res = PyObject_CallMethodNoArgs(c->sock, la_name.fileno)))
         return NULL;
     fd = PyLong_AsLongLong(res);
@@ -87,10 +81,8 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
     }
     if (n <= 0)
         return PyLong_FromLong(0);
-    PyObject *stats = iget(c->sender, la_name.stats);
-    if (!stats)
-        return NULL;
     /* One send per sendall, as the Python one counts (its rest is not counted again). */
+    PyObject *stats = Py_NewRef(c->stats); /* held: a counter's conversion may clear c */
     int ok = add_stat(stats, la_name.sends, 1) && add_stat(stats, la_name.bytes, n);
     Py_DECREF(stats);
     if (!ok)
@@ -101,6 +93,6 @@ static PyObject *copysend_call(CopySend *c, PyObject *args, PyObject *kw) {
 static PyMethodDef copysend_methods[] = {{NULL, NULL, 0, NULL}};
 
 OBJECT_TYPE(CopySend, copysend,
-            "CopySend(sender, sock, owner_tid, is_running, /)\n--\n\n"
+            "CopySend(stats, sock, owner_tid, is_running, /)\n--\n\n"
             "An AsyncSender's copy sendall in C (the common case).",
             .tp_call = (ternaryfunc)copysend_call);

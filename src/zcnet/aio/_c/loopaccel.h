@@ -15,33 +15,36 @@
 
 #include "_bufring.h"
 #include "_cqe.h"
+#include "_members.h"
 
 /* The kernel's constants come from zcnet.uapi through the constructors (one place for the ABI). */
 
 enum { DONE = 0, AGAIN = 1, FALLBACK = 2, STOPPED = 3 };
 
-/* Interned attribute names, ``la_name.<field>`` (module.c interns them at import). */
+/* Interned attribute names, ``la_name.<field>`` (module.c interns them at import). Public
+ * names only, of fields and methods the objects a Round, Anext, CopySend or Router is handed
+ * declare for it (their classes' docstrings and __slots__ say which); what is private to a
+ * class reaches the C as a member descriptor or a bound callable, handed over when the C
+ * object is made (tests/project/test_code_guard.py holds this file to that). */
 #define LA_NAMES(X) \
     X(fd, "fd") X(inbox, "inbox") X(on_ready, "on_ready") X(closed, "closed") \
-    X(owner_tid, "owner_tid") X(phase, "phase") X(arx_closed, "_closed") \
+    X(owner_tid, "owner_tid") X(phase, "phase") \
     X(registered, "registered") X(in_ring, "in_ring") X(head, "head") X(tail, "tail") \
-    X(stalled, "stalled") X(stats, "_stats") X(delivered, "delivered") \
+    X(stalled, "stalled") X(delivered, "delivered") \
     X(delivered_bytes, "delivered_bytes") X(released, "released") \
     X(released_bytes, "released_bytes") X(peak, "peak_in_flight") \
     X(peak_bytes, "peak_in_flight_bytes") X(stream_off, "stream_off") X(limit, "limit") \
     X(closing, "closing") X(paused, "paused") X(held, "held") X(protocol, "protocol") \
-    X(chunk_received, "chunk_received") X(put_back, "_put_back") X(popleft, "popleft") \
+    X(chunk_received, "chunk_received") X(popleft, "popleft") \
     X(entries_addr, "entries_addr") X(base, "base") X(entries, "entries") X(mask, "mask") \
-    X(buf_size, "buf_size") X(ring, "ring") X(fast, "fast") X(failed, "_round_failed") \
+    X(buf_size, "buf_size") X(ring, "ring") X(fast, "fast") \
     X(eof, "eof") X(waiting_release, "waiting_release") X(wbuf, "wbuf") X(st, "st") \
-    X(write, "write") X(send_failed, "_send_failed") X(buffer_rest, "_buffer_rest") \
-    X(rx, "_rx") X(offset, "_offset") X(length, "_length") X(tok, "_tok") \
-    X(stream_offset, "_stream_offset") \
+    X(write, "write") \
     X(waiter, "waiter") X(done, "done") X(set_result, "set_result") X(extend, "extend") \
-    X(throw, "throw") X(close, "close") X(fileno, "fileno") X(sending, "_sending") \
-    X(sends, "sends") X(bytes, "bytes") X(offsets, "_offsets") X(lengths, "_lengths") \
-    X(linear, "_linear") X(rearms, "rearms") X(arm, "arm") X(waiting, "waiting") \
-    X(released_now, "released") X(tuples, "tuples") X(drop_pending, "_drop_pending")
+    X(throw, "throw") X(close, "close") X(fileno, "fileno") \
+    X(sends, "sends") X(bytes, "bytes") \
+    X(rearms, "rearms") X(arm, "arm") X(waiting, "waiting") \
+    X(released_now, "released") X(tuples, "tuples")
 
 #define LA_NAME_FIELD(field, text) PyObject *field;
 typedef struct {
@@ -246,13 +249,13 @@ static inline int owner_here(unsigned long tid, PyObject *running) {
         __VA_ARGS__                                                                       \
     }
 
-/* The module's types (module.c adds them); Round's run, take and transport for router.c and
- * anext.c. */
+/* The module's types (module.c adds them); Round's run, take and its transport's round_failed
+ * step for router.c and anext.c. */
 extern PyTypeObject la_RouterType, la_RoundType, la_AnextType, la_AnextOpType,
     la_CopySendType;
 typedef struct Round Round;
 PyObject *la_round_run(Round *r, PyObject *unused);
 PyObject *la_round_take(Round *r, PyObject *unused);
-PyObject *la_round_transport(Round *r);
+PyObject *la_round_failed(Round *r, PyObject *exc);
 
 #endif /* ZCNET_LOOPACCEL_H */

@@ -6,8 +6,12 @@
 #include <sys/socket.h>
 
 /* ---------------------------------------------------------------------------------------- */
-/* Round(transport, rx, member, provider, chunk_cls, release_deque, stats, recv_ud, f_more,  */
-/*       buffer_shift); transport None: an AsyncReceiver's, for take() only                 */
+/* Round(transport, calls, rx, member, provider, bufring, chunk_cls, chunk_slots,            */
+/*       release_queue, stats, recv_ud, f_more, buffer_shift, batch_cls, batch_slots, pool); */
+/* transport None: an AsyncReceiver's, for take() only. Everything it works on is handed    */
+/* over here: the chunk classes' slots as member descriptors (zcnet.rx.zc.chunks.            */
+/* CHUNK_SLOTS, BATCH_SLOTS), the transport's steps as callables (zcnet.aio.shared.         */
+/* TransportCalls); the rest are public fields of the objects given.                        */
 
 /* zcnet.rx.zc.core.Phase */
 enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
@@ -24,6 +28,8 @@ static int get_ll(PyObject *o, PyObject *name, long long *out) {
 struct Round {
     PyObject_HEAD
     PyObject *tr, *st, *rx, *member, *prov, *bufring, *cls, *queue, *stats;
+    /* TransportCalls, in its order (NULL: an AsyncReceiver's round) */
+    PyObject *round_failed, *put_back, *send_failed, *buffer_rest;
     PyObject *bcls;                                /* the Batch class (NULL: no batch rounds) */
     PyObject *pool;                                /* the loop's Pool (NULL: a group of its own) */
     long long recv_ud, f_more;
@@ -40,54 +46,68 @@ struct Round {
     long long n, mask, bs;
 };
 
-PyObject *la_round_transport(Round *r) {
-    if (!r->tr)
+/* The round's transport's step ``cb`` (one of TransportCalls) called with ``args``. */
+static PyObject *call_step(Round *r, PyObject *cb, PyObject *const *args, size_t n) {
+    if (!cb) {
         PyErr_SetString(PyExc_ValueError, "the round is cleared");
-    Py_XINCREF(r->tr);
-    return r->tr;
+        return NULL;
+    }
+    Py_INCREF(cb); /* held while it runs: the step may clear the round */
+    PyObject *res = PyObject_Vectorcall(cb, args, n, NULL);
+    Py_DECREF(cb);
+    return res;
+}
+
+PyObject *la_round_failed(Round *r, PyObject *exc) {
+    return call_step(r, r->round_failed, &exc, 1);
 }
 
 #define ROUND_REFS(X)                                                                     \
     X(tr) X(st) X(rx) X(member) X(prov) X(bufring) X(cls) X(queue) X(stats) X(pop) X(py_write) \
-    X(buf) X(buf_ring) X(bcls) X(pool)
+    X(buf) X(buf_ring) X(bcls) X(pool) X(round_failed) X(put_back) X(send_failed) X(buffer_rest)
 GC_METHODS(Round, round, ROUND_REFS)
 
 static int round_init(Round *r, PyObject *args, PyObject *kw) {
-    PyObject *tr, *rx, *member, *prov, *bufring, *cls, *queue, *stats, *bcls = NULL,
-        *pool = Py_None;
+    PyObject *tr, *calls, *rx, *member, *prov, *bufring, *cls, *cslots, *queue, *stats,
+        *bcls = NULL, *bslots = NULL, *pool = Py_None;
     long long recv_ud, f_more, shift;
     /* Checked in locals first: a failed __init__ leaves the Round as it was. */
-    if (!PyArg_ParseTuple(args, "OOOOOO!OOLLL|O!O", &tr, &rx, &member, &prov, &bufring,
-                          &PyType_Type, &cls, &queue, &stats, &recv_ud, &f_more, &shift,
-                          &PyType_Type, &bcls, &pool))
+    if (!PyArg_ParseTuple(args, "OOOOOOO!OOOLLL|O!OO", &tr, &calls, &rx, &member, &prov,
+                          &bufring, &PyType_Type, &cls, &cslots, &queue, &stats, &recv_ud,
+                          &f_more, &shift, &PyType_Type, &bcls, &bslots, &pool))
         return -1;
     if (shift < 0 || shift > 31) {
         PyErr_SetString(PyExc_ValueError, "Round: buffer_shift is 0..31");
         return -1;
     }
-    PyObject *const names[5] = {la_name.rx, la_name.offset, la_name.length, la_name.tok,
-                                la_name.stream_offset};
-    Py_ssize_t offs[5];
-    for (int i = 0; i < 5; i++)
-        if (!(offs[i] = type_slot_offset((PyTypeObject *)cls, names[i]))) {
-            PyErr_Format(PyExc_TypeError, "%R.%U is not a __slots__ member", cls, names[i]);
-            return -1;
-        }
-    /* A Batch class: the chunk's held-object slots at the same offsets (``names`` 0, 2, 3, 4),
-     * and its own three. */
-    PyObject *const bnames[7] = {la_name.rx, la_name.length, la_name.tok,
-                                 la_name.stream_offset, la_name.offsets, la_name.lengths,
-                                 la_name.linear};
-    const int same[4] = {0, 2, 3, 4};
-    Py_ssize_t boffs[7] = {0};
-    for (int i = 0; bcls && i < 7; i++) {
-        boffs[i] = type_slot_offset((PyTypeObject *)bcls, bnames[i]);
-        if (!boffs[i] || (i < 4 && boffs[i] != offs[same[i]])) {
-            PyErr_Format(PyExc_TypeError, "%R.%U is not the __slots__ member a round needs",
-                         bcls, bnames[i]);
-            return -1;
-        }
+    /* A transport's steps: four callables (TransportCalls); an AsyncReceiver's round has none. */
+    int ncalls = tr == Py_None ? 0 : 4;
+    if (tr == Py_None ? calls != Py_None
+                      : !PyTuple_Check(calls) || PyTuple_GET_SIZE(calls) != ncalls) {
+        PyErr_SetString(PyExc_TypeError, "Round: calls is a TransportCalls with a transport, "
+                                         "else None");
+        return -1;
     }
+    for (int i = 0; i < ncalls; i++)
+        if (!PyCallable_Check(PyTuple_GET_ITEM(calls, i))) {
+            PyErr_Format(PyExc_TypeError, "Round: calls[%d] is not callable", i);
+            return -1;
+        }
+    /* The chunk's slots: Held's owner, token, length and stream offset, then its offset. */
+    Py_ssize_t offs[5];
+    if (!member_offsets((PyTypeObject *)cls, cslots, 5, offs, "Round: chunk_slots"))
+        return -1;
+    /* A Batch class's: Held's four, at the chunk's offsets, then its offsets, lengths and
+     * linear copies. */
+    Py_ssize_t boffs[7] = {0};
+    if (bcls && !member_offsets((PyTypeObject *)bcls, bslots, 7, boffs, "Round: batch_slots"))
+        return -1;
+    for (int i = 0; bcls && i < 4; i++)
+        if (boffs[i] != offs[i]) {
+            PyErr_Format(PyExc_TypeError, "Round: batch_slots[%d] is not the chunk's "
+                                          "(chunk_slots[%d])", i, i);
+            return -1;
+        }
     PyObject *pop = PyObject_GetAttr(queue, la_name.popleft);
     if (!pop)
         return -1;
@@ -103,10 +123,10 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     r->f_more = f_more;
     r->buffer_shift = (unsigned)shift;
     r->o_rx = offs[0];
-    r->o_off = offs[1];
+    r->o_tok = offs[1];
     r->o_len = offs[2];
-    r->o_tok = offs[3];
-    r->o_so = offs[4];
+    r->o_so = offs[3];
+    r->o_off = offs[4];
     r->o_offs = boffs[4];
     r->o_lens = boffs[5];
     r->o_lin = boffs[6];
@@ -118,10 +138,16 @@ static int round_init(Round *r, PyObject *args, PyObject *kw) {
     Py_XSETREF(r->st, st);
     Py_CLEAR(r->buf);
     Py_CLEAR(r->buf_ring);
-    PyObject *objs[8] = {tr == Py_None ? NULL : tr, rx, member, prov, bufring, cls, queue, stats};
-    PyObject **dst[8] = {&r->tr, &r->rx, &r->member, &r->prov, &r->bufring, &r->cls, &r->queue,
-                         &r->stats};
-    for (int i = 0; i < 8; i++) {
+    PyObject *objs[12] = {tr == Py_None ? NULL : tr, rx, member, prov, bufring, cls, queue,
+                          stats};
+    for (int i = 0; i < ncalls; i++)
+        objs[8 + i] = PyTuple_GET_ITEM(calls, i);
+    for (int i = ncalls; i < 4; i++)
+        objs[8 + i] = NULL;
+    PyObject **dst[12] = {&r->tr, &r->rx, &r->member, &r->prov, &r->bufring, &r->cls,
+                          &r->queue, &r->stats, &r->round_failed, &r->put_back,
+                          &r->send_failed, &r->buffer_rest};
+    for (int i = 0; i < 12; i++) {
         Py_XINCREF(objs[i]);
         Py_XSETREF(*dst[i], objs[i]);
     }
@@ -358,13 +384,6 @@ static void keep_rest(PyObject *st, PyObject *chunks, Py_ssize_t i) {
         PyErr_WriteUnraisable(st);
     Py_XDECREF(rest);
     exc_restore(exc);
-}
-
-/* Call ``tr.<name>(list)``. */
-static int call_with_list(PyObject *o, PyObject *name, PyObject *list) {
-    PyObject *res = PyObject_CallMethodOneArg(o, name, list);
-    Py_XDECREF(res);
-    return res != NULL;
 }
 
 /* One buffer of a round: its id and the bytes the kernel put in it. */
@@ -665,10 +684,11 @@ PyObject *la_round_run(Round *r, PyObject *unused) {
         }
         if (closing || paused) {
             PyObject *rest = PyList_GetSlice(chunks, i + 1, k);
-            int ok = rest && call_with_list(r->tr, la_name.put_back, rest);
+            PyObject *res = rest ? call_step(r, r->put_back, &rest, 1) : NULL;
             Py_XDECREF(rest);
-            if (!ok)
+            if (!res)
                 goto error;
+            Py_DECREF(res);
             Py_DECREF(cb);
             Py_DECREF(proto);
             Py_DECREF(chunks);
@@ -722,12 +742,13 @@ static PyObject *round_take_batch(Round *r, PyObject *unused) {
 
 /* write(data): ZcTransport.write's common case, as the transport's ``write``: open, nothing
  * buffered, and the socket takes all of ``data`` (a non-blocking send that keeps the GIL).
- * What the socket does not take goes to ``_buffer_rest``, a send error to ``_send_failed``,
- * and anything else (closing, a backlog, no contiguous buffer) to the Python write. */
+ * What the socket does not take goes to the transport's ``buffer_rest`` step, a send error to
+ * its ``send_failed``, and anything else (closing, a backlog, no contiguous buffer) to the
+ * Python write. */
 static PyObject *round_write(Round *r, PyObject *data) {
     PyObject *tr = r->tr, *st = r->st;
     if (!tr || !st)
-        return la_round_transport(r); /* cleared by the cycle collector: raises */
+        return call_step(r, NULL, NULL, 0); /* cleared by the cycle collector: raises */
     int closing = iget_true(st, la_name.closing);
     if (closing < 0)
         return NULL;
@@ -758,8 +779,8 @@ static PyObject *round_write(Round *r, PyObject *data) {
         Py_RETURN_NONE;
     if (n >= 0 || err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
         PyObject *sent = PyLong_FromSsize_t(n > 0 ? n : 0);
-        PyObject *res = sent ? PyObject_CallMethodObjArgs(tr, la_name.buffer_rest, data, sent, NULL)
-                             : NULL;
+        PyObject *argv[2] = {data, sent};
+        PyObject *res = sent ? call_step(r, r->buffer_rest, argv, 2) : NULL;
         Py_XDECREF(sent);
         return res;
     }
@@ -767,7 +788,7 @@ static PyObject *round_write(Round *r, PyObject *data) {
     PyErr_SetFromErrno(PyExc_OSError);
     Exc e = exc_take();
     PyErr_NormalizeException(&e.type, &e.value, &e.tb);
-    PyObject *res = PyObject_CallMethodOneArg(tr, la_name.send_failed, e.value);
+    PyObject *res = call_step(r, r->send_failed, &e.value, 1);
     exc_drop(e);
     return res;
 }
@@ -786,7 +807,8 @@ static PyMethodDef round_methods[] = {
 };
 
 OBJECT_TYPE(Round, round,
-            "Round(transport, rx, member, provider, bufring, chunk_cls, release_queue, stats, "
-            "recv_ud, f_more, buffer_shift, batch_cls=..., pool=None, /)\n--\n\n"
+            "Round(transport, calls, rx, member, provider, bufring, chunk_cls, chunk_slots, "
+            "release_queue, stats, recv_ud, f_more, buffer_shift, batch_cls=..., "
+            "batch_slots=..., pool=None, /)\n--\n\n"
             "One ZcTransport's receive round in C (the common case); batch_cls left out: no "
             "take_batch rounds.");

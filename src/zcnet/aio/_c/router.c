@@ -113,7 +113,7 @@ static int takes_tuples(Router *r, uint64_t mid) {
 
 /* Run member ``m``'s compiled round directly (``m.fast``): 1 when that finished it, 0 when
  * ``on_ready`` must run, -1 on an error to raise. A round's Exception goes to its transport's
- * ``_round_failed`` as the Python round's would. */
+ * ``round_failed`` step (handed to the Round) as the Python round's would. */
 static int run_fast(PyObject *m) {
     PyObject *fast = iget(m, la_name.fast);
     if (!fast)
@@ -137,9 +137,7 @@ static int run_fast(PyObject *m) {
     PyErr_NormalizeException(&e.type, &e.value, &e.tb);
     if (e.tb)
         PyException_SetTraceback(e.value, e.tb);
-    PyObject *tr = la_round_transport((Round *)fast);
-    PyObject *r2 = tr ? PyObject_CallMethodOneArg(tr, la_name.failed, e.value) : NULL;
-    Py_XDECREF(tr);
+    PyObject *r2 = la_round_failed((Round *)fast, e.value);
     exc_drop(e);
     Py_DECREF(fast);
     if (!r2)

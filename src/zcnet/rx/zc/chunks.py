@@ -22,6 +22,7 @@ import numpy as np
 from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.bookkeeping import contiguous_runs
 from zcnet.rx.zc.provider import Delivery, IntSeq
+from zcnet.uring.syscall import slot_members
 
 
 class ChunkOwner(Protocol):
@@ -57,7 +58,8 @@ class Held:
 
     ``_rx`` is the owning receive core while held and None once released; only the holder
     writes it, so checking it needs no lock. ``_tok`` is the provider's token (int) or tokens
-    (a list or an array).
+    (a list or an array). The compiled paths fill and read these slots in place, handed them
+    once as ``CHUNK_SLOTS`` and ``BATCH_SLOTS`` (below).
     """
 
     __slots__ = ("_length", "_rx", "_stream_offset", "_tok")
@@ -224,14 +226,25 @@ class Batch(Held):
                 f"stream_offset={self.stream_offset} {state}>")
 
 
+#: The slots the compiled paths fill when they make a chunk and read when it comes back
+#: (zcnet.rx.zc._rxaccel's ``bind``, zcnet.aio._loopaccel's ``Round``), handed to them once in
+#: this order as member descriptors, so the C names none: Held's owner, token, length and
+#: stream offset, then Chunk's offset.
+CHUNK_SLOTS = slot_members(Chunk, "_rx", "_tok", "_length", "_stream_offset", "_offset")
+#: A Batch's, for the compiled round that makes batches: Held's four, then its offsets, lengths
+#: and linear copies.
+BATCH_SLOTS = slot_members(Batch, "_rx", "_tok", "_length", "_stream_offset", "_offsets",
+                           "_lengths", "_linear")
+
+
 def _read_only(cls: type, *names: str) -> None:
     """``cls.<name>`` for each name: a read-only view of the slot ``_<name>`` (see the module
-    docstring). The accelerator's is a member descriptor at the slot's offset; without it, a
-    property (about 30 ns more per read)."""
+    docstring). The accelerator's is a member descriptor at the slot's offset (handed the slot's
+    own descriptor); without it, a property (about 30 ns more per read)."""
     accel = rx_accel_for("c")
     for name in names:
         view = (property(operator.attrgetter(f"_{name}")) if accel is None
-                else accel.readonly_slot(cls, f"_{name}", name))
+                else accel.readonly_slot(*slot_members(cls, f"_{name}"), name))
         setattr(cls, name, view)
 
 

@@ -55,7 +55,7 @@ from zcnet.errors import UsageError
 from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.bookkeeping import Stats, contiguous_runs
-from zcnet.rx.zc.chunks import Batch, Chunk, CoalescedChunk, Held, LinearChunk, as_list
+from zcnet.rx.zc.chunks import CHUNK_SLOTS, Batch, Chunk, CoalescedChunk, Held, LinearChunk, as_list
 from zcnet.rx.zc.debugviews import DebugViews
 from zcnet.rx.zc.provider import Delivery
 
@@ -455,4 +455,4 @@ class CompiledChunk(Chunk):
 
 if (_rx_c := rx_accel_for("c")) is not None:
     CompiledChunk.release = _rx_c.bind(  # type: ignore[method-assign]
-        Held, CompiledChunk, RxCore, deque, Held.release)
+        Held, CompiledChunk, CHUNK_SLOTS, RxCore, deque, Held.release)

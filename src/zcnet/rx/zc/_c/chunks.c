@@ -26,7 +26,7 @@ static PyObject *held_release(PyObject *self, PyObject *unused) {
         SLOT(core, L.k_closed) != Py_False || SLOT(core, L.k_waiting) != Py_False ||
         !(dq = SLOT(core, L.k_queue)) || !Py_IS_TYPE(dq, L.deque))
         return PyObject_CallOneArg(L.slow_release, self);
-    Py_INCREF(dq); /* setting _rx drops the chunk's reference to the core, which holds it */
+    Py_INCREF(dq); /* clearing the owner drops the chunk's reference to the core, which holds it */
     set_slot(self, L.h_rx, Py_NewRef(Py_None));
     PyObject *argv[2] = {dq, self};
     PyObject *r = PyObject_Vectorcall(L.deque_append, argv, 2, NULL); /* deque.append(dq, self) */
@@ -39,32 +39,35 @@ static PyMethodDef held_release_def = {
     "Hand the memory back; safe from any thread. Releasing twice raises ValueError.",
 };
 
-/* bind(held, chunk, core, deque, slow_release) -> release descriptor for chunk
+/* bind(held, chunk, chunk_slots, core, deque, slow_release) -> release descriptor for chunk
  *
- * The layouts every entry point reads: Held's slots _rx, _tok, _length, _stream_offset,
- * Chunk's _offset and RxCore's C_FIELDS. ``chunk`` is the class make_chunks makes (with
- * ``slow_release``, Held.release, as the descriptor's fallback). Once per process: a second
- * call rebinds. */
+ * The layouts every entry point reads: ``chunk_slots`` (zcnet.rx.zc.chunks.CHUNK_SLOTS, member
+ * descriptors: Held's owner, token, length and stream offset, then Chunk's offset) and RxCore's
+ * C_FIELDS. ``chunk`` is the class make_chunks makes (with ``slow_release``, Held.release, as
+ * the descriptor's fallback). Once per process: a second call rebinds. */
 static PyObject *rx_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_Check(args[1]) ||
-        !PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "bind(held, chunk, core, deque, slow_release)");
+    if (nargs != 6 || !PyType_Check(args[0]) || !PyType_Check(args[1]) ||
+        !PyType_Check(args[3]) || !PyType_Check(args[4]) || !PyCallable_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "bind(held, chunk, chunk_slots, core, deque, slow_release)");
         return NULL;
     }
     PyTypeObject *held = (PyTypeObject *)args[0], *chunk = (PyTypeObject *)args[1],
-                 *core = (PyTypeObject *)args[2];
+                 *core = (PyTypeObject *)args[3];
     if (!PyType_IsSubtype(chunk, held)) {
         PyErr_SetString(PyExc_TypeError, "bind: chunk is not a Held class");
         return NULL;
     }
-    static const char *const hn[4] = {"_rx", "_tok", "_length", "_stream_offset"};
-    static const char *const cn[1] = {"_offset"};
     static const char *const kn[4] = {"closed", "debug", "waiting", "queue"};
-    Py_ssize_t h[4], c[1], k[4];
-    if (!slot_offsets(chunk, hn, 4, h) || !slot_offsets(chunk, cn, 1, c) ||
+    Py_ssize_t s[5], k[4];
+    if (!member_offsets(chunk, args[2], 5, s, "bind: chunk_slots") ||
         !slot_offsets(core, kn, 4, k))
         return NULL;
-    PyObject *append = PyObject_GetAttrString(args[3], "append");
+    /* The first four are read on any Held (mark_released): they must be Held's own. */
+    for (int i = 0; i < 4; i++)
+        if (member_offset(held, PyTuple_GET_ITEM(args[2], i)) < 0)
+            return NULL;
+    PyObject *append = PyObject_GetAttrString(args[4], "append");
     if (!append)
         return NULL;
     PyObject *d = PyDescr_NewMethod(chunk, &held_release_def);
@@ -72,12 +75,13 @@ static PyObject *rx_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(append);
         return NULL;
     }
+    PyObject *types_in[4] = {args[0], args[1], args[3], args[4]};
     PyTypeObject **types[4] = {&L.held, &L.chunk, &L.core, &L.deque};
     for (int i = 0; i < 4; i++)
-        Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(args[i]));
-    Py_XSETREF(L.slow_release, Py_NewRef(args[4]));
+        Py_XSETREF(*types[i], (PyTypeObject *)Py_NewRef(types_in[i]));
+    Py_XSETREF(L.slow_release, Py_NewRef(args[5]));
     Py_XSETREF(L.deque_append, append);
-    L.h_rx = h[0], L.h_tok = h[1], L.h_len = h[2], L.h_so = h[3], L.c_off = c[0];
+    L.h_rx = s[0], L.h_tok = s[1], L.h_len = s[2], L.h_so = s[3], L.c_off = s[4];
     L.k_closed = k[0], L.k_debug = k[1], L.k_waiting = k[2], L.k_queue = k[3];
     L.bound = 1;
     return d;
@@ -171,7 +175,7 @@ fail:
 /* mark_released(items, core) -> bool
  *
  * release_many's checks and marking in one pass (RxCore.release_many): when every item is a
- * Held held by ``core`` and none appears twice, each gets _rx = None and True is returned.
+ * Held held by ``core`` and none appears twice, each gets owner None and True is returned.
  * Otherwise nothing changes (items marked so far get ``core`` back) and False sends the caller
  * to its Python checks, which say what is wrong. A repeat shows as an item already marked in
  * this pass. */
@@ -205,7 +209,7 @@ static PyObject *rx_mark_released(PyObject *self, PyObject *const *args, Py_ssiz
 /* chunk_tokens(items) -> (tokens, lengths, nbytes), or None when one is not exactly a bound
  * chunk with an int token and length (then the caller takes its general path)
  *
- * RxCore.returned's drain of released iterator chunks: their _tok and _length slots as two
+ * RxCore.returned's drain of released iterator chunks: their token and length slots as two
  * lists in one pass, with the byte total. Every slot is checked before anything is read or
  * made: no Python runs here (no __index__, no allocation before the checks). */
 static PyObject *rx_chunk_tokens(PyObject *self, PyObject *items) {
@@ -246,21 +250,20 @@ fail:
     return NULL;
 }
 
-/* readonly_slot(cls, slot, name) -> descriptor for ``cls.<name>``: reads __slots__ member
- * ``slot`` in place, as fast as the member's own descriptor, and refuses assignment and
- * deletion (AttributeError). For the fields the compiled paths read back (a chunk's offset and
- * length): only the class's own code writes them, through ``slot``. */
+/* readonly_slot(slot, name) -> descriptor for ``<class>.<name>``: reads the __slots__ member
+ * ``slot`` (its descriptor, ``cls._x``) in place, as fast as the member's own descriptor, and
+ * refuses assignment and deletion (AttributeError). For the fields the compiled paths read back
+ * (a chunk's offset and length): only the class's own code writes them, through ``slot``. */
 static PyObject *rx_readonly_slot(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyType_Check(args[0]) || !PyUnicode_Check(args[1]) ||
-        !PyUnicode_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "readonly_slot(cls, slot: str, name: str)");
+    if (nargs != 2 || !Py_IS_TYPE(args[0], &PyMemberDescr_Type) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "readonly_slot(slot: member descriptor, name: str)");
         return NULL;
     }
-    PyTypeObject *cls = (PyTypeObject *)args[0];
-    const char *slot = PyUnicode_AsUTF8(args[1]), *name = PyUnicode_AsUTF8(args[2]);
-    if (!slot || !name)
+    PyTypeObject *cls = PyDescr_TYPE(args[0]);
+    const char *name = PyUnicode_AsUTF8(args[1]);
+    if (!name)
         return NULL;
-    Py_ssize_t off = slot_offset(cls, slot);
+    Py_ssize_t off = member_offset(cls, args[0]);
     if (off < 0)
         return NULL;
     /* A member descriptor keeps pointing at its PyMemberDef: one per class attribute, made at
@@ -282,7 +285,7 @@ static PyObject *rx_readonly_slot(PyObject *self, PyObject *const *args, Py_ssiz
 
 PyMethodDef rx_chunk_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))rx_bind, METH_FASTCALL,
-     "bind($module, held, chunk, core, deque, slow_release, /)\n--\n\n"
+     "bind($module, held, chunk, chunk_slots, core, deque, slow_release, /)\n--\n\n"
      "Bind the chunk classes; returns the chunk's release."},
     {"make_chunks", (PyCFunction)(void (*)(void))rx_make_chunks_py, METH_FASTCALL,
      "make_chunks($module, core, offsets, lengths, tokens, start, /)\n--\n\n"
@@ -294,7 +297,7 @@ PyMethodDef rx_chunk_methods[] = {
      "chunk_tokens($module, items, /)\n--\n\n"
      "The items' (tokens, lengths, nbytes), or None."},
     {"readonly_slot", (PyCFunction)(void (*)(void))rx_readonly_slot, METH_FASTCALL,
-     "readonly_slot($module, cls, slot, name, /)\n--\n\n"
+     "readonly_slot($module, slot, name, /)\n--\n\n"
      "A read-only descriptor of the __slots__ member slot."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,8 +1,8 @@
 /* zcnet.rx.zc._rxaccel: the receive core's compiled twins (see module.c for the list).
  *
  * What the module's files share. The layouts are handed over once: bind() (called by
- * zcnet.rx.zc.core at import) gives the held, chunk and core classes, whose slot offsets are
- * read then and never looked up by name again.
+ * zcnet.rx.zc.core at import) gives the held, chunk and core classes and the chunk's slots as
+ * member descriptors, whose offsets are read then; no private field is ever named here.
  */
 #ifndef ZCNET_RXACCEL_H
 #define ZCNET_RXACCEL_H
@@ -17,7 +17,8 @@ typedef struct {
     int bound;
     PyTypeObject *held, *chunk, *core, *deque;
     PyObject *slow_release, *deque_append;
-    /* Held: _rx, _tok, _length, _stream_offset; Chunk: _offset */
+    /* zcnet.rx.zc.chunks.CHUNK_SLOTS: Held's owner, token, length, stream offset; Chunk's
+     * offset */
     Py_ssize_t h_rx, h_tok, h_len, h_so, c_off;
     /* RxCore.C_FIELDS: closed, debug, waiting, queue */
     Py_ssize_t k_closed, k_debug, k_waiting, k_queue;
