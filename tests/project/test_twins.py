@@ -50,3 +50,17 @@ def test_the_provider_table_names_round_functions_and_twins_that_exist() -> None
             except ImportError:
                 continue  # the accelerator is not built
             assert callable(twin), info.name
+
+
+def test_the_round_changes_phase_only_as_the_core_table_says() -> None:
+    """The compiled round re-arms (STOPPED + ARM) and stops (ARMED + STOP) a receive: the
+    phases it writes are the core's TRANSITIONS entries, read at import, not its own."""
+    from zcnet.aio import shared
+    accel = shared.loop_accel()
+    if accel is None:
+        pytest.skip("the compiled pass is not built (or ZCNET_PURE is set)")
+    from zcnet.rx.zc.core import TRANSITIONS, Event, Phase
+    assert {
+        "ARMED": Phase.ARMED, "STOPPED": Phase.STOPPED,
+        "STOPPED+ARM": TRANSITIONS[Phase.STOPPED, Event.ARM],
+        "ARMED+STOP": TRANSITIONS[Phase.ARMED, Event.STOP]} == accel.PHASES

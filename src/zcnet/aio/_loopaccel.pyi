@@ -32,6 +32,9 @@ DONE: int
 AGAIN: int
 FALLBACK: int
 STOPPED: int
+#: the receive phases the round works in and the two changes it makes (STOPPED+ARM,
+#: ARMED+STOP), read at import from zcnet.rx.zc.core.TRANSITIONS
+PHASES: dict[str, int]
 
 def cqe_layout() -> dict[str, int]: ...
 def bufring_layout() -> dict[str, int]: ...

@@ -254,6 +254,7 @@ static inline int owner_here(unsigned long tid, PyObject *running) {
 extern PyTypeObject la_RouterType, la_RoundType, la_AnextType, la_AnextOpType,
     la_CopySendType;
 typedef struct Round Round;
+int la_phases_load(PyObject *module); /* round.c: the core's phases, at import */
 PyObject *la_round_run(Round *r, PyObject *unused);
 PyObject *la_round_take(Round *r, PyObject *unused);
 PyObject *la_round_failed(Round *r, PyObject *exc);

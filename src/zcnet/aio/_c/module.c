@@ -71,7 +71,7 @@ PyMODINIT_FUNC PyInit__loopaccel(void) {
         PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
         PyModule_AddIntConstant(m, "AGAIN", AGAIN) < 0 ||
         PyModule_AddIntConstant(m, "FALLBACK", FALLBACK) < 0 ||
-        PyModule_AddIntConstant(m, "STOPPED", STOPPED) < 0) {
+        PyModule_AddIntConstant(m, "STOPPED", STOPPED) < 0 || la_phases_load(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,8 +13,67 @@
 /* CHUNK_SLOTS, BATCH_SLOTS), the transport's steps as callables (zcnet.aio.shared.         */
 /* TransportCalls); the rest are public fields of the objects given.                        */
 
-/* zcnet.rx.zc.core.Phase */
-enum { PHASE_IDLE = 0, PHASE_ARMED = 1, PHASE_STOPPED = 2 };
+/* The receive's phases this round works in and the two changes it makes, read once at import
+ * from zcnet.rx.zc.core (la_phases_load): its Phase values and its TRANSITIONS, the one table
+ * of every change, so the round cannot drift from the core's state machine. */
+static struct {
+    long long armed, stopped; /* Phase.ARMED, Phase.STOPPED */
+    long long rearmed;        /* TRANSITIONS[STOPPED, ARM] */
+    long long stop;           /* TRANSITIONS[ARMED, STOP] */
+} phases;
+
+/* int(getattr(o, name)) */
+static int attr_ll(PyObject *o, const char *name, long long *out) {
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v)
+        return 0;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+/* int(TRANSITIONS[(Phase.<from>, Event.<event>)]) */
+static int next_phase(PyObject *core, const char *from, const char *event, long long *out) {
+    PyObject *phase = NULL, *ev = NULL, *from_v = NULL, *ev_v = NULL, *table = NULL,
+             *key = NULL, *to = NULL;
+    int ok = (phase = PyObject_GetAttrString(core, "Phase")) &&
+             (ev = PyObject_GetAttrString(core, "Event")) &&
+             (from_v = PyObject_GetAttrString(phase, from)) &&
+             (ev_v = PyObject_GetAttrString(ev, event)) &&
+             (table = PyObject_GetAttrString(core, "TRANSITIONS")) &&
+             (key = PyTuple_Pack(2, from_v, ev_v)) && (to = PyObject_GetItem(table, key));
+    if (ok) {
+        *out = PyLong_AsLongLong(to);
+        ok = !(*out == -1 && PyErr_Occurred());
+    }
+    Py_XDECREF(phase); Py_XDECREF(ev); Py_XDECREF(from_v); Py_XDECREF(ev_v);
+    Py_XDECREF(table); Py_XDECREF(key); Py_XDECREF(to);
+    return ok;
+}
+
+int la_phases_load(PyObject *module) {
+    PyObject *core = PyImport_ImportModule("zcnet.rx.zc.core");
+    if (!core)
+        return -1;
+    PyObject *phase = PyObject_GetAttrString(core, "Phase");
+    int ok = phase && attr_ll(phase, "ARMED", &phases.armed) &&
+             attr_ll(phase, "STOPPED", &phases.stopped) &&
+             next_phase(core, "STOPPED", "ARM", &phases.rearmed) &&
+             next_phase(core, "ARMED", "STOP", &phases.stop);
+    Py_XDECREF(phase);
+    Py_DECREF(core);
+    if (!ok)
+        return -1;
+    /* What the round uses, for the test that holds it to the core's table. */
+    PyObject *used = Py_BuildValue("{s:L,s:L,s:L,s:L}", "ARMED", phases.armed, "STOPPED",
+                                   phases.stopped, "STOPPED+ARM", phases.rearmed, "ARMED+STOP",
+                                   phases.stop);
+    if (!used)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "PHASES", used);
+    Py_DECREF(used);
+    return rc;
+}
 
 static int get_ll(PyObject *o, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(o, name);
@@ -432,9 +491,9 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
     long long phase;
     if (!iget_ll(r->rx, la_name.phase, &phase))
         goto error;
-    if (phase != PHASE_ARMED && phase != PHASE_STOPPED)
+    if (phase != phases.armed && phase != phases.stopped)
         BAIL(FALLBACK); /* never armed, or ended: the Python round */
-    int armed = phase == PHASE_ARMED;
+    int armed = phase == phases.armed;
     BufState b;
     CHECK(ring_now(r, buf, &b));
     if (b.bs > INT32_MAX)
@@ -467,11 +526,11 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         if (!ok)
             goto error;
         Py_DECREF(ok);
-        /* RxCore.armed_now: the receive is armed again, counted. */
+        /* RxCore.armed_now: the receive is armed again (the core's STOPPED + ARM), counted. */
         long long n;
         if (!iget_counter(r->stats, la_name.rearms, COUNTER_ADD, &n) ||
             !iset_ll(r->stats, la_name.rearms, n + 1) ||
-            !iset_ll(r->rx, la_name.phase, PHASE_ARMED))
+            !iset_ll(r->rx, la_name.phase, phases.rearmed))
             goto error;
         /* arm() ran Python (a GC pass, say) that may have closed the receiver: waiting then
          * would never end; the Python round raises ClosedError instead. */
@@ -556,7 +615,7 @@ static PyObject *take_chunks(Round *r, int *code, int batch) {
         (dl + k - rel > pk && !iset_ll(r->stats, la_name.peak, dl + k - rel)) ||
         (dlb + total - relb > pkb && !iset_ll(r->stats, la_name.peak_bytes, dlb + total - relb)) ||
         !iset_ll(r->rx, la_name.stream_off, s0 + total) ||
-        (ended && !iset_ll(r->rx, la_name.phase, PHASE_STOPPED))) {
+        (ended && !iset_ll(r->rx, la_name.phase, phases.stop))) { /* ARMED + STOP */
         PyMem_Free(pieces);
         goto error; /* only memory runs out here */
     }
@@ -708,7 +767,7 @@ PyObject *la_round_run(Round *r, PyObject *unused) {
     long long phase;
     if (!iget_ll(r->rx, la_name.phase, &phase))
         return NULL;
-    return PyLong_FromLong(more || phase != PHASE_ARMED ? AGAIN : DONE);
+    return PyLong_FromLong(more || phase != phases.armed ? AGAIN : DONE);
 error:
     Py_XDECREF(chunks);
     Py_XDECREF(proto);

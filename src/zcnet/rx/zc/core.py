@@ -34,8 +34,10 @@ the queue in one batch before it next enters the kernel.
 
 The fields are ``__slots__`` with public names: the compiled chunk release
 (zcnet.rx.zc._rxaccel) is handed the core's layout once, at import, and reads ``C_FIELDS`` in
-place; nothing there looks them up by name per call. (zcnet.aio._loopaccel's round still reads
-the core's fields by name: its move to this contract is not done.)
+place; nothing there looks them up by name per call. zcnet.aio._loopaccel's round reads the
+core's public fields through cached slot offsets and takes its phases and the two changes it
+makes (a re-arm, a stop) from ``TRANSITIONS`` at import: the table is the one place a phase
+change is defined.
 """
 
 from __future__ import annotations
