@@ -7,7 +7,9 @@ single-issuer) hosts one zcrx per queue of the flow's ``queue``/``queues`` and h
 worker a ZcrxHandoff per queue; the worker joins the one its connection arrived on. A
 kernel without ZCRX_REG_IMPORT (before 6.19) keeps the old way for one queue (the worker
 registers it; a second flow on it is refused with the reason) and refuses a queue set.
-Copy mode (no queue named) needs no host: each worker's ifq has no device queue.
+Copy mode needs no host: each worker's ifq has no device queue. That holds for no queue named
+and for a device that cannot do zcrx (a veth lab) when the kernel has copy mode: the worker
+falls back to it by itself, as a lone flow does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 
 from zcnet.bench.proto import UNSUPPORTED_HERE, OptionValue
 from zcnet.bench.worker import SessionError
-from zcnet.errors import UsageError, ZcnetError
+from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.engine import EngineOptions
 from zcnet.rx.zc.engines import ZcrxEngine
 from zcnet.rx.zc.zcrx_export import IMPORT_SINCE
@@ -88,8 +90,15 @@ def join(engine: str, options: Mapping[str, OptionValue], read_size: int
         m = Membership()
         with contextlib.ExitStack() as undo:
             undo.callback(m.quit)
-            for q in queues:
-                m.parts.append(_handoff(opts, q, ZcrxEngine.area_buffers))
+            try:
+                for q in queues:
+                    m.parts.append(_handoff(opts, q, ZcrxEngine.area_buffers))
+            except Unsupported:
+                # The device cannot do zcrx: one queue falls back to copy mode in the worker
+                # (its cell says why); a queue set has nothing to fall back to.
+                if len(queues) == 1 and kernel_offers().copy_mode:
+                    return None
+                raise
             undo.pop_all()
         return m
     except UsageError as e:
