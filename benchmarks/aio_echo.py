@@ -38,7 +38,9 @@ import numpy as np
 import uvloop
 
 from zcnet import aio
+from zcnet.aio import taskrun
 from zcnet.aio.shared import loop_backend
+from zcnet.aio.taskrun import taskrun_name
 from zcnet.uring.syscall import backend
 
 MSG = 64
@@ -208,7 +210,8 @@ def main() -> None:
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
     names = ["uvloop-proto", "uvloop-streams", "zcnet", "zcnet-proto"]
     print(f"hot path: ring {backend()} (zcnet.uring._accel), loop pass {loop_backend()} "
-          "(zcnet.aio._loopaccel)")
+          f"(zcnet.aio._loopaccel), loop rings {taskrun_name()}_taskrun (zcnet.aio.taskrun; "
+          f"{taskrun.ENV}=defer|coop to choose)")
     results: dict[int, dict[str, dict[str, float]]] = {}
     for n in map(int, args.clients.split(",")):
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}

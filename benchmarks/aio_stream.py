@@ -49,9 +49,11 @@ from typing import Any
 import uvloop
 
 from zcnet import aio
+from zcnet.aio import taskrun
 from zcnet.aio.pool import POOL_SIZE
 from zcnet.aio.receiver import AREA_SIZE, BUF_SIZE
 from zcnet.aio.shared import loop_backend
+from zcnet.aio.taskrun import taskrun_name
 from zcnet.pattern import StreamPattern
 from zcnet.rx.engine import RCVLOWAT
 from zcnet.uring.syscall import backend
@@ -337,7 +339,8 @@ def main() -> None:
     c0, c1 = sorted(os.sched_getaffinity(0))[:2]
     names = list(receivers(args))
     print(f"hot path: ring {backend()} (zcnet.uring._accel), loop pass {loop_backend()} "
-          "(zcnet.aio._loopaccel)")
+          f"(zcnet.aio._loopaccel), loop rings {taskrun_name()}_taskrun (zcnet.aio.taskrun; "
+          f"{taskrun.ENV}=defer|coop to choose)")
     print(f"SO_RCVLOWAT {args.rcvlowat} KiB set by: {', '.join(LOWAT_ROWS)}; "
           "the other rows wake on any data")
     many_area = receivers_area(args)

@@ -46,7 +46,7 @@ CLI_ONLY = {
 # new module needs a test that imports it).
 INDIRECT = {
     "zcnet.aio.keep", "zcnet.aio.receiver",
-    "zcnet.aio.sender", "zcnet.aio.sockets", "zcnet.aio.wakeup", "zcnet.bench.hist",
+    "zcnet.aio.sockets", "zcnet.aio.wakeup", "zcnet.bench.hist",
     "zcnet.bench.meta",
     "zcnet.bench.metrics", "zcnet.bench.proto.auth", "zcnet.bench.proto.channel",
     "zcnet.bench.proto.schema", "zcnet.bench.stream", "zcnet.bench.tcpinfo", "zcnet.jsonvalue",
@@ -54,7 +54,7 @@ INDIRECT = {
     "zcnet.report.labels", "zcnet.report.warning_notes", "zcnet.rx.copying",
     "zcnet.rx.zc.debugviews", "zcnet.rx.zc.soft_inc", "zcnet.tx.mmsg",
     "zcnet.tx.payload", "zcnet.tx.slots", "zcnet.uapi.mman", "zcnet.uapi.sched",
-    "zcnet.uapi.tcp", "zcnet.uapi.udp", "zcnet.uring.eventfd",
+    "zcnet.uapi.tcp", "zcnet.uapi.udp",
     "zcnet.uring.layout", "zcnet.vm.caps", "zcnet.vm.integrity",
 }
 

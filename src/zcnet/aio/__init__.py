@@ -19,12 +19,16 @@
 Design decisions, and why:
 
 - **Waking the loop: an eventfd registered with the ring (IORING_REGISTER_EVENTFD), not the ring
-  fd.** The receive rings use DEFER_TASKRUN (zcrx requires it; soft uses it so completions are
-  posted on our CPU inside our own enter). Arriving data then queues task work instead of a
-  CQE, and queueing task work does not wake the ring fd's poll queue: epoll, under asyncio and
-  uvloop, never hears of it (measured here: ``select`` on the ring fd says readable, an epoll
-  set holding it stays empty). The kernel does signal a registered eventfd when task work is
-  queued on an empty list. Details and the no-lost-wake-up rule: :mod:`zcnet.aio.wakeup`.
+  fd.** zcrx rings use DEFER_TASKRUN (required), and so do the loop's soft ring and the
+  async sender's where the kernel allows (completions posted on our CPU inside our own enter).
+  Arriving data then queues task work instead of a CQE, and queueing task work does not wake
+  the ring fd's poll queue: epoll, under asyncio and uvloop, never hears of it (measured here:
+  ``select`` on the ring fd says readable, an epoll set holding it stays empty). The kernel
+  does signal a registered eventfd when task work is queued on an empty list. Details and the
+  no-lost-wake-up rule: :mod:`zcnet.aio.wakeup`.
+- **The task-run mode is measured, not assumed** (:mod:`zcnet.aio.taskrun`): where that
+  eventfd signal comes an RCU grace period late (16 ms on 6.18.44 here, every idle round trip
+  16 ms), the loop's own rings use COOP_TASKRUN instead; a probe at the first ring decides.
 - **Polling is a plain GETEVENTS enter**, not ``Receiver.recv(timeout=0)``: a zero timeout
   makes the kernel arm a timer and often switch context, 10-20x the cost of the enter.
 - **One io_uring per loop for soft receivers** (:mod:`zcnet.aio.shared`): one eventfd, one

@@ -34,6 +34,7 @@ from zcnet.aio.loop import Owner, track, untrack
 from zcnet.aio.looptypes import Future
 from zcnet.aio.shared import loop_accel
 from zcnet.aio.sockets import check_tcp_socket
+from zcnet.aio.taskrun import taskrun_flag
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.tx.senders import FLUSH_TIMEOUT, SendStats
@@ -46,7 +47,7 @@ from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import cqe_error
 
 KINDS = ("sendzc", "copy")
-RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER
               | u.IORING_SETUP_SUBMIT_ALL)
 
 
@@ -106,7 +107,8 @@ class AsyncSender:
         if why:
             self._fall_back(why)
             return
-        ring = Ring(max(16, 1 << (2 * len(self._views)).bit_length()), flags=RING_FLAGS)
+        ring = Ring(max(16, 1 << (2 * len(self._views)).bit_length()),
+                    flags=RING_FLAGS | taskrun_flag())
         try:
             bufring.register_buffers(ring, [(self._buf.ctypes.data, len(self._buf))])
             self._wake = Wakeup(self.loop, ring, on_ready=self._process)

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zcnet.aio.backend import Future, Loop
+from zcnet.aio.taskrun import taskrun_flag
 from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import ClosedError, ZcnetError
 from zcnet.rx.zc.area import HUGE_2MB, PAGE_SIZE, Area
@@ -56,7 +57,7 @@ try:
 except ImportError:  # not built (no C compiler at install): the Python pass runs
     _loopaccel = None
 
-RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
+RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER
               | u.IORING_SETUP_SUBMIT_ALL | u.IORING_SETUP_TASKRUN_FLAG)
 SQ_ENTRIES = 256
 CQ_ENTRIES = 32768   # CQEs of every receiver between two passes; overflow ends a multishot
@@ -128,7 +129,7 @@ class LoopRing:
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
-        self.ring = Ring(SQ_ENTRIES, flags=RING_FLAGS, cq_entries=CQ_ENTRIES)
+        self.ring = Ring(SQ_ENTRIES, flags=RING_FLAGS | taskrun_flag(), cq_entries=CQ_ENTRIES)
         self.members: dict[int, MemberRing] = {}
         self._next_id = 1
         self._free_bgids: list[int] = []
