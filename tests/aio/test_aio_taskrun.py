@@ -5,10 +5,12 @@ eventfd signal comes an RCU grace period late, an idle connection otherwise wait
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
+import select
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -18,6 +20,14 @@ from zcnet.errors import UsageError
 from zcnet.uapi import io_uring as u
 from zcnet.uring.eventfd import drain, register_eventfd
 from zcnet.uring.ring import Ring
+
+
+@contextlib.asynccontextmanager
+async def _closing(sock: socket.socket) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        sock.close()
 
 
 @pytest.fixture
@@ -74,7 +84,7 @@ def test_an_idle_connection_is_answered_through_the_shared_ring(no_leaks: None) 
         peer.setblocking(False)
         loop = asyncio.get_running_loop()
         async with aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20,
-                                     buf_size=16 << 10) as rx:
+                                     buf_size=16 << 10) as rx, _closing(peer):
             for i in range(5):
                 await asyncio.sleep(0.01)  # the loop sleeps in epoll
                 msg = f"ping {i}".encode()
@@ -85,7 +95,6 @@ def test_an_idle_connection_is_answered_through_the_shared_ring(no_leaks: None) 
                         got += bytes(c.data)
                         c.release()
                 assert got == msg
-        peer.close()
     asyncio.run(main())
 
 
@@ -104,3 +113,42 @@ def test_a_bad_mode_names_the_variable_and_the_choices(fresh_choice: None,
     with pytest.raises(UsageError, match=r"ZCNET_AIO_TASKRUN='lazy' is not a task-run mode"
                        r".*defer, coop"):
         taskrun.taskrun_flag()
+
+
+@pytest.mark.parametrize("kw", [{"shared_ring": False}, {"incremental": True}],
+                         ids=["shared_ring=False", "incremental"])
+def test_a_receiver_with_a_ring_of_its_own_is_signalled_inside_the_send(
+        kw: dict[str, bool], no_leaks: None) -> None:
+    """Such a receiver's ring (the soft provider's) is opened in the loop's task-run mode: its
+    Wakeup's eventfd is raised by the time a same-thread send returns. The synchronous API
+    keeps DEFER_TASKRUN (it waits inside its own enter)."""
+    async def main() -> None:
+        srv = socket.create_server(("127.0.0.1", 0))
+        peer = socket.create_connection(srv.getsockname()[:2])
+        conn = srv.accept()[0]
+        srv.close()
+        conn.setblocking(False)
+        async with aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20,
+                                     buf_size=16 << 10, **kw) as rx, _closing(peer):
+            wake = rx._wake  # the receiver's own eventfd is what is checked
+            assert wake is not None and wake.efd >= 0
+            hits = 0
+            for i in range(10):
+                got = b""
+                t = asyncio.ensure_future(rx.recv())  # arms the receive, then sleeps
+                await asyncio.sleep(0.005)
+                peer.send(b"%d" % i)
+                # Peek, not drain: the loop's reader must still see the signal.
+                hits += bool(select.select([wake.efd], [], [], 0)[0])
+                for c in await asyncio.wait_for(t, 5):
+                    got += bytes(c.data)
+                    c.release()
+                assert got == b"%d" % i
+            assert hits == 10, taskrun.taskrun_name()
+    asyncio.run(main())
+    assert provider_flags_now() & u.IORING_SETUP_DEFER_TASKRUN  # the context var was reset
+
+
+def provider_flags_now() -> int:
+    from zcnet.rx.zc.provider import soft_ring_flags
+    return soft_ring_flags()

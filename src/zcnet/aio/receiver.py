@@ -29,10 +29,12 @@ from zcnet.aio.looptypes import Loop
 from zcnet.aio.pool import POOL_SIZE, open_pooled_soft
 from zcnet.aio.shared import ROUND_DONE, MemberRing, compiled_round
 from zcnet.aio.sockets import check_tcp_socket
+from zcnet.aio.taskrun import taskrun_flag
 from zcnet.aio.wakeup import Wakeup
 from zcnet.errors import ClosedError, UsageError
 from zcnet.rx.zc import api
 from zcnet.rx.zc.api import Batch, Chunk, Receiver
+from zcnet.rx.zc.provider import SOFT_TASKRUN
 from zcnet.rx.zc.providers import Option, provider_info
 from zcnet.rx.zc.receiver import StatValue
 from zcnet.sockcheck import set_rcvlowat
@@ -355,7 +357,13 @@ def open_receiver(sock: socket.socket, provider: str = "soft", *, own_socket: bo
                                   pool)
     else:
         running_loop("zcnet.aio.open_receiver")  # a clear error before anything is allocated
-        rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
+        # A ring of its own, woken through its eventfd: the task-run mode that signals it at
+        # once on this kernel (zcnet.aio.taskrun).
+        token = SOFT_TASKRUN.set(taskrun_flag())
+        try:
+            rx = api.open_receiver(sock, provider, area_size=area_size, buf_size=buf_size, **kw)
+        finally:
+            SOFT_TASKRUN.reset(token)
     with contextlib.ExitStack() as undo:
         undo.callback(rx.close)
         arx = AsyncReceiver(rx, sock if own_socket else None)

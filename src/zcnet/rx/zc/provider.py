@@ -14,6 +14,7 @@ providers their buffer ring's group, sizing and stop reasons.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ CANCEL_UD = 2
 # (zcrx requires it, and it is the cheapest mode), and a failing SQE does not stop the batch.
 RING_FLAGS = (u.IORING_SETUP_SINGLE_ISSUER | u.IORING_SETUP_DEFER_TASKRUN
               | u.IORING_SETUP_SUBMIT_ALL)
+
+# The soft providers' task-run mode. Their rings are woken by our own enter (DEFER_TASKRUN)
+# unless the opener watches them through an eventfd on a kernel that signals it late: zcnet.aio
+# then opens them inside ``SOFT_TASKRUN.set(COOP_TASKRUN)`` (zcnet.aio.taskrun). zcrx ignores
+# it: it needs DEFER_TASKRUN.
+SOFT_TASKRUN: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "zcnet_soft_taskrun", default=u.IORING_SETUP_DEFER_TASKRUN)
+
+
+def soft_ring_flags() -> int:
+    """RING_FLAGS with the task-run mode of ``SOFT_TASKRUN``."""
+    return RING_FLAGS & ~u.IORING_SETUP_DEFER_TASKRUN | SOFT_TASKRUN.get()
 
 # The soft providers' buffer ring: its group id, its largest size, and what a final multishot
 # CQE's errno means when it does not end the stream (see note_final).

@@ -24,6 +24,7 @@ from zcnet.rx.zc.provider import (
     build_or_close,
     close_ring,
     reap_ready,
+    soft_ring_flags,
 )
 from zcnet.rx.zc.soft_group import SoftGroup
 from zcnet.rx.zc.soft_inc import IncrementalSoftProvider
@@ -49,7 +50,7 @@ class SoftProvider(ProviderBase):
         self.note = f"{entries} buffers of {buf_size} bytes"
         # Enough CQ room for one CQE per buffer plus the final ones, so a full ring of
         # completions never overflows the CQ (an overflow would end the multishot).
-        ring = Ring(64, flags=RING_FLAGS, cq_entries=max(64, 2 * entries))
+        ring = Ring(64, flags=soft_ring_flags(), cq_entries=max(64, 2 * entries))
         with contextlib.ExitStack() as undo:
             undo.callback(ring.close)
             buf = BufRing(ring, BGID, entries, buf_size, area=area.mapping)

@@ -26,7 +26,6 @@ from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import (
     BGID,
     RECV_UD,
-    RING_FLAGS,
     SOFT_COPIES,
     SOFT_STOPS,
     CopyCount,
@@ -37,6 +36,7 @@ from zcnet.rx.zc.provider import (
     close_ring,
     note_final,
     reap_ready,
+    soft_ring_flags,
 )
 from zcnet.uapi import io_uring as u
 from zcnet.uring.bufring import BufRing
@@ -58,7 +58,7 @@ class IncrementalSoftProvider(ProviderBase):
         # index costs tens of nanoseconds and a numpy call a microsecond.
         self._refs = [0] * self.entries
         self._done = [False] * self.entries
-        ring = Ring(64, flags=RING_FLAGS, cq_entries=4096)
+        ring = Ring(64, flags=soft_ring_flags(), cq_entries=4096)
         self._ring: Ring | None = ring
         self.buf = build_or_close(
             lambda: BufRing(ring, BGID, self.entries, buf_size, area=area.mapping,
