@@ -201,3 +201,75 @@ def test_1000_connections_in_waves_leave_nothing(copy_mode):
             assert not zq.members and not zq.closed
 
     run("asyncio", main)
+
+
+@pytest.mark.parametrize("style", ["task", "protocol"])
+def test_an_idle_zcrx_connection_is_woken_by_its_socket_where_the_signal_is_late(
+        style: str, copy_mode: None) -> None:
+    """zcrx needs DEFER_TASKRUN; where its eventfd signal comes late (zcnet.aio.taskrun; this
+    VM's Debian 7.3.4 is such a kernel) a receiver that waits with its receive armed watches
+    its socket, and stops watching when it closes. Every round trip of an idle connection is
+    checked; the watch is what wakes it (the eventfd has not been raised when the pass runs)."""
+    from zcnet.aio.loop_zcrx import ZcrxMember
+    from zcnet.aio.taskrun import deferred_signal_is_prompt
+    late = not deferred_signal_is_prompt()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ls = socket.create_server(("127.0.0.1", 0))
+        ls.setblocking(False)
+        peer = socket.create_connection(ls.getsockname()[:2])
+        s, _ = await loop.sock_accept(ls)
+        ls.close()
+        fd = s.fileno()
+        seen: list[bytes] = []
+        watched: list[int] = []
+        try:
+            if style == "task":
+                rx = aio.open_receiver(s, "zcrx", area_size=1 << 20, own_socket=True)
+                member: ZcrxMember = rx._member  # type: ignore[assignment]
+            else:
+                got: asyncio.Queue[bytes] = asyncio.Queue()
+
+                class Keep(aio.ZcProtocol):
+                    def chunk_received(self, chunk) -> None:  # type: ignore[no-untyped-def]
+                        got.put_nowait(bytes(chunk.data))
+                        chunk.release()
+
+                tr = aio.start_protocol(s, Keep(), provider="zcrx", area_size=1 << 20)
+                member = tr._member
+            for i in range(10):
+                msg = b"idle %d" % i
+                if style == "task":
+                    t = asyncio.ensure_future(rx.recv())
+                    await asyncio.sleep(0.05)  # the loop sleeps, the receive armed
+                    watched.append(member.watching)
+                    peer.send(msg)
+                    data = b""
+                    while len(data) < len(msg):
+                        chunks = await asyncio.wait_for(t, 10)
+                        data += b"".join(bytes(c.data) for c in chunks)
+                        for c in chunks:
+                            c.release()
+                        if len(data) < len(msg):
+                            t = asyncio.ensure_future(rx.recv())
+                else:
+                    await asyncio.sleep(0.05)
+                    watched.append(member.watching)
+                    peer.send(msg)
+                    data = b""
+                    while len(data) < len(msg):
+                        data += await asyncio.wait_for(got.get(), 10)
+                seen.append(data)
+        finally:
+            if style == "task":
+                rx.close()
+            else:
+                tr.abort()  # its teardown runs in the next loop iteration
+            peer.close()
+        await asyncio.sleep(0.01)
+        assert seen == [b"idle %d" % i for i in range(10)]
+        assert member.watching == -1  # closed: no reader left on a reused fd
+        assert watched == [fd if late else -1] * 10
+
+    asyncio.run(main())

@@ -23,6 +23,12 @@ Some facts that shape it:
   ``ZcrxQueue.ready`` does for a blocking server).
 - No compiled pass: these rounds are the Python ones (zcnet.aio.shared.compiled_round
   answers None for a member whose ring has no ``accel``).
+- zcrx needs DEFER_TASKRUN, whose eventfd signal some kernels raise an RCU grace period late
+  (~16 ms; zcnet.aio.taskrun: 6.18.44 here and Debian's 7.3.4 both). There a receiver whose
+  round ended with its receive armed also watches its socket, once (``round_done``): the
+  socket turns readable when data arrives, and the pass that wakes then runs the task work
+  that takes the data. Only while armed: a socket whose receive cannot take its data stays
+  readable, and a level-triggered reader would spin.
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ import weakref
 from typing import cast
 
 from zcnet.aio.looptypes import Future, Loop
+from zcnet.aio.taskrun import deferred_signal_is_prompt
 from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import Receiver
+from zcnet.rx.zc.core import Phase
 from zcnet.rx.zc.providers import Option
 from zcnet.rx.zc.zcrx import ZcrxProvider, ZcrxQueue
 from zcnet.rx.zc.zcrx_queue import find_open, queue_key
@@ -63,6 +71,8 @@ class LoopZcrx:
         self.own = own
         self.members: dict[int, ZcrxMember] = {}  # by the provider's member id
         self.paused: set[ZcrxMember] = set()      # stalled "exhausted": see the module doc
+        #: The eventfd hears of arriving data at once; if not, members watch their sockets.
+        self.prompt = deferred_signal_is_prompt()
         self._scheduled = False
         ring = zq.ring
         assert ring is not None
@@ -158,7 +168,7 @@ class ZcrxMember(Waiting):
     """One zcrx receiver's place on its LoopZcrx: what its task awaits (``wait``) or its
     transport's round (``on_ready``), shaped like the MemberRing a soft receiver has."""
 
-    __slots__ = ("closed", "fast", "lr", "on_ready", "p", "rx", "waiter")
+    __slots__ = ("closed", "fast", "lr", "on_ready", "p", "rx", "waiter", "watching")
 
     def __init__(self, lr: LoopZcrx, p: ZcrxProvider, rx: Receiver) -> None:
         self.lr = lr
@@ -168,6 +178,8 @@ class ZcrxMember(Waiting):
         self.on_ready = None
         self.fast = None
         self.closed = False
+        #: The socket's fd while the loop watches it (late eventfd signal: the module doc).
+        self.watching = -1
 
     @property
     def inbox(self) -> list[Completions]:
@@ -190,6 +202,20 @@ class ZcrxMember(Waiting):
             lr.paused.discard(self)
         if lr.paused:
             lr.schedule()
+        if (self.watching < 0 and not lr.prompt and self.p.fd >= 0
+                and self.rx.core.phase == Phase.ARMED and not lr.loop.is_closed()):
+            self.watching = self.p.fd
+            lr.loop.add_reader(self.watching, self._socket_ready)
+
+    def _socket_ready(self) -> None:
+        """Data arrived (or the peer ended): one pass, which runs the task work."""
+        self.unwatch()
+        self.lr.poll()
+
+    def unwatch(self) -> None:
+        fd, self.watching = self.watching, -1
+        if fd >= 0 and not self.lr.loop.is_closed():
+            self.lr.loop.remove_reader(fd)
 
     def wait(self) -> Future[None]:
         self.round_done()
@@ -200,6 +226,7 @@ class ZcrxMember(Waiting):
         if not self.closed:
             self.closed = True
             self.on_ready = None
+            self.unwatch()
             self.kick()
             self.lr.leave(self)
 
