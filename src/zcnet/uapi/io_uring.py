@@ -178,6 +178,7 @@ ZCRX_EVENT_DESC_FLAG_STATS = 1 << 0
 ZCRX_CTRL_FLUSH_RQ = 0
 ZCRX_CTRL_EXPORT = 1
 ZCRX_CTRL_ARM_EVENT = 2
+ZCRX_CTRL_ADD_AREA = 3  # 7.3: another area for the ifq; the kernel writes its rq_area_token
 
 # linux/io_uring/query.h: io_uring_query_hdr.query_op
 IO_URING_QUERY_OPCODES = 0
@@ -312,6 +313,10 @@ class zcrx_ctrl_arm_event(ctypes.Structure):
     _fields_ = (("event_type", u32), ("__resv", u32 * 11))
 
 
+class zcrx_ctrl_add_area(ctypes.Structure):
+    _fields_ = (("area_ptr", u64), ("__resv", u64 * 5))  # -> struct io_uring_zcrx_area_reg
+
+
 class zcrx_stats(ctypes.Structure):
     _fields_ = (("copy_count", u64), ("copy_bytes", u64))
 
@@ -324,13 +329,14 @@ class zcrx_event_desc(ctypes.Structure):  # io_uring_zcrx_ifq_reg.event_desc poi
 class zcrx_ctrl(ctypes.Structure):
     _fields_ = (
         ("zcrx_id", u32), ("op", u32), ("__resv", u64 * 2),
-        ("zc_flush", zcrx_ctrl_flush_rq),  # union: zc_export, zc_arm_event
+        ("zc_flush", zcrx_ctrl_flush_rq),  # union: zc_export, zc_arm_event, zc_area
     )
 
 
 # Other members of zcrx_ctrl's union: (name, offset, size).
 ZCRX_CTRL_ALIASES: tuple[tuple[str, int, int], ...] = (("zc_export", 24, 48),
-                                                        ("zc_arm_event", 24, 48))
+                                                        ("zc_arm_event", 24, 48),
+                                                        ("zc_area", 24, 48))
 
 
 class io_uring_query_hdr(ctypes.Structure):
@@ -360,7 +366,8 @@ STRUCTS: tuple[type[ctypes.Structure], ...] = (
     io_uring_probe_op, io_uring_probe, io_uring_buf, io_uring_buf_reg, io_uring_getevents_arg,
     io_uring_region_desc, io_uring_zcrx_rqe, io_uring_zcrx_cqe, io_uring_zcrx_offsets,
     io_uring_zcrx_area_reg, io_uring_zcrx_ifq_reg, zcrx_ctrl_flush_rq, zcrx_ctrl_export,
-    zcrx_ctrl_arm_event, zcrx_stats, zcrx_event_desc, zcrx_ctrl, io_uring_query_hdr,
+    zcrx_ctrl_arm_event, zcrx_ctrl_add_area, zcrx_stats, zcrx_event_desc, zcrx_ctrl,
+    io_uring_query_hdr,
     io_uring_query_zcrx, io_uring_query_zcrx_event,
 )
 
@@ -370,6 +377,7 @@ NEWER_FIELDS: dict[str, tuple[str, ...]] = {
     "io_uring_zcrx_ifq_reg": ("rx_buf_len", "event_desc", "__resv"),
     "zcrx_ctrl_flush_rq": ("__resv",), "zcrx_ctrl_export": ("zcrx_fd", "__resv1"),
     "zcrx_ctrl_arm_event": ("event_type", "__resv"), "zcrx_stats": ("copy_count", "copy_bytes"),
+    "zcrx_ctrl_add_area": ("area_ptr", "__resv"),
     "zcrx_event_desc": ("user_data", "type_mask", "flags", "stats_offset", "__resv2"),
     "zcrx_ctrl": ("zcrx_id", "op", "__resv", "zc_flush"),
     "io_uring_query_zcrx": ("register_flags", "area_flags", "nr_ctrl_opcodes", "features",
@@ -380,7 +388,7 @@ NEWER_FIELDS: dict[str, tuple[str, ...]] = {
 NEWER_ENUMS: tuple[str, ...] = (
     "IORING_REGISTER_ZCRX_CTRL", "ZCRX_REG_IMPORT", "ZCRX_REG_NODEV",
     "ZCRX_FEATURE_RX_PAGE_SIZE", "ZCRX_FEATURE_EVENT", "ZCRX_CTRL_FLUSH_RQ", "ZCRX_CTRL_EXPORT",
-    "ZCRX_CTRL_ARM_EVENT", "IO_URING_QUERY_ZCRX", "IO_URING_QUERY_SCQ",
+    "ZCRX_CTRL_ARM_EVENT", "ZCRX_CTRL_ADD_AREA", "IO_URING_QUERY_ZCRX", "IO_URING_QUERY_SCQ",
     "IO_URING_QUERY_ZCRX_EVENT", "ZCRX_EVENT_ALLOC_FAIL", "ZCRX_EVENT_COPY",
     "ZCRX_EVENT_DESC_FLAG_STATS",
 )

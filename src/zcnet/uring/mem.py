@@ -18,11 +18,14 @@ import numpy as np
 
 from zcnet.uapi.mman import (
     MAP_ANONYMOUS,
+    MAP_FIXED,
     MAP_HUGE_2MB,
     MAP_HUGETLB,
+    MAP_NORESERVE,
     MAP_POPULATE,
     MAP_PRIVATE,
     MAP_SHARED,
+    PROT_NONE,
     PROT_READ,
     PROT_WRITE,
 )
@@ -62,6 +65,36 @@ class Mapping:
     def anonymous(cls, size: int, *, hugetlb: bool = False, populate: bool = True) -> Mapping:
         flags = (MAP_POPULATE if populate else 0) | (MAP_HUGETLB | MAP_HUGE_2MB if hugetlb else 0)
         return cls(page_align(size, HUGE_PAGE_SIZE if hugetlb else PAGE_SIZE), flags=flags)
+
+    @classmethod
+    def reserved(cls, size: int, capacity: int) -> Mapping:
+        """``capacity`` bytes of address space (PROT_NONE, nothing reserved behind it) whose
+        first ``size`` are normal memory, populated; ``commit`` turns more of it into memory.
+        One range, so offsets into it stay valid as it grows (a zcrx queue's added areas)."""
+        m = cls(page_align(capacity), prot=PROT_NONE, flags=MAP_NORESERVE)
+        try:
+            m.commit(0, page_align(size))
+        except OSError:
+            m.close()
+            raise
+        return m
+
+    def commit(self, offset: int, size: int) -> None:
+        """Map ``size`` bytes of populated memory at ``offset`` of a ``reserved`` range."""
+        if offset % PAGE_SIZE or size <= 0 or size % PAGE_SIZE or offset + size > self.size:
+            raise ValueError(f"commit of {size} bytes at {offset} outside the reserved range")
+        self._fixed(offset, size, PROT_READ | PROT_WRITE, MAP_POPULATE)
+
+    def decommit(self, offset: int, size: int) -> None:
+        """Give ``commit``ted memory back, leaving the address space reserved."""
+        self._fixed(offset, size, PROT_NONE, MAP_NORESERVE)
+
+    def _fixed(self, offset: int, size: int, prot: int, flags: int) -> None:
+        addr = _libc.mmap(self.addr + offset, size, prot,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | flags, -1, 0)
+        if addr in (None, MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {size} bytes at +{offset}: {os.strerror(err)}")
 
     def view(self, dtype: np.typing.DTypeLike = np.uint8, offset: int = 0,
              count: int | None = None) -> np.ndarray:

@@ -382,7 +382,7 @@ class Ring:
                                    errno.EBUSY, errno.EAGAIN):  # CQ overflow: reap first
                     raise
                 break
-            if not wait_nr or self.cq_ready() >= wait_nr:
+            if not wait_nr or self.cq_ready("submit") >= wait_nr:  # names the user's call
                 break
             # Fewer completions than asked for: a signal ended the wait early.
             if deadline is not None and time.monotonic() >= deadline:
@@ -418,9 +418,9 @@ class Ring:
         self.submit(wait_nr, timeout)
 
     # -- completion ---------------------------------------------------------------------------
-    def cq_ready(self) -> int:
+    def cq_ready(self, method: str = "cq_ready") -> int:
         if self.fd < 0:
-            raise ClosedError.of(self, "cq_ready")
+            raise ClosedError.of(self, method)
         # Acquire of ktail: a plain load on x86 (see the module docstring).
         cq = self._cqm
         return (cq[self._kcq_tail_i] - cq[self._kcq_head_i]) & _U32

@@ -54,12 +54,24 @@ class Area:
         hugetlb: bool = False,
         dmabuf_fd: int | None = None,
         memfd: int | None = None,
+        capacity: int | None = None,
     ) -> None:
         """``memfd``: map the first ``size`` bytes of that memfd (shared memory; the caller
-        keeps the fd)."""
+        keeps the fd). ``capacity``: reserve that much address space (normal pages only), so
+        ``grow`` can add memory right after what there is (a zcrx queue's added areas)."""
         require_int("area size", size, "pass a whole number of bytes, e.g. area_size=64 << 20")
         if size <= 0:
             raise UsageError(f"area size must be positive, got {size}")
+        #: Address space reserved for ``grow`` (0: the area cannot grow).
+        self.capacity = 0
+        if capacity is not None:
+            require_int("area capacity", capacity, "pass a whole number of bytes")
+            if capacity < size:
+                raise UsageError(f"area capacity {capacity} is below its size {size}",
+                                 "pass a capacity of at least the area size, or none")
+            if hugetlb or dmabuf_fd is not None or memfd is not None:
+                raise UsageError("an area with a capacity to grow is of normal pages",
+                                 "drop capacity, or hugetlb/dmabuf_fd/memfd")
         self.dmabuf_fd: int | None = None
         self._owns_fd = False
         self._closed = False
@@ -104,6 +116,15 @@ class Area:
                 self._mapping = _anon(size)
                 self.kind = "anon"
             self.size = self._mapping.size
+        elif capacity is not None:
+            try:
+                self._mapping = Mapping.reserved(size, capacity)
+            except OSError as e:
+                raise ZcnetError(f"cannot map an area of {size} bytes in {capacity} of address "
+                                 f"space: {e.strerror}", "ask for a smaller area") from None
+            self.size = page_align(size)
+            self.capacity = self._mapping.size
+            self.kind = "anon"
         else:
             self._mapping = _anon(size)
             self.size = self._mapping.size
@@ -116,6 +137,36 @@ class Area:
         self.addr = self._mapping.addr
         self.view = lasting_view(self._mapping)
         self.array = np.frombuffer(self.view, dtype=np.uint8)
+
+    def grow(self, extra: int) -> int:
+        """Map ``extra`` more bytes (page-aligned) right after the area's end, within its
+        capacity; returns where they start. The area's views already cover them."""
+        if self._closed:
+            raise ClosedError.of(self, "grow")
+        require_int("extra area size", extra, "pass a whole number of bytes")
+        if extra <= 0 or extra % PAGE_SIZE:
+            raise UsageError(f"an added area must be a positive multiple of {PAGE_SIZE} bytes, "
+                             f"got {extra}")
+        if self.size + extra > self.capacity:
+            raise UsageError(
+                f"the area's capacity is {self.capacity} bytes, {self.size} in use: "
+                f"{extra} more do not fit" if self.capacity else
+                "this area was made without a capacity to grow",
+                "open the queue with a larger area_capacity")
+        at = self.size
+        try:
+            self.mapping.commit(at, extra)
+        except OSError as e:
+            raise ZcnetError(f"cannot map {extra} more bytes of area: {e.strerror}",
+                             "add a smaller area") from None
+        self.size += extra
+        return at
+
+    def ungrow(self, at: int) -> None:
+        """Give back what ``grow`` added from ``at`` on (it was never registered)."""
+        if at < self.size:
+            self.mapping.decommit(at, self.size - at)
+            self.size = at
 
     @property
     def mapping(self) -> Mapping:

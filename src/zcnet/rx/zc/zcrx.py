@@ -270,7 +270,9 @@ class ZcrxProvider(ProviderBase):
         c = inbox[0] if len(inbox) == 1 else concat(inbox)
         inbox.clear()
         out = parse_completions(c, self.ud, fast=zq.rq.accel)
-        if n := len(out.tokens):
+        if (n := len(out.tokens)) and zq.rq.area_starts is not None:
+            out.offsets = zq.rq.virtual(out.tokens)  # added areas: offsets in the one range
+        if n:
             self.held += n
             if self.cap:  # bytes only count for a capped receive (its end, the fill)
                 nbytes = total_bytes(out.lengths, zq.rq.accel)
@@ -401,25 +403,29 @@ def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int 
 def open_zcrx_queue(area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
                     ifname: str | None = None, queue: int | None = None,
                     rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
-                    copy: bool | None = None) -> ZcrxQueue:
+                    copy: bool | None = None, area_capacity: int | None = None) -> ZcrxQueue:
     """A zcrx queue for many connections (a server's): ``ifname``/``queue`` of a NIC, or copy
     mode (``copy`` as in open_zcrx; no device given: copy mode). Each connection joins it with
     ``join(fd)`` (or ``open_zcrx`` on one of its sockets, in this thread); it stays open until
-    ``close()``. Every receive on it is capped to its connection's share of the area."""
+    ``close()``. Every receive on it is capped to its connection's share of the area.
+    ``area_capacity``: address space reserved for areas added later (``add_area``, Linux 7.3;
+    zcnet.rx.zc.zcrx_areas)."""
     if ifname is None and queue is None and copy is None:
         copy = True
     return _provider(-1, area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd, ifname=ifname,
                      queue=queue, rq_entries=rq_entries, user_region=user_region,
-                     rx_buf_len=rx_buf_len, copy=copy, shared=True)  # type: ignore[return-value]
+                     rx_buf_len=rx_buf_len, copy=copy, shared=True,
+                     area_capacity=area_capacity)  # type: ignore[return-value]
 
 
 def _provider(fd: int, area_size: int, *, hugetlb: bool, dmabuf_fd: int | None,
               ifname: str | None, queue: int | None, rq_entries: int, user_region: bool,
-              rx_buf_len: int, copy: bool | None, shared: bool) -> ZcrxProvider | ZcrxQueue:
+              rx_buf_len: int, copy: bool | None, shared: bool,
+              area_capacity: int | None = None) -> ZcrxProvider | ZcrxQueue:
     """open_zcrx (a provider on ``fd``) or, ``shared``, open_zcrx_queue (the queue)."""
     offers = kernel_offers()
     kw = {"hugetlb": hugetlb, "rq_entries": rq_entries, "user_region": user_region,
-          "rx_buf_len": rx_buf_len, "shared": shared}
+          "rx_buf_len": rx_buf_len, "shared": shared, "area_capacity": area_capacity}
     if copy:
         return _open(fd, area_size, None, None, offers, dmabuf_fd=dmabuf_fd, **kw)
     try:
@@ -439,7 +445,8 @@ def _provider(fd: int, area_size: int, *, hugetlb: bool, dmabuf_fd: int | None,
 
 def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers: Offers, *,
           hugetlb: bool, dmabuf_fd: int | None = None, rq_entries: int, user_region: bool,
-          rx_buf_len: int, why_copy: str = "", shared: bool) -> ZcrxProvider | ZcrxQueue:
+          rx_buf_len: int, why_copy: str = "", shared: bool,
+          area_capacity: int | None = None) -> ZcrxProvider | ZcrxQueue:
     if ifname is None:
         if not offers.copy_mode:
             raise Unsupported("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x kernels) "
@@ -452,7 +459,7 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
     check_rx_buf_len(rx_buf_len, offers, ifname is None)
     if not shared and (zq := _joinable(ifname, queue)) is not None:
         return zq.join(fd)
-    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd)
+    area = Area(area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd, capacity=area_capacity)
     with contextlib.ExitStack() as undo:
         undo.callback(area.close)
         zq = ZcrxQueue(area, ifname, queue, rq_entries=rq_entries, user_region=user_region,

@@ -41,6 +41,7 @@ from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.provider import RECV_UD, close_ring
 from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
+from zcnet.rx.zc.zcrx_areas import add_area
 from zcnet.rx.zc.zcrx_ifq import IfqMemory, QueueRegistry, device_reserve, queue_key
 from zcnet.rx.zc.zcrx_reg import Registration, kernel_stats_layout, memlock_error, register_ifq
 from zcnet.rx.zc.zcrx_rings import RefillRing
@@ -132,6 +133,7 @@ class ZcrxQueue:
         self._copied = (0, 0)                   # its last reading (kept after close)
         self._consumed: int | None = None       # the refill ring's kernel head, last read
         self.flushes = 0
+        self.added_areas: list[tuple[int, int, int]] = []  # (id, start, size): zcrx_areas
         self.seen_cqes = self.seen_bytes = 0  # data CQEs and their bytes (see fill)
         self.unsettled: set[int] = set()  # ids of members that left with a receive armed
         with contextlib.ExitStack() as undo:
@@ -171,7 +173,7 @@ class ZcrxQueue:
         same addresses). Registered as this thread's queue for the device queue."""
         zq = cls.__new__(cls)
         for name in ("area", "copy", "mode", "ifname", "queue", "key", "where", "reg", "mem",
-                     "rq", "buf_len", "reserve", "note", "_kstats"):
+                     "rq", "buf_len", "reserve", "note", "_kstats", "added_areas"):
             setattr(zq, name, getattr(source, name))
         zq.shared = shared
         zq.members, zq._mids, zq.unsettled = {}, [], set()
@@ -205,6 +207,10 @@ class ZcrxQueue:
     @property
     def ring(self) -> Ring | None:
         return self._ring
+
+    def add_area(self, size: int) -> int:
+        """``size`` more bytes of area (ZCRX_CTRL_ADD_AREA, 7.3: zcnet.rx.zc.zcrx_areas)."""
+        return add_area(self, size)
 
     @property
     def starved(self) -> bool:

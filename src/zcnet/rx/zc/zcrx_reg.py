@@ -59,6 +59,11 @@ class Offers:
                 and self.nr_ctrl_opcodes > u.ZCRX_CTRL_EXPORT)
 
     @property
+    def add_area(self) -> bool:
+        """More areas for a registered ifq: ZCRX_CTRL_ADD_AREA (7.3)."""
+        return self.nr_ctrl_opcodes > u.ZCRX_CTRL_ADD_AREA
+
+    @property
     def rx_buf_len(self) -> bool:
         return bool(self.features & u.ZCRX_FEATURE_RX_PAGE_SIZE)
 

@@ -21,6 +21,7 @@ from zcnet.uring.syscall import backend
 
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 _OFF_MASK = np.uint64(OFF_MASK)
+ALL_BITS = (1 << 64) - 1  # push's mask once tokens name their areas
 _NO_OFFS = np.zeros(0, dtype=np.uint64)
 _NO_LENS = np.zeros(0, dtype=np.uint32)
 # zcnet.rx.zc._rxaccel.zcrx_round's record per CQE.
@@ -54,6 +55,13 @@ class RefillRing:
         ring.view(np.uint32).reshape(entries, 4)[:, 3] = 0  # pad: zero once, never written
         self._tail = int(self._ktail[0])
         self._token = np.uint64(area_token)
+        #: What push keeps of a token: its offset bits, ``area_token`` then naming the area.
+        #: With added areas (add_area) the whole token, which names its area itself.
+        self.push_mask = OFF_MASK
+        self._mask = _OFF_MASK
+        #: Where each area id's memory starts in the queue's one range (zcrx_areas), or None
+        #: while the queue has its first area only.
+        self.area_starts: np.ndarray | None = None
         self._held_off = _NO_OFFS  # what did not fit yet, sent first next time
         self._held_len = _NO_LENS
         self.full_events = 0
@@ -92,6 +100,31 @@ class RefillRing:
     def held(self) -> int:
         return len(self._held_off)
 
+    def add_area(self, area_id: int, start: int) -> None:
+        """Area ``area_id`` (the kernel's, from its rq_area_token) starts ``start`` bytes into
+        the queue's range. Tokens carry their area id, so from now on push gives them back as
+        they came, and ``virtual`` reads offsets through the table."""
+        tab = self.area_starts
+        if tab is None:
+            first = self.area_token >> u.IORING_ZCRX_AREA_SHIFT
+            tab = np.full(first + 1, -1, np.int64)
+            tab[first] = 0
+        if area_id >= len(tab):
+            tab = np.concatenate((tab, np.full(area_id + 1 - len(tab), -1, np.int64)))
+        tab[area_id] = start
+        self.area_starts = tab
+        self.area_token, self._token = 0, np.uint64(0)
+        self.push_mask, self._mask = ALL_BITS, np.uint64(ALL_BITS)
+
+    def virtual(self, tokens: list[int] | np.ndarray) -> list[int] | np.ndarray:
+        """The offsets in the queue's range of CQE ``off`` values (``tokens``) that name
+        added areas; the same kind (list or array) as given."""
+        assert self.area_starts is not None
+        t = np.asarray(tokens, dtype=np.uint64)
+        ids = (t >> np.uint64(u.IORING_ZCRX_AREA_SHIFT)).astype(np.intp)
+        v = self.area_starts[ids] + (t & _OFF_MASK).astype(np.int64)
+        return v if isinstance(tokens, np.ndarray) else v.tolist()
+
     def push(self, offs: list[int] | np.ndarray, lens: list[int] | np.ndarray) -> int:
         """Queue buffers (their CQE ``off`` values and lengths, lists or arrays) for the
         kernel; returns how many were written now. The rest stay held and go first next time.
@@ -102,7 +135,7 @@ class RefillRing:
             self._tail = int(self._ktail[0])
         if self.accel is not None and not len(self._held_off):
             t = self.accel.refill_push(*self._where, self._tail, offs, lens, self.area_token,
-                                       OFF_MASK)
+                                       self.push_mask)
             if t is not None:
                 n = (t - self._tail) & 0xFFFFFFFF
                 self._tail = t
@@ -127,7 +160,7 @@ class RefillRing:
                 m = src.stop - src.start
                 if m:
                     dst = self._rqe_off[lo:lo + m]
-                    np.bitwise_and(o[src], _OFF_MASK, out=dst)
+                    np.bitwise_and(o[src], self._mask, out=dst)
                     np.bitwise_or(dst, self._token, out=dst)
                     self._rqe_len[lo:lo + m] = ln[src]
             self._tail = (self._tail + n) & 0xFFFFFFFF
