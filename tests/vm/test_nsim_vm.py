@@ -805,3 +805,58 @@ def test_reproduce_zcrx_refs_on_a_netdevsim_queue_reports_the_share_per_row(read
     # Two placements x two consumers: each cell of each row reads 100% zero-copy.
     assert len(rows) == 2 and all(line.count("100% zero-copy") == 2 for line in rows), md
 
+
+
+@pytest.mark.parametrize("provider,n", [("zcrx", 16), ("devmem", 1)])
+def test_aio_receivers_on_a_device_queue_verified_with_no_copy(ready, provider, n):
+    """zcnet.aio in device mode: ``n`` connections steered to QUEUE, each an
+    aio.open_receiver(provider, ifname, queue) on the loop (zcrx: every one on the loop thread's
+    one registration of the queue), drained with ``async for``: every byte verified where the
+    device wrote it, none copied by the kernel; the queue unbound once they close."""
+    import asyncio
+
+    from zcnet import aio
+
+    total = 1 * MIB
+    with ExitStack() as stack:
+        pairs = []
+        for _ in range(n):
+            client, server = _pair(ready, PORT)
+            stack.enter_context(server)
+            stack.callback(client.close)
+            server.setblocking(False)
+            pairs.append((server, client))
+
+        async def drain(i: int, rx: aio.AsyncReceiver) -> int:
+            got = 0
+            async for c in rx:
+                assert PAT.matches(i * MIB + c.stream_offset, c.array), (i, c.stream_offset)
+                got += c.length
+                c.release()
+            return got
+
+        async def main() -> tuple[list[int], list[dict[str, object]], int]:
+            with in_netns(ready.ns_b):
+                rxs = [aio.open_receiver(s, provider, ifname=ready.if_b, queue=QUEUE,
+                                         area_size=16 * MIB) for s, _ in pairs]
+            try:
+                if provider == "zcrx":
+                    zq = rxs[0].rx.provider.zq
+                    assert not zq.copy and all(r.rx.provider.zq is zq for r in rxs)
+                sender = send_from_child([c for _, c in pairs], total)
+                got = await asyncio.wait_for(
+                    asyncio.gather(*(drain(i, r) for i, r in enumerate(rxs))), 600)
+                stats = [r.rx.stats_dict() for r in rxs]
+            finally:
+                for r in rxs:
+                    r.close()
+            sender.join(60)
+            return got, stats, sender.exitcode
+
+        got, stats, code = asyncio.run(main())
+    assert code == 0 and got == [total] * n, (got, code)
+    for s in stats:
+        assert NETDEVSIM_DMA_NOTE in str(s["why"]), s
+        assert s["kernel_copied_bytes"] == 0, s
+    with Device.open(ready.if_b, ready.ns_b) as dev:
+        assert not {"io-uring", "dmabuf"} & set(netdev.queue_get(dev, QUEUE))

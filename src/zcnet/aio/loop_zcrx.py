@@ -46,6 +46,7 @@ from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import Receiver
 from zcnet.rx.zc.core import Phase
+from zcnet.rx.zc.devnote import device_note
 from zcnet.rx.zc.providers import Option
 from zcnet.rx.zc.zcrx import ZcrxProvider, ZcrxQueue
 from zcnet.rx.zc.zcrx_queue import find_open, queue_key
@@ -73,6 +74,8 @@ class LoopZcrx:
         self.paused: set[ZcrxMember] = set()      # stalled "exhausted": see the module doc
         #: The eventfd hears of arriving data at once; if not, members watch their sockets.
         self.prompt = deferred_signal_is_prompt()
+        #: What every receiver's ``why`` says about the device (netdevsim: no NIC's DMA).
+        self.device_note = None if zq.copy else device_note(zq.ifname)
         self._scheduled = False
         ring = zq.ring
         assert ring is not None
@@ -300,7 +303,8 @@ def open_zcrx_receiver(loop: Loop, sock: socket.socket, area_size: int,
         rx = Receiver(sock, p, max_held=cast(float, kw.get("max_held", 0.75)),
                       debug=bool(kw.get("debug", False)),
                       coalesce=bool(kw.get("coalesce", False)),
-                      why=f"zcrx requested; {p.note}" + (f" ({why})" if why else ""))
+                      why=f"zcrx requested; {p.note}" + (f" ({why})" if why else "")
+                      + (f"; {lq.device_note}" if lq.device_note else ""))
         m = lq.join(p, rx)
         undo.pop_all()
     return rx, m
