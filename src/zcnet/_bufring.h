@@ -1,6 +1,7 @@
 /* zcnet/_bufring.h: writing and reading a provided-buffer ring's entries, for the compiled
  * halves that give buffers back to the kernel (zcnet.uring._accel's receive path,
- * zcnet.aio._loopaccel's Round).
+ * zcnet.aio._loopaccel's Round) and check a round against them (zcnet.rx.zc._rxaccel's
+ * soft_round).
  *
  * struct io_uring_buf (include/uapi/linux/io_uring.h): __u64 addr at byte 0, __u32 len at 8,
  * __u16 bid at 12, __u16 resv at 14; 16 bytes an entry. Entry 0's resv is the ring's tail
@@ -46,6 +47,24 @@ static inline uint16_t buf_bid(const unsigned char *entry) {
 /* Store the ring's tail after the entries written before it (release). */
 static inline void buf_publish_tail(unsigned char *entries, uint16_t tail) {
     __atomic_store_n((uint16_t *)(entries + BUF_TAIL), tail, __ATOMIC_RELEASE);
+}
+
+/* The entries of a provided-buffer ring: ``entries`` (a power of two, from ``entries_obj``)
+ * from the start of the buffer ``mem_obj``, which is taken into ``mem`` (release it). NULL
+ * with an error set when that many do not fit. */
+static inline unsigned char *buf_ring_of(PyObject *mem_obj, PyObject *entries_obj,
+                                         Py_buffer *mem, int flags, Py_ssize_t *entries) {
+    *entries = PyLong_AsSsize_t(entries_obj);
+    if (*entries == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(mem_obj, mem, flags) < 0)
+        return NULL;
+    if (*entries <= 0 || (*entries & (*entries - 1)) || *entries > mem->len / BUF_ENTRY_SIZE) {
+        PyBuffer_Release(mem);
+        PyErr_SetString(PyExc_ValueError, "a buffer ring of that many entries does not fit");
+        return NULL;
+    }
+    return mem->buf;
 }
 
 /* bufring_layout() -> dict: the layout this header assumes, for the test that holds it to

@@ -58,7 +58,7 @@ CASES = {
     "CQE size that fits only when narrowed": (
         f"raw = struct.pack('<QiI', {UD}, 10, {MORE | BUF}) * 4\n"
         "try:\n"
-        f"    a.soft_round(raw, 4, 2**62 + 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4,"
+        f"    x.soft_round(raw, 4, 2**62 + 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4,"
         " 0, 4096, 0)\n"
         "except ValueError as e:\n"
         "    print(e)", "soft_round: a CQE is 16 or 32 bytes"),
@@ -135,15 +135,15 @@ CASES = {
         f"c = struct.pack('<QiI', {UD}, 10, {MORE | BUF}) + struct.pack('<QiI', {UD}, 0, 0)\n"
         "mem = bytearray(4 * 16)\n"
         "struct.pack_into('<H', mem, 16 + 12, 1)\n"
-        f"r = a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, mem, 4, 0, 4096, 0)\n"
+        f"r = x.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, mem, 4, 0, 4096, 0)\n"
         "print(r[1], r[2])", "1 0"),
     "soft round ending with a buffer and no data": (
         f"c = struct.pack('<QiI', {UD}, 0, {BUF})\n"
-        f"print(a.soft_round(c, 1, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        f"print(x.soft_round(c, 1, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
         " 0))", "None"),
     "soft round with an empty buffer in the middle": (
         f"c = struct.pack('<QiI', {UD}, 0, {MORE | BUF}) * 2\n"
-        f"print(a.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
+        f"print(x.soft_round(c, 2, 16, {UD}, {MORE}, {BUF}, {SHIFT}, bytearray(64), 4, 0, 4096,"
         " 0))", "None"),
     # The ring's Core: a CQ head moved 100000 back (a second reaper out of step, or a write
     # through Ring.cq_addresses) makes tail - head larger than the ring; no copy past it.

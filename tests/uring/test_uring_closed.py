@@ -43,7 +43,7 @@ BUFRING_CALLS = {
     "provide": "o.provide(np.array([0], dtype=np.uint16))",
     "provide_few": "o.provide_few([0])",
     "take": "o.take(np.array([0], dtype=np.uint16))",
-    "take_round": "o.take_round(Completions.from_raw(bytearray(16), 1, False), 1)",
+    "take_round": "o.take_round(Completions.from_raw(bytearray(16), 1, False), 1, None)",
 }
 # Not uses of the object: closing again, and asking whether it is closed.
 EXEMPT = {"close", "__exit__", "closed"}

@@ -45,7 +45,6 @@ from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
 from zcnet.rx.zc.api import Receiver
-from zcnet.rx.zc.core import Phase
 from zcnet.rx.zc.devnote import device_note
 from zcnet.rx.zc.providers import Option
 from zcnet.rx.zc.zcrx import ZcrxProvider, ZcrxQueue
@@ -206,7 +205,7 @@ class ZcrxMember(Waiting):
         if lr.paused:
             lr.schedule()
         if (self.watching < 0 and not lr.prompt and self.p.fd >= 0
-                and self.rx.core.phase == Phase.ARMED and not lr.loop.is_closed()):
+                and self.rx.core.armed and not lr.loop.is_closed()):
             self.watching = self.p.fd
             lr.loop.add_reader(self.watching, self._socket_ready)
 

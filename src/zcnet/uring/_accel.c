@@ -7,7 +7,7 @@
  * through raw pointers, so it checks its own closed flag before every access and the Ring
  * closes it before unmapping; anything unusual goes back to the Python methods, whose checks
  * and errors are then the user's. Private to zcnet.uring.ring: it passes valid addresses. The
- * provided-buffer ring's writes and a soft receive's round over it are _accel_bufring.c.
+ * provided-buffer ring's writes are _accel_bufring.c.
  *
  * Built at install time when a C compiler exists (setup.py, optional); without it, or with
  * ZCNET_PURE=1 in the environment, zcnet runs the pure-Python path.
@@ -622,7 +622,6 @@ static const Twin twins[] = {
     {"Core", "zcnet.uring.ring.Ring"},
     {"buf_provide", "zcnet.uring.bufring.BufRing.provide"},
     {"buf_in_step", "zcnet.uring.bufring.BufRing.take"},
-    {"soft_round", "zcnet.rx.zc.soft_group.SoftGroup.round"},
     {NULL, NULL},
 };
 

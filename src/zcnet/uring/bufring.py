@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,10 +36,10 @@ from zcnet.uring.ring import Ring
 from zcnet.uring.syscall import accel_for
 
 _TAIL_U16 = u.io_uring_buf.resv.offset // 2  # tail lives in entry 0's resv
-#: What take_round returns per completion: the buffer's offset in the area, the bytes in it
-#: and its id (zcnet.uring._accel.soft_round's record).
-ROUND_RECORD = np.dtype({"names": ["offset", "length", "bid"], "formats": ["<i8", "<i4", "<u2"],
-                         "offsets": [0, 8, 12], "itemsize": 16})
+#: A compiled round take_round runs (zcnet.rx.zc._rxaccel.soft_round): given the CQEs' copy,
+#: their count and size, the request, the CQE flags it reads, and the ring's entries, head,
+#: buffer size and base, it returns (records, count, final) or None.
+RoundParser = Callable[..., "tuple[bytes, int, int | None] | None"]
 
 
 class BufRing:
@@ -219,27 +220,28 @@ class BufRing:
             raise RuntimeError("buffer ring out of step with completions")
         self._retire(n)
 
-    def take_round(self, c: Completions, user_data: int) -> tuple[np.ndarray, int | None] | None:
+    def take_round(self, c: Completions, user_data: int, parse: RoundParser | None
+                   ) -> tuple[bytes, int, int | None] | None:
         """A round of CQEs (their copy in ``c``) that each filled one buffer of request
-        ``user_data``, the next ones in ring order, checked and accounted in one C call. The
-        last may end the multishot (no F_MORE). Returns one record per buffer (ROUND_RECORD:
-        offset in the area, length, bid) and that last CQE's res if it ended the multishot
-        (else None), or None when the round is anything else or the compiled path is off;
-        then nothing is accounted and the caller takes its own path. ClosedError once the
-        ring is closed, as every method."""
+        ``user_data``, the next ones in ring order, checked by ``parse`` (the receive core's
+        compiled round, zcnet.rx.zc._rxaccel.soft_round, handed the ring's entries) and
+        accounted here. The last may end the multishot (no F_MORE). Returns ``parse``'s
+        records (bytes), their count and that last CQE's res if it ended the multishot (else
+        None); None when the round is anything else or ``parse`` is None: then nothing is
+        accounted and the caller takes its own path. ClosedError once the ring is closed, as
+        every method."""
         if not self.registered or self.ring.fd < 0:
             self._check_open()
         raw, n = c.raw, len(c)
-        if self.accel is None or raw is None or self.incremental or n > self.in_ring:
+        if parse is None or raw is None or self.incremental or n > self.in_ring:
             return None
-        got = self.accel.soft_round(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE,
-                                    u.IORING_CQE_F_BUFFER, u.IORING_CQE_BUFFER_SHIFT, self._mv,
-                                    self.entries, self.head, self.buf_size, self.area_offset)
+        got = parse(raw, n, c.cqe_size, user_data, u.IORING_CQE_F_MORE, u.IORING_CQE_F_BUFFER,
+                    u.IORING_CQE_BUFFER_SHIFT, self._mv, self.entries, self.head,
+                    self.buf_size, self.area_offset)
         if got is None:
             return None
-        records, k, final = got
-        self._retire(k)
-        return np.frombuffer(records, ROUND_RECORD, count=k), final
+        self._retire(got[1])
+        return got
 
     def _consume(self, nbytes: int, first_bid: int) -> tuple[tuple[int, int], ...]:
         """Retire the buffers a completion of ``nbytes`` from ``first_bid`` consumed; where

@@ -69,7 +69,7 @@ PROVIDERS: Mapping[str, ProviderInfo] = MappingProxyType({i.name: i for i in (
                  frozenset({"buf_size", "hugetlb", "incremental", "dmabuf_fd"}),
                  "soft provider requested", needs_nic=False, auto_why="soft, because {reasons}",
                  loop_ring=True, round="zcnet.rx.zc.soft_group.SoftGroup.round",
-                 c_twin="zcnet.uring._accel.soft_round"),
+                 c_twin="zcnet.rx.zc._rxaccel.soft_round"),
 )})
 #: The order "auto" tries them in: the table's (the last is its last resort).
 AUTO = tuple(PROVIDERS.values())

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.provider import (
     BGID,
@@ -53,6 +54,11 @@ _F_MORE = u.IORING_CQE_F_MORE
 # traffic the kernel's copy has just evicted numpy's code and data: with the crossover at 3,
 # zc_rx's soft-zc (rounds of 1-3 CQEs) took 33 ms of user CPU per GiB instead of 15. So the
 # thresholds sit at about twice the warm crossover.
+#: One record of the compiled round (zcnet.rx.zc._rxaccel.soft_round) per buffer: its offset
+#: in the area, the bytes in it and its id.
+SOFT_RECORD = np.dtype({"names": ["offset", "length", "bid"], "formats": ["<i8", "<i4", "<u2"],
+                        "offsets": [0, 8, 12], "itemsize": 16})
+_SOFT_ROUND = getattr(rx_accel_for("c"), "soft_round", None)
 FEW = 8
 FEW_PURE = 16
 
@@ -94,6 +100,9 @@ class SoftGroup:
         self._ud_ok = np.full(round_cqes, RECV_UD, np.uint64).tobytes()
         self._off_of = np.arange(self.entries, dtype=np.int64) * buf_size  # offset of each bid
         self._few = FEW if buf.accel is not None else FEW_PURE  # the ring's hot path decides
+        #: The common round in one C call (zcnet.rx.zc._rxaccel.soft_round) where the ring's
+        #: hot path is compiled too, else None.
+        self._parse = _SOFT_ROUND if buf.accel is not None else None
 
     def arm(self, limit: int = 0) -> None:
         """Arm the receive; ``limit``: bytes after which it ends (its SQE's ``optlen``)."""
@@ -119,8 +128,9 @@ class SoftGroup:
             self.take_few(c.tuples(), out)
             return out
         buf = self.buf
-        if (got := buf.take_round(c, RECV_UD)) is not None:  # the common round, in C
-            rec, final = got
+        if (got := buf.take_round(c, RECV_UD, self._parse)) is not None:  # the common round, in C
+            records, k, final = got
+            rec = np.frombuffer(records, SOFT_RECORD, count=k)
             out.tokens, out.offsets, out.lengths = rec["bid"], rec["offset"], rec["length"]
             if final is not None:
                 note_final(out, final, SOFT_STOPS)

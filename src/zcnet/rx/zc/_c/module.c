@@ -3,8 +3,8 @@
  * What runs once per chunk or once per round on the receiver's side: a round's chunks
  * (make_chunks), their release (the descriptor bind() returns), release_many's marking
  * (mark_released), the drain of released chunks (chunk_tokens), the blocking iterator
- * (ChunkIter), zcrx's round and refill ring (zcrx_round, refill_push) and a round's byte count
- * (int_sum). Each takes only the common case
+ * (ChunkIter), zcrx's round and refill ring (zcrx_round, refill_push), a round's byte count
+ * (int_sum) and the soft provider's round (soft_round). Each takes only the common case
  * and leaves the rest to the Python code it stands for (TWINS below, which the tests hold to
  * the Python side), whose checks and errors are the user's.
  *
@@ -25,6 +25,7 @@ static const Twin twins[] = {
     {"int_sum", "zcnet.rx.zc.core.RxCore.deliver_batch"},
     {"zcrx_round", "zcnet.rx.zc.zcrx_rings.parse_completions"},
     {"refill_push", "zcnet.rx.zc.zcrx_rings.RefillRing.push"},
+    {"soft_round", "zcnet.rx.zc.soft_group.SoftGroup.round"},
     {NULL, NULL},
 };
 
@@ -41,6 +42,7 @@ PyMODINIT_FUNC PyInit__rxaccel(void) {
         return NULL;
     if (PyModule_AddFunctions(m, rx_chunk_methods) < 0 ||
         PyModule_AddFunctions(m, rx_int_methods) < 0 ||
+        PyModule_AddFunctions(m, rx_soft_methods) < 0 ||
         PyModule_AddObjectRef(m, "ChunkIter", (PyObject *)&ChunkIterType) < 0 ||
         add_twins(m, twins) < 0) {
         Py_DECREF(m);

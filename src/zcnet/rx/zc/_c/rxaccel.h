@@ -32,5 +32,7 @@ extern PyMethodDef rx_chunk_methods[];
 extern PyTypeObject ChunkIterType;
 /* ints.c */
 extern PyMethodDef rx_int_methods[];
+/* softround.c */
+extern PyMethodDef rx_soft_methods[];
 
 #endif /* ZCNET_RXACCEL_H */
