@@ -30,6 +30,17 @@ async def _closing(sock: socket.socket) -> AsyncIterator[None]:
         sock.close()
 
 
+def _peer_and_receiver(kw: dict[str, bool]) -> tuple[socket.socket, aio.AsyncReceiver]:
+    """A loopback connection: its peer, and a soft zcnet.aio receiver (``kw``) on its other
+    end (in a running loop)."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        peer = socket.create_connection(srv.getsockname()[:2])
+        conn = srv.accept()[0]
+    conn.setblocking(False)
+    return peer, aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20,
+                                   buf_size=16 << 10, **kw)
+
+
 @pytest.fixture
 def fresh_choice() -> Iterator[None]:
     taskrun.taskrun_flag.cache_clear()
@@ -76,15 +87,10 @@ def test_an_idle_connection_is_answered_through_the_shared_ring(no_leaks: None) 
     """An echo over the shared ring after the loop went idle: the reply comes (the wake-up is
     the ring's eventfd, not a later event), every byte checked."""
     async def main() -> None:
-        srv = socket.create_server(("127.0.0.1", 0))
-        peer = socket.create_connection(srv.getsockname()[:2])
-        conn = srv.accept()[0]
-        srv.close()
-        conn.setblocking(False)
+        peer, rx = _peer_and_receiver({})
         peer.setblocking(False)
         loop = asyncio.get_running_loop()
-        async with aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20,
-                                     buf_size=16 << 10) as rx, _closing(peer):
+        async with rx, _closing(peer):
             for i in range(5):
                 await asyncio.sleep(0.01)  # the loop sleeps in epoll
                 msg = f"ping {i}".encode()
@@ -123,13 +129,8 @@ def test_a_receiver_with_a_ring_of_its_own_is_signalled_inside_the_send(
     Wakeup's eventfd is raised by the time a same-thread send returns. The synchronous API
     keeps DEFER_TASKRUN (it waits inside its own enter)."""
     async def main() -> None:
-        srv = socket.create_server(("127.0.0.1", 0))
-        peer = socket.create_connection(srv.getsockname()[:2])
-        conn = srv.accept()[0]
-        srv.close()
-        conn.setblocking(False)
-        async with aio.open_receiver(conn, "soft", own_socket=True, area_size=1 << 20,
-                                     buf_size=16 << 10, **kw) as rx, _closing(peer):
+        peer, rx = _peer_and_receiver(kw)
+        async with rx, _closing(peer):
             wake = rx._wake  # the receiver's own eventfd is what is checked
             assert wake is not None and wake.efd >= 0
             hits = 0
