@@ -492,6 +492,17 @@ def test_zcrx_on_an_rx_queue_receives_with_no_kernel_copy(ready):
     assert stats["refill_consumed"] >= stats["refill_produced"] - area // stats["rx_buf_len"]
 
 
+def _pairs(lab: Lab, n: int, stack: ExitStack) -> list[tuple[socket.socket, socket.socket]]:
+    """``n`` (server, client) connections to PORT, closed with ``stack``."""
+    pairs = []
+    for _ in range(n):
+        client, server = _pair(lab, PORT)
+        stack.enter_context(server)
+        stack.callback(client.close)
+        pairs.append((server, client))
+    return pairs
+
+
 def _alloc_fails(dev: Device) -> int:
     """Packets QUEUE dropped for want of a buffer (the patched driver's rx-alloc-fail)."""
     return sum(r.get("rx-alloc-fail", 0) for r in netdev.qstats(dev)
@@ -505,12 +516,7 @@ def test_64_connections_share_one_device_queue_with_no_copy_and_no_drop(ready):
     a buffer, no connection ever holding more than its share; the queue unbound at the end."""
     n, total = 64, 256 << 10
     with ExitStack() as stack:
-        pairs = []
-        for _ in range(n):
-            client, server = _pair(ready, PORT)
-            stack.enter_context(server)
-            stack.callback(client.close)
-            pairs.append((server, client))
+        pairs = _pairs(ready, n, stack)
         with in_netns(ready.ns_b):  # where a join can ask which queue a connection came on
             zq = stack.enter_context(open_zcrx_queue(16 * MIB, ifname=ready.if_b, queue=QUEUE))
             srv = ZcrxServer(zq, [s for s, _ in pairs])
@@ -819,13 +825,9 @@ def test_aio_receivers_on_a_device_queue_verified_with_no_copy(ready, provider, 
 
     total = 1 * MIB
     with ExitStack() as stack:
-        pairs = []
-        for _ in range(n):
-            client, server = _pair(ready, PORT)
-            stack.enter_context(server)
-            stack.callback(client.close)
+        pairs = _pairs(ready, n, stack)
+        for server, _ in pairs:
             server.setblocking(False)
-            pairs.append((server, client))
 
         async def drain(i: int, rx: aio.AsyncReceiver) -> int:
             got = 0
