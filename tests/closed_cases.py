@@ -244,8 +244,8 @@ CASES: dict[str, Case] = {
     "provider-soft-incremental": Case(soft_provider(True), **PROVIDER),  # type: ignore[arg-type]
     "provider-zcrx": Case(zcrx_provider, **PROVIDER),  # type: ignore[arg-type]
     "provider-devmem": Case(devmem_provider, **PROVIDER),  # type: ignore[arg-type]
-    "area": Case(area(False), args={"sync": (True,)}),
-    "area-dmabuf": Case(area(True), args={"sync": (True,)}),
+    "area": Case(area(False), args={"sync": (True,), "grow": (4096,), "ungrow": (0,)}),
+    "area-dmabuf": Case(area(True), args={"sync": (True,), "grow": (4096,), "ungrow": (0,)}),
     "engine-zcrx": Case(nic_engine("zcrx"),
                         args={"run": lambda: (tcp_pair()[1], None)}),
     "engine-devmem": Case(nic_engine("devmem"),

@@ -164,6 +164,8 @@ class Area:
 
     def ungrow(self, at: int) -> None:
         """Give back what ``grow`` added from ``at`` on (it was never registered)."""
+        if self._closed:
+            raise ClosedError.of(self, "ungrow")
         if at < self.size:
             self.mapping.decommit(at, self.size - at)
             self.size = at
