@@ -40,7 +40,7 @@ import weakref
 from typing import cast
 
 from zcnet.aio.looptypes import Future, Loop
-from zcnet.aio.taskrun import deferred_signal_is_prompt
+from zcnet.aio.taskrun import signal_is_prompt
 from zcnet.aio.wakeup import Waiting, wake_each
 from zcnet.errors import Unsupported, UsageError, ZcnetError
 from zcnet.rx.zc import zcrx
@@ -72,7 +72,7 @@ class LoopZcrx:
         self.members: dict[int, ZcrxMember] = {}  # by the provider's member id
         self.paused: set[ZcrxMember] = set()      # stalled "exhausted": see the module doc
         #: The eventfd hears of arriving data at once; if not, members watch their sockets.
-        self.prompt = deferred_signal_is_prompt()
+        self.prompt = signal_is_prompt()
         #: What every receiver's ``why`` says about the device (netdevsim: no NIC's DMA).
         self.device_note = None if zq.copy else device_note(zq.ifname)
         self._scheduled = False

@@ -48,7 +48,13 @@ def taskrun_flag() -> int:
             raise UsageError(f"{ENV}={forced!r} is not a task-run mode",
                              f"set it to one of {', '.join(MODES)}, or unset it")
         return MODES[forced]
-    return MODES["defer" if deferred_signal_is_prompt() else "coop"]
+    return MODES["defer" if signal_is_prompt() else "coop"]
+
+
+@functools.cache
+def signal_is_prompt() -> bool:
+    """deferred_signal_is_prompt, asked once per process (zcrx queues on a loop ask it)."""
+    return deferred_signal_is_prompt()
 
 
 def taskrun_name() -> str:
