@@ -42,7 +42,6 @@ class Growable(Protocol):
     ifq_id: int
     owner_tid: int
     where: str
-    added_areas: list[tuple[int, int, int]]
 
     @property
     def closed(self) -> bool: ...
@@ -71,7 +70,9 @@ def add_area(zq: Growable, size: int) -> int:
         raise UsageError(f"{zq.where}'s area was opened without room to grow",
                          "open it with area_capacity= (open_zcrx_queue), address space the "
                          "added areas are mapped into")
-    if err := memlock_error(zq.reg.locked_bytes() + sum(s for _, _, s in zq.added_areas) + size):
+    # What is locked now: the registration's first area and region, and what grew since.
+    grown = zq.area.size - int(zq.reg.area.len)
+    if err := memlock_error(zq.reg.locked_bytes() + grown + size):
         raise err
     at = area.grow(size)  # UsageError for a size that is not whole pages or does not fit
     with contextlib.ExitStack() as undo:
@@ -89,5 +90,4 @@ def add_area(zq: Growable, size: int) -> int:
         undo.pop_all()
     area_id = int(reg.rq_area_token) >> u.IORING_ZCRX_AREA_SHIFT
     zq.rq.add_area(area_id, at)
-    zq.added_areas.append((area_id, at, size))
     return area_id

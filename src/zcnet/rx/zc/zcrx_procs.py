@@ -317,7 +317,6 @@ def _adopted(h: ZcrxHandoff, ring: Ring, ifq: u.io_uring_zcrx_ifq_reg, area: Are
     zq.reg, zq.mem = reg, SharedIfqMemory(reg, area, count, lock, h.slot)
     zq._ring, zq.ifq_id, zq._kstats = ring, ifq_id, None
     zq._copied, zq._consumed, zq.flushes = (0, 0), 0, 0
-    zq.added_areas = []  # none: a hosted queue's area cannot grow (zcnet.rx.zc.zcrx_areas)
     zq.seen_cqes = zq.seen_bytes = 0
     zq.rq = zq._map_refill_ring()
     zq.rq.shared = True

@@ -133,7 +133,6 @@ class ZcrxQueue:
         self._copied = (0, 0)                   # its last reading (kept after close)
         self._consumed: int | None = None       # the refill ring's kernel head, last read
         self.flushes = 0
-        self.added_areas: list[tuple[int, int, int]] = []  # (id, start, size): zcrx_areas
         self.seen_cqes = self.seen_bytes = 0  # data CQEs and their bytes (see fill)
         self.unsettled: set[int] = set()  # ids of members that left with a receive armed
         with contextlib.ExitStack() as undo:
@@ -173,7 +172,7 @@ class ZcrxQueue:
         same addresses). Registered as this thread's queue for the device queue."""
         zq = cls.__new__(cls)
         for name in ("area", "copy", "mode", "ifname", "queue", "key", "where", "reg", "mem",
-                     "rq", "buf_len", "reserve", "note", "_kstats", "added_areas"):
+                     "rq", "buf_len", "reserve", "note", "_kstats"):
             setattr(zq, name, getattr(source, name))
         zq.shared = shared
         zq.members, zq._mids, zq.unsettled = {}, [], set()
