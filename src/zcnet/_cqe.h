@@ -102,6 +102,41 @@ static inline const unsigned char *cqes_of(PyObject *raw, Py_ssize_t n, Py_ssize
     return b->buf;
 }
 
+/* A CQE_MIXED ring's CQ (IORING_SETUP_CQE_MIXED): 16-byte slots; an entry whose flags have
+ * ``f32`` (IORING_CQE_F_32) takes two, one with ``fskip`` (IORING_CQE_F_SKIP) is a pad that
+ * carries nothing (the kernel never lets an entry straddle the wrap). Up to ``max`` entries of
+ * the ``slots`` ready from ring index ``head`` go to ``dst`` widened to 32 bytes (a 16-byte
+ * entry's second half zeroed, pads dropped): returns the entries written, and in *used the
+ * slots they took. The twin of zcnet.uring.mixed.widen. */
+static inline uint32_t cqes_widen(const unsigned char *cqes, uint32_t head, uint32_t slots,
+                                  uint32_t mask, uint32_t f32, uint32_t fskip,
+                                  unsigned char *dst, uint32_t max, uint32_t *used) {
+    uint32_t i = 0, n = 0;
+    while (i < slots && n < max) {
+        const unsigned char *c = cqe_at(cqes, head + i, mask, CQE_SIZE);
+        uint32_t flags = cqe_flags(c);
+        if (flags & fskip) {
+            i++;
+            continue;
+        }
+        unsigned char *d = dst + (size_t)n * CQE32_SIZE;
+        if (flags & f32) {
+            if (i + 1 >= slots) /* half an entry: the kernel never publishes one */
+                break;
+            memcpy(d, c, CQE_SIZE);
+            memcpy(d + CQE_SIZE, cqe_at(cqes, head + i + 1, mask, CQE_SIZE), CQE_SIZE);
+            i += 2;
+        } else {
+            memcpy(d, c, CQE_SIZE);
+            memset(d + CQE_SIZE, 0, CQE_SIZE);
+            i++;
+        }
+        n++;
+    }
+    *used = i;
+    return n;
+}
+
 /* cqe_layout() -> dict: the layout this header assumes (field -> byte offset, and the entry
  * sizes), for the test that holds it to zcnet.uapi. Listed in each module's methods. */
 static inline PyObject *cqe_layout(PyObject *self, PyObject *unused) {

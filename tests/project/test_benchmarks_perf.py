@@ -54,6 +54,16 @@ def test_ring_nop_runs_against_its_c_loop() -> None:
     assert {"ring_nop_batch1", "ring_nop_batch32", "ring_nop_batch1024"} <= names
 
 
+def test_cq_mixed_reaps_every_ring_kind_on_each_path() -> None:
+    out = run("cq_mixed.py", "--seconds", "0.02", "--rounds", "1", "--batch", "16")
+    rows = [line.split() for line in out.splitlines() if line.startswith(("c ", "pure "))]
+    assert {r[1] for r in rows} == {"cqe32", "mixed-big", "mixed-half"}
+    # CQ bytes per 16 CQEs: 32 each, and 16 for each small one of the half-and-half ring
+    assert {r[1]: int(r[4]) for r in rows} == {"cqe32": 512, "mixed-big": 512,
+                                               "mixed-half": 384}
+    assert any(line.startswith("target mixed_big_reap_") for line in out.splitlines())
+
+
 def _tcp_zc_module():
     import importlib.util
 

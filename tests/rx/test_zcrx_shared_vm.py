@@ -199,3 +199,57 @@ def test_four_threads_receive_one_queue_through_imports(copy_mode):
             c.release()  # after its receiver, its queue and its thread are gone
         zq.ready(0)
         assert zq.rq.produced == produced + len(kept) == sum(delivered)
+
+
+def test_a_queue_on_a_mixed_cq_ring_receives_among_small_completions(copy_mode):
+    """``cqe_mixed``: the queue's ring takes IORING_SETUP_CQE_MIXED (RECV_ZC CQEs 32 bytes,
+    others 16). A NOP before every enter puts a 16-byte CQE among the RECV_ZC ones, so the CQ
+    of 2048 slots wraps several times with pads before the wrap, which the reaper steps over:
+    the bytes of 8 connections verified as on a CQE32 ring, the NOPs and pads seen."""
+    from zcnet.uapi import io_uring as u
+
+    n, total = 8, 2 * MIB
+    with ExitStack() as stack:
+        pairs = connections(stack, n)
+        zq = stack.enter_context(open_zcrx_queue(2 * MIB, copy=True, rq_entries=128,
+                                                 cqe_mixed=True))
+        ring = zq.ring
+        assert ring.cqe_mixed and not ring.cqe32
+        assert ring.flags & u.IORING_SETUP_CQE_MIXED and ring.cq_entries == 2048
+        srv = ZcrxServer(zq, [s for s, _ in pairs])
+        nop_ud = 0xFF << 8  # no member's id: the queue's router drops what it cannot route
+        seen = {"nops": 0, "big": 0, "pads": 0}
+        reap = ring.reap
+
+        def reap_counting(max_n=None):
+            cq, head = ring._cqm, ring._cqm[ring._kcq_head_i]
+            for i in range((cq[ring._kcq_tail_i] - head) & 0xFFFFFFFF):
+                fl = int.from_bytes(ring._cqes[((head + i) & ring.cq_mask) * 16 + 12:][:4],
+                                    "little")
+                seen["pads"] += bool(fl & u.IORING_CQE_F_SKIP)
+            c = reap(max_n)
+            seen["nops"] += int((c.user_data == nop_ud).sum())
+            seen["big"] += int(((c.flags & u.IORING_CQE_F_32) != 0).sum())
+            return c
+
+        ring.reap = reap_counting
+        pump = zq.pump
+
+        def pump_with_a_nop(timeout):
+            ring.prep(u.IORING_OP_NOP, user_data=nop_ud)
+            pump(timeout)
+
+        zq.pump = pump_with_a_nop
+        senders = [Sender(c, total, piece=64 << 10, base=i * MIB)
+                   for i, (_, c) in enumerate(pairs)]
+        for t in senders:
+            t.start()
+        srv.run(lambda: all(map(srv.finished, range(n))))
+        for t in senders:
+            t.join(10)
+            assert t.error is None
+        assert srv.got == [total] * n and not srv.errors
+        assert seen["big"] * 2 >= ring.cq_entries * 2  # the CQ wrapped at least twice
+        assert seen["nops"] > 0 and seen["pads"] > 0, seen
+        for rx in srv.rx:
+            rx.close()

@@ -36,6 +36,9 @@ IORING_SETUP_DEFER_TASKRUN = 1 << 13
 IORING_SETUP_NO_MMAP = 1 << 14
 IORING_SETUP_REGISTERED_FD_ONLY = 1 << 15
 IORING_SETUP_NO_SQARRAY = 1 << 16
+# CQ entries of 16 and 32 bytes in one ring (6.18): a 32-byte one has IORING_CQE_F_32 and
+# takes two slots; one that would straddle the wrap is preceded by an IORING_CQE_F_SKIP pad.
+IORING_SETUP_CQE_MIXED = 1 << 18
 
 # --- opcodes (enum io_uring_op) --------------------------------------------------------------
 IORING_OP_NOP = 0
@@ -84,12 +87,17 @@ IORING_RECVSEND_BUNDLE = 1 << 4
 # cqe->res of a SEND_ZC notification when IORING_SEND_ZC_REPORT_USAGE was set
 IORING_NOTIF_USAGE_ZC_COPIED = 1 << 31
 
+# sqe->nop_flags: the NOP posts a 32-byte CQE (on a CQE_MIXED ring; 6.18)
+IORING_NOP_CQE32 = 1 << 5
+
 # --- cqe->flags ----------------------------------------------------------------------------------
 IORING_CQE_F_BUFFER = 1 << 0
 IORING_CQE_F_MORE = 1 << 1
 IORING_CQE_F_SOCK_NONEMPTY = 1 << 2
 IORING_CQE_F_NOTIF = 1 << 3
 IORING_CQE_F_BUF_MORE = 1 << 4
+IORING_CQE_F_SKIP = 1 << 5
+IORING_CQE_F_32 = 1 << 15
 IORING_CQE_BUFFER_SHIFT = 16
 
 # --- io_uring_enter flags --------------------------------------------------------------------

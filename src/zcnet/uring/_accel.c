@@ -109,7 +109,8 @@ typedef struct {
     PyTypeObject *comp;     /* zcnet.uring.ring.Completions: reap's result */
     Py_ssize_t comp_off[8]; /* its slots, in the order of zcnet.uring.completions.C_SLOTS */
     PyObject *keep;         /* the ring's mappings: alive while any bound method is */
-    int cqe32;
+    int cqe32;              /* reaps are 32-byte entries (a CQE32 ring, or a mixed one widened) */
+    uint32_t f32, fskip;    /* a CQE_MIXED ring: IORING_CQE_F_32, IORING_CQE_F_SKIP; else 0 */
     int users;              /* enters in flight with the GIL released (fd in use) */
     PyObject *closer;       /* the Ring, closed during such an enter: its fd goes after it */
 } Core;
@@ -137,11 +138,13 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
     unsigned long long sq, cq, sqes, cqes;
     unsigned khead, ktail, kcq_head, kcq_tail, sq_mask, sq_entries, sqe_size, cq_mask, cqe_size;
     int cqe32, fd, closed;
+    unsigned f32, fskip;
     PyObject *ring, *err, *of, *of_slots, *keep, *slow;
     /* Parsed into locals and stored only once every check passed: a failed __init__ leaves
      * the Core as it was (closed, or bound to its ring). */
-    if (!PyArg_ParseTuple(args, "OOOOOO!iiKIIKIIKIIIKIII", &ring, &err, &of, &of_slots, &keep,
-                          &PyTuple_Type, &slow, &cqe32, &fd, &sq, &khead, &ktail, &cq,
+    if (!PyArg_ParseTuple(args, "OOOOOO!iIIiKIIKIIKIIIKIII", &ring, &err, &of, &of_slots,
+                          &keep, &PyTuple_Type, &slow, &cqe32, &f32, &fskip, &fd, &sq, &khead,
+                          &ktail, &cq,
                           &kcq_head, &kcq_tail, &sqes, &sq_mask, &sq_entries, &sqe_size, &cqes,
                           &cq_mask, &cqe_size, &closed))
         return -1;
@@ -154,9 +157,14 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
             PyErr_Format(PyExc_TypeError, "Core: slow[%d] is not callable", i);
             return -1;
         }
-    if (cqe_size != (cqe32 ? CQE32_SIZE : CQE_SIZE)) {
-        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d", cqe_size,
-                     cqe32);
+    if ((f32 || fskip) && (!cqe32 || !f32 || !fskip || f32 == fskip)) {
+        PyErr_SetString(PyExc_ValueError, "Core: a mixed CQ takes cqe32=1 (its reaps are "
+                                          "widened) and two distinct flags f32, fskip");
+        return -1;
+    }
+    if (cqe_size != (cqe32 && !f32 ? CQE32_SIZE : CQE_SIZE)) {
+        PyErr_Format(PyExc_ValueError, "Core: cqe_size %u does not match cqe32=%d, mixed=%d",
+                     cqe_size, cqe32, f32 != 0);
         return -1;
     }
     if (sqe_size != 64 && sqe_size != 128) {
@@ -187,6 +195,8 @@ static int core_init(Core *c, PyObject *args, PyObject *kw) {
     Py_XSETREF(c->closed_error, Py_NewRef(err));
     Py_XSETREF(c->owner, owner);
     c->cqe32 = cqe32;
+    c->f32 = f32;
+    c->fskip = fskip;
     c->fd = fd;
     c->sq_mask = sq_mask;
     c->sq_entries = sq_entries;
@@ -498,6 +508,18 @@ static PyObject *core_reap_one(Core *c, PyObject *unused) {
         Py_RETURN_NONE;
     const unsigned char *cqe = cqe_at((const unsigned char *)c->cqes, head, c->cq_mask,
                                       c->cqe_size);
+    if (c->f32) { /* mixed: pads stepped over, a 32-byte entry takes two slots */
+        unsigned char wide[CQE32_SIZE];
+        uint32_t used, slots = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
+        if (slots > c->cq_mask + 1) /* a head out of step (cq_addresses): one lap at most */
+            slots = c->cq_mask + 1;
+        uint32_t n = cqes_widen((const unsigned char *)c->cqes, head, slots, c->cq_mask,
+                                c->f32, c->fskip, wide, 1, &used);
+        __atomic_store_n(c->kcq_head, head + used, __ATOMIC_RELEASE);
+        if (!n)
+            Py_RETURN_NONE;
+        return cqe_tuple(cqe_user_data(wide), cqe_res(wide), cqe_flags(wide));
+    }
     uint64_t ud = cqe_user_data(cqe);
     int32_t res = cqe_res(cqe);
     uint32_t flags = cqe_flags(cqe);
@@ -505,13 +527,33 @@ static PyObject *core_reap_one(Core *c, PyObject *unused) {
     return cqe_tuple(ud, res, flags);
 }
 
-/* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy */
+/* As Completions.from_raw: the copy, its count and kind; the rest decoded on first use. Takes
+ * the reference to ``raw``. */
+static PyObject *core_completions(Core *c, PyObject *raw, unsigned n) {
+    PyObject *pn = PyLong_FromUnsignedLong(n);
+    PyObject *ret = pn ? c->comp->tp_alloc(c->comp, 0) : NULL;
+    if (!ret) {
+        Py_XDECREF(pn);
+        Py_DECREF(raw);
+        return NULL;
+    }
+    set_slot(ret, c->comp_off[0], raw);
+    set_slot(ret, c->comp_off[1], pn);
+    set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
+    for (int i = 3; i < 8; i++)
+        set_slot(ret, c->comp_off[i], Py_NewRef(Py_None));
+    return ret;
+}
+
+/* reap(max_n=None) -> Completions: every ready CQE (up to max_n), one bytes copy (a mixed
+ * ring's widened to 32 bytes each) */
 static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (c->closed)
         return core_closed(c, "reap");
     unsigned head = *c->kcq_head;
-    unsigned n = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
+    unsigned slots = __atomic_load_n(c->kcq_tail, __ATOMIC_ACQUIRE) - head;
+    unsigned n = slots; /* at most this many entries */
     if (kwnames || nargs > 1)
         return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
     if (nargs == 1 && args[0] != Py_None) {
@@ -525,8 +567,22 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
         if (m < (long long)n)
             n = m < 0 ? 0 : (unsigned)m;
     }
-    if (n > c->cq_mask + 1) /* a head out of step (written through cq_addresses): no copy */
+    if (slots > c->cq_mask + 1) /* a head out of step (written through cq_addresses): no copy */
         return core_delegate(c, SLOW_REAP, args, nargsf, kwnames);
+    if (c->f32) { /* mixed: entries widened, pads dropped */
+        PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)n * CQE32_SIZE);
+        if (!raw)
+            return NULL;
+        unsigned used;
+        n = cqes_widen((const unsigned char *)c->cqes, head, slots, c->cq_mask, c->f32,
+                       c->fskip, (unsigned char *)PyByteArray_AS_STRING(raw), n, &used);
+        __atomic_store_n(c->kcq_head, head + used, __ATOMIC_RELEASE); /* the copy is done */
+        if (PyByteArray_Resize(raw, (Py_ssize_t)n * CQE32_SIZE) < 0) {
+            Py_DECREF(raw);
+            return NULL;
+        }
+        return core_completions(c, raw, n);
+    }
     size_t sz = c->cqe_size, ring_bytes = (size_t)(c->cq_mask + 1) * sz;
     size_t start = (size_t)(head & c->cq_mask) * sz, len = (size_t)n * sz;
     PyObject *raw = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)len);
@@ -540,20 +596,7 @@ static PyObject *core_reap(Core *c, PyObject *const *args, size_t nargsf, PyObje
         memcpy(dst + (ring_bytes - start), c->cqes, len - (ring_bytes - start));
     }
     __atomic_store_n(c->kcq_head, head + n, __ATOMIC_RELEASE); /* the copy above is done */
-    PyObject *pn = PyLong_FromUnsignedLong(n);
-    PyObject *ret = pn ? c->comp->tp_alloc(c->comp, 0) : NULL;
-    if (!ret) {
-        Py_XDECREF(pn);
-        Py_DECREF(raw);
-        return NULL;
-    }
-    /* as Completions.from_raw: the copy, its count and kind; the rest decoded on first use */
-    set_slot(ret, c->comp_off[0], raw);
-    set_slot(ret, c->comp_off[1], pn);
-    set_slot(ret, c->comp_off[2], Py_NewRef(c->cqe32 ? Py_True : Py_False));
-    for (int i = 3; i < 8; i++)
-        set_slot(ret, c->comp_off[i], Py_NewRef(Py_None));
-    return ret;
+    return core_completions(c, raw, n);
 }
 
 /* close(ring=None): from now on every method raises ClosedError (call before unmapping).
@@ -605,7 +648,8 @@ static PyTypeObject CoreType = {
     .tp_name = "zcnet.uring._accel.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Core(ring, closed_error, completions_of, completions_slots, keep, slow, cqe32, fd, "
+    .tp_doc = "Core(ring, closed_error, completions_of, completions_slots, keep, slow, cqe32, f32, "
+              "fskip, fd, "
               "sq_addr, khead, ktail, cq_addr, kcq_head, kcq_tail, sqes_addr, sq_mask, "
               "sq_entries, sqe_size, cqes_addr, cq_mask, cqe_size, closed, /)\n--\n\n"
               "The Ring's hot methods over its mapped memory (zcnet.uring.accel_bind makes it).",

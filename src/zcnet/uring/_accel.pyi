@@ -32,7 +32,8 @@ class Core:
     def __init__(self, ring: Ring, closed_error: type[ClosedError],
                  completions_of: type[Completions],
                  completions_slots: tuple[MemberDescriptorType, ...], keep: tuple[Mapping, ...],
-                 slow: tuple[Callable[..., object], ...], cqe32: int, fd: int, sq_addr: int,
+                 slow: tuple[Callable[..., object], ...], cqe32: int, f32: int, fskip: int,
+                 fd: int, sq_addr: int,
                  khead: int, ktail: int, cq_addr: int, kcq_head: int, kcq_tail: int,
                  sqes_addr: int, sq_mask: int, sq_entries: int, sqe_size: int, cqes_addr: int,
                  cq_mask: int, cqe_size: int, closed: int, /) -> None: ...

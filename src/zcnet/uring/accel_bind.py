@@ -27,8 +27,12 @@ def bind_accel(ring: object, fd: int, maps: list[Mapping], mem: RingMemory,
     accel = accel_for("c")
     assert accel is not None  # backend() said "c"
     cls = type(ring)
+    # A CQE_MIXED ring: 16-byte slots, reaps widened to 32-byte entries (zcnet.uring.mixed).
+    mixed = bool(p.flags & u.IORING_SETUP_CQE_MIXED)
+    f32, fskip = (u.IORING_CQE_F_32, u.IORING_CQE_F_SKIP) if mixed else (0, 0)
     core = accel.Core(ring, ClosedError, Completions, C_SLOTS, tuple(maps),
-                      tuple(getattr(cls, name) for name in SLOW_PATHS), int(mem.cqe_size == 32),
+                      tuple(getattr(cls, name) for name in SLOW_PATHS),
+                      int(mem.cqe_size == 32 or mixed), f32, fskip,
                       fd, mem.sq.addr, p.sq_off.head, p.sq_off.tail,
                       mem.cq.addr, p.cq_off.head, p.cq_off.tail, mem.sqes.addr,
                       mem.sq_mask, p.sq_entries, mem.sqe_size,

@@ -3,6 +3,8 @@ fd, and the u32 views and word indices the ring's hot paths read and write."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from zcnet.uapi import io_uring as u
@@ -53,3 +55,17 @@ class RingMemory:
             sq.view(np.uint32, p.sq_off.array, p.sq_entries)[:] = np.arange(p.sq_entries)
         self.sqe_size = sqe_size
         self.cqe_size = cqe_size
+
+
+class CqAddresses(NamedTuple):
+    """Raw addresses in a ring's shared memory, for compiled code that reaps its CQ itself
+    (zcnet.aio._loopaccel's Router). They are valid until the ring is closed; whoever reads
+    or writes through them must stop before that (and follows the ordering rules of this
+    zcnet.uring.ring's docstring). Not for a CQE_MIXED ring (refused)."""
+
+    cq_head: int   #: the CQ's u32 ``khead`` (the reader advances it)
+    cq_tail: int   #: the CQ's u32 ``ktail`` (the kernel advances it)
+    cqes: int      #: the first CQE of the CQ array
+    cq_mask: int   #: ring index -> CQ array slot
+    cqe_size: int  #: 16, or 32 with IORING_SETUP_CQE32
+    sq_flags: int  #: the SQ ring's u32 flags word (IORING_SQ_TASKRUN, IORING_SQ_CQ_OVERFLOW)

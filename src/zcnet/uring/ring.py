@@ -49,15 +49,15 @@ import os
 import struct
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 
 from zcnet.errors import ClosedError, UsageError
 from zcnet.uapi import io_uring as u
+from zcnet.uring import mixed
 from zcnet.uring.accel_bind import bind_accel
 from zcnet.uring.completions import Completions
-from zcnet.uring.layout import RingMemory
+from zcnet.uring.layout import CqAddresses, RingMemory
 from zcnet.uring.mem import Mapping
 from zcnet.uring.syscall import (
     backend,
@@ -75,20 +75,6 @@ assert _SQE.size == ctypes.sizeof(u.io_uring_sqe)
 _CQE = struct.Struct("<QiI")  # user_data res flags: the first 16 bytes of every CQE
 _U32 = 0xFFFFFFFF
 _GETEVENTS = u.IORING_ENTER_GETEVENTS
-
-
-class CqAddresses(NamedTuple):
-    """Raw addresses in a ring's shared memory, for compiled code that reaps its CQ itself
-    (zcnet.aio._loopaccel's Router). They are valid until the ring is closed; whoever reads
-    or writes through them must stop before that (and follows the ordering rules of this
-    module's docstring)."""
-
-    cq_head: int   #: the CQ's u32 ``khead`` (the reader advances it)
-    cq_tail: int   #: the CQ's u32 ``ktail`` (the kernel advances it)
-    cqes: int      #: the first CQE of the CQ array
-    cq_mask: int   #: ring index -> CQ array slot
-    cqe_size: int  #: 16, or 32 with IORING_SETUP_CQE32
-    sq_flags: int  #: the SQ ring's u32 flags word (IORING_SQ_TASKRUN, IORING_SQ_CQ_OVERFLOW)
 
 
 class _kernel_timespec(ctypes.Structure):
@@ -133,6 +119,9 @@ class Ring:
         self.flags = p.flags
         self.features = p.features
         self.cqe32 = bool(p.flags & u.IORING_SETUP_CQE32)
+        #: CQEs of 16 and 32 bytes (IORING_SETUP_CQE_MIXED): reaps widen them all to 32
+        #: (zcnet.uring.mixed), and counts of ready CQEs (``cq_ready``) are in 16-byte slots.
+        self.cqe_mixed = bool(p.flags & u.IORING_SETUP_CQE_MIXED)
         self.sq_entries = p.sq_entries
         self.cq_entries = p.cq_entries
 
@@ -444,12 +433,17 @@ class Ring:
         compiled code that reaps this ring itself (see :class:`CqAddresses`)."""
         if self.fd < 0:
             raise ClosedError.of(self, "cq_addresses")
+        if self.cqe_mixed:
+            raise UsageError("cq_addresses: a CQE_MIXED ring's CQEs are of two sizes",
+                             "reap it with reap() or reap_one()")
         return self._cq_addresses
 
     def reap(self, max_n: int | None = None) -> Completions:
         """Take every ready CQE (up to ``max_n``) as arrays and hand the slots back."""
         if self.fd < 0:
             raise ClosedError.of(self, "reap")
+        if self.cqe_mixed:
+            return mixed.reap(self, max_n)
         cq = self._cqm
         head = cq[self._kcq_head_i]
         n = (cq[self._kcq_tail_i] - head) & _U32  # acquire of ktail: see module docstring
@@ -483,6 +477,8 @@ class Ring:
         if cq[self._kcq_tail_i] == head:  # acquire of ktail: see the module docstring
             return None
         try:
+            if self.cqe_mixed:
+                return mixed.reap_one(self, head)
             cqe = _CQE.unpack_from(self._cqes, (head & self.cq_mask) * self._cqe_size)
             cq[self._kcq_head_i] = (head + 1) & _U32
         except ValueError:

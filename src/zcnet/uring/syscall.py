@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from types import MemberDescriptorType, ModuleType
 
+from zcnet.errors import Unsupported, UsageError
 from zcnet.uapi import io_uring as u
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -32,7 +33,17 @@ def _check(ret: int, what: str) -> int:
 
 
 def io_uring_setup(entries: int, params: u.io_uring_params) -> int:
+    """io_uring_setup, naming the kernel a CQE_MIXED ring needs (older ones say EINVAL)."""
+    mixed = params.flags & u.IORING_SETUP_CQE_MIXED
+    if mixed and params.flags & u.IORING_SETUP_CQE32:
+        raise UsageError("Ring: IORING_SETUP_CQE_MIXED and IORING_SETUP_CQE32 both given",
+                         "take one: CQE32 makes every CQE 32 bytes, CQE_MIXED only those "
+                         "that need it")
     ret = _syscall(u.__NR_io_uring_setup, ctypes.c_uint(entries), ctypes.byref(params))
+    if ret < 0 and mixed and ctypes.get_errno() == errno.EINVAL:
+        raise Unsupported(f"this kernel ({os.uname().release}) does not take "
+                          "IORING_SETUP_CQE_MIXED (CQEs of 16 and 32 bytes in one ring)",
+                          "it needs Linux 6.18 or newer; use IORING_SETUP_CQE32 here")
     return _check(ret, "io_uring_setup")
 
 

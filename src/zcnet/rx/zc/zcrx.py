@@ -73,7 +73,6 @@ from zcnet.rx.zc.zcrx_export import ZcrxExport, export_zcrx_queue
 from zcnet.rx.zc.zcrx_queue import (
     COPY_NOTE,
     MEMBER_BITS,
-    RING_FLAGS,
     ZcrxQueue,
     find_open,
     queue_key,
@@ -86,7 +85,14 @@ from zcnet.rx.zc.zcrx_reg import (
     no_stats_reason,
     register_ifq,
 )
-from zcnet.rx.zc.zcrx_rings import OFF_MASK, STOPS, RefillRing, parse_completions, total_bytes
+from zcnet.rx.zc.zcrx_rings import (
+    OFF_MASK,
+    RING_FLAGS,
+    STOPS,
+    RefillRing,
+    parse_completions,
+    total_bytes,
+)
 from zcnet.uapi import io_uring as u
 from zcnet.uring.completions import Completions
 from zcnet.uring.members import concat
@@ -403,29 +409,34 @@ def open_zcrx(fd: int, area_size: int, *, hugetlb: bool = False, dmabuf_fd: int 
 def open_zcrx_queue(area_size: int, *, hugetlb: bool = False, dmabuf_fd: int | None = None,
                     ifname: str | None = None, queue: int | None = None,
                     rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
-                    copy: bool | None = None, area_capacity: int | None = None) -> ZcrxQueue:
+                    copy: bool | None = None, area_capacity: int | None = None,
+                    cqe_mixed: bool = False) -> ZcrxQueue:
     """A zcrx queue for many connections (a server's): ``ifname``/``queue`` of a NIC, or copy
     mode (``copy`` as in open_zcrx; no device given: copy mode). Each connection joins it with
     ``join(fd)`` (or ``open_zcrx`` on one of its sockets, in this thread); it stays open until
     ``close()``. Every receive on it is capped to its connection's share of the area.
     ``area_capacity``: address space reserved for areas added later (``add_area``, Linux 7.3;
-    zcnet.rx.zc.zcrx_areas)."""
+    zcnet.rx.zc.zcrx_areas). ``cqe_mixed``: the queue's ring takes IORING_SETUP_CQE_MIXED
+    (Linux 6.18) instead of CQE32: a RECV_ZC completion is 32 bytes, any other 16."""
     if ifname is None and queue is None and copy is None:
         copy = True
     return _provider(-1, area_size, hugetlb=hugetlb, dmabuf_fd=dmabuf_fd, ifname=ifname,
                      queue=queue, rq_entries=rq_entries, user_region=user_region,
                      rx_buf_len=rx_buf_len, copy=copy, shared=True,
-                     area_capacity=area_capacity)  # type: ignore[return-value]
+                     area_capacity=area_capacity,
+                     cqe_mixed=cqe_mixed)  # type: ignore[return-value]
 
 
 def _provider(fd: int, area_size: int, *, hugetlb: bool, dmabuf_fd: int | None,
               ifname: str | None, queue: int | None, rq_entries: int, user_region: bool,
               rx_buf_len: int, copy: bool | None, shared: bool,
-              area_capacity: int | None = None) -> ZcrxProvider | ZcrxQueue:
+              area_capacity: int | None = None,
+              cqe_mixed: bool = False) -> ZcrxProvider | ZcrxQueue:
     """open_zcrx (a provider on ``fd``) or, ``shared``, open_zcrx_queue (the queue)."""
     offers = kernel_offers()
     kw = {"hugetlb": hugetlb, "rq_entries": rq_entries, "user_region": user_region,
-          "rx_buf_len": rx_buf_len, "shared": shared, "area_capacity": area_capacity}
+          "rx_buf_len": rx_buf_len, "shared": shared, "area_capacity": area_capacity,
+          "cqe_mixed": cqe_mixed}
     if copy:
         return _open(fd, area_size, None, None, offers, dmabuf_fd=dmabuf_fd, **kw)
     try:
@@ -446,7 +457,7 @@ def _provider(fd: int, area_size: int, *, hugetlb: bool, dmabuf_fd: int | None,
 def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers: Offers, *,
           hugetlb: bool, dmabuf_fd: int | None = None, rq_entries: int, user_region: bool,
           rx_buf_len: int, why_copy: str = "", shared: bool,
-          area_capacity: int | None = None) -> ZcrxProvider | ZcrxQueue:
+          area_capacity: int | None = None, cqe_mixed: bool = False) -> ZcrxProvider | ZcrxQueue:
     if ifname is None:
         if not offers.copy_mode:
             raise Unsupported("this kernel has no zcrx copy mode (ZCRX_REG_NODEV, 7.x kernels) "
@@ -463,7 +474,8 @@ def _open(fd: int, area_size: int, ifname: str | None, queue: int | None, offers
     with contextlib.ExitStack() as undo:
         undo.callback(area.close)
         zq = ZcrxQueue(area, ifname, queue, rq_entries=rq_entries, user_region=user_region,
-                       rx_buf_len=rx_buf_len, why_copy=why_copy, shared=shared)
+                       rx_buf_len=rx_buf_len, why_copy=why_copy, shared=shared,
+                       cqe_mixed=cqe_mixed)
         undo.pop_all()
     if shared:
         return zq

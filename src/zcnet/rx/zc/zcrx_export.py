@@ -26,8 +26,9 @@ import platform
 import threading
 
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc.zcrx_queue import RING_FLAGS, ZcrxQueue
+from zcnet.rx.zc.zcrx_queue import ZcrxQueue
 from zcnet.rx.zc.zcrx_reg import Offers, kernel_offers
+from zcnet.rx.zc.zcrx_rings import queue_ring
 from zcnet.uapi import io_uring as u
 from zcnet.uring.ring import Ring
 
@@ -64,7 +65,8 @@ class ZcrxExport:
         src = self.source
         with contextlib.ExitStack() as undo:
             undo.callback(os.close, fd)  # imported or not: an open box keeps the queue bound
-            ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * src.rq.entries))
+            mixed = bool(src.ring and src.ring.cqe_mixed)  # the source ring's kind of CQ
+            ring = queue_ring(src.rq.entries, mixed)
             with contextlib.ExitStack() as fail:
                 fail.callback(ring.close)
                 ifq_id = int(import_box(ring, fd, src.where).zcrx_id)

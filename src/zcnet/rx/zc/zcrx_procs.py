@@ -39,8 +39,9 @@ from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.netqueue import find_queue
 from zcnet.rx.zc.zcrx_export import IMPORT_SINCE, export_box, import_box
 from zcnet.rx.zc.zcrx_ifq import IfqMemory, queue_key
-from zcnet.rx.zc.zcrx_queue import QUEUES, RING_FLAGS, ZcrxQueue
+from zcnet.rx.zc.zcrx_queue import QUEUES, ZcrxQueue
 from zcnet.rx.zc.zcrx_reg import Registration, kernel_offers, refill_region_size
+from zcnet.rx.zc.zcrx_rings import queue_ring
 from zcnet.uapi import io_uring as u
 from zcnet.uring.mem import Mapping, page_align
 from zcnet.uring.ring import Ring
@@ -276,7 +277,7 @@ def import_queue(h: ZcrxHandoff, *, shared: bool = False) -> ZcrxQueue:
     ``shared`` as for open_zcrx_queue (False: it closes with its last connection)."""
     with contextlib.ExitStack() as undo:
         undo.callback(h.close)
-        ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * h.rq_entries))
+        ring = queue_ring(h.rq_entries)
         with contextlib.ExitStack() as fail:
             fail.callback(ring.close)
             ifq = import_box(ring, h.box_fd, h.where)

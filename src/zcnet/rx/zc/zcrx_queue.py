@@ -40,11 +40,10 @@ import numpy as np
 from zcnet.errors import ClosedError, UsageError, ZcnetError
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.provider import RECV_UD, close_ring
-from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.rx.zc.zcrx_areas import add_area
 from zcnet.rx.zc.zcrx_ifq import IfqMemory, QueueRegistry, device_reserve, queue_key
 from zcnet.rx.zc.zcrx_reg import Registration, kernel_stats_layout, memlock_error, register_ifq
-from zcnet.rx.zc.zcrx_rings import RefillRing
+from zcnet.rx.zc.zcrx_rings import RefillRing, queue_ring
 from zcnet.uapi import io_uring as u
 from zcnet.uring.completions import Completions
 from zcnet.uring.mem import Mapping
@@ -52,7 +51,6 @@ from zcnet.uring.members import split_by_member
 from zcnet.uring.prep import prep_cancel
 from zcnet.uring.ring import Ring
 
-RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 COPY_NOTE = ("copy mode: no device queue, the kernel copies every byte into the zcrx area "
              "(ZCRX_REG_NODEV); the zcrx protocol runs for real, zero copy does not")
 MEMBER_BITS = 8    # user_data: member id << MEMBER_BITS | RECV_UD or CANCEL_UD
@@ -105,7 +103,8 @@ class ZcrxQueue:
     def __init__(self, area: Area, ifname: str | None, queue: int | None, *,
                  rq_entries: int = 4096, user_region: bool = True, rx_buf_len: int = 0,
                  why_copy: str = "", shared: bool = False, region: Mapping | None = None,
-                 memory: Callable[[Registration, Area], IfqMemory] = IfqMemory) -> None:
+                 memory: Callable[[Registration, Area], IfqMemory] = IfqMemory,
+                 cqe_mixed: bool = False) -> None:
         self.area = area
         self.copy = ifname is None
         self.mode = "copy" if self.copy else "device"
@@ -139,7 +138,7 @@ class ZcrxQueue:
             undo.callback(self._close_kernel_side)
             if err := memlock_error(self.reg.locked_bytes()):
                 raise err
-            self._ring = Ring(64, flags=RING_FLAGS, cq_entries=max(1024, 2 * rq_entries))
+            self._ring = queue_ring(rq_entries, cqe_mixed)
             try:
                 register_ifq(self._ring, self.reg, ifname=ifname or "(no device, copy mode)")
             except ZcnetError as e:

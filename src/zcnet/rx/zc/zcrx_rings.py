@@ -14,10 +14,13 @@ import numpy as np
 
 from zcnet.rx.zc.accel import rx_accel_for
 from zcnet.rx.zc.provider import RECV_UD, Delivery, note_final
+from zcnet.rx.zc.provider import RING_FLAGS as PROVIDER_RING_FLAGS
 from zcnet.uapi import io_uring as u
 from zcnet.uring.members import repeated
-from zcnet.uring.ring import Completions
+from zcnet.uring.ring import Completions, Ring
 from zcnet.uring.syscall import backend
+
+RING_FLAGS = PROVIDER_RING_FLAGS | u.IORING_SETUP_CQE32  # a zcrx CQE carries a 16-byte tail
 
 OFF_MASK = (1 << u.IORING_ZCRX_AREA_SHIFT) - 1  # offset bits of a zcrx cqe/rqe ``off``
 _OFF_MASK = np.uint64(OFF_MASK)
@@ -219,3 +222,15 @@ def total_bytes(lengths: list[int] | np.ndarray, accel: ModuleType | None) -> in
     if accel is None or (n := accel.int_sum(lengths)) is None:
         return int(np.add.reduce(lengths))
     return int(n)
+
+
+def queue_ring(rq_entries: int, cqe_mixed: bool = False) -> Ring:
+    """A zcrx queue's ring: room for two CQEs per refill entry. ``cqe_mixed``: CQEs of 16 and
+    32 bytes (IORING_SETUP_CQE_MIXED, 6.18; zcnet.uring.mixed) in twice the slots, as each
+    RECV_ZC completion takes two; the ring's other completions (cancels, and whatever an
+    application adds) take one."""
+    cq = max(1024, 2 * rq_entries)
+    if not cqe_mixed:
+        return Ring(64, flags=RING_FLAGS, cq_entries=cq)
+    flags = RING_FLAGS & ~u.IORING_SETUP_CQE32 | u.IORING_SETUP_CQE_MIXED
+    return Ring(64, flags=flags, cq_entries=2 * cq)
