@@ -47,6 +47,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     vmplugin.runtest_logreport(report)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    vmplugin.terminal_summary(terminalreporter.config, terminalreporter.write_line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _libraries_warm() -> None:
     """scipy (BLAS buffers, 64 MiB and more) and matplotlib (font files kept open, caches) set

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,7 +198,7 @@ def collection_finish(session: pytest.Session) -> None:
         if isinstance(item, VMItem):
             kernel = kernel_of(item)
             batches.setdefault(kernel, Batch([], kernel)).nodeids.append(item.original_nodeid)
-    session.stash[_BATCH] = batches
+    session.stash[_BATCH] = session.config.stash[_BATCH] = batches
 
 
 def runtest_logreport(report: pytest.TestReport) -> None:
@@ -209,4 +210,19 @@ def runtest_logreport(report: pytest.TestReport) -> None:
                 if isinstance(report.longrepr, tuple) else report.longreprtext)
     with open(path, "a") as fh:
         fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
-                             "outcome": report.outcome, "longrepr": str(longrepr)}) + "\n")
+                             "outcome": report.outcome, "longrepr": str(longrepr),
+                             "duration": report.duration}) + "\n")
+
+
+def terminal_summary(config: pytest.Config, write: Callable[[str], None],
+                     slowest: int = 8) -> None:
+    """On the host: each VM batch's slowest inner tests (setup + call + teardown), since the
+    host's own durations see one item that booted the VM and ran them all."""
+    for kernel, batch in config.stash.get(_BATCH, {}).items():
+        took = {n: sum(r.get("duration", 0.0) for r in reps) for n, reps in batch.reports.items()}
+        if not took:
+            continue
+        write(f"vm batch ({kernel or 'default kernel'}): {sum(took.values()):.0f} s in "
+              f"{len(took)} tests; slowest inside the VM:")
+        for n, t in sorted(took.items(), key=lambda kv: -kv[1])[:slowest]:
+            write(f"  {t:7.1f}s {n}")

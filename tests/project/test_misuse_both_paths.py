@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,16 +29,45 @@ HERE = TESTS
 SRC = str(Path(zcnet.__file__).resolve().parents[1])
 
 
+def _run(name: str, path: str) -> subprocess.CompletedProcess[str] | None:
+    """The case's interpreter run; None when it hung."""
+    env = {**os.environ, "ZCNET_PURE": "1" if path == "pure" else "0",
+           "PYTHONPATH": os.pathsep.join((SRC, str(HERE)))}
+    try:
+        return subprocess.run([sys.executable, str(HERE / "misuse_cases.py"), name], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+_STARTED: dict[tuple[str, str], Future[subprocess.CompletedProcess[str] | None]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _run_selected_cases_side_by_side(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each case is an interpreter of its own that mostly waits on itself: the selected ones
+    start at once, as many at a time as there are CPUs, and each test takes its result."""
+    wanted = {(item.callspec.params["name"], path)
+              for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")
+              for path in ([item.callspec.params["path"]] if "path" in item.callspec.params
+                           else ["pure", "c"])}
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 1)) as pool:
+        for key in sorted(wanted):
+            _STARTED[key] = pool.submit(_run, *key)
+        yield
+        for f in _STARTED.values():
+            f.cancel()
+        _STARTED.clear()
+
+
 @cache
 def _outcome(name: str, path: str) -> dict[str, Any]:
     if path == "c" and not (accel_available() and shared._loopaccel is not None):
         pytest.skip("the compiled accelerators are not built: install with a C compiler")
-    env = {**os.environ, "ZCNET_PURE": "1" if path == "pure" else "0",
-           "PYTHONPATH": os.pathsep.join((SRC, str(HERE)))}
-    try:
-        p = subprocess.run([sys.executable, str(HERE / "misuse_cases.py"), name], env=env,
-                           capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
+    started = _STARTED.get((name, path))
+    p = started.result() if started is not None else _run(name, path)
+    if p is None:
         pytest.fail(f"{name} on the {path} path hung")
     if p.returncode < 0:
         pytest.fail(f"{name} on the {path} path: the interpreter died of "
