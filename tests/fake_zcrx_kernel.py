@@ -425,11 +425,11 @@ class FakeRing:
 def install_copy_mode(monkeypatch) -> FakeKernel:  # type: ignore[no-untyped-def]
     """A FakeKernel behind zcnet's zcrx queues, offering copy mode (a 7.x kernel's offers and
     its stats layout), through ``monkeypatch`` (pytest's)."""
-    from zcnet.rx.zc import zcrx, zcrx_queue
+    from zcnet.rx.zc import zcrx, zcrx_queue, zcrx_rings
     from zcnet.rx.zc.zcrx_reg import Offers, StatsLayout
 
     k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
     monkeypatch.setattr(zcrx_queue, "kernel_stats_layout", lambda: StatsLayout(16, 8))

@@ -49,7 +49,7 @@ def _run_selected_cases_side_by_side(request: pytest.FixtureRequest) -> Iterator
     start at once, as many at a time as there are CPUs, and each test takes its result."""
     wanted = {(item.callspec.params["name"], path)
               for item in request.session.items
-              if item.module is request.module and hasattr(item, "callspec")
+              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
               for path in ([item.callspec.params["path"]] if "path" in item.callspec.params
                            else ["pure", "c"])}
     with ThreadPoolExecutor(max(2, os.cpu_count() or 1)) as pool:

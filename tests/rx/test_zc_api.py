@@ -13,7 +13,7 @@ from test_zc_zcrx import FakeGenl
 
 from fake_zcrx_kernel import FakeKernel, Stream
 from zcnet.errors import ClosedError
-from zcnet.rx.zc import netqueue, open_receiver, zcrx, zcrx_queue
+from zcnet.rx.zc import netqueue, open_receiver, zcrx, zcrx_rings
 from zcnet.rx.zc.api import CoalescedChunk, LinearChunk, Receiver
 from zcnet.rx.zc.area import Area
 from zcnet.rx.zc.core import RxCore
@@ -395,7 +395,7 @@ def test_open_receiver_zcrx_defaults_to_one_page_buffers(tcp_pair, monkeypatch):
     from zcnet.uapi import io_uring as u
 
     k = FakeKernel()  # the kernel side of tests/rx/test_zc_zcrx.py, offering copy mode
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
     k.stream = Stream(b"q" * 100, end=0)
@@ -422,7 +422,7 @@ def test_device_note_is_added_for_the_provider_interface_only(tcp_pair, monkeypa
 
     monkeypatch.setattr(opener, "device_note", note)
     k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
     with open_receiver(tcp_pair[1], "zcrx", area_size=1 << 20, ifname="lo", queue=0) as rx:
@@ -438,7 +438,7 @@ def test_open_receiver_zcrx_passes_memory_queue_and_buffer_options(tcp_pair, mon
     from zcnet.uapi import io_uring as u
 
     k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: zcrx.Offers(
         u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAGE_SIZE, 3))
     monkeypatch.setattr(netqueue, "incoming_napi_id", lambda fd: 42)  # lo's queue 3 (FakeGenl)

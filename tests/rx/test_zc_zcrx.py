@@ -17,7 +17,7 @@ import pytest
 from fake_zcrx_kernel import KERNEL_LAYOUTS, FakeKernel, Stream
 from zc_helpers import PAT, open_asking_for_hugetlb
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_queue, zcrx_reg
+from zcnet.rx.zc import Receiver, netqueue, open_receiver, zcrx, zcrx_queue, zcrx_reg, zcrx_rings
 from zcnet.rx.zc.area import PAGE_SIZE, Area
 from zcnet.rx.zc.zcrx import RING_FLAGS, open_zcrx, parse_completions
 from zcnet.rx.zc.zcrx_reg import (
@@ -264,7 +264,7 @@ def fake(monkeypatch, no_leaks):
     """A FakeKernel under the real provider (its Ring and the query); fails the test on any
     refill entry the kernel would reject."""
     k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
     # A 7.x kernel's zcrx_stats layout, unless the test takes the stats away (k.stats False).
     monkeypatch.setattr(zcrx_queue, "kernel_stats_layout",

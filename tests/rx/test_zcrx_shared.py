@@ -16,7 +16,7 @@ import pytest
 from fake_zcrx_kernel import FakeKernel, Stream
 from zc_helpers import PAT
 from zcnet.errors import ClosedError, Unsupported, UsageError, ZcnetError
-from zcnet.rx.zc import Receiver, zcrx, zcrx_export, zcrx_ifq, zcrx_queue
+from zcnet.rx.zc import Receiver, zcrx, zcrx_export, zcrx_ifq, zcrx_queue, zcrx_rings
 from zcnet.rx.zc.area import PAGE_SIZE
 from zcnet.rx.zc.zcrx import open_zcrx, open_zcrx_queue
 from zcnet.rx.zc.zcrx_reg import Offers, StatsLayout
@@ -28,7 +28,7 @@ COPY_OFFERS = Offers(u.ZCRX_REG_IMPORT | u.ZCRX_REG_NODEV, u.ZCRX_FEATURE_RX_PAG
 @pytest.fixture
 def fake(monkeypatch, no_leaks):
     k = FakeKernel()
-    monkeypatch.setattr(zcrx_queue, "Ring", k.ring_class())
+    monkeypatch.setattr(zcrx_rings, "Ring", k.ring_class())  # queue_ring makes it
     monkeypatch.setattr(zcrx, "kernel_offers", lambda: COPY_OFFERS)
     monkeypatch.setattr(zcrx_queue, "kernel_stats_layout", lambda: StatsLayout(16, 8))
     yield k
